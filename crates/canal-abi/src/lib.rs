@@ -1,0 +1,1 @@
+//! Shared-memory ABI (being written).

@@ -1,0 +1,1 @@
+//! canald (being written).

@@ -1,0 +1,1 @@
+//! libcanal (being written).
