@@ -1,0 +1,506 @@
+//! Region layout: the header, request slots, request queue, socket table, attention
+//! bitmap and data area, and a bounds-checked view over a mapped region.
+
+use crate::queue::QueueCell;
+use crate::ring::RawRing;
+use crate::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use core::cell::UnsafeCell;
+
+/// Types that live in shared memory. Contract: every byte pattern is a valid value
+/// (the other side may write garbage), and the type has no padding that matters.
+///
+/// # Safety
+/// Implement only for `#[repr(C)]` types made of integers, atomics of integers and
+/// byte arrays.
+pub unsafe trait AnyBitPattern {}
+
+/// Bytes of the header page.
+pub const HEADER_SIZE: u64 = 4096;
+/// Bytes of a request slot.
+pub const SLOT_SIZE: u64 = 512;
+/// Bytes of a slot's payload area.
+pub const SLOT_PAYLOAD: usize = 384;
+/// Offset of the payload inside a slot.
+pub const SLOT_PAYLOAD_OFFSET: u64 = 128;
+/// Bytes of a socket-table entry.
+pub const SOCKET_ENTRY_SIZE: u64 = 256;
+/// Data-area allocation granule; ring sizes are powers of two of at least this.
+pub const DATA_CHUNK: u64 = 64 * 1024;
+/// Largest slot count (a power of two).
+pub const MAX_SLOTS: u32 = 4096;
+/// Largest socket count (handles carry a 16-bit index).
+pub const MAX_SOCKETS: u32 = 65535;
+
+/// The region header (first 4 KiB of a region; bytes past `HEADER_USED` are reserved
+/// and zero). Line 0 is written once by the host before the region is shared; the
+/// host never reads it back. Lines 2–4 hold the live notification words.
+#[repr(C)]
+pub struct RegionHeader {
+    pub magic: u64,
+    pub version_major: u16,
+    pub version_minor: u16,
+    pub header_size: u32,
+    pub features: u64,
+    pub region_size: u64,
+    pub slot_count: u32,
+    pub socket_count: u32,
+    pub slots_offset: u64,
+    pub queue_offset: u64,
+    pub sockets_offset: u64,
+    pub attention_offset: u64,
+    pub data_offset: u64,
+    pub data_size: u64,
+    pub guest_id: u32,
+    pub reserved0: u32,
+    pub reserved1: [u64; 4],
+    // --- 128: host-written
+    /// 1 while the host poller sleeps: a guest that publishes work swaps it to 0 and,
+    /// if it read 1, kicks the host's doorbell. Pairs with the guest's SeqCst fence.
+    pub host_sleeping: AtomicU32,
+    /// Incremented by the host after any socket's readiness changed.
+    pub event_seq: AtomicU32,
+    /// 1 while canald serves this region; 2 once canald has abandoned it.
+    pub host_state: AtomicU32,
+    pub reserved2: [u32; 13],
+    // --- 192: guest-written, contended by producers
+    /// Request-queue enqueue position.
+    pub queue_tail: AtomicU32,
+    pub reserved3: [u32; 15],
+    // --- 256: guest-written
+    /// Number of guest threads sleeping on readiness (sleep_kind::EVENTS); the host
+    /// scans slots for sleepers only when it is non-zero.
+    pub event_waiters: AtomicU32,
+    /// Doorbell kicks the guest sent (statistics).
+    pub kicks: AtomicU32,
+    pub reserved4: [u32; 14],
+}
+
+/// Bytes of the header actually defined; the rest of the page is reserved.
+pub const HEADER_USED: usize = 320;
+
+/// A request slot: the *intermediate network request* (INR) of the vCanal design.
+/// Each guest thread owns one slot while it lives; it is also that thread's wake-up
+/// port. Fields are atomics because both sides touch them and a side may be hostile.
+#[repr(C)]
+pub struct Slot {
+    /// slot_state::*
+    pub state: AtomicU32,
+    /// sleep_kind::*
+    pub sleep: AtomicU32,
+    /// With sleep == EVENTS: the socket index waited on, or WAIT_ANY.
+    pub wait_socket: AtomicU32,
+    /// The owning guest thread id (informational).
+    pub owner: AtomicU32,
+    pub op: AtomicU32,
+    pub socket: AtomicU32,
+    /// Payload bytes the guest supplied.
+    pub in_len: AtomicU32,
+    /// Payload bytes the host returned.
+    pub out_len: AtomicU32,
+    pub args: [AtomicU64; 4],
+    /// >= 0: the call's value; < 0: -errno.
+    pub result: AtomicI64,
+    /// Guest's request counter; the host copies it into `done_seq` when done.
+    pub seq: AtomicU32,
+    pub done_seq: AtomicU32,
+    pub reserved: [u32; 12],
+    payload: UnsafeCell<[u8; SLOT_PAYLOAD]>,
+}
+
+/// Per-socket entry of the socket table. Line 0 is set by the host when it allocates
+/// the entry; line 1 is the host's live state; line 2 belongs to the guest (the host
+/// reads only `tx_head` and `rx_tail`, and checks them); line 3 is reserved.
+#[repr(C)]
+pub struct SocketEntry {
+    /// sock_kind::*; FREE when unused.
+    pub kind: AtomicU32,
+    pub generation: AtomicU32,
+    /// Address family (2 or 10).
+    pub family: AtomicU32,
+    pub reserved0: u32,
+    /// Transmit ring: offset into the data area and size (0 if none).
+    pub tx_offset: AtomicU64,
+    pub tx_size: AtomicU32,
+    pub rx_size: AtomicU32,
+    pub rx_offset: AtomicU64,
+    pub reserved1: [u64; 3],
+    // --- 64: host live state
+    /// sock_flag::*
+    pub flags: AtomicU32,
+    /// An errno to report once (connect result, reset); the guest swaps it to 0.
+    pub pending_error: AtomicU32,
+    /// Transmit ring consumer index (host).
+    pub tx_tail: AtomicU64,
+    /// Receive ring producer index (host).
+    pub rx_head: AtomicU64,
+    /// Incremented on every readiness change of this socket.
+    pub event_seq: AtomicU32,
+    pub reserved2: [u32; 7],
+    // --- 128: guest
+    /// Transmit ring producer index (guest).
+    pub tx_head: AtomicU64,
+    /// Receive ring consumer index (guest).
+    pub rx_tail: AtomicU64,
+    /// Guest-only: descriptors referring to this socket across the guest's processes.
+    pub refs: AtomicU32,
+    /// Guest-only: file status flags shared by all descriptors (O_NONBLOCK).
+    pub guest_flags: AtomicU32,
+    /// Guest-only: locks serialising senders and receivers.
+    pub tx_lock: AtomicU32,
+    pub rx_lock: AtomicU32,
+    /// Guest-only: SO_RCVTIMEO / SO_SNDTIMEO in nanoseconds (0 = none).
+    pub rcvtimeo_ns: AtomicU64,
+    pub sndtimeo_ns: AtomicU64,
+    pub reserved3: [u64; 2],
+    // --- 192
+    pub reserved4: [u64; 8],
+}
+
+// SAFETY: all three are repr(C) structs of integers, integer atomics and byte arrays;
+// every bit pattern is a valid value.
+unsafe impl AnyBitPattern for RegionHeader {}
+// SAFETY: as above.
+unsafe impl AnyBitPattern for Slot {}
+// SAFETY: as above.
+unsafe impl AnyBitPattern for SocketEntry {}
+// SAFETY: as above.
+unsafe impl AnyBitPattern for QueueCell {}
+
+// SAFETY: a Slot is only ever used through shared references; its payload is plain
+// bytes whose concurrent access is ordered by `state` (the guest writes it before
+// REQUESTED, the host after BUSY); a hostile peer can only garble bytes.
+unsafe impl Sync for Slot {}
+
+/// Guest-only flag bits in `SocketEntry::guest_flags`.
+pub mod guest_flag {
+    pub const NONBLOCK: u32 = 1 << 0;
+}
+
+/// Payload of an ACCEPT record: the new socket's handle.
+pub const ACCEPT_PAYLOAD: usize = 8;
+
+impl Slot {
+    /// Copies `src` into the payload at `off` (clamped to the payload area).
+    pub fn write_payload(&self, off: usize, src: &[u8]) -> usize {
+        if off >= SLOT_PAYLOAD {
+            return 0;
+        }
+        let n = src.len().min(SLOT_PAYLOAD - off);
+        // SAFETY: off + n <= SLOT_PAYLOAD; the payload belongs to whichever side the
+        // state machine says (see the Sync impl), and the bytes are plain data.
+        unsafe {
+            let p = (self.payload.get() as *mut u8).add(off);
+            core::ptr::copy_nonoverlapping(src.as_ptr(), p, n);
+        }
+        n
+    }
+
+    /// Copies payload bytes `off..off+dst.len()` (clamped) into `dst`.
+    pub fn read_payload(&self, off: usize, dst: &mut [u8]) -> usize {
+        if off >= SLOT_PAYLOAD {
+            return 0;
+        }
+        let n = dst.len().min(SLOT_PAYLOAD - off);
+        // SAFETY: as in write_payload.
+        unsafe {
+            let p = (self.payload.get() as *const u8).add(off);
+            core::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n);
+        }
+        n
+    }
+
+    /// A zeroed slot in ordinary memory (tests, loom).
+    pub fn new_zeroed() -> Self {
+        // SAFETY: Slot is AnyBitPattern; all-zero is a valid value.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
+/// Where each part of a region lives. Computed from the three sizes alone, so the
+/// host and a guest derive the same offsets; a guest checks the header against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub slot_count: u32,
+    pub socket_count: u32,
+    pub slots_offset: u64,
+    pub queue_offset: u64,
+    pub sockets_offset: u64,
+    pub attention_offset: u64,
+    pub data_offset: u64,
+    pub data_size: u64,
+    pub region_size: u64,
+}
+
+const fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+/// Why a region header was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderError {
+    TooSmall,
+    BadMagic,
+    BadMajor(u16),
+    BadHeaderSize,
+    ReservedNotZero,
+    UnknownFeatures(u64),
+    BadLayout,
+}
+
+impl core::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            HeaderError::TooSmall => write!(f, "region smaller than its header"),
+            HeaderError::BadMagic => write!(f, "not a canal region (bad magic)"),
+            HeaderError::BadMajor(v) => write!(
+                f,
+                "region has ABI major version {v}, this library speaks {}",
+                crate::VERSION_MAJOR
+            ),
+            HeaderError::BadHeaderSize => write!(f, "unexpected header size"),
+            HeaderError::ReservedNotZero => write!(f, "reserved header fields are not zero"),
+            HeaderError::UnknownFeatures(b) => write!(f, "unknown feature bits {b:#x}"),
+            HeaderError::BadLayout => write!(f, "region layout is inconsistent"),
+        }
+    }
+}
+
+impl Layout {
+    /// `slot_count` a power of two in 1..=MAX_SLOTS; `socket_count` in 1..=MAX_SOCKETS;
+    /// `data_size` a non-zero multiple of DATA_CHUNK.
+    pub fn new(slot_count: u32, socket_count: u32, data_size: u64) -> Option<Layout> {
+        if !slot_count.is_power_of_two()
+            || slot_count > MAX_SLOTS
+            || socket_count == 0
+            || socket_count > MAX_SOCKETS
+            || data_size == 0
+            || data_size % DATA_CHUNK != 0
+            || data_size > (1 << 40)
+        {
+            return None;
+        }
+        let slots_offset = HEADER_SIZE;
+        let queue_offset = round_up(slots_offset + slot_count as u64 * SLOT_SIZE, 64);
+        let sockets_offset = round_up(queue_offset + slot_count as u64 * 8, 4096);
+        let attention_offset =
+            round_up(sockets_offset + socket_count as u64 * SOCKET_ENTRY_SIZE, 64);
+        let attention_words = (socket_count as u64).div_ceil(64);
+        let data_offset = round_up(attention_offset + attention_words * 8, DATA_CHUNK);
+        Some(Layout {
+            slot_count,
+            socket_count,
+            slots_offset,
+            queue_offset,
+            sockets_offset,
+            attention_offset,
+            data_offset,
+            data_size,
+            region_size: data_offset + data_size,
+        })
+    }
+
+    pub fn attention_words(&self) -> usize {
+        (self.socket_count as usize).div_ceil(64)
+    }
+
+    /// Validates a header (the one check before anything else reads a region) and
+    /// returns the layout it describes. `mapped_len` is how much is mapped.
+    pub fn from_header(h: &RegionHeader, mapped_len: u64) -> Result<Layout, HeaderError> {
+        if mapped_len < HEADER_SIZE {
+            return Err(HeaderError::TooSmall);
+        }
+        if h.magic != crate::MAGIC {
+            return Err(HeaderError::BadMagic);
+        }
+        if h.version_major != crate::VERSION_MAJOR {
+            return Err(HeaderError::BadMajor(h.version_major));
+        }
+        if h.header_size as u64 != HEADER_SIZE {
+            return Err(HeaderError::BadHeaderSize);
+        }
+        if h.reserved0 != 0 || h.reserved1 != [0; 4] {
+            return Err(HeaderError::ReservedNotZero);
+        }
+        // Features from a newer minor version are ignored only if unknown bits are
+        // absent: a feature changes what the guest must do.
+        if h.features & !crate::feature::ALL_V1 != 0 {
+            return Err(HeaderError::UnknownFeatures(h.features & !crate::feature::ALL_V1));
+        }
+        let l = Layout::new(h.slot_count, h.socket_count, h.data_size)
+            .ok_or(HeaderError::BadLayout)?;
+        if l.slots_offset != h.slots_offset
+            || l.queue_offset != h.queue_offset
+            || l.sockets_offset != h.sockets_offset
+            || l.attention_offset != h.attention_offset
+            || l.data_offset != h.data_offset
+            || l.region_size != h.region_size
+            || l.region_size > mapped_len
+        {
+            return Err(HeaderError::BadLayout);
+        }
+        Ok(l)
+    }
+}
+
+/// A view of a mapped region. All accessors are bounds-checked against the layout,
+/// which is either the host's own or one validated from the header.
+#[derive(Clone, Copy, Debug)]
+pub struct Region {
+    base: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: the view only hands out shared references to AnyBitPattern types made of
+// atomics, and ring storage whose accesses are ordered by the ring indices.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Host side: writes a fresh header and initialises the queue.
+    ///
+    /// # Safety
+    /// `base` must point to `layout.region_size` bytes of zeroed, writable memory,
+    /// page aligned, that stay mapped while any `Region` copy is used.
+    pub unsafe fn init(base: *mut u8, layout: Layout, guest_id: u32, features: u64) -> Region {
+        let r = Region { base, layout };
+        // SAFETY: the caller gives us the zeroed header page to write before sharing.
+        let h = unsafe { &mut *(base as *mut RegionHeader) };
+        h.magic = crate::MAGIC;
+        h.version_major = crate::VERSION_MAJOR;
+        h.version_minor = crate::VERSION_MINOR;
+        h.header_size = HEADER_SIZE as u32;
+        h.features = features;
+        h.region_size = layout.region_size;
+        h.slot_count = layout.slot_count;
+        h.socket_count = layout.socket_count;
+        h.slots_offset = layout.slots_offset;
+        h.queue_offset = layout.queue_offset;
+        h.sockets_offset = layout.sockets_offset;
+        h.attention_offset = layout.attention_offset;
+        h.data_offset = layout.data_offset;
+        h.data_size = layout.data_size;
+        h.guest_id = guest_id;
+        h.host_state.store(1, Ordering::Release);
+        crate::queue::init_cells(r.queue_cells());
+        r
+    }
+
+    /// Guest side: validates the header, then returns the view.
+    ///
+    /// # Safety
+    /// `base` must point to `mapped_len` readable and writable bytes, page aligned,
+    /// that stay mapped while any `Region` copy is used.
+    pub unsafe fn attach(base: *mut u8, mapped_len: u64) -> Result<Region, HeaderError> {
+        if mapped_len < HEADER_SIZE {
+            return Err(HeaderError::TooSmall);
+        }
+        // SAFETY: at least HEADER_SIZE bytes are mapped (checked above).
+        let h = unsafe { &*(base as *const RegionHeader) };
+        let layout = Layout::from_header(h, mapped_len)?;
+        Ok(Region { base, layout })
+    }
+
+    /// A view with a layout the caller already trusts (the host's own copy).
+    ///
+    /// # Safety
+    /// As for `attach`, with `layout.region_size` bytes mapped.
+    pub unsafe fn from_raw(base: *mut u8, layout: Layout) -> Region {
+        Region { base, layout }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    fn at<T: AnyBitPattern>(&self, offset: u64) -> &T {
+        debug_assert!(offset + core::mem::size_of::<T>() as u64 <= self.layout.region_size);
+        // SAFETY: callers pass offsets inside the layout (checked by the accessors);
+        // T accepts any bit pattern and is only used through shared references.
+        unsafe { &*(self.base.add(offset as usize) as *const T) }
+    }
+
+    pub fn header(&self) -> &RegionHeader {
+        self.at(0)
+    }
+
+    pub fn slot(&self, index: u32) -> Option<&Slot> {
+        (index < self.layout.slot_count)
+            .then(|| self.at(self.layout.slots_offset + index as u64 * SLOT_SIZE))
+    }
+
+    pub fn socket(&self, index: u32) -> Option<&SocketEntry> {
+        (index < self.layout.socket_count).then(|| {
+            self.at(self.layout.sockets_offset + index as u64 * SOCKET_ENTRY_SIZE)
+        })
+    }
+
+    pub fn queue_cells(&self) -> &[QueueCell] {
+        // SAFETY: slot_count cells of 8 bytes start at queue_offset (see Layout::new).
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.add(self.layout.queue_offset as usize) as *const QueueCell,
+                self.layout.slot_count as usize,
+            )
+        }
+    }
+
+    pub fn attention(&self) -> &[AtomicU64] {
+        // SAFETY: attention_words() u64 words start at attention_offset.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.add(self.layout.attention_offset as usize) as *const AtomicU64,
+                self.layout.attention_words(),
+            )
+        }
+    }
+
+    /// Marks a socket as needing the host's attention (new tx data, or rx space freed
+    /// after RX_WANT_SPACE). Returns false for an index out of range.
+    pub fn raise_attention(&self, index: u32) -> bool {
+        let words = self.attention();
+        let w = (index / 64) as usize;
+        if w >= words.len() || index >= self.layout.socket_count {
+            return false;
+        }
+        // A1: Release orders the ring index stores before the bit; pairs with the
+        // host's Acquire swap (A2).
+        words[w].fetch_or(1 << (index % 64), Ordering::Release);
+        true
+    }
+
+    /// Ring storage at `offset` (relative to the data area) of `size` bytes, if it
+    /// lies inside the data area and `size` is a power of two.
+    pub fn ring(&self, offset: u64, size: u64) -> Option<RawRing> {
+        if size == 0 || !size.is_power_of_two() {
+            return None;
+        }
+        let end = offset.checked_add(size)?;
+        if end > self.layout.data_size {
+            return None;
+        }
+        // SAFETY: offset..offset+size lies inside the data area (checked), which is
+        // mapped for the life of the view; size is a power of two.
+        Some(unsafe {
+            RawRing::new(
+                self.base.add((self.layout.data_offset + offset) as usize),
+                size,
+            )
+        })
+    }
+
+    /// Pointer to byte `offset` of the data area, if `offset + len` fits.
+    pub fn data_ptr(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        (offset.checked_add(len)? <= self.layout.data_size)
+            // SAFETY: inside the mapped data area (checked).
+            .then(|| unsafe { self.base.add((self.layout.data_offset + offset) as usize) })
+    }
+}
+
+/// Keeps the atomics imported for cfg(loom) builds where some go unused.
+#[allow(dead_code)]
+fn _uses(_: &AtomicI64) {}
