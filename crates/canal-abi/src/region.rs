@@ -135,7 +135,7 @@ pub struct SocketEntry {
     pub rx_head: AtomicU64,
     /// Incremented on every readiness change of this socket.
     pub event_seq: AtomicU32,
-    pub reserved2: [u32; 7],
+    pub reserved2: [u32; 9],
     // --- 128: guest
     /// Transmit ring producer index (guest).
     pub tx_head: AtomicU64,

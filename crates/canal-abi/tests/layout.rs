@@ -1,0 +1,225 @@
+//! Pins every field offset of the shared-memory ABI (docs/protocol.md §3) and a golden
+//! byte fixture of a small header, so any change to the encoding fails here first.
+#![cfg(not(loom))]
+
+use canal_abi::queue::QueueCell;
+use canal_abi::*;
+use core::mem::{offset_of, size_of};
+
+#[test]
+fn header_offsets() {
+    assert_eq!(offset_of!(RegionHeader, magic), 0);
+    assert_eq!(offset_of!(RegionHeader, version_major), 8);
+    assert_eq!(offset_of!(RegionHeader, version_minor), 10);
+    assert_eq!(offset_of!(RegionHeader, header_size), 12);
+    assert_eq!(offset_of!(RegionHeader, features), 16);
+    assert_eq!(offset_of!(RegionHeader, region_size), 24);
+    assert_eq!(offset_of!(RegionHeader, slot_count), 32);
+    assert_eq!(offset_of!(RegionHeader, socket_count), 36);
+    assert_eq!(offset_of!(RegionHeader, slots_offset), 40);
+    assert_eq!(offset_of!(RegionHeader, queue_offset), 48);
+    assert_eq!(offset_of!(RegionHeader, sockets_offset), 56);
+    assert_eq!(offset_of!(RegionHeader, attention_offset), 64);
+    assert_eq!(offset_of!(RegionHeader, data_offset), 72);
+    assert_eq!(offset_of!(RegionHeader, data_size), 80);
+    assert_eq!(offset_of!(RegionHeader, guest_id), 88);
+    assert_eq!(offset_of!(RegionHeader, reserved0), 92);
+    assert_eq!(offset_of!(RegionHeader, reserved1), 96);
+    assert_eq!(offset_of!(RegionHeader, host_sleeping), 128);
+    assert_eq!(offset_of!(RegionHeader, event_seq), 132);
+    assert_eq!(offset_of!(RegionHeader, host_state), 136);
+    assert_eq!(offset_of!(RegionHeader, queue_tail), 192);
+    assert_eq!(offset_of!(RegionHeader, event_waiters), 256);
+    assert_eq!(offset_of!(RegionHeader, kicks), 260);
+    assert_eq!(size_of::<RegionHeader>(), HEADER_USED);
+}
+
+#[test]
+fn slot_offsets() {
+    assert_eq!(offset_of!(Slot, state), 0);
+    assert_eq!(offset_of!(Slot, sleep), 4);
+    assert_eq!(offset_of!(Slot, wait_socket), 8);
+    assert_eq!(offset_of!(Slot, owner), 12);
+    assert_eq!(offset_of!(Slot, op), 16);
+    assert_eq!(offset_of!(Slot, socket), 20);
+    assert_eq!(offset_of!(Slot, in_len), 24);
+    assert_eq!(offset_of!(Slot, out_len), 28);
+    assert_eq!(offset_of!(Slot, args), 32);
+    assert_eq!(offset_of!(Slot, result), 64);
+    assert_eq!(offset_of!(Slot, seq), 72);
+    assert_eq!(offset_of!(Slot, done_seq), 76);
+    assert_eq!(offset_of!(Slot, reserved), 80);
+    assert_eq!(size_of::<Slot>() as u64, SLOT_SIZE);
+    assert_eq!(SLOT_PAYLOAD_OFFSET as usize + SLOT_PAYLOAD, SLOT_SIZE as usize);
+}
+
+#[test]
+fn socket_entry_offsets() {
+    assert_eq!(offset_of!(SocketEntry, kind), 0);
+    assert_eq!(offset_of!(SocketEntry, generation), 4);
+    assert_eq!(offset_of!(SocketEntry, family), 8);
+    assert_eq!(offset_of!(SocketEntry, tx_offset), 16);
+    assert_eq!(offset_of!(SocketEntry, tx_size), 24);
+    assert_eq!(offset_of!(SocketEntry, rx_size), 28);
+    assert_eq!(offset_of!(SocketEntry, rx_offset), 32);
+    assert_eq!(offset_of!(SocketEntry, flags), 64);
+    assert_eq!(offset_of!(SocketEntry, pending_error), 68);
+    assert_eq!(offset_of!(SocketEntry, tx_tail), 72);
+    assert_eq!(offset_of!(SocketEntry, rx_head), 80);
+    assert_eq!(offset_of!(SocketEntry, event_seq), 88);
+    assert_eq!(offset_of!(SocketEntry, tx_head), 128);
+    assert_eq!(offset_of!(SocketEntry, rx_tail), 136);
+    assert_eq!(offset_of!(SocketEntry, refs), 144);
+    assert_eq!(offset_of!(SocketEntry, guest_flags), 148);
+    assert_eq!(offset_of!(SocketEntry, tx_lock), 152);
+    assert_eq!(offset_of!(SocketEntry, rx_lock), 156);
+    assert_eq!(offset_of!(SocketEntry, rcvtimeo_ns), 160);
+    assert_eq!(offset_of!(SocketEntry, sndtimeo_ns), 168);
+    assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
+    assert_eq!(size_of::<QueueCell>(), 8);
+}
+
+#[test]
+fn layout_of_default_region() {
+    let l = Layout::new(256, 1024, 256 << 20).unwrap();
+    assert_eq!(l.slots_offset, 4096);
+    assert_eq!(l.queue_offset, 4096 + 256 * 512);
+    assert_eq!(l.sockets_offset, 139264);
+    assert_eq!(l.attention_offset, 139264 + 1024 * 256);
+    assert_eq!(l.data_offset, 458752);
+    assert_eq!(l.region_size, 458752 + (256 << 20));
+    assert!(Layout::new(3, 1, 65536).is_none(), "slot count must be a power of two");
+    assert!(Layout::new(4, 0, 65536).is_none());
+    assert!(Layout::new(4, 70000, 65536).is_none());
+    assert!(Layout::new(4, 1, 1000).is_none());
+}
+
+/// A page-aligned zeroed buffer standing in for a mapped region.
+struct Buf(Vec<u64>);
+impl Buf {
+    fn new(bytes: u64) -> Buf {
+        Buf(vec![0u64; (bytes / 8) as usize])
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
+    }
+    fn bytes(&self, n: usize) -> &[u8] {
+        // SAFETY: the Vec holds at least n bytes (callers ask for the header only).
+        unsafe { core::slice::from_raw_parts(self.0.as_ptr() as *const u8, n) }
+    }
+}
+
+const GOLDEN_HEADER: &str = "\
+43414e414c52474e 0100 0000 00100000 0700000000000000 0000020000000000 \
+04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
+0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
+
+#[test]
+fn golden_header_bytes() {
+    let l = Layout::new(4, 3, 65536).unwrap();
+    let mut b = Buf::new(l.region_size);
+    // SAFETY: b is zeroed, 8-byte aligned, region_size bytes, and outlives r.
+    let r = unsafe { Region::init(b.ptr(), l, 42, feature::ALL_V1) };
+    assert_eq!(r.layout(), &l);
+    let hex: String = GOLDEN_HEADER.split_whitespace().collect();
+    let want: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(b.bytes(want.len()), &want[..]);
+    assert_eq!(r.header().host_state.load(sync::Ordering::Relaxed), 1);
+    // The queue is initialised: cell i starts at sequence i.
+    for (i, c) in r.queue_cells().iter().enumerate() {
+        assert_eq!(c.seq.load(sync::Ordering::Relaxed), i as u32);
+    }
+}
+
+#[test]
+fn attach_validates_header() {
+    let l = Layout::new(4, 3, 65536).unwrap();
+    let mut b = Buf::new(l.region_size);
+    let p = b.ptr();
+    // SAFETY: as in golden_header_bytes.
+    unsafe { Region::init(p, l, 1, feature::ALL_V1) };
+    // SAFETY: p has region_size bytes.
+    let ok = unsafe { Region::attach(p, l.region_size) }.unwrap();
+    assert_eq!(ok.layout(), &l);
+    // SAFETY: same buffer; a shorter mapping must be refused.
+    assert_eq!(unsafe { Region::attach(p, l.region_size - 1) }.unwrap_err(), HeaderError::BadLayout);
+    let corrupt = |f: &dyn Fn(&mut RegionHeader), want: HeaderError| {
+        let mut c = Buf::new(l.region_size);
+        let cp = c.ptr();
+        // SAFETY: fresh zeroed buffer of the right size.
+        unsafe { Region::init(cp, l, 1, feature::ALL_V1) };
+        // SAFETY: the header page is ours alone in this test.
+        f(unsafe { &mut *(cp as *mut RegionHeader) });
+        // SAFETY: cp has region_size bytes.
+        assert_eq!(unsafe { Region::attach(cp, l.region_size) }.unwrap_err(), want);
+    };
+    corrupt(&|h| h.magic = 1, HeaderError::BadMagic);
+    corrupt(&|h| h.version_major = 2, HeaderError::BadMajor(2));
+    corrupt(&|h| h.header_size = 8192, HeaderError::BadHeaderSize);
+    corrupt(&|h| h.reserved1[2] = 5, HeaderError::ReservedNotZero);
+    corrupt(&|h| h.features |= 1 << 40, HeaderError::UnknownFeatures(1 << 40));
+    corrupt(&|h| h.queue_offset += 8, HeaderError::BadLayout);
+    corrupt(&|h| h.slot_count = 3, HeaderError::BadLayout);
+    corrupt(&|h| h.data_size = 1 << 50, HeaderError::BadLayout);
+}
+
+#[test]
+fn region_accessors_are_bounds_checked() {
+    let l = Layout::new(4, 3, 4 * 65536).unwrap();
+    let mut b = Buf::new(l.region_size);
+    // SAFETY: as above.
+    let r = unsafe { Region::init(b.ptr(), l, 1, feature::ALL_V1) };
+    assert!(r.slot(3).is_some() && r.slot(4).is_none());
+    assert!(r.socket(2).is_some() && r.socket(3).is_none());
+    assert!(r.ring(0, 65536).is_some());
+    assert!(r.ring(3 * 65536, 65536).is_some());
+    assert!(r.ring(3 * 65536 + 1, 65536).is_none());
+    assert!(r.ring(u64::MAX - 10, 65536).is_none());
+    assert!(r.ring(0, 3000).is_none(), "ring size must be a power of two");
+    assert!(r.raise_attention(2) && !r.raise_attention(3));
+    assert_eq!(r.attention()[0].load(sync::Ordering::Relaxed), 0b100);
+    let s = r.slot(0).unwrap();
+    assert_eq!(s.write_payload(380, &[1, 2, 3, 4, 5, 6]), 4);
+    let mut out = [0u8; 8];
+    assert_eq!(s.read_payload(380, &mut out), 4);
+    assert_eq!(&out[..4], &[1, 2, 3, 4]);
+    assert_eq!(s.write_payload(384, &[1]), 0);
+}
+
+#[test]
+fn addr_roundtrip_and_validation() {
+    let a = CanalAddr::v4([127, 0, 0, 1], 8080);
+    let e = a.encode();
+    assert_eq!(&e[..8], &[2, 0, 0x90, 0x1f, 0, 0, 0, 0]);
+    assert_eq!(CanalAddr::decode(&e), Some(a));
+    let b = CanalAddr::v6([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 443, 7, 2);
+    assert_eq!(CanalAddr::decode(&b.encode()), Some(b));
+    let mut bad = e;
+    bad[0] = 1;
+    assert_eq!(CanalAddr::decode(&bad), None, "unknown family");
+    let mut bad = e;
+    bad[30] = 1;
+    assert_eq!(CanalAddr::decode(&bad), None, "reserved bytes");
+    let mut bad = e;
+    bad[12] = 1;
+    assert_eq!(CanalAddr::decode(&bad), None, "IPv4 with bytes past the first four");
+    assert_eq!(CanalAddr::decode(&e[..31]), None);
+}
+
+#[test]
+fn control_header_roundtrip() {
+    use canal_abi::control::*;
+    let mut m = encode_header(kind::PORT, 4).to_vec();
+    m.extend_from_slice(&7u32.to_le_bytes());
+    assert_eq!(decode(&m), Some((kind::PORT, &7u32.to_le_bytes()[..])));
+    assert_eq!(decode(&m[..19]), None, "length mismatch");
+    let mut bad = m.clone();
+    bad[0] ^= 1;
+    assert_eq!(decode(&bad), None);
+    let mut bad = m.clone();
+    bad[13] = 1;
+    assert_eq!(decode(&bad), None, "reserved must be zero");
+}
