@@ -1,5 +1,580 @@
-//! VM harness (issue 6). Entry point used by `canal vm`.
-pub fn cli_main(_args: Vec<String>) -> i32 {
-    eprintln!("canal vm: not built yet");
+//! VM harness (issue 6): boots a small QEMU guest (the host's kernel, a busybox initramfs,
+//! the host's root filesystem read-only over 9p) with virtio-net and/or the canal
+//! shared-memory device, runs one program in it and returns its exit status.
+//! Entry point used by `canal vm`. See docs/vm.md.
+
+pub mod image;
+pub mod probe;
+pub mod qemu;
+pub mod region;
+pub mod run;
+mod sys;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use qemu::{Accel, Publish, VmConfig};
+use region::RegionFile;
+use run::{Deadlines, GuestCommand, Outcome, Output, RunDir};
+
+/// Exit status when the harness itself fails (no program status to report).
+pub const EXIT_HARNESS: i32 = 125;
+/// Exit status when `--timeout` expires.
+pub const EXIT_TIMEOUT: i32 = 124;
+
+const USAGE: &str = "\
+usage: canal vm <command> [options]
+commands:
+  run [options] -- PROGRAM ARGS...   boot a guest, run PROGRAM in it, exit with its status
+      --virtio             virtio-net with QEMU user networking (guest 10.0.2.15, host
+                           127.0.0.1 reachable as 10.0.2.2); the default
+      --canal              the canal device (ivshmem-plain) instead of virtio-net; the
+                           program gets CANAL_TRANSPORT=ivshmem and LD_PRELOAD=libcanal.so
+      --canal --virtio     both devices
+      --no-preload         with --canal: attach the device but do not set LD_PRELOAD
+      --libcanal PATH      libcanal.so to preload (default: next to the canal binary,
+                           or $CANAL_LIB)
+      --shm-path PATH      back the canal device with this existing file instead of a
+                           fresh /dev/shm/canal-vm-<pid> (size = the file's size)
+      --shm-size MiB       size of a fresh region file (power of two; default 64)
+      --accel auto|kvm|tcg KVM only if a (cached) probe boot succeeds; default auto
+      --mem MiB            guest memory (default 512)
+      --cpus N             guest CPUs (default 1)
+      --timeout S          kill the guest after S seconds (exit 124)
+      --boot-timeout S     fail if the guest is not ready after S seconds (default 120)
+      --publish H:G        with --virtio: host 127.0.0.1:H forwards to guest port G
+      --env NAME=VALUE     set an environment variable for PROGRAM (repeatable)
+      -v, --verbose        print the QEMU command line and boot timings
+  qemu-args [--name NAME] [--size MiB] [--path FILE]
+                           print QEMU options and libvirt XML for a canal region file
+  image                    build (or find) the cached guest image and print its paths
+  probe [--force]          run (or show the cached) KVM probe
+";
+
+/// Entry point of `canal vm ARGS...`.
+pub fn cli_main(args: Vec<String>) -> i32 {
+    let Some((cmd, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return 2;
+    };
+    match cmd.as_str() {
+        "run" => cmd_run(rest),
+        "qemu-args" => cmd_qemu_args(rest),
+        "image" => cmd_image(),
+        "probe" => cmd_probe(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            0
+        }
+        other => {
+            eprintln!("canal vm: unknown command '{other}'\n{USAGE}");
+            2
+        }
+    }
+}
+
+fn usage_error(msg: &str) -> i32 {
+    eprintln!("canal vm: {msg}\n{USAGE}");
     2
+}
+
+/// Options of `canal vm run`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub canal: bool,
+    pub virtio: bool,
+    pub preload: bool,
+    pub libcanal: Option<PathBuf>,
+    pub shm_path: Option<PathBuf>,
+    pub shm_mib: u64,
+    pub accel: Option<Accel>,
+    pub mem_mib: u64,
+    pub cpus: u32,
+    pub timeout: Option<Duration>,
+    pub boot_timeout: Duration,
+    pub publish: Vec<Publish>,
+    pub env: Vec<(String, String)>,
+    pub verbose: bool,
+    pub program: Vec<String>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            canal: false,
+            virtio: false,
+            preload: true,
+            libcanal: None,
+            shm_path: None,
+            shm_mib: region::DEFAULT_REGION_MIB,
+            accel: None,
+            mem_mib: 512,
+            cpus: 1,
+            timeout: None,
+            boot_timeout: Duration::from_secs(120),
+            publish: Vec::new(),
+            env: Vec::new(),
+            verbose: std::env::var_os("CANAL_VM_VERBOSE").is_some_and(|v| v != "0"),
+            program: Vec::new(),
+        }
+    }
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("bad number of seconds '{s}'"))
+}
+
+/// Parses the arguments of `canal vm run`.
+pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
+    let mut o = RunOptions::default();
+    let mut i = 0;
+    let val = |i: &mut usize, name: &str| -> Result<String, String> {
+        *i += 1;
+        args.get(*i)
+            .cloned()
+            .ok_or_else(|| format!("{name} needs a value"))
+    };
+    while i < args.len() {
+        let a = args[i].as_str();
+        match a {
+            "--" => {
+                o.program = args[i + 1..].to_vec();
+                break;
+            }
+            "--canal" => o.canal = true,
+            "--virtio" => o.virtio = true,
+            "--no-preload" => o.preload = false,
+            "-v" | "--verbose" => o.verbose = true,
+            "--libcanal" => o.libcanal = Some(val(&mut i, a)?.into()),
+            "--shm-path" => o.shm_path = Some(val(&mut i, a)?.into()),
+            "--shm-size" => {
+                o.shm_mib = val(&mut i, a)?
+                    .parse()
+                    .map_err(|_| "--shm-size needs MiB".to_string())?
+            }
+            "--accel" => {
+                o.accel = match val(&mut i, a)?.as_str() {
+                    "auto" => None,
+                    "kvm" => Some(Accel::Kvm),
+                    "tcg" => Some(Accel::Tcg),
+                    x => return Err(format!("--accel: unknown '{x}' (auto|kvm|tcg)")),
+                }
+            }
+            "--mem" => {
+                o.mem_mib = val(&mut i, a)?
+                    .parse()
+                    .ok()
+                    .filter(|m| *m >= 64)
+                    .ok_or("--mem needs MiB (>= 64)")?
+            }
+            "--cpus" => {
+                o.cpus = val(&mut i, a)?
+                    .parse()
+                    .ok()
+                    .filter(|c| *c >= 1)
+                    .ok_or("--cpus needs a count")?
+            }
+            "--timeout" => o.timeout = Some(parse_secs(&val(&mut i, a)?)?),
+            "--boot-timeout" => o.boot_timeout = parse_secs(&val(&mut i, a)?)?,
+            "--publish" => {
+                let v = val(&mut i, a)?;
+                let p = v
+                    .split_once(':')
+                    .and_then(|(h, g)| {
+                        Some(Publish {
+                            host: h.parse().ok()?,
+                            guest: g.parse().ok()?,
+                        })
+                    })
+                    .ok_or_else(|| format!("--publish: expected HOSTPORT:GUESTPORT, got '{v}'"))?;
+                o.publish.push(p);
+            }
+            "--env" => {
+                let v = val(&mut i, a)?;
+                let (k, val) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--env: expected NAME=VALUE, got '{v}'"))?;
+                o.env.push((k.to_string(), val.to_string()));
+            }
+            _ => return Err(format!("unknown option '{a}' (the program goes after --)")),
+        }
+        i += 1;
+    }
+    if o.program.is_empty() {
+        return Err("no program: canal vm run [options] -- PROGRAM ARGS...".into());
+    }
+    if !o.canal {
+        o.virtio = true;
+    }
+    if !o.publish.is_empty() && !o.virtio {
+        return Err("--publish needs --virtio (canal publishes ports through canald)".into());
+    }
+    Ok(o)
+}
+
+/// The QEMU binary: $CANAL_VM_QEMU, else qemu-system-x86_64 on PATH.
+pub fn find_qemu() -> Result<PathBuf, String> {
+    if let Some(q) = std::env::var_os("CANAL_VM_QEMU") {
+        return Ok(q.into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    for d in std::env::split_paths(&path) {
+        let p = d.join("qemu-system-x86_64");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err("qemu-system-x86_64 not found (install qemu-system-x86 or set CANAL_VM_QEMU)".into())
+}
+
+/// libcanal.so for the guest: --libcanal, $CANAL_LIB, or next to the running binary.
+/// Absolute, because the guest sees the host's root at the same paths.
+fn find_libcanal(opt: &Option<PathBuf>) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = match (opt, std::env::var_os("CANAL_LIB")) {
+        (Some(p), _) => vec![p.clone()],
+        (None, Some(p)) => vec![p.into()],
+        (None, None) => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let dir = exe.parent().unwrap_or(Path::new("/")).to_path_buf();
+            vec![dir.join("libcanal.so"), dir.join("../lib/libcanal.so")]
+        }
+    };
+    for c in &candidates {
+        if let Ok(p) = c.canonicalize() {
+            return Ok(p);
+        }
+    }
+    Err(format!(
+        "libcanal.so not found (tried {}); build it, pass --libcanal, or use --no-preload",
+        candidates
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+fn cmd_run(args: &[String]) -> i32 {
+    let o = match parse_run(args) {
+        Ok(o) => o,
+        Err(e) => return usage_error(&e),
+    };
+    match run_program(&o) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("canal vm: {e}");
+            EXIT_HARNESS
+        }
+    }
+}
+
+/// Builds everything for one VM (run dir, region, cmd.sh, QEMU config).
+struct Prepared {
+    cfg: VmConfig,
+    // Dropped after QEMU is gone: removes the region file (if ours) and the run dir.
+    _region: Option<RegionFile>,
+    run_dir: RunDir,
+}
+
+fn prepare(
+    o: &RunOptions,
+    img: &image::GuestImage,
+    qemu: &Path,
+    accel: Accel,
+) -> Result<Prepared, String> {
+    let run_dir = RunDir::create().map_err(|e| format!("creating the run directory: {e}"))?;
+    let mut cmd = GuestCommand {
+        program: o.program.clone(),
+        env: Vec::new(),
+        preload: None,
+        cwd: std::env::current_dir().ok(),
+    };
+    if let Some(home) = std::env::var_os("HOME") {
+        cmd.env
+            .push(("HOME".into(), home.to_string_lossy().into_owned()));
+    }
+    let region = if o.canal {
+        let r = match &o.shm_path {
+            Some(p) => RegionFile::existing(p),
+            None => region::create_region(&format!("vm-{}", std::process::id()), o.shm_mib << 20),
+        }
+        .map_err(|e| format!("canal region: {e}"))?;
+        cmd.env.push(("CANAL_TRANSPORT".into(), "ivshmem".into()));
+        cmd.env
+            .push(("CANAL_REGION_SIZE".into(), r.size.to_string()));
+        if o.preload {
+            cmd.preload = Some(find_libcanal(&o.libcanal)?);
+        }
+        Some(r)
+    } else {
+        None
+    };
+    cmd.env.extend(o.env.iter().cloned());
+    let script = cmd.script().map_err(|e| e.to_string())?;
+    std::fs::write(run_dir.path.join("cmd.sh"), script)
+        .map_err(|e| format!("writing cmd.sh: {e}"))?;
+    let p = &run_dir.path;
+    let cfg = VmConfig {
+        qemu: qemu.to_path_buf(),
+        accel,
+        mem_mib: o.mem_mib,
+        cpus: o.cpus,
+        kernel: img.kernel.clone(),
+        initramfs: img.initramfs.clone(),
+        run_dir: p.clone(),
+        ctl_sock: p.join("ctl.sock"),
+        out_sock: p.join("out.sock"),
+        err_sock: p.join("err.sock"),
+        console_log: p.join("console.log"),
+        virtio_net: o.virtio,
+        publish: o.publish.clone(),
+        region: region.as_ref().map(|r| (r.path.clone(), r.size)),
+    };
+    Ok(Prepared {
+        cfg,
+        _region: region,
+        run_dir,
+    })
+}
+
+/// The KVM probe: boots the guest under KVM running `true`.
+fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> probe::Verdict {
+    let o = RunOptions {
+        program: vec!["true".into()],
+        virtio: false,
+        ..RunOptions::default()
+    };
+    let timeout = probe::probe_timeout();
+    let p = match prepare(&o, img, qemu, Accel::Kvm) {
+        Ok(p) => p,
+        Err(e) => return probe::Verdict(Err(e)),
+    };
+    let (outcome, _) = run::boot(
+        &p.cfg,
+        Deadlines {
+            ready: timeout,
+            total: Some(timeout + Duration::from_secs(10)),
+            poweroff: Duration::from_secs(5),
+        },
+        Output::Discard,
+    );
+    probe::Verdict(match outcome {
+        Outcome::Exited(0) => Ok(()),
+        Outcome::Exited(n) => Err(format!("probe program exited {n} under KVM")),
+        Outcome::NotReady(d) => Err(format!(
+            "guest did not say READY within {:.0} s under KVM",
+            d.as_secs_f64()
+        )),
+        Outcome::TimedOut => Err("guest did not finish under KVM".into()),
+        Outcome::GuestFailed(f) => Err(format!("guest init failed under KVM: {f}")),
+        Outcome::QemuFailed(f) => Err(f.replace('\n', " | ")),
+        Outcome::Signalled(s) => {
+            // Not a verdict about KVM; do not cache it as one.
+            return probe::Verdict(Err(format!("interrupted by signal {s}")));
+        }
+    })
+}
+
+fn select_accel(o: &RunOptions, img: &image::GuestImage, qemu: &Path) -> Accel {
+    match o.accel {
+        Some(a) => a,
+        None => {
+            let (a, reason) = probe::choose_auto(img, qemu, || run_kvm_probe(img, qemu));
+            if let Some(r) = reason {
+                eprintln!("canal vm: using TCG: {r}");
+            }
+            a
+        }
+    }
+}
+
+/// Runs `o.program` in a fresh guest; returns the exit status to report.
+pub fn run_program(o: &RunOptions) -> Result<i32, String> {
+    let qemu = find_qemu()?;
+    let img = image::ensure_image().map_err(|e| format!("guest image: {e}"))?;
+    sys::catch_termination_signals().map_err(|e| e.to_string())?;
+    let accel = select_accel(o, &img, &qemu);
+    if let Some(sig) = sys::pending_signal() {
+        return Ok(128 + sig);
+    }
+    let p = prepare(o, &img, &qemu, accel)?;
+    if o.verbose {
+        eprintln!(
+            "canal vm: {} {}",
+            qemu.display(),
+            p.cfg
+                .args()
+                .iter()
+                .map(|a| run::shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    let (outcome, t) = run::boot(
+        &p.cfg,
+        Deadlines {
+            ready: o.boot_timeout,
+            total: o.timeout,
+            poweroff: Duration::from_secs(10),
+        },
+        Output::Stream,
+    );
+    if o.verbose {
+        let f = |d: Option<Duration>| {
+            d.map(|d| format!("{:.2}s", d.as_secs_f64()))
+                .unwrap_or_else(|| "-".into())
+        };
+        eprintln!(
+            "canal vm: accel={} ready={} (guest uptime {}) exit={} qemu-gone={}",
+            accel.name(),
+            f(t.ready),
+            t.guest_uptime_at_ready
+                .map(|u| format!("{u:.2}s"))
+                .unwrap_or_else(|| "-".into()),
+            f(t.exited),
+            f(t.qemu_gone)
+        );
+    }
+    let console = p.run_dir.path.join("console.log");
+    Ok(match outcome {
+        Outcome::Exited(code) => code,
+        Outcome::Signalled(sig) => 128 + sig,
+        Outcome::TimedOut => {
+            eprintln!("canal vm: timed out; guest killed");
+            EXIT_TIMEOUT
+        }
+        Outcome::NotReady(d) => {
+            eprintln!(
+                "canal vm: guest not ready after {:.0} s ({}); console:\n{}",
+                d.as_secs_f64(),
+                accel.name(),
+                run::console_tail(&console, 30)
+            );
+            EXIT_HARNESS
+        }
+        Outcome::GuestFailed(f) => {
+            eprintln!(
+                "canal vm: guest setup failed: {f}; console:\n{}",
+                run::console_tail(&console, 30)
+            );
+            EXIT_HARNESS
+        }
+        Outcome::QemuFailed(f) => {
+            eprintln!(
+                "canal vm: {f}\nconsole:\n{}",
+                run::console_tail(&console, 30)
+            );
+            EXIT_HARNESS
+        }
+    })
+}
+
+fn cmd_qemu_args(args: &[String]) -> i32 {
+    let mut name = String::from("vm0");
+    let mut size = region::DEFAULT_REGION_MIB;
+    let mut path: Option<PathBuf> = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let v = args.get(i + 1).cloned();
+        match (a, v) {
+            ("--name", Some(v)) => name = v,
+            ("--size", Some(v)) => match v.parse::<u64>() {
+                Ok(s) if s.is_power_of_two() => size = s,
+                _ => return usage_error("--size needs a power of two in MiB"),
+            },
+            ("--path", Some(v)) => path = Some(v.into()),
+            _ => return usage_error(&format!("qemu-args: bad argument '{a}'")),
+        }
+        i += 2;
+    }
+    let path = path.unwrap_or_else(|| region::region_path(&name));
+    print!("{}", qemu::operator_snippets(&name, &path, size));
+    0
+}
+
+fn cmd_image() -> i32 {
+    match image::ensure_image() {
+        Ok(img) => {
+            println!("kernel {}", img.kernel.display());
+            println!("kernel-version {}", img.kernel_version);
+            println!("initramfs {}", img.initramfs.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("canal vm: guest image: {e}");
+            EXIT_HARNESS
+        }
+    }
+}
+
+fn cmd_probe(args: &[String]) -> i32 {
+    let force = match args {
+        [] => false,
+        [f] if f == "--force" => true,
+        _ => return usage_error("probe takes only --force"),
+    };
+    let qemu = match find_qemu() {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("canal vm: {e}");
+            return EXIT_HARNESS;
+        }
+    };
+    let img = match image::ensure_image() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("canal vm: guest image: {e}");
+            return EXIT_HARNESS;
+        }
+    };
+    if force {
+        let _ = std::fs::remove_file(probe::cache_file(&img, &qemu));
+    }
+    if let Err(e) = sys::catch_termination_signals() {
+        eprintln!("canal vm: {e}");
+        return EXIT_HARNESS;
+    }
+    let (accel, reason) = probe::choose_auto(&img, &qemu, || run_kvm_probe(&img, &qemu));
+    println!("accel {}", accel.name());
+    if let Some(r) = reason {
+        println!("reason {r}");
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn parse_run_options() {
+        let o = parse_run(&s(&["--canal", "--mem", "256", "--", "curl", "--canal"])).unwrap();
+        assert!(o.canal && !o.virtio);
+        assert_eq!(o.mem_mib, 256);
+        assert_eq!(o.program, s(&["curl", "--canal"]));
+        let o = parse_run(&s(&["--", "true"])).unwrap();
+        assert!(o.virtio && !o.canal, "virtio is the default");
+        let o = parse_run(&s(&["--publish", "8080:80", "--env", "A=b=c", "--", "x"])).unwrap();
+        assert_eq!(
+            o.publish,
+            vec![Publish {
+                host: 8080,
+                guest: 80
+            }]
+        );
+        assert_eq!(o.env, vec![("A".to_string(), "b=c".to_string())]);
+        assert!(parse_run(&s(&["--canal", "--publish", "1:2", "--", "x"])).is_err());
+        assert!(parse_run(&s(&["--bogus", "--", "x"])).is_err());
+        assert!(parse_run(&s(&["--canal"])).is_err());
+        assert!(parse_run(&s(&["--timeout", "0", "--", "x"])).is_err());
+    }
 }

@@ -1,0 +1,423 @@
+//! The guest image: a host kernel plus an initramfs (static busybox, the virtio/9p modules
+//! that kernel needs, and `guest/init.sh`), built once and cached.
+//!
+//! The initramfs is an uncompressed `newc` cpio written here, so building it needs no
+//! external tool (modules compressed with xz/zstd are unpacked with `xz`/`zstd` if present).
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The guest's PID 1. Its hash is part of the cache key.
+pub const INIT_SCRIPT: &str = include_str!("../guest/init.sh");
+
+/// Modules the guest needs, in no particular order; dependencies are added from
+/// `modules.dep`. A module the kernel has built in (absent from `modules.dep` but listed in
+/// `modules.builtin`) is skipped.
+pub const WANTED_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_console",
+    "9pnet_virtio",
+    "9p",
+    "virtio_net",
+];
+
+/// Bumped whenever the image layout changes in a way the hashed inputs do not show.
+const FORMAT_VERSION: u32 = 1;
+
+/// A bootable guest: kernel and initramfs paths.
+#[derive(Debug, Clone)]
+pub struct GuestImage {
+    pub kernel: PathBuf,
+    pub kernel_version: String,
+    pub initramfs: PathBuf,
+}
+
+/// The host kernel to boot: `$CANAL_VM_KERNEL` (a vmlinuz-VERSION path) if set, else the
+/// newest /boot/vmlinuz-VERSION that has /lib/modules/VERSION.
+pub fn find_kernel() -> io::Result<(PathBuf, String)> {
+    if let Ok(k) = std::env::var("CANAL_VM_KERNEL") {
+        let p = PathBuf::from(&k);
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ver = name.strip_prefix("vmlinuz-").ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("CANAL_VM_KERNEL={k}: file name must be vmlinuz-VERSION"),
+            )
+        })?;
+        return Ok((p.clone(), ver.to_string()));
+    }
+    let mut found: Vec<(Vec<u64>, String)> = Vec::new();
+    for e in fs::read_dir("/boot")? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        if let Some(ver) = name.strip_prefix("vmlinuz-") {
+            if Path::new("/lib/modules")
+                .join(ver)
+                .join("modules.dep")
+                .exists()
+            {
+                found.push((version_key(ver), ver.to_string()));
+            }
+        }
+    }
+    found.sort();
+    match found.pop() {
+        Some((_, ver)) => Ok((PathBuf::from(format!("/boot/vmlinuz-{ver}")), ver)),
+        None => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no /boot/vmlinuz-VERSION with /lib/modules/VERSION/modules.dep \
+             (install linux-image-amd64 or set CANAL_VM_KERNEL)",
+        )),
+    }
+}
+
+fn version_key(v: &str) -> Vec<u64> {
+    v.split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap_or(0))
+        .collect()
+}
+
+/// A static busybox: `$CANAL_VM_BUSYBOX`, else /bin/busybox or /usr/bin/busybox.
+pub fn find_busybox() -> io::Result<PathBuf> {
+    let candidates: Vec<PathBuf> = match std::env::var("CANAL_VM_BUSYBOX") {
+        Ok(p) => vec![PathBuf::from(p)],
+        Err(_) => vec!["/bin/busybox".into(), "/usr/bin/busybox".into()],
+    };
+    for c in candidates {
+        if let Ok(bytes) = fs::read(&c) {
+            if is_static_elf(&bytes) {
+                return Ok(c);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is not a static ELF executable (install busybox-static)",
+                    c.display()
+                ),
+            ));
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "no busybox found (install busybox-static)",
+    ))
+}
+
+/// True for a 64-bit little-endian ELF with no PT_INTERP program header.
+fn is_static_elf(b: &[u8]) -> bool {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return false;
+    }
+    let phoff = u64::from_le_bytes(b[0x20..0x28].try_into().unwrap()) as usize;
+    let phentsize = u16::from_le_bytes([b[0x36], b[0x37]]) as usize;
+    let phnum = u16::from_le_bytes([b[0x38], b[0x39]]) as usize;
+    for i in 0..phnum {
+        let off = phoff + i * phentsize;
+        if off + 4 > b.len() {
+            return false;
+        }
+        let p_type = u32::from_le_bytes(b[off..off + 4].try_into().unwrap());
+        if p_type == 3 {
+            return false; // PT_INTERP: dynamically linked
+        }
+    }
+    true
+}
+
+/// Module files (paths relative to /lib/modules/VERSION) in load order: dependencies first.
+pub fn resolve_modules(kver: &str, wanted: &[&str]) -> io::Result<Vec<String>> {
+    let base = Path::new("/lib/modules").join(kver);
+    let dep = fs::read_to_string(base.join("modules.dep"))?;
+    let builtin = fs::read_to_string(base.join("modules.builtin")).unwrap_or_default();
+    // modules.dep: "kernel/fs/9p/9p.ko: kernel/net/9p/9pnet.ko ..."
+    let mut deps: HashMap<String, Vec<String>> = HashMap::new();
+    let mut by_name: HashMap<String, String> = HashMap::new();
+    for line in dep.lines() {
+        let Some((m, rest)) = line.split_once(':') else {
+            continue;
+        };
+        by_name.insert(module_name(m), m.to_string());
+        deps.insert(
+            m.to_string(),
+            rest.split_whitespace().map(str::to_string).collect(),
+        );
+    }
+    let builtin: HashSet<String> = builtin.lines().map(module_name).collect();
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    fn visit(
+        m: &str,
+        deps: &HashMap<String, Vec<String>>,
+        seen: &mut HashSet<String>,
+        order: &mut Vec<String>,
+    ) {
+        if !seen.insert(m.to_string()) {
+            return;
+        }
+        for d in deps.get(m).into_iter().flatten() {
+            visit(d, deps, seen, order);
+        }
+        order.push(m.to_string());
+    }
+    for w in wanted {
+        let key = w.replace('-', "_");
+        match by_name.get(&key) {
+            Some(path) => visit(path, &deps, &mut seen, &mut order),
+            None if builtin.contains(&key) => {}
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "kernel {kver} has no module {w} (neither in modules.dep nor built in)"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// "kernel/fs/9p/9p.ko.xz" -> "9p"; dashes normalised to underscores like modprobe does.
+fn module_name(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let stem = file.split(".ko").next().unwrap_or(file);
+    stem.replace('-', "_")
+}
+
+/// Reads a module, unpacking .ko.xz / .ko.zst / .ko.gz with the host's tools.
+fn read_module(path: &Path) -> io::Result<Vec<u8>> {
+    let name = path.to_string_lossy();
+    let tool = if name.ends_with(".xz") {
+        Some("xz")
+    } else if name.ends_with(".zst") {
+        Some("zstd")
+    } else if name.ends_with(".gz") {
+        Some("gzip")
+    } else {
+        None
+    };
+    match tool {
+        None => fs::read(path),
+        Some(t) => {
+            let out = Command::new(t).arg("-dc").arg(path).output().map_err(|e| {
+                io::Error::new(e.kind(), format!("{t} -dc {}: {e}", path.display()))
+            })?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "{t} -dc {} failed",
+                    path.display()
+                )));
+            }
+            Ok(out.stdout)
+        }
+    }
+}
+
+/// FNV-1a, 64 bit: a cache key, not a security boundary.
+pub fn fnv1a(seed: u64, data: &[u8]) -> u64 {
+    let mut h = seed;
+    for &b in data {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The cache directory: $XDG_CACHE_HOME/canal-vm, else ~/.cache/canal-vm.
+pub fn cache_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("canal-vm");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".cache").join("canal-vm")
+}
+
+/// Returns the cached image for the host kernel, building the initramfs if needed.
+pub fn ensure_image() -> io::Result<GuestImage> {
+    let (kernel, kver) = find_kernel()?;
+    if fs::File::open(&kernel).is_err() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("cannot read {}", kernel.display()),
+        ));
+    }
+    let busybox = find_busybox()?;
+    let modules = resolve_modules(&kver, WANTED_MODULES)?;
+    let bb_meta = fs::metadata(&busybox)?;
+    let mut h = fnv1a(FNV_OFFSET, &FORMAT_VERSION.to_le_bytes());
+    h = fnv1a(h, INIT_SCRIPT.as_bytes());
+    h = fnv1a(h, modules.join("\n").as_bytes());
+    h = fnv1a(h, busybox.to_string_lossy().as_bytes());
+    h = fnv1a(h, &bb_meta.len().to_le_bytes());
+    let mtime = bb_meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    h = fnv1a(h, &mtime.to_le_bytes());
+    let dir = cache_dir().join(format!("{kver}-{h:016x}"));
+    let initramfs = dir.join("initramfs.cpio");
+    if !initramfs.exists() {
+        fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!("initramfs.cpio.tmp{}", std::process::id()));
+        let res = build_initramfs(&tmp, &busybox, &kver, &modules);
+        if let Err(e) = res {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        fs::rename(&tmp, &initramfs)?;
+    }
+    Ok(GuestImage {
+        kernel,
+        kernel_version: kver,
+        initramfs,
+    })
+}
+
+fn build_initramfs(out: &Path, busybox: &Path, kver: &str, modules: &[String]) -> io::Result<()> {
+    let mut c = Cpio::new(io::BufWriter::new(fs::File::create(out)?));
+    for d in ["bin", "dev", "proc", "sys", "newroot", "modules"] {
+        c.dir(d)?;
+    }
+    c.node("dev/console", 0o020600, 5, 1)?;
+    c.file("bin/busybox", 0o755, &fs::read(busybox)?)?;
+    c.symlink("bin/sh", "busybox")?;
+    c.file("init", 0o755, INIT_SCRIPT.as_bytes())?;
+    let mut list = String::new();
+    let base = Path::new("/lib/modules").join(kver);
+    for m in modules {
+        let name = format!("{}.ko", module_name(m));
+        c.file(
+            &format!("modules/{name}"),
+            0o644,
+            &read_module(&base.join(m))?,
+        )?;
+        list.push_str(&name);
+        list.push('\n');
+    }
+    c.file("modules.list", 0o644, list.as_bytes())?;
+    let mut w = c.finish()?;
+    w.flush()?;
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()
+}
+
+/// A `newc` (SVR4, no CRC) cpio archive writer: what the kernel's initramfs unpacker reads.
+struct Cpio<W: Write> {
+    w: W,
+    ino: u32,
+    written: u64,
+}
+
+impl<W: Write> Cpio<W> {
+    fn new(w: W) -> Self {
+        Cpio {
+            w,
+            ino: 1,
+            written: 0,
+        }
+    }
+
+    fn entry(&mut self, name: &str, mode: u32, rdev: (u32, u32), data: &[u8]) -> io::Result<()> {
+        let nlink = if mode & 0o170000 == 0o040000 { 2 } else { 1 };
+        let hdr = format!(
+            "070701{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
+            self.ino,
+            mode,
+            0,
+            0,
+            nlink,
+            0,
+            data.len(),
+            0,
+            0,
+            rdev.0,
+            rdev.1,
+            name.len() + 1,
+            0
+        );
+        self.ino += 1;
+        self.put(hdr.as_bytes())?;
+        self.put(name.as_bytes())?;
+        self.put(&[0])?;
+        self.pad()?;
+        self.put(data)?;
+        self.pad()
+    }
+
+    fn put(&mut self, b: &[u8]) -> io::Result<()> {
+        self.w.write_all(b)?;
+        self.written += b.len() as u64;
+        Ok(())
+    }
+
+    fn pad(&mut self) -> io::Result<()> {
+        let n = (4 - (self.written % 4) as usize) % 4;
+        self.put(&[0u8; 3][..n])
+    }
+
+    fn dir(&mut self, name: &str) -> io::Result<()> {
+        self.entry(name, 0o040755, (0, 0), &[])
+    }
+    fn file(&mut self, name: &str, perm: u32, data: &[u8]) -> io::Result<()> {
+        self.entry(name, 0o100000 | perm, (0, 0), data)
+    }
+    fn symlink(&mut self, name: &str, target: &str) -> io::Result<()> {
+        self.entry(name, 0o120777, (0, 0), target.as_bytes())
+    }
+    fn node(&mut self, name: &str, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+        self.entry(name, mode, (major, minor), &[])
+    }
+    fn finish(mut self) -> io::Result<W> {
+        self.entry("TRAILER!!!", 0, (0, 0), &[])?;
+        Ok(self.w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpio_layout_is_newc_and_aligned() {
+        let mut c = Cpio::new(Vec::new());
+        c.file("ab", 0o644, b"xyz").unwrap();
+        let v = c.finish().unwrap();
+        assert_eq!(&v[..6], b"070701");
+        // 110-byte header + "ab\0" = 113 -> padded to 116; data 3 -> 120.
+        assert_eq!(&v[110..113], b"ab\0");
+        assert_eq!(&v[116..119], b"xyz");
+        assert_eq!(&v[120..126], b"070701");
+        assert_eq!(v.len() % 4, 0);
+        let trailer = &v[120 + 110..120 + 110 + 10];
+        assert_eq!(trailer, b"TRAILER!!!");
+    }
+
+    #[test]
+    fn module_names() {
+        assert_eq!(module_name("kernel/fs/9p/9p.ko"), "9p");
+        assert_eq!(
+            module_name("kernel/net/9p/9pnet_virtio.ko.xz"),
+            "9pnet_virtio"
+        );
+        assert_eq!(module_name("kernel/x/virtio-foo.ko"), "virtio_foo");
+    }
+
+    #[test]
+    fn static_elf_detection() {
+        assert!(!is_static_elf(b"not an elf"));
+        if let Ok(b) = fs::read("/bin/sh") {
+            // /bin/sh on any glibc distribution is dynamically linked.
+            assert!(!is_static_elf(&b));
+        }
+    }
+
+    #[test]
+    fn versions_sort_numerically() {
+        assert!(version_key("6.10.0-1-amd64") > version_key("6.9.0-1-amd64"));
+    }
+}
