@@ -1,0 +1,91 @@
+"""The `canal` front door: stat's JSON, exit-status pass-through, the private daemon."""
+
+import os
+import shutil
+import signal
+
+import e2e_util
+from canal_harness import canal_stat, clean_env, guest_pids, short_tmpdir
+
+
+def test_stat_json_shape(canald):
+    st = canald.stat()
+    assert isinstance(st.get("daemon"), dict), st
+    assert st["daemon"]["socket"] == canald.socket, st
+    assert e2e_util.pid_alive(st["daemon"]["pid"]), f"daemon.pid {st['daemon']['pid']} is not a live process"
+    assert isinstance(st.get("guests"), list), st
+    assert st["guests"] == [], f"a fresh daemon lists guests: {st['guests']}"
+
+
+def test_run_passes_exit_status(canald):
+    r = canald.run(["sh", "-c", "exit 7"], timeout=60)
+    assert r.returncode == 7, r.describe()
+    r = canald.run(["true"], timeout=60)
+    assert r.returncode == 0, r.describe()
+    r = canald.run(["sh", "-c", "kill -KILL $$"], timeout=60)
+    assert r.returncode == 128 + signal.SIGKILL, r.describe()
+
+
+def test_guest_listed_in_stat(canald, python, progs):
+    with e2e_util.HoldServer() as hold:
+        p = canald.spawn([python, progs / "echo.py", "idle", "--port", hold.port])
+        p.wait_line("CONNECTED", 30)
+
+        def listed():
+            g = canald.guest(p)
+            if not g:
+                return None
+            for s in g.get("sockets", []):
+                if s.get("kind") == "tcp" and s.get("state") == "connected" and s.get("peer") == f"127.0.0.1:{hold.port}":
+                    return g
+            return None
+
+        g = e2e_util.wait_for(listed, 10, what=f"stat to list the guest's connection to 127.0.0.1:{hold.port}")
+        assert g["pid"] in guest_pids(p)
+        assert isinstance(g.get("id"), int) and isinstance(g.get("comm"), str), g
+        sock = next(s for s in g["sockets"] if s.get("state") == "connected")
+        for key in ("handle", "kind", "state", "local", "peer", "tx_bytes", "rx_bytes"):
+            assert key in sock, f"socket entry lacks {key!r}: {sock}"
+        assert sock["local"].startswith("127.0.0.1:"), sock
+    r = p.finish(30)
+    assert r.returncode == 0, r.describe()
+    e2e_util.wait_for(lambda: canald.guest(g["pid"]) is None, 10, what="the guest to leave stat after it exited")
+
+
+def test_run_autostarts_private_daemon(canal_bin, procs, python, progs):
+    sockdir = short_tmpdir()
+    sock = os.path.join(sockdir, "canald.sock")
+    env = clean_env({"CANAL_SOCKET": sock})
+    daemon_pids = set()
+    try:
+        # exit status passes through with a private daemon, too
+        r = procs.run([canal_bin, "run", "--", "sh", "-c", "exit 7"], timeout=60, env=env)
+        assert r.returncode == 7, r.describe()
+
+        # a guest with a live connection: a canald must answer on $CANAL_SOCKET
+        with e2e_util.HoldServer() as hold:
+            p = procs.spawn([canal_bin, "run", "--", python, progs / "echo.py", "idle", "--port", hold.port], env=env)
+            p.wait_line("CONNECTED", 30)
+            st = canal_stat(canal_bin, None, env=env)  # no --socket: $CANAL_SOCKET names it
+            daemon_pids.add(st["daemon"]["pid"])
+            assert st["daemon"]["socket"] == sock, st
+            pids = guest_pids(p)
+            assert any(g.get("pid") in pids for g in st.get("guests", [])), (
+                f"the guest (pids {pids}) is not listed by the private daemon: {st}"
+            )
+        r = p.finish(30)
+        assert r.returncode == 0, r.describe()
+
+        # the private daemon leaves by itself a few seconds after its last guest
+        for pid in daemon_pids:
+            e2e_util.wait_for(lambda: not e2e_util.pid_alive(pid), 30, interval=0.1,
+                              what=f"the private canald (pid {pid}) to exit after its last guest left")
+    finally:
+        for pid in daemon_pids:
+            if e2e_util.pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(sockdir, ignore_errors=True)
+
