@@ -39,9 +39,9 @@ pub struct QueueProducer<'a> {
 }
 
 impl<'a> QueueProducer<'a> {
-    /// `cells.len()` must be a power of two (checked by the region layout).
+    /// `cells.len()` must be a power of two of at least 2 (checked by the layout).
     pub fn new(cells: &'a [QueueCell], tail: &'a AtomicU32) -> Self {
-        debug_assert!(cells.len().is_power_of_two());
+        debug_assert!(cells.len().is_power_of_two() && cells.len() >= 2);
         QueueProducer { cells, tail }
     }
 

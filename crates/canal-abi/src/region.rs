@@ -266,10 +266,12 @@ impl core::fmt::Display for HeaderError {
 }
 
 impl Layout {
-    /// `slot_count` a power of two in 1..=MAX_SLOTS; `socket_count` in 1..=MAX_SOCKETS;
+    /// `slot_count` a power of two in 2..=MAX_SLOTS (the queue is ambiguous at
+    /// capacity 1: a full cell and an empty one would carry the same sequence); `socket_count` in 1..=MAX_SOCKETS;
     /// `data_size` a non-zero multiple of DATA_CHUNK.
     pub fn new(slot_count: u32, socket_count: u32, data_size: u64) -> Option<Layout> {
         if !slot_count.is_power_of_two()
+            || slot_count < 2
             || slot_count > MAX_SLOTS
             || socket_count == 0
             || socket_count > MAX_SOCKETS

@@ -89,6 +89,7 @@ fn layout_of_default_region() {
     assert_eq!(l.data_offset, 458752);
     assert_eq!(l.region_size, 458752 + (256 << 20));
     assert!(Layout::new(3, 1, 65536).is_none(), "slot count must be a power of two");
+    assert!(Layout::new(1, 1, 65536).is_none(), "queue needs capacity >= 2");
     assert!(Layout::new(4, 0, 65536).is_none());
     assert!(Layout::new(4, 70000, 65536).is_none());
     assert!(Layout::new(4, 1, 1000).is_none());

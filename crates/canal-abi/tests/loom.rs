@@ -1,0 +1,217 @@
+//! Model checks of the concurrent algorithms with loom:
+//! `RUSTFLAGS="--cfg loom" cargo test -p canal-abi --test loom --release`.
+#![cfg(loom)]
+
+use canal_abi::queue::{init_cells, QueueCell, QueueConsumer, QueueProducer};
+use canal_abi::ring::{record_kind, Consumer, Producer, RingStorage};
+use canal_abi::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use loom::cell::UnsafeCell;
+use loom::sync::Arc;
+use loom::thread;
+
+/// Ring bytes whose every access loom checks for causality.
+struct LoomStorage(Vec<UnsafeCell<u8>>);
+// SAFETY: accesses are ordered by the ring protocol under test; loom reports any that
+// are not.
+unsafe impl Sync for LoomStorage {}
+// SAFETY: as above.
+unsafe impl Send for LoomStorage {}
+
+impl LoomStorage {
+    fn new(n: usize) -> Self {
+        LoomStorage((0..n).map(|_| UnsafeCell::new(0)).collect())
+    }
+}
+
+impl RingStorage for LoomStorage {
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn write(&self, off: usize, src: &[u8]) {
+        for (i, b) in src.iter().enumerate() {
+            // SAFETY: loom checks that no read of this byte races with the write.
+            self.0[off + i].with_mut(|p| unsafe { *p = *b });
+        }
+    }
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *d = self.0[off + i].with(|p| unsafe { *p });
+        }
+    }
+}
+
+struct Q {
+    cells: Vec<QueueCell>,
+    tail: AtomicU32,
+}
+
+#[test]
+fn queue_two_producers_one_consumer() {
+    loom::model(|| {
+        let q = Arc::new(Q {
+            cells: (0..2).map(|_| QueueCell::new(0)).collect(),
+            tail: AtomicU32::new(0),
+        });
+        init_cells(&q.cells);
+        let hs: Vec<_> = [7u32, 9]
+            .into_iter()
+            .map(|v| {
+                let q = q.clone();
+                thread::spawn(move || QueueProducer::new(&q.cells, &q.tail).push(v).unwrap())
+            })
+            .collect();
+        let mut c = QueueConsumer::new();
+        let mut got = vec![];
+        while got.len() < 2 {
+            match c.pop(&q.cells) {
+                Some(v) => got.push(v),
+                None => thread::yield_now(),
+            }
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+        got.sort();
+        assert_eq!(got, vec![7, 9]);
+        assert!(c.pop(&q.cells).is_none());
+    });
+}
+
+#[test]
+fn queue_reuses_cells_after_a_lap() {
+    // The producer spins while the single cell is full; bound preemptions so the
+    // model stays finite (loom's advice for algorithms that wait for progress).
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let q = Arc::new(Q {
+            cells: (0..2).map(|_| QueueCell::new(0)).collect(),
+            tail: AtomicU32::new(0),
+        });
+        init_cells(&q.cells);
+        let q2 = q.clone();
+        let p = thread::spawn(move || {
+            let pr = QueueProducer::new(&q2.cells, &q2.tail);
+            for v in [1u32, 2, 3] {
+                while pr.push(v).is_err() {
+                    thread::yield_now();
+                }
+            }
+        });
+        let mut c = QueueConsumer::new();
+        let mut got = vec![];
+        while got.len() < 3 {
+            match c.pop(&q.cells) {
+                Some(v) => got.push(v),
+                None => thread::yield_now(),
+            }
+        }
+        p.join().unwrap();
+        assert_eq!(got, vec![1, 2, 3], "FIFO across a full lap");
+    });
+}
+
+struct R {
+    s: LoomStorage,
+    head: AtomicU64,
+    tail: AtomicU64,
+}
+
+#[test]
+fn byte_ring_spsc_with_wrap() {
+    loom::model(|| {
+        let r = Arc::new(R {
+            s: LoomStorage::new(4),
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(0),
+        });
+        let r2 = r.clone();
+        let p = thread::spawn(move || {
+            let mut pr = Producer { storage: &r2.s, head_shared: &r2.head, tail_shared: &r2.tail, head: 0 };
+            let data = [1u8, 2, 3, 4, 5, 6];
+            let mut sent = 0;
+            while sent < data.len() {
+                let n = pr.push(&data[sent..(sent + 3).min(data.len())]).unwrap();
+                if n == 0 {
+                    thread::yield_now();
+                }
+                sent += n;
+            }
+        });
+        let mut co = Consumer { storage: &r.s, head_shared: &r.head, tail_shared: &r.tail, tail: 0 };
+        let mut got = vec![];
+        while got.len() < 6 {
+            let mut b = [0u8; 4];
+            let n = co.pop(&mut b).unwrap();
+            if n == 0 {
+                thread::yield_now();
+            }
+            got.extend_from_slice(&b[..n]);
+        }
+        p.join().unwrap();
+        assert_eq!(got, vec![1, 2, 3, 4, 5, 6]);
+    });
+}
+
+#[test]
+fn message_ring_records_with_padding() {
+    loom::model(|| {
+        // 64-byte ring: a 16-byte record then a 24-byte one wrap and need a PAD.
+        let r = Arc::new(R {
+            s: LoomStorage::new(64),
+            head: AtomicU64::new(40),
+            tail: AtomicU64::new(40),
+        });
+        let r2 = r.clone();
+        let p = thread::spawn(move || {
+            let mut pr = Producer { storage: &r2.s, head_shared: &r2.head, tail_shared: &r2.tail, head: 40 };
+            for payload in [&[1u8, 2, 3][..], &[4u8; 12][..]] {
+                while !pr.push_record(record_kind::DATAGRAM, &[], &[payload]).unwrap() {
+                    thread::yield_now();
+                }
+            }
+        });
+        let mut co = Consumer { storage: &r.s, head_shared: &r.head, tail_shared: &r.tail, tail: 40 };
+        let mut got: Vec<Vec<u8>> = vec![];
+        while got.len() < 2 {
+            match co.next_record().unwrap() {
+                Some(info) => {
+                    let mut b = vec![0u8; info.len as usize];
+                    co.record_payload(&info, 0, &mut b);
+                    co.consume_record(&info);
+                    got.push(b);
+                }
+                None => thread::yield_now(),
+            }
+        }
+        p.join().unwrap();
+        assert_eq!(got, vec![vec![1, 2, 3], vec![4u8; 12]]);
+    });
+}
+
+/// The sleep/kick handshake of protocol §6: whenever the sleeper decides to sleep
+/// without having seen the work, the worker must have seen the flag and kicked.
+#[test]
+fn sleep_flag_handshake_never_loses_a_wakeup() {
+    loom::model(|| {
+        let sleeping = Arc::new(AtomicU32::new(0));
+        let work = Arc::new(AtomicU32::new(0));
+        let kicked = Arc::new(AtomicU32::new(0));
+        let (s2, w2, k2) = (sleeping.clone(), work.clone(), kicked.clone());
+        let guest = thread::spawn(move || {
+            w2.store(1, Ordering::Release);
+            fence(Ordering::SeqCst);
+            if s2.swap(0, Ordering::SeqCst) == 1 {
+                k2.store(1, Ordering::Relaxed);
+            }
+        });
+        sleeping.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let saw_work = work.load(Ordering::Acquire) == 1;
+        guest.join().unwrap();
+        if !saw_work {
+            assert_eq!(kicked.load(Ordering::Relaxed), 1, "lost wake-up");
+        }
+    });
+}
