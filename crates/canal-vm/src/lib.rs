@@ -323,6 +323,7 @@ fn prepare(
         accel,
         mem_mib: o.mem_mib,
         cpus: o.cpus,
+        cpu_model: std::env::var("CANAL_VM_CPU").ok().filter(|c| !c.is_empty()),
         kernel: img.kernel.clone(),
         initramfs: img.initramfs.clone(),
         run_dir: p.clone(),

@@ -33,6 +33,8 @@ pub struct VmConfig {
     pub accel: Accel,
     pub mem_mib: u64,
     pub cpus: u32,
+    /// `-cpu` model; None = `host` under KVM, `max` under TCG.
+    pub cpu_model: Option<String>,
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     /// Host directory shared read-only as 9p tag `canalrun` (cmd.sh lives here).
@@ -78,6 +80,7 @@ impl VmConfig {
             Accel::Tcg => ("tcg", "max"),
         };
         push(&["-nodefaults", "-no-user-config", "-display", "none"]);
+        let cpu = self.cpu_model.as_deref().unwrap_or(cpu);
         push(&["-machine", &format!("pc,accel={accel}"), "-cpu", cpu]);
         push(&["-m", &self.mem_mib.to_string()]);
         push(&["-smp", &self.cpus.to_string()]);
@@ -174,6 +177,7 @@ mod tests {
             accel: Accel::Tcg,
             mem_mib: 512,
             cpus: 1,
+            cpu_model: None,
             kernel: "/boot/vmlinuz-x".into(),
             initramfs: "/c/initramfs.cpio".into(),
             run_dir: "/tmp/r,un".into(),

@@ -208,6 +208,7 @@ fn boot_inner(
 
     let mut ctl_buf: Vec<u8> = Vec::new();
     let mut exit_status: Option<i32> = None;
+    let mut qemu_status: Option<std::process::ExitStatus> = None;
     let mut guest_fail: Option<String> = None;
     let mut buf = vec![0u8; 64 * 1024];
     let stdout = io::stdout();
@@ -218,8 +219,9 @@ fn boot_inner(
             guard.kill();
             return Ok(Outcome::Signalled(sig));
         }
-        if guard.try_wait()?.is_some() {
+        if let Some(st) = guard.try_wait()? {
             t.qemu_gone = Some(start.elapsed());
+            qemu_status = Some(st);
             break;
         }
         let now = start.elapsed();
@@ -344,7 +346,7 @@ fn boot_inner(
     match exit_status {
         Some(s) => Ok(Outcome::Exited(s)),
         None => {
-            let status = guard.try_wait()?;
+            let status = qemu_status;
             let log = fs::read_to_string(&qemu_log).unwrap_or_default();
             Ok(Outcome::QemuFailed(format!(
                 "QEMU exited ({}) before the guest reported an exit status{}{}",

@@ -1,0 +1,233 @@
+"""The VM harness (`canal vm`, crates/canal-vm): a QEMU guest booted from the host's
+kernel and a busybox initramfs, with the host root read-only over 9p.
+
+Each test boots its own guest (about 7-10 s under TCG here). The guest's program output
+arrives over virtio-serial and `canal vm run` exits with the program's status.
+
+Skipped (with the reason) only when qemu-system-x86_64 or a guest kernel is absent.
+"""
+
+import glob
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+import e2e_util
+from canal_harness import need_tool
+
+pytestmark = pytest.mark.deadline(150)
+
+
+def _kernel_present():
+    for k in glob.glob("/boot/vmlinuz-*"):
+        ver = os.path.basename(k)[len("vmlinuz-") :]
+        if os.path.exists(f"/lib/modules/{ver}/modules.dep"):
+            return True
+    return bool(os.environ.get("CANAL_VM_KERNEL"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_qemu():
+    if not (os.environ.get("CANAL_VM_QEMU") or shutil.which("qemu-system-x86_64")):
+        pytest.skip("qemu-system-x86_64 is not installed (scripts/packages/vm.txt)")
+    if not _kernel_present():
+        pytest.skip("no /boot/vmlinuz-VERSION with /lib/modules/VERSION (linux-image-amd64)")
+
+
+def vm_argv(canal_bin, opts, program):
+    # --accel auto: the KVM probe runs once and is cached; on hosts where KVM cannot boot
+    # the guest it falls back to TCG.
+    return [canal_bin, "vm", "run", "--timeout", "120", *opts, "--", *program]
+
+
+def _qemu_children(pid):
+    out = []
+    for c in e2e_util.children_of(pid):
+        try:
+            with open(f"/proc/{c}/comm") as f:
+                if f.read().startswith("qemu-system"):
+                    out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+def test_exit_status_args_and_streams(canal_bin, procs):
+    args = ["a b", "it's", "$HOME", '"q"', ""]
+    r = procs.run(
+        vm_argv(
+            canal_bin,
+            ["--virtio"],
+            ["sh", "-c", 'printf "<%s>" "$@"; echo; echo to-stderr >&2; exit 3', "sh", *args],
+        ),
+        timeout=140,
+    )
+    assert r.returncode == 3, r.describe()
+    assert r.stdout == "".join(f"<{a}>" for a in args) + "\n", r.describe()
+    assert "to-stderr" in r.stderr, r.describe()
+    assert "to-stderr" not in r.stdout, r.describe()
+
+
+def test_curl_over_virtio_net(canal_bin, procs):
+    curl = need_tool("curl")
+    blob = random.Random(6).randbytes(8 << 20)
+    want = hashlib.sha256(blob).hexdigest()
+    with e2e_util.BlobHTTPServer(blob) as srv:
+        # 10.0.2.2 is the host's 127.0.0.1 under QEMU user networking.
+        r = procs.run(
+            vm_argv(
+                canal_bin,
+                ["--virtio"],
+                [
+                    "sh",
+                    "-c",
+                    f'{curl} -sS --max-time 60 -o /tmp/blob "$1" && sha256sum /tmp/blob',
+                    "sh",
+                    f"http://10.0.2.2:{srv.port}/blob",
+                ],
+            ),
+            timeout=140,
+        )
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.split()[0] == want, r.describe()
+
+
+# Runs in the guest: maps the ivshmem BAR through sysfs and talks to the host through it.
+GUEST_SHM = r"""
+import hashlib, mmap, os, sys, time
+dev = os.environ["CANAL_IVSHMEM_DEVICE"]
+size = int(os.environ["CANAL_REGION_SIZE"])
+assert os.environ["CANAL_TRANSPORT"] == "ivshmem"
+assert open(dev + "/vendor").read().strip() == "0x1af4"
+assert open(dev + "/device").read().strip() == "0x1110"
+f = open(dev + "/resource2", "r+b")
+assert os.fstat(f.fileno()).st_size == size, (os.fstat(f.fileno()).st_size, size)
+m = mmap.mmap(f.fileno(), size)
+print("host-pattern", hashlib.sha256(m[0:4096] + m[size - 4096:size]).hexdigest(), flush=True)
+reply = os.urandom(4096)
+m[8192:12288] = reply
+m[4096:4104] = b"GUESTRDY"
+print("guest-reply", hashlib.sha256(reply).hexdigest(), flush=True)
+deadline = time.monotonic() + 60
+while m[12288:12296] != b"HOSTACK!":
+    if time.monotonic() > deadline:
+        print("no ack from the host", flush=True)
+        sys.exit(2)
+    time.sleep(0.005)
+print("host-ack", hashlib.sha256(m[12296:12296 + 4096]).hexdigest(), flush=True)
+"""
+
+
+def test_ivshmem_region_is_shared_both_ways(canal_bin, procs, python):
+    size = 4 << 20
+    path = f"/dev/shm/canal-test-vm-{os.getpid()}"
+    rnd = random.Random(66)
+    head, tail = rnd.randbytes(4096), rnd.randbytes(4096)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        f.write(head)
+        f.seek(size - 4096)
+        f.write(tail)
+    try:
+        p = procs.spawn(
+            vm_argv(
+                canal_bin,
+                ["--canal", "--no-preload", "--shm-path", path],
+                [python, "-c", GUEST_SHM],
+            ),
+            name="vm-shm",
+        )
+        line = p.wait_line("host-pattern", timeout=120)
+        assert line.split()[1] == hashlib.sha256(head + tail).hexdigest(), p.describe()
+        line = p.wait_line("guest-reply", timeout=30)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            # The guest wrote its reply, then the flag: both must be visible in the file.
+            assert os.pread(fd, 8, 4096) == b"GUESTRDY", p.describe()
+            assert hashlib.sha256(os.pread(fd, 4096, 8192)).hexdigest() == line.split()[1]
+            ack = rnd.randbytes(4096)
+            os.pwrite(fd, ack, 12296)
+            os.pwrite(fd, b"HOSTACK!", 12288)
+        finally:
+            os.close(fd)
+        line = p.wait_line("host-ack", timeout=30)
+        assert line.split()[1] == hashlib.sha256(ack).hexdigest(), p.describe()
+        r = p.finish(timeout=30)
+        assert r.returncode == 0, r.describe()
+        assert os.path.exists(path), "a region file given with --shm-path belongs to the caller"
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_sigterm_kills_qemu_and_cleans_up(canal_bin, procs):
+    p = procs.spawn(
+        vm_argv(canal_bin, ["--canal", "--no-preload"], ["sh", "-c", "echo started; exec sleep 300"]),
+        name="vm-term",
+    )
+    p.wait_line("started", timeout=120)
+    qemus = _qemu_children(p.pid)
+    assert len(qemus) == 1, p.describe()
+    region = f"/dev/shm/canal-vm-{p.pid}"
+    assert os.path.exists(region), "canal vm run --canal creates /dev/shm/canal-vm-<pid>"
+    rundirs = glob.glob(f"/tmp/canal-vm.{p.pid}.*")
+    assert len(rundirs) == 1, rundirs
+    os.kill(p.pid, signal.SIGTERM)  # canal vm only, not its process group
+    r = p.finish(timeout=10)
+    assert r.returncode == 128 + signal.SIGTERM, r.describe()
+    assert not e2e_util.pid_alive(qemus[0]), "QEMU outlived canal vm run"
+    assert not os.path.exists(region), "region file left behind"
+    assert not os.path.exists(rundirs[0]), "run directory left behind"
+
+
+def test_sigkill_of_the_harness_takes_qemu_down(canal_bin, procs):
+    p = procs.spawn(
+        vm_argv(canal_bin, ["--virtio"], ["sh", "-c", "echo started; exec sleep 300"]),
+        name="vm-kill",
+    )
+    p.wait_line("started", timeout=120)
+    qemus = _qemu_children(p.pid)
+    assert len(qemus) == 1, p.describe()
+    rundirs = glob.glob(f"/tmp/canal-vm.{p.pid}.*")
+    os.kill(p.pid, signal.SIGKILL)
+    p.finish(timeout=10)
+    # PR_SET_PDEATHSIG: the kernel kills QEMU when its parent dies.
+    e2e_util.wait_for(lambda: not e2e_util.pid_alive(qemus[0]), timeout=5, what="QEMU to die")
+    for d in rundirs:  # SIGKILL leaves no chance to clean up; tidy after the test
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_qemu_args_prints_options_and_libvirt_xml(canal_bin):
+    cp = subprocess.run(
+        [canal_bin, "vm", "qemu-args", "--name", "web1", "--size", "128"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert cp.returncode == 0, cp.stderr
+    out = cp.stdout
+    assert "-object memory-backend-file,id=canal-region,share=on,mem-path=/dev/shm/canal-web1,size=134217728" in out
+    assert "-device ivshmem-plain,memdev=canal-region" in out
+    assert "<shmem name='canal-web1'>" in out
+    assert "<model type='ivshmem-plain'/>" in out
+    assert "<size unit='M'>128</size>" in out
+
+
+def test_usage_errors_do_not_boot(canal_bin):
+    t0 = time.monotonic()
+    cp = subprocess.run([canal_bin, "vm", "run", "--canal"], capture_output=True, text=True, timeout=10)
+    assert cp.returncode == 2 and "no program" in cp.stderr
+    cp = subprocess.run(
+        [canal_bin, "vm", "run", "--canal", "--publish", "8080:80", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert cp.returncode == 2 and "--publish needs --virtio" in cp.stderr
+    assert time.monotonic() - t0 < 5
