@@ -324,7 +324,7 @@ fn prepare(
         mem_mib: o.mem_mib,
         cpus: o.cpus,
         cpu_model: std::env::var("CANAL_VM_CPU").ok().filter(|c| !c.is_empty()),
-        kernel: img.kernel.clone(),
+        kernel: img.boot_kernel.clone(),
         initramfs: img.initramfs.clone(),
         run_dir: p.clone(),
         ctl_sock: p.join("ctl.sock"),
@@ -334,6 +334,9 @@ fn prepare(
         virtio_net: o.virtio,
         publish: o.publish.clone(),
         region: region.as_ref().map(|r| (r.path.clone(), r.size)),
+        extra: std::env::var("CANAL_VM_QEMU_EXTRA")
+            .map(|e| e.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
     };
     Ok(Prepared {
         cfg,
@@ -502,6 +505,7 @@ fn cmd_image() -> i32 {
     match image::ensure_image() {
         Ok(img) => {
             println!("kernel {}", img.kernel.display());
+            println!("boot-kernel {}", img.boot_kernel.display());
             println!("kernel-version {}", img.kernel_version);
             println!("initramfs {}", img.initramfs.display());
             0

@@ -55,6 +55,7 @@ pub fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
         .unwrap_or(0);
     let mut h = image::fnv1a(image::FNV_OFFSET, host.trim().as_bytes());
     h = image::fnv1a(h, img.kernel_version.as_bytes());
+    h = image::fnv1a(h, img.boot_kernel.to_string_lossy().as_bytes());
     h = image::fnv1a(h, qemu.to_string_lossy().as_bytes());
     h = image::fnv1a(h, &qmeta.to_le_bytes());
     image::cache_dir().join(format!("kvm-probe-{h:016x}"))

@@ -50,6 +50,8 @@ pub struct VmConfig {
     pub publish: Vec<Publish>,
     /// The canal device: ivshmem-plain backed by this file of this size.
     pub region: Option<(PathBuf, u64)>,
+    /// Appended verbatim ($CANAL_VM_QEMU_EXTRA, split on whitespace): for experiments.
+    pub extra: Vec<String>,
 }
 
 /// QEMU's option-value escaping: a comma inside a value is written as two commas.
@@ -137,6 +139,7 @@ impl VmConfig {
         if let Some((path, size)) = &self.region {
             a.extend(ivshmem_args("canalmem", path, *size));
         }
+        a.extend(self.extra.iter().cloned());
         a
     }
 }
@@ -191,6 +194,7 @@ mod tests {
                 guest: 80,
             }],
             region: Some(("/dev/shm/canal-x".into(), 64 << 20)),
+            extra: Vec::new(),
         }
     }
 
