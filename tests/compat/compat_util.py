@@ -1,0 +1,58 @@
+"""Helpers shared by the compatibility tests: the four modes and who runs under canal."""
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+import e2e_util
+from canal_harness import runner
+
+# native        both ends run directly (no canal): proves the test itself is right
+# canal-both    server and client each under its own `canal run` guest
+# canal-client  the client end under canal, the server native
+# canal-server  the server end under canal, the client native
+MODES = ["native", "canal-both", "canal-client", "canal-server"]
+
+
+def server_under_canal(mode):
+    return mode in ("canal-both", "canal-server")
+
+
+def client_under_canal(mode):
+    return mode in ("canal-both", "canal-client")
+
+
+def ends(request, mode):
+    """(server_runner, client_runner) for mode. A runner has .spawn(argv, name=None, **kw)
+    -> Proc and .run(argv, timeout, name=None, **kw) -> Result; under canal it is the
+    canald fixture (one private daemon per test, each program its own `canal run`)."""
+    assert mode in MODES, mode
+    srv = runner(request, "canal" if server_under_canal(mode) else "native")
+    cli = runner(request, "canal" if client_under_canal(mode) else "native")
+    return srv, cli
+
+
+def wait_listening(proc, port, what, timeout=30, host="127.0.0.1"):
+    """Wait until something listens on host:port (canal's listener is a host socket on the
+    same port, so /proc/net/tcp shows it in every mode); fail if proc exits first."""
+    e2e_util.wait_for(
+        lambda: proc.poll() is not None or e2e_util.tcp_listening(port, host),
+        timeout,
+        what=f"{what} to listen on {host}:{port}",
+    )
+    assert proc.poll() is None, f"{what} exited before listening\n{proc.describe()}"
+
+
+def make_files(root, sizes, seed=b"canal-compat"):
+    """Write files named f<size> of pseudo-random content under root; {name: sha256}."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    hashes = {}
+    for size in sizes:
+        name = f"f{size}"
+        data = random.Random(seed + name.encode()).randbytes(size)
+        (root / name).write_bytes(data)
+        hashes[name] = hashlib.sha256(data).hexdigest()
+    os.chmod(root, 0o755)
+    return hashes
