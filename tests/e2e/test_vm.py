@@ -203,6 +203,45 @@ def test_sigkill_of_the_harness_takes_qemu_down(canal_bin, procs):
         shutil.rmtree(d, ignore_errors=True)
 
 
+GUEST_LISTENER = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080))
+s.listen(1)
+print("listening", flush=True)
+c, peer = s.accept()
+data = c.recv(100)
+c.sendall(b"guest got " + data)
+c.close()
+print("served", peer[0], flush=True)
+"""
+
+
+def test_published_guest_listener_over_virtio(canal_bin, procs, python):
+    import socket
+
+    port = e2e_util.free_port()
+    p = procs.spawn(
+        vm_argv(canal_bin, ["--virtio", "--publish", f"{port}:8080"], [python, "-c", GUEST_LISTENER]),
+        name="vm-listen",
+    )
+    p.wait_line("listening", timeout=120)
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+        c.sendall(b"ping")
+        got = b""
+        while True:
+            b = c.recv(100)
+            if not b:
+                break
+            got += b
+    assert got == b"guest got ping", p.describe()
+    line = p.wait_line("served", timeout=30)
+    assert line.split()[1] == "10.0.2.2", "user networking presents the host as 10.0.2.2"
+    r = p.finish(timeout=30)
+    assert r.returncode == 0, r.describe()
+
+
 def test_qemu_args_prints_options_and_libvirt_xml(canal_bin):
     cp = subprocess.run(
         [canal_bin, "vm", "qemu-args", "--name", "web1", "--size", "128"],
