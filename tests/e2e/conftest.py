@@ -16,7 +16,7 @@ Fixtures other test files may use:
   python                                the real interpreter (not a pyenv shim)
   progs                                 Path of tests/e2e/progs
 
-Every test has a time limit (default 300 s; `@pytest.mark.deadline(N)` changes it); a test
+Every test has a time limit (default 150 s; `@pytest.mark.deadline(N)` changes it); a test
 past it fails with a message instead of hanging. Every process a test starts gets its own
 process group, and the whole group is killed at teardown.
 """
@@ -28,11 +28,11 @@ import pytest
 
 from canal_harness import PROGS, Canald, Procs, bin_path
 
-DEFAULT_DEADLINE = 300
+DEFAULT_DEADLINE = 150
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "deadline(seconds): time limit for one test (default 300)")
+    config.addinivalue_line("markers", "deadline(seconds): time limit for one test (default 150)")
 
 
 class DeadlineExceeded(Exception):

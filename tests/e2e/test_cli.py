@@ -4,6 +4,8 @@ import os
 import shutil
 import signal
 
+import pytest
+
 import e2e_util
 from canal_harness import canal_stat, clean_env, guest_pids, short_tmpdir
 
@@ -52,6 +54,7 @@ def test_guest_listed_in_stat(canald, python, progs):
     e2e_util.wait_for(lambda: canald.guest(g["pid"]) is None, 10, what="the guest to leave stat after it exited")
 
 
+@pytest.mark.deadline(200)
 def test_run_autostarts_private_daemon(canal_bin, procs, python, progs):
     sockdir = short_tmpdir()
     sock = os.path.join(sockdir, "canald.sock")

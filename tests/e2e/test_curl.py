@@ -34,8 +34,8 @@ def test_curl_download(request, mode, blob, http_server, tmp_path):
     run = runner(request, mode)
     out = tmp_path / "download.bin"
     r = run.run(
-        [curl, "-sS", "--fail", "--max-time", "120", "-o", out, f"http://127.0.0.1:{http_server.port}/blob"],
-        timeout=150,
+        [curl, "-sS", "--fail", "--max-time", "60", "-o", out, f"http://127.0.0.1:{http_server.port}/blob"],
+        timeout=90,
     )
     assert r.returncode == 0, r.describe()
     size = out.stat().st_size
@@ -43,6 +43,7 @@ def test_curl_download(request, mode, blob, http_server, tmp_path):
     assert e2e_util.sha256_file(out) == blob[2], "downloaded file's SHA-256 differs from the served one"
 
 
+@pytest.mark.deadline(200)
 @pytest.mark.parametrize("mode", ["native", "canal"])
 def test_curl_upload(request, mode, blob, http_server):
     curl = need_tool("curl")
@@ -51,7 +52,7 @@ def test_curl_upload(request, mode, blob, http_server):
     url = f"http://127.0.0.1:{http_server.port}/upload"
     for how, args in (("PUT", ["-T", path]), ("POST", ["--data-binary", f"@{path}", "-H", "Content-Type: application/octet-stream"])):
         before = len(http_server.uploads)
-        r = run.run([curl, "-sS", "--fail", "--max-time", "120", *args, url], timeout=150, name=f"curl-{how}")
+        r = run.run([curl, "-sS", "--fail", "--max-time", "60", *args, url], timeout=90, name=f"curl-{how}")
         assert r.returncode == 0, f"{how}:\n{r.describe()}"
         assert r.stdout.strip() == digest, f"{how}: server computed SHA-256 {r.stdout.strip()!r}, want {digest}"
         assert http_server.uploads[before:] == [(BLOB_SIZE, digest)], (

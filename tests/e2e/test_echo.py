@@ -32,19 +32,19 @@ def _client(request, mode, python, progs, args, timeout):
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_tcp_messages(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "tcp")
-    _client(request, mode, python, progs, ["tcp-msgs", "--port", str(port), "--count", "10000", "--max-size", "262144"], 240)
+    _client(request, mode, python, progs, ["tcp-msgs", "--port", str(port), "--count", "10000", "--max-size", "262144"], 100)
     assert server.poll() is None, f"echo server died\n{server.describe()}"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_udp_datagrams(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "udp")
-    _client(request, mode, python, progs, ["udp-msgs", "--port", str(port), "--count", "3000", "--max-size", "65507"], 120)
+    _client(request, mode, python, progs, ["udp-msgs", "--port", str(port), "--count", "3000", "--max-size", "65507"], 60)
     assert server.poll() is None, f"echo server died\n{server.describe()}"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_tcp_32_connections(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "tcp")
-    _client(request, mode, python, progs, ["tcp-bulk", "--port", str(port), "--conns", "32", "--bytes", str(16 << 20)], 240)
+    _client(request, mode, python, progs, ["tcp-bulk", "--port", str(port), "--conns", "32", "--bytes", str(16 << 20)], 100)
     assert server.poll() is None, f"echo server died\n{server.describe()}"

@@ -50,8 +50,8 @@ def _check(result, peer, runs_so_far, label):
 def test_error_paths(request, errpaths_bin, procs):
     with e2e_util.PeerServer() as peer:
         closed = e2e_util.closed_port()
-        native = procs.run([errpaths_bin, peer.port, closed], timeout=90, name="errpaths-native")
+        native = procs.run([errpaths_bin, peer.port, closed], timeout=45, name="errpaths-native")
         _check(native, peer, 1, "natively (the test itself is wrong if this fails)")
         canald = request.getfixturevalue("canald")
-        under = canald.run([errpaths_bin, peer.port, closed], timeout=90, name="errpaths-canal")
+        under = canald.run([errpaths_bin, peer.port, closed], timeout=45, name="errpaths-canal")
         _check(under, peer, 2, "under canal")

@@ -48,7 +48,7 @@ def test_iperf3(request, mode):
 
     client = client_run.run(
         [iperf3, "-c", "127.0.0.1", "-p", port, "-n", NBYTES, "-J", "--get-server-output", "--connect-timeout", "10000"],
-        timeout=120,
+        timeout=60,
         name="iperf3-client",
     )
     srv = server.finish(30)

@@ -449,7 +449,7 @@ int main(int argc, char **argv) {
     }
     peer_port = atoi(argv[1]);
     closed_port = atoi(argv[2]);
-    alarm(60);
+    alarm(30);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigpipe;
