@@ -1,5 +1,606 @@
-//! Benchmark harness (issue 4). Entry point used by `canal bench`.
-pub fn cli_main(_args: Vec<String>) -> i32 {
-    eprintln!("canal bench: not built yet");
-    2
+//! Benchmark harness (issue 4): `canal bench` runs the experiments of
+//! docs/bench/README.md side by side with their baselines, interleaved and repeated, and
+//! writes CSV, Markdown and PNG plots. The traffic generator it drives is
+//! `canal-bench-gen` (src/bin), run natively and under `canal run`.
+
+pub mod gen;
+pub mod json;
+pub mod model;
+pub mod procs;
+pub mod report;
+pub mod runner;
+pub mod stats;
+
+use model::{Cell, Experiment, Plan, System, Variant, EXPERIMENT_IDS};
+use report::{Row, RunInfo};
+use runner::{Knobs, Runner, Status};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const PLOT_SCRIPT: &str = include_str!("../../../scripts/bench-plot.py");
+
+const USAGE: &str = "usage: canal bench [--quick | --full] [EXPERIMENT ...] [options]
+  EXPERIMENT   B1 … B11 or all (default: all); see docs/bench/README.md
+  --quick      small counts, 2 reps, < 2 min; checks the harness, asserts no target
+  --full       (default) 3 reps, longer runs; results meant for docs/bench/
+  --out DIR    where results go (default bench-out/<mode>-<UTC time>)
+  --reps N     repetitions per cell
+  --duration S seconds per generator run (rr/stream)
+  --sizes LIST      message sizes in bytes, replaces each experiment's sizes (e.g. 64,1024)
+  --systems LIST    subset of tcp,uds,canal-gg,canal-gn
+  --pairs LIST      concurrent client/server pairs for B4/B9 (e.g. 1,2,4,8)
+  --variants LIST   subset of canal switch variants (default, notify=poll, disable=batch, split=0.5, …)
+  --pin        pin servers to CPU 0 and clients to CPU 1 (canald unpinned)
+  --canal-grace S   extra seconds a canal run may take before it is killed and reported failed
+  --no-plots   skip the PNG plots
+  --list       list the experiments and exit
+Exit status: 0 when every native baseline ran (canal cells may fail; they are reported
+with their reason), 1 when a native baseline failed, 2 on bad usage.";
+
+struct Opts {
+    quick: bool,
+    exps: Vec<String>,
+    out: Option<PathBuf>,
+    reps: Option<usize>,
+    duration: Option<f64>,
+    plan: Plan,
+    pin: bool,
+    plots: bool,
+    canal_grace: Option<f64>,
+    list: bool,
+}
+
+fn list<T>(s: &str, f: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| f(x).ok_or_else(|| format!("bad list item '{x}'")))
+        .collect()
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        quick: false,
+        exps: vec![],
+        out: None,
+        reps: None,
+        duration: None,
+        plan: Plan {
+            quick: false,
+            sizes: None,
+            pairs: None,
+            systems: None,
+            variants: None,
+        },
+        pin: false,
+        plots: true,
+        canal_grace: None,
+        list: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value"))
+        };
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--full" => o.quick = false,
+            "--out" => o.out = Some(PathBuf::from(val()?)),
+            "--reps" => o.reps = Some(val()?.parse().map_err(|_| "bad --reps")?),
+            "--duration" => o.duration = Some(val()?.parse().map_err(|_| "bad --duration")?),
+            "--sizes" => {
+                o.plan.sizes = Some(list(&val()?, |x| {
+                    x.parse().ok().filter(|&n: &usize| n > 0)
+                })?)
+            }
+            "--pairs" => {
+                o.plan.pairs = Some(list(&val()?, |x| {
+                    x.parse().ok().filter(|&n: &usize| (1..=64).contains(&n))
+                })?)
+            }
+            "--systems" => o.plan.systems = Some(list(&val()?, System::parse)?),
+            "--variants" => {
+                let v = list(&val()?, |x| Some(x.to_string()))?;
+                for x in &v {
+                    Variant::parse(x)?;
+                }
+                o.plan.variants = Some(v)
+            }
+            "--pin" => o.pin = true,
+            "--no-plots" => o.plots = false,
+            "--canal-grace" => {
+                o.canal_grace = Some(val()?.parse().map_err(|_| "bad --canal-grace")?)
+            }
+            "--list" => o.list = true,
+            "-h" | "--help" => return Err(String::new()),
+            x if x.eq_ignore_ascii_case("all") => {
+                o.exps.extend(EXPERIMENT_IDS.iter().map(|s| s.to_string()))
+            }
+            x => {
+                let up = x.to_ascii_uppercase();
+                if EXPERIMENT_IDS.contains(&up.as_str()) {
+                    o.exps.push(up)
+                } else {
+                    return Err(format!("unknown argument '{x}'"));
+                }
+            }
+        }
+    }
+    if o.exps.is_empty() {
+        o.exps = EXPERIMENT_IDS.iter().map(|s| s.to_string()).collect();
+    }
+    o.exps.dedup();
+    o.plan.quick = o.quick;
+    if o.reps == Some(0) {
+        return Err("--reps must be ≥ 1".into());
+    }
+    Ok(o)
+}
+
+fn cmd_output(argv: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn cpuinfo(key: &str) -> Option<String> {
+    let t = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    t.lines()
+        .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+struct Machine {
+    short: String,
+    long: Vec<(String, String)>,
+    mhz: Option<f64>,
+}
+
+fn machine() -> Machine {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let model = cpuinfo("model name").unwrap_or_else(|| "unknown CPU".into());
+    let mhz = cpuinfo("cpu MHz").and_then(|m| m.parse::<f64>().ok());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| format!("{:.1} GiB", kb / 1048576.0))
+        .unwrap_or_default();
+    let date = cmd_output(&["date", "-u", "+%Y-%m-%d %H:%M:%S UTC"]).unwrap_or_default();
+    let git = cmd_output(&["git", "rev-parse", "--short", "HEAD"]).map(|h| {
+        let dirty = cmd_output(&["git", "status", "--porcelain", "--untracked-files=no"])
+            .is_some_and(|s| !s.is_empty());
+        if dirty {
+            format!("{h} (work tree has uncommitted changes)")
+        } else {
+            h
+        }
+    });
+    let perf = if cmd_output(&["perf", "stat", "-x,", "-e", "cycles", "true"])
+        .is_some_and(|_| perf_cycles_work())
+    {
+        "perf cycles counter available"
+    } else {
+        "no hardware cycle counter (perf stat -e cycles: not supported); costs are CPU time"
+    };
+    let short = format!("{cores} cores, {model}, Linux {kernel}");
+    Machine {
+        short,
+        long: vec![
+            ("Date".into(), date),
+            (
+                "Machine".into(),
+                format!(
+                    "{cores} logical CPUs ({model}, {} MHz), {mem} RAM",
+                    mhz.map(|m| format!("{m:.0}")).unwrap_or("?".into())
+                ),
+            ),
+            ("Kernel".into(), format!("Linux {kernel}")),
+            (
+                "Commit".into(),
+                git.unwrap_or_else(|| "not a git checkout".into()),
+            ),
+            ("Counters".into(), perf.into()),
+        ],
+        mhz,
+    }
+}
+
+fn perf_cycles_work() -> bool {
+    let out = std::process::Command::new("perf")
+        .args(["stat", "-x,", "-e", "cycles", "true"])
+        .output();
+    out.is_ok_and(|o| !String::from_utf8_lossy(&o.stderr).contains("not supported"))
+}
+
+fn find_gen() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("CANAL_BENCH_GEN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let p = exe.with_file_name("canal-bench-gen");
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} not found: build it with `cargo build --release -p canal-bench -p canal-cli`",
+            p.display()
+        ))
+    }
+}
+
+fn find_canal() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("CANAL_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    std::env::current_exe().map_err(|e| e.to_string())
+}
+
+/// How to reproduce one cell with `canal bench`.
+fn repro(exe: &str, exps: &str, cell: &Cell, o: &Opts, reps: usize) -> String {
+    let mut s = format!(
+        "{exe} bench {} {exps} --systems {} --variants {} --reps {reps}",
+        if o.quick { "--quick" } else { "--full" },
+        cell.system.id(),
+        procs::shell_quote(&cell.variant)
+    );
+    if cell.size > 0 {
+        s += &format!(" --sizes {}", cell.size);
+    }
+    if o.plan.pairs.is_some() || cell.pairs > 1 {
+        s += &format!(" --pairs {}", cell.pairs);
+    }
+    if let Some(d) = o.duration {
+        s += &format!(" --duration {d}");
+    }
+    if o.pin {
+        s += " --pin";
+    }
+    s
+}
+
+fn display_exe() -> String {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    match exe.strip_prefix(&cwd) {
+        Ok(rel) => rel.to_string_lossy().into_owned(),
+        Err(_) => exe.to_string_lossy().into_owned(),
+    }
+}
+
+pub fn cli_main(args: Vec<String>) -> i32 {
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            if e.is_empty() {
+                println!("{USAGE}");
+                return 0;
+            }
+            eprintln!("canal bench: {e}\n{USAGE}");
+            return 2;
+        }
+    };
+    let exps: Vec<Experiment> = o
+        .exps
+        .iter()
+        .filter_map(|id| model::experiment(id, &o.plan))
+        .collect();
+    if o.list {
+        for e in &exps {
+            println!(
+                "{:4} {} — {} ({} cells)",
+                e.id,
+                e.title,
+                e.measures,
+                e.cells.len()
+            );
+        }
+        return 0;
+    }
+    match run_all(&o, &exps, &args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("canal bench: {e}");
+            1
+        }
+    }
+}
+
+fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String> {
+    let started = Instant::now();
+    let gen = find_gen()?;
+    let canal = find_canal()?;
+    let m = machine();
+    let mode = if o.quick { "quick" } else { "full" };
+    let reps = o.reps.unwrap_or(if o.quick { 2 } else { 3 });
+    let out = o.out.clone().unwrap_or_else(|| {
+        let ts = cmd_output(&["date", "-u", "+%Y%m%d-%H%M%S"]).unwrap_or_else(|| "now".into());
+        PathBuf::from(format!("bench-out/{mode}-{ts}"))
+    });
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    // Short paths: Unix socket addresses are limited to 108 bytes.
+    let tmp = std::env::temp_dir().join(format!("canal-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let knobs = Knobs {
+        duration: o.duration.unwrap_or(if o.quick { 0.25 } else { 1.0 }),
+        idle_secs: if o.quick { 0.5 } else { 3.0 },
+        tool_secs: if o.quick { 1.0 } else { 4.0 },
+        redis_requests: if o.quick { 5000 } else { 100_000 },
+        strace_counts: if o.quick { (100, 600) } else { (500, 5000) },
+        canal_grace: o.canal_grace.unwrap_or(if o.quick { 4.0 } else { 20.0 }),
+        pin: o.pin,
+        cpu_mhz: m.mhz,
+    };
+    let exe = display_exe();
+    let command = format!(
+        "{exe} bench {}",
+        args.iter()
+            .map(|a| procs::shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let info = RunInfo {
+        machine: m.short.clone(),
+        machine_long: m.long,
+        command: command.trim().to_string(),
+        placement_note: if o.pin {
+            "servers pinned to CPU 0, clients to CPU 1, canald unpinned".into()
+        } else {
+            "no pinning (the scheduler places every process)".into()
+        },
+        reps,
+        mode: mode.into(),
+    };
+
+    // Union of cells; a cell shared by two experiments runs once.
+    let mut cells: Vec<(Cell, Vec<&str>)> = Vec::new();
+    for e in exps {
+        for c in &e.cells {
+            match cells.iter_mut().find(|(x, _)| x == c) {
+                Some((_, ids)) => ids.push(e.id),
+                None => cells.push((c.clone(), vec![e.id])),
+            }
+        }
+    }
+    // Interleave: within a repetition, the systems of one point run back to back;
+    // default-variant cells first so canald restarts happen once per variant.
+    cells.sort_by_key(|(c, _)| {
+        (
+            c.variant != "default",
+            Variant::parse(&c.variant)
+                .map(|v| v.name)
+                .unwrap_or_default(),
+        )
+    });
+    let total = cells.len() * reps;
+    eprintln!(
+        "canal bench: {mode} mode, {} experiment(s), {} cell(s) × {reps} rep(s) → {}",
+        exps.len(),
+        cells.len(),
+        out.display()
+    );
+    let mut runner = Runner::new(canal, gen, tmp.clone(), knobs);
+    let mut rows: Vec<Row> = Vec::new();
+    // Consecutive failures per (system, variant): a broken canal must not stall the run.
+    let mut streak: HashMap<(System, String), (u32, String)> = HashMap::new();
+    let mut daemon_failed: Option<Status> = None;
+    let mut done = 0;
+    for rep in 1..=reps {
+        for (cell, ids) in &cells {
+            done += 1;
+            let exps_s = ids.join(" ");
+            let key = (cell.system, cell.variant.clone());
+            let outcome = match (streak.get(&key), &daemon_failed) {
+                (Some((n, why)), _) if *n >= 3 => runner::Outcome {
+                    status: Status::Skipped(format!(
+                        "{} failed {n} times in a row in this run; last: {why}",
+                        cell.system.id()
+                    )),
+                    metrics: vec![],
+                    raw_command: String::new(),
+                    detail: String::new(),
+                },
+                (_, Some(st)) if cell.system.uses_canal() && cell.variant != "default" => {
+                    runner::Outcome {
+                        status: st.clone(),
+                        metrics: vec![],
+                        raw_command: String::new(),
+                        detail: String::new(),
+                    }
+                }
+                _ => runner.run(cell),
+            };
+            if cell.system.uses_canal() && cell.variant == "default" {
+                if let Some(p) = runner.daemon.as_ref().and_then(|d| d.problem.clone()) {
+                    daemon_failed = Some(match p {
+                        Status::Failed(r) => {
+                            Status::Failed(format!("canald for the default variant failed: {r}"))
+                        }
+                        other => other,
+                    });
+                }
+            }
+            // A canald that did not start fails every cell of its variant the same way,
+            // at no cost; only failures of runs count towards giving up on a system.
+            let daemon_problem = cell.system.uses_canal()
+                && runner.daemon.as_ref().is_some_and(|d| d.problem.is_some());
+            match &outcome.status {
+                _ if daemon_problem => {}
+                Status::Ok => {
+                    streak.remove(&key);
+                }
+                Status::Failed(r) => {
+                    let e = streak.entry(key).or_insert((0, String::new()));
+                    e.0 += 1;
+                    e.1 = r.clone();
+                }
+                _ => {}
+            }
+            let shown: Vec<String> = outcome
+                .metrics
+                .iter()
+                .filter(|(k, _)| {
+                    [
+                        "rtt_p50_us",
+                        "gbit_s",
+                        "syscalls_per_msg",
+                        "get_rps",
+                        "req_s",
+                        "daemon_cpu_pct",
+                        "guests_cpu_pct",
+                    ]
+                    .contains(&k.as_str())
+                })
+                .map(|(k, v)| format!("{k}={}", report::fmt_num(*v)))
+                .collect();
+            eprintln!(
+                "[{done}/{total} {:.0}s] rep {rep} {exps_s}: {cell}: {}",
+                started.elapsed().as_secs_f64(),
+                if outcome.status == Status::Ok {
+                    shown.join(" ")
+                } else {
+                    format!("{} — {}", outcome.status.word(), outcome.status.reason())
+                }
+            );
+            rows.push(Row {
+                cell: cell.clone(),
+                exps: exps_s.clone(),
+                rep,
+                repro: repro(&exe, &exps_s, cell, o, reps),
+                outcome,
+            });
+        }
+    }
+    runner.stop_daemon();
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    let aggs = report::aggregate(&rows);
+    write(
+        &out.join("results.csv"),
+        &report::write_results_csv(&rows, &info),
+    )?;
+    write(&out.join("summary.csv"), &report::write_summary_csv(&aggs))?;
+    let mut machine_txt = format!(
+        "command: {}\nmachine: {}\nplacement: {}\n",
+        info.command, info.machine, info.placement_note
+    );
+    for (k, v) in &info.machine_long {
+        machine_txt += &format!("{}: {v}\n", k.to_lowercase());
+    }
+    write(&out.join("machine.txt"), &machine_txt)?;
+    let plots = if o.plots {
+        match plot(&out) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("canal bench: plots: {e}");
+                vec![]
+            }
+        }
+    } else {
+        vec![]
+    };
+    let md = report::markdown(&info, exps, &aggs, &plots);
+    write(&out.join("results.md"), &md)?;
+    let native_bad: Vec<String> = aggs
+        .iter()
+        .filter(|a| !a.cell.system.uses_canal() && matches!(a.status(), Status::Failed(_)))
+        .map(|a| format!("{}: {}", a.cell, a.status().reason()))
+        .collect();
+    eprintln!(
+        "canal bench: done in {:.0}s; {}/results.md, results.csv, summary.csv, {} plot(s)",
+        started.elapsed().as_secs_f64(),
+        out.display(),
+        plots.len()
+    );
+    for v in report::verdicts(&aggs) {
+        eprintln!("  {v}");
+    }
+    if !native_bad.is_empty() {
+        eprintln!("canal bench: native baselines failed (harness problem):");
+        for b in &native_bad {
+            eprintln!("  {b}");
+        }
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn write(p: &Path, s: &str) -> Result<(), String> {
+    std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Runs the plotting script (written next to the results so the plots can be redrawn).
+fn plot(out: &Path) -> Result<Vec<String>, String> {
+    let script = out.join("bench-plot.py");
+    write(&script, PLOT_SCRIPT)?;
+    let py = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| runner::which(p).is_some() || Path::new(p).is_file())
+        .ok_or("no python3")?;
+    let argv = vec![
+        py.to_string(),
+        script.to_string_lossy().into_owned(),
+        out.to_string_lossy().into_owned(),
+    ];
+    let mut p = procs::Proc::spawn("bench-plot.py", &argv, &[])?;
+    let st = p.wait(Duration::from_secs(120))?;
+    if !st.success() {
+        return Err(format!(
+            "{} {}: {}",
+            argv.join(" "),
+            procs::status_text(st),
+            p.tail()
+        ));
+    }
+    Ok(p.stdout()
+        .lines()
+        .filter_map(|l| l.strip_prefix("WROTE ").map(|s| s.trim().to_string()))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_cli() {
+        let o = parse(&s(&[
+            "--quick",
+            "b2",
+            "B7",
+            "--sizes",
+            "64,1024",
+            "--systems",
+            "tcp,uds",
+        ]))
+        .unwrap();
+        assert!(o.quick);
+        assert_eq!(o.exps, vec!["B2", "B7"]);
+        assert_eq!(o.plan.sizes, Some(vec![64, 1024]));
+        assert!(parse(&s(&["--systems", "quic"])).is_err());
+        assert!(parse(&s(&["--variants", "notify=fast"])).is_err());
+        assert!(parse(&s(&["B12"])).is_err());
+        assert_eq!(parse(&s(&[])).unwrap().exps.len(), 11);
+    }
 }

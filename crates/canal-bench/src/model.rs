@@ -1,0 +1,451 @@
+//! What is measured: systems (who runs where), workloads, switch variants, cells, and
+//! the experiments B1–B11 of docs/bench/README.md expressed as lists of cells.
+
+use std::fmt;
+
+/// Who runs where. Native programs use the kernel; guests run under `canal run`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum System {
+    /// Kernel TCP over 127.0.0.1, both ends native.
+    Tcp,
+    /// Unix domain stream socket, both ends native.
+    Uds,
+    /// Both ends under `canal run`, over 127.0.0.1 TCP (canal's co-resident short-circuit).
+    CanalGG,
+    /// Client under `canal run`, server native: canald carries it onto host TCP.
+    CanalGN,
+}
+
+pub const ALL_SYSTEMS: [System; 4] = [System::Tcp, System::Uds, System::CanalGG, System::CanalGN];
+
+impl System {
+    pub fn id(self) -> &'static str {
+        match self {
+            System::Tcp => "tcp",
+            System::Uds => "uds",
+            System::CanalGG => "canal-gg",
+            System::CanalGN => "canal-gn",
+        }
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            System::Tcp => "kernel TCP",
+            System::Uds => "UDS",
+            System::CanalGG => "canal guest↔guest",
+            System::CanalGN => "canal guest→native",
+        }
+    }
+    pub fn parse(s: &str) -> Option<System> {
+        ALL_SYSTEMS.into_iter().find(|x| x.id() == s)
+    }
+    pub fn server_is_guest(self) -> bool {
+        self == System::CanalGG
+    }
+    pub fn client_is_guest(self) -> bool {
+        matches!(self, System::CanalGG | System::CanalGN)
+    }
+    pub fn uses_canal(self) -> bool {
+        self.client_is_guest()
+    }
+    pub fn placement(self) -> &'static str {
+        match self {
+            System::Tcp => "server native, client native, 127.0.0.1 TCP",
+            System::Uds => "server native, client native, Unix socket",
+            System::CanalGG => "server guest, client guest (canal run), 127.0.0.1 TCP via canald",
+            System::CanalGN => "server native, client guest (canal run), 127.0.0.1 TCP via canald",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Workload {
+    /// Built-in generator, request-response (ping-pong).
+    Rr,
+    /// Built-in generator, one-way stream.
+    Stream,
+    /// Built-in generator, connected but idle (idle CPU of every process).
+    Idle,
+    /// Built-in generator rr under `strace -c`: system calls per round trip.
+    SysRr,
+    /// Built-in generator stream under `strace -c`: system calls per send.
+    SysStream,
+    Sockperf,
+    Iperf3,
+    Redis,
+    Nginx,
+}
+
+impl Workload {
+    pub fn id(self) -> &'static str {
+        match self {
+            Workload::Rr => "rr",
+            Workload::Stream => "stream",
+            Workload::Idle => "idle",
+            Workload::SysRr => "syscalls-rr",
+            Workload::SysStream => "syscalls-stream",
+            Workload::Sockperf => "sockperf-pp",
+            Workload::Iperf3 => "iperf3",
+            Workload::Redis => "redis-benchmark",
+            Workload::Nginx => "nginx-wrk",
+        }
+    }
+}
+
+/// A set of canal switches. Switches travel as environment variables given to canald
+/// (started by the harness) and to every guest; canald must echo the ones in force
+/// under `daemon.config` in `canal stat --json`, otherwise the variant is reported as
+/// not available (a switch canal silently ignores must not produce numbers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub name: String,
+    pub env: Vec<(String, String)>,
+    /// (key under daemon.config, expected value as text).
+    pub expect: Vec<(String, String)>,
+}
+
+pub const COALESCE_WINDOW_US: &str = "100";
+
+impl Variant {
+    pub fn parse(name: &str) -> Result<Variant, String> {
+        let v = |env: &[(&str, &str)], expect: &[(&str, &str)]| Variant {
+            name: name.to_string(),
+            env: env
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+            expect: expect
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        };
+        match name.split_once('=') {
+            None if name == "default" => Ok(v(&[], &[])),
+            Some(("notify", m)) if ["poll", "sleep", "hybrid"].contains(&m) => {
+                Ok(v(&[("CANAL_NOTIFY", m)], &[("notify", m)]))
+            }
+            Some(("disable", m)) if ["poll", "batch", "coalesce", "zerocopy"].contains(&m) => {
+                Ok(v(&[("CANAL_DISABLE", m)], &[("disable", m)]))
+            }
+            Some(("split", m))
+                if m == "adaptive" || m.parse::<f64>().is_ok_and(|f| (0.0..=1.0).contains(&f)) =>
+            {
+                Ok(v(
+                    &[
+                        ("CANAL_COALESCE_SPLIT", m),
+                        ("CANAL_COALESCE_WINDOW_US", COALESCE_WINDOW_US),
+                    ],
+                    &[
+                        ("coalesce_split", m),
+                        ("coalesce_window_us", COALESCE_WINDOW_US),
+                    ],
+                ))
+            }
+            _ => Err(format!(
+                "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
+                 disable=poll|batch|coalesce|zerocopy, split=adaptive|0.0..1.0)"
+            )),
+        }
+    }
+    pub fn is_default(&self) -> bool {
+        self.name == "default"
+    }
+}
+
+/// One measured configuration; repeated `reps` times, interleaved with its neighbours.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cell {
+    pub workload: Workload,
+    pub size: usize,
+    pub pairs: usize,
+    pub variant: String,
+    pub system: System,
+}
+
+impl fmt::Display for Cell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} size={} pairs={} variant={}",
+            self.workload.id(),
+            self.system.id(),
+            self.size,
+            self.pairs,
+            self.variant
+        )
+    }
+}
+
+pub struct Experiment {
+    pub id: &'static str,
+    pub title: &'static str,
+    pub measures: &'static str,
+    pub target: &'static str,
+    pub cells: Vec<Cell>,
+    /// Set when the experiment cannot run at all on this build (B11).
+    pub unavailable: Option<&'static str>,
+}
+
+/// Sizes and counts for one mode (quick or full), possibly overridden on the command line.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub quick: bool,
+    pub sizes: Option<Vec<usize>>,
+    pub pairs: Option<Vec<usize>>,
+    pub systems: Option<Vec<System>>,
+    pub variants: Option<Vec<String>>,
+}
+
+pub const EXPERIMENT_IDS: [&str; 11] = [
+    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11",
+];
+
+fn cells(
+    plan: &Plan,
+    workloads: &[Workload],
+    sizes: &[usize],
+    pairs: &[usize],
+    variants: &[&str],
+    systems: &[System],
+) -> Vec<Cell> {
+    let sizes: Vec<usize> = match &plan.sizes {
+        Some(s) if sizes != [0] => s.clone(),
+        _ => sizes.to_vec(),
+    };
+    let pairs: Vec<usize> = plan.pairs.clone().unwrap_or_else(|| pairs.to_vec());
+    let mut out = Vec::new();
+    for &w in workloads {
+        for &size in &sizes {
+            for &p in &pairs {
+                for &v in variants {
+                    if plan
+                        .variants
+                        .as_ref()
+                        .is_some_and(|vs| !vs.iter().any(|x| x == v))
+                    {
+                        continue;
+                    }
+                    for &s in systems {
+                        if plan.systems.as_ref().is_some_and(|ss| !ss.contains(&s)) {
+                            continue;
+                        }
+                        // Variants are canal switches; native baselines run once, as default.
+                        if v != "default" && !s.uses_canal() {
+                            continue;
+                        }
+                        out.push(Cell {
+                            workload: w,
+                            size,
+                            pairs: p,
+                            variant: v.to_string(),
+                            system: s,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
+    use System::*;
+    use Workload::*;
+    let q = plan.quick;
+    let all = ALL_SYSTEMS;
+    let pick = |quick: &[usize], full: &[usize]| if q { quick.to_vec() } else { full.to_vec() };
+    let e = match id {
+        "B1" => Experiment {
+            id: "B1",
+            title: "request-response latency vs message size",
+            measures: "round-trip time p50/p99 of blocking send+recv ping-pong (built-in generator)",
+            target: "canal g↔g p50 at 64 B ≤ 1 µs and ≤ 1/50 of kernel TCP",
+            cells: cells(plan, &[Rr], &pick(&[64, 1024, 16384], &[56, 64, 256, 1024, 4096, 16384, 65536]), &[1], &["default"], &all),
+            unavailable: None,
+        },
+        "B2" => Experiment {
+            id: "B2",
+            title: "streaming throughput vs message size",
+            measures: "bytes/s and messages/s of a one-way blocking stream (built-in generator)",
+            target: "canal g↔g ≥ 2× UDS at every size; ≥ 7× kernel TCP at 16 KiB, ≥ 12× at 64 KiB; ≥ 10× kernel TCP msg/s at 64 B",
+            cells: cells(
+                plan,
+                &[Stream],
+                &pick(&[64, 1024, 65536], &[56, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]),
+                &[1],
+                &["default"],
+                &all,
+            ),
+            unavailable: None,
+        },
+        "B3" => {
+            let mut c = cells(plan, &[Stream], &[65536], &[1], &["default"], &[Tcp, CanalGN]);
+            c.extend(cells(plan, &[Rr], &[64], &[1], &["default"], &[Tcp, CanalGN]));
+            c.extend(cells(plan, &[Iperf3], &pick(&[65536], &[1024, 65536]), &[1], &["default"], &[Tcp, CanalGN]));
+            c.extend(cells(plan, &[Sockperf], &pick(&[64], &[64, 1024, 16384]), &[1], &["default"], &[Tcp, CanalGN]));
+            Experiment {
+                id: "B3",
+                title: "guest → native peer through canald onto host TCP",
+                measures: "stream throughput and RR latency of a guest client against a native server (generator, iperf3, sockperf)",
+                target: "≥ 96% of a native client's throughput; RR p50 ≤ 1.04× native",
+                cells: c,
+                unavailable: None,
+            }
+        }
+        "B4" => {
+            let pairs = pick(&[1, 2], &[1, 2, 4, 8]);
+            let mut c = cells(plan, &[Stream], &[16384], &pairs, &["default"], &[Tcp, Uds, CanalGG]);
+            c.extend(cells(plan, &[Rr], &[64], &pairs, &["default"], &[Tcp, Uds, CanalGG]));
+            Experiment {
+                id: "B4",
+                title: "scaling with 1 … 8 concurrent client/server pairs (2 … 16 guests on one canald)",
+                measures: "aggregate stream throughput (16 KiB) and mean RR p50 (64 B)",
+                target: "aggregate never falls as guests are added; mean latency at 8 pairs ≤ 2× at 1",
+                cells: c,
+                unavailable: None,
+            }
+        }
+        "B5" => {
+            let modes = ["default", "notify=poll", "notify=sleep", "notify=hybrid"];
+            let mut c = cells(plan, &[Rr], &[64], &[1], &modes, &[Tcp, CanalGG]);
+            c.extend(cells(plan, &[Idle], &[64], &[1], &modes, &[Tcp, CanalGG]));
+            Experiment {
+                id: "B5",
+                title: "notification modes: poll only / sleep only / hybrid",
+                measures: "RR p50/p99 at 64 B and CPU per process; CPU of canald with one idle connection",
+                target: "hybrid within 10% of poll-only latency under load; idle canald ≤ 1% of a core",
+                cells: c,
+                unavailable: None,
+            }
+        }
+        "B6" => Experiment {
+            id: "B6",
+            title: "transfer cost",
+            measures: "CPU time of every process (client, server, canald) per byte moved, streaming",
+            target: "canal g↔g ≤ kernel TCP at ≥ 1 KiB",
+            cells: cells(plan, &[Stream], &pick(&[1024, 65536], &[64, 1024, 16384, 65536]), &[1], &["default"], &all),
+            unavailable: None,
+        },
+        "B7" => {
+            let mut c = cells(plan, &[SysRr], &[64], &[1], &["default"], &all);
+            c.extend(cells(plan, &[SysStream], &[1024], &[1], &["default"], &all));
+            Experiment {
+                id: "B7",
+                title: "system calls avoided",
+                measures: "system calls per round trip (RR, 64 B) and per send (stream, 1 KiB) made by the client process, counted with strace -c -f",
+                target: "0 per send/recv in steady state while the other side is polling",
+                cells: c,
+                unavailable: None,
+            }
+        }
+        "B8" => {
+            let v = ["default", "disable=poll", "disable=batch", "disable=coalesce", "disable=zerocopy"];
+            let mut c = cells(plan, &[Stream], &[16384], &[1], &v, &[Tcp, CanalGG]);
+            if !q {
+                c.extend(cells(plan, &[Rr], &[64], &[1], &v, &[Tcp, CanalGG]));
+            }
+            Experiment {
+                id: "B8",
+                title: "ablation: each canal mechanism switched off in turn",
+                measures: "stream throughput at 16 KiB (and RR p50 at 64 B in full mode) with one mechanism disabled",
+                target: "each mechanism's share shown; each one pays for itself",
+                cells: c,
+                unavailable: None,
+            }
+        }
+        "B9" => {
+            let v = ["split=adaptive", "split=0", "split=0.25", "split=0.5", "split=0.75", "split=1"];
+            Experiment {
+                id: "B9",
+                title: "two-layer coalescing: host/guest split of the wake-up window",
+                measures: "CPU (cores busy) and worst-case RR latency (max) at 64 B with n concurrent pairs, per split",
+                target: "adaptive split ≤ CPU of any fixed split at the same worst-case latency",
+                cells: cells(plan, &[Rr], &[64], &pick(&[1, 2], &[1, 2, 4, 8]), &v, &[CanalGG]),
+                unavailable: None,
+            }
+        }
+        "B10" => {
+            let mut c = cells(plan, &[Redis], &[0], &[1], &["default"], &all);
+            c.extend(cells(plan, &[Nginx], &[0], &[1], &["default"], &[Tcp, CanalGG, CanalGN]));
+            Experiment {
+                id: "B10",
+                title: "real applications",
+                measures: "redis-benchmark SET/GET req/s and p99; nginx + wrk req/s and p99",
+                target: "guest↔guest ≥ 1.5× native loopback; guest→native ≥ 0.95× native",
+                cells: c,
+                unavailable: None,
+            }
+        }
+        "B11" => Experiment {
+            id: "B11",
+            title: "inside a QEMU guest: canal over ivshmem vs virtio-net",
+            measures: "throughput and RR latency from a VM to a host server",
+            target: "canal ≥ 3× virtio-net throughput and ≤ 1/3 of its latency",
+            cells: vec![],
+            unavailable: Some(
+                "needs a QEMU guest with the canal ivshmem device (`canal vm`, VM harness issue); \
+                 it plugs in as two more systems (vm-canal, vm-virtio) running this generator inside the guest",
+            ),
+        },
+        _ => return None,
+    };
+    Some(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(quick: bool) -> Plan {
+        Plan {
+            quick,
+            sizes: None,
+            pairs: None,
+            systems: None,
+            variants: None,
+        }
+    }
+
+    #[test]
+    fn every_experiment_is_defined_and_baselines_are_native_default() {
+        for id in EXPERIMENT_IDS {
+            let e = experiment(id, &plan(true)).unwrap();
+            assert!(e.unavailable.is_some() || !e.cells.is_empty(), "{id}");
+            for c in &e.cells {
+                assert!(c.variant == "default" || c.system.uses_canal(), "{id}: {c}");
+                Variant::parse(&c.variant).unwrap();
+            }
+        }
+        assert!(experiment("B12", &plan(true)).is_none());
+    }
+
+    #[test]
+    fn filters_apply() {
+        let p = Plan {
+            quick: true,
+            sizes: Some(vec![4096]),
+            pairs: None,
+            systems: Some(vec![System::Uds]),
+            variants: None,
+        };
+        let e = experiment("B2", &p).unwrap();
+        assert_eq!(e.cells.len(), 1);
+        assert_eq!((e.cells[0].size, e.cells[0].system), (4096, System::Uds));
+        // Tool cells keep their size 0 whatever --sizes says.
+        assert!(experiment("B10", &p)
+            .unwrap()
+            .cells
+            .iter()
+            .all(|c| c.size == 0));
+    }
+
+    #[test]
+    fn variants_parse() {
+        assert_eq!(
+            Variant::parse("notify=poll").unwrap().env,
+            vec![("CANAL_NOTIFY".to_string(), "poll".to_string())]
+        );
+        assert!(Variant::parse("notify=fast").is_err());
+        assert!(Variant::parse("split=1.5").is_err());
+        assert!(Variant::parse("split=0.25").is_ok());
+    }
+}

@@ -1,0 +1,72 @@
+//! Order statistics used for latencies (per sample) and for repetitions (per run).
+
+/// Percentile of a sorted slice by linear interpolation between closest ranks
+/// (`p` in 0..=100). Returns NaN for an empty slice.
+pub fn percentile_sorted(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0).clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+}
+
+pub fn percentile_sorted_u64(v: &[u64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0).clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    v[lo] as f64 + (v[hi] as f64 - v[lo] as f64) * (rank - lo as f64)
+}
+
+/// Median, spread and count of repeated measurements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Summary {
+    pub n: usize,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub p25: f64,
+    pub p75: f64,
+}
+
+pub fn summarize(values: &[f64]) -> Option<Summary> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Some(Summary {
+        n: v.len(),
+        median: percentile_sorted(&v, 50.0),
+        min: v[0],
+        max: v[v.len() - 1],
+        p25: percentile_sorted(&v, 25.0),
+        p75: percentile_sorted(&v, 75.0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile_sorted(&v, 50.0), 2.5);
+        assert_eq!(percentile_sorted(&v, 0.0), 1.0);
+        assert_eq!(percentile_sorted(&v, 100.0), 4.0);
+        assert_eq!(percentile_sorted_u64(&[10, 20, 30], 50.0), 20.0);
+        assert!(percentile_sorted(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn summary_ignores_nan_and_orders() {
+        let s = summarize(&[3.0, f64::NAN, 1.0, 2.0]).unwrap();
+        assert_eq!((s.n, s.median, s.min, s.max), (3, 2.0, 1.0, 3.0));
+        assert!(summarize(&[f64::NAN]).is_none());
+    }
+}
