@@ -1,0 +1,1431 @@
+//! One guest: its region, its request queue consumer, its host sockets, and one
+//! service round over all of them. Everything a guest owns is in `Guest`, so guests
+//! can later be split across worker threads without sharing state.
+//!
+//! Guest memory is hostile: every value read from the region is either copied and
+//! validated (requests), checked against the host's own copy (ring indices), or only
+//! used as a hint (attention bits, queue entries, sleep words).
+#![forbid(unsafe_code)]
+
+use crate::alloc::DataAlloc;
+use crate::request::{self, Cmd, Request, SOCK_DGRAM, SOCK_STREAM};
+use crate::sys::{self, Epoll};
+use canal_abi::ring::{record_kind, Consumer, Producer};
+use canal_abi::sync::{fence, Ordering};
+use canal_abi::{
+    errno, make_handle, op, sleep_kind, slot_state, sock_flag, sock_kind, CanalAddr, Layout,
+    Region, SocketEntry, ACCEPT_PAYLOAD, SLOT_PAYLOAD, WAIT_ANY,
+};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Drain limit for a closed socket's transmit ring while its guest still lives.
+pub const CLOSE_DRAIN: Duration = Duration::from_secs(10);
+/// Drain limit once the whole guest has gone.
+pub const GONE_DRAIN: Duration = Duration::from_millis(500);
+/// Largest datagram canald receives in one call.
+const DGRAM_MAX: usize = 65536;
+
+/// Per-guest limits and sizes (from the command line).
+#[derive(Clone, Debug)]
+pub struct GuestConfig {
+    pub layout: Layout,
+    /// Bytes of each ring (tx and rx) given to a socket.
+    pub ring_size: u64,
+    /// Requests served per guest per round.
+    pub budget: usize,
+    /// Only loopback destinations are allowed (fuzzing, tests).
+    pub loopback_only: bool,
+}
+
+// ---- epoll tokens -----------------------------------------------------------------
+
+/// Epoll token layout: `type:8 | conn:24 | generation:16 | index:16`.
+pub mod token {
+    pub const LISTENER: u64 = 0;
+    pub const CONTROL: u64 = 1;
+    pub const DOORBELL: u64 = 2;
+    pub const SOCKET: u64 = 3;
+    pub const SIGNAL: u64 = 4;
+
+    pub fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
+        (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64
+    }
+    pub fn ty(t: u64) -> u64 {
+        t >> 56
+    }
+    pub fn conn(t: u64) -> u32 {
+        ((t >> 32) & 0xff_ffff) as u32
+    }
+    pub fn gen(t: u64) -> u16 {
+        (t >> 16) as u16
+    }
+    pub fn index(t: u64) -> u16 {
+        t as u16
+    }
+}
+
+// ---- address view -----------------------------------------------------------------
+
+/// Guest view → host address. Identity today; the VM issue maps guest-only addresses
+/// (e.g. 10.0.2.2 → 127.0.0.1) here. Errors are errno values.
+pub fn translate_guest_addr(guest: &GuestView, a: &CanalAddr) -> Result<CanalAddr, i32> {
+    if guest.loopback_only && !is_loopback(a) {
+        return Err(errno::EACCES);
+    }
+    Ok(*a)
+}
+
+/// Host address → guest view (getsockname, getpeername, accept, recvfrom).
+pub fn translate_host_addr(_guest: &GuestView, a: &CanalAddr) -> CanalAddr {
+    *a
+}
+
+fn is_loopback(a: &CanalAddr) -> bool {
+    match a.family {
+        canal_abi::addr::FAMILY_INET => a.addr[0] == 127,
+        _ => a.addr == std::net::Ipv6Addr::LOCALHOST.octets() || a.addr == [0; 16],
+    }
+}
+
+/// What the address translation needs to know about a guest.
+pub struct GuestView {
+    pub id: u32,
+    pub loopback_only: bool,
+}
+
+// ---- sockets ----------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Stream,
+    Dgram,
+    Listener,
+}
+
+/// The connection state machine of a host socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Created (maybe bound), neither connected nor listening.
+    Open,
+    Connecting,
+    /// Connected (stream) or with a default peer (datagram).
+    Connected,
+    Listening,
+    /// The connect failed or the connection was reset; the host socket may remain
+    /// until the guest closes (so getsockname still works).
+    Failed,
+    /// The guest broke the protocol on this socket; the host socket is closed.
+    Broken,
+}
+
+/// A ring as the host sees it: where it lives (host copy), the host's own index and
+/// the last index the guest published.
+#[derive(Clone, Copy, Debug)]
+struct RingPos {
+    off: u64,
+    size: u64,
+    /// Host index: tx tail (consumer) or rx head (producer).
+    idx: u64,
+    /// Last guest index seen: tx head or rx tail.
+    seen: u64,
+}
+
+/// The guest broke a ring's rules.
+#[derive(Debug)]
+struct Corrupt;
+
+pub struct HostSocket {
+    pub handle: u32,
+    pub kind: Kind,
+    pub family: u16,
+    fd: Option<OwnedFd>,
+    pub phase: Phase,
+    tx: RingPos,
+    rx: RingPos,
+    /// Flags as last published to the entry.
+    flags: u32,
+    readable: bool,
+    writable: bool,
+    rdhup: bool,
+    shut_wr_pending: bool,
+    /// Some(deadline): the guest closed it; the host drains tx until the deadline.
+    closing: Option<Instant>,
+    dirty: bool,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    /// Listener: (record end index, handle) of ACCEPT records the guest has not
+    /// consumed yet. Their sockets are freed with the listener.
+    unclaimed: std::collections::VecDeque<(u64, u32)>,
+    /// A datagram received but not yet fitting in the rx ring.
+    pending_dgram: Option<(Vec<u8>, Option<CanalAddr>)>,
+}
+
+impl HostSocket {
+    pub fn index(&self) -> u32 {
+        canal_abi::handle_index(self.handle)
+    }
+    fn generation(&self) -> u16 {
+        canal_abi::handle_generation(self.handle) as u16
+    }
+    pub fn is_closing(&self) -> bool {
+        self.closing.is_some()
+    }
+    pub fn local(&self) -> Option<CanalAddr> {
+        self.fd.as_ref().and_then(|f| sys::sockname(f).ok())
+    }
+    pub fn peer(&self) -> Option<CanalAddr> {
+        self.fd.as_ref().and_then(|f| sys::peername(f).ok())
+    }
+}
+
+/// Kick-side bookkeeping of one service round.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct RoundStats {
+    pub requests: usize,
+    pub sockets: usize,
+    pub bytes: u64,
+}
+
+impl RoundStats {
+    pub fn did_work(&self) -> bool {
+        self.requests + self.sockets > 0 || self.bytes > 0
+    }
+}
+
+pub struct Guest {
+    pub id: u32,
+    pub pid: u32,
+    pub comm: String,
+    /// Control-connection key (epoll tokens).
+    pub conn: u32,
+    region: Region,
+    cfg: GuestConfig,
+    queue: canal_abi::queue::QueueConsumer,
+    /// Per-slot wake-up eventfds registered with PORT.
+    ports: Vec<Option<OwnedFd>>,
+    sockets: Vec<Option<HostSocket>>,
+    /// Next generation per entry index (1..=0xffff; handles are never 0).
+    generations: Vec<u16>,
+    alloc: DataAlloc,
+    dirty: Vec<u32>,
+    changed: Vec<u32>,
+    changed_mark: Vec<u64>,
+    scratch: Vec<u8>,
+    /// Some(deadline): the guest's control connection closed.
+    pub gone: Option<Instant>,
+    // The mapping must outlive every use of `region`; it is dropped last.
+    _map: sys::Mapping,
+}
+
+impl Guest {
+    /// Creates a guest with a fresh region. Returns the guest and the region memfd.
+    pub fn new(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+    ) -> io::Result<(Guest, OwnedFd)> {
+        let (memfd, map, region) =
+            sys::Mapping::create_region(cfg.layout, id, canal_abi::feature::ALL_V1)?;
+        let n = cfg.layout.socket_count as usize;
+        let g = Guest {
+            id,
+            pid,
+            comm,
+            conn,
+            region,
+            queue: Default::default(),
+            ports: (0..cfg.layout.slot_count).map(|_| None).collect(),
+            sockets: (0..n).map(|_| None).collect(),
+            generations: vec![1; n],
+            alloc: DataAlloc::new(cfg.layout.data_size),
+            dirty: Vec::new(),
+            changed: Vec::new(),
+            changed_mark: vec![0; n.div_ceil(64)],
+            scratch: vec![0; DGRAM_MAX],
+            gone: None,
+            cfg,
+            _map: map,
+        };
+        Ok((g, memfd))
+    }
+
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    pub fn region_size(&self) -> u64 {
+        self.cfg.layout.region_size
+    }
+
+    fn view(&self) -> GuestView {
+        GuestView {
+            id: self.id,
+            loopback_only: self.cfg.loopback_only,
+        }
+    }
+
+    /// Stores the wake-up eventfd of `slot` (PORT). The fd must be an eventfd; it is
+    /// made non-blocking so a wake-up can never block the poller.
+    pub fn set_port(&mut self, slot: u32, fd: OwnedFd) -> Result<(), i32> {
+        let p = self.ports.get_mut(slot as usize).ok_or(errno::EINVAL)?;
+        if !sys::is_eventfd(&fd) {
+            return Err(errno::EINVAL);
+        }
+        sys::set_nonblocking(&fd).map_err(|e| sys::errno_of(&e))?;
+        *p = Some(fd);
+        Ok(())
+    }
+
+    pub fn sockets(&self) -> impl Iterator<Item = &HostSocket> {
+        self.sockets.iter().flatten()
+    }
+
+    pub fn socket_count(&self) -> usize {
+        self.sockets.iter().flatten().count()
+    }
+
+    /// Earliest drain deadline of a closing socket.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.sockets
+            .iter()
+            .flatten()
+            .filter_map(|s| s.closing)
+            .min()
+    }
+
+    /// The control connection closed: the guest is gone. Sockets with nothing queued
+    /// close now; the others get GONE_DRAIN to flush their tx rings.
+    pub fn depart(&mut self, ep: &Epoll, now: Instant) {
+        let deadline = now + GONE_DRAIN;
+        self.gone = Some(deadline);
+        self.region.header().host_state.store(2, Ordering::Release);
+        for i in 0..self.sockets.len() {
+            if let Some(s) = &mut self.sockets[i] {
+                s.closing = Some(s.closing.map_or(deadline, |d| d.min(deadline)));
+                s.shut_wr_pending = false;
+                self.mark_dirty(i as u32);
+            }
+        }
+        self.service_dirty(ep, now, &mut RoundStats::default());
+    }
+
+    /// Whether a departed guest has finished (no sockets left).
+    pub fn finished(&self) -> bool {
+        self.gone.is_some() && self.sockets.iter().all(|s| s.is_none())
+    }
+
+    /// Closes every host socket at once (daemon exit, or a departed guest whose drain
+    /// time ran out).
+    pub fn close_all(&mut self, ep: &Epoll) {
+        for i in 0..self.sockets.len() {
+            if self.sockets[i].is_some() {
+                self.free_socket(ep, i as u32);
+            }
+        }
+        self.region.header().host_state.store(2, Ordering::Release);
+    }
+
+    fn mark_dirty(&mut self, index: u32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            if !s.dirty {
+                s.dirty = true;
+                self.dirty.push(index);
+            }
+        }
+    }
+
+    fn mark_changed(&mut self, index: u32) {
+        let (w, b) = ((index / 64) as usize, index % 64);
+        if let Some(word) = self.changed_mark.get_mut(w) {
+            if *word & (1 << b) == 0 {
+                *word |= 1 << b;
+                self.changed.push(index);
+            }
+        }
+        if let Some(e) = self.region.socket(index) {
+            e.event_seq.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// An epoll event for one of this guest's host sockets.
+    pub fn socket_event(&mut self, tok: u64, events: u32) {
+        let index = token::index(tok) as u32;
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        if s.generation() != token::gen(tok) {
+            return; // a stale event for a previous socket on this index
+        }
+        if events & (sys::EP_IN | sys::EP_HUP | sys::EP_ERR | sys::EP_RDHUP) != 0 {
+            s.readable = true;
+        }
+        if events & (sys::EP_OUT | sys::EP_HUP | sys::EP_ERR) != 0 {
+            s.writable = true;
+        }
+        if events & (sys::EP_RDHUP | sys::EP_HUP) != 0 {
+            s.rdhup = true;
+        }
+        self.mark_dirty(index);
+    }
+
+    /// Whether this guest has published work the host has not picked up yet (the
+    /// re-check before sleeping, protocol §6).
+    pub fn has_pending(&self) -> bool {
+        let r = &self.region;
+        self.queue.has_next(r.queue_cells())
+            || r.attention().iter().any(|w| w.load(Ordering::Relaxed) != 0)
+            || !self.dirty.is_empty()
+    }
+
+    pub fn set_host_sleeping(&self, v: u32) {
+        self.region
+            .header()
+            .host_sleeping
+            .store(v, Ordering::Relaxed);
+    }
+
+    /// One service round: requests (bounded), attention bits, dirty sockets, then the
+    /// wake-ups of sleepers whose sockets changed.
+    pub fn service_round(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
+        let mut st = RoundStats::default();
+        if self.gone.is_none() {
+            self.serve_requests(ep, &mut st);
+            self.serve_attention();
+        }
+        self.service_dirty(ep, now, &mut st);
+        self.expire_closing(ep, now);
+        self.wake_event_sleepers();
+        st
+    }
+
+    fn serve_requests(&mut self, ep: &Epoll, st: &mut RoundStats) {
+        let region = self.region;
+        let cells = region.queue_cells();
+        for _ in 0..self.cfg.budget {
+            let Some(idx) = self.queue.pop(cells) else {
+                break;
+            };
+            st.requests += 1;
+            let Some(slot) = region.slot(idx) else {
+                continue; // garbage index: ignore
+            };
+            if slot
+                .state
+                .compare_exchange(
+                    slot_state::REQUESTED,
+                    slot_state::BUSY,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue; // not a request: ignore the entry
+            }
+            let req = Request::copy_from(slot);
+            let mut out = [0u8; SLOT_PAYLOAD];
+            let (result, out_len) = match self.execute(ep, &req, &mut out) {
+                Ok(v) => v,
+                Err(e) => (-(e as i64), 0),
+            };
+            if out_len > 0 {
+                slot.write_payload(0, &out[..out_len.min(SLOT_PAYLOAD)]);
+            }
+            slot.out_len.store(out_len as u32, Ordering::Relaxed);
+            slot.result.store(result, Ordering::Relaxed);
+            slot.done_seq.store(req.seq, Ordering::Relaxed);
+            // Publishes result/payload; pairs with the guest's Acquire load of DONE.
+            slot.state.store(slot_state::DONE, Ordering::Release);
+            // §6 wake: the guest stores `sleep`, fences, re-checks `state`; we store
+            // `state`, fence, read `sleep` — one of us sees the other.
+            fence(Ordering::SeqCst);
+            if slot.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE {
+                self.wake_slot(idx);
+            }
+        }
+    }
+
+    fn wake_slot(&self, slot: u32) {
+        if let Some(Some(fd)) = self.ports.get(slot as usize) {
+            let _ = sys::eventfd_write(fd.as_raw_fd());
+        }
+    }
+
+    fn serve_attention(&mut self) {
+        let region = self.region;
+        for (w, word) in region.attention().iter().enumerate() {
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            // A2: Acquire pairs with the guest's Release fetch_or (A1).
+            let mut bits = word.swap(0, Ordering::Acquire);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                self.mark_dirty(w as u32 * 64 + b);
+            }
+        }
+    }
+
+    fn wake_event_sleepers(&mut self) {
+        if self.changed.is_empty() {
+            return;
+        }
+        let h = self.region.header();
+        h.event_seq.fetch_add(1, Ordering::Release);
+        // §6: we stored indices/flags/event_seq, fence, then read the sleep words; the
+        // guest stores sleep, fences, re-checks readiness.
+        fence(Ordering::SeqCst);
+        if h.event_waiters.load(Ordering::Relaxed) > 0 {
+            for i in 0..self.cfg.layout.slot_count {
+                let Some(slot) = self.region.slot(i) else {
+                    break;
+                };
+                if slot.sleep.load(Ordering::Relaxed) != sleep_kind::EVENTS {
+                    continue;
+                }
+                let ws = slot.wait_socket.load(Ordering::Relaxed);
+                let hit = ws == WAIT_ANY
+                    || self
+                        .changed_mark
+                        .get((ws / 64) as usize)
+                        .is_some_and(|w| w & (1 << (ws % 64)) != 0);
+                if hit {
+                    self.wake_slot(i);
+                }
+            }
+        }
+        for i in self.changed.drain(..) {
+            if let Some(w) = self.changed_mark.get_mut((i / 64) as usize) {
+                *w = 0;
+            }
+        }
+    }
+
+    // ---- requests -------------------------------------------------------------
+
+    /// Executes a request copy. Ok((result, out_len)); Err(errno).
+    pub fn execute(
+        &mut self,
+        ep: &Epoll,
+        req: &Request,
+        out: &mut [u8; SLOT_PAYLOAD],
+    ) -> Result<(i64, usize), i32> {
+        if req.op == 0 || req.op > op::MAX {
+            return Err(errno::ENOSYS);
+        }
+        let index = if request::needs_handle(req.op) {
+            Some(self.lookup(req.socket)?)
+        } else {
+            None
+        };
+        let cmd = request::decode(req)?;
+        let Some(index) = index else {
+            return match cmd {
+                Cmd::Socket {
+                    domain,
+                    ty,
+                    protocol,
+                } => self
+                    .op_socket(ep, domain, ty, protocol)
+                    .map(|h| (h as i64, 0)),
+                _ => Ok((0, 0)),
+            };
+        };
+        let view = self.view();
+        match cmd {
+            Cmd::Bind(a) => {
+                let a = translate_guest_addr(&view, &a)?;
+                let s = self.live(index)?;
+                sys::bind(fd_of(s)?, &a).map_err(|e| sys::errno_of(&e))?;
+                Ok((0, 0))
+            }
+            Cmd::Listen(backlog) => self.op_listen(index, backlog),
+            Cmd::Connect(a) => {
+                let a = translate_guest_addr(&view, &a)?;
+                self.op_connect(index, &a)
+            }
+            Cmd::Close => {
+                self.op_close(index);
+                Ok((0, 0))
+            }
+            Cmd::Shutdown(how) => self.op_shutdown(index, how),
+            Cmd::SetOpt { level, name, value } => {
+                let s = self.live(index)?;
+                sys::setsockopt_bytes(fd_of(s)?, level, name, &value)
+                    .map_err(|e| sys::errno_of(&e))?;
+                Ok((0, 0))
+            }
+            Cmd::GetOpt { level, name, len } => {
+                let s = self.live(index)?;
+                let n = sys::getsockopt_bytes(fd_of(s)?, level, name, &mut out[..len])
+                    .map_err(|e| sys::errno_of(&e))?;
+                Ok((0, n))
+            }
+            Cmd::SockName | Cmd::PeerName => {
+                let s = self.live(index)?;
+                let fd = fd_of(s)?;
+                let a = if cmd == Cmd::SockName {
+                    sys::sockname(fd)
+                } else {
+                    sys::peername(fd)
+                }
+                .map_err(|e| sys::errno_of(&e))?;
+                let a = translate_host_addr(&view, &a).encode();
+                out[..a.len()].copy_from_slice(&a);
+                Ok((0, a.len()))
+            }
+            Cmd::Socket { .. } | Cmd::Nop => Ok((0, 0)),
+        }
+    }
+
+    /// Index of a live (not closing) socket named by `handle`, else EBADF.
+    fn lookup(&self, handle: u32) -> Result<u32, i32> {
+        let index = canal_abi::handle_index(handle);
+        match self.sockets.get(index as usize) {
+            Some(Some(s)) if s.handle == handle && s.closing.is_none() => Ok(index),
+            _ => Err(errno::EBADF),
+        }
+    }
+
+    fn live(&mut self, index: u32) -> Result<&mut HostSocket, i32> {
+        match self.sockets.get_mut(index as usize) {
+            Some(Some(s)) => Ok(s),
+            _ => Err(errno::EBADF),
+        }
+    }
+
+    fn entry(&self, index: u32) -> &SocketEntry {
+        self.region
+            .socket(index)
+            .expect("host socket indices are < socket_count")
+    }
+
+    /// Allocates an entry, rings and epoll registration for `fd`. Publishes the entry
+    /// (kind last). Err(errno) leaves nothing allocated.
+    fn install(
+        &mut self,
+        ep: &Epoll,
+        fd: OwnedFd,
+        kind: Kind,
+        family: u16,
+        phase: Phase,
+    ) -> Result<u32, i32> {
+        let index = self
+            .sockets
+            .iter()
+            .position(|s| s.is_none())
+            .ok_or(errno::EMFILE)? as u32;
+        let size = self.cfg.ring_size;
+        let tx_off = self.alloc.alloc(size).ok_or(errno::ENOBUFS)?;
+        let Some(rx_off) = self.alloc.alloc(size) else {
+            self.alloc.free(tx_off, size);
+            return Err(errno::ENOBUFS);
+        };
+        let gen = self.generations[index as usize];
+        let handle = make_handle(index, gen as u32);
+        let tok = token::make(token::SOCKET, self.conn, gen, index as u16);
+        let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
+        if let Err(e) = ep.add(fd.as_raw_fd(), ev, tok) {
+            self.alloc.free(tx_off, size);
+            self.alloc.free(rx_off, size);
+            return Err(sys::errno_of(&e));
+        }
+        let flags = match phase {
+            Phase::Connected => sock_flag::CONNECTED,
+            _ => 0,
+        };
+        let e = self.entry(index);
+        // Guest line: a fresh entry starts with empty rings and no guest state.
+        e.tx_head.store(0, Ordering::Relaxed);
+        e.rx_tail.store(0, Ordering::Relaxed);
+        e.refs.store(0, Ordering::Relaxed);
+        e.guest_flags.store(0, Ordering::Relaxed);
+        e.tx_lock.store(0, Ordering::Relaxed);
+        e.rx_lock.store(0, Ordering::Relaxed);
+        e.rcvtimeo_ns.store(0, Ordering::Relaxed);
+        e.sndtimeo_ns.store(0, Ordering::Relaxed);
+        // Host lines.
+        e.flags.store(flags, Ordering::Relaxed);
+        e.pending_error.store(0, Ordering::Relaxed);
+        e.tx_tail.store(0, Ordering::Relaxed);
+        e.rx_head.store(0, Ordering::Relaxed);
+        e.generation.store(gen as u32, Ordering::Relaxed);
+        e.family.store(family as u32, Ordering::Relaxed);
+        e.tx_offset.store(tx_off, Ordering::Relaxed);
+        e.tx_size.store(size as u32, Ordering::Relaxed);
+        e.rx_offset.store(rx_off, Ordering::Relaxed);
+        e.rx_size.store(size as u32, Ordering::Relaxed);
+        let k = match kind {
+            Kind::Stream => sock_kind::STREAM,
+            Kind::Dgram => sock_kind::DGRAM,
+            Kind::Listener => sock_kind::LISTENER,
+        };
+        // Release: everything above is visible before the kind (and before the handle
+        // reaches the guest through a DONE result or an ACCEPT record).
+        e.kind.store(k, Ordering::Release);
+        let ring = |off| RingPos {
+            off,
+            size,
+            idx: 0,
+            seen: 0,
+        };
+        self.sockets[index as usize] = Some(HostSocket {
+            handle,
+            kind,
+            family,
+            fd: Some(fd),
+            phase,
+            tx: ring(tx_off),
+            rx: ring(rx_off),
+            flags,
+            readable: false,
+            writable: false,
+            rdhup: false,
+            shut_wr_pending: false,
+            closing: None,
+            dirty: false,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            unclaimed: Default::default(),
+            pending_dgram: None,
+        });
+        Ok(handle)
+    }
+
+    fn op_socket(&mut self, ep: &Epoll, domain: i32, ty: i32, protocol: i32) -> Result<u32, i32> {
+        // Check the caps before creating a host socket.
+        if self.sockets.iter().all(|s| s.is_some()) {
+            return Err(errno::EMFILE);
+        }
+        if self.alloc.free_bytes() < 2 * self.cfg.ring_size {
+            return Err(errno::ENOBUFS);
+        }
+        let fd = sys::socket(domain, ty, protocol).map_err(|e| sys::errno_of(&e))?;
+        let kind = if ty == SOCK_STREAM {
+            Kind::Stream
+        } else {
+            debug_assert_eq!(ty, SOCK_DGRAM);
+            Kind::Dgram
+        };
+        self.install(ep, fd, kind, domain as u16, Phase::Open)
+    }
+
+    fn op_listen(&mut self, index: u32, backlog: i32) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        if s.kind == Kind::Dgram {
+            return Err(errno::EOPNOTSUPP);
+        }
+        if !matches!(s.phase, Phase::Open | Phase::Listening) {
+            return Err(errno::EINVAL);
+        }
+        sys::listen(fd_of(s)?, backlog).map_err(|e| sys::errno_of(&e))?;
+        s.kind = Kind::Listener;
+        s.phase = Phase::Listening;
+        s.readable = true; // connections may already be queued
+        let e = self.entry(index);
+        e.kind.store(sock_kind::LISTENER, Ordering::Release);
+        self.set_flags(index, sock_flag::LISTENING, 0);
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
+    fn op_connect(&mut self, index: u32, a: &CanalAddr) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        match (s.kind, s.phase) {
+            (Kind::Listener, _) => return Err(errno::EISCONN),
+            (Kind::Stream, Phase::Connecting) => return Err(errno::EALREADY),
+            (Kind::Stream, Phase::Connected) => return Err(errno::EISCONN),
+            (_, Phase::Broken) => return Err(errno::EIO),
+            _ => {}
+        }
+        let kind = s.kind;
+        let r = sys::connect(fd_of(s)?, a);
+        match r {
+            Ok(()) => {
+                s.phase = Phase::Connected;
+                s.writable = true;
+                self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+                self.mark_dirty(index);
+                Ok((0, 0))
+            }
+            Err(e) if kind == Kind::Stream && e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                s.phase = Phase::Connecting;
+                // Events before the connect (a fresh socket reports OUT|HUP) say nothing
+                // about its completion.
+                s.readable = false;
+                s.writable = false;
+                self.set_flags(index, sock_flag::CONNECTING, 0);
+                self.mark_dirty(index);
+                Ok((-(errno::EINPROGRESS as i64), 0))
+            }
+            Err(e) => Err(sys::errno_of(&e)),
+        }
+    }
+
+    fn op_close(&mut self, index: u32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            s.closing = Some(Instant::now() + CLOSE_DRAIN);
+            self.set_flags(index, sock_flag::CLOSING, 0);
+            self.mark_dirty(index);
+        }
+    }
+
+    fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        if s.phase != Phase::Connected {
+            return Err(errno::ENOTCONN);
+        }
+        let fd = fd_of(s)?;
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            sys::shutdown(fd, libc::SHUT_RD).map_err(|e| sys::errno_of(&e))?;
+            s.readable = true;
+        }
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            // Takes effect once the tx ring has drained (service_stream).
+            s.shut_wr_pending = true;
+        }
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
+    /// Publishes flag changes (adds HUP when both directions are over).
+    fn set_flags(&mut self, index: u32, add: u32, remove: u32) {
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        let mut f = (s.flags | add) & !remove;
+        let both = sock_flag::RX_EOF | sock_flag::TX_CLOSED;
+        if f & both == both {
+            f |= sock_flag::HUP;
+        }
+        if f != s.flags {
+            s.flags = f;
+            self.entry(index).flags.store(f, Ordering::Release);
+            self.mark_changed(index);
+        }
+    }
+
+    fn set_error(&mut self, index: u32, err: i32, add: u32, remove: u32) {
+        self.entry(index)
+            .pending_error
+            .store(err as u32, Ordering::Release);
+        self.set_flags(index, add | sock_flag::ERROR, remove);
+    }
+
+    /// The guest violated the ring protocol on this socket: close the host side.
+    fn break_socket(&mut self, ep: &Epoll, index: u32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            s.phase = Phase::Broken;
+            s.pending_dgram = None;
+            if let Some(fd) = s.fd.take() {
+                ep.delete(fd.as_raw_fd());
+            }
+        }
+        self.set_error(
+            index,
+            errno::EIO,
+            sock_flag::BROKEN | sock_flag::HUP | sock_flag::RX_EOF | sock_flag::TX_CLOSED,
+            sock_flag::CONNECTING | sock_flag::RX_WANT_SPACE,
+        );
+    }
+
+    /// Releases an entry: host socket, rings, then kind FREE and a new generation.
+    fn free_socket(&mut self, ep: &Epoll, index: u32) {
+        let Some(s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        if let Some(fd) = &s.fd {
+            ep.delete(fd.as_raw_fd());
+        }
+        if !s.unclaimed.is_empty() {
+            // Connections accepted for the guest but never taken by it go with the
+            // listener (the guest's tail says which records it consumed).
+            let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
+            for &(end, h) in &s.unclaimed {
+                if (end.wrapping_sub(tail) as i64) > 0 {
+                    let i = canal_abi::handle_index(h);
+                    if self
+                        .sockets
+                        .get(i as usize)
+                        .is_some_and(|x| x.as_ref().is_some_and(|x| x.handle == h))
+                    {
+                        self.free_socket(ep, i);
+                    }
+                }
+            }
+        }
+        drop(s.fd);
+        self.alloc.free(s.tx.off, s.tx.size);
+        self.alloc.free(s.rx.off, s.rx.size);
+        let g = &mut self.generations[index as usize];
+        *g = if *g == u16::MAX { 1 } else { *g + 1 };
+        let next = *g;
+        let e = self.entry(index);
+        e.kind.store(sock_kind::FREE, Ordering::Release);
+        e.generation.store(next as u32, Ordering::Release);
+        e.flags.store(0, Ordering::Release);
+        self.mark_changed(index);
+        // A listener that stopped accepting for lack of entries can go on.
+        for i in 0..self.sockets.len() {
+            if let Some(l) = &self.sockets[i] {
+                if l.kind == Kind::Listener && l.readable {
+                    self.mark_dirty(i as u32);
+                }
+            }
+        }
+    }
+
+    fn expire_closing(&mut self, ep: &Epoll, now: Instant) {
+        if self.gone.is_none() && self.dirty.is_empty() {
+            // Cheap exit: only scan when something may have expired.
+            if self.next_deadline().is_none_or(|d| d > now) {
+                return;
+            }
+        }
+        for i in 0..self.sockets.len() {
+            if let Some(s) = &self.sockets[i] {
+                if s.closing.is_some_and(|d| d <= now) {
+                    self.free_socket(ep, i as u32);
+                }
+            }
+        }
+    }
+
+    // ---- data path ------------------------------------------------------------
+
+    pub fn service_dirty(&mut self, ep: &Epoll, now: Instant, st: &mut RoundStats) {
+        let list = std::mem::take(&mut self.dirty);
+        for &index in &list {
+            let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+                continue;
+            };
+            s.dirty = false;
+            st.sockets += 1;
+            let r = match s.kind {
+                Kind::Stream => self.service_stream(index, st),
+                Kind::Dgram => self.service_dgram(index, st),
+                Kind::Listener => self.service_listener(ep, index),
+            };
+            if r.is_err() {
+                self.break_socket(ep, index);
+            }
+            self.finish_if_closed(ep, index, now);
+        }
+        // Keep the allocation for the next round.
+        let mut list = list;
+        list.clear();
+        if self.dirty.is_empty() {
+            self.dirty = list;
+        }
+    }
+
+    /// A closing socket whose tx ring drained (or that can send no more) is freed.
+    fn finish_if_closed(&mut self, ep: &Epoll, index: u32, now: Instant) {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let Some(deadline) = s.closing else {
+            return;
+        };
+        let can_send = s.kind != Kind::Listener
+            && s.fd.is_some()
+            && s.phase == Phase::Connected
+            && s.flags & sock_flag::TX_CLOSED == 0;
+        // A corrupt index counts as "nothing more to send".
+        let queued = if can_send {
+            self.tx_avail(index).unwrap_or(0)
+        } else {
+            0
+        };
+        if queued == 0 || deadline <= now {
+            self.free_socket(ep, index);
+        }
+    }
+
+    /// Bytes the guest has queued on tx, checked: head - tail ≤ size and the guest's
+    /// head never moves backwards.
+    fn tx_avail(&mut self, index: u32) -> Result<u64, Corrupt> {
+        let head = self.entry(index).tx_head.load(Ordering::Acquire); // R3
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        let used = head.wrapping_sub(s.tx.idx);
+        let before = s.tx.seen.wrapping_sub(s.tx.idx);
+        if used > s.tx.size || used < before {
+            return Err(Corrupt);
+        }
+        s.tx.seen = head;
+        Ok(used)
+    }
+
+    /// Free rx space, checked: the guest's tail lies between its last value and our head.
+    fn rx_free(&mut self, index: u32) -> Result<u64, Corrupt> {
+        let tail = self.entry(index).rx_tail.load(Ordering::Acquire); // R1
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        let adv = tail.wrapping_sub(s.rx.seen);
+        let unread = s.rx.idx.wrapping_sub(s.rx.seen);
+        if adv > unread {
+            return Err(Corrupt);
+        }
+        s.rx.seen = tail;
+        Ok(s.rx.size - s.rx.idx.wrapping_sub(tail))
+    }
+
+    fn publish_tx_tail(&mut self, index: u32, n: u64) {
+        let s = self.sockets[index as usize].as_mut().expect("live socket");
+        s.tx.idx = s.tx.idx.wrapping_add(n);
+        s.tx_bytes = s.tx_bytes.wrapping_add(n);
+        let t = s.tx.idx;
+        // R4: our reads of the bytes are done before the guest may reuse the space.
+        self.entry(index).tx_tail.store(t, Ordering::Release);
+        self.mark_changed(index);
+    }
+
+    fn publish_rx_head(&mut self, index: u32, new_head: u64, payload: u64) {
+        let s = self.sockets[index as usize].as_mut().expect("live socket");
+        s.rx.idx = new_head;
+        s.rx_bytes = s.rx_bytes.wrapping_add(payload);
+        // R2: the bytes are written before the guest sees the new head.
+        self.entry(index).rx_head.store(new_head, Ordering::Release);
+        self.mark_changed(index);
+    }
+
+    /// Discards whatever the guest queued on tx (after a reset or EPIPE).
+    fn discard_tx(&mut self, index: u32) -> Result<(), Corrupt> {
+        let n = self.tx_avail(index)?;
+        if n > 0 {
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            s.tx.idx = s.tx.idx.wrapping_add(n);
+            let t = s.tx.idx;
+            self.entry(index).tx_tail.store(t, Ordering::Release);
+            self.mark_changed(index);
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self, index: u32, err: i32) -> Result<(), Corrupt> {
+        if let Some(s) = self.sockets[index as usize].as_mut() {
+            s.phase = Phase::Failed;
+            s.readable = false;
+            s.writable = false;
+        }
+        self.set_error(
+            index,
+            err,
+            sock_flag::RX_EOF | sock_flag::TX_CLOSED | sock_flag::HUP,
+            sock_flag::RX_WANT_SPACE | sock_flag::CONNECTING,
+        );
+        self.discard_tx(index)
+    }
+
+    fn service_stream(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if s.phase == Phase::Connecting {
+            if !s.writable && !s.readable {
+                return Ok(());
+            }
+            let Some(fd) = &s.fd else { return Ok(()) };
+            match sys::so_error(fd) {
+                // No error yet: connected only if the peer name is known (a stale event
+                // may arrive while the handshake is still under way).
+                0 if sys::peername(fd).is_err() => {
+                    s.readable = false;
+                    s.writable = false;
+                    return Ok(());
+                }
+                0 => {
+                    // The writable edge that completed the connect is consumed here.
+                    s.phase = Phase::Connected;
+                    s.writable = true;
+                    s.readable = true;
+                    self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+                }
+                e if e == libc::EINPROGRESS || e == libc::EALREADY => return Ok(()),
+                e => {
+                    s.phase = Phase::Failed;
+                    self.set_error(index, e, sock_flag::HUP, sock_flag::CONNECTING);
+                    return Ok(());
+                }
+            }
+        }
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if s.phase == Phase::Failed {
+            return self.discard_tx(index);
+        }
+        if s.phase != Phase::Connected {
+            return Ok(());
+        }
+        self.flush_stream_tx(index, st)?;
+        self.fill_stream_rx(index, st)?;
+        Ok(())
+    }
+
+    fn flush_stream_tx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if s.flags & sock_flag::TX_CLOSED != 0 {
+                return self.discard_tx(index);
+            }
+            if !s.writable {
+                return Ok(());
+            }
+            let avail = self.tx_avail(index)?;
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            if avail == 0 {
+                if s.shut_wr_pending {
+                    s.shut_wr_pending = false;
+                    if let Some(fd) = &s.fd {
+                        let _ = sys::shutdown(fd, libc::SHUT_WR);
+                    }
+                    self.set_flags(index, sock_flag::TX_CLOSED, 0);
+                }
+                return Ok(());
+            }
+            let ring = self.region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
+            let Some(fd) = &s.fd else { return Ok(()) };
+            match sys::writev_ring(fd, &ring, s.tx.idx, avail) {
+                Ok(n) => {
+                    st.bytes += n as u64;
+                    self.publish_tx_tail(index, n as u64);
+                    if (n as u64) < avail {
+                        continue; // the next call tells EAGAIN or takes more
+                    }
+                    // Everything queued went out: look once more for new bytes.
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) => s.writable = false,
+                    Some(libc::EINTR) => {}
+                    Some(libc::EPIPE) => {
+                        self.set_flags(index, sock_flag::TX_CLOSED, 0);
+                    }
+                    Some(libc::ECONNRESET) => return self.reset(index, libc::ECONNRESET),
+                    _ => return self.reset(index, sys::errno_of(&e)),
+                },
+            }
+        }
+    }
+
+    fn fill_stream_rx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if !s.readable || s.flags & sock_flag::RX_EOF != 0 {
+                return Ok(());
+            }
+            let free = self.want_rx_space(index, 1)?;
+            if free == 0 {
+                return Ok(());
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
+            let Some(fd) = &s.fd else { return Ok(()) };
+            match sys::readv_ring(fd, &ring, s.rx.idx, free) {
+                Ok(0) => {
+                    s.readable = false;
+                    self.set_flags(index, sock_flag::RX_EOF, 0);
+                    return Ok(());
+                }
+                Ok(n) => {
+                    let drained = (n as u64) < free && !s.rdhup;
+                    if drained {
+                        // epoll(7): a short read on a stream means the queue is empty;
+                        // a new edge comes with new data (or the FIN, with RDHUP).
+                        s.readable = false;
+                    }
+                    let head = s.rx.idx.wrapping_add(n as u64);
+                    st.bytes += n as u64;
+                    self.publish_rx_head(index, head, n as u64);
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) => {
+                        s.readable = false;
+                        return Ok(());
+                    }
+                    Some(libc::EINTR) => {}
+                    Some(libc::ECONNRESET) => return self.reset(index, libc::ECONNRESET),
+                    _ => return self.reset(index, sys::errno_of(&e)),
+                },
+            }
+        }
+    }
+
+    /// Free rx space, at least `need` bytes, or 0 after setting RX_WANT_SPACE (with the
+    /// §6-style re-check, so a guest that freed space meanwhile is not missed).
+    fn want_rx_space(&mut self, index: u32, need: u64) -> Result<u64, Corrupt> {
+        let free = self.rx_free(index)?;
+        let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+        if free >= need {
+            if s.flags & sock_flag::RX_WANT_SPACE != 0 {
+                self.set_flags(index, 0, sock_flag::RX_WANT_SPACE);
+            }
+            return Ok(free);
+        }
+        if s.flags & sock_flag::RX_WANT_SPACE == 0 {
+            self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
+        }
+        // Dekker with the guest: we store the flag, fence, re-read its tail; the guest
+        // stores its tail, fences, reads the flag (then raises attention).
+        fence(Ordering::SeqCst);
+        let free = self.rx_free(index)?;
+        if free >= need {
+            self.set_flags(index, 0, sock_flag::RX_WANT_SPACE);
+            return Ok(free);
+        }
+        Ok(0)
+    }
+
+    fn service_listener(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
+        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if !s.readable || s.closing.is_some() {
+                return Ok(());
+            }
+            // Room for the record even if padding is needed first.
+            let free = self.want_rx_space(index, 2 * need)?;
+            if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+                let seen = l.rx.seen;
+                while l
+                    .unclaimed
+                    .front()
+                    .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
+                {
+                    l.unclaimed.pop_front();
+                }
+            }
+            if free == 0 {
+                return Ok(());
+            }
+            if self.sockets.iter().all(|s| s.is_some())
+                || self.alloc.free_bytes() < 2 * self.cfg.ring_size
+            {
+                return Ok(()); // retried when an entry is freed
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let Some(fd) = &s.fd else { return Ok(()) };
+            let family = s.family;
+            let (conn, peer) = match sys::accept_inet(fd) {
+                Ok(Some(c)) => c,
+                Ok(None) => {
+                    s.readable = false;
+                    return Ok(());
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO) => continue,
+                    // Out of host descriptors: stay readable, retry next time.
+                    _ => return Ok(()),
+                },
+            };
+            let peer = peer.unwrap_or_default();
+            let peer = translate_host_addr(&self.view(), &peer);
+            let handle = match self.install(ep, conn, Kind::Stream, family, Phase::Connected) {
+                Ok(h) => h,
+                Err(_) => continue, // the connection is dropped (closed)
+            };
+            let new_index = canal_abi::handle_index(handle);
+            if let Some(Some(ns)) = self.sockets.get_mut(new_index as usize) {
+                ns.writable = true;
+                ns.readable = true;
+            }
+            self.mark_dirty(new_index);
+            let mut payload = [0u8; ACCEPT_PAYLOAD];
+            payload[..4].copy_from_slice(&handle.to_le_bytes());
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
+            let e = self.entry(index);
+            let mut p = Producer {
+                storage: &ring,
+                head_shared: &e.rx_head,
+                tail_shared: &e.rx_tail,
+                head: s.rx.idx,
+            };
+            let pushed = p
+                .push_record(record_kind::ACCEPT, &peer.encode(), &[&payload])
+                .map_err(|_| Corrupt)?;
+            if !pushed {
+                // We checked the space; only a guest moving its tail backwards (caught
+                // on the next check) gets here. Drop the connection.
+                self.free_socket(ep, new_index);
+                return Err(Corrupt);
+            }
+            let head = p.head;
+            self.publish_rx_head(index, head, 0);
+            if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+                l.unclaimed.push_back((head, handle));
+            }
+        }
+    }
+
+    fn service_dgram(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        if self.sockets[index as usize].as_ref().ok_or(Corrupt)?.phase == Phase::Broken {
+            return Ok(());
+        }
+        self.flush_dgram_tx(index, st)?;
+        self.fill_dgram_rx(index, st)
+    }
+
+    fn flush_dgram_tx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        let avail = self.tx_avail(index)?;
+        if avail == 0 {
+            return Ok(());
+        }
+        let view = self.view();
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        let ring = self.region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
+        let e = self.region.socket(index).ok_or(Corrupt)?;
+        let mut c = Consumer {
+            storage: &ring,
+            head_shared: &e.tx_head,
+            tail_shared: &e.tx_tail,
+            tail: s.tx.idx,
+        };
+        let mut sent = 0u64;
+        let mut err = None;
+        let start = c.tail;
+        while let Some(info) = c.next_record().map_err(|_| Corrupt)? {
+            if info.kind != record_kind::DATAGRAM {
+                return Err(Corrupt);
+            }
+            let dest = match info.addr_len as usize {
+                0 => None,
+                canal_abi::addr::ADDR_SIZE => {
+                    let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
+                    c.record_addr(&info, &mut b);
+                    match CanalAddr::decode(&b).map(|a| translate_guest_addr(&view, &a)) {
+                        Some(Ok(a)) => Some(a),
+                        // An address the guest library should have refused: drop it.
+                        _ => {
+                            c.consume_record(&info);
+                            continue;
+                        }
+                    }
+                }
+                _ => return Err(Corrupt),
+            };
+            let Some(fd) = &s.fd else { break };
+            let pos = c.record_payload_pos(&info);
+            match sys::sendmsg_ring(fd, &ring, pos, info.len as u64, dest.as_ref()) {
+                Ok(_) => {
+                    sent += info.len as u64;
+                    c.consume_record(&info);
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                        s.writable = false;
+                        break;
+                    }
+                    Some(libc::EINTR) => {}
+                    // Like a datagram lost on the way; a refused peer is reported.
+                    Some(code) => {
+                        if code == libc::ECONNREFUSED {
+                            err = Some(code);
+                        }
+                        c.consume_record(&info);
+                    }
+                    None => c.consume_record(&info),
+                },
+            }
+        }
+        let moved = c.tail.wrapping_sub(start);
+        s.tx.idx = c.tail;
+        s.tx_bytes = s.tx_bytes.wrapping_add(sent);
+        st.bytes += sent;
+        // The consumer may have read a newer head than tx_avail: remember the furthest.
+        let head_now = self.entry(index).tx_head.load(Ordering::Acquire);
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if head_now.wrapping_sub(s.tx.idx) <= s.tx.size {
+            s.tx.seen = head_now;
+        } else {
+            return Err(Corrupt);
+        }
+        if moved > 0 {
+            self.mark_changed(index);
+        }
+        if let Some(code) = err {
+            self.entry(index)
+                .pending_error
+                .store(code as u32, Ordering::Release);
+            self.mark_changed(index);
+        }
+        Ok(())
+    }
+
+    fn fill_dgram_rx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        let view = self.view();
+        loop {
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            if s.pending_dgram.is_none() {
+                if !s.readable {
+                    return Ok(());
+                }
+                let Some(fd) = &s.fd else { return Ok(()) };
+                match sys::recvfrom(fd, &mut self.scratch) {
+                    Ok(Some((n, src))) => {
+                        let src = src.map(|a| translate_host_addr(&view, &a));
+                        s.pending_dgram = Some((self.scratch[..n].to_vec(), src));
+                    }
+                    Ok(None) => {
+                        s.readable = false;
+                        return Ok(());
+                    }
+                    Err(e) => match e.raw_os_error() {
+                        Some(libc::EINTR) => continue,
+                        Some(code) => {
+                            // ICMP errors (ECONNREFUSED on a connected socket).
+                            self.entry(index)
+                                .pending_error
+                                .store(code as u32, Ordering::Release);
+                            self.mark_changed(index);
+                            continue;
+                        }
+                        None => return Ok(()),
+                    },
+                }
+            }
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            let (data, src) = s.pending_dgram.as_ref().ok_or(Corrupt)?;
+            let src = *src;
+            let addr = src.unwrap_or_default().encode();
+            let max = canal_abi::ring::max_record_payload(s.rx.size, addr.len() as u64);
+            let len = (data.len() as u64).min(max) as usize;
+            let rec = canal_abi::ring::record_size(addr.len() as u64, len as u64);
+            let to_end = s.rx.size - (s.rx.idx & (s.rx.size - 1));
+            let need = if to_end < rec { to_end + rec } else { rec };
+            if self.want_rx_space(index, need)? == 0 {
+                return Ok(());
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
+            let (data, _) = s.pending_dgram.take().ok_or(Corrupt)?;
+            let e = self.region.socket(index).ok_or(Corrupt)?;
+            let mut p = Producer {
+                storage: &ring,
+                head_shared: &e.rx_head,
+                tail_shared: &e.rx_tail,
+                head: s.rx.idx,
+            };
+            match p.push_record(record_kind::DATAGRAM, &addr, &[&data[..len]]) {
+                Ok(true) => {
+                    let h = p.head;
+                    st.bytes += len as u64;
+                    self.publish_rx_head(index, h, len as u64);
+                }
+                Ok(false) => {
+                    // Only a guest moving its tail backwards gets here (caught on the
+                    // next check); keep the datagram.
+                    s.pending_dgram = Some((data, src));
+                    return Ok(());
+                }
+                Err(_) => return Err(Corrupt),
+            }
+        }
+    }
+}
+
+fn fd_of(s: &HostSocket) -> Result<&OwnedFd, i32> {
+    s.fd.as_ref().ok_or(match s.phase {
+        Phase::Broken => errno::EIO,
+        _ => errno::EBADF,
+    })
+}

@@ -1,0 +1,801 @@
+//! Small safe wrappers around the system calls canald needs (virtiofsd's `oslib.rs`
+//! style). This is the only module of canald that contains `unsafe`; every block names
+//! the invariant it relies on. Everything else in the crate is `forbid(unsafe_code)`.
+#![allow(unsafe_code)]
+
+use canal_abi::ring::RawRing;
+use canal_abi::{CanalAddr, Layout, Region};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Wraps a descriptor a successful system call just returned.
+fn owned(fd: libc::c_int) -> OwnedFd {
+    // SAFETY: `fd` was just returned by a successful call that creates a descriptor;
+    // nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// The errno of an io::Error (EIO if it has none).
+pub fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+pub fn getuid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+// ---- shared memory ---------------------------------------------------------------
+
+/// A shared mapping of a memfd (host side: created, sized and sealed here).
+pub struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all accesses go through `Region`, whose
+// accessors are atomics or byte copies.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Creates a sealed memfd of `layout.region_size` bytes, maps it and writes the
+    /// region header with `Region::init`. Returns the memfd (to send to the guest),
+    /// the mapping and the region view.
+    pub fn create_region(
+        layout: Layout,
+        guest_id: u32,
+        features: u64,
+    ) -> io::Result<(OwnedFd, Mapping, Region)> {
+        let name = CString::new("canal-region").expect("static name");
+        // SAFETY: `name` is a valid NUL-terminated string.
+        let fd = owned(cvt(unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        } as libc::c_int)?);
+        let len = usize::try_from(layout.region_size)
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        // SAFETY: plain calls on a descriptor we own.
+        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+        // The guest must not shrink the file under our mapping (SIGBUS on access).
+        // SAFETY: plain fcntl on a descriptor we own.
+        cvt(unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        })?;
+        let map = Mapping::map(&fd, len)?;
+        // SAFETY: `map` covers region_size fresh (zeroed: a new memfd) writable bytes,
+        // page aligned by mmap, and lives as long as the caller keeps `map`, which it
+        // does for as long as it uses the returned Region (the Guest owns both).
+        let region = unsafe { Region::init(map.base, layout, guest_id, features) };
+        Ok((fd, map, region))
+    }
+
+    /// Maps `len` bytes of `fd` shared, read/write.
+    pub fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping chosen by the kernel; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            base: p as *mut u8,
+            len,
+        })
+    }
+
+    /// Guest side (tests): maps a region memfd and validates its header.
+    pub fn attach_region(fd: &OwnedFd, len: usize) -> io::Result<(Mapping, Region)> {
+        let map = Mapping::map(fd, len)?;
+        // SAFETY: `len` bytes are mapped read/write at `map.base` and stay mapped as
+        // long as the caller keeps `map` alongside the view.
+        let region = unsafe { Region::attach(map.base, len as u64) }
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        Ok((map, region))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Fills the whole mapping with bytes from `f` (the hostile-guest test).
+    pub fn scribble(&self, mut f: impl FnMut() -> u64) {
+        let words = self.len / 8;
+        let p = self.base as *mut u64;
+        for i in 0..words {
+            // SAFETY: i < len/8 keeps the write inside the mapping, which is 8-byte
+            // aligned (page aligned). Volatile: the memory is shared with another
+            // process that reads it concurrently; it holds plain integers.
+            unsafe { std::ptr::write_volatile(p.add(i), f()) };
+        }
+    }
+
+    /// Overwrites bytes at `off` (clamped to the mapping).
+    pub fn write_at(&self, off: usize, src: &[u8]) {
+        if off >= self.len {
+            return;
+        }
+        let n = src.len().min(self.len - off);
+        // SAFETY: off + n <= len: inside the mapping; plain bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off), n) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/len describe a mapping we created and nobody uses any more
+        // (the Region views that point into it are dropped with their owner first).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+// ---- ring I/O ------------------------------------------------------------------
+
+fn ring_iovecs(ring: &RawRing, pos: u64, len: u64) -> ([libc::iovec; 2], libc::c_int) {
+    let segs = ring.segments(pos, len);
+    let iov = [
+        libc::iovec {
+            iov_base: segs[0].0 as *mut libc::c_void,
+            iov_len: segs[0].1,
+        },
+        libc::iovec {
+            iov_base: segs[1].0 as *mut libc::c_void,
+            iov_len: segs[1].1,
+        },
+    ];
+    let n = if segs[1].1 == 0 { 1 } else { 2 };
+    (iov, n)
+}
+
+/// Reads from `fd` straight into ring bytes `pos..pos+len` (`len <= ring size`).
+///
+/// The ring must come from a `Region` whose mapping the caller keeps alive.
+pub fn readv_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
+    let (iov, n) = ring_iovecs(ring, pos, len);
+    // SAFETY: the iovecs lie inside the ring (RawRing::segments keeps them within
+    // base..base+size for len <= size), which Region::ring checked lies inside the
+    // mapped data area; the caller keeps the mapping alive. The kernel writes plain
+    // bytes into shared memory no Rust reference points at.
+    cvt_size(unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n) })
+}
+
+/// Writes ring bytes `pos..pos+len` (`len <= ring size`) to `fd` in one call.
+pub fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
+    let (iov, n) = ring_iovecs(ring, pos, len);
+    // SAFETY: as in readv_ring; the kernel only reads the bytes. MSG_NOSIGNAL is not
+    // available to writev, so canald ignores SIGPIPE (see `ignore_sigpipe`).
+    cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n) })
+}
+
+/// Sends ring bytes `pos..pos+len` (contiguous or wrapping) as one datagram, to `to`
+/// or to the connected peer.
+pub fn sendmsg_ring(
+    fd: &OwnedFd,
+    ring: &RawRing,
+    pos: u64,
+    len: u64,
+    to: Option<&CanalAddr>,
+) -> io::Result<usize> {
+    let (mut iov, n) = ring_iovecs(ring, pos, len);
+    let mut ss: libc::sockaddr_storage = zeroed_storage();
+    let mut msg = empty_msghdr();
+    if let Some(a) = to {
+        let sl = to_sockaddr(a, &mut ss);
+        msg.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+        msg.msg_namelen = sl;
+    }
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    // SAFETY: msg points at live locals (address, iovecs inside the mapped ring, see
+    // readv_ring); the kernel only reads them.
+    cvt_size(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })
+}
+
+pub fn ignore_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no memory-safety impact.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+// ---- eventfd, epoll ---------------------------------------------------------------
+
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain call.
+    Ok(owned(cvt(unsafe {
+        libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
+    })?))
+}
+
+/// Adds 1 to an eventfd counter (a wake-up). Errors are ignored by callers: a full
+/// counter already means "wake up".
+pub fn eventfd_write(fd: RawFd) -> io::Result<()> {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live local.
+    let r = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    cvt_size(r).map(|_| ())
+}
+
+/// Reads (and so resets) an eventfd counter; Ok(0) if it was zero (non-blocking fd).
+pub fn eventfd_read(fd: &OwnedFd) -> io::Result<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live local.
+    let r = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+    match cvt_size(r) {
+        Ok(_) => Ok(v),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
+/// a guest cannot hand it a pipe that blocks).
+pub fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
+        .unwrap_or(false)
+}
+
+pub fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: plain fcntl calls on a descriptor we own.
+    let fl = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+pub use libc::epoll_event as EpollEvent;
+
+pub const EP_IN: u32 = libc::EPOLLIN as u32;
+pub const EP_OUT: u32 = libc::EPOLLOUT as u32;
+pub const EP_ERR: u32 = libc::EPOLLERR as u32;
+pub const EP_HUP: u32 = libc::EPOLLHUP as u32;
+pub const EP_RDHUP: u32 = libc::EPOLLRDHUP as u32;
+pub const EP_ET: u32 = libc::EPOLLET as u32;
+
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: plain call.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        Ok(Epoll { fd: owned(fd) })
+    }
+
+    pub fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a live local the kernel reads.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })
+            .map(|_| ())
+    }
+
+    pub fn delete(&self, fd: RawFd) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: as in add.
+        unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
+    /// Waits up to `timeout_ms` (-1: forever). EINTR counts as no events.
+    pub fn wait(&self, events: &mut [EpollEvent], timeout_ms: i32) -> io::Result<usize> {
+        let max = events.len().min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: the kernel writes at most `max` events into the buffer.
+        let r =
+            unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), max, timeout_ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(r as usize)
+    }
+}
+
+pub fn empty_events(n: usize) -> Vec<EpollEvent> {
+    vec![libc::epoll_event { events: 0, u64: 0 }; n]
+}
+
+// ---- Unix control sockets ------------------------------------------------------
+
+fn unix_addr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = path.as_os_str().as_bytes();
+    if b.len() >= sa.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, s) in sa.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + b.len() + 1;
+    Ok((sa, len as libc::socklen_t))
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    // SAFETY: plain call.
+    Ok(owned(cvt(unsafe {
+        libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+    })?))
+}
+
+/// A listening SOCK_SEQPACKET socket at `path` (non-blocking).
+pub fn seqpacket_listen(path: &Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (sa, len) = unix_addr(path)?;
+    // SAFETY: sa is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sa as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })?;
+    // SAFETY: plain call.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    set_nonblocking(&fd)?;
+    Ok(fd)
+}
+
+/// Connects a (blocking) SOCK_SEQPACKET socket to `path`.
+pub fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (sa, len) = unix_addr(path)?;
+    // SAFETY: sa is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Accepts a connection (non-blocking, close-on-exec); Ok(None) when none is pending.
+pub fn accept_unix(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: no address is requested.
+    let r = unsafe {
+        libc::accept4(
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    match cvt(r) {
+        Ok(c) => Ok(Some(owned(c))),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// (pid, uid) of a Unix socket's peer.
+pub fn peer_cred(fd: &OwnedFd) -> io::Result<(u32, u32)> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `c`.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok((c.pid as u32, c.uid))
+}
+
+fn empty_msghdr() -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero (null pointers, zero lengths) is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+const MAX_FDS: usize = 4;
+
+/// Sends one message with descriptors attached. `dontwait`: fail with EAGAIN instead
+/// of blocking.
+pub fn send_with_fds(fd: &OwnedFd, data: &[u8], fds: &[RawFd], dontwait: bool) -> io::Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 8]; // 64 bytes, aligned for cmsghdr
+    let mut msg = empty_msghdr();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let payload = std::mem::size_of_val(fds) as u32;
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` <= 64 bytes of zeroed, aligned buffer,
+        // so CMSG_FIRSTHDR returns a header inside it with room for MAX_FDS fds.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(payload) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr() as *const u8,
+                libc::CMSG_DATA(c),
+                payload as usize,
+            );
+        }
+    }
+    let flags = libc::MSG_NOSIGNAL | if dontwait { libc::MSG_DONTWAIT } else { 0 };
+    // SAFETY: msg points at live locals; the kernel only reads them.
+    let n = cvt_size(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, flags) })?;
+    if n != data.len() {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    Ok(())
+}
+
+/// One received control message.
+pub struct Received {
+    pub len: usize,
+    pub truncated: bool,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receives one message into `buf`, taking ownership of any descriptors (close-on-exec).
+/// Ok(None): nothing pending (non-blocking socket). A zero-length read with no
+/// descriptors is end of stream: `len == 0`.
+pub fn recv_with_fds(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 16];
+    let mut msg = empty_msghdr();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: msg points at live, writable locals of the stated sizes.
+    let r = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let len = match cvt_size(r) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled, bounded
+    // by msg_controllen; each SCM_RIGHTS payload holds descriptors now owned by us.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
+                let n = bytes / std::mem::size_of::<RawFd>();
+                for i in 0..n {
+                    let raw = std::ptr::read_unaligned((data as *const RawFd).add(i));
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    Ok(Some(Received {
+        len,
+        truncated,
+        fds,
+    }))
+}
+
+/// Takes an exclusive, non-blocking flock on `path` (created 0600). Ok(None) if another
+/// process holds it.
+pub fn try_lock_file(path: &Path) -> io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)?;
+    // SAFETY: plain call on a descriptor we own.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(f))
+}
+
+// ---- host (inet) sockets ---------------------------------------------------------
+
+fn zeroed_storage() -> libc::sockaddr_storage {
+    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Encodes `a` into `ss`; returns the sockaddr length.
+fn to_sockaddr(a: &CanalAddr, ss: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    if a.family == canal_abi::addr::FAMILY_INET {
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip4()),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+        unsafe { std::ptr::write(ss as *mut _ as *mut libc::sockaddr_in, sin) };
+        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+    } else {
+        let sin6 = libc::sockaddr_in6 {
+            sin6_family: libc::AF_INET6 as libc::sa_family_t,
+            sin6_port: a.port.to_be(),
+            sin6_flowinfo: a.flowinfo.to_be(),
+            sin6_addr: libc::in6_addr { s6_addr: a.addr },
+            sin6_scope_id: a.scope_id,
+        };
+        // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+        unsafe { std::ptr::write(ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
+        std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+    }
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<CanalAddr> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some(CanalAddr::v4(
+                sin.sin_addr.s_addr.to_ne_bytes(),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let s6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(CanalAddr::v6(
+                s6.sin6_addr.s6_addr,
+                u16::from_be(s6.sin6_port),
+                u32::from_be(s6.sin6_flowinfo),
+                s6.sin6_scope_id,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// A non-blocking, close-on-exec inet socket.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain call.
+    Ok(owned(cvt(unsafe {
+        libc::socket(
+            domain,
+            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    })?))
+}
+
+pub fn bind(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
+    let mut ss = zeroed_storage();
+    let len = to_sockaddr(a, &mut ss);
+    // SAFETY: ss holds a valid sockaddr of `len` bytes.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &ss as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })
+    .map(|_| ())
+}
+
+pub fn connect(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
+    let mut ss = zeroed_storage();
+    let len = to_sockaddr(a, &mut ss);
+    // SAFETY: ss holds a valid sockaddr of `len` bytes.
+    cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &ss as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })
+    .map(|_| ())
+}
+
+pub fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
+    // SAFETY: plain call.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map(|_| ())
+}
+
+pub fn shutdown(fd: &OwnedFd, how: i32) -> io::Result<()> {
+    // SAFETY: plain call.
+    cvt(unsafe { libc::shutdown(fd.as_raw_fd(), how) }).map(|_| ())
+}
+
+/// Accepts one connection (non-blocking, close-on-exec) and its peer address.
+/// Ok(None): none pending.
+pub fn accept_inet(fd: &OwnedFd) -> io::Result<Option<(OwnedFd, Option<CanalAddr>)>> {
+    let mut ss = zeroed_storage();
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes of address into `ss`.
+    let r = unsafe {
+        libc::accept4(
+            fd.as_raw_fd(),
+            &mut ss as *mut _ as *mut libc::sockaddr,
+            &mut len,
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    match cvt(r) {
+        Ok(c) => Ok(Some((owned(c), from_sockaddr(&ss)))),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn name_of(
+    fd: &OwnedFd,
+    f: unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int,
+) -> io::Result<CanalAddr> {
+    let mut ss = zeroed_storage();
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `f` is getsockname or getpeername; the kernel writes at most `len` bytes.
+    cvt(unsafe {
+        f(
+            fd.as_raw_fd(),
+            &mut ss as *mut _ as *mut libc::sockaddr,
+            &mut len,
+        )
+    })?;
+    from_sockaddr(&ss).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
+}
+
+pub fn sockname(fd: &OwnedFd) -> io::Result<CanalAddr> {
+    name_of(fd, libc::getsockname)
+}
+
+pub fn peername(fd: &OwnedFd) -> io::Result<CanalAddr> {
+    name_of(fd, libc::getpeername)
+}
+
+pub fn setsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, val: &[u8]) -> io::Result<()> {
+    // SAFETY: the kernel reads val.len() bytes from a live slice.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            val.as_ptr() as *const libc::c_void,
+            val.len() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// Returns the option's length as the kernel reports it.
+pub fn getsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
+    let mut len = out.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `out`.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            out.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok((len as usize).min(out.len()))
+}
+
+pub fn so_error(fd: &OwnedFd) -> i32 {
+    let mut b = [0u8; 4];
+    match getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut b) {
+        Ok(_) => i32::from_ne_bytes(b),
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// Receives one datagram into `buf`: (bytes, source). Ok(None) when none is pending.
+pub fn recvfrom(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<(usize, Option<CanalAddr>)>> {
+    let mut ss = zeroed_storage();
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most buf.len() bytes and `len` bytes of address.
+    let r = unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            0,
+            &mut ss as *mut _ as *mut libc::sockaddr,
+            &mut len,
+        )
+    };
+    match cvt_size(r) {
+        Ok(n) => Ok(Some((n, from_sockaddr(&ss)))),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Blocks SIGINT and SIGTERM and returns a signalfd that reports them, so the poller
+/// sees a shutdown request as an ordinary epoll event.
+pub fn term_signalfd() -> io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live local; these calls only edit it and the signal mask.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    // SAFETY: `set` is initialised; -1 asks for a new descriptor.
+    Ok(owned(cvt(unsafe {
+        libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC)
+    })?))
+}
+
+/// Reads one pending signal number from a signalfd (None if none).
+pub fn read_signal(fd: &OwnedFd) -> Option<u32> {
+    // SAFETY: signalfd_siginfo is plain data.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    let len = std::mem::size_of::<libc::signalfd_siginfo>();
+    // SAFETY: reads at most `len` bytes into a live local.
+    let r = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            &mut info as *mut _ as *mut libc::c_void,
+            len,
+        )
+    };
+    (r as usize == len).then_some(info.ssi_signo)
+}
