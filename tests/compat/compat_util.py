@@ -3,6 +3,7 @@
 import hashlib
 import os
 import random
+import socket
 from pathlib import Path
 
 import e2e_util
@@ -56,3 +57,22 @@ def make_files(root, sizes, seed=b"canal-compat"):
         hashes[name] = hashlib.sha256(data).hexdigest()
     os.chmod(root, 0o755)
     return hashes
+
+
+def free_udp_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def udp_bound(port):
+    """True if /proc/net/udp shows a socket bound to 127.0.0.1:port or *:port."""
+    want = {f"0100007F:{port:04X}", f"00000000:{port:04X}"}
+    try:
+        with open("/proc/net/udp") as f:
+            next(f)
+            return any(line.split()[1] in want for line in f)
+    except OSError:
+        return False
