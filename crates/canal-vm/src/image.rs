@@ -545,6 +545,25 @@ mod tests {
     }
 
     #[test]
+    fn pvh_note_found_in_the_host_kernel() {
+        // Only where a kernel built with CONFIG_PVH is installed (Debian's is).
+        let Ok((k, ver)) = find_kernel() else { return };
+        let config = fs::read_to_string(format!("/boot/config-{ver}")).unwrap_or_default();
+        if !config.lines().any(|l| l == "CONFIG_PVH=y") || fs::File::open(&k).is_err() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("canal-vm-unit-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let elf = extract_vmlinux(&k, &dir);
+        let _ = fs::remove_dir_all(&dir);
+        let elf = elf.expect("vmlinux extracted");
+        assert!(has_pvh_note(&elf));
+        if let Ok(sh) = fs::read("/bin/sh") {
+            assert!(!has_pvh_note(&sh));
+        }
+    }
+
+    #[test]
     fn versions_sort_numerically() {
         assert!(version_key("6.10.0-1-amd64") > version_key("6.9.0-1-amd64"));
     }

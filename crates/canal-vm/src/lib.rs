@@ -345,8 +345,9 @@ fn prepare(
     })
 }
 
-/// The KVM probe: boots the guest under KVM running `true`.
-fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> probe::Verdict {
+/// The KVM probe: boots the guest under KVM running `true`. Returns the verdict and
+/// whether it may be cached.
+fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> (probe::Verdict, bool) {
     let o = RunOptions {
         program: vec!["true".into()],
         virtio: false,
@@ -355,7 +356,7 @@ fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> probe::Verdict {
     let timeout = probe::probe_timeout();
     let p = match prepare(&o, img, qemu, Accel::Kvm) {
         Ok(p) => p,
-        Err(e) => return probe::Verdict(Err(e)),
+        Err(e) => return (probe::Verdict(Err(e)), false),
     };
     let (outcome, _) = run::boot(
         &p.cfg,
@@ -366,7 +367,7 @@ fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> probe::Verdict {
         },
         Output::Discard,
     );
-    probe::Verdict(match outcome {
+    let verdict = match outcome {
         Outcome::Exited(0) => Ok(()),
         Outcome::Exited(n) => Err(format!("probe program exited {n} under KVM")),
         Outcome::NotReady(d) => Err(format!(
@@ -375,12 +376,26 @@ fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> probe::Verdict {
         )),
         Outcome::TimedOut => Err("guest did not finish under KVM".into()),
         Outcome::GuestFailed(f) => Err(format!("guest init failed under KVM: {f}")),
-        Outcome::QemuFailed(f) => Err(f.replace('\n', " | ")),
+        Outcome::QemuFailed(f) => Err(match f.split_once("QEMU said:\n") {
+            // The first thing QEMU complained about is the useful part.
+            Some((_, log)) => format!(
+                "QEMU failed under KVM: {}",
+                log.lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim_start_matches("qemu-system-x86_64: ")
+            ),
+            None => f,
+        }),
         Outcome::Signalled(s) => {
             // Not a verdict about KVM; do not cache it as one.
-            return probe::Verdict(Err(format!("interrupted by signal {s}")));
+            return (
+                probe::Verdict(Err(format!("interrupted by signal {s}"))),
+                false,
+            );
         }
-    })
+    };
+    (probe::Verdict(verdict), true)
 }
 
 fn select_accel(o: &RunOptions, img: &image::GuestImage, qemu: &Path) -> Accel {

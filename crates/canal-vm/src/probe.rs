@@ -91,11 +91,12 @@ pub fn kvm_unavailable() -> Option<String> {
 }
 
 /// Picks the accelerator for `--accel auto`: KVM if the (cached) probe says it boots the
-/// guest, TCG otherwise, with the reason.
+/// guest, TCG otherwise, with the reason. `run_probe` returns the verdict and whether it
+/// is one about KVM (an interrupted probe is not, and is not cached).
 pub fn choose_auto(
     img: &GuestImage,
     qemu: &Path,
-    run_probe: impl FnOnce() -> Verdict,
+    run_probe: impl FnOnce() -> (Verdict, bool),
 ) -> (Accel, Option<String>) {
     if let Some(r) = kvm_unavailable() {
         return (Accel::Tcg, Some(r));
@@ -103,8 +104,10 @@ pub fn choose_auto(
     let v = match cached(img, qemu) {
         Some(v) => v,
         None => {
-            let v = run_probe();
-            store(img, qemu, &v);
+            let (v, cacheable) = run_probe();
+            if cacheable {
+                store(img, qemu, &v);
+            }
             v
         }
     };
