@@ -17,6 +17,9 @@ def test_stat_json_shape(canald):
     assert e2e_util.pid_alive(st["daemon"]["pid"]), f"daemon.pid {st['daemon']['pid']} is not a live process"
     assert isinstance(st.get("guests"), list), st
     assert st["guests"] == [], f"a fresh daemon lists guests: {st['guests']}"
+    # the human-readable form answers too
+    r = canald.procs.run([canald.canal_bin, "stat", "--socket", canald.socket], timeout=10, name="canal-stat")
+    assert r.returncode == 0, r.describe()
 
 
 def test_run_passes_exit_status(canald):
