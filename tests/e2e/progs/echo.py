@@ -10,7 +10,9 @@ Usable as a CLI, natively or under `canal run`:
   echo.py tcp-msgs --port P [--count N] [--max-size B] [--seed S]
       N messages (default 10000) of random sizes 1..B bytes (default 256 KiB, log-uniform so
       small and large sizes are both common; the first is 1 B and the second B), each sent
-      and read back over one connection, contents compared.
+      and read back over one connection, contents compared; message k goes out only after
+      the echo of k-1 was checked (sent from a second thread, so big messages cannot
+      deadlock on small buffers).
   echo.py udp-msgs --port P [--count N] [--max-size B] [--window W] [--seed S]
       N datagrams (default 3000) of random sizes 1..B (default 65507), at most W (default 8)
       and at most 96 KiB outstanding, so no socket buffer can overflow on loopback; every
@@ -142,30 +144,67 @@ def pick_seed(args):
 
 
 def cmd_tcp_msgs(args):
+    """One message at a time: message k is sent only after the echo of message k-1 was read
+    and checked. The sending runs on its own thread so a message larger than the buffering
+    between the two ends cannot deadlock the client (a plain send-all-then-read would need
+    the whole message to fit in the socket buffers; that is a buffer-size property, not
+    what this checks)."""
     seed, rng = pick_seed(args)
     pool = os.urandom(2 * args.max_size)
     sizes = random_sizes(rng, args.count, args.max_size)
     total = 0
     t0 = time.monotonic()
+    turn = threading.Semaphore(1)  # the writer may be one message ahead of the reader
+    sent = deque()
+    sent_ready = threading.Semaphore(0)
+    writer_error = []
+    stop = threading.Event()
     with socket.create_connection((args.host, args.port), timeout=IO_TIMEOUT) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for seq, size in enumerate(sizes):
-            msg = payload(pool, rng, size, seq)
-            s.sendall(msg)
-            back = recv_exact(s, size)
-            if back != msg:
-                bad = next(i for i in range(size) if back[i] != msg[i])
-                raise CheckFailed(
-                    f"tcp message {seq} ({size} B, seed {seed}): echo differs from byte {bad} on"
-                )
-            total += size
+
+        def writer():
+            try:
+                for seq, size in enumerate(sizes):
+                    while not turn.acquire(timeout=1.0):
+                        if stop.is_set():
+                            return
+                    msg = payload(pool, rng, size, seq)
+                    sent.append(msg)
+                    sent_ready.release()
+                    s.sendall(msg)
+            except OSError as e:
+                writer_error.append(e)
+                sent_ready.release()
+
+        wt = threading.Thread(target=writer, daemon=True)
+        wt.start()
+        try:
+            for seq, size in enumerate(sizes):
+                if not sent_ready.acquire(timeout=IO_TIMEOUT):
+                    raise CheckFailed(f"tcp message {seq}: the writer did not send it within {IO_TIMEOUT} s")
+                if writer_error:
+                    raise CheckFailed(f"tcp message {seq}: send failed: {writer_error[0]}")
+                msg = sent.popleft()
+                back = recv_exact(s, size)
+                if back != msg:
+                    bad = next(i for i in range(size) if back[i] != msg[i])
+                    raise CheckFailed(
+                        f"tcp message {seq} ({size} B, seed {seed}): echo differs from byte {bad} on"
+                    )
+                total += size
+                turn.release()
+        finally:
+            stop.set()
+        wt.join(IO_TIMEOUT)
+        if writer_error:
+            raise CheckFailed(f"send failed: {writer_error[0]}")
         s.shutdown(socket.SHUT_WR)
         s.settimeout(IO_TIMEOUT)
         rest = s.recv(1)
         if rest:
             raise CheckFailed(f"unexpected extra echoed data after the last message: {rest!r}")
     dt = time.monotonic() - t0
-    print(f"OK tcp-msgs: {len(sizes)} messages, {total} bytes echoed in {dt:.2f} s")
+    print(f"OK tcp-msgs: {len(sizes)} messages, {total} bytes echoed in {dt:.2f} s (seed {seed})")
 
 
 def cmd_udp_msgs(args):
