@@ -1,0 +1,438 @@
+//! Integration tests: a real canald subprocess on a private socket, and test guests
+//! written directly against canal-abi talking to native peers on 127.0.0.1.
+
+mod common;
+use canal_abi::ring::record_kind;
+use canal_abi::sync::Ordering;
+use canal_abi::{errno, op, sock_flag, sock_kind, CanalAddr};
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = g.socket(AF_INET, STREAM);
+    let r = g.connect(h, &localhost(port));
+    assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
+    let (peer, _) = l.accept().unwrap();
+    let f = g.wait_flags(h, sock_flag::CONNECTED | sock_flag::ERROR);
+    assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
+    assert_eq!(f & sock_flag::CONNECTING, 0);
+    peer.set_read_timeout(Some(T)).unwrap();
+    (h, peer)
+}
+
+#[test]
+fn tcp_connect_send_recv_both_ways() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "tcp-test");
+    let (h, mut peer) = connected_pair(&mut g);
+    assert_eq!(g.entry(h).kind.load(Ordering::Relaxed), sock_kind::STREAM);
+
+    // getsockname / getpeername agree with the native side.
+    let (r, out) = g.request(op::GETSOCKNAME, h, [0; 4], &[]);
+    assert_eq!(r, 0);
+    let local = CanalAddr::decode(&out).unwrap();
+    assert_eq!(local.port, peer.peer_addr().unwrap().port());
+    let (r, out) = g.request(op::GETPEERNAME, h, [0; 4], &[]);
+    assert_eq!(r, 0);
+    assert_eq!(CanalAddr::decode(&out).unwrap().port, peer.local_addr().unwrap().port());
+
+    // guest → native: 4 MiB, more than the ring, checked byte for byte.
+    let data = pattern(7, 4 << 20);
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0u8; 4 << 20];
+        peer.read_exact(&mut got).unwrap();
+        (peer, got)
+    });
+    g.send_all(h, &data);
+    let (mut peer, got) = reader.join().unwrap();
+    assert!(got == data, "guest→native bytes differ");
+
+    // native → guest.
+    let back = pattern(9, 3 << 20);
+    let b2 = back.clone();
+    let writer = std::thread::spawn(move || {
+        peer.write_all(&b2).unwrap();
+        peer
+    });
+    let got = g.recv_exact(h, back.len());
+    assert!(got == back, "native→guest bytes differ");
+    let mut peer = writer.join().unwrap();
+
+    // EOF from the native side: RX_EOF after the data.
+    peer.write_all(b"tail").unwrap();
+    peer.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = g.recv_exact(h, 100);
+    assert_eq!(got, b"tail");
+    assert_ne!(g.flags(h) & sock_flag::RX_EOF, 0);
+
+    // SHUT_WR from the guest: the native side reads EOF after the queued bytes.
+    g.send_all(h, b"bye");
+    assert_eq!(g.request(op::SHUTDOWN, h, [1, 0, 0, 0], &[]).0, 0);
+    let mut rest = Vec::new();
+    peer.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, b"bye");
+    let f = g.wait_flags(h, sock_flag::TX_CLOSED);
+    assert_ne!(f & sock_flag::HUP, 0, "both directions over: HUP");
+
+    // Stats count the bytes.
+    let s = d.stat();
+    assert!(s.contains("\"tx_bytes\":4194307"), "{s}");
+    assert!(s.contains("\"rx_bytes\":3145732"), "{s}");
+
+    // CLOSE frees the entry and bumps the generation.
+    assert_eq!(g.request(op::CLOSE, h, [0; 4], &[]).0, 0);
+    let e = g.entry(h);
+    g.wait_until("entry freed", || e.kind.load(Ordering::Acquire) == sock_kind::FREE);
+    assert_ne!(e.generation.load(Ordering::Relaxed), h >> 16);
+    assert_eq!(g.request(op::CLOSE, h, [0; 4], &[]).0, -(errno::EBADF as i64));
+}
+
+#[test]
+fn listen_and_accept_records() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "srv");
+    let l = g.socket(AF_INET, STREAM);
+    let one = 1u32.to_ne_bytes();
+    let (r, _) = g.request(
+        op::SETSOCKOPT,
+        l,
+        [libc::SOL_SOCKET as u64, libc::SO_REUSEADDR as u64, 0, 0],
+        &one,
+    );
+    assert_eq!(r, 0);
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(g.request(op::LISTEN, l, [16, 0, 0, 0], &[]).0, 0);
+    assert_eq!(g.entry(l).kind.load(Ordering::Relaxed), sock_kind::LISTENER);
+    assert_ne!(g.flags(l) & sock_flag::LISTENING, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
+    let port = CanalAddr::decode(&out).unwrap().port;
+    assert_ne!(port, 0);
+
+    let mut clients = Vec::new();
+    for i in 0..3u8 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        c.write_all(&[i; 10]).unwrap();
+        clients.push(c);
+    }
+    for c in clients.iter_mut() {
+        let (kind, addr, payload) = g.wait_record(l);
+        assert_eq!(kind, record_kind::ACCEPT);
+        assert_eq!(payload.len(), 8);
+        let h = u32::from_le_bytes(payload[..4].try_into().unwrap());
+        // Records come in accept order; the peer is the client.
+        assert_eq!(addr.port, c.local_addr().unwrap().port());
+        assert_eq!(addr.ip4(), [127, 0, 0, 1]);
+        assert_ne!(g.flags(h) & sock_flag::CONNECTED, 0);
+        let i = c.local_addr().unwrap().port(); // unused, keeps order explicit
+        let _ = i;
+        let got = g.recv_exact(h, 10);
+        assert_eq!(got.len(), 10);
+        g.send_all(h, &got);
+        let mut echo = [0u8; 10];
+        c.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo[..], &got[..]);
+    }
+    let s = d.stat();
+    assert!(s.contains("\"kind\":\"tcp-listener\",\"state\":\"listening\""), "{s}");
+    assert_eq!(s.matches("\"kind\":\"tcp\",\"state\":\"connected\"").count(), 3, "{s}");
+}
+
+#[test]
+fn udp_records_both_ways() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "udp");
+    let h = g.socket(AF_INET, DGRAM);
+    assert_eq!(g.request(op::BIND, h, [0; 4], &localhost(0).encode()).0, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, h, [0; 4], &[]);
+    let gport = CanalAddr::decode(&out).unwrap().port;
+
+    let native = UdpSocket::bind("127.0.0.1:0").unwrap();
+    native.set_read_timeout(Some(T)).unwrap();
+    let nport = native.local_addr().unwrap().port();
+
+    for i in 0..20u8 {
+        let msg = vec![i; 100 + i as usize * 50];
+        assert!(g.send_dgram(h, Some(&localhost(nport)), &msg));
+        let mut buf = [0u8; 4096];
+        let (n, from) = native.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &msg[..], "datagram {i} boundary/content");
+        assert_eq!(from.port(), gport);
+    }
+    for i in 0..20u8 {
+        let msg = vec![i ^ 0x55; 1 + i as usize * 700];
+        native.send_to(&msg, ("127.0.0.1", gport)).unwrap();
+        let (kind, src, payload) = g.wait_record(h);
+        assert_eq!(kind, record_kind::DATAGRAM);
+        assert_eq!(src.port, nport);
+        assert_eq!(payload, msg);
+    }
+    // Connected UDP: records without an address go to the peer.
+    assert_eq!(g.connect(h, &localhost(nport)), 0);
+    assert_ne!(g.flags(h) & sock_flag::CONNECTED, 0);
+    assert!(g.send_dgram(h, None, b"connected"));
+    let mut buf = [0u8; 64];
+    let (n, _) = native.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"connected");
+    assert!(d.stat().contains("\"kind\":\"udp\",\"state\":\"connected\""));
+}
+
+#[test]
+fn connection_refused() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "refused");
+    // A port nobody listens on: bind, learn it, drop.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let h = g.socket(AF_INET, STREAM);
+    let r = g.connect(h, &localhost(port));
+    if r == EINPROGRESS {
+        let f = g.wait_flags(h, sock_flag::ERROR | sock_flag::CONNECTED);
+        assert_ne!(f & sock_flag::ERROR, 0);
+        assert_ne!(f & sock_flag::HUP, 0);
+        assert_eq!(f & (sock_flag::CONNECTING | sock_flag::CONNECTED), 0);
+        assert_eq!(
+            g.entry(h).pending_error.load(Ordering::Relaxed),
+            errno::ECONNREFUSED as u32
+        );
+    } else {
+        assert_eq!(r, -(errno::ECONNREFUSED as i64));
+    }
+}
+
+#[test]
+fn request_errors() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "errs");
+    let ebadf = -(errno::EBADF as i64);
+    assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0);
+    assert_eq!(g.request(99, 0, [0; 4], &[]).0, -(errno::ENOSYS as i64));
+    assert_eq!(g.request(op::CLOSE, 12345, [0; 4], &[]).0, ebadf);
+    let h = g.socket(AF_INET, STREAM);
+    // Wrong generation, index out of range.
+    assert_eq!(g.request(op::LISTEN, h ^ (1 << 16), [1, 0, 0, 0], &[]).0, ebadf);
+    assert_eq!(g.request(op::LISTEN, 0xffff, [1, 0, 0, 0], &[]).0, ebadf);
+    // Bad address and lengths.
+    assert_eq!(
+        g.request(op::BIND, h, [0; 4], &[1, 2, 3]).0,
+        -(errno::EINVAL as i64)
+    );
+    // Options: allowlist, round trip.
+    let (r, _) = g.request(
+        op::SETSOCKOPT,
+        h,
+        [libc::SOL_SOCKET as u64, libc::SO_BINDTODEVICE as u64, 0, 0],
+        b"lo\0",
+    );
+    assert_eq!(r, -(errno::ENOPROTOOPT as i64));
+    let one = 1i32.to_ne_bytes();
+    let nodelay = [libc::IPPROTO_TCP as u64, libc::TCP_NODELAY as u64, 4, 0];
+    assert_eq!(g.request(op::SETSOCKOPT, h, nodelay, &one).0, 0);
+    let (r, out) = g.request(op::GETSOCKOPT, h, nodelay, &[]);
+    assert_eq!(r, 0);
+    assert_eq!(out, one);
+    let (r, out) = g.request(
+        op::GETSOCKOPT,
+        h,
+        [libc::SOL_SOCKET as u64, libc::SO_TYPE as u64, 4, 0],
+        &[],
+    );
+    assert_eq!((r, out), (0, (libc::SOCK_STREAM).to_ne_bytes().to_vec()));
+    // Kernel errors come back as the native errno.
+    assert_eq!(
+        g.request(op::SHUTDOWN, h, [1, 0, 0, 0], &[]).0,
+        -(errno::ENOTCONN as i64)
+    );
+    let (r, _) = g.request(op::GETPEERNAME, h, [0; 4], &[]);
+    assert_eq!(r, -(errno::ENOTCONN as i64));
+    // Unsupported families/types.
+    let (r, _) = g.request(op::SOCKET, 0, [1, 1, 0, 0], &[]);
+    assert_eq!(r, -(errno::EAFNOSUPPORT as i64));
+    // Caps: the socket table fills up with EMFILE.
+    drop(g);
+    let d2 = TestDaemon::start(&["--sockets", "4", "--data-mib", "4"]);
+    let mut g = TestGuest::attach(&d2.path, "caps");
+    for _ in 0..4 {
+        g.socket(AF_INET, DGRAM);
+    }
+    let (r, _) = g.request(op::SOCKET, 0, [2, 2, 0, 0], &[]);
+    assert_eq!(r, -(errno::EMFILE as i64));
+    drop(d);
+}
+
+#[test]
+fn data_area_bounds_buffers() {
+    // 1 MiB of ring memory and 256 KiB rings: only two sockets fit.
+    let d = TestDaemon::start(&["--data-mib", "1"]);
+    let mut g = TestGuest::attach(&d.path, "bufcap");
+    g.socket(AF_INET, STREAM);
+    g.socket(AF_INET, STREAM);
+    let (r, _) = g.request(op::SOCKET, 0, [2, 1, 0, 0], &[]);
+    assert_eq!(r, -(errno::ENOBUFS as i64));
+}
+
+#[test]
+fn wakes_sleeping_guest_on_events() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "sleeper");
+    let (h, mut peer) = connected_pair(&mut g);
+    // canald goes to sleep when idle (§6: host_sleeping = 1).
+    let t0 = Instant::now();
+    while g.region.header().host_sleeping.load(Ordering::SeqCst) != 1 {
+        assert!(t0.elapsed() < T, "canald never slept");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        peer.write_all(b"wake").unwrap();
+        peer
+    });
+    let t0 = Instant::now();
+    let fired = g.sleep_on_events(Some(h), 5000, || g.rx_queued(h) > 0);
+    assert!(fired, "no wake-up within 5 s");
+    assert!(t0.elapsed() < Duration::from_secs(4));
+    assert_eq!(g.recv_exact(h, 4), b"wake");
+    let _peer = writer.join().unwrap();
+    // A request to a sleeping canald goes through the doorbell.
+    let t0 = Instant::now();
+    while g.region.header().host_sleeping.load(Ordering::SeqCst) != 1 {
+        assert!(t0.elapsed() < T, "canald never slept");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let kicks = g.region.header().kicks.load(Ordering::Relaxed);
+    assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0);
+    assert_eq!(g.region.header().kicks.load(Ordering::Relaxed), kicks + 1);
+}
+
+#[test]
+fn stat_lists_guest_and_sockets() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "statguest");
+    let (h, peer) = connected_pair(&mut g);
+    let s = d.stat();
+    assert!(s.starts_with("{\"daemon\":{\"pid\":"), "{s}");
+    assert!(s.contains(&format!("\"pid\":{}", d.child.id())), "{s}");
+    assert!(s.contains(&format!("\"socket\":\"{}\"", d.path.display())), "{s}");
+    assert!(
+        s.contains(&format!("\"id\":{},\"pid\":{},\"comm\":\"statguest\"", g.id, std::process::id())),
+        "{s}"
+    );
+    assert!(s.contains(&format!("\"handle\":{h},\"kind\":\"tcp\",\"state\":\"connected\"")));
+    assert!(s.contains(&format!("\"peer\":\"{}\"", peer.local_addr().unwrap())), "{s}");
+    assert!(s.contains(&format!("\"local\":\"{}\"", peer.peer_addr().unwrap())), "{s}");
+    let t = canald::fetch_stat(&d.path, true).unwrap();
+    assert!(t.contains("statguest") && t.contains("connected"), "{t}");
+}
+
+#[test]
+fn guest_exit_closes_everything_within_a_second() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "leaver");
+    let (h, mut peer) = connected_pair(&mut g);
+    let (h2, mut peer2) = connected_pair(&mut g);
+    g.send_all(h, b"last words");
+    let l = g.socket(AF_INET, STREAM);
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(g.request(op::LISTEN, l, [4, 0, 0, 0], &[]).0, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
+    let lport = CanalAddr::decode(&out).unwrap().port;
+    let _ = h2;
+    assert_eq!(d.stat().matches("\"handle\"").count(), 3);
+
+    let t0 = Instant::now();
+    drop(g); // closes the control connection (and unmaps)
+    let mut gone = false;
+    while t0.elapsed() < Duration::from_secs(1) {
+        let s = d.stat();
+        if s.ends_with("\"guests\":[]}") {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(gone, "guest still listed after 1 s: {}", d.stat());
+    // The native peers see the end of the connection; queued bytes were flushed.
+    let mut rest = Vec::new();
+    peer.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, b"last words");
+    let mut b = [0u8; 1];
+    assert!(matches!(peer2.read(&mut b), Ok(0) | Err(_)));
+    // The listener is closed on the host.
+    assert!(TcpStream::connect(("127.0.0.1", lport)).is_err());
+}
+
+#[test]
+fn second_daemon_on_same_path_exits_quietly() {
+    let d = TestDaemon::start(&[]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
+        .arg("--socket")
+        .arg(&d.path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stderr.is_empty());
+    // The first still serves.
+    assert!(d.stat().contains("\"guests\":[]"));
+}
+
+#[test]
+fn stale_socket_file_is_replaced_and_idle_exit_works() {
+    let mut d = TestDaemon::start(&["--idle-exit", "1"]);
+    // Kill it hard: the socket file stays behind, nothing answers.
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    assert!(d.path.exists());
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
+        .arg("--socket")
+        .arg(&d.path)
+        .arg("--idle-exit")
+        .arg("1")
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        if canald::fetch_stat(&d.path, false).is_ok() {
+            break;
+        }
+        assert!(t0.elapsed() < T, "replacement daemon did not answer");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // No guests: it exits by itself after ~1 s and removes its socket.
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            assert!(st.success());
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "idle exit did not happen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!d.path.exists());
+}
+
+#[test]
+fn sigterm_marks_regions_abandoned() {
+    let d = TestDaemon::start(&[]);
+    let g = TestGuest::attach(&d.path, "orphan");
+    assert_eq!(g.region.header().host_state.load(Ordering::Relaxed), 1);
+    let pid = d.child.id() as i32;
+    // SAFETY-free: kill(1) through the shell keeps the test without unsafe.
+    let st = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    g.wait_until("host_state abandoned", || {
+        g.region.header().host_state.load(Ordering::Relaxed) == 2
+    });
+    // The control socket reports EOF to the guest.
+    assert!(wait_fd(&g.ctl, 5000));
+}
