@@ -14,6 +14,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
+
+PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
 
 SYSTEMS = [
     ("tcp", "kernel TCP", "tab:blue", "o"),
@@ -71,11 +74,11 @@ def missing_notes(rows, systems):
     return notes
 
 
-def annotate(ax, notes):
+def annotate(ax, notes, y=-0.3):
     if notes:
         # Below the axes (x labels included), so it never hides data; savefig uses
         # bbox_inches="tight" to make room for it.
-        ax.text(0.0, -0.22, "no number for:\n" + "\n".join(notes), transform=ax.transAxes, fontsize=7,
+        ax.text(0.0, y, "no number for:\n" + "\n".join(notes), transform=ax.transAxes, fontsize=7,
                 va="top", ha="left", color="darkred",
                 bbox=dict(boxstyle="round", facecolor="lightyellow", alpha=0.9, edgecolor="darkred"))
 
@@ -110,8 +113,13 @@ def sweep(ax, rows, workload, metric, xkey, ylabel, title, logy=True, variant="d
         xs = sorted({r["pairs"] for r in data})
         if xs:
             ax.set_xticks(xs)
+    if not logy:
+        ax.set_ylim(bottom=0)
     if logy and drew:
         ax.set_yscale("log")
+        # Plain numbers (20, 50, 100), not 2×10¹.
+        ax.yaxis.set_major_formatter(PLAIN)
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
@@ -159,7 +167,7 @@ def bars(ax, entries, ylabel, title, baseline=None):
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    annotate(ax, notes)
+    annotate(ax, notes, y=-0.45)
 
 
 def one(rows, workload, metric, system, variant="default", size=None, pairs=1):
@@ -211,11 +219,14 @@ def main():
         sweep(a, rows, "rr", "rtt_p50_us", "size", "round-trip time p50 (µs)", "B1 request-response p50 vs size")
         sweep(b, rows, "rr", "rtt_p99_us", "size", "round-trip time p99 (µs)", "B1 request-response p99 vs size")
         save(fig, out, "latency_vs_size.png", footer)
-    if any(r["pairs"] > 1 for r in rows):
+    if any(r["pairs"] > 1 and r["variant"] == "default" for r in rows):
+        # Only the systems the scaling experiment ran (B1's guest→native cells share pairs=1).
+        scaled = {r["system"] for r in rows if r["pairs"] > 1}
+        srows = [r for r in rows if r["system"] in scaled]
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
-        sweep(a, [r for r in rows if r["size"] == 16384], "stream", "gbit_s", "pairs", "aggregate throughput (Gbit/s)",
+        sweep(a, [r for r in srows if r["size"] == 16384], "stream", "gbit_s", "pairs", "aggregate throughput (Gbit/s)",
               "B4 scaling: stream 16 KiB", logy=False)
-        sweep(b, [r for r in rows if r["size"] == 64], "rr", "rtt_p50_us", "pairs", "mean RTT p50 (µs)",
+        sweep(b, [r for r in srows if r["size"] == 64], "rr", "rtt_p50_us", "pairs", "mean RTT p50 (µs)",
               "B4 scaling: RR 64 B", logy=False)
         save(fig, out, "scaling.png", footer)
     nv = variants(rows, "rr", "notify=") + variants(rows, "idle", "notify=")
@@ -284,6 +295,7 @@ def main():
                 a.bar(xs, ys, width, label=label, color=color)
         a.set_xticks(range(len(groups)))
         a.set_xticklabels([g[2] for g in groups])
+        a.set_xlim(-0.6, len(groups) - 0.4)
         a.set_ylabel("requests per second")
         a.set_title("B10 applications (higher is better)", fontsize=10)
         a.grid(True, axis="y", alpha=0.3)

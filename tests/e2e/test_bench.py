@@ -1,0 +1,176 @@
+"""`canal bench`: the quick mode runs in the suite and its outputs are checked.
+
+These tests check the harness and that its numbers are sane; they assert no performance
+target (docs/bench/README.md). Canal cells may fail while canal does not work: then each
+must say why, never carry a number.
+"""
+
+import csv
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from canal_harness import bin_path, clean_env
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STATUSES = {"ok", "failed", "not available", "skipped"}
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def run_bench(canal, args, env=None, timeout=170):
+    start = time.monotonic()
+    p = subprocess.run([str(canal), "bench", *args], capture_output=True, text=True, timeout=timeout,
+                       env=clean_env(env), stdin=subprocess.DEVNULL)
+    return p, time.monotonic() - start
+
+
+def median(summary, system, workload, size, metric, pairs=1, variant="default"):
+    for r in summary:
+        if (r["system"], r["workload"], int(r["size_bytes"]), int(r["pairs"]), r["variant"], r["metric"]) == (
+                system, workload, size, pairs, variant, metric):
+            return float(r["median"])
+    raise AssertionError(f"no {metric} for {system} {workload} {size} B pairs={pairs} {variant}")
+
+
+@pytest.mark.deadline(200)
+def test_quick_mode_outputs_and_sane_numbers(tmp_path):
+    canal = bin_path("canal")
+    out = tmp_path / "quick"
+    p, elapsed = run_bench(canal, ["--quick", "--out", str(out)])
+    assert p.returncode == 0, f"canal bench --quick exit {p.returncode}\n{p.stderr[-4000:]}"
+    # The issue's budget for the quick mode.
+    assert elapsed < 120, f"quick mode took {elapsed:.0f} s (budget 120 s)"
+
+    for name in ("results.csv", "summary.csv", "results.md", "machine.txt", "bench-plot.py"):
+        assert (out / name).stat().st_size > 0, name
+
+    # Every row records the machine, the placement and the command that reproduces it.
+    rows = read_csv(out / "results.csv")
+    assert rows
+    for r in rows:
+        assert r["status"] in STATUSES, r
+        assert r["machine"] and "cores" in r["machine"], r
+        assert r["command"].split()[1:2] == ["bench"], r
+        assert r["placement"], r
+        if r["status"] == "ok":
+            assert r["metric"] and r["value"] and r["raw_command"], r
+        else:
+            # No number without a run; every missing number says why.
+            assert r["value"] == "" and r["reason"].strip(), r
+
+    summary = read_csv(out / "summary.csv")
+    # Native baselines must all have run.
+    for r in summary:
+        if r["system"] in ("tcp", "uds"):
+            assert r["status"] == "ok", r
+    # Canal cells: a number, or a reason.
+    canal_rows = [r for r in summary if r["system"].startswith("canal")]
+    assert canal_rows
+    for r in canal_rows:
+        assert r["status"] == "ok" or r["reason"].strip(), r
+
+    for system in ("tcp", "uds"):
+        for size in (64, 1024, 16384):
+            p50 = median(summary, system, "rr", size, "rtt_p50_us")
+            p99 = median(summary, system, "rr", size, "rtt_p99_us")
+            assert 0.5 < p50 < 100_000, (system, size, p50)
+            assert p99 >= p50 * 0.999, (system, size, p50, p99)
+        for size in (64, 1024, 65536):
+            gbit = median(summary, system, "stream", size, "gbit_s")
+            msgs = median(summary, system, "stream", size, "msgs_s")
+            assert 0.001 < gbit < 2000, (system, size, gbit)
+            # Message rate and throughput describe the same transfer.
+            assert msgs * size * 8 / 1e9 == pytest.approx(gbit, rel=0.05), (system, size, msgs, gbit)
+            # Moving bytes costs CPU, and less than a second per byte.
+            assert 0 < median(summary, system, "stream", size, "cpu_ns_per_byte") < 1e9
+        # Blocking kernel sockets: one send + one recv per round trip, one send per send.
+        assert 1.9 <= median(summary, system, "syscalls-rr", 64, "syscalls_per_msg") <= 2.5
+        assert 0.9 <= median(summary, system, "syscalls-stream", 1024, "syscalls_per_msg") <= 1.5
+    assert median(summary, "tcp", "stream", 16384, "gbit_s", pairs=2) > 0
+
+    md = (out / "results.md").read_text()
+    for needle in ("Command:", "Machine:", "Kernel:", "### B1", "### B2", "### B11", "| 64 B |", "kernel TCP", "UDS"):
+        assert needle in md, needle
+
+    pngs = sorted((out / "plots").glob("*.png"))
+    names = {p.name for p in pngs}
+    for must in ("throughput_vs_size.png", "latency_vs_size.png", "scaling.png", "transfer_cost.png"):
+        assert must in names, names
+    for png in pngs:
+        data = png.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, png
+        assert f"plots/{png.name}" in md, png.name
+
+
+FAKE_CANAL = '''#!{python}
+"""Test double for `canal`: guests run natively (exec), so only the harness's canal code
+path is exercised (daemon start, stat, switch confirmation, wrapping, CPU accounting)."""
+import json, os, signal, socket, sys, time
+a = sys.argv[1:]
+def opt(name):
+    return a[a.index(name) + 1] if name in a else None
+if a[0] == "daemon":
+    path = opt("--socket")
+    s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(1)
+    cfg = {{"notify": os.environ["CANAL_NOTIFY"]}} if "CANAL_NOTIFY" in os.environ else {{}}
+    with open(path + ".json", "w") as f:
+        json.dump({{"pid": os.getpid(), "socket": path, "config": cfg}}, f)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        time.sleep(1)
+elif a[0] == "stat":
+    with open(opt("--socket") + ".json") as f:
+        print(json.dumps({{"daemon": json.load(f), "guests": []}}))
+elif a[0] == "run":
+    prog = a[a.index("--") + 1:]
+    os.execvp(prog[0], prog)
+else:
+    sys.exit(2)
+'''
+
+
+@pytest.mark.deadline(120)
+def test_canal_code_path_with_a_test_double(tmp_path, python):
+    """The canal modes go through `canal daemon`, `canal stat --json` and `canal run`; a
+    switch counts only when canald echoes it under daemon.config."""
+    fake = tmp_path / "fake-canal"
+    fake.write_text(FAKE_CANAL.format(python=python))
+    fake.chmod(0o755)
+    gen = bin_path("canal-bench-gen")
+    out = tmp_path / "fake"
+    p, _ = run_bench(bin_path("canal"), ["--quick", "B5", "B8", "--reps", "1", "--no-plots", "--out", str(out)],
+                     env={"CANAL_BIN": str(fake), "CANAL_BENCH_GEN": str(gen)})
+    assert p.returncode == 0, p.stderr[-4000:]
+    summary = read_csv(out / "summary.csv")
+    # Confirmed switch (the double echoes CANAL_NOTIFY): it ran, and canald's CPU was read.
+    assert median(summary, "canal-gg", "rr", 64, "rtt_p50_us", variant="notify=poll") > 0
+    assert median(summary, "canal-gg", "rr", 64, "cpu_daemon_s", variant="notify=poll") >= 0
+    # Unconfirmed switch: not available, with the switch named, and no number.
+    r = [r for r in summary if r["variant"] == "disable=batch"]
+    assert r and all(x["status"] == "not available" and "CANAL_DISABLE=batch" in x["reason"] and x["median"] == ""
+                     for x in r), r
+    rows = read_csv(out / "results.csv")
+    guest = [r for r in rows if r["system"] == "canal-gg" and r["status"] == "ok"]
+    assert guest and all(f"{fake} run --socket" in r["raw_command"] for r in guest)
+
+
+def test_generator_rejects_bad_arguments():
+    gen = bin_path("canal-bench-gen")
+    for args in (["client", "--addr", "127.0.0.1:1"], ["server", "--addr", "x", "--size", "0"], ["nope"]):
+        p = subprocess.run([str(gen), *args], capture_output=True, text=True, timeout=10)
+        assert p.returncode == 2 and p.stderr.strip(), (args, p.returncode, p.stderr)
+
+
+def test_bench_rejects_bad_usage():
+    p = subprocess.run([str(bin_path("canal")), "bench", "--systems", "quic"], capture_output=True, text=True,
+                       timeout=10)
+    assert p.returncode == 2 and "quic" in p.stderr
+    p = subprocess.run([str(bin_path("canal")), "bench", "--list"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0 and "B11" in p.stdout
