@@ -1,1 +1,39 @@
-//! libcanal (being written).
+//! libcanal: the guest library. Preloaded into a program (`LD_PRELOAD=libcanal.so`), it
+//! intercepts the socket calls of AF_INET/AF_INET6 TCP and UDP sockets and ships them
+//! over shared memory to canald, which performs them on the host's network stack
+//! (`docs/protocol.md`). Everything else goes to libc unchanged.
+//!
+//! Code map:
+//! - `hooks`: the thin `extern "C"` trampolines (the only exported symbols).
+//! - `sock`: socket operations (data path over the rings, control ops as requests).
+//! - `poll`: poll/select over any mix of canal and ordinary descriptors.
+//! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
+//! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
+//!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
+
+pub mod client;
+pub mod cmd;
+pub mod fdtable;
+pub mod hooks;
+pub mod iov;
+pub mod poll;
+pub mod ready;
+pub mod sock;
+pub mod sockaddr;
+pub mod sys;
+
+/// Library constructor: registers the fork handlers before the program can fork.
+extern "C" fn init() {
+    client::register_fork_handlers();
+}
+
+#[cfg(not(test))]
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+#[cfg(test)]
+#[test]
+fn constructor_is_callable() {
+    init();
+}

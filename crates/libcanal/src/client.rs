@@ -1,0 +1,1106 @@
+//! The guest's connection to canald: attaching (HELLO), per-thread request slots and
+//! their wake-up ports (PORT), requests, kicks, waits, and fork handling.
+
+use crate::fdtable::TABLE;
+use crate::sys;
+use canal_abi::control::{self, kind as ck, CTL_HEADER};
+use canal_abi::queue::QueueProducer;
+use canal_abi::sync::{fence, AtomicU32, Ordering};
+use canal_abi::{
+    feature, sleep_kind, slot_state, Region, Slot, SocketEntry, SLOT_PAYLOAD, WAIT_ANY,
+};
+use core::cell::Cell;
+use core::sync::atomic::{AtomicBool, AtomicI32};
+use libc::c_int;
+use std::sync::OnceLock;
+
+/// A process attached to canald.
+pub struct Guest {
+    pub region: Region,
+    /// The control socket (SEQPACKET); polled while sleeping so a dead canald wakes us.
+    pub ctl: c_int,
+    /// canald's doorbell eventfd (kicks).
+    pub doorbell: c_int,
+    /// Serialises control-socket use among all processes sharing the connection: a word
+    /// in a MAP_SHARED page made at attach time, so forked children share it.
+    ctl_lock: &'static AtomicU32,
+    /// Whether slots sleep on registered eventfds (else bounded backoff).
+    pub ports: bool,
+    /// Poll budget before sleeping (iterations).
+    pub spin: u32,
+    pub debug: bool,
+}
+
+static GUEST: OnceLock<Guest> = OnceLock::new();
+/// Set once attaching failed or was disabled: this process uses kernel sockets.
+static FALLBACK: AtomicBool = AtomicBool::new(false);
+/// Set once canald is known to be gone.
+static DEAD: AtomicBool = AtomicBool::new(false);
+/// Process-local lock around attaching (taken by the fork prepare handler).
+static ATTACH_LOCK: AtomicU32 = AtomicU32::new(0);
+/// The pid this process's state belongs to (detects a vfork child sharing our memory).
+pub static PID: AtomicI32 = AtomicI32::new(0);
+/// Eventfd of each slot this process owns (for waking local sleepers on local events).
+static SLOT_EFD: [AtomicI32; canal_abi::MAX_SLOTS as usize] =
+    [const { AtomicI32::new(-1) }; canal_abi::MAX_SLOTS as usize];
+
+macro_rules! debug {
+    ($g:expr, $($t:tt)*) => {
+        if $g.debug {
+            $crate::sys::log_fmt(format_args!($($t)*));
+        }
+    };
+}
+pub(crate) use debug;
+
+pub fn guest() -> Option<&'static Guest> {
+    GUEST.get()
+}
+
+pub fn is_dead(g: &Guest) -> bool {
+    DEAD.load(Ordering::Relaxed) || g.region.header().host_state.load(Ordering::Relaxed) == 2
+}
+
+pub fn mark_dead() {
+    if !DEAD.swap(true, Ordering::Relaxed) {
+        sys::log_fmt(format_args!(
+            "canal: canald went away; calls on canal sockets now fail (ECONNRESET on data calls, EIO otherwise)\n"
+        ));
+    }
+}
+
+// ---- small locks -----------------------------------------------------------------------
+
+/// A spin-then-yield lock word (guest memory; holders never block while holding it).
+pub fn lock(word: &AtomicU32) {
+    let mut n = 0u32;
+    loop {
+        // L1: Acquire pairs with the Release in `unlock` (L2): the previous holder's
+        // writes are visible to us.
+        if word
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+        n += 1;
+        if n < 100 {
+            canal_abi::sync::spin_hint();
+        } else {
+            sys::sched_yield();
+        }
+    }
+}
+
+pub fn unlock(word: &AtomicU32) {
+    // L2: Release pairs with L1.
+    word.store(0, Ordering::Release);
+}
+
+/// The control-socket lock holds the holder's tid, so a lock left by a dead process
+/// can be taken over.
+fn ctl_lock(g: &Guest) {
+    let me = sys::gettid() as u32;
+    let start = sys::now_ns();
+    loop {
+        // Acquire pairs with the Release store in ctl_unlock.
+        match g
+            .ctl_lock
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => return,
+            Err(holder) => {
+                if sys::now_ns() - start > 1_000_000_000 && !sys::alive(holder as i32) {
+                    let _ =
+                        g.ctl_lock
+                            .compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                sys::sleep_ns(20_000);
+            }
+        }
+    }
+}
+
+fn ctl_unlock(g: &Guest) {
+    g.ctl_lock.store(0, Ordering::Release);
+}
+
+// ---- attaching -------------------------------------------------------------------------
+
+/// The control socket path: $CANAL_SOCKET, else $XDG_RUNTIME_DIR/canal/canald.sock,
+/// else /tmp/canal-$UID/canald.sock (the contract's rule).
+pub fn socket_path(
+    canal_socket: Option<&[u8]>,
+    xdg: Option<&[u8]>,
+    uid: u32,
+    out: &mut [u8; 108],
+) -> Option<usize> {
+    let mut b = sys::LineBuf::new();
+    use core::fmt::Write;
+    match (canal_socket, xdg) {
+        (Some(p), _) if !p.is_empty() => {
+            return copy_path(p, out);
+        }
+        (_, Some(x)) if !x.is_empty() => {
+            let n = copy_path(x, out)?;
+            let suffix = b"/canal/canald.sock";
+            if n + suffix.len() >= out.len() {
+                return None;
+            }
+            out[n..n + suffix.len()].copy_from_slice(suffix);
+            return Some(n + suffix.len());
+        }
+        _ => {
+            let _ = write!(b, "/tmp/canal-{uid}/canald.sock");
+        }
+    }
+    copy_path(b.as_bytes(), out)
+}
+
+fn copy_path(p: &[u8], out: &mut [u8; 108]) -> Option<usize> {
+    if p.len() >= out.len() || p.contains(&0) {
+        return None;
+    }
+    out[..p.len()].copy_from_slice(p);
+    out[p.len()] = 0;
+    Some(p.len())
+}
+
+fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: getenv with a NUL-terminated name; the result (if any) is a C string
+    // owned by the environment. We use it before anything could change it.
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: a non-null getenv result is a valid C string.
+        Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
+    }
+}
+
+pub fn disabled_by_env() -> bool {
+    env(c"CANAL_DISABLE").is_some_and(|v| !v.is_empty() && v != b"0")
+}
+
+/// Attaches on first use. `None`: use kernel sockets (no canald, disabled, dead).
+pub fn ensure_attached() -> Option<&'static Guest> {
+    if let Some(g) = GUEST.get() {
+        return Some(g);
+    }
+    if FALLBACK.load(Ordering::Relaxed) {
+        return None;
+    }
+    lock(&ATTACH_LOCK);
+    let r = if let Some(g) = GUEST.get() {
+        Some(g)
+    } else if FALLBACK.load(Ordering::Relaxed) {
+        None
+    } else if disabled_by_env() {
+        FALLBACK.store(true, Ordering::Relaxed);
+        None
+    } else {
+        let mut path = [0u8; 108];
+        match attach(&mut path) {
+            Ok(g) => {
+                let _ = GUEST.set(g);
+                GUEST.get()
+            }
+            Err((e, what)) => {
+                let n = path.iter().position(|&c| c == 0).unwrap_or(0);
+                sys::log_fmt(format_args!(
+                    "canal: {what} ({}): {}; this process uses kernel sockets\n",
+                    core::str::from_utf8(&path[..n]).unwrap_or("?"),
+                    errno_name(e)
+                ));
+                FALLBACK.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    };
+    unlock(&ATTACH_LOCK);
+    r
+}
+
+pub fn errno_name(e: i32) -> &'static str {
+    match e {
+        libc::ENOENT => "ENOENT (no such file)",
+        libc::ECONNREFUSED => "ECONNREFUSED (nobody listening)",
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        libc::ETIMEDOUT | libc::EAGAIN => "timed out",
+        libc::EPROTO => "protocol error",
+        libc::ENAMETOOLONG => "path too long",
+        libc::ECONNRESET => "ECONNRESET",
+        libc::ENOMEM => "ENOMEM",
+        _ => "error",
+    }
+}
+
+type AttachErr = (i32, &'static str);
+
+fn attach(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let plen = socket_path(env(c"CANAL_SOCKET"), env(c"XDG_RUNTIME_DIR"), uid, path)
+        .ok_or((libc::ENAMETOOLONG, "bad control socket path"))?;
+    let fd = sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+        .map_err(|e| (e, "cannot make a control socket"))?;
+    let r = attach_on(fd, &path[..plen]);
+    if r.is_err() {
+        let _ = sys::close(fd);
+    }
+    r
+}
+
+fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as u16;
+    for (d, s) in sa.sun_path.iter_mut().zip(path) {
+        *d = *s as libc::c_char;
+    }
+    let salen = (core::mem::size_of::<libc::sa_family_t>() + path.len() + 1) as libc::socklen_t;
+    // SAFETY: sa is a valid sockaddr_un of at least salen bytes.
+    sys::check(unsafe {
+        libc::syscall(
+            libc::SYS_connect,
+            fd,
+            &sa as *const libc::sockaddr_un,
+            salen,
+        )
+    })
+    .map_err(|e| (e, "no canald answers"))?;
+    let tv = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: tv is a valid timeval of the given size.
+        let _ = unsafe {
+            libc::syscall(
+                libc::SYS_setsockopt,
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &tv as *const libc::timeval,
+                core::mem::size_of::<libc::timeval>(),
+            )
+        };
+    }
+    // HELLO: pid, flags, comm.
+    let mut body = [0u8; control::HELLO_BODY];
+    body[0..4].copy_from_slice(&(sys::getpid() as u32).to_le_bytes());
+    let mut comm = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into comm.
+    unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
+    body[8..24].copy_from_slice(&comm);
+    send_msg(fd, ck::HELLO, &body, -1).map_err(|e| (e, "cannot send HELLO to canald"))?;
+    let mut buf = [0u8; 512];
+    let mut fds = [-1; 2];
+    let (kind, n, nfds) =
+        recv_msg(fd, &mut buf, &mut fds).map_err(|e| (e, "no HELLO reply from canald"))?;
+    let close_fds = |fds: &[c_int]| {
+        for &f in fds {
+            if f >= 0 {
+                let _ = sys::close(f);
+            }
+        }
+    };
+    let body = &buf[CTL_HEADER..n];
+    if kind == ck::ERROR {
+        close_fds(&fds);
+        let e = if body.len() >= 4 {
+            i32::from_le_bytes([body[0], body[1], body[2], body[3]])
+        } else {
+            libc::EPROTO
+        };
+        return Err((e, "canald refused this process"));
+    }
+    if kind != ck::HELLO_OK || body.len() < control::HELLO_OK_BODY || nfds != 2 {
+        close_fds(&fds);
+        return Err((libc::EPROTO, "unexpected HELLO reply from canald"));
+    }
+    let region_size = u64::from_le_bytes(body[8..16].try_into().unwrap());
+    let (memfd, doorbell) = (fds[0], fds[1]);
+    let r = map_region(memfd, region_size);
+    let _ = sys::close(memfd);
+    let region = match r {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = sys::close(doorbell);
+            return Err(e);
+        }
+    };
+    let page = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    // SAFETY: the page is fresh, 4096 bytes, page aligned, mapped for the life of the
+    // process (never unmapped) and shared with forked children; an AtomicU32 at its
+    // start is properly aligned and any bit pattern is valid.
+    let ctl_lock = unsafe { &*(page as *const AtomicU32) };
+    let _ = TABLE.set_internal(fd);
+    let _ = TABLE.set_internal(doorbell);
+    let features = region.header().features;
+    let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
+    let spin = env(c"CANAL_SPIN")
+        .and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok())
+        .unwrap_or_else(calibrate_spin);
+    PID.store(sys::getpid(), Ordering::Relaxed);
+    let g = Guest {
+        region,
+        ctl: fd,
+        doorbell,
+        ctl_lock,
+        ports: features & feature::PORT_EVENTFD != 0,
+        spin,
+        debug,
+    };
+    debug!(
+        g,
+        "canal: attached as guest {} (region {} bytes, {} slots, {} sockets, spin {})\n",
+        g.region.header().guest_id,
+        region_size,
+        g.region.layout().slot_count,
+        g.region.layout().socket_count,
+        spin
+    );
+    Ok(g)
+}
+
+fn map_region(memfd: c_int, region_size: u64) -> Result<Region, AttachErr> {
+    let size = sys::file_size(memfd).map_err(|e| (e, "cannot stat the region"))?;
+    if region_size < canal_abi::HEADER_SIZE || size < region_size || region_size > (1 << 44) {
+        return Err((libc::EPROTO, "region size does not match its memfd"));
+    }
+    let base =
+        sys::mmap_shared(memfd, region_size as usize).map_err(|e| (e, "cannot map the region"))?;
+    // SAFETY: base maps region_size bytes of the (sealed, so never shrinking) memfd,
+    // read/write, page aligned, and is never unmapped.
+    unsafe { Region::attach(base, region_size) }
+        .map_err(|_| (libc::EPROTO, "canald's region header is invalid"))
+}
+
+/// Iterations of the poll loop for about 30 µs on this machine.
+fn calibrate_spin() -> u32 {
+    let t0 = sys::now_ns();
+    for _ in 0..1000 {
+        canal_abi::sync::spin_hint();
+    }
+    let dt = (sys::now_ns() - t0).max(1) as u64;
+    ((30_000u64 * 1000) / dt).clamp(100, 100_000) as u32
+}
+
+/// Sends one control message, optionally with one descriptor.
+fn send_msg(fd: c_int, kind: u16, body: &[u8], pass: c_int) -> Result<(), i32> {
+    let mut msg = [0u8; 64];
+    let n = CTL_HEADER + body.len();
+    msg[..CTL_HEADER].copy_from_slice(&control::encode_header(kind, body.len() as u32));
+    msg[CTL_HEADER..n].copy_from_slice(body);
+    let mut iov = libc::iovec {
+        iov_base: msg.as_mut_ptr() as *mut _,
+        iov_len: n,
+    };
+    #[repr(C)]
+    struct Cmsg {
+        h: libc::cmsghdr,
+        fd: c_int,
+        pad: c_int,
+    }
+    // SAFETY: plain data.
+    let mut cm: Cmsg = unsafe { core::mem::zeroed() };
+    // SAFETY: msghdr is plain data.
+    let mut mh: libc::msghdr = unsafe { core::mem::zeroed() };
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    if pass >= 0 {
+        // SAFETY: CMSG_LEN is pure arithmetic.
+        cm.h.cmsg_len = unsafe { libc::CMSG_LEN(4) } as usize;
+        cm.h.cmsg_level = libc::SOL_SOCKET;
+        cm.h.cmsg_type = libc::SCM_RIGHTS;
+        cm.fd = pass;
+        mh.msg_control = &mut cm as *mut Cmsg as *mut _;
+        // SAFETY: CMSG_SPACE is pure arithmetic.
+        mh.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as usize;
+    }
+    // SAFETY: mh points to live iovec/cmsg buffers for the duration of the call.
+    let r = sys::check(unsafe {
+        libc::syscall(
+            libc::SYS_sendmsg,
+            fd,
+            &mh as *const libc::msghdr,
+            libc::MSG_NOSIGNAL,
+        )
+    })?;
+    if r != n {
+        return Err(libc::EPROTO);
+    }
+    Ok(())
+}
+
+/// Receives one control message; returns (kind, total bytes, descriptors received).
+fn recv_msg(fd: c_int, buf: &mut [u8], fds: &mut [c_int; 2]) -> Result<(u16, usize, usize), i32> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut _,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data.
+    let mut mh: libc::msghdr = unsafe { core::mem::zeroed() };
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf.as_mut_ptr() as *mut _;
+    mh.msg_controllen = core::mem::size_of_val(&cbuf);
+    // SAFETY: mh points to live buffers for the duration of the call.
+    let n = sys::check(unsafe {
+        libc::syscall(
+            libc::SYS_recvmsg,
+            fd,
+            &mut mh as *mut libc::msghdr,
+            libc::MSG_CMSG_CLOEXEC,
+        )
+    })?;
+    let mut nfds = 0;
+    // SAFETY: walking the control buffer the kernel filled, with the libc macros that
+    // bound every header by msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const c_int;
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    let f = core::ptr::read_unaligned(data.add(i));
+                    if nfds < fds.len() {
+                        fds[nfds] = f;
+                        nfds += 1;
+                    } else {
+                        let _ = sys::close(f);
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&mh, c);
+        }
+    }
+    if n == 0 {
+        return Err(libc::ECONNRESET);
+    }
+    let (kind, _) = control::decode(&buf[..n]).ok_or(libc::EPROTO)?;
+    Ok((kind, n, nfds))
+}
+
+// ---- per-thread slots ------------------------------------------------------------------
+
+const NO_SLOT: u32 = u32::MAX;
+
+struct ThreadSlot {
+    idx: Cell<u32>,
+    efd: Cell<c_int>,
+}
+
+impl Drop for ThreadSlot {
+    fn drop(&mut self) {
+        let idx = self.idx.replace(NO_SLOT);
+        if idx != NO_SLOT {
+            if let Some(g) = guest() {
+                release_slot(g, idx, self.efd.replace(-1));
+            }
+        }
+    }
+}
+
+thread_local! {
+    static SLOT: ThreadSlot = const { ThreadSlot { idx: Cell::new(NO_SLOT), efd: Cell::new(-1) } };
+}
+
+/// A slot in use by the calling thread. Temporary slots (a thread whose thread-locals
+/// are already gone) are released on drop and wait by backoff.
+pub struct SlotRef<'g> {
+    pub g: &'g Guest,
+    pub idx: u32,
+    pub slot: &'g Slot,
+    pub efd: c_int,
+    temp: bool,
+}
+
+impl Drop for SlotRef<'_> {
+    fn drop(&mut self) {
+        if self.temp {
+            release_slot(self.g, self.idx, -1);
+        }
+    }
+}
+
+fn release_slot(g: &Guest, idx: u32, efd: c_int) {
+    if let Some(s) = g.region.slot(idx) {
+        s.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+        // A slot is only released IDLE (no request outstanding). Release pairs with
+        // the Acquire CAS of the next claimer.
+        let _ = s.state.compare_exchange(
+            slot_state::IDLE,
+            slot_state::FREE,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+    }
+    if efd >= 0 {
+        if let Some(a) = SLOT_EFD.get(idx as usize) {
+            a.store(-1, Ordering::Relaxed);
+        }
+        TABLE.take(efd);
+        let _ = sys::close(efd);
+    }
+}
+
+fn claim_slot(g: &Guest) -> Result<u32, i32> {
+    let n = g.region.layout().slot_count;
+    let tid = sys::gettid() as u32;
+    let start = tid % n;
+    for pass in 0..2 {
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let Some(s) = g.region.slot(idx) else {
+                continue;
+            };
+            let claimed = if pass == 0 {
+                // Acquire pairs with the Release in release_slot.
+                s.state
+                    .compare_exchange(
+                        slot_state::FREE,
+                        slot_state::IDLE,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            } else {
+                // Second pass: take over IDLE slots whose owner thread is gone (a
+                // process that died without releasing them). The CAS on `owner` makes
+                // exactly one claimer win.
+                let owner = s.owner.load(Ordering::Relaxed);
+                s.state.load(Ordering::Acquire) == slot_state::IDLE
+                    && owner != 0
+                    && !sys::alive(owner as i32)
+                    && s.owner
+                        .compare_exchange(owner, tid, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+            };
+            if claimed {
+                s.owner.store(tid, Ordering::Relaxed);
+                s.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+                return Ok(idx);
+            }
+        }
+    }
+    Err(libc::EAGAIN)
+}
+
+/// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).
+fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
+    ctl_lock(g);
+    let r = (|| {
+        send_msg(g.ctl, ck::PORT, &idx.to_le_bytes(), efd)?;
+        let mut buf = [0u8; 256];
+        let mut fds = [-1; 2];
+        loop {
+            let (kind, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
+            for f in fds.iter_mut().take(nfds) {
+                let _ = sys::close(*f);
+                *f = -1;
+            }
+            let body = &buf[CTL_HEADER..n];
+            match kind {
+                ck::PORT_OK
+                    if body.len() >= 4
+                        && u32::from_le_bytes(body[..4].try_into().unwrap()) == idx =>
+                {
+                    return Ok(())
+                }
+                ck::ERROR => {
+                    let e = if body.len() >= 4 {
+                        i32::from_le_bytes(body[..4].try_into().unwrap())
+                    } else {
+                        libc::EIO
+                    };
+                    return Err(if e > 0 { e } else { libc::EIO });
+                }
+                // A stale reply for another slot (a process that died mid-exchange).
+                _ => continue,
+            }
+        }
+    })();
+    ctl_unlock(g);
+    if matches!(r, Err(libc::ECONNRESET) | Err(libc::EPIPE)) {
+        mark_dead();
+    }
+    r
+}
+
+fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
+    let idx = claim_slot(g)?;
+    if !g.ports {
+        return Ok((idx, -1));
+    }
+    let efd = match sys::eventfd() {
+        Ok(f) => f,
+        Err(e) => {
+            release_slot(g, idx, -1);
+            return Err(e);
+        }
+    };
+    let _ = TABLE.set_internal(efd);
+    if let Err(e) = register_port(g, idx, efd) {
+        release_slot(g, idx, efd);
+        return Err(e);
+    }
+    if let Some(a) = SLOT_EFD.get(idx as usize) {
+        a.store(efd, Ordering::Relaxed);
+    }
+    Ok((idx, efd))
+}
+
+/// The calling thread's slot, claimed (and its port registered) on first use.
+pub fn my_slot(g: &'static Guest) -> Result<SlotRef<'static>, i32> {
+    let r = SLOT.try_with(|s| -> Result<(u32, c_int), i32> {
+        if s.idx.get() == NO_SLOT {
+            let (idx, efd) = claim_for_thread(g)?;
+            s.idx.set(idx);
+            s.efd.set(efd);
+        }
+        Ok((s.idx.get(), s.efd.get()))
+    });
+    let (idx, efd, temp) = match r {
+        Ok(v) => {
+            let (i, e) = v?;
+            (i, e, false)
+        }
+        // Thread-locals already destroyed (a late destructor): use a temporary slot.
+        Err(_) => (claim_slot(g)?, -1, true),
+    };
+    let slot = g.region.slot(idx).ok_or(libc::EIO)?;
+    Ok(SlotRef {
+        g,
+        idx,
+        slot,
+        efd,
+        temp,
+    })
+}
+
+// ---- kicks, requests, waits ------------------------------------------------------------
+
+/// Tells the host there is new work (§6): fence, then wake it only if it sleeps.
+pub fn kick(g: &Guest) {
+    let h = g.region.header();
+    // K1: SeqCst fence between our publication (request state / ring index /
+    // attention bit) and the load of host_sleeping; pairs with the host's fence between
+    // storing host_sleeping = 1 and re-checking for work (Dekker).
+    fence(Ordering::SeqCst);
+    if h.host_sleeping.load(Ordering::Relaxed) != 0
+        && h.host_sleeping.swap(0, Ordering::AcqRel) == 1
+    {
+        if sys::eventfd_signal(g.doorbell).is_err() {
+            mark_dead();
+        }
+        h.kicks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Marks socket `index` for the host's attention (A1) and kicks.
+pub fn attention(g: &Guest, index: u32) {
+    g.region.raise_attention(index);
+    kick(g);
+}
+
+/// Runs one request on the calling thread's slot. `out` receives the payload the host
+/// returned; the result is the value (≥ 0) and the payload length, or an errno.
+pub fn request(
+    g: &'static Guest,
+    op: u32,
+    handle: u32,
+    args: [u64; 4],
+    payload: &[u8],
+    out: &mut [u8],
+) -> Result<(i64, usize), i32> {
+    if is_dead(g) {
+        return Err(libc::EIO);
+    }
+    let s = my_slot(g)?;
+    let slot = s.slot;
+    if payload.len() > SLOT_PAYLOAD {
+        return Err(libc::EINVAL);
+    }
+    slot.op.store(op, Ordering::Relaxed);
+    slot.socket.store(handle, Ordering::Relaxed);
+    for (a, v) in slot.args.iter().zip(args) {
+        a.store(v, Ordering::Relaxed);
+    }
+    slot.in_len.store(payload.len() as u32, Ordering::Relaxed);
+    slot.out_len.store(0, Ordering::Relaxed);
+    slot.write_payload(0, payload);
+    let seq = slot.seq.load(Ordering::Relaxed).wrapping_add(1);
+    slot.seq.store(seq, Ordering::Relaxed);
+    // S1: Release publishes every field above; pairs with the host's Acquire CAS
+    // REQUESTED→BUSY.
+    slot.state.store(slot_state::REQUESTED, Ordering::Release);
+    let q = QueueProducer::new(g.region.queue_cells(), &g.region.header().queue_tail);
+    if q.push(s.idx).is_err() {
+        // Cannot happen with an honest region (capacity = slot count).
+        slot.state.store(slot_state::IDLE, Ordering::Relaxed);
+        return Err(libc::EIO);
+    }
+    kick(g);
+    wait_done(&s)?;
+    let result = slot.result.load(Ordering::Relaxed);
+    let done_seq = slot.done_seq.load(Ordering::Relaxed);
+    let n = (slot.out_len.load(Ordering::Relaxed) as usize)
+        .min(SLOT_PAYLOAD)
+        .min(out.len());
+    slot.read_payload(0, &mut out[..n]);
+    slot.state.store(slot_state::IDLE, Ordering::Relaxed);
+    if done_seq != seq {
+        return Err(libc::EIO);
+    }
+    if result < 0 {
+        let e = result.checked_neg().unwrap_or(libc::EIO as i64);
+        return Err(if (1..4096).contains(&e) {
+            e as i32
+        } else {
+            libc::EIO
+        });
+    }
+    Ok((result, n))
+}
+
+fn wait_done(s: &SlotRef) -> Result<(), i32> {
+    let g = s.g;
+    let slot = s.slot;
+    let mut spins = 0u32;
+    let mut backoff = 1_000i64;
+    loop {
+        // S2: Acquire pairs with the host's Release store of DONE: result, out_len and
+        // the payload are visible.
+        if slot.state.load(Ordering::Acquire) == slot_state::DONE {
+            return Ok(());
+        }
+        if spins < g.spin {
+            spins += 1;
+            canal_abi::sync::spin_hint();
+            continue;
+        }
+        if is_dead(g) {
+            mark_dead();
+            return Err(libc::EIO);
+        }
+        if s.efd < 0 {
+            sys::sleep_ns(backoff);
+            backoff = (backoff * 2).min(1_000_000);
+            continue;
+        }
+        slot.sleep.store(sleep_kind::COMPLETION, Ordering::Relaxed);
+        // W1: SeqCst fence between publishing `sleep` and re-checking the state; pairs
+        // with the host's fence between storing DONE and reading `sleep` (§6).
+        fence(Ordering::SeqCst);
+        if slot.state.load(Ordering::Acquire) == slot_state::DONE {
+            slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut pf = [
+            libc::pollfd {
+                fd: s.efd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: g.ctl,
+                events: 0,
+                revents: 0,
+            },
+        ];
+        let _ = sys::ppoll(&mut pf, Some(1_000_000_000), core::ptr::null());
+        slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+        if pf[0].revents != 0 {
+            sys::eventfd_drain(s.efd);
+        }
+        if pf[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            mark_dead();
+        }
+    }
+}
+
+/// How an event wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    Ready,
+    Timeout,
+    Interrupted,
+    Dead,
+}
+
+/// Waits until `cond()` holds for socket `index` (or WAIT_ANY), up to `deadline`
+/// (monotonic ns): polls first, then sleeps on the slot's eventfd (§6).
+pub fn wait_until(
+    g: &'static Guest,
+    index: u32,
+    deadline: Option<i64>,
+    mut cond: impl FnMut() -> bool,
+) -> Wait {
+    let mut spins = 0u32;
+    loop {
+        if cond() {
+            return Wait::Ready;
+        }
+        if is_dead(g) {
+            mark_dead();
+            return Wait::Dead;
+        }
+        let now = if deadline.is_some() || spins >= g.spin {
+            sys::now_ns()
+        } else {
+            0
+        };
+        if let Some(d) = deadline {
+            if now >= d {
+                return Wait::Timeout;
+            }
+        }
+        if spins < g.spin {
+            spins += 1;
+            canal_abi::sync::spin_hint();
+            continue;
+        }
+        let s = match my_slot(g) {
+            Ok(s) => s,
+            Err(_) => {
+                sys::sleep_ns(100_000);
+                continue;
+            }
+        };
+        let remaining = deadline.map(|d| d - now);
+        match sleep_events(&s, index, remaining, &mut cond, &mut [], core::ptr::null()) {
+            Ok(_) => {}
+            Err(libc::EINTR) => return Wait::Interrupted,
+            Err(_) => {}
+        }
+    }
+}
+
+/// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
+/// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
+/// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
+/// own entries with events (0 if `cond` already held).
+pub fn sleep_events(
+    s: &SlotRef,
+    index: u32,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, i32> {
+    let g = s.g;
+    let h = g.region.header();
+    let mut own = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; 2];
+    let fds: &mut [libc::pollfd] = if extra.is_empty() { &mut own } else { extra };
+    let n = fds.len() - 2;
+    if s.efd < 0 {
+        // No wake-up port: bounded backoff (1 µs .. 1 ms).
+        if cond() {
+            return Ok(0);
+        }
+        let t = timeout_ns.map_or(1_000_000, |t| t.min(1_000_000));
+        fds[n].fd = -1;
+        fds[n + 1] = libc::pollfd {
+            fd: g.ctl,
+            events: 0,
+            revents: 0,
+        };
+        let r = sys::ppoll(fds, Some(t), sigmask)?;
+        if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            mark_dead();
+        }
+        return Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize));
+    }
+    s.slot.wait_socket.store(index, Ordering::Relaxed);
+    s.slot.sleep.store(sleep_kind::EVENTS, Ordering::Relaxed);
+    h.event_waiters.fetch_add(1, Ordering::Relaxed);
+    // W2: SeqCst fence between publishing sleep/event_waiters and re-checking the
+    // socket state; pairs with the host's fence between changing a socket and reading
+    // event_waiters / sleep (§6).
+    fence(Ordering::SeqCst);
+    let r = if cond() {
+        Ok(0)
+    } else {
+        fds[n] = libc::pollfd {
+            fd: s.efd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        fds[n + 1] = libc::pollfd {
+            fd: g.ctl,
+            events: 0,
+            revents: 0,
+        };
+        sys::ppoll(fds, timeout_ns, sigmask)
+    };
+    s.slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+    h.event_waiters.fetch_sub(1, Ordering::Relaxed);
+    let mut own_events = 0;
+    if fds[n].revents != 0 && fds[n].fd >= 0 {
+        sys::eventfd_drain(s.efd);
+        own_events += 1;
+    }
+    if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+        mark_dead();
+        own_events += 1;
+    }
+    r.map(|c| c.saturating_sub(own_events))
+}
+
+/// Wakes this process's own threads sleeping on `index` (local events the host does
+/// not see, e.g. shutdown(SHUT_RD) or close by another thread).
+pub fn wake_local(g: &Guest, index: u32) {
+    for (i, a) in SLOT_EFD
+        .iter()
+        .enumerate()
+        .take(g.region.layout().slot_count as usize)
+    {
+        let efd = a.load(Ordering::Relaxed);
+        if efd < 0 {
+            continue;
+        }
+        if let Some(s) = g.region.slot(i as u32) {
+            if s.sleep.load(Ordering::Relaxed) == sleep_kind::EVENTS {
+                let w = s.wait_socket.load(Ordering::Relaxed);
+                if w == index || w == WAIT_ANY {
+                    let _ = sys::eventfd_signal(efd);
+                }
+            }
+        }
+    }
+}
+
+// ---- sockets' guest state ---------------------------------------------------------------
+
+/// Initialises the guest line of a fresh entry (new socket or accepted connection).
+pub fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo: u64) {
+    e.refs.store(1, Ordering::Relaxed);
+    e.guest_flags.store(
+        if nonblock {
+            canal_abi::guest_flag::NONBLOCK
+        } else {
+            0
+        },
+        Ordering::Relaxed,
+    );
+    e.tx_lock.store(0, Ordering::Relaxed);
+    e.rx_lock.store(0, Ordering::Relaxed);
+    e.rcvtimeo_ns.store(rcvtimeo, Ordering::Relaxed);
+    e.sndtimeo_ns.store(sndtimeo, Ordering::Relaxed);
+}
+
+// ---- fork ---------------------------------------------------------------------------------
+
+extern "C" fn fork_prepare() {
+    lock(&ATTACH_LOCK);
+    if let Some(g) = guest() {
+        // Every canal descriptor is about to exist twice: count the child's copies now,
+        // before the parent could close its own and drop the last reference.
+        TABLE.for_each_canal(|_, h| {
+            if let Some(e) = g.region.socket(canal_abi::handle_index(h)) {
+                e.refs.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+}
+
+extern "C" fn fork_parent() {
+    unlock(&ATTACH_LOCK);
+}
+
+extern "C" fn fork_child() {
+    ATTACH_LOCK.store(0, Ordering::Relaxed);
+    PID.store(sys::getpid(), Ordering::Relaxed);
+    // The forking thread's slot belongs to the parent's thread: forget it (the child
+    // claims its own on first use). The eventfd copy is closed; the region stays mapped.
+    let _ = SLOT.try_with(|s| {
+        let efd = s.efd.replace(-1);
+        s.idx.set(NO_SLOT);
+        if efd >= 0 {
+            TABLE.take(efd);
+            let _ = sys::close(efd);
+        }
+    });
+    for a in SLOT_EFD.iter() {
+        let efd = a.swap(-1, Ordering::Relaxed);
+        if efd >= 0 && TABLE.get(efd) == Some(crate::fdtable::Entry::Internal) {
+            // Other threads' eventfds: those threads do not exist in the child.
+            TABLE.take(efd);
+            let _ = sys::close(efd);
+        }
+    }
+}
+
+/// Registered once from the library constructor.
+pub fn register_fork_handlers() {
+    // SAFETY: the handlers are plain extern "C" functions that live as long as the
+    // process (the library is never unloaded).
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+    }
+    PID.store(sys::getpid(), Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(cs: Option<&str>, xdg: Option<&str>, uid: u32) -> Option<String> {
+        let mut out = [0u8; 108];
+        let n = socket_path(cs.map(str::as_bytes), xdg.map(str::as_bytes), uid, &mut out)?;
+        assert_eq!(out[n], 0, "NUL terminated");
+        Some(String::from_utf8(out[..n].to_vec()).unwrap())
+    }
+
+    #[test]
+    fn default_path_rule() {
+        assert_eq!(
+            path(Some("/x/y.sock"), Some("/run/user/1"), 5).unwrap(),
+            "/x/y.sock"
+        );
+        assert_eq!(
+            path(None, Some("/run/user/1"), 5).unwrap(),
+            "/run/user/1/canal/canald.sock"
+        );
+        assert_eq!(
+            path(Some(""), Some(""), 1000).unwrap(),
+            "/tmp/canal-1000/canald.sock"
+        );
+        assert_eq!(path(None, None, 0).unwrap(), "/tmp/canal-0/canald.sock");
+        assert!(path(Some(&"a".repeat(200)), None, 0).is_none());
+    }
+
+    #[test]
+    fn spin_lock_excludes() {
+        static W: AtomicU32 = AtomicU32::new(0);
+        static mut COUNT: u64 = 0;
+        let ts: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..10_000 {
+                        lock(&W);
+                        // SAFETY: COUNT is only touched while holding W.
+                        unsafe { COUNT += 1 };
+                        unlock(&W);
+                    }
+                })
+            })
+            .collect();
+        for t in ts {
+            t.join().unwrap();
+        }
+        lock(&W);
+        // SAFETY: read while holding W.
+        assert_eq!(unsafe { COUNT }, 40_000);
+        unlock(&W);
+    }
+}

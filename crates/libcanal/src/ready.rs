@@ -1,0 +1,269 @@
+//! Readiness of a canal socket, computed from what the host published in the socket
+//! entry (flags, pending_error, ring indices) and the guest's own shutdown bits, with
+//! the poll bits Linux reports for the same state (`tcp_poll`, `datagram_poll`).
+
+use canal_abi::ring::RECORD_HEADER;
+use canal_abi::{sock_flag as f, sock_kind};
+use libc::c_short;
+
+/// libcanal-private bits of `SocketEntry::guest_flags` (the word is guest-only; bit 0
+/// is the ABI's O_NONBLOCK). Set by this process family's shutdown() calls.
+pub mod local {
+    pub const SHUT_RD: u32 = 1 << 1;
+    pub const SHUT_WR: u32 = 1 << 2;
+}
+
+pub const POLLIN: c_short = libc::POLLIN;
+pub const POLLOUT: c_short = libc::POLLOUT;
+pub const POLLERR: c_short = libc::POLLERR;
+pub const POLLHUP: c_short = libc::POLLHUP;
+pub const POLLRDHUP: c_short = libc::POLLRDHUP;
+pub const POLLRDNORM: c_short = libc::POLLRDNORM;
+pub const POLLWRNORM: c_short = libc::POLLWRNORM;
+pub const POLLNVAL: c_short = libc::POLLNVAL;
+pub const POLLPRI: c_short = libc::POLLPRI;
+
+const IN: c_short = POLLIN | POLLRDNORM;
+const OUT: c_short = POLLOUT | POLLWRNORM;
+
+/// A snapshot of one socket entry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SockState {
+    pub kind: u32,
+    pub flags: u32,
+    pub pending_error: u32,
+    /// Bytes queued in the tx ring, and its size.
+    pub tx_used: u64,
+    pub tx_size: u64,
+    /// Bytes queued in the rx ring.
+    pub rx_used: u64,
+    /// guest_flags (for the `local` shutdown bits).
+    pub guest_flags: u32,
+}
+
+impl SockState {
+    pub fn tx_free(&self) -> u64 {
+        self.tx_size.saturating_sub(self.tx_used)
+    }
+}
+
+/// Room a datagram socket needs to report POLLOUT: any record the ring accepts fits
+/// (half the ring plus a header; see `ring::max_record_payload`).
+pub fn dgram_writable(tx_free: u64, tx_size: u64) -> bool {
+    tx_size > 0 && tx_free >= tx_size / 2 + RECORD_HEADER
+}
+
+/// All poll bits that are true now (before masking with the requested events).
+pub fn readiness(s: &SockState) -> c_short {
+    let shut_rd = s.guest_flags & local::SHUT_RD != 0;
+    let shut_wr = s.guest_flags & local::SHUT_WR != 0;
+    let mut m: c_short = 0;
+    if s.pending_error != 0 {
+        m |= POLLERR;
+    }
+    match s.kind {
+        sock_kind::LISTENER => {
+            if s.rx_used > 0 {
+                m |= IN;
+            }
+        }
+        sock_kind::STREAM => {
+            let closed = s.flags & (f::ERROR | f::HUP | f::BROKEN) != 0;
+            let connected = s.flags & f::CONNECTED != 0;
+            let connecting = s.flags & f::CONNECTING != 0 && !connected && !closed;
+            let fresh = !connected && !connecting && !closed && s.flags & f::LISTENING == 0;
+            if s.flags & f::HUP != 0 || closed || fresh || (shut_rd && shut_wr) {
+                m |= POLLHUP;
+            }
+            if s.flags & f::RX_EOF != 0 || shut_rd || closed {
+                m |= IN | POLLRDHUP;
+            }
+            if !connecting {
+                if s.rx_used > 0 {
+                    m |= IN;
+                }
+                // Linux reports POLLOUT after SEND_SHUTDOWN too: a write would not
+                // block (it fails with EPIPE).
+                if s.tx_free() > 0 || s.flags & f::TX_CLOSED != 0 || shut_wr || closed || fresh {
+                    m |= OUT;
+                }
+            }
+        }
+        sock_kind::DGRAM => {
+            if s.rx_used > 0 || shut_rd {
+                m |= IN;
+            }
+            if shut_rd {
+                m |= POLLRDHUP;
+            }
+            if shut_rd && shut_wr {
+                m |= POLLHUP;
+            }
+            if dgram_writable(s.tx_free(), s.tx_size) {
+                m |= OUT;
+            }
+        }
+        // A freed or garbage entry: let the application try a call and get the error.
+        _ => m |= IN | OUT | POLLERR | POLLHUP,
+    }
+    m
+}
+
+/// What poll() reports for requested `events`: the requested bits plus the ones
+/// always reported (POLLERR, POLLHUP, POLLNVAL).
+pub fn mask(ready: c_short, events: c_short) -> c_short {
+    ready & (events | POLLERR | POLLHUP | POLLNVAL)
+}
+
+/// What a dead canald leaves: every call fails, so report everything.
+pub const DEAD: c_short = IN | OUT | POLLERR | POLLHUP;
+
+// ---- select() <-> poll() ---------------------------------------------------------------
+
+/// The poll events select() asks for, given set membership.
+pub fn select_events(r: bool, w: bool, e: bool) -> c_short {
+    let mut ev = 0;
+    if r {
+        ev |= IN;
+    }
+    if w {
+        ev |= OUT;
+    }
+    if e {
+        ev |= POLLPRI;
+    }
+    ev
+}
+
+/// Which sets an fd ends up in for poll `revents` (the kernel's POLLIN_SET,
+/// POLLOUT_SET and POLLEX_SET).
+pub fn select_result(revents: c_short) -> (bool, bool, bool) {
+    let r = revents & (IN | libc::POLLRDBAND | POLLHUP | POLLERR) != 0;
+    let w = revents & (OUT | libc::POLLWRBAND | POLLERR) != 0;
+    let e = revents & POLLPRI != 0;
+    (r, w, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(flags: u32) -> SockState {
+        SockState {
+            kind: sock_kind::STREAM,
+            flags,
+            tx_size: 1024,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fresh_stream_is_out_hup() {
+        let r = readiness(&stream(0));
+        assert_eq!(r & (POLLOUT | POLLHUP), POLLOUT | POLLHUP);
+        assert_eq!(r & POLLIN, 0);
+    }
+
+    #[test]
+    fn connecting_reports_nothing() {
+        assert_eq!(readiness(&stream(f::CONNECTING)), 0);
+        let mut s = stream(f::CONNECTING);
+        s.tx_used = 0;
+        s.rx_used = 5;
+        assert_eq!(readiness(&s), 0);
+    }
+
+    #[test]
+    fn connected_in_out() {
+        let mut s = stream(f::CONNECTED);
+        assert_eq!(readiness(&s), POLLOUT | POLLWRNORM);
+        s.rx_used = 3;
+        assert_eq!(readiness(&s), IN | OUT);
+        s.tx_used = 1024;
+        assert_eq!(readiness(&s), IN);
+        s.flags |= f::TX_CLOSED;
+        assert_eq!(
+            readiness(&s) & POLLOUT,
+            POLLOUT,
+            "after SHUT_WR poll says writable"
+        );
+    }
+
+    #[test]
+    fn eof_and_reset() {
+        let s = stream(f::CONNECTED | f::RX_EOF);
+        let r = readiness(&s);
+        assert_eq!(r & (POLLIN | POLLRDHUP), POLLIN | POLLRDHUP);
+        assert_eq!(r & POLLHUP, 0);
+        let mut s = stream(f::CONNECTED | f::RX_EOF | f::TX_CLOSED | f::ERROR | f::HUP);
+        s.pending_error = libc::ECONNRESET as u32;
+        let r = readiness(&s);
+        assert_eq!(
+            r & (POLLIN | POLLOUT | POLLERR | POLLHUP),
+            POLLIN | POLLOUT | POLLERR | POLLHUP
+        );
+        // After SO_ERROR was read, POLLERR is gone (as on Linux), HUP stays.
+        s.pending_error = 0;
+        assert_eq!(readiness(&s) & (POLLERR | POLLHUP), POLLHUP);
+    }
+
+    #[test]
+    fn failed_connect() {
+        let mut s = stream(f::ERROR | f::HUP);
+        s.pending_error = libc::ECONNREFUSED as u32;
+        let r = readiness(&s);
+        assert_ne!(r & POLLOUT, 0);
+        assert_ne!(r & POLLERR, 0);
+        assert_ne!(r & POLLHUP, 0);
+    }
+
+    #[test]
+    fn local_shutdown() {
+        let mut s = stream(f::CONNECTED);
+        s.tx_used = 1024;
+        s.guest_flags = local::SHUT_RD;
+        assert_eq!(readiness(&s), IN | POLLRDHUP);
+        s.guest_flags = local::SHUT_RD | local::SHUT_WR;
+        assert_eq!(readiness(&s) & (POLLHUP | POLLOUT), POLLHUP | POLLOUT);
+    }
+
+    #[test]
+    fn listener_and_dgram() {
+        let mut l = SockState {
+            kind: sock_kind::LISTENER,
+            flags: f::LISTENING,
+            ..Default::default()
+        };
+        assert_eq!(readiness(&l), 0);
+        l.rx_used = 24;
+        assert_eq!(readiness(&l), IN);
+        let mut d = SockState {
+            kind: sock_kind::DGRAM,
+            tx_size: 4096,
+            ..Default::default()
+        };
+        assert_eq!(readiness(&d), OUT);
+        d.tx_used = 4096 / 2;
+        assert_eq!(readiness(&d), 0, "not enough room for a maximal record");
+        d.rx_used = 48;
+        d.pending_error = libc::ECONNREFUSED as u32;
+        assert_eq!(readiness(&d), IN | POLLERR);
+    }
+
+    #[test]
+    fn masking() {
+        assert_eq!(mask(IN | OUT | POLLHUP, POLLIN), POLLIN | POLLHUP);
+        assert_eq!(mask(IN | POLLRDHUP, POLLIN), POLLIN);
+        assert_eq!(mask(IN | POLLRDHUP, POLLIN | POLLRDHUP), POLLIN | POLLRDHUP);
+    }
+
+    #[test]
+    fn select_mapping() {
+        assert_eq!(select_events(true, false, false) & POLLIN, POLLIN);
+        assert_eq!(select_result(POLLHUP), (true, false, false));
+        assert_eq!(select_result(POLLERR), (true, true, false));
+        assert_eq!(select_result(POLLOUT), (false, true, false));
+        assert_eq!(select_result(POLLPRI), (false, false, true));
+        assert_eq!(select_result(0), (false, false, false));
+    }
+}

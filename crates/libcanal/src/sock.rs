@@ -1,0 +1,1033 @@
+//! Socket operations on canal sockets: the data path over the rings (no round trip
+//! when data or room is there) and the control operations as requests.
+//!
+//! Every function returns `Result<_, errno>`; the hooks turn that into -1/errno.
+
+use crate::client::{self, attention, request, wait_until, Guest, Wait};
+use crate::fdtable::TABLE;
+use crate::iov;
+use crate::ready::{self, local, SockState};
+use crate::sys;
+use canal_abi::addr::{CanalAddr, ADDR_SIZE};
+use canal_abi::ring::{check_indices, record_kind, Consumer, Producer, RawRing};
+use canal_abi::sync::Ordering;
+use canal_abi::{
+    guest_flag, handle_index, make_handle, op, sock_flag as f, sock_kind, SocketEntry,
+};
+use libc::{c_int, iovec};
+
+/// A canal socket resolved from its handle.
+#[derive(Clone, Copy)]
+pub struct Sock {
+    pub g: &'static Guest,
+    pub handle: u32,
+    pub idx: u32,
+    pub e: &'static SocketEntry,
+}
+
+impl Sock {
+    pub fn new(g: &'static Guest, handle: u32) -> Result<Sock, i32> {
+        let idx = handle_index(handle);
+        let e = g.region.socket(idx).ok_or(libc::EBADF)?;
+        if make_handle(idx, e.generation.load(Ordering::Acquire)) != handle {
+            return Err(libc::EBADF);
+        }
+        Ok(Sock { g, handle, idx, e })
+    }
+
+    pub fn kind(&self) -> u32 {
+        self.e.kind.load(Ordering::Acquire)
+    }
+
+    pub fn flags(&self) -> u32 {
+        self.e.flags.load(Ordering::Acquire)
+    }
+
+    fn tx_ring(&self) -> Result<RawRing, i32> {
+        let size = self.e.tx_size.load(Ordering::Acquire) as u64;
+        self.g
+            .region
+            .ring(self.e.tx_offset.load(Ordering::Acquire), size)
+            .ok_or(libc::EIO)
+    }
+
+    fn rx_ring(&self) -> Result<RawRing, i32> {
+        let size = self.e.rx_size.load(Ordering::Acquire) as u64;
+        self.g
+            .region
+            .ring(self.e.rx_offset.load(Ordering::Acquire), size)
+            .ok_or(libc::EIO)
+    }
+
+    pub fn nonblocking(&self) -> bool {
+        self.e.guest_flags.load(Ordering::Relaxed) & guest_flag::NONBLOCK != 0
+    }
+
+    pub fn set_nonblocking(&self, on: bool) {
+        if on {
+            self.e
+                .guest_flags
+                .fetch_or(guest_flag::NONBLOCK, Ordering::Relaxed);
+        } else {
+            self.e
+                .guest_flags
+                .fetch_and(!guest_flag::NONBLOCK, Ordering::Relaxed);
+        }
+    }
+
+    fn local(&self) -> u32 {
+        self.e.guest_flags.load(Ordering::Relaxed)
+    }
+
+    /// Takes the pending error, if any (reported once).
+    pub fn take_error(&self) -> u32 {
+        if self.e.pending_error.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.e.pending_error.swap(0, Ordering::AcqRel)
+    }
+
+    pub fn snapshot(&self) -> SockState {
+        let e = self.e;
+        let tx_size = e.tx_size.load(Ordering::Relaxed) as u64;
+        let rx_size = e.rx_size.load(Ordering::Relaxed) as u64;
+        // R3-style Acquire loads of the host's indices.
+        let tx_used = e
+            .tx_head
+            .load(Ordering::Relaxed)
+            .wrapping_sub(e.tx_tail.load(Ordering::Acquire))
+            .min(tx_size);
+        let rx_used = e
+            .rx_head
+            .load(Ordering::Acquire)
+            .wrapping_sub(e.rx_tail.load(Ordering::Relaxed))
+            .min(rx_size);
+        SockState {
+            kind: e.kind.load(Ordering::Acquire),
+            flags: e.flags.load(Ordering::Acquire),
+            pending_error: e.pending_error.load(Ordering::Relaxed),
+            tx_used,
+            tx_size,
+            rx_used,
+            guest_flags: e.guest_flags.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn readiness(&self) -> libc::c_short {
+        ready::readiness(&self.snapshot())
+    }
+
+    fn deadline(&self, rcv: bool) -> Option<i64> {
+        let t = if rcv {
+            self.e.rcvtimeo_ns.load(Ordering::Relaxed)
+        } else {
+            self.e.sndtimeo_ns.load(Ordering::Relaxed)
+        };
+        (t != 0).then(|| sys::now_ns().saturating_add(t.min(i64::MAX as u64) as i64))
+    }
+}
+
+fn wait_err(w: Wait, data: bool) -> i32 {
+    match w {
+        Wait::Timeout => libc::EAGAIN,
+        Wait::Interrupted => libc::EINTR,
+        Wait::Dead => {
+            if data {
+                libc::ECONNRESET
+            } else {
+                libc::EIO
+            }
+        }
+        Wait::Ready => 0,
+    }
+}
+
+fn dead_err(g: &Guest, data: bool) -> Result<(), i32> {
+    if client::is_dead(g) {
+        client::mark_dead();
+        return Err(if data { libc::ECONNRESET } else { libc::EIO });
+    }
+    Ok(())
+}
+
+fn epipe(flags: c_int) -> i32 {
+    if flags & libc::MSG_NOSIGNAL == 0 {
+        sys::raise_sigpipe();
+    }
+    libc::EPIPE
+}
+
+// ---- creation ------------------------------------------------------------------------
+
+/// A fresh dummy descriptor (AF_UNIX datagram socket, so fstat says S_IFSOCK).
+fn dummy(cloexec: bool) -> Result<c_int, i32> {
+    let ty = libc::SOCK_DGRAM | if cloexec { libc::SOCK_CLOEXEC } else { 0 };
+    let fd = sys::socket(libc::AF_UNIX, ty, 0)?;
+    if fd as usize >= TABLE.capacity() {
+        let _ = sys::close(fd);
+        return Err(libc::EMFILE);
+    }
+    Ok(fd)
+}
+
+/// socket(2) for a supported (domain, type, protocol); `base` is SOCK_STREAM/DGRAM.
+pub fn socket(
+    g: &'static Guest,
+    domain: c_int,
+    base: c_int,
+    proto: c_int,
+    nonblock: bool,
+    cloexec: bool,
+) -> Result<c_int, i32> {
+    let fd = dummy(cloexec)?;
+    let r = request(
+        g,
+        op::SOCKET,
+        0,
+        [domain as u64, base as u64, proto as u64, 0],
+        &[],
+        &mut [],
+    );
+    let handle = match r {
+        Ok((h, _)) => h as u32,
+        Err(e) => {
+            let _ = sys::close(fd);
+            return Err(e);
+        }
+    };
+    let s = match Sock::new(g, handle) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = sys::close(fd);
+            return Err(e);
+        }
+    };
+    client::init_guest_line(s.e, nonblock, 0, 0);
+    let _ = TABLE.set_canal(fd, handle);
+    client::debug!(g, "canal: socket fd {fd} -> handle {handle:#x}\n");
+    Ok(fd)
+}
+
+// ---- control operations ---------------------------------------------------------------
+
+pub fn bind(s: Sock, a: &CanalAddr) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(s.g, op::BIND, s.handle, [0; 4], &a.encode(), &mut []).map(|_| ())
+}
+
+pub fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(
+        s.g,
+        op::LISTEN,
+        s.handle,
+        [backlog.max(0) as u64, 0, 0, 0],
+        &[],
+        &mut [],
+    )
+    .map(|_| ())
+}
+
+pub fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    if s.kind() == sock_kind::DGRAM {
+        return request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []).map(|_| ());
+    }
+    let fl = s.flags();
+    if fl & f::CONNECTED != 0 {
+        return Err(libc::EISCONN);
+    }
+    let in_progress = if fl & f::CONNECTING != 0 && fl & f::ERROR == 0 {
+        if s.nonblocking() {
+            return Err(libc::EALREADY);
+        }
+        true
+    } else {
+        // A failed non-blocking connect reports its error to the next connect.
+        let pe = s.take_error();
+        if pe != 0 && fl & f::ERROR != 0 {
+            return Err(pe as i32);
+        }
+        match request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []) {
+            Ok(_) => return Ok(()),
+            Err(libc::EINPROGRESS) => true,
+            Err(e) => return Err(e),
+        }
+    };
+    debug_assert!(in_progress);
+    if s.nonblocking() {
+        return Err(libc::EINPROGRESS);
+    }
+    let w = wait_until(s.g, s.idx, s.deadline(false), || {
+        let fl = s.flags();
+        fl & (f::CONNECTED | f::ERROR | f::HUP) != 0 || fl & f::CONNECTING == 0
+    });
+    match w {
+        Wait::Ready => {}
+        Wait::Timeout => return Err(libc::EINPROGRESS),
+        other => return Err(wait_err(other, false)),
+    }
+    let fl = s.flags();
+    let pe = s.take_error();
+    if pe != 0 {
+        return Err(pe as i32);
+    }
+    if fl & f::CONNECTED != 0 {
+        Ok(())
+    } else {
+        Err(libc::ECONNREFUSED)
+    }
+}
+
+pub fn shutdown(s: Sock, how: c_int) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    let bits = match how {
+        libc::SHUT_RD => local::SHUT_RD,
+        libc::SHUT_WR => local::SHUT_WR,
+        libc::SHUT_RDWR => local::SHUT_RD | local::SHUT_WR,
+        _ => return Err(libc::EINVAL),
+    };
+    request(
+        s.g,
+        op::SHUTDOWN,
+        s.handle,
+        [how as u64, 0, 0, 0],
+        &[],
+        &mut [],
+    )?;
+    s.e.guest_flags.fetch_or(bits, Ordering::Relaxed);
+    client::wake_local(s.g, s.idx);
+    Ok(())
+}
+
+pub fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
+    dead_err(s.g, false)?;
+    let mut out = [0u8; ADDR_SIZE];
+    let o = if peer {
+        op::GETPEERNAME
+    } else {
+        op::GETSOCKNAME
+    };
+    let (_, n) = request(s.g, o, s.handle, [0; 4], &[], &mut out)?;
+    if n < ADDR_SIZE {
+        return Err(libc::EIO);
+    }
+    CanalAddr::decode(&out).ok_or(libc::EIO)
+}
+
+// Option names answered by the library (x86-64/aarch64 values; the _NEW variants take
+// the same 64-bit timeval).
+const SO_RCVTIMEO_OLD: c_int = 20;
+const SO_SNDTIMEO_OLD: c_int = 21;
+const SO_RCVTIMEO_NEW: c_int = 66;
+const SO_SNDTIMEO_NEW: c_int = 67;
+
+/// Timeout option → (is_receive).
+fn timeo_opt(level: c_int, name: c_int) -> Option<bool> {
+    if level != libc::SOL_SOCKET {
+        return None;
+    }
+    match name {
+        SO_RCVTIMEO_OLD | SO_RCVTIMEO_NEW => Some(true),
+        SO_SNDTIMEO_OLD | SO_SNDTIMEO_NEW => Some(false),
+        _ => None,
+    }
+}
+
+/// timeval bytes → nanoseconds (0 = no timeout), with Linux's rules.
+pub fn timeval_to_ns(b: &[u8]) -> Result<u64, i32> {
+    if b.len() < 16 {
+        return Err(libc::EINVAL);
+    }
+    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap());
+    let usec = i64::from_ne_bytes(b[8..16].try_into().unwrap());
+    if !(0..1_000_000).contains(&usec) {
+        return Err(libc::EDOM);
+    }
+    if sec < 0 {
+        // Linux: a negative timeout means "do not wait".
+        return Ok(1);
+    }
+    Ok((sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(usec as u64 * 1000))
+}
+
+pub fn ns_to_timeval(ns: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&((ns / 1_000_000_000) as i64).to_ne_bytes());
+    b[8..16].copy_from_slice(&(((ns % 1_000_000_000) / 1000) as i64).to_ne_bytes());
+    b
+}
+
+pub fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    if let Some(rcv) = timeo_opt(level, name) {
+        let ns = timeval_to_ns(val)?;
+        if rcv {
+            s.e.rcvtimeo_ns.store(ns, Ordering::Relaxed);
+        } else {
+            s.e.sndtimeo_ns.store(ns, Ordering::Relaxed);
+        }
+        return Ok(());
+    }
+    if val.len() > canal_abi::SLOT_PAYLOAD {
+        return Err(libc::EINVAL);
+    }
+    request(
+        s.g,
+        op::SETSOCKOPT,
+        s.handle,
+        [level as u64, name as u64, 0, 0],
+        val,
+        &mut [],
+    )
+    .map(|_| ())
+}
+
+/// getsockopt: writes up to `out.len()` bytes, returns the option's real length.
+pub fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> Result<usize, i32> {
+    dead_err(s.g, false)?;
+    let int = |v: i32, out: &mut [u8]| {
+        let b = v.to_ne_bytes();
+        let n = out.len().min(4);
+        out[..n].copy_from_slice(&b[..n]);
+        Ok(n)
+    };
+    if let Some(rcv) = timeo_opt(level, name) {
+        let ns = if rcv {
+            &s.e.rcvtimeo_ns
+        } else {
+            &s.e.sndtimeo_ns
+        }
+        .load(Ordering::Relaxed);
+        let b = ns_to_timeval(ns);
+        let n = out.len().min(16);
+        out[..n].copy_from_slice(&b[..n]);
+        return Ok(n);
+    }
+    if level == libc::SOL_SOCKET {
+        let kind = s.kind();
+        match name {
+            libc::SO_ERROR => return int(s.take_error() as i32, out),
+            libc::SO_TYPE => {
+                return int(
+                    if kind == sock_kind::DGRAM {
+                        libc::SOCK_DGRAM
+                    } else {
+                        libc::SOCK_STREAM
+                    },
+                    out,
+                )
+            }
+            libc::SO_PROTOCOL => {
+                return int(
+                    if kind == sock_kind::DGRAM {
+                        libc::IPPROTO_UDP
+                    } else {
+                        libc::IPPROTO_TCP
+                    },
+                    out,
+                )
+            }
+            libc::SO_DOMAIN => return int(s.e.family.load(Ordering::Relaxed) as i32, out),
+            libc::SO_ACCEPTCONN => return int((kind == sock_kind::LISTENER) as i32, out),
+            _ => {}
+        }
+    }
+    let mut buf = [0u8; canal_abi::SLOT_PAYLOAD];
+    let want = out.len().min(buf.len());
+    let (_, n) = request(
+        s.g,
+        op::GETSOCKOPT,
+        s.handle,
+        [level as u64, name as u64, want as u64, 0],
+        &[],
+        &mut buf,
+    )?;
+    let c = n.min(out.len());
+    out[..c].copy_from_slice(&buf[..c]);
+    Ok(c)
+}
+
+/// Drops one descriptor's reference; the last one sends CLOSE.
+pub fn release(g: &'static Guest, handle: u32) {
+    let Ok(s) = Sock::new(g, handle) else { return };
+    let prev =
+        s.e.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+                Some(r.saturating_sub(1))
+            })
+            .unwrap_or(1);
+    if prev <= 1 {
+        client::wake_local(g, s.idx);
+        if !client::is_dead(g) {
+            let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
+        }
+        client::debug!(g, "canal: close handle {handle:#x}\n");
+    }
+}
+
+/// One more descriptor refers to the socket (dup, fcntl F_DUPFD).
+pub fn add_ref(g: &'static Guest, handle: u32) {
+    if let Ok(s) = Sock::new(g, handle) {
+        s.e.refs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// ---- data path --------------------------------------------------------------------------
+
+/// Source address and flags a receive reports back.
+#[derive(Default)]
+pub struct RecvMeta {
+    pub from: Option<CanalAddr>,
+    pub msg_flags: c_int,
+}
+
+/// send/sendto/sendmsg/write/writev.
+pub fn send(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> Result<usize, i32> {
+    dead_err(s.g, true)?;
+    if flags & libc::MSG_OOB != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    match s.kind() {
+        sock_kind::DGRAM => send_dgram(s, iov, flags, to),
+        sock_kind::STREAM => {
+            if to.is_some() && s.flags() & f::CONNECTED != 0 {
+                // Linux ignores the address on a connected TCP socket (EISCONN only
+                // for TCP Fast Open); we do the same.
+            }
+            send_stream(s, iov, flags)
+        }
+        // A listening socket: not connected.
+        _ => Err(epipe(flags)),
+    }
+}
+
+fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
+    let total = iov::total_len(iov)?;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
+    let ring = s.tx_ring()?;
+    let size = ring_size(&ring, s.e.tx_size.load(Ordering::Relaxed));
+    let mut sent = 0usize;
+    let mut deadline = None;
+    loop {
+        let fl = s.flags();
+        let pe = s.take_error();
+        if pe != 0 {
+            return if sent > 0 { Ok(sent) } else { Err(pe as i32) };
+        }
+        if fl & f::TX_CLOSED != 0
+            || s.local() & local::SHUT_WR != 0
+            || fl & (f::ERROR | f::HUP | f::BROKEN) != 0
+        {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(epipe(flags))
+            };
+        }
+        let connecting = fl & f::CONNECTING != 0 && fl & f::CONNECTED == 0;
+        if fl & f::CONNECTED == 0 && !connecting {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(epipe(flags))
+            };
+        }
+        if !connecting {
+            client::lock(&s.e.tx_lock);
+            let head = s.e.tx_head.load(Ordering::Relaxed);
+            // R1: Acquire pairs with the host's Release of tx_tail: it has finished
+            // reading the bytes whose space we reuse.
+            let tail = s.e.tx_tail.load(Ordering::Acquire);
+            let used = match check_indices(head, tail, size) {
+                Ok(u) => u,
+                Err(_) => {
+                    client::unlock(&s.e.tx_lock);
+                    return Err(libc::EIO);
+                }
+            };
+            let n = ((size - used) as usize).min(total - sent);
+            if n > 0 {
+                // SAFETY: the iovecs are the application's buffers (its promise, as
+                // with the kernel); the ring span head..head+n is free (checked).
+                unsafe { iov::gather_into(&ring, head, iov, sent, n) };
+                // R2: Release publishes the bytes; pairs with the host's Acquire.
+                s.e.tx_head
+                    .store(head.wrapping_add(n as u64), Ordering::Release);
+            }
+            client::unlock(&s.e.tx_lock);
+            if n > 0 {
+                attention(s.g, s.idx);
+                sent += n;
+            }
+            if sent == total {
+                return Ok(sent);
+            }
+        }
+        if nonblock {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(libc::EAGAIN)
+            };
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(false));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.tx_free() > 0
+                || st.pending_error != 0
+                || st.flags & (f::TX_CLOSED | f::ERROR | f::HUP | f::BROKEN) != 0
+                || (st.flags & f::CONNECTING == 0 && st.flags & f::CONNECTED == 0)
+                || st.guest_flags & local::SHUT_WR != 0
+                || (connecting && st.flags & f::CONNECTED != 0)
+        });
+        if w != Wait::Ready {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(wait_err(w, true))
+            };
+        }
+    }
+}
+
+fn ring_size(r: &RawRing, size: u32) -> u64 {
+    let _ = r;
+    size as u64
+}
+
+/// Largest UDP payload the kernel would take.
+fn udp_max(family: u32) -> usize {
+    if family == libc::AF_INET6 as u32 {
+        65527
+    } else {
+        65507
+    }
+}
+
+fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> Result<usize, i32> {
+    let total = iov::total_len(iov)?;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
+    if s.local() & local::SHUT_WR != 0 {
+        return Err(epipe(flags));
+    }
+    let connected = s.flags() & f::CONNECTED != 0;
+    if to.is_none() && !connected {
+        return Err(libc::EDESTADDRREQ);
+    }
+    let enc = to.map(|a| a.encode());
+    let addr: &[u8] = enc.as_ref().map_or(&[], |b| &b[..]);
+    let ring = s.tx_ring()?;
+    let size = s.e.tx_size.load(Ordering::Relaxed) as u64;
+    if total > udp_max(s.e.family.load(Ordering::Relaxed))
+        || total as u64 > canal_abi::ring::max_record_payload(size, addr.len() as u64)
+    {
+        return Err(libc::EMSGSIZE);
+    }
+    // Payload pieces without allocating for the common case.
+    let mut small: [&[u8]; 16] = [&[]; 16];
+    let mut big: Vec<&[u8]> = Vec::new();
+    let parts: &[&[u8]] = if iov.len() <= small.len() {
+        let mut k = 0;
+        // SAFETY: the iovecs are the application's readable buffers, alive for the call.
+        unsafe {
+            iov::for_each_slice(iov, total, |p| {
+                small[k] = p;
+                k += 1;
+            })
+        };
+        &small[..k]
+    } else {
+        // SAFETY: as above.
+        unsafe { iov::for_each_slice(iov, total, |p| big.push(p)) };
+        &big
+    };
+    let mut deadline = None;
+    loop {
+        let pe = s.take_error();
+        if pe != 0 {
+            return Err(pe as i32);
+        }
+        client::lock(&s.e.tx_lock);
+        let mut p = Producer {
+            storage: &ring,
+            head_shared: &s.e.tx_head,
+            tail_shared: &s.e.tx_tail,
+            head: s.e.tx_head.load(Ordering::Relaxed),
+        };
+        let r = p.push_record(record_kind::DATAGRAM, addr, parts);
+        client::unlock(&s.e.tx_lock);
+        match r {
+            Err(_) => return Err(libc::EIO),
+            Ok(true) => {
+                attention(s.g, s.idx);
+                return Ok(total);
+            }
+            Ok(false) => {}
+        }
+        if nonblock {
+            return Err(libc::EAGAIN);
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(false));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            ready::dgram_writable(st.tx_free(), st.tx_size) || st.pending_error != 0
+        });
+        if w != Wait::Ready {
+            return Err(wait_err(w, true));
+        }
+    }
+}
+
+/// recv/recvfrom/recvmsg/read/readv.
+pub fn recv(s: Sock, iov: &[iovec], flags: c_int, meta: &mut RecvMeta) -> Result<usize, i32> {
+    dead_err(s.g, true)?;
+    if flags & libc::MSG_OOB != 0 {
+        return Err(libc::EINVAL);
+    }
+    match s.kind() {
+        sock_kind::DGRAM => recv_dgram(s, iov, flags, meta),
+        sock_kind::STREAM => recv_stream(s, iov, flags),
+        _ => Err(libc::ENOTCONN),
+    }
+}
+
+fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
+    let total = iov::total_len(iov)?;
+    let peek = flags & libc::MSG_PEEK != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let discard = flags & libc::MSG_TRUNC != 0;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
+    let ring = s.rx_ring()?;
+    let size = s.e.rx_size.load(Ordering::Relaxed) as u64;
+    let mut got = 0usize;
+    let mut deadline = None;
+    loop {
+        if total == 0 {
+            return Ok(0);
+        }
+        client::lock(&s.e.rx_lock);
+        let tail = s.e.rx_tail.load(Ordering::Relaxed);
+        // R3: Acquire pairs with the host's Release of rx_head: the bytes are there.
+        let head = s.e.rx_head.load(Ordering::Acquire);
+        let used = match check_indices(head, tail, size) {
+            Ok(u) => u,
+            Err(_) => {
+                client::unlock(&s.e.rx_lock);
+                return Err(libc::EIO);
+            }
+        };
+        let n = (used as usize).min(total - got);
+        if n > 0 {
+            if !discard {
+                // SAFETY: the iovecs are the application's writable buffers; the ring
+                // span tail..tail+n holds queued bytes (checked).
+                unsafe { iov::scatter_from(&ring, tail, iov, got, n) };
+            }
+            if !peek {
+                // R4: Release orders our reads before the host may reuse the space.
+                s.e.rx_tail
+                    .store(tail.wrapping_add(n as u64), Ordering::Release);
+            }
+        }
+        client::unlock(&s.e.rx_lock);
+        if n > 0 && !peek {
+            got += n;
+            if s.flags() & f::RX_WANT_SPACE != 0 {
+                attention(s.g, s.idx);
+            }
+        } else if n > 0 {
+            return Ok(n);
+        }
+        if got > 0 && (!waitall || got == total) {
+            return Ok(got);
+        }
+        let fl = s.flags();
+        // Nothing (more) queued: errors, then EOF.
+        if s.e.rx_head.load(Ordering::Acquire) == s.e.rx_tail.load(Ordering::Relaxed) {
+            let pe = s.take_error();
+            if pe != 0 {
+                return if got > 0 { Ok(got) } else { Err(pe as i32) };
+            }
+            if fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
+                || s.local() & local::SHUT_RD != 0
+            {
+                return Ok(got);
+            }
+            if fl & (f::CONNECTED | f::CONNECTING) == 0 {
+                return if got > 0 {
+                    Ok(got)
+                } else {
+                    Err(libc::ENOTCONN)
+                };
+            }
+        } else {
+            continue;
+        }
+        if nonblock {
+            return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(true));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.rx_used > 0
+                || st.pending_error != 0
+                || st.flags & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
+                || st.guest_flags & local::SHUT_RD != 0
+                || st.flags & (f::CONNECTED | f::CONNECTING) == 0
+        });
+        if w != Wait::Ready {
+            return if got > 0 {
+                Ok(got)
+            } else {
+                Err(wait_err(w, true))
+            };
+        }
+    }
+}
+
+fn recv_dgram(s: Sock, iov: &[iovec], flags: c_int, meta: &mut RecvMeta) -> Result<usize, i32> {
+    let total = iov::total_len(iov)?;
+    let peek = flags & libc::MSG_PEEK != 0;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
+    let ring = s.rx_ring()?;
+    let mut deadline = None;
+    loop {
+        client::lock(&s.e.rx_lock);
+        let mut c = Consumer {
+            storage: &ring,
+            head_shared: &s.e.rx_head,
+            tail_shared: &s.e.rx_tail,
+            tail: s.e.rx_tail.load(Ordering::Relaxed),
+        };
+        let rec = c.next_record();
+        let out = match rec {
+            Err(_) => Some(Err(libc::EIO)),
+            Ok(None) => None,
+            Ok(Some(info)) if info.kind != record_kind::DATAGRAM => {
+                // Not ours to receive (garbage): skip it.
+                c.consume_record(&info);
+                None
+            }
+            Ok(Some(info)) => {
+                let len = info.len as usize;
+                let n = len.min(total);
+                let pos = c.record_payload_pos(&info);
+                // SAFETY: the iovecs are the application's writable buffers; the payload
+                // span lies inside the queued bytes (checked by next_record).
+                unsafe { iov::scatter_from(&ring, pos, iov, 0, n) };
+                if info.addr_len as usize >= ADDR_SIZE {
+                    let mut a = [0u8; ADDR_SIZE];
+                    c.record_addr(&info, &mut a);
+                    meta.from = CanalAddr::decode(&a);
+                }
+                meta.msg_flags = if len > total { libc::MSG_TRUNC } else { 0 };
+                if !peek {
+                    c.consume_record(&info);
+                }
+                Some(Ok(if flags & libc::MSG_TRUNC != 0 { len } else { n }))
+            }
+        };
+        client::unlock(&s.e.rx_lock);
+        match out {
+            Some(r) => {
+                if !peek && s.flags() & f::RX_WANT_SPACE != 0 {
+                    attention(s.g, s.idx);
+                }
+                return r;
+            }
+            None => {
+                if s.e.rx_head.load(Ordering::Acquire) != s.e.rx_tail.load(Ordering::Relaxed) {
+                    continue; // skipped a record; look again
+                }
+            }
+        }
+        let pe = s.take_error();
+        if pe != 0 {
+            return Err(pe as i32);
+        }
+        if s.local() & local::SHUT_RD != 0 {
+            return Ok(0);
+        }
+        if nonblock {
+            return Err(libc::EAGAIN);
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(true));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.rx_used > 0 || st.pending_error != 0 || st.guest_flags & local::SHUT_RD != 0
+        });
+        if w != Wait::Ready {
+            return Err(wait_err(w, true));
+        }
+    }
+}
+
+/// accept/accept4: returns the new descriptor and the peer address.
+pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> {
+    dead_err(s.g, false)?;
+    if s.kind() != sock_kind::LISTENER {
+        return Err(if s.kind() == sock_kind::DGRAM {
+            libc::EOPNOTSUPP
+        } else {
+            libc::EINVAL
+        });
+    }
+    let nonblock = s.nonblocking();
+    let ring = s.rx_ring()?;
+    let mut deadline = None;
+    loop {
+        client::lock(&s.e.rx_lock);
+        let mut c = Consumer {
+            storage: &ring,
+            head_shared: &s.e.rx_head,
+            tail_shared: &s.e.rx_tail,
+            tail: s.e.rx_tail.load(Ordering::Relaxed),
+        };
+        let out: Option<Result<(c_int, Option<CanalAddr>), i32>> = match c.next_record() {
+            Err(_) => Some(Err(libc::EIO)),
+            Ok(None) => None,
+            Ok(Some(info))
+                if info.kind != record_kind::ACCEPT
+                    || (info.len as usize) < canal_abi::ACCEPT_PAYLOAD =>
+            {
+                c.consume_record(&info);
+                None
+            }
+            Ok(Some(info)) => match dummy(flags & libc::SOCK_CLOEXEC != 0) {
+                // No descriptor for it: leave the connection queued (as the kernel does).
+                Err(e) => Some(Err(e)),
+                Ok(fd) => {
+                    let mut p = [0u8; 8];
+                    c.record_payload(&info, 0, &mut p);
+                    let mut a = [0u8; ADDR_SIZE];
+                    let peer = if info.addr_len as usize >= ADDR_SIZE {
+                        c.record_addr(&info, &mut a);
+                        CanalAddr::decode(&a)
+                    } else {
+                        None
+                    };
+                    c.consume_record(&info);
+                    let h = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+                    match Sock::new(s.g, h) {
+                        Ok(ns) if ns.kind() == sock_kind::STREAM => {
+                            client::init_guest_line(
+                                ns.e,
+                                flags & libc::SOCK_NONBLOCK != 0,
+                                s.e.rcvtimeo_ns.load(Ordering::Relaxed),
+                                s.e.sndtimeo_ns.load(Ordering::Relaxed),
+                            );
+                            let _ = TABLE.set_canal(fd, h);
+                            Some(Ok((fd, peer)))
+                        }
+                        _ => {
+                            let _ = sys::close(fd);
+                            Some(Err(libc::ECONNABORTED))
+                        }
+                    }
+                }
+            },
+        };
+        client::unlock(&s.e.rx_lock);
+        if s.flags() & f::RX_WANT_SPACE != 0 {
+            attention(s.g, s.idx);
+        }
+        match out {
+            Some(Err(libc::ECONNABORTED)) => continue,
+            Some(r) => {
+                if let Ok((fd, _)) = &r {
+                    client::debug!(s.g, "canal: accept on handle {:#x} -> fd {fd}\n", s.handle);
+                }
+                return r;
+            }
+            None => {
+                if s.e.rx_head.load(Ordering::Acquire) != s.e.rx_tail.load(Ordering::Relaxed) {
+                    continue;
+                }
+            }
+        }
+        let pe = s.take_error();
+        if pe != 0 {
+            return Err(pe as i32);
+        }
+        if nonblock {
+            return Err(libc::EAGAIN);
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(true));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.rx_used > 0 || st.pending_error != 0 || st.kind != sock_kind::LISTENER
+        });
+        if w != Wait::Ready {
+            return Err(wait_err(w, false));
+        }
+        if s.kind() != sock_kind::LISTENER {
+            return Err(libc::EINVAL);
+        }
+    }
+}
+
+/// Bytes FIONREAD reports: queued stream bytes, or the next datagram's size.
+pub fn fionread(s: Sock) -> Result<c_int, i32> {
+    let st = s.snapshot();
+    if st.kind != sock_kind::DGRAM {
+        return Ok(st.rx_used.min(i32::MAX as u64) as c_int);
+    }
+    let ring = s.rx_ring()?;
+    client::lock(&s.e.rx_lock);
+    let mut c = Consumer {
+        storage: &ring,
+        head_shared: &s.e.rx_head,
+        tail_shared: &s.e.rx_tail,
+        tail: s.e.rx_tail.load(Ordering::Relaxed),
+    };
+    let r = match c.next_record() {
+        Ok(Some(i)) => Ok(i.len as c_int),
+        Ok(None) => Ok(0),
+        Err(_) => Err(libc::EIO),
+    };
+    client::unlock(&s.e.rx_lock);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeval_rules() {
+        let tv = |s: i64, u: i64| {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&s.to_ne_bytes());
+            b[8..].copy_from_slice(&u.to_ne_bytes());
+            b
+        };
+        assert_eq!(timeval_to_ns(&tv(0, 0)), Ok(0));
+        assert_eq!(timeval_to_ns(&tv(1, 500_000)), Ok(1_500_000_000));
+        assert_eq!(timeval_to_ns(&tv(0, 1_000_000)), Err(libc::EDOM));
+        assert_eq!(timeval_to_ns(&tv(-1, 0)), Ok(1));
+        assert_eq!(timeval_to_ns(&tv(1, 0)[..8]), Err(libc::EINVAL));
+        assert_eq!(ns_to_timeval(1_500_000_000), tv(1, 500_000));
+        assert_eq!(timeo_opt(libc::SOL_SOCKET, libc::SO_RCVTIMEO), Some(true));
+        assert_eq!(timeo_opt(libc::SOL_SOCKET, libc::SO_SNDTIMEO), Some(false));
+        assert_eq!(timeo_opt(libc::IPPROTO_TCP, libc::SO_RCVTIMEO), None);
+    }
+
+    #[test]
+    fn udp_limits() {
+        assert_eq!(udp_max(libc::AF_INET as u32), 65507);
+        assert_eq!(udp_max(libc::AF_INET6 as u32), 65527);
+    }
+}

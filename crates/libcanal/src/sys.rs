@@ -1,0 +1,289 @@
+//! The library's own contact with the OS: raw system calls and the real libc functions.
+//!
+//! When `libcanal.so` is preloaded, every libc symbol it exports (`read`, `write`,
+//! `close`, `poll`, ...) shadows glibc's, *including for calls made from inside this
+//! library* (Rust's std and the `libc` crate link to the same symbols). So the library
+//! never does its own I/O through libc wrappers: it uses `libc::syscall` (not hooked)
+//! or function pointers resolved with `dlsym(RTLD_NEXT)`.
+
+use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicUsize, Ordering};
+use libc::{c_int, c_long, c_void};
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() }
+}
+
+pub fn set_errno(e: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// Turns a raw `syscall()` return into a result carrying the errno.
+#[inline]
+pub fn check(r: c_long) -> Result<usize, i32> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Looks up the next definition of `name` after this library (glibc's).
+/// Aborts with a message if it does not exist: every symbol we hook exists in glibc.
+pub fn dlsym_next(name: &core::ffi::CStr) -> usize {
+    // SAFETY: RTLD_NEXT with a NUL-terminated name is dlsym's documented use.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    if p.is_null() {
+        log_fmt(format_args!(
+            "canal: fatal: cannot resolve the real {:?}\n",
+            name
+        ));
+        // SAFETY: abort is always safe to call.
+        unsafe { libc::abort() }
+    }
+    p as usize
+}
+
+/// Resolves the real libc function once per call site (a relaxed load afterwards).
+/// Usage: `real!("read", unsafe extern "C" fn(c_int, *mut c_void, size_t) -> ssize_t)`.
+#[macro_export]
+macro_rules! real {
+    ($name:literal, $ty:ty) => {{
+        static P: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+        $crate::sys::real_ptr(&P, $name)
+            .map(|p| {
+                #[allow(unused_unsafe)]
+                // SAFETY: `p` is the address of glibc's function of this name, whose C
+                // prototype is the one written at the call site.
+                unsafe {
+                    core::mem::transmute::<usize, $ty>(p)
+                }
+            })
+            .unwrap()
+    }};
+}
+
+#[inline]
+pub fn real_ptr(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<usize> {
+    let p = cache.load(Ordering::Relaxed);
+    if p != 0 {
+        return Some(p);
+    }
+    let p = dlsym_next(name);
+    cache.store(p, Ordering::Relaxed);
+    Some(p)
+}
+
+// ---- raw system calls -------------------------------------------------------------
+
+pub fn read(fd: c_int, buf: &mut [u8]) -> Result<usize, i32> {
+    // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+    check(unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) })
+}
+
+pub fn write(fd: c_int, buf: &[u8]) -> Result<usize, i32> {
+    // SAFETY: buf is a valid readable buffer of buf.len() bytes.
+    check(unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), buf.len()) })
+}
+
+pub fn close(fd: c_int) -> Result<usize, i32> {
+    // SAFETY: closing a descriptor has no memory-safety preconditions.
+    check(unsafe { libc::syscall(libc::SYS_close, fd) })
+}
+
+pub fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i32> {
+    // SAFETY: no pointers involved.
+    check(unsafe { libc::syscall(libc::SYS_socket, domain, ty, proto) }).map(|v| v as c_int)
+}
+
+/// fcntl with an integer argument.
+pub fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32> {
+    // SAFETY: callers only use commands whose argument is an integer.
+    check(unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) })
+}
+
+pub fn eventfd() -> Result<c_int, i32> {
+    let flags = libc::EFD_CLOEXEC | libc::EFD_NONBLOCK;
+    // SAFETY: no pointers involved.
+    check(unsafe { libc::syscall(libc::SYS_eventfd2, 0, flags) }).map(|v| v as c_int)
+}
+
+/// Adds 1 to an eventfd (a wake-up / doorbell).
+pub fn eventfd_signal(fd: c_int) -> Result<usize, i32> {
+    write(fd, &1u64.to_ne_bytes())
+}
+
+/// Drains an eventfd (non-blocking).
+pub fn eventfd_drain(fd: c_int) {
+    let mut b = [0u8; 8];
+    let _ = read(fd, &mut b);
+}
+
+/// ppoll with an optional relative timeout in nanoseconds and an optional signal mask.
+pub fn ppoll(
+    fds: &mut [libc::pollfd],
+    timeout_ns: Option<i64>,
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, i32> {
+    let ts = timeout_ns.map(|ns| {
+        let ns = ns.max(0);
+        libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        }
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(core::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: fds is a valid array of fds.len() pollfds; tsp is null or points to a
+    // live timespec; sigmask is null or a caller-provided sigset (size 8 for the
+    // kernel's sigset).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            tsp,
+            sigmask,
+            8usize,
+        )
+    })
+}
+
+pub fn gettid() -> i32 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+pub fn getpid() -> i32 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+}
+
+/// Whether a thread or process id is still alive (kill(pid, 0)).
+pub fn alive(tid: i32) -> bool {
+    if tid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks existence.
+    let r = unsafe { libc::syscall(libc::SYS_kill, tid, 0) };
+    !(r < 0 && errno() == libc::ESRCH)
+}
+
+/// Sends SIGPIPE to the calling thread (what the kernel does on EPIPE).
+pub fn raise_sigpipe() {
+    // SAFETY: tgkill to ourselves with a valid signal number.
+    unsafe {
+        libc::syscall(libc::SYS_tgkill, getpid(), gettid(), libc::SIGPIPE);
+    }
+}
+
+pub fn sched_yield() {
+    // SAFETY: no arguments.
+    unsafe {
+        libc::syscall(libc::SYS_sched_yield);
+    }
+}
+
+pub fn sleep_ns(ns: i64) {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: ts is a live timespec; the remainder pointer may be null.
+    unsafe {
+        libc::syscall(
+            libc::SYS_nanosleep,
+            &ts as *const libc::timespec,
+            core::ptr::null_mut::<libc::timespec>(),
+        );
+    }
+}
+
+/// Monotonic clock in nanoseconds (vDSO, not hooked).
+pub fn now_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// mmap(MAP_SHARED) of `len` bytes of `fd` (or anonymous memory with fd = -1).
+pub fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
+    let flags = if fd < 0 {
+        libc::MAP_SHARED | libc::MAP_ANONYMOUS
+    } else {
+        libc::MAP_SHARED
+    };
+    // SAFETY: a fresh mapping chosen by the kernel; no existing memory is touched.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            core::ptr::null_mut::<c_void>(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            0,
+        )
+    };
+    check(r).map(|p| p as *mut u8)
+}
+
+pub fn file_size(fd: c_int) -> Result<u64, i32> {
+    // SAFETY: stat is plain data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer.
+    check(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
+    Ok(st.st_size as u64)
+}
+
+// ---- logging ------------------------------------------------------------------------
+
+/// A fixed stack buffer for formatting log lines without allocating.
+pub struct LineBuf {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl LineBuf {
+    pub fn new() -> Self {
+        LineBuf {
+            buf: [0; 512],
+            len: 0,
+        }
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Default for LineBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Write for LineBuf {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// Writes a formatted line to stderr with one raw write (errno preserved).
+pub fn log_fmt(args: fmt::Arguments) {
+    let e = errno();
+    let mut b = LineBuf::new();
+    let _ = b.write_fmt(args);
+    let _ = write(2, b.as_bytes());
+    set_errno(e);
+}
