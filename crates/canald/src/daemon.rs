@@ -31,6 +31,8 @@ pub struct Config {
     pub spin: u32,
     /// Requests per guest per round.
     pub budget: usize,
+    /// Policy: guests may only bind/connect/send to loopback addresses.
+    pub loopback_only: bool,
     pub verbose: bool,
 }
 
@@ -45,6 +47,7 @@ impl Config {
             ring_kib: 256,
             spin: DEFAULT_SPIN,
             budget: 64,
+            loopback_only: false,
             verbose: false,
         }
     }
@@ -70,7 +73,7 @@ impl Config {
             layout,
             ring_size: ring,
             budget: self.budget.max(1),
-            loopback_only: false,
+            loopback_only: self.loopback_only,
         })
     }
 }

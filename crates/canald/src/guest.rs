@@ -84,8 +84,13 @@ pub fn translate_host_addr(_guest: &GuestView, a: &CanalAddr) -> CanalAddr {
 
 fn is_loopback(a: &CanalAddr) -> bool {
     match a.family {
-        canal_abi::addr::FAMILY_INET => a.addr[0] == 127,
-        _ => a.addr == std::net::Ipv6Addr::LOCALHOST.octets() || a.addr == [0; 16],
+        canal_abi::addr::FAMILY_INET => a.addr[0] == 127 || a.ip4() == [0; 4],
+        _ => {
+            let v6 = std::net::Ipv6Addr::from(a.addr);
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
     }
 }
 

@@ -34,7 +34,7 @@ pub fn default_socket_path() -> PathBuf {
 }
 
 const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N] [--sockets N]
-              [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [-v]
+              [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
   --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
@@ -44,6 +44,7 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --ring-kib N      each socket's tx and rx ring in KiB (default 256)
   --spin N          empty poller rounds before sleeping (default 64)
   --budget N        requests served per guest per round (default 64)
+  --loopback-only   policy: guests may only bind, connect and send to loopback addresses
   -v                log to stderr";
 
 fn parse_args(args: &[String]) -> Result<Config, String> {
@@ -91,6 +92,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
                 cfg.budget = num(a, v)?;
                 i += 1;
             }
+            "--loopback-only" => cfg.loopback_only = true,
             "-v" | "--verbose" => cfg.verbose = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument '{other}'")),

@@ -171,7 +171,13 @@ impl TestGuest {
     }
 
     /// Issues a request and waits for it (spin, then sleep on the slot's eventfd).
-    pub fn request(&mut self, opc: u32, handle: u32, args: [u64; 4], input: &[u8]) -> (i64, Vec<u8>) {
+    pub fn request(
+        &mut self,
+        opc: u32,
+        handle: u32,
+        args: [u64; 4],
+        input: &[u8],
+    ) -> (i64, Vec<u8>) {
         let s = self.region.slot(self.slot).unwrap();
         assert_eq!(s.state.load(Ordering::Relaxed), slot_state::IDLE);
         self.seq = self.seq.wrapping_add(1);
@@ -258,11 +264,17 @@ impl TestGuest {
         let e = self.entry(h);
         let tx = self
             .region
-            .ring(e.tx_offset.load(Ordering::Relaxed), e.tx_size.load(Ordering::Relaxed) as u64)
+            .ring(
+                e.tx_offset.load(Ordering::Relaxed),
+                e.tx_size.load(Ordering::Relaxed) as u64,
+            )
             .unwrap();
         let rx = self
             .region
-            .ring(e.rx_offset.load(Ordering::Relaxed), e.rx_size.load(Ordering::Relaxed) as u64)
+            .ring(
+                e.rx_offset.load(Ordering::Relaxed),
+                e.rx_size.load(Ordering::Relaxed) as u64,
+            )
             .unwrap();
         (tx, rx)
     }
@@ -332,7 +344,10 @@ impl TestGuest {
                     out.truncate(got);
                     return out;
                 }
-                assert!(Instant::now() < deadline, "recv timed out after {got} bytes");
+                assert!(
+                    Instant::now() < deadline,
+                    "recv timed out after {got} bytes"
+                );
                 self.kick();
                 std::thread::sleep(Duration::from_micros(100));
             }
@@ -393,7 +408,11 @@ impl TestGuest {
         };
         let a = to.map(|a| a.encode());
         let ok = p
-            .push_record(record_kind::DATAGRAM, a.as_ref().map_or(&[][..], |a| &a[..]), &[data])
+            .push_record(
+                record_kind::DATAGRAM,
+                a.as_ref().map_or(&[][..], |a| &a[..]),
+                &[data],
+            )
             .expect("tx sane");
         if ok {
             self.region.raise_attention(canal_abi::handle_index(h));
