@@ -208,7 +208,7 @@ pub fn ensure_attached() -> Option<&'static Guest> {
             Err((e, what)) => {
                 let n = path.iter().position(|&c| c == 0).unwrap_or(0);
                 sys::log_fmt(format_args!(
-                    "canal: {what} ({}): {}; this process uses kernel sockets\n",
+                    "canal: {what} ({}): {} (errno {e}); this process uses kernel sockets\n",
                     core::str::from_utf8(&path[..n]).unwrap_or("?"),
                     errno_name(e)
                 ));
@@ -264,9 +264,9 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     sys::check(unsafe {
         libc::syscall(
             libc::SYS_connect,
-            fd,
+            fd as libc::c_long,
             &sa as *const libc::sockaddr_un,
-            salen,
+            salen as libc::c_long,
         )
     })
     .map_err(|e| (e, "no canald answers"))?;
@@ -279,9 +279,9 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         let _ = unsafe {
             libc::syscall(
                 libc::SYS_setsockopt,
-                fd,
-                libc::SOL_SOCKET,
-                opt,
+                fd as libc::c_long,
+                libc::SOL_SOCKET as libc::c_long,
+                opt as libc::c_long,
                 &tv as *const libc::timeval,
                 core::mem::size_of::<libc::timeval>(),
             )
@@ -424,9 +424,9 @@ fn send_msg(fd: c_int, kind: u16, body: &[u8], pass: c_int) -> Result<(), i32> {
     let r = sys::check(unsafe {
         libc::syscall(
             libc::SYS_sendmsg,
-            fd,
+            fd as libc::c_long,
             &mh as *const libc::msghdr,
-            libc::MSG_NOSIGNAL,
+            libc::MSG_NOSIGNAL as libc::c_long,
         )
     })?;
     if r != n {
@@ -452,9 +452,9 @@ fn recv_msg(fd: c_int, buf: &mut [u8], fds: &mut [c_int; 2]) -> Result<(u16, usi
     let n = sys::check(unsafe {
         libc::syscall(
             libc::SYS_recvmsg,
-            fd,
+            fd as libc::c_long,
             &mut mh as *mut libc::msghdr,
-            libc::MSG_CMSG_CLOEXEC,
+            libc::MSG_CMSG_CLOEXEC as libc::c_long,
         )
     })?;
     let mut nfds = 0;
@@ -813,7 +813,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
                 revents: 0,
             },
         ];
-        let _ = sys::ppoll(&mut pf, Some(1_000_000_000), core::ptr::null());
+        let _ = sys::ppoll(&mut pf, Some(1_000_000_000), sys::SigMask::NONE);
         slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
         if pf[0].revents != 0 {
             sys::eventfd_drain(s.efd);
@@ -873,7 +873,7 @@ pub fn wait_until(
             }
         };
         let remaining = deadline.map(|d| d - now);
-        match sleep_events(&s, index, remaining, &mut cond, &mut [], core::ptr::null()) {
+        match sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE) {
             Ok(_) => {}
             Err(libc::EINTR) => return Wait::Interrupted,
             Err(_) => {}
@@ -891,7 +891,7 @@ pub fn sleep_events(
     timeout_ns: Option<i64>,
     cond: &mut dyn FnMut() -> bool,
     extra: &mut [libc::pollfd],
-    sigmask: *const libc::sigset_t,
+    sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
     let g = s.g;
     let h = g.region.header();

@@ -916,7 +916,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) ->
     } else {
         Some(timeout as i64 * 1_000_000)
     };
-    run(|| poll::poll(g, set, t, core::ptr::null()).map(|n| n as isize)) as c_int
+    run(|| poll::poll(g, set, t, sys::SigMask::NONE).map(|n| n as isize)) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -940,7 +940,7 @@ pub unsafe extern "C" fn ppoll(
     let Some(_r) = Reentry::enter() else {
         return real();
     };
-    run(|| poll::poll(g, set, ts_ns(ts)?, sigmask).map(|n| n as isize)) as c_int
+    run(|| poll::poll(g, set, ts_ns(ts)?, sys::SigMask(sigmask)).map(|n| n as isize)) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -980,7 +980,7 @@ pub unsafe extern "C" fn select(
             )
         };
         let start = sys::now_ns();
-        let res = poll::select(g, nfds, r, w, e, t, core::ptr::null());
+        let res = poll::select(g, nfds, r, w, e, t, sys::SigMask::NONE);
         if let (Some(t), false) = (t, tv.is_null()) {
             // Linux updates the timeout to the time not slept.
             let left = (t - (sys::now_ns() - start)).max(0);
@@ -1016,7 +1016,8 @@ pub unsafe extern "C" fn pselect(
     let Some(_r) = Reentry::enter() else {
         return real();
     };
-    run(|| poll::select(g, nfds, r, w, e, ts_ns(ts)?, sigmask).map(|n| n as isize)) as c_int
+    run(|| poll::select(g, nfds, r, w, e, ts_ns(ts)?, sys::SigMask(sigmask)).map(|n| n as isize))
+        as c_int
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ pub fn poll(
     g: &'static Guest,
     fds: &mut [pollfd],
     timeout_ns: Option<i64>,
-    sigmask: *const libc::sigset_t,
+    sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
     let n = fds.len();
     let mut stack = [pollfd {
@@ -100,7 +100,7 @@ pub fn poll(
         // Check everything without blocking.
         let mut ready = 0;
         if ordinary > 0 && (round.is_multiple_of(ORDINARY_EVERY) || round >= g.spin) {
-            ready += sys::ppoll(&mut work[..n], Some(0), core::ptr::null())?;
+            ready += sys::ppoll(&mut work[..n], Some(0), sys::SigMask::NONE)?;
         }
         ready += scan_canal(g, fds);
         if ready > 0 || timeout_ns == Some(0) {
@@ -191,7 +191,7 @@ pub fn select(
     w: *mut libc::fd_set,
     e: *mut libc::fd_set,
     timeout_ns: Option<i64>,
-    sigmask: *const libc::sigset_t,
+    sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
     if nfds < 0 {
         return Err(libc::EINVAL);

@@ -5,6 +5,9 @@
 //! library* (Rust's std and the `libc` crate link to the same symbols). So the library
 //! never does its own I/O through libc wrappers: it uses `libc::syscall` (not hooked)
 //! or function pointers resolved with `dlsym(RTLD_NEXT)`.
+//!
+//! `syscall()` is variadic: every integer argument is widened to `c_long` first, or
+//! the upper half of its register is garbage (an mmap offset of "0" became EOVERFLOW).
 
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -81,34 +84,43 @@ pub fn real_ptr(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<usize> {
 
 pub fn read(fd: c_int, buf: &mut [u8]) -> Result<usize, i32> {
     // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-    check(unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) })
+    check(unsafe { libc::syscall(libc::SYS_read, fd as c_long, buf.as_mut_ptr(), buf.len()) })
 }
 
 pub fn write(fd: c_int, buf: &[u8]) -> Result<usize, i32> {
     // SAFETY: buf is a valid readable buffer of buf.len() bytes.
-    check(unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), buf.len()) })
+    check(unsafe { libc::syscall(libc::SYS_write, fd as c_long, buf.as_ptr(), buf.len()) })
 }
 
 pub fn close(fd: c_int) -> Result<usize, i32> {
     // SAFETY: closing a descriptor has no memory-safety preconditions.
-    check(unsafe { libc::syscall(libc::SYS_close, fd) })
+    check(unsafe { libc::syscall(libc::SYS_close, fd as c_long) })
 }
 
 pub fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i32> {
     // SAFETY: no pointers involved.
-    check(unsafe { libc::syscall(libc::SYS_socket, domain, ty, proto) }).map(|v| v as c_int)
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_socket,
+            domain as c_long,
+            ty as c_long,
+            proto as c_long,
+        )
+    })
+    .map(|v| v as c_int)
 }
 
 /// fcntl with an integer argument.
 pub fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32> {
     // SAFETY: callers only use commands whose argument is an integer.
-    check(unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) })
+    check(unsafe { libc::syscall(libc::SYS_fcntl, fd as c_long, cmd as c_long, arg) })
 }
 
 pub fn eventfd() -> Result<c_int, i32> {
     let flags = libc::EFD_CLOEXEC | libc::EFD_NONBLOCK;
     // SAFETY: no pointers involved.
-    check(unsafe { libc::syscall(libc::SYS_eventfd2, 0, flags) }).map(|v| v as c_int)
+    check(unsafe { libc::syscall(libc::SYS_eventfd2, 0 as c_long, flags as c_long) })
+        .map(|v| v as c_int)
 }
 
 /// Adds 1 to an eventfd (a wake-up / doorbell).
@@ -122,11 +134,20 @@ pub fn eventfd_drain(fd: c_int) {
     let _ = read(fd, &mut b);
 }
 
+/// A signal mask for ppoll: null (keep the thread's mask) or a sigset the application
+/// gave to ppoll/pselect, passed to the kernel untouched.
+#[derive(Clone, Copy)]
+pub struct SigMask(pub *const libc::sigset_t);
+
+impl SigMask {
+    pub const NONE: SigMask = SigMask(core::ptr::null());
+}
+
 /// ppoll with an optional relative timeout in nanoseconds and an optional signal mask.
 pub fn ppoll(
     fds: &mut [libc::pollfd],
     timeout_ns: Option<i64>,
-    sigmask: *const libc::sigset_t,
+    sigmask: SigMask,
 ) -> Result<usize, i32> {
     let ts = timeout_ns.map(|ns| {
         let ns = ns.max(0);
@@ -147,7 +168,7 @@ pub fn ppoll(
             fds.as_mut_ptr(),
             fds.len() as libc::nfds_t,
             tsp,
-            sigmask,
+            sigmask.0,
             8usize,
         )
     })
@@ -169,7 +190,7 @@ pub fn alive(tid: i32) -> bool {
         return false;
     }
     // SAFETY: signal 0 only checks existence.
-    let r = unsafe { libc::syscall(libc::SYS_kill, tid, 0) };
+    let r = unsafe { libc::syscall(libc::SYS_kill, tid as c_long, 0 as c_long) };
     !(r < 0 && errno() == libc::ESRCH)
 }
 
@@ -177,7 +198,12 @@ pub fn alive(tid: i32) -> bool {
 pub fn raise_sigpipe() {
     // SAFETY: tgkill to ourselves with a valid signal number.
     unsafe {
-        libc::syscall(libc::SYS_tgkill, getpid(), gettid(), libc::SIGPIPE);
+        libc::syscall(
+            libc::SYS_tgkill,
+            getpid() as c_long,
+            gettid() as c_long,
+            libc::SIGPIPE as c_long,
+        );
     }
 }
 
@@ -227,10 +253,10 @@ pub fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
             libc::SYS_mmap,
             core::ptr::null_mut::<c_void>(),
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            fd,
-            0,
+            (libc::PROT_READ | libc::PROT_WRITE) as c_long,
+            flags as c_long,
+            fd as c_long,
+            0 as c_long,
         )
     };
     check(r).map(|p| p as *mut u8)
@@ -240,7 +266,7 @@ pub fn file_size(fd: c_int) -> Result<u64, i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer.
-    check(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
+    check(unsafe { libc::syscall(libc::SYS_fstat, fd as c_long, &mut st as *mut libc::stat) })?;
     Ok(st.st_size as u64)
 }
 
