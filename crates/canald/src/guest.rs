@@ -221,7 +221,7 @@ pub struct Guest {
     /// Some(deadline): the guest's control connection closed.
     pub gone: Option<Instant>,
     // The mapping must outlive every use of `region`; it is dropped last.
-    _map: sys::Mapping,
+    map: sys::Mapping,
 }
 
 impl Guest {
@@ -253,13 +253,18 @@ impl Guest {
             scratch: vec![0; DGRAM_MAX],
             gone: None,
             cfg,
-            _map: map,
+            map,
         };
         Ok((g, memfd))
     }
 
     pub fn region(&self) -> &Region {
         &self.region
+    }
+
+    /// The region's mapping (tests and fuzzing write guest bytes through it).
+    pub fn mapping(&self) -> &sys::Mapping {
+        &self.map
     }
 
     pub fn region_size(&self) -> u64 {
