@@ -220,6 +220,8 @@ pub struct Guest {
     scratch: Vec<u8>,
     /// Some(deadline): the guest's control connection closed.
     pub gone: Option<Instant>,
+    /// No closing socket has a deadline before this (a lower bound; None: none).
+    earliest_close: Option<Instant>,
     // The mapping must outlive every use of `region`; it is dropped last.
     map: sys::Mapping,
 }
@@ -252,6 +254,7 @@ impl Guest {
             changed_mark: vec![0; n.div_ceil(64)],
             scratch: vec![0; DGRAM_MAX],
             gone: None,
+            earliest_close: None,
             cfg,
             map,
         };
@@ -298,13 +301,14 @@ impl Guest {
         self.sockets.iter().flatten().count()
     }
 
-    /// Earliest drain deadline of a closing socket.
+    /// Earliest drain deadline of a closing socket (possibly earlier than any still
+    /// pending: then the poller wakes once more than needed).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.sockets
-            .iter()
-            .flatten()
-            .filter_map(|s| s.closing)
-            .min()
+        self.earliest_close
+    }
+
+    fn note_deadline(&mut self, d: Instant) {
+        self.earliest_close = Some(self.earliest_close.map_or(d, |e| e.min(d)));
     }
 
     /// The control connection closed: the guest is gone. Sockets with nothing queued
@@ -318,6 +322,7 @@ impl Guest {
                 s.closing = Some(s.closing.map_or(deadline, |d| d.min(deadline)));
                 s.shut_wr_pending = false;
                 self.mark_dirty(i as u32);
+                self.note_deadline(deadline);
             }
         }
         self.service_dirty(ep, now, &mut RoundStats::default());
@@ -778,7 +783,9 @@ impl Guest {
 
     fn op_close(&mut self, index: u32) {
         if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
-            s.closing = Some(Instant::now() + CLOSE_DRAIN);
+            let d = Instant::now() + CLOSE_DRAIN;
+            s.closing = Some(d);
+            self.note_deadline(d);
             self.set_flags(index, sock_flag::CLOSING, 0);
             self.mark_dirty(index);
         }
@@ -880,6 +887,9 @@ impl Guest {
         e.flags.store(0, Ordering::Release);
         self.mark_changed(index);
         // A listener that stopped accepting for lack of entries can go on.
+        if self.gone.is_some() {
+            return;
+        }
         for i in 0..self.sockets.len() {
             if let Some(l) = &self.sockets[i] {
                 if l.kind == Kind::Listener && l.readable {
@@ -890,19 +900,21 @@ impl Guest {
     }
 
     fn expire_closing(&mut self, ep: &Epoll, now: Instant) {
-        if self.gone.is_none() && self.dirty.is_empty() {
-            // Cheap exit: only scan when something may have expired.
-            if self.next_deadline().is_none_or(|d| d > now) {
-                return;
-            }
+        if self.earliest_close.is_none_or(|d| d > now) {
+            return;
         }
+        let mut next: Option<Instant> = None;
         for i in 0..self.sockets.len() {
-            if let Some(s) = &self.sockets[i] {
-                if s.closing.is_some_and(|d| d <= now) {
-                    self.free_socket(ep, i as u32);
-                }
+            let Some(d) = self.sockets[i].as_ref().and_then(|s| s.closing) else {
+                continue;
+            };
+            if d <= now {
+                self.free_socket(ep, i as u32);
+            } else {
+                next = Some(next.map_or(d, |n| n.min(d)));
             }
         }
+        self.earliest_close = next;
     }
 
     // ---- data path ------------------------------------------------------------
@@ -1363,6 +1375,7 @@ impl Guest {
 
     fn fill_dgram_rx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
         let view = self.view();
+        let mut errors = 0;
         loop {
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             if s.pending_dgram.is_none() {
@@ -1381,7 +1394,9 @@ impl Guest {
                     }
                     Err(e) => match e.raw_os_error() {
                         Some(libc::EINTR) => continue,
+                        Some(_) if errors >= 8 => return Ok(()),
                         Some(code) => {
+                            errors += 1;
                             // ICMP errors (ECONNREFUSED on a connected socket).
                             self.entry(index)
                                 .pending_error
