@@ -843,12 +843,12 @@ pub fn wait_until(
 ) -> Wait {
     let mut spins = 0u32;
     loop {
-        if cond() {
-            return Wait::Ready;
-        }
         if is_dead(g) {
             mark_dead();
             return Wait::Dead;
+        }
+        if cond() {
+            return Wait::Ready;
         }
         let now = if deadline.is_some() || spins >= g.spin {
             sys::now_ns()

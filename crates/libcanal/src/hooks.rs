@@ -1020,6 +1020,121 @@ pub unsafe extern "C" fn pselect(
         as c_int
 }
 
+// ---- exec -------------------------------------------------------------------------------------
+
+type FnExecve = unsafe extern "C" fn(
+    *const libc::c_char,
+    *const *const libc::c_char,
+    *const *const libc::c_char,
+) -> c_int;
+type FnExecv = unsafe extern "C" fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
+type FnFexecve =
+    unsafe extern "C" fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+
+/// Before exec: the kernel will close every close-on-exec descriptor, so drop those
+/// canal descriptors' references now (as close would). Descriptors without
+/// close-on-exec survive exec as bare dummies the new image does not know (issue 3).
+/// A vfork child shares our memory and must not touch the table: it is recognised by
+/// its pid differing from the one our state belongs to.
+fn before_exec() {
+    let Some(g) = client::guest() else { return };
+    if client::PID.load(core::sync::atomic::Ordering::Relaxed) != sys::getpid() {
+        return;
+    }
+    let Some(_r) = Reentry::enter() else { return };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let mut doomed: Vec<(c_int, u32)> = Vec::new();
+        TABLE.for_each_canal(|fd, h| {
+            if sys::fcntl_int(fd, libc::F_GETFD, 0)
+                .is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0)
+            {
+                doomed.push((fd, h));
+            }
+        });
+        for (fd, h) in doomed {
+            if TABLE.take(fd).is_some() {
+                sock::release(g, h);
+            }
+        }
+    }));
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn execve(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: forwarding the caller's arguments to libc's execve.
+    unsafe { real!(c"execve", FnExecve)(path, argv, envp) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn execv(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: forwarding the caller's arguments to libc's execv.
+    unsafe { real!(c"execv", FnExecv)(path, argv) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn execvp(
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: forwarding the caller's arguments to libc's execvp.
+    unsafe { real!(c"execvp", FnExecv)(file, argv) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn execvpe(
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: forwarding the caller's arguments to libc's execvpe.
+    unsafe { real!(c"execvpe", FnExecve)(file, argv, envp) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: forwarding the caller's arguments to libc's fexecve.
+    unsafe { real!(c"fexecve", FnFexecve)(fd, argv, envp) }
+}
+
+/// At exit() the kernel closes every descriptor: drop this process's references so a
+/// socket shared with another process (fork) is closed when the last one goes. A
+/// process ended by _exit() or a signal skips this (see docs/compat.md).
+pub fn at_exit() {
+    if client::PID.load(core::sync::atomic::Ordering::Relaxed) != sys::getpid() {
+        return;
+    }
+    let Some(g) = client::guest() else { return };
+    if client::is_dead(g) {
+        return;
+    }
+    let Some(_r) = Reentry::enter() else { return };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let mut all: Vec<(c_int, u32)> = Vec::new();
+        TABLE.for_each_canal(|fd, h| all.push((fd, h)));
+        for (fd, h) in all {
+            if TABLE.take(fd).is_some() {
+                sock::release(g, h);
+            }
+        }
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

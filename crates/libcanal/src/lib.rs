@@ -32,8 +32,19 @@ extern "C" fn init() {
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
+/// Library destructor (runs at exit()).
+extern "C" fn fini() {
+    hooks::at_exit();
+}
+
+#[cfg(not(test))]
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;
+
 #[cfg(test)]
 #[test]
-fn constructor_is_callable() {
+fn constructor_and_destructor_are_callable() {
     init();
+    fini();
 }

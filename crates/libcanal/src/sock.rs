@@ -29,7 +29,9 @@ impl Sock {
     pub fn new(g: &'static Guest, handle: u32) -> Result<Sock, i32> {
         let idx = handle_index(handle);
         let e = g.region.socket(idx).ok_or(libc::EBADF)?;
-        if make_handle(idx, e.generation.load(Ordering::Acquire)) != handle {
+        // Once canald is gone its entries may be freed: keep the socket so that every
+        // call reports the dead daemon (ECONNRESET/EIO), not EBADF.
+        if make_handle(idx, e.generation.load(Ordering::Acquire)) != handle && !client::is_dead(g) {
             return Err(libc::EBADF);
         }
         Ok(Sock { g, handle, idx, e })
@@ -512,6 +514,7 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let mut sent = 0usize;
     let mut deadline = None;
     loop {
+        dead_err(s.g, true)?;
         let fl = s.flags();
         let pe = s.take_error();
         if pe != 0 {
@@ -648,6 +651,7 @@ fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> R
     };
     let mut deadline = None;
     loop {
+        dead_err(s.g, true)?;
         let pe = s.take_error();
         if pe != 0 {
             return Err(pe as i32);
@@ -709,6 +713,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let mut got = 0usize;
     let mut deadline = None;
     loop {
+        dead_err(s.g, true)?;
         if total == 0 {
             return Ok(0);
         }
@@ -801,6 +806,7 @@ fn recv_dgram(s: Sock, iov: &[iovec], flags: c_int, meta: &mut RecvMeta) -> Resu
     let ring = s.rx_ring()?;
     let mut deadline = None;
     loop {
+        dead_err(s.g, true)?;
         client::lock(&s.e.rx_lock);
         let mut c = Consumer {
             storage: &ring,
@@ -887,6 +893,7 @@ pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> 
     let ring = s.rx_ring()?;
     let mut deadline = None;
     loop {
+        dead_err(s.g, false)?;
         client::lock(&s.e.rx_lock);
         let mut c = Consumer {
             storage: &ring,

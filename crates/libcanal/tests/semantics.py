@@ -397,6 +397,32 @@ def t_fork_shared():
     p.wait(10)
 
 
+def t_fork_exit_exec():
+    """References of children that exit() or exec() are dropped: the peer sees EOF
+    as soon as the parent closes."""
+    for how in ("exit", "execv", "subprocess"):
+        p, port = native(ECHO)
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if how == "subprocess":
+            subprocess.run(["true"], check=True)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                if how == "exit":
+                    sys.exit(0)
+                os.execv("/bin/true", ["true"])
+            os.waitpid(pid, 0)
+        s.sendall(b"k")
+        check(f"{how}: socket still works", s.recv(1) == b"k")
+        s.close()
+        try:
+            p.wait(5)
+            check(f"{how}: peer sees EOF after parent close", True)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            check(f"{how}: peer sees EOF after parent close", False, "peer still connected")
+
+
 def t_canal_to_canal():
     l = socket.socket()
     l.bind(("127.0.0.1", 0))
@@ -419,7 +445,7 @@ def main():
     probe.close()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     for t in [t_tcp_client, t_refused, t_nonblocking_connect_ok, t_epipe_sigpipe, t_udp,
-              t_poll_mixed, t_fork_shared, t_canal_to_canal, t_server_and_bulk, t_bulk_out]:
+              t_poll_mixed, t_fork_shared, t_fork_exit_exec, t_canal_to_canal, t_server_and_bulk, t_bulk_out]:
         try:
             t()
         except Exception as e:  # a crash in one group must not hide the others
