@@ -475,3 +475,25 @@ fn sigterm_marks_regions_abandoned() {
     // The control socket reports EOF to the guest.
     assert!(wait_fd(&g.ctl, 5000));
 }
+
+/// utime + stime of a process, in clock ticks (normally 10 ms).
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn idle_canald_uses_no_cpu() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "idle");
+    let (_h, _peer) = connected_pair(&mut g);
+    std::thread::sleep(Duration::from_millis(100));
+    let before = cpu_ticks(d.child.id());
+    std::thread::sleep(Duration::from_millis(1500));
+    let used = cpu_ticks(d.child.id()) - before;
+    // A spinning poller would burn ~150 ticks here; allow one or two for noise.
+    assert!(used <= 2, "idle canald used {used} ticks in 1.5 s");
+}
