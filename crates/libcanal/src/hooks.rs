@@ -1020,6 +1020,35 @@ pub unsafe extern "C" fn pselect(
         as c_int
 }
 
+// ---- epoll (not yet supported for canal sockets) ---------------------------------------
+
+type FnEpollCtl = unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+
+static EPOLL_WARNED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// epoll cannot watch a canal socket yet: the kernel would watch the dummy descriptor,
+/// which never becomes ready, and the program would hang silently. Refuse it the way
+/// the kernel refuses a descriptor without poll support (EPERM), with one warning.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    if canal(fd).is_some() && op != libc::EPOLL_CTL_DEL {
+        if !EPOLL_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
+            sys::log_fmt(format_args!(
+                "canal: epoll on canal sockets is not supported yet; epoll_ctl fails with EPERM (use poll/select)\n"
+            ));
+        }
+        sys::set_errno(libc::EPERM);
+        return -1;
+    }
+    // SAFETY: forwarding the caller's arguments to libc's epoll_ctl.
+    unsafe { real!(c"epoll_ctl", FnEpollCtl)(epfd, op, fd, ev) }
+}
+
 // ---- exec -------------------------------------------------------------------------------------
 
 type FnExecve = unsafe extern "C" fn(
