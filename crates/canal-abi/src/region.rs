@@ -271,12 +271,10 @@ impl Layout {
     /// `data_size` a non-zero multiple of DATA_CHUNK.
     pub fn new(slot_count: u32, socket_count: u32, data_size: u64) -> Option<Layout> {
         if !slot_count.is_power_of_two()
-            || slot_count < 2
-            || slot_count > MAX_SLOTS
-            || socket_count == 0
-            || socket_count > MAX_SOCKETS
+            || !(2..=MAX_SLOTS).contains(&slot_count)
+            || !(1..=MAX_SOCKETS).contains(&socket_count)
             || data_size == 0
-            || data_size % DATA_CHUNK != 0
+            || !data_size.is_multiple_of(DATA_CHUNK)
             || data_size > (1 << 40)
         {
             return None;
@@ -326,10 +324,12 @@ impl Layout {
         // Features from a newer minor version are ignored only if unknown bits are
         // absent: a feature changes what the guest must do.
         if h.features & !crate::feature::ALL_V1 != 0 {
-            return Err(HeaderError::UnknownFeatures(h.features & !crate::feature::ALL_V1));
+            return Err(HeaderError::UnknownFeatures(
+                h.features & !crate::feature::ALL_V1,
+            ));
         }
-        let l = Layout::new(h.slot_count, h.socket_count, h.data_size)
-            .ok_or(HeaderError::BadLayout)?;
+        let l =
+            Layout::new(h.slot_count, h.socket_count, h.data_size).ok_or(HeaderError::BadLayout)?;
         if l.slots_offset != h.slots_offset
             || l.queue_offset != h.queue_offset
             || l.sockets_offset != h.sockets_offset
@@ -436,9 +436,8 @@ impl Region {
     }
 
     pub fn socket(&self, index: u32) -> Option<&SocketEntry> {
-        (index < self.layout.socket_count).then(|| {
-            self.at(self.layout.sockets_offset + index as u64 * SOCKET_ENTRY_SIZE)
-        })
+        (index < self.layout.socket_count)
+            .then(|| self.at(self.layout.sockets_offset + index as u64 * SOCKET_ENTRY_SIZE))
     }
 
     pub fn queue_cells(&self) -> &[QueueCell] {
