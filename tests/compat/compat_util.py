@@ -76,3 +76,32 @@ def udp_bound(port):
             return any(line.split()[1] in want for line in f)
     except OSError:
         return False
+
+
+def assert_served_by_canal(request, mode, port, proto="tcp", what="server"):
+    """In modes where the server runs under canal, `canal stat` must list a guest socket
+    listening (TCP) or bound (UDP) on port: proof the server's socket really is canal's and
+    the test is not passing over the kernel by accident. No-op in the other modes."""
+    if server_under_canal(mode):
+        assert_listed_by_canal(request.getfixturevalue("canald"), port, proto, f"{what} ({mode})")
+
+
+def assert_listed_by_canal(canald, port, proto="tcp", what="server"):
+    """`canal stat` lists (within 5 s) a guest socket listening (TCP) or bound (UDP) on port."""
+    kind = "tcp-listener" if proto == "tcp" else "udp"
+
+    def find():
+        st = canald.stat()
+        for g in st.get("guests", []):
+            for s in g.get("sockets", []):
+                if s.get("kind") == kind and str(s.get("local", "")).endswith(f":{port}"):
+                    return g
+        return None
+
+    try:
+        e2e_util.wait_for(find, 5, what=f"`canal stat` to list a {kind} socket on port {port}")
+    except AssertionError:
+        raise AssertionError(
+            f"{what} runs under canal but `canal stat` lists no {kind} socket on port {port}: "
+            f"its socket is not canal's\n{canald.stat()}"
+        )

@@ -79,6 +79,8 @@ def test_edge(request, mode, check, edge_progs):
     peer = peer_run.spawn([edge_progs["peer"]], name="peer")
     line = peer.wait_line("READY", 30)
     ports = dict(kv.split("=") for kv in line.split()[1:])
+    if peer_run is not request.getfixturevalue("procs"):
+        compat_util.assert_listed_by_canal(peer_run, ports["tcp4"], what="the peer")
     r = edge_run.run([edge_progs["edge"], check, ports["tcp4"], ports["tcp6"], ports["udp4"], ports["udp6"]],
                      timeout=45, name=f"edge-{check}")
     lines = r.stdout.splitlines()

@@ -42,6 +42,7 @@ def test_iperf3_parallel(request, mode, direction):
     port = e2e_util.free_port()
     server = server_run.spawn([iperf3, "-s", "-1", "-B", "127.0.0.1", "-p", port, "-J"], name="iperf3-server")
     compat_util.wait_listening(server, port, "iperf3 server")
+    compat_util.assert_served_by_canal(request, mode, port, what="iperf3 server")
     argv = [iperf3, "-c", "127.0.0.1", "-p", port, "-P", STREAMS, "-n", NBYTES, "-J",
             "--get-server-output", "--connect-timeout", "10000"]
     if direction == "reverse":

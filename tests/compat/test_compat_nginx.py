@@ -106,6 +106,7 @@ def test_nginx_static(request, mode, tmp_path):
     tmp.mkdir()
     port = e2e_util.free_port()
     proc, hashes, master, workers = _start_nginx(server_run, tmp, port)
+    compat_util.assert_served_by_canal(request, mode, port, what="nginx")
     base = f"http://127.0.0.1:{port}"
 
     # 1. curl every file (one curl process, one connection kept alive); hashes compared.

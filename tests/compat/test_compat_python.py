@@ -20,6 +20,7 @@ def test_asyncio_200_connections(request, mode, python, compat_progs):
     server_run, client_run = compat_util.ends(request, mode)
     server = server_run.spawn([python, compat_progs / "aio.py", "serve"], name="aio-server")
     port = int(server.wait_line("READY", 30).split()[1])
+    compat_util.assert_served_by_canal(request, mode, port, what="asyncio server")
     r = client_run.run([python, compat_progs / "aio.py", "client", port, CONNS, MAXBYTES], timeout=90, name="aio-client")
     assert r.returncode == 0 and r.stdout.startswith("OK "), f"asyncio client failed\n{r.describe()}"
     assert f"conns={CONNS}" in r.stdout, r.describe()
@@ -39,6 +40,7 @@ def test_http_server_module(request, mode, python, tmp_path):
     server = server_run.spawn([python, "-m", "http.server", "--bind", "127.0.0.1", "--directory", root, port],
                               name="http.server")
     compat_util.wait_listening(server, port, "python3 -m http.server")
+    compat_util.assert_served_by_canal(request, mode, port, what="http.server")
     dl = tmp_path / "dl"
     dl.mkdir()
     argv = [curl, "-sS", "--fail", "--max-time", "30"]

@@ -58,6 +58,7 @@ def test_redis(request, mode, tmp_path):
         name="redis-server",
     )
     compat_util.wait_listening(server, port, "redis-server")
+    compat_util.assert_served_by_canal(request, mode, port, what="redis-server")
     e2e_util.wait_for(lambda: _try_ping(port), 10, what="redis-server to answer PING")
 
     base = _calls(port)

@@ -37,6 +37,7 @@ def test_sockperf(request, mode, proto, mux, tmp_path):
             e2e_util.wait_for(lambda: server.poll() is not None or compat_util.udp_bound(p), 30,
                               what=f"sockperf server to bind UDP 127.0.0.1:{p}")
             assert server.poll() is None, f"sockperf server exited early\n{server.describe()}"
+        compat_util.assert_served_by_canal(request, mode, p, proto, what="sockperf server")
     r = client_run.run([sockperf, "pp", "-f", feed, "-F", mux, "-t", "1", "--data-integrity"],
                        timeout=30, name=f"sockperf-pp-{proto}-{mux}")
     out = r.stdout + r.stderr
