@@ -4,8 +4,9 @@
 # It loads the virtio modules listed in /modules.list, mounts the host root (9p tag
 # "hostroot", read-only) at /newroot with fresh /proc /sys /dev /tmp /run inside, mounts the
 # run directory (9p tag "canalrun") at /newroot/run/canal-vm, configures whatever devices
-# QEMU gave it (virtio-net -> 10.0.2.15/24 via 10.0.2.2; ivshmem 1af4:1110 -> enabled and
-# exported as CANAL_IVSHMEM_DEVICE), says READY on the control port, runs
+# QEMU gave it (virtio-net -> 10.0.2.15/24 via 10.0.2.2; ivshmem 1af4:1110 -> enabled, or
+# for ivshmem-doorbell bound to vfio-pci, and exported as CANAL_IVSHMEM_DEVICE,
+# CANAL_REGION_SIZE [, CANAL_IVSHMEM_VFIO_GROUP]), says READY on the control port, runs
 # /run/canal-vm/cmd.sh chrooted into the host root with stdout/stderr on their own
 # virtio-serial ports, reports "EXIT <status>" and powers off.
 #
@@ -88,12 +89,29 @@ for n in /sys/class/net/*; do
     break
 done
 
-# The canal device (present only with --canal): ivshmem-plain, BAR2 is the region.
+# The canal device (present only with --canal / --doorbell): PCI 1af4:1110, BAR 2 is the
+# region. ivshmem-plain has BARs 0 and 2; ivshmem-doorbell also has BAR 1 (MSI-X table),
+# and is bound to vfio-pci so the program can take its interrupts on an eventfd.
 IVSHMEM=
+VFIO_GROUP=
+REGION_SIZE=
 for d in /sys/bus/pci/devices/*; do
     [ "$(cat "$d/vendor")" = 0x1af4 ] && [ "$(cat "$d/device")" = 0x1110 ] || continue
     [ -e "$d/resource2" ] || fail "ivshmem device $d has no resource2"
-    echo 1 >"$d/enable" 2>/dev/null
+    REGION_SIZE=$(stat -c %s "$d/resource2")
+    if [ -e "$d/resource1" ]; then
+        [ -s /modules-doorbell.list ] || fail "doorbell device but the kernel has no vfio-pci"
+        for m in $(cat /modules-doorbell.list); do
+            insmod "/modules/$m" || log "insmod $m failed"
+        done
+        [ -e "$d/iommu_group" ] || fail "doorbell device $d has no IOMMU group (no IOMMU?)"
+        echo vfio-pci >"$d/driver_override"
+        echo "${d##*/}" >/sys/bus/pci/drivers_probe
+        VFIO_GROUP=/dev/vfio/$(basename "$(readlink "$d/iommu_group")")
+        [ -c "$VFIO_GROUP" ] || fail "vfio-pci did not bind ${d##*/} ($VFIO_GROUP missing)"
+    else
+        echo 1 >"$d/enable" 2>/dev/null
+    fi
     IVSHMEM=$d
     break
 done
@@ -102,7 +120,8 @@ exec 3>"$CTL"
 echo "READY $(cut -d' ' -f1 /proc/uptime)" >&3
 echo "canal-vm: ready" >/dev/console
 
-env -i ${IVSHMEM:+CANAL_IVSHMEM_DEVICE=$IVSHMEM} \
+env -i ${IVSHMEM:+CANAL_IVSHMEM_DEVICE=$IVSHMEM} ${REGION_SIZE:+CANAL_REGION_SIZE=$REGION_SIZE} \
+    ${VFIO_GROUP:+CANAL_IVSHMEM_VFIO_GROUP=$VFIO_GROUP} \
     /bin/chroot /newroot /bin/sh /run/canal-vm/cmd.sh </dev/null >"$OUT" 2>"$ERR" 3>&-
 rc=$?
 echo "EXIT $rc" >&3

@@ -24,6 +24,11 @@ pub const WANTED_MODULES: &[&str] = &[
     "virtio_net",
 ];
 
+/// Loaded only when the guest has an ivshmem-doorbell device: vfio-pci lets the guest
+/// program receive the device's MSI-X interrupts on an eventfd (needs an IOMMU, which the
+/// harness adds for doorbell guests). Optional: a kernel without them cannot use doorbells.
+pub const DOORBELL_MODULES: &[&str] = &["vfio_pci", "vfio_iommu_type1"];
+
 /// Bumped whenever the image layout changes in a way the hashed inputs do not show.
 const FORMAT_VERSION: u32 = 1;
 
@@ -252,10 +257,16 @@ pub fn ensure_image() -> io::Result<GuestImage> {
     }
     let busybox = find_busybox()?;
     let modules = resolve_modules(&kver, WANTED_MODULES)?;
+    let doorbell_modules: Vec<String> = resolve_modules(&kver, DOORBELL_MODULES)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| !modules.contains(m))
+        .collect();
     let bb_meta = fs::metadata(&busybox)?;
     let mut h = fnv1a(FNV_OFFSET, &FORMAT_VERSION.to_le_bytes());
     h = fnv1a(h, INIT_SCRIPT.as_bytes());
     h = fnv1a(h, modules.join("\n").as_bytes());
+    h = fnv1a(h, doorbell_modules.join("\n").as_bytes());
     h = fnv1a(h, busybox.to_string_lossy().as_bytes());
     h = fnv1a(h, &bb_meta.len().to_le_bytes());
     let mtime = bb_meta
@@ -270,7 +281,7 @@ pub fn ensure_image() -> io::Result<GuestImage> {
     if !initramfs.exists() {
         fs::create_dir_all(&dir)?;
         let tmp = dir.join(format!("initramfs.cpio.tmp{}", std::process::id()));
-        let res = build_initramfs(&tmp, &busybox, &kver, &modules);
+        let res = build_initramfs(&tmp, &busybox, &kver, &modules, &doorbell_modules);
         if let Err(e) = res {
             let _ = fs::remove_file(&tmp);
             return Err(e);
@@ -407,7 +418,13 @@ fn has_pvh_note(b: &[u8]) -> bool {
     false
 }
 
-fn build_initramfs(out: &Path, busybox: &Path, kver: &str, modules: &[String]) -> io::Result<()> {
+fn build_initramfs(
+    out: &Path,
+    busybox: &Path,
+    kver: &str,
+    modules: &[String],
+    doorbell_modules: &[String],
+) -> io::Result<()> {
     let mut c = Cpio::new(io::BufWriter::new(fs::File::create(out)?));
     for d in ["bin", "dev", "proc", "sys", "newroot", "modules"] {
         c.dir(d)?;
@@ -416,19 +433,24 @@ fn build_initramfs(out: &Path, busybox: &Path, kver: &str, modules: &[String]) -
     c.file("bin/busybox", 0o755, &fs::read(busybox)?)?;
     c.symlink("bin/sh", "busybox")?;
     c.file("init", 0o755, INIT_SCRIPT.as_bytes())?;
-    let mut list = String::new();
     let base = Path::new("/lib/modules").join(kver);
-    for m in modules {
-        let name = format!("{}.ko", module_name(m));
-        c.file(
-            &format!("modules/{name}"),
-            0o644,
-            &read_module(&base.join(m))?,
-        )?;
-        list.push_str(&name);
-        list.push('\n');
+    for (set, list_name) in [
+        (modules, "modules.list"),
+        (doorbell_modules, "modules-doorbell.list"),
+    ] {
+        let mut list = String::new();
+        for m in set {
+            let name = format!("{}.ko", module_name(m));
+            c.file(
+                &format!("modules/{name}"),
+                0o644,
+                &read_module(&base.join(m))?,
+            )?;
+            list.push_str(&name);
+            list.push('\n');
+        }
+        c.file(list_name, 0o644, list.as_bytes())?;
     }
-    c.file("modules.list", 0o644, list.as_bytes())?;
     let mut w = c.finish()?;
     w.flush()?;
     w.into_inner().map_err(|e| e.into_error())?.sync_all()

@@ -31,6 +31,10 @@ commands:
       --canal              the canal device (ivshmem-plain) instead of virtio-net; the
                            program gets CANAL_TRANSPORT=ivshmem and LD_PRELOAD=libcanal.so
       --canal --virtio     both devices
+      --doorbell SOCKET    the canal device as ivshmem-doorbell: region and interrupt
+                           eventfds from the ivshmem server on SOCKET (implies --canal;
+                           adds an emulated IOMMU; the guest binds it to vfio-pci)
+      --doorbell-vectors N MSI-X vectors of the doorbell device (default 1)
       --no-preload         with --canal: attach the device but do not set LD_PRELOAD
       --libcanal PATH      libcanal.so to preload (default: next to the canal binary,
                            or $CANAL_LIB)
@@ -87,6 +91,8 @@ pub struct RunOptions {
     pub libcanal: Option<PathBuf>,
     pub shm_path: Option<PathBuf>,
     pub shm_mib: u64,
+    pub doorbell: Option<PathBuf>,
+    pub doorbell_vectors: u32,
     pub accel: Option<Accel>,
     pub mem_mib: u64,
     pub cpus: u32,
@@ -107,6 +113,8 @@ impl Default for RunOptions {
             libcanal: None,
             shm_path: None,
             shm_mib: region::DEFAULT_REGION_MIB,
+            doorbell: None,
+            doorbell_vectors: 1,
             accel: None,
             mem_mib: 512,
             cpus: 1,
@@ -151,6 +159,17 @@ pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
             "-v" | "--verbose" => o.verbose = true,
             "--libcanal" => o.libcanal = Some(val(&mut i, a)?.into()),
             "--shm-path" => o.shm_path = Some(val(&mut i, a)?.into()),
+            "--doorbell" => {
+                o.doorbell = Some(val(&mut i, a)?.into());
+                o.canal = true;
+            }
+            "--doorbell-vectors" => {
+                o.doorbell_vectors = val(&mut i, a)?
+                    .parse()
+                    .ok()
+                    .filter(|v| (1..=1024).contains(v))
+                    .ok_or("--doorbell-vectors needs 1..1024")?
+            }
             "--shm-size" => {
                 o.shm_mib = val(&mut i, a)?
                     .parse()
@@ -209,6 +228,9 @@ pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
     }
     if !o.canal {
         o.virtio = true;
+    }
+    if o.doorbell.is_some() && o.shm_path.is_some() {
+        return Err("--doorbell takes the region from the ivshmem server; no --shm-path".into());
     }
     if !o.publish.is_empty() && !o.virtio {
         return Err("--publish needs --virtio (canal publishes ports through canald)".into());
@@ -297,22 +319,24 @@ fn prepare(
         cmd.env
             .push(("HOME".into(), home.to_string_lossy().into_owned()));
     }
-    let region = if o.canal {
+    let region = if o.canal && o.doorbell.is_none() {
         let r = match &o.shm_path {
             Some(p) => RegionFile::existing(p),
             None => region::create_region(&format!("vm-{}", std::process::id()), o.shm_mib << 20),
         }
         .map_err(|e| format!("canal region: {e}"))?;
-        cmd.env.push(("CANAL_TRANSPORT".into(), "ivshmem".into()));
-        cmd.env
-            .push(("CANAL_REGION_SIZE".into(), r.size.to_string()));
-        if o.preload {
-            cmd.preload = Some(find_libcanal(&o.libcanal)?);
-        }
         Some(r)
     } else {
         None
     };
+    if o.canal {
+        // CANAL_IVSHMEM_DEVICE, CANAL_REGION_SIZE (and CANAL_IVSHMEM_VFIO_GROUP) come from
+        // the guest's init, which finds the device.
+        cmd.env.push(("CANAL_TRANSPORT".into(), "ivshmem".into()));
+        if o.preload {
+            cmd.preload = Some(find_libcanal(&o.libcanal)?);
+        }
+    }
     cmd.env.extend(o.env.iter().cloned());
     let script = cmd.script().map_err(|e| e.to_string())?;
     std::fs::write(run_dir.path.join("cmd.sh"), script)
@@ -324,6 +348,11 @@ fn prepare(
         mem_mib: o.mem_mib,
         cpus: o.cpus,
         cpu_model: std::env::var("CANAL_VM_CPU").ok().filter(|c| !c.is_empty()),
+        machine: std::env::var("CANAL_VM_MACHINE")
+            .ok()
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "pc".into()),
+        extra_append: std::env::var("CANAL_VM_APPEND").unwrap_or_default(),
         kernel: img.boot_kernel.clone(),
         initramfs: img.initramfs.clone(),
         run_dir: p.clone(),
@@ -334,6 +363,7 @@ fn prepare(
         virtio_net: o.virtio,
         publish: o.publish.clone(),
         region: region.as_ref().map(|r| (r.path.clone(), r.size)),
+        doorbell: o.doorbell.clone().map(|p| (p, o.doorbell_vectors)),
         extra: std::env::var("CANAL_VM_QEMU_EXTRA")
             .map(|e| e.split_whitespace().map(str::to_string).collect())
             .unwrap_or_default(),

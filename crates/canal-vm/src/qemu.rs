@@ -33,6 +33,10 @@ pub struct VmConfig {
     pub accel: Accel,
     pub mem_mib: u64,
     pub cpus: u32,
+    /// `-machine` type (`pc`; `q35` e.g. for an emulated IOMMU).
+    pub machine: String,
+    /// Appended to the kernel command line.
+    pub extra_append: String,
     /// `-cpu` model; None = `host` under KVM, `max` under TCG.
     pub cpu_model: Option<String>,
     pub kernel: PathBuf,
@@ -50,6 +54,11 @@ pub struct VmConfig {
     pub publish: Vec<Publish>,
     /// The canal device: ivshmem-plain backed by this file of this size.
     pub region: Option<(PathBuf, u64)>,
+    /// The canal device as ivshmem-doorbell instead: the region and the interrupt eventfds
+    /// come from an ivshmem server (protocol of QEMU's contrib/ivshmem-server) listening on
+    /// this Unix socket; N MSI-X vectors. Implies `-machine q35` with an emulated IOMMU so
+    /// the guest can take the interrupts through vfio-pci.
+    pub doorbell: Option<(PathBuf, u32)>,
     /// Appended verbatim ($CANAL_VM_QEMU_EXTRA, split on whitespace): for experiments.
     pub extra: Vec<String>,
 }
@@ -72,6 +81,16 @@ pub fn ivshmem_args(id: &str, path: &Path, size: u64) -> Vec<String> {
     ]
 }
 
+/// The `-chardev`/`-device` pair that attaches an ivshmem server's region with doorbells.
+pub fn ivshmem_doorbell_args(id: &str, server: &Path, vectors: u32) -> Vec<String> {
+    vec![
+        "-chardev".into(),
+        format!("socket,id={id},path={}", esc(server)),
+        "-device".into(),
+        format!("ivshmem-doorbell,chardev={id},vectors={vectors}"),
+    ]
+}
+
 impl VmConfig {
     /// The arguments after the QEMU binary name.
     pub fn args(&self) -> Vec<String> {
@@ -83,18 +102,34 @@ impl VmConfig {
         };
         push(&["-nodefaults", "-no-user-config", "-display", "none"]);
         let cpu = self.cpu_model.as_deref().unwrap_or(cpu);
-        push(&["-machine", &format!("pc,accel={accel}"), "-cpu", cpu]);
+        let machine = match (&self.doorbell, self.accel) {
+            (None, _) => format!("{},accel={accel}", self.machine),
+            // Interrupt remapping with KVM needs the split irqchip.
+            (Some(_), Accel::Kvm) => "q35,accel=kvm,kernel-irqchip=split".to_string(),
+            (Some(_), Accel::Tcg) => "q35,accel=tcg".to_string(),
+        };
+        push(&["-machine", &machine, "-cpu", cpu]);
+        if self.doorbell.is_some() {
+            push(&["-device", "intel-iommu,intremap=on"]);
+        }
         push(&["-m", &self.mem_mib.to_string()]);
         push(&["-smp", &self.cpus.to_string()]);
         // A guest panic or reboot ends QEMU instead of looping.
         push(&["-no-reboot"]);
         push(&["-kernel", &self.kernel.to_string_lossy()]);
         push(&["-initrd", &self.initramfs.to_string_lossy()]);
-        push(&[
-            "-append",
+        let mut append = String::from(
             "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init 8250.nr_uarts=1 \
              i8042.noaux i8042.nokbd tsc=reliable no_timer_check",
-        ]);
+        );
+        if self.doorbell.is_some() {
+            append.push_str(" intel_iommu=on");
+        }
+        if !self.extra_append.is_empty() {
+            append.push(' ');
+            append.push_str(&self.extra_append);
+        }
+        push(&["-append", &append]);
         push(&[
             "-chardev",
             &format!("file,id=console,path={}", esc(&self.console_log)),
@@ -139,6 +174,9 @@ impl VmConfig {
         if let Some((path, size)) = &self.region {
             a.extend(ivshmem_args("canalmem", path, *size));
         }
+        if let Some((sock, vectors)) = &self.doorbell {
+            a.extend(ivshmem_doorbell_args("canalbell", sock, *vectors));
+        }
         a.extend(self.extra.iter().cloned());
         a
     }
@@ -181,6 +219,8 @@ mod tests {
             mem_mib: 512,
             cpus: 1,
             cpu_model: None,
+            machine: "pc".into(),
+            extra_append: String::new(),
             kernel: "/boot/vmlinuz-x".into(),
             initramfs: "/c/initramfs.cpio".into(),
             run_dir: "/tmp/r,un".into(),
@@ -194,6 +234,7 @@ mod tests {
                 guest: 80,
             }],
             region: Some(("/dev/shm/canal-x".into(), 64 << 20)),
+            doorbell: None,
             extra: Vec::new(),
         }
     }
@@ -214,6 +255,13 @@ mod tests {
         c.region = None;
         let s = c.args().join(" ");
         assert!(!s.contains("virtio-net") && !s.contains("ivshmem"));
+        c.doorbell = Some(("/run/canald/ivshmem.sock".into(), 2));
+        let s = c.args().join(" ");
+        assert!(s.contains("-machine q35,accel=tcg"));
+        assert!(s.contains("-device intel-iommu,intremap=on"));
+        assert!(s.contains("intel_iommu=on"));
+        assert!(s.contains("socket,id=canalbell,path=/run/canald/ivshmem.sock"));
+        assert!(s.contains("ivshmem-doorbell,chardev=canalbell,vectors=2"));
     }
 
     #[test]
