@@ -53,14 +53,66 @@ fn build_cdylib() {
     assert!(st.success(), "cargo build -p libcanal failed");
 }
 
-#[test]
-fn semantics_under_canal() {
+/// Starts canald on a private socket; None (after saying "skipped") if it is not built.
+fn setup(tag: &str) -> Option<(Daemon, PathBuf, PathBuf)> {
     build_cdylib();
     let lib = profile_dir().join("libcanal.so");
     let (Some(canald), true) = (find("canald"), lib.exists()) else {
         eprintln!("skipped: canald or libcanal.so not built (run `cargo build --release`)");
+        return None;
+    };
+    let sock = std::env::temp_dir().join(format!("libcanal-{tag}-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let d = Daemon(
+        Command::new(&canald)
+            .arg("--socket")
+            .arg(&sock)
+            .spawn()
+            .expect("start canald"),
+    );
+    assert!(wait_for(&sock), "canald did not create {}", sock.display());
+    Some((d, sock, lib))
+}
+
+/// Runs `cmd` under the library; passes on exit 0, fails otherwise (77 = the program
+/// found itself not under canal, which is a failure here).
+fn run_under(mut cmd: Command, sock: &Path, lib: &Path) {
+    let out = cmd
+        .env("CANAL_SOCKET", sock)
+        .env("LD_PRELOAD", lib)
+        .output()
+        .expect("run test program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}\n{stderr}");
+    let _ = std::fs::remove_file(sock);
+    assert_eq!(out.status.code(), Some(0), "failed:\n{stdout}\n{stderr}");
+}
+
+#[test]
+fn c_program_under_canal() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/preload_check.c");
+    let bin = std::env::temp_dir().join(format!("libcanal-check-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O2", "-D_FORTIFY_SOURCE=2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: no working C compiler (cc)");
+        return;
+    }
+    let Some((_d, sock, lib)) = setup("c") else {
         return;
     };
+    let mut cmd = Command::new("timeout");
+    cmd.arg("60").arg(&bin);
+    run_under(cmd, &sock, &lib);
+    let _ = std::fs::remove_file(&bin);
+}
+
+#[test]
+fn semantics_under_canal() {
     if Command::new("python3")
         .arg("-c")
         .arg("pass")
@@ -71,32 +123,11 @@ fn semantics_under_canal() {
         eprintln!("skipped: python3 not available");
         return;
     }
-    let sock = std::env::temp_dir().join(format!("libcanal-test-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&sock);
-    let _d = Daemon(
-        Command::new(&canald)
-            .arg("--socket")
-            .arg(&sock)
-            .spawn()
-            .expect("start canald"),
-    );
-    assert!(wait_for(&sock), "canald did not create {}", sock.display());
+    let Some((_d, sock, lib)) = setup("py") else {
+        return;
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/semantics.py");
-    let out = Command::new("timeout")
-        .arg("120")
-        .arg("python3")
-        .arg(&script)
-        .env("CANAL_SOCKET", &sock)
-        .env("LD_PRELOAD", &lib)
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}\n{stderr}");
-    let _ = std::fs::remove_file(&sock);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "semantics.py failed:\n{stdout}\n{stderr}"
-    );
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg("python3").arg(&script);
+    run_under(cmd, &sock, &lib);
 }
