@@ -28,7 +28,9 @@ def test_run_passes_exit_status(canald):
     r = canald.run(["true"], timeout=60)
     assert r.returncode == 0, r.describe()
     r = canald.run(["sh", "-c", "kill -KILL $$"], timeout=60)
-    assert r.returncode == 128 + signal.SIGKILL, r.describe()
+    # `canal run` execs the program (same pid, same signals), so a signal that kills
+    # the program kills `canal run` the same way; a shell shows 128+N.
+    assert r.returncode == -signal.SIGKILL, r.describe()
 
 
 def test_guest_listed_in_stat(canald, python, progs):
