@@ -15,7 +15,9 @@ fn usage() -> &'static str {
      Runs PROG with its AF_INET/AF_INET6 TCP and UDP sockets served by canald.\n\
      If no canald answers on PATH (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock\n\
      or /tmp/canal-$UID/canald.sock) a private one is started; it exits by itself\n\
-     a few seconds after its last guest. canal run execs PROG (same pid): the exit status is PROG's, and a signal that kills\n     PROG kills canal run the same way (a shell shows 128+N)."
+     a few seconds after its last guest. canal run execs PROG (same pid): the exit\n\
+     status is PROG's, and a signal that kills PROG kills canal run the same way\n\
+     (a shell shows 128+N)."
 }
 
 /// Whether something accepts connections on the control socket. canald's socket is
