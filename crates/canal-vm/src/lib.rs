@@ -51,6 +51,8 @@ commands:
       -v, --verbose        print the QEMU command line and boot timings
   qemu-args [--name NAME] [--size MiB] [--path FILE]
                            print QEMU options and libvirt XML for a canal region file
+  qemu-args --doorbell SOCKET [--vectors N]
+                           the same for a region with doorbells from an ivshmem server
   image                    build (or find) the cached guest image and print its paths
   probe [--force]          run (or show the cached) KVM probe
 ";
@@ -526,12 +528,19 @@ fn cmd_qemu_args(args: &[String]) -> i32 {
     let mut name = String::from("vm0");
     let mut size = region::DEFAULT_REGION_MIB;
     let mut path: Option<PathBuf> = None;
+    let mut doorbell: Option<PathBuf> = None;
+    let mut vectors = 1u32;
     let mut i = 0;
     while i < args.len() {
         let a = args[i].as_str();
         let v = args.get(i + 1).cloned();
         match (a, v) {
             ("--name", Some(v)) => name = v,
+            ("--doorbell", Some(v)) => doorbell = Some(v.into()),
+            ("--vectors", Some(v)) => match v.parse::<u32>() {
+                Ok(n) if (1..=1024).contains(&n) => vectors = n,
+                _ => return usage_error("--vectors needs 1..1024"),
+            },
             ("--size", Some(v)) => match v.parse::<u64>() {
                 Ok(s) if s.is_power_of_two() => size = s,
                 _ => return usage_error("--size needs a power of two in MiB"),
@@ -540,6 +549,10 @@ fn cmd_qemu_args(args: &[String]) -> i32 {
             _ => return usage_error(&format!("qemu-args: bad argument '{a}'")),
         }
         i += 2;
+    }
+    if let Some(server) = doorbell {
+        print!("{}", qemu::operator_doorbell_snippets(&server, vectors));
+        return 0;
     }
     let path = path.unwrap_or_else(|| region::region_path(&name));
     print!("{}", qemu::operator_snippets(&name, &path, size));

@@ -208,6 +208,32 @@ pub fn operator_snippets(name: &str, path: &Path, size_mib: u64) -> String {
     )
 }
 
+/// What `canal vm qemu-args --doorbell SOCKET` prints: the doorbell variant, where the
+/// region and the eventfds come from an ivshmem server (canald) on SOCKET.
+pub fn operator_doorbell_snippets(server: &Path, vectors: u32) -> String {
+    let qemu = ivshmem_doorbell_args("canal-bell", server, vectors).join(" ");
+    format!(
+        "# canal region with doorbells from the ivshmem server on {server}\n\
+         # The server hands QEMU the region and the interrupt eventfds. The guest takes\n\
+         # MSI-X interrupts in user space through vfio-pci, which needs an IOMMU: use q35\n\
+         # with an emulated Intel IOMMU and boot the guest kernel with intel_iommu=on.\n\
+         \n\
+         # QEMU command line options (with KVM also: -machine q35,kernel-irqchip=split):\n\
+         -machine q35 -device intel-iommu,intremap=on {qemu}\n\
+         \n\
+         # libvirt domain XML: in <features>: <ioapic driver='qemu'/>; in <devices>:\n\
+         <iommu model='intel'>\n  \
+           <driver intremap='on'/>\n\
+         </iommu>\n\
+         <shmem name='canal-bell'>\n  \
+           <model type='ivshmem-doorbell'/>\n  \
+           <server path='{server}'/>\n  \
+           <msi vectors='{vectors}' ioeventfd='on'/>\n\
+         </shmem>\n",
+        server = server.display(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +296,8 @@ mod tests {
         assert!(s.contains("<shmem name='canal-vm1'>"));
         assert!(s.contains("<size unit='M'>64</size>"));
         assert!(s.contains("mem-path=/dev/shm/canal-vm1,size=67108864"));
+        let s = operator_doorbell_snippets(Path::new("/run/canald/ivshmem.sock"), 1);
+        assert!(s.contains("ivshmem-doorbell,chardev=canal-bell,vectors=1"));
+        assert!(s.contains("<server path='/run/canald/ivshmem.sock'/>"));
     }
 }
