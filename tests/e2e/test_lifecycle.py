@@ -50,8 +50,11 @@ def test_guest_killed_mid_transfer(canald, python, progs):
         assert ended_after <= 1.0, f"the sink's connection ended {ended_after:.2f} s after SIGKILL (limit 1 s)"
 
     r = p.finish(10)
-    if pid != p.pid:
-        assert r.returncode == 128 + signal.SIGKILL, f"canal run must report the program's death by SIGKILL as 137\n{r.describe()}"
+    # canal run execs the program (then the killed process is canal run itself), or waits
+    # for it and passes its death on as 128+N
+    assert r.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), (
+        f"canal run must report the program's death by SIGKILL\n{r.describe()}"
+    )
 
 
 def test_idle_cost(canald, python, progs):
