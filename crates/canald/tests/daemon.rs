@@ -416,6 +416,13 @@ fn second_daemon_on_same_path_exits_quietly() {
     assert!(out.stderr.is_empty());
     // The first still serves.
     assert!(d.stat().contains("\"guests\":[]"));
+    // The socket's directory was created private.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(d.path.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
 }
 
 #[test]
@@ -496,4 +503,43 @@ fn idle_canald_uses_no_cpu() {
     let used = cpu_ticks(d.child.id()) - before;
     // A spinning poller would burn ~150 ticks here; allow one or two for noise.
     assert!(used <= 2, "idle canald used {used} ticks in 1.5 s");
+}
+
+#[test]
+fn racing_daemons_only_one_serves() {
+    let n = std::process::id();
+    let dir = std::env::temp_dir().join(format!("canald-race-{n}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("canald.sock");
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
+            .arg("--socket")
+            .arg(&path)
+            .arg("--idle-exit")
+            .arg("2")
+            .spawn()
+            .unwrap()
+    };
+    let mut a = spawn();
+    let mut b = spawn();
+    // One of them exits 0 quickly (the other answers); the other serves.
+    let t0 = Instant::now();
+    let (mut loser, mut winner) = loop {
+        if let Some(st) = a.try_wait().unwrap() {
+            assert!(st.success());
+            break (a, b);
+        }
+        if let Some(st) = b.try_wait().unwrap() {
+            assert!(st.success());
+            break (b, a);
+        }
+        assert!(t0.elapsed() < T, "neither daemon stepped back");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(loser.try_wait().unwrap().is_some());
+    assert!(winner.try_wait().unwrap().is_none(), "the winner serves");
+    assert!(canald::fetch_stat(&path, false).is_ok());
+    let _ = winner.kill();
+    let _ = winner.wait();
+    let _ = std::fs::remove_dir_all(&dir);
 }
