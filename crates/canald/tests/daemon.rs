@@ -203,12 +203,15 @@ fn udp_records_both_ways() {
 fn connection_refused() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach(&d.path, "refused");
-    // A port nobody listens on: bind, learn it, drop.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port nobody listens on and nobody else can take: bound, not listening.
+    let holder = g.socket(AF_INET, STREAM);
+    assert_eq!(
+        g.request(op::BIND, holder, [0; 4], &localhost(0).encode())
+            .0,
+        0
+    );
+    let (_, out) = g.request(op::GETSOCKNAME, holder, [0; 4], &[]);
+    let port = CanalAddr::decode(&out).unwrap().port;
     let h = g.socket(AF_INET, STREAM);
     let r = g.connect(h, &localhost(port));
     if r == EINPROGRESS {
@@ -542,4 +545,123 @@ fn racing_daemons_only_one_serves() {
     let _ = winner.kill();
     let _ = winner.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn close_drains_queued_bytes_first() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "closer");
+    let (h, mut peer) = connected_pair(&mut g);
+    let data = pattern(11, 200 * 1024);
+    // Queue without letting canald's socket drain first (the peer is not reading).
+    g.send_all(h, &data);
+    assert_eq!(g.request(op::CLOSE, h, [0; 4], &[]).0, 0);
+    let mut got = Vec::new();
+    peer.read_to_end(&mut got).unwrap();
+    assert!(
+        got == data,
+        "close lost or garbled queued bytes ({} of {})",
+        got.len(),
+        data.len()
+    );
+    let e = g.entry(h);
+    g.wait_until("entry freed", || {
+        e.kind.load(Ordering::Acquire) == sock_kind::FREE
+    });
+}
+
+#[test]
+fn peer_reset_reports_econnreset() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "reset");
+    let (h, peer) = connected_pair(&mut g);
+    // The peer closes with unread bytes in its receive queue: the kernel sends RST.
+    g.send_all(h, b"unread");
+    std::thread::sleep(Duration::from_millis(50));
+    drop(peer);
+    let deadline = Instant::now() + T;
+    // Keep sending until canald's write meets the reset.
+    while g.flags(h) & sock_flag::ERROR == 0 {
+        assert!(Instant::now() < deadline, "no reset seen");
+        g.send_some(h, b"more");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let f = g.flags(h);
+    let want = sock_flag::RX_EOF | sock_flag::TX_CLOSED | sock_flag::HUP;
+    assert_eq!(f & want, want, "flags {f:#x}");
+    let pe = g.entry(h).pending_error.load(Ordering::Relaxed);
+    assert!(
+        pe == errno::ECONNRESET as u32 || pe == errno::EPIPE as u32,
+        "pending_error {pe}"
+    );
+    // The tx ring was discarded.
+    let e = g.entry(h);
+    g.wait_until("tx discarded", || {
+        e.tx_tail.load(Ordering::Acquire) == e.tx_head.load(Ordering::Relaxed)
+    });
+}
+
+#[test]
+fn closing_listener_drops_unclaimed_connections() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "lclose");
+    let l = g.socket(AF_INET, STREAM);
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(g.request(op::LISTEN, l, [8, 0, 0, 0], &[]).0, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
+    let port = CanalAddr::decode(&out).unwrap().port;
+    let c1 = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let c2 = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c1.set_read_timeout(Some(T)).unwrap();
+    c2.set_read_timeout(Some(T)).unwrap();
+    g.wait_until("two accepted", || {
+        d.stat().matches("\"kind\":\"tcp\"").count() == 2
+    });
+    // Take one record, leave the other unclaimed, then close the listener.
+    let (_, _, p) = g.wait_record(l);
+    let taken = u32::from_le_bytes(p[..4].try_into().unwrap());
+    assert_eq!(g.request(op::CLOSE, l, [0; 4], &[]).0, 0);
+    g.wait_until("unclaimed freed", || {
+        let s = d.stat();
+        s.matches("\"handle\"").count() == 1 && s.contains(&format!("\"handle\":{taken},"))
+    });
+    // Whichever client was not taken sees the end; the taken one still works.
+    let mut b = [0u8; 1];
+    let taken_port = {
+        let s = d.stat();
+        let i = s.find("\"peer\":\"127.0.0.1:").unwrap() + 18;
+        s[i..s[i..].find('"').unwrap() + i].parse::<u16>().unwrap()
+    };
+    let (mut live, mut dead) = if c1.local_addr().unwrap().port() == taken_port {
+        (c1, c2)
+    } else {
+        (c2, c1)
+    };
+    assert!(matches!(dead.read(&mut b), Ok(0) | Err(_)));
+    g.send_all(taken, b"x");
+    live.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"x");
+}
+
+#[test]
+fn ipv6_loopback() {
+    let Ok(l) = TcpListener::bind("[::1]:0") else {
+        eprintln!("skipped: no IPv6 loopback here");
+        return;
+    };
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "v6");
+    let port = l.local_addr().unwrap().port();
+    let h = g.socket(10, STREAM);
+    let mut one = [0u8; 16];
+    one[15] = 1;
+    let r = g.connect(h, &CanalAddr::v6(one, port, 0, 0));
+    assert!(r == 0 || r == EINPROGRESS, "{r}");
+    let (mut peer, _) = l.accept().unwrap();
+    g.wait_flags(h, sock_flag::CONNECTED);
+    g.send_all(h, b"six");
+    let mut b = [0u8; 3];
+    peer.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"six");
+    assert!(d.stat().contains("\"peer\":\"[::1]:"));
 }
