@@ -48,7 +48,7 @@ def test_quick_mode_outputs_and_sane_numbers(tmp_path):
     # The budget for the quick mode.
     assert elapsed < 120, f"quick mode took {elapsed:.0f} s (budget 120 s)"
 
-    for name in ("results.csv", "summary.csv", "results.md", "machine.txt", "bench-plot.py"):
+    for name in ("results.csv", "summary.csv", "results.md", "machine.txt", "bench-plot.py", "readme-snippet.md"):
         assert (out / name).stat().st_size > 0, name
 
     # Every row records the machine, the placement and the command that reproduces it.
@@ -96,8 +96,11 @@ def test_quick_mode_outputs_and_sane_numbers(tmp_path):
     assert median(summary, "tcp", "stream", 16384, "gbit_s", pairs=2) > 0
 
     md = (out / "results.md").read_text()
-    for needle in ("Command:", "Machine:", "Kernel:", "### B1", "### B2", "### B11", "| 64 B |", "kernel TCP", "UDS"):
+    for needle in ("Command:", "Machine:", "Kernel:", "## At a glance", "### B1", "### B2", "### B11", "| 64 B |",
+                   "kernel TCP", "UDS"):
         assert needle in md, needle
+    snippet = (out / "readme-snippet.md").read_text()
+    assert "RR round trip p50, 64 B" in snippet and f"{out}/plots/throughput_vs_size.png" in snippet
 
     pngs = sorted((out / "plots").glob("*.png"))
     names = {p.name for p in pngs}

@@ -518,6 +518,11 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
     };
     let md = report::markdown(&info, exps, &aggs, &plots);
     write(&out.join("results.md"), &md)?;
+    let out_s = out.to_string_lossy();
+    write(
+        &out.join("readme-snippet.md"),
+        &report::readme_snippet(&info, &aggs, out_s.trim_end_matches('/'), &plots),
+    )?;
     let native_bad: Vec<String> = aggs
         .iter()
         .filter(|a| !a.cell.system.uses_canal() && matches!(a.status(), Status::Failed(_)))

@@ -211,7 +211,11 @@ fn cells(
         Some(s) if sizes != [0] => s.clone(),
         _ => sizes.to_vec(),
     };
-    let pairs: Vec<usize> = plan.pairs.clone().unwrap_or_else(|| pairs.to_vec());
+    // --pairs applies to the experiments that vary the number of pairs (B4, B9).
+    let pairs: Vec<usize> = match &plan.pairs {
+        Some(p) if pairs != [1] => p.clone(),
+        _ => pairs.to_vec(),
+    };
     let mut out = Vec::new();
     for &w in workloads {
         for &size in &sizes {
@@ -353,13 +357,17 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             }
         }
         "B9" => {
-            let v = ["split=adaptive", "split=0", "split=0.25", "split=0.5", "split=0.75", "split=1"];
+            let v: &[&str] = if q {
+                &["split=adaptive", "split=0", "split=0.5", "split=1"]
+            } else {
+                &["split=adaptive", "split=0", "split=0.25", "split=0.5", "split=0.75", "split=1"]
+            };
             Experiment {
                 id: "B9",
                 title: "two-layer coalescing: host/guest split of the wake-up window",
                 measures: "CPU (cores busy) and worst-case RR latency (max) at 64 B with n concurrent pairs, per split",
                 target: "adaptive split ≤ CPU of any fixed split at the same worst-case latency",
-                cells: cells(plan, &[Rr], &[64], &pick(&[1, 2], &[1, 2, 4, 8]), &v, &[CanalGG]),
+                cells: cells(plan, &[Rr], &[64], &pick(&[1, 2], &[1, 2, 4, 8]), v, &[CanalGG]),
                 unavailable: None,
             }
         }

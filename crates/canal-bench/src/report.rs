@@ -935,6 +935,21 @@ pub fn markdown(info: &RunInfo, exps: &[Experiment], aggs: &[CellAgg], plots: &[
          RTT = one request-response round trip. Bracketed numbers after *failed* / *not available* point to the notes.\n\n",
     );
     let mut notes = Vec::new();
+    let mut glance_notes = Vec::new();
+    let glance = headline(aggs, &mut glance_notes);
+    if !glance.is_empty() {
+        s.push_str(
+            "## At a glance\n\nMedians of this run; the last two columns say by what factor canal is \
+             better or worse than kernel TCP on that metric (lower latency, CPU and syscalls are \
+             better; higher rates are better).\n\n",
+        );
+        s.push_str(&glance);
+        s.push('\n');
+        for n in &glance_notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s.push('\n');
+    }
     let v = verdicts(aggs);
     if !v.is_empty() {
         s.push_str("## Targets (docs/bench/README.md)\n\n| target | verdict | this run |\n| --- | --- | --- |\n");
@@ -958,6 +973,167 @@ pub fn markdown(info: &RunInfo, exps: &[Experiment], aggs: &[CellAgg], plots: &[
         s.push_str("## Notes (why a cell has no number)\n\n");
         for (i, n) in notes.iter().enumerate() {
             let _ = writeln!(s, "{}. {}", i + 1, n.replace('|', "\\|").replace('\n', " "));
+        }
+    }
+    s
+}
+
+/// The at-a-glance table: one row per headline metric, the four systems, and canal's
+/// standing against kernel TCP as a factor where > 1 always means canal is better.
+pub fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String {
+    use System::*;
+    use Workload::*;
+    let items: [(&str, Workload, usize, &str, bool); 11] = [
+        ("RR round trip p50, 64 B (µs)", Rr, 64, "rtt_p50_us", false),
+        ("RR round trip p99, 64 B (µs)", Rr, 64, "rtt_p99_us", false),
+        (
+            "RR round trip p50, 16 KiB (µs)",
+            Rr,
+            16384,
+            "rtt_p50_us",
+            false,
+        ),
+        ("stream 64 B (Gbit/s)", Stream, 64, "gbit_s", true),
+        ("stream 1 KiB (Gbit/s)", Stream, 1024, "gbit_s", true),
+        ("stream 16 KiB (Gbit/s)", Stream, 16384, "gbit_s", true),
+        ("stream 64 KiB (Gbit/s)", Stream, 65536, "gbit_s", true),
+        (
+            "CPU per byte, stream 64 KiB (ns/B)",
+            Stream,
+            65536,
+            "cpu_ns_per_byte",
+            false,
+        ),
+        (
+            "client syscalls per RR round trip",
+            SysRr,
+            64,
+            "syscalls_per_msg",
+            false,
+        ),
+        ("redis GET (req/s)", Redis, 0, "get_rps", true),
+        ("nginx + wrk (req/s)", Nginx, 0, "req_s", true),
+    ];
+    let find = |s: System, w: Workload, size: usize| {
+        aggs.iter().find(|a| {
+            a.cell.system == s
+                && a.cell.workload == w
+                && a.cell.size == size
+                && a.cell.pairs == 1
+                && a.cell.variant == "default"
+        })
+    };
+    let systems = [Tcp, Uds, CanalGG, CanalGN];
+    let mut s = String::from(
+        "| metric | kernel TCP | UDS | canal guest↔guest | canal guest→native | canal g↔g vs kernel TCP | canal g→n vs kernel TCP |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let mut slower: Vec<String> = Vec::new();
+    let mut rows = 0;
+    for (label, w, size, metric, higher) in items {
+        if find(Tcp, w, size).is_none() {
+            continue;
+        }
+        rows += 1;
+        let med = |sys: System| {
+            find(sys, w, size)
+                .and_then(|a| a.summary(metric))
+                .map(|x| x.median)
+        };
+        let _ = write!(s, "| {label} |");
+        for sys in systems {
+            let v = match find(sys, w, size) {
+                None => "".to_string(),
+                Some(a) => match a.summary(metric) {
+                    Some(x) => fmt_num(x.median),
+                    None => a.status().word().to_string(),
+                },
+            };
+            let _ = write!(s, " {v} |");
+        }
+        for sys in [CanalGG, CanalGN] {
+            let f = match (med(sys), med(Tcp)) {
+                (Some(c), Some(t)) if c > 0.0 && t > 0.0 => {
+                    let f = if higher { c / t } else { t / c };
+                    if f < 1.0 {
+                        slower.push(format!(
+                            "{}: {label} {} vs kernel TCP {} ({}× worse)",
+                            sys.label(),
+                            fmt_num(c),
+                            fmt_num(t),
+                            fmt_num(1.0 / f)
+                        ));
+                    }
+                    if f >= 1.0 {
+                        format!("{}× better", fmt_num(f))
+                    } else {
+                        format!("{}× **worse**", fmt_num(1.0 / f))
+                    }
+                }
+                (Some(0.0), Some(t)) if !higher && t > 0.0 => "none (kernel: some)".into(),
+                _ => "–".into(),
+            };
+            let _ = write!(s, " {f} |");
+        }
+        s.push('\n');
+    }
+    if rows == 0 {
+        return String::new();
+    }
+    for sys in [CanalGG, CanalGN] {
+        let cells: Vec<&CellAgg> = aggs
+            .iter()
+            .filter(|a| a.cell.system == sys && a.cell.variant == "default")
+            .collect();
+        if !cells.is_empty() && cells.iter().all(|a| a.status() != Status::Ok) {
+            notes_out.push(format!(
+                "{}: no numbers in this run — {}",
+                sys.label(),
+                cells[0].status().reason()
+            ));
+        }
+    }
+    if !slower.is_empty() {
+        notes_out.push(format!(
+            "Where canal is worse than the kernel in this run: {}.",
+            slower.join("; ")
+        ));
+    }
+    s
+}
+
+/// A section for the top-level README: the at-a-glance table, where canal is slower, and
+/// two plots, with links relative to the repository root (`out` as given on the command line).
+pub fn readme_snippet(info: &RunInfo, aggs: &[CellAgg], out: &str, plots: &[String]) -> String {
+    let get = |k: &str| {
+        info.machine_long
+            .iter()
+            .find(|(a, _)| a == k)
+            .map(|x| x.1.clone())
+            .unwrap_or_default()
+    };
+    let mut notes = Vec::new();
+    let glance = headline(aggs, &mut notes);
+    let mut s = format!(
+        "Measured with `{}` on {} ({}; {}; commit {}), {} mode, {} repetitions, medians; \
+         every ratio compares medians from that same run. Full report: [{out}/results.md]({out}/results.md).\n\n",
+        info.command,
+        get("Machine"),
+        get("Kernel"),
+        get("Date"),
+        get("Commit"),
+        info.mode,
+        info.reps
+    );
+    s.push_str(&glance);
+    s.push('\n');
+    for n in notes {
+        let _ = writeln!(s, "- {n}");
+    }
+    s.push('\n');
+    for p in ["throughput_vs_size.png", "latency_vs_size.png"] {
+        if plots.iter().any(|x| x == p) {
+            let _ = writeln!(s, "![{p}]({out}/plots/{p})\n");
         }
     }
     s
