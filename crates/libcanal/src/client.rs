@@ -902,6 +902,8 @@ pub fn sleep_events(
     }; 2];
     let fds: &mut [libc::pollfd] = if extra.is_empty() { &mut own } else { extra };
     let n = fds.len() - 2;
+    fds[n].revents = 0;
+    fds[n + 1].revents = 0;
     if s.efd < 0 {
         // No wake-up port: bounded backoff (1 µs .. 1 ms).
         if cond() {

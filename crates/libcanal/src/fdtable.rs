@@ -94,6 +94,11 @@ impl<const N: usize> FdTable<N> {
         Self::decode(w.swap(0, Ordering::AcqRel))
     }
 
+    /// One past the highest descriptor ever installed.
+    pub fn high_water(&self) -> usize {
+        self.high.load(Ordering::Relaxed).min(N)
+    }
+
     /// Calls `f(fd, handle)` for every canal descriptor.
     pub fn for_each_canal(&self, mut f: impl FnMut(i32, u32)) {
         let high = self.high.load(Ordering::Relaxed).min(N);

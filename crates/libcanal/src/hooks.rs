@@ -13,8 +13,8 @@ use crate::sockaddr;
 use crate::{poll, real, sys};
 use core::cell::Cell;
 use libc::{
-    c_int, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr as SockAddr, socklen_t,
-    ssize_t,
+    c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr as SockAddr,
+    socklen_t, ssize_t,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -662,10 +662,100 @@ pub unsafe extern "C" fn __ppoll_chk(
 
 // ---- descriptors -----------------------------------------------------------------------------
 
+/// A vfork child (or posix_spawn's) runs in our memory with its own descriptor table:
+/// it must not change the table or the reference counts the parent owns. Checked on
+/// slow paths only (one getpid system call).
+fn vfork_child() -> bool {
+    client::PID.load(core::sync::atomic::Ordering::Relaxed) != sys::getpid()
+}
+
+type FnCloseRange = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
+type FnCloseFrom = unsafe extern "C" fn(c_int);
+
+/// close_range: canal descriptors in the range are released as by close(); the
+/// library's own descriptors are skipped (the range is split around them). With
+/// CLOSE_RANGE_CLOEXEC nothing is closed now and the call passes through.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let real = |a: c_uint, b: c_uint| {
+        // SAFETY: forwarding to libc's close_range.
+        unsafe { real!(c"close_range", FnCloseRange)(a, b, flags) }
+    };
+    if client::guest().is_none()
+        || vfork_child()
+        || flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) != 0
+        || first > last
+    {
+        return real(first, last);
+    }
+    let Some(_g) = Reentry::enter() else {
+        return real(first, last);
+    };
+    let mut canal_fds: Vec<(c_int, u32)> = Vec::new();
+    let mut internal: Vec<c_uint> = Vec::new();
+    let high = TABLE.high_water() as u64;
+    for fd in (first as u64)..(last as u64 + 1).min(high) {
+        match TABLE.get(fd as c_int) {
+            Some(Entry::Canal(h)) => canal_fds.push((fd as c_int, h)),
+            Some(Entry::Internal) => internal.push(fd as c_uint),
+            None => {}
+        }
+    }
+    if let Some(g) = client::guest() {
+        for (fd, h) in canal_fds {
+            if TABLE.take(fd).is_some() {
+                sock::release(g, h);
+            }
+        }
+    }
+    // Close the pieces between our own descriptors.
+    let mut start = first;
+    for i in internal {
+        if i > start {
+            let r = real(start, i - 1);
+            if r < 0 {
+                return r;
+            }
+        }
+        start = i.saturating_add(1);
+        if i == c_uint::MAX {
+            return 0;
+        }
+    }
+    if start <= last {
+        real(start, last)
+    } else {
+        0
+    }
+}
+
+/// closefrom(lowfd) is close_range(lowfd, ~0, 0).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    if client::guest().is_none() || vfork_child() {
+        // SAFETY: forwarding to libc's closefrom.
+        unsafe { real!(c"closefrom", FnCloseFrom)(low) };
+        return;
+    }
+    // SAFETY: same contract.
+    let r = unsafe { close_range(low.max(0) as c_uint, c_uint::MAX, 0) };
+    if r < 0 {
+        // closefrom cannot fail; glibc falls back to closing one by one.
+        for fd in low.max(0)..(TABLE.high_water() as c_int) {
+            // SAFETY: closing descriptors, as closefrom does.
+            unsafe { close(fd) };
+        }
+    }
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let w = TABLE.raw(fd);
     if w == 0 {
+        // SAFETY: forwarding to libc's close.
+        return unsafe { real!(c"close", FnInt)(fd) };
+    }
+    if vfork_child() {
         // SAFETY: forwarding to libc's close.
         return unsafe { real!(c"close", FnInt)(fd) };
     }
@@ -739,7 +829,7 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
         }
     };
     let (wo, wn) = (TABLE.raw(old), TABLE.raw(new));
-    if wo == 0 && wn == 0 {
+    if (wo == 0 && wn == 0) || vfork_child() {
         return real();
     }
     if TABLE.get(new) == Some(Entry::Internal) {
@@ -1060,32 +1150,70 @@ type FnExecv = unsafe extern "C" fn(*const libc::c_char, *const *const libc::c_c
 type FnFexecve =
     unsafe extern "C" fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
 
-/// Before exec: the kernel will close every close-on-exec descriptor, so drop those
-/// canal descriptors' references now (as close would). Descriptors without
-/// close-on-exec survive exec as bare dummies the new image does not know (issue 3).
-/// A vfork child shares our memory and must not touch the table: it is recognised by
-/// its pid differing from the one our state belongs to.
-fn before_exec() {
-    let Some(g) = client::guest() else { return };
+/// Before exec: the kernel will close every close-on-exec descriptor, so their
+/// references are dropped now (as close would). Only references another descriptor
+/// still backs (refs > 1) are dropped, so a failed exec can restore them exactly; a
+/// socket whose last reference goes away by exec stays open until the guest's control
+/// connection closes. Descriptors without close-on-exec survive exec as bare dummies
+/// the new image does not know (issue 3). A vfork child shares our memory and must not
+/// touch the table: it is recognised by its pid differing from the one our state
+/// belongs to.
+fn before_exec() -> Vec<(c_int, u32)> {
+    let mut dropped = Vec::new();
+    let Some(g) = client::guest() else {
+        return dropped;
+    };
     if client::PID.load(core::sync::atomic::Ordering::Relaxed) != sys::getpid() {
-        return;
+        return dropped;
     }
-    let Some(_r) = Reentry::enter() else { return };
+    let Some(_r) = Reentry::enter() else {
+        return dropped;
+    };
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        let mut doomed: Vec<(c_int, u32)> = Vec::new();
         TABLE.for_each_canal(|fd, h| {
-            if sys::fcntl_int(fd, libc::F_GETFD, 0)
-                .is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0)
-            {
-                doomed.push((fd, h));
+            let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0)
+                .is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0);
+            if !cloexec {
+                return;
+            }
+            if let Ok(s) = Sock::new(g, h) {
+                let o = core::sync::atomic::Ordering::AcqRel;
+                let r = core::sync::atomic::Ordering::Relaxed;
+                if s.e
+                    .refs
+                    .fetch_update(o, r, |n| (n > 1).then(|| n - 1))
+                    .is_ok()
+                {
+                    dropped.push((fd, h));
+                }
             }
         });
-        for (fd, h) in doomed {
-            if TABLE.take(fd).is_some() {
-                sock::release(g, h);
-            }
+        for &(fd, _) in &dropped {
+            TABLE.take(fd);
         }
     }));
+    dropped
+}
+
+/// exec failed: the descriptors are still ours.
+fn exec_failed(dropped: Vec<(c_int, u32)>) {
+    let Some(g) = client::guest() else { return };
+    let e = sys::errno();
+    for (fd, h) in dropped {
+        let _ = TABLE.set_canal(fd, h);
+        sock::add_ref(g, h);
+    }
+    sys::set_errno(e);
+}
+
+macro_rules! exec_hook {
+    ($call:expr) => {{
+        let dropped = before_exec();
+        // SAFETY: forwarding the caller's arguments to libc's exec function.
+        let r = unsafe { $call };
+        exec_failed(dropped);
+        r
+    }};
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1094,9 +1222,7 @@ pub unsafe extern "C" fn execve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarding the caller's arguments to libc's execve.
-    unsafe { real!(c"execve", FnExecve)(path, argv, envp) }
+    exec_hook!(real!(c"execve", FnExecve)(path, argv, envp))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1104,9 +1230,7 @@ pub unsafe extern "C" fn execv(
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarding the caller's arguments to libc's execv.
-    unsafe { real!(c"execv", FnExecv)(path, argv) }
+    exec_hook!(real!(c"execv", FnExecv)(path, argv))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1114,9 +1238,7 @@ pub unsafe extern "C" fn execvp(
     file: *const libc::c_char,
     argv: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarding the caller's arguments to libc's execvp.
-    unsafe { real!(c"execvp", FnExecv)(file, argv) }
+    exec_hook!(real!(c"execvp", FnExecv)(file, argv))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1125,9 +1247,7 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarding the caller's arguments to libc's execvpe.
-    unsafe { real!(c"execvpe", FnExecve)(file, argv, envp) }
+    exec_hook!(real!(c"execvpe", FnExecve)(file, argv, envp))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1136,9 +1256,7 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarding the caller's arguments to libc's fexecve.
-    unsafe { real!(c"fexecve", FnFexecve)(fd, argv, envp) }
+    exec_hook!(real!(c"fexecve", FnFexecve)(fd, argv, envp))
 }
 
 /// At exit() the kernel closes every descriptor: drop this process's references so a

@@ -37,6 +37,17 @@ impl Sock {
         Ok(Sock { g, handle, idx, e })
     }
 
+    /// The entry still belongs to this handle (another thread may have closed the
+    /// last descriptor while we waited, and the entry may now be someone else's).
+    pub fn live(&self) -> Result<(), i32> {
+        if make_handle(self.idx, self.e.generation.load(Ordering::Acquire)) != self.handle
+            && !client::is_dead(self.g)
+        {
+            return Err(libc::EBADF);
+        }
+        Ok(())
+    }
+
     pub fn kind(&self) -> u32 {
         self.e.kind.load(Ordering::Acquire)
     }
@@ -515,6 +526,7 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let mut deadline = None;
     loop {
         dead_err(s.g, true)?;
+        s.live()?;
         let fl = s.flags();
         let pe = s.take_error();
         if pe != 0 {
@@ -652,6 +664,7 @@ fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> R
     let mut deadline = None;
     loop {
         dead_err(s.g, true)?;
+        s.live()?;
         let pe = s.take_error();
         if pe != 0 {
             return Err(pe as i32);
@@ -714,6 +727,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let mut deadline = None;
     loop {
         dead_err(s.g, true)?;
+        s.live()?;
         if total == 0 {
             return Ok(0);
         }
@@ -807,6 +821,7 @@ fn recv_dgram(s: Sock, iov: &[iovec], flags: c_int, meta: &mut RecvMeta) -> Resu
     let mut deadline = None;
     loop {
         dead_err(s.g, true)?;
+        s.live()?;
         client::lock(&s.e.rx_lock);
         let mut c = Consumer {
             storage: &ring,
@@ -894,6 +909,7 @@ pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> 
     let mut deadline = None;
     loop {
         dead_err(s.g, false)?;
+        s.live()?;
         client::lock(&s.e.rx_lock);
         let mut c = Consumer {
             storage: &ring,

@@ -400,11 +400,15 @@ def t_fork_shared():
 def t_fork_exit_exec():
     """References of children that exit() or exec() are dropped: the peer sees EOF
     as soon as the parent closes."""
-    for how in ("exit", "execv", "subprocess"):
+    for how in ("exit", "execv", "subprocess", "subprocess-fork"):
         p, port = native(ECHO)
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         if how == "subprocess":
             subprocess.run(["true"], check=True)
+        elif how == "subprocess-fork":
+            # preexec_fn makes Python fork (not vfork); the child closes descriptors
+            # with close_range before exec.
+            subprocess.run(["true"], check=True, preexec_fn=lambda: None)
         else:
             pid = os.fork()
             if pid == 0:
