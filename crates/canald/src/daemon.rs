@@ -102,7 +102,14 @@ struct Conn {
     pid: u32,
     /// The doorbell eventfd of this connection's guest.
     doorbell: Option<OwnedFd>,
+    /// Reply messages (STAT chunks) waiting for the peer to read: the poller never
+    /// blocks on a slow reader, it waits for EPOLLOUT.
+    out: std::collections::VecDeque<Vec<u8>>,
+    out_bytes: usize,
 }
+
+/// Largest backlog of unread replies per connection before it is dropped.
+const OUT_MAX: usize = 16 << 20;
 
 pub struct Daemon {
     cfg: Config,
@@ -356,7 +363,16 @@ impl Daemon {
     fn dispatch(&mut self, tok: u64, bits: u32) {
         match token::ty(tok) {
             token::LISTENER => self.accept_conns(),
-            token::CONTROL => self.read_control(token::conn(tok)),
+            token::CONTROL => {
+                let key = token::conn(tok);
+                if bits & sys::EP_OUT != 0 && !self.flush_out(key) {
+                    self.close_conn(key);
+                    return;
+                }
+                if bits & !sys::EP_OUT != 0 {
+                    self.read_control(key);
+                }
+            }
             token::DOORBELL => {
                 if let Some(Some(d)) = self.conns.get(&token::conn(tok)).map(|c| &c.doorbell) {
                     let _ = sys::eventfd_read(d);
@@ -426,6 +442,8 @@ impl Daemon {
                     fd,
                     pid,
                     doorbell: None,
+                    out: Default::default(),
+                    out_bytes: 0,
                 },
             );
         }
@@ -571,16 +589,57 @@ impl Daemon {
                 } else {
                     stat::render_json(&snap)
                 };
-                let conn = &self.conns[&key];
-                for chunk in text.as_bytes().chunks(CTL_MAX - CTL_HEADER - 1024) {
-                    if send_msg(&conn.fd, kind::STAT_CHUNK, chunk, &[]).is_err() {
-                        return false;
-                    }
+                let Some(conn) = self.conns.get_mut(&key) else {
+                    return false;
+                };
+                for chunk in text
+                    .as_bytes()
+                    .chunks(CTL_MAX - CTL_HEADER - 1024)
+                    .chain(std::iter::once(&[][..]))
+                {
+                    let mut m =
+                        control::encode_header(kind::STAT_CHUNK, chunk.len() as u32).to_vec();
+                    m.extend_from_slice(chunk);
+                    conn.out_bytes += m.len();
+                    conn.out.push_back(m);
                 }
-                send_msg(&conn.fd, kind::STAT_CHUNK, &[], &[]).is_ok()
+                if conn.out_bytes > OUT_MAX {
+                    return false;
+                }
+                self.flush_out(key)
             }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }
+    }
+
+    /// Sends queued replies until done or the socket is full (then waits for
+    /// EPOLLOUT). False: the connection failed.
+    fn flush_out(&mut self, key: u32) -> bool {
+        let Some(conn) = self.conns.get_mut(&key) else {
+            return false;
+        };
+        while let Some(m) = conn.out.front() {
+            match sys::send_with_fds(&conn.fd, m, &[], true) {
+                Ok(()) => {
+                    conn.out_bytes -= m.len();
+                    conn.out.pop_front();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+                Err(_) => return false,
+            }
+        }
+        let ev = if conn.out.is_empty() {
+            sys::EP_IN
+        } else {
+            sys::EP_IN | sys::EP_OUT
+        };
+        self.ep
+            .modify(
+                conn.fd.as_raw_fd(),
+                ev,
+                token::make(token::CONTROL, key, 0, 0),
+            )
+            .is_ok()
     }
 
     pub fn snapshot(&self) -> Snapshot {

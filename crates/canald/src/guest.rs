@@ -835,12 +835,13 @@ impl Guest {
 
     /// The guest violated the ring protocol on this socket: close the host side.
     fn break_socket(&mut self, ep: &Epoll, index: u32) {
-        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
-            s.phase = Phase::Broken;
-            s.pending_dgram = None;
-            if let Some(fd) = s.fd.take() {
-                ep.delete(fd.as_raw_fd());
-            }
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        s.phase = Phase::Broken;
+        s.pending_dgram = None;
+        if let Some(fd) = s.fd.take() {
+            ep.delete(fd.as_raw_fd());
         }
         self.set_error(
             index,

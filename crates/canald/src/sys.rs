@@ -301,6 +301,13 @@ impl Epoll {
             .map(|_| ())
     }
 
+    pub fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a live local the kernel reads.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) })
+            .map(|_| ())
+    }
+
     pub fn delete(&self, fd: RawFd) {
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
         // SAFETY: as in add.

@@ -665,3 +665,62 @@ fn ipv6_loopback() {
     assert_eq!(&b, b"six");
     assert!(d.stat().contains("\"peer\":\"[::1]:"));
 }
+
+#[test]
+fn large_stat_listing_in_chunks() {
+    let d = TestDaemon::start(&["--ring-kib", "64"]);
+    let mut g = TestGuest::attach(&d.path, "many");
+    let mut handles = Vec::new();
+    for _ in 0..1024 {
+        handles.push(g.socket(AF_INET, DGRAM));
+    }
+    let (r, _) = g.request(op::SOCKET, 0, [2, 2, 0, 0], &[]);
+    assert_eq!(
+        r,
+        -(errno::EMFILE as i64),
+        "the 1025th socket is over the cap"
+    );
+    let s = d.stat();
+    assert!(
+        s.len() > 64 * 1024,
+        "listing spans several chunks: {}",
+        s.len()
+    );
+    assert_eq!(s.matches("\"kind\":\"udp\"").count(), 1024);
+    assert!(s.ends_with("]}]}"));
+    let t = canald::fetch_stat(&d.path, true).unwrap();
+    assert_eq!(t.lines().filter(|l| l.contains(" udp ")).count(), 1024);
+
+    // A client that asks and does not read must not stall the poller.
+    let slow = canald::sys::seqpacket_connect(&d.path).unwrap();
+    for _ in 0..4 {
+        send_ctl(
+            &slow,
+            canal_abi::control::kind::STAT,
+            &0u32.to_le_bytes(),
+            &[],
+        );
+    }
+    let t0 = Instant::now();
+    for _ in 0..100 {
+        assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0);
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "poller stalled by a slow reader"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let mut whole = Vec::new();
+    let mut ends = 0;
+    while ends < 4 {
+        let (k, body, _) = recv_ctl(&slow);
+        assert_eq!(k, canal_abi::control::kind::STAT_CHUNK);
+        if body.is_empty() {
+            ends += 1;
+        }
+        whole.extend_from_slice(&body);
+    }
+    let whole = String::from_utf8(whole).unwrap();
+    assert_eq!(whole.matches("{\"daemon\"").count(), 4);
+    assert_eq!(whole.len(), 4 * s.len());
+}
