@@ -429,7 +429,7 @@ static void *blocked_recv_main(void *arg)
 static void check_close_while_recv_blocked(void)
 {
     char *tag = new_tag();
-    int s = peer_cmd(tag, "DELAY 900 late");
+    int s = peer_cmd(tag, "DELAY 1500 late");
     struct blocked_recv b = { .fd = s };
     pthread_t t;
     pthread_create(&t, NULL, blocked_recv_main, &b);
@@ -1115,7 +1115,7 @@ static void check_sock_nonblock_cloexec(void)
     EXPECT(rc == 0 || errno == EINPROGRESS, "non-blocking connect: rc=%d %s", rc, rc ? ename(errno) : "");
     STEP("waiting for the connection");
     EXPECT(is_ready(s, POLLOUT, 5000) & POLLOUT, "connected (POLLOUT)");
-    const char *cmd = "- DELAY 300 hi\n";
+    const char *cmd = "- DELAY 800 hi\n";
     send_all(s, cmd, strlen(cmd));
     char buf[8];
     ssize_t r = recv(s, buf, sizeof buf, 0);
@@ -1352,7 +1352,7 @@ static void check_sendfile(void)
 
 static void check_msg_flags(void)
 {
-    int s = peer_cmd(NULL, "DELAY 300 peek-me");
+    int s = peer_cmd(NULL, "DELAY 800 peek-me");
     char buf[64];
     ssize_t r = recv(s, buf, sizeof buf, MSG_DONTWAIT);
     EXPECT(r == -1 && errno == EAGAIN, "MSG_DONTWAIT on a blocking socket with no data: r=%zd %s (want EAGAIN)", r,
