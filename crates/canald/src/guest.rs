@@ -763,7 +763,12 @@ impl Guest {
             Ok(()) => {
                 s.phase = Phase::Connected;
                 s.writable = true;
-                self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+                // A retry after a failed connect starts clean.
+                self.set_flags(
+                    index,
+                    sock_flag::CONNECTED,
+                    sock_flag::CONNECTING | sock_flag::ERROR | sock_flag::HUP,
+                );
                 self.mark_dirty(index);
                 Ok((0, 0))
             }
@@ -773,7 +778,11 @@ impl Guest {
                 // about its completion.
                 s.readable = false;
                 s.writable = false;
-                self.set_flags(index, sock_flag::CONNECTING, 0);
+                self.set_flags(
+                    index,
+                    sock_flag::CONNECTING,
+                    sock_flag::ERROR | sock_flag::HUP,
+                );
                 self.mark_dirty(index);
                 Ok((-(errno::EINPROGRESS as i64), 0))
             }
@@ -793,16 +802,21 @@ impl Guest {
 
     fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
-        if s.phase != Phase::Connected {
-            return Err(errno::ENOTCONN);
-        }
         let fd = fd_of(s)?;
+        if !(s.kind == Kind::Stream && s.phase == Phase::Connected) {
+            // Listeners (wakes accept), datagram sockets, unconnected streams: the
+            // kernel's answer is the native one (ENOTCONN where it applies).
+            sys::shutdown(fd, how).map_err(|e| sys::errno_of(&e))?;
+            s.readable = true;
+            self.mark_dirty(index);
+            return Ok((0, 0));
+        }
         if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
             sys::shutdown(fd, libc::SHUT_RD).map_err(|e| sys::errno_of(&e))?;
             s.readable = true;
         }
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
-            // Takes effect once the tx ring has drained (service_stream).
+            // Takes effect once the tx ring has drained (flush_stream_tx).
             s.shut_wr_pending = true;
         }
         self.mark_dirty(index);
