@@ -11,6 +11,9 @@ use libc::c_short;
 pub mod local {
     pub const SHUT_RD: u32 = 1 << 1;
     pub const SHUT_WR: u32 = 1 << 2;
+    /// A connect returned EINPROGRESS (or timed out / was interrupted) and has not been
+    /// collected by a later connect (the kernel's socket-layer SS_CONNECTING).
+    pub const CONNECT_PENDING: u32 = 1 << 3;
 }
 
 pub const POLLIN: c_short = libc::POLLIN;

@@ -241,54 +241,77 @@ pub fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
     .map(|_| ())
 }
 
+/// connect(2) on a stream socket follows the kernel's two-level state: the socket
+/// layer stays "connecting" after a connect that returned EINPROGRESS (or timed out,
+/// or was interrupted) until connect is called again, so a second connect returns 0
+/// once the handshake is done, EALREADY while it runs, or the error; only then does
+/// EISCONN follow. `local::CONNECT_PENDING` is that socket-layer state.
 pub fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
     dead_err(s.g, false)?;
     if s.kind() == sock_kind::DGRAM {
         return request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []).map(|_| ());
     }
     let fl = s.flags();
-    if fl & f::CONNECTED != 0 {
-        return Err(libc::EISCONN);
-    }
-    let in_progress = if fl & f::CONNECTING != 0 && fl & f::ERROR == 0 {
+    let pending = s.local() & local::CONNECT_PENDING != 0;
+    let closed = fl & (f::ERROR | f::HUP | f::BROKEN) != 0;
+    let connecting = fl & f::CONNECTING != 0 && fl & f::CONNECTED == 0 && !closed;
+    if pending {
+        if !connecting {
+            return finish_connect(s);
+        }
         if s.nonblocking() {
             return Err(libc::EALREADY);
         }
-        true
-    } else {
-        // A failed non-blocking connect reports its error to the next connect.
-        let pe = s.take_error();
-        if pe != 0 && fl & f::ERROR != 0 {
-            return Err(pe as i32);
-        }
-        match request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []) {
-            Ok(_) => return Ok(()),
-            Err(libc::EINPROGRESS) => true,
-            Err(e) => return Err(e),
-        }
-    };
-    debug_assert!(in_progress);
+        return wait_connect(s, libc::EALREADY);
+    }
+    if fl & f::CONNECTED != 0 {
+        return Err(libc::EISCONN);
+    }
+    if connecting {
+        return Err(libc::EALREADY);
+    }
+    match request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []) {
+        Ok(_) => return Ok(()),
+        Err(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    s.e.guest_flags
+        .fetch_or(local::CONNECT_PENDING, Ordering::Relaxed);
     if s.nonblocking() {
         return Err(libc::EINPROGRESS);
     }
+    wait_connect(s, libc::EINPROGRESS)
+}
+
+/// Waits for the handshake; `on_timeout` is what a timed-out wait reports.
+fn wait_connect(s: Sock, on_timeout: i32) -> Result<(), i32> {
     let w = wait_until(s.g, s.idx, s.deadline(false), || {
         let fl = s.flags();
-        fl & (f::CONNECTED | f::ERROR | f::HUP) != 0 || fl & f::CONNECTING == 0
+        fl & (f::CONNECTED | f::ERROR | f::HUP | f::BROKEN) != 0 || fl & f::CONNECTING == 0
     });
     match w {
-        Wait::Ready => {}
-        Wait::Timeout => return Err(libc::EINPROGRESS),
-        other => return Err(wait_err(other, false)),
+        Wait::Ready => finish_connect(s),
+        Wait::Timeout => Err(on_timeout),
+        other => Err(wait_err(other, false)),
     }
+}
+
+/// The handshake is over: report its outcome once and leave the pending state.
+fn finish_connect(s: Sock) -> Result<(), i32> {
+    s.e.guest_flags
+        .fetch_and(!local::CONNECT_PENDING, Ordering::Relaxed);
     let fl = s.flags();
     let pe = s.take_error();
     if pe != 0 {
         return Err(pe as i32);
     }
-    if fl & f::CONNECTED != 0 {
+    if fl & f::CONNECTED != 0 && fl & (f::ERROR | f::HUP | f::BROKEN) == 0 {
         Ok(())
+    } else if fl & f::CONNECTED != 0 {
+        Err(libc::ECONNRESET)
     } else {
-        Err(libc::ECONNREFUSED)
+        // The error was already collected (SO_ERROR), as Linux says then.
+        Err(libc::ECONNABORTED)
     }
 }
 
