@@ -724,3 +724,72 @@ fn large_stat_listing_in_chunks() {
     assert_eq!(whole.matches("{\"daemon\"").count(), 4);
     assert_eq!(whole.len(), 4 * s.len());
 }
+
+#[test]
+fn many_concurrent_connections_hashes_match() {
+    const CONNS: usize = 16;
+    const EACH: usize = 2 << 20;
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "many-conns");
+    let mut socks = Vec::new();
+    let mut threads = Vec::new();
+    for i in 0..CONNS {
+        let (h, peer) = connected_pair(&mut g);
+        let mut rd = peer.try_clone().unwrap();
+        let mut wr = peer;
+        // Native side: hash what arrives, send its own pattern.
+        threads.push(std::thread::spawn(move || {
+            let w = std::thread::spawn(move || {
+                wr.write_all(&pattern(100 + i as u64, EACH)).unwrap();
+                wr.shutdown(std::net::Shutdown::Write).unwrap();
+            });
+            let mut got = Vec::with_capacity(EACH);
+            rd.read_to_end(&mut got).unwrap();
+            w.join().unwrap();
+            got
+        }));
+        socks.push(h);
+    }
+    let outs: Vec<Vec<u8>> = (0..CONNS).map(|i| pattern(200 + i as u64, EACH)).collect();
+    let mut sent = vec![0usize; CONNS];
+    let mut recvd: Vec<Vec<u8>> = vec![Vec::new(); CONNS];
+    let mut eof = vec![false; CONNS];
+    let mut buf = vec![0u8; 256 * 1024];
+    let t0 = Instant::now();
+    // One guest thread interleaves all connections, as an event loop would.
+    while eof.iter().any(|e| !e) || sent.iter().any(|&s| s < EACH) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "transfer stalled");
+        let mut progress = false;
+        for i in 0..CONNS {
+            let h = socks[i];
+            if sent[i] < EACH {
+                let n = g.send_some(h, &outs[i][sent[i]..]);
+                sent[i] += n;
+                if sent[i] == EACH {
+                    assert_eq!(g.request(op::SHUTDOWN, h, [1, 0, 0, 0], &[]).0, 0);
+                }
+                progress |= n > 0;
+            }
+            if !eof[i] {
+                let n = g.recv_some(h, &mut buf);
+                recvd[i].extend_from_slice(&buf[..n]);
+                progress |= n > 0;
+                if n == 0 && g.flags(h) & sock_flag::RX_EOF != 0 && g.rx_queued(h) == 0 {
+                    eof[i] = true;
+                }
+            }
+        }
+        if !progress {
+            g.kick();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    for (i, t) in threads.into_iter().enumerate() {
+        let got = t.join().unwrap();
+        assert!(got == outs[i], "connection {i}: guest→native bytes differ");
+        assert!(
+            recvd[i] == pattern(100 + i as u64, EACH),
+            "connection {i}: native→guest differ"
+        );
+    }
+}
