@@ -435,6 +435,72 @@ def t_fork_exit_exec():
             check(f"{how}: peer sees EOF after parent close", False, "peer still connected")
 
 
+def t_misc_errors():
+    s = socket.socket()
+    check("getpeername unconnected: ENOTCONN", _err(s.getpeername) == errno.ENOTCONN)
+    check("recv unconnected: ENOTCONN", _err(lambda: s.recv(1)) == errno.ENOTCONN)
+    check("send unconnected: EPIPE", _err(lambda: s.send(b"x", socket.MSG_NOSIGNAL)) == errno.EPIPE)
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    e = _err(lambda: s.bind(l.getsockname()))
+    check("bind EADDRINUSE", e == errno.EADDRINUSE, e)
+    l.setblocking(False)
+    check("accept nonblocking: EAGAIN", _err(l.accept) == errno.EAGAIN)
+    l.setblocking(True)
+    l.settimeout(0.2)
+    t0 = time.monotonic()
+    check("accept timeout", _raises(l.accept, socket.timeout) and time.monotonic() - t0 < 2)
+    s.close()
+    l.close()
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    v = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    v.connect(u.getsockname())
+    big = os.urandom(60000)
+    v.send(big)
+    u.settimeout(5)
+    d, a = u.recvfrom(65536)
+    check("udp 60000-byte datagram via connected socket", d == big and a == v.getsockname(), (len(d), a))
+    check("udp SHUT_RD unconnected: ENOTCONN", _err(lambda: u.shutdown(socket.SHUT_RD)) == errno.ENOTCONN)
+    v.shutdown(socket.SHUT_RD)
+    check("udp recv after SHUT_RD: 0 bytes", v.recv(10) == b"")
+    u.close()
+    v.close()
+
+
+def t_send_timeout_and_shut_rd():
+    p, port = native(
+        """
+import socket, time
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(1)
+print(l.getsockname()[1], flush=True)
+c, _ = l.accept()
+time.sleep(8)
+"""
+    )
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.settimeout(None)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 300000))
+    chunk = b"x" * 65536
+    err, t_last, total = 0, 0.0, 0
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        t0 = time.monotonic()
+        try:
+            total += s.send(chunk)
+        except OSError as e:
+            err, t_last = e.errno, time.monotonic() - t0
+            break
+    check("SO_SNDTIMEO: send fails with EAGAIN once buffers are full", err == errno.EAGAIN and 0.2 < t_last < 2,
+          (err, t_last, total))
+    s.shutdown(socket.SHUT_RD)
+    check("recv after SHUT_RD: 0 bytes", s.recv(10) == b"")
+    s.close()
+    p.kill()
+    p.wait(10)
+
+
 def t_canal_to_canal():
     l = socket.socket()
     l.bind(("127.0.0.1", 0))
@@ -457,7 +523,7 @@ def main():
     probe.close()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     for t in [t_tcp_client, t_refused, t_nonblocking_connect_ok, t_epipe_sigpipe, t_udp,
-              t_poll_mixed, t_fork_shared, t_fork_exit_exec, t_canal_to_canal, t_server_and_bulk, t_bulk_out]:
+              t_poll_mixed, t_fork_shared, t_fork_exit_exec, t_misc_errors, t_send_timeout_and_shut_rd, t_canal_to_canal, t_server_and_bulk, t_bulk_out]:
         try:
             t()
         except Exception as e:  # a crash in one group must not hide the others
