@@ -751,9 +751,9 @@ fn many_concurrent_connections_hashes_match() {
         socks.push(h);
     }
     let outs: Vec<Vec<u8>> = (0..CONNS).map(|i| pattern(200 + i as u64, EACH)).collect();
-    let mut sent = vec![0usize; CONNS];
+    let mut sent = [0usize; CONNS];
     let mut recvd: Vec<Vec<u8>> = vec![Vec::new(); CONNS];
-    let mut eof = vec![false; CONNS];
+    let mut eof = [false; CONNS];
     let mut buf = vec![0u8; 256 * 1024];
     let t0 = Instant::now();
     // One guest thread interleaves all connections, as an event loop would.
