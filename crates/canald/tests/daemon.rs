@@ -793,3 +793,49 @@ fn many_concurrent_connections_hashes_match() {
         );
     }
 }
+
+#[test]
+fn corrupt_indices_break_only_that_socket() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "corrupt");
+    let (bad_tx, mut peer1) = connected_pair(&mut g);
+    let (bad_rx, mut peer2) = connected_pair(&mut g);
+    let (good, mut peer3) = connected_pair(&mut g);
+    let want = sock_flag::BROKEN | sock_flag::ERROR | sock_flag::HUP;
+
+    // tx_head more than a ring ahead of the host's tail.
+    let e = g.entry(bad_tx);
+    let size = e.tx_size.load(Ordering::Relaxed) as u64;
+    e.tx_head.store(
+        e.tx_tail.load(Ordering::Relaxed) + size + 1,
+        Ordering::Release,
+    );
+    g.region.raise_attention(canal_abi::handle_index(bad_tx));
+    g.kick();
+    let f = g.wait_flags(bad_tx, sock_flag::BROKEN);
+    assert_eq!(f & want, want);
+    assert_eq!(e.pending_error.load(Ordering::Relaxed), errno::EIO as u32);
+
+    // rx_tail moved past the host's head, then data arrives.
+    let e2 = g.entry(bad_rx);
+    e2.rx_tail.store(12345, Ordering::Release);
+    peer2.write_all(b"data").unwrap();
+    let f = g.wait_flags(bad_rx, sock_flag::BROKEN);
+    assert_eq!(f & want, want);
+
+    // Their host sockets are closed: the peers see the end.
+    let mut b = [0u8; 8];
+    assert!(matches!(peer1.read(&mut b), Ok(0) | Err(_)));
+    assert!(matches!(peer2.read(&mut b), Ok(0) | Err(_)));
+    // Requests on a broken socket fail with EIO; CLOSE frees it.
+    let (r, _) = g.request(op::GETSOCKNAME, bad_tx, [0; 4], &[]);
+    assert_eq!(r, -(errno::EIO as i64));
+    assert_eq!(g.request(op::CLOSE, bad_tx, [0; 4], &[]).0, 0);
+
+    // The other socket of the same guest is unaffected.
+    g.send_all(good, b"still fine");
+    let mut got = [0u8; 10];
+    peer3.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still fine");
+    assert_eq!(g.flags(good) & sock_flag::BROKEN, 0);
+}
