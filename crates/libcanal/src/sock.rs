@@ -9,7 +9,7 @@ use crate::iov;
 use crate::ready::{self, local, SockState};
 use crate::sys;
 use canal_abi::addr::{CanalAddr, ADDR_SIZE};
-use canal_abi::ring::{check_indices, record_kind, Consumer, Producer, RawRing};
+use canal_abi::ring::{check_indices, record_kind, Consumer, Producer, RawRing, RingStorage};
 use canal_abi::sync::Ordering;
 use canal_abi::{
     guest_flag, handle_index, make_handle, op, sock_flag as f, sock_kind, SocketEntry,
@@ -544,7 +544,7 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
     let ring = s.tx_ring()?;
-    let size = ring_size(&ring, s.e.tx_size.load(Ordering::Relaxed));
+    let size = RingStorage::size(&ring);
     let mut sent = 0usize;
     let mut deadline = None;
     loop {
@@ -633,11 +633,6 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     }
 }
 
-fn ring_size(r: &RawRing, size: u32) -> u64 {
-    let _ = r;
-    size as u64
-}
-
 /// Largest UDP payload the kernel would take.
 fn udp_max(family: u32) -> usize {
     if family == libc::AF_INET6 as u32 {
@@ -660,7 +655,7 @@ fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> R
     let enc = to.map(|a| a.encode());
     let addr: &[u8] = enc.as_ref().map_or(&[], |b| &b[..]);
     let ring = s.tx_ring()?;
-    let size = s.e.tx_size.load(Ordering::Relaxed) as u64;
+    let size = RingStorage::size(&ring);
     if total > udp_max(s.e.family.load(Ordering::Relaxed))
         || total as u64 > canal_abi::ring::max_record_payload(size, addr.len() as u64)
     {
@@ -715,14 +710,27 @@ fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> R
         if deadline.is_none() {
             deadline = Some(s.deadline(false));
         }
+        let need = canal_abi::ring::record_size(addr.len() as u64, total as u64);
         let w = wait_until(s.g, s.idx, deadline.flatten(), || {
-            let st = s.snapshot();
-            ready::dgram_writable(st.tx_free(), st.tx_size) || st.pending_error != 0
+            let head = s.e.tx_head.load(Ordering::Relaxed);
+            let tail = s.e.tx_tail.load(Ordering::Acquire);
+            record_fits(head, tail, size, need) || s.e.pending_error.load(Ordering::Relaxed) != 0
         });
         if w != Wait::Ready {
             return Err(wait_err(w, true));
         }
     }
+}
+
+/// Whether a record of `need` bytes fits now, with the padding `push_record` would
+/// put before it (records never wrap).
+pub fn record_fits(head: u64, tail: u64, size: u64, need: u64) -> bool {
+    let Ok(used) = check_indices(head, tail, size) else {
+        return true; // corrupt: let push_record report it
+    };
+    let to_end = size - (head & (size - 1));
+    let pad = if to_end < need { to_end } else { 0 };
+    size - used >= pad + need
 }
 
 /// recv/recvfrom/recvmsg/read/readv.
@@ -745,7 +753,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let discard = flags & libc::MSG_TRUNC != 0;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
     let ring = s.rx_ring()?;
-    let size = s.e.rx_size.load(Ordering::Relaxed) as u64;
+    let size = RingStorage::size(&ring);
     let mut got = 0usize;
     let mut deadline = None;
     loop {
@@ -1069,6 +1077,49 @@ mod tests {
         assert_eq!(timeo_opt(libc::SOL_SOCKET, libc::SO_RCVTIMEO), Some(true));
         assert_eq!(timeo_opt(libc::SOL_SOCKET, libc::SO_SNDTIMEO), Some(false));
         assert_eq!(timeo_opt(libc::IPPROTO_TCP, libc::SO_RCVTIMEO), None);
+    }
+
+    #[test]
+    fn record_fit_counts_padding() {
+        // Empty ring, head in the middle: a half-ring record needs the pad first.
+        assert!(record_fits(0, 0, 1024, 512));
+        assert!(
+            record_fits(600, 600, 1024, 512),
+            "pad 424 + 512 fits in an empty ring"
+        );
+        assert!(
+            !record_fits(600, 200, 1024, 512),
+            "600 free < 424 pad + 512"
+        );
+        assert!(record_fits(600, 400, 1024, 64));
+        assert!(!record_fits(1024, 0, 1024, 8), "full");
+        // Agrees with push_record on a real ring.
+        use canal_abi::sync::AtomicU64;
+        let mut mem = vec![0u8; 1024];
+        // SAFETY: mem outlives the ring and 1024 is a power of two.
+        let ring = unsafe { RawRing::new(mem.as_mut_ptr(), 1024) };
+        for (h, t, len) in [
+            (600u64, 200u64, 488u64),
+            (600, 500, 488),
+            (1000, 600, 100),
+            (8, 0, 480),
+        ] {
+            let (hs, ts) = (AtomicU64::new(h), AtomicU64::new(t));
+            let mut p = Producer {
+                storage: &ring,
+                head_shared: &hs,
+                tail_shared: &ts,
+                head: h,
+            };
+            let payload = vec![1u8; len as usize];
+            let need = canal_abi::ring::record_size(0, len);
+            assert_eq!(
+                p.push_record(record_kind::DATAGRAM, &[], &[&payload])
+                    .unwrap(),
+                record_fits(h, t, 1024, need),
+                "{h} {t} {len}"
+            );
+        }
     }
 
     #[test]
