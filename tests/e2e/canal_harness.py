@@ -143,6 +143,13 @@ class Proc:
             raise AssertionError(f"{self.name} did not finish within {timeout} s (killed)\n{self.describe()}")
         return Result(self.argv, rc, self.stdout(), self.stderr(), time.monotonic() - self.started)
 
+    def send_line(self, text="go"):
+        """Write one line to the process's stdin (spawned with stdin=subprocess.PIPE)
+        and close it."""
+        self.popen.stdin.write((text + "\n").encode())
+        self.popen.stdin.flush()
+        self.popen.stdin.close()
+
     def signal_group(self, sig):
         try:
             os.killpg(self.pid, sig)
@@ -273,6 +280,36 @@ class Canald:
             if g.get("pid") in pids:
                 return g
         return None
+
+    def wait_served(self, proc, kind="tcp", peer_port=None, count=1, timeout=10, state=None):
+        """Wait until `canal stat` lists at least `count` sockets of `kind` (and `state`, and
+        peer 127.0.0.1:peer_port, when given) for the guest program of `proc`: proof that
+        canal, not the kernel directly, serves them. Returns those socket entries."""
+        last = [None]
+
+        def check():
+            st = self.stat()
+            last[0] = st
+            g = self.guest(proc, st)
+            if not g:
+                return None
+            socks = [
+                s
+                for s in g.get("sockets", [])
+                if s.get("kind") == kind
+                and (state is None or s.get("state") == state)
+                and (peer_port is None or s.get("peer") == f"127.0.0.1:{peer_port}")
+            ]
+            return socks if len(socks) >= count else None
+
+        want = f"{count} {kind} socket(s)" + (f" to 127.0.0.1:{peer_port}" if peer_port else "")
+        want += f" in state {state}" if state else ""
+        try:
+            return e2e_util.wait_for(check, timeout, interval=0.02, what=f"canal stat to list {want} for {proc.name}")
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}: canal does not serve this program's sockets\nlast stat: {last[0]}\n{proc.describe()}"
+            ) from None
 
     def argv(self, argv):
         return [self.canal_bin, "run", "--socket", self.socket, "--"] + [str(a) for a in argv]

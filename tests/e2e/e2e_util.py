@@ -192,11 +192,16 @@ class HoldServer(_ThreadedServer):
 
 class BlobHTTPServer:
     """Native HTTP server: GET /blob serves `blob`; PUT or POST to any path reads the body
-    and answers with its SHA-256 in hex (and remembers it in self.uploads)."""
+    and answers with its SHA-256 in hex (and remembers it in self.uploads).
+
+    self.gate (a threading.Event, open by default): each request waits for it (at most
+    30 s) before the body moves, so a test can inspect the connected client first."""
 
     def __init__(self, blob):
         self.blob = blob
         self.uploads = []
+        self.gate = threading.Event()
+        self.gate.set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -209,6 +214,7 @@ class BlobHTTPServer:
                 if self.path != "/blob":
                     self.send_error(404)
                     return
+                outer.gate.wait(30)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(len(outer.blob)))
@@ -222,6 +228,7 @@ class BlobHTTPServer:
                 if length < 0:
                     self.send_error(411)
                     return
+                outer.gate.wait(30)
                 h = hashlib.sha256()
                 left = length
                 while left:

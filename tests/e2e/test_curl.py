@@ -1,7 +1,8 @@
 """curl under canal against a native HTTP server: 64 MiB download and upload, hashes compared.
 
-The "native" variants run the same curl commands without canal, so a failure there means
-the test environment is broken, not canal."""
+Under canal the server holds each request until `canal stat` lists curl's connection, so a
+curl the library failed to intercept cannot pass. The "native" variants run the same curl
+commands without canal: a failure there means the test environment is broken, not canal."""
 
 import hashlib
 import os
@@ -28,15 +29,26 @@ def http_server(blob):
         yield srv
 
 
+def _curl(run, mode, http_server, argv, name):
+    """Run curl; under canal, hold the server until stat shows curl's connection."""
+    if mode == "native":
+        return run.run(argv, timeout=90, name=name)
+    http_server.gate.clear()
+    try:
+        p = run.spawn(argv, name=name)
+        run.wait_served(p, kind="tcp", peer_port=http_server.port, state="connected", timeout=30)
+    finally:
+        http_server.gate.set()
+    return p.finish(90)
+
+
 @pytest.mark.parametrize("mode", ["native", "canal"])
 def test_curl_download(request, mode, blob, http_server, tmp_path):
     curl = need_tool("curl")
     run = runner(request, mode)
     out = tmp_path / "download.bin"
-    r = run.run(
-        [curl, "-sS", "--fail", "--max-time", "60", "-o", out, f"http://127.0.0.1:{http_server.port}/blob"],
-        timeout=90,
-    )
+    argv = [curl, "-sS", "--fail", "--max-time", "60", "-o", out, f"http://127.0.0.1:{http_server.port}/blob"]
+    r = _curl(run, mode, http_server, argv, "curl-GET")
     assert r.returncode == 0, r.describe()
     size = out.stat().st_size
     assert size == BLOB_SIZE, f"downloaded {size} bytes, want {BLOB_SIZE}\n{r.describe()}"
@@ -52,7 +64,7 @@ def test_curl_upload(request, mode, blob, http_server):
     url = f"http://127.0.0.1:{http_server.port}/upload"
     for how, args in (("PUT", ["-T", path]), ("POST", ["--data-binary", f"@{path}", "-H", "Content-Type: application/octet-stream"])):
         before = len(http_server.uploads)
-        r = run.run([curl, "-sS", "--fail", "--max-time", "60", *args, url], timeout=90, name=f"curl-{how}")
+        r = _curl(run, mode, http_server, [curl, "-sS", "--fail", "--max-time", "60", *args, url], f"curl-{how}")
         assert r.returncode == 0, f"{how}:\n{r.describe()}"
         assert r.stdout.strip() == digest, f"{how}: server computed SHA-256 {r.stdout.strip()!r}, want {digest}"
         assert http_server.uploads[before:] == [(BLOB_SIZE, digest)], (

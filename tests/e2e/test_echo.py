@@ -4,7 +4,11 @@ or SHA-256 checked by the client.
 
 Modes: "native" (server and client run directly: proves the program and the machine),
 "canal-client" (native server, client under canal), "canal-both" (server and client each
-under their own `canal run`)."""
+under their own `canal run`). Under canal, the client connects, then waits until
+`canal stat` lists its sockets (so a program the library failed to intercept cannot pass
+natively), then moves the data."""
+
+import subprocess
 
 import pytest
 
@@ -14,37 +18,51 @@ MODES = ["native", "canal-client", "canal-both"]
 
 
 def _start_server(request, mode, python, progs, proto):
-    run = runner(request, "canal" if mode == "canal-both" else "native")
+    under_canal = mode == "canal-both"
+    run = runner(request, "canal" if under_canal else "native")
     server = run.spawn([python, progs / "echo.py", "serve", proto], name=f"echo-server-{proto}")
-    line = server.wait_line("READY", 30)
-    return server, int(line.split()[1])
+    port = int(server.wait_line("READY", 30).split()[1])
+    if under_canal:
+        run.wait_served(server, kind="tcp-listener" if proto == "tcp" else "udp")
+    return server, port
 
 
-def _client(request, mode, python, progs, args, timeout):
-    run = runner(request, "native" if mode == "native" else "canal")
-    r = run.run([python, progs / "echo.py", *args], timeout=timeout, name=f"echo-{args[0]}")
+def _client(request, mode, python, progs, args, timeout, kind, conns):
+    under_canal = mode != "native"
+    run = runner(request, "canal" if under_canal else "native")
+    client = run.spawn([python, progs / "echo.py", *args, "--go-after-connect"], name=f"echo-{args[0]}",
+                       stdin=subprocess.PIPE)
+    client.wait_line("CONNECTED", 30)
+    if under_canal:
+        port = int(args[args.index("--port") + 1])
+        run.wait_served(client, kind=kind, peer_port=port if kind == "tcp" else None, count=conns)
+    client.send_line("go")
+    r = client.finish(timeout)
     assert r.returncode == 0, r.describe()
-    assert r.stdout.startswith("OK "), r.describe()
-    print(r.stdout.strip())
+    assert any(l.startswith("OK ") for l in r.stdout.splitlines()), r.describe()
+    print(r.stdout.strip().splitlines()[-1])
     return r
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_tcp_messages(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "tcp")
-    _client(request, mode, python, progs, ["tcp-msgs", "--port", str(port), "--count", "10000", "--max-size", "262144"], 100)
+    _client(request, mode, python, progs,
+            ["tcp-msgs", "--port", str(port), "--count", "10000", "--max-size", "262144"], 100, "tcp", 1)
     assert server.poll() is None, f"echo server died\n{server.describe()}"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_udp_datagrams(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "udp")
-    _client(request, mode, python, progs, ["udp-msgs", "--port", str(port), "--count", "3000", "--max-size", "65507"], 60)
+    _client(request, mode, python, progs,
+            ["udp-msgs", "--port", str(port), "--count", "3000", "--max-size", "65507"], 60, "udp", 1)
     assert server.poll() is None, f"echo server died\n{server.describe()}"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_tcp_32_connections(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "tcp")
-    _client(request, mode, python, progs, ["tcp-bulk", "--port", str(port), "--conns", "32", "--bytes", str(16 << 20)], 100)
+    _client(request, mode, python, progs,
+            ["tcp-bulk", "--port", str(port), "--conns", "32", "--bytes", str(16 << 20)], 100, "tcp", 32)
     assert server.poll() is None, f"echo server died\n{server.describe()}"

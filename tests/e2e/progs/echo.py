@@ -37,6 +37,7 @@ import hashlib
 import math
 import os
 import random
+import select
 import socket
 import sys
 import threading
@@ -49,6 +50,18 @@ IO_TIMEOUT = 30.0  # seconds a single blocking socket operation may take
 
 class CheckFailed(Exception):
     pass
+
+
+def wait_go(args):
+    """With --go-after-connect: print CONNECTED, then wait (at most 60 s) for a line on
+    stdin, so a test can look at the connected sockets (`canal stat`) before any data
+    moves."""
+    if not getattr(args, "go_after_connect", False):
+        return
+    print("CONNECTED", flush=True)
+    ready, _, _ = select.select([sys.stdin], [], [], 60.0)
+    if not ready or not sys.stdin.readline():
+        raise CheckFailed("no go line on stdin within 60 s after connecting")
 
 
 def recv_exact(sock, n):
@@ -153,7 +166,6 @@ def cmd_tcp_msgs(args):
     pool = os.urandom(2 * args.max_size)
     sizes = random_sizes(rng, args.count, args.max_size)
     total = 0
-    t0 = time.monotonic()
     turn = threading.Semaphore(1)  # the writer may be one message ahead of the reader
     sent = deque()
     sent_ready = threading.Semaphore(0)
@@ -161,6 +173,8 @@ def cmd_tcp_msgs(args):
     stop = threading.Event()
     with socket.create_connection((args.host, args.port), timeout=IO_TIMEOUT) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wait_go(args)
+        t0 = time.monotonic()
 
         def writer():
             try:
@@ -215,11 +229,12 @@ def cmd_udp_msgs(args):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     s.connect((args.host, args.port))
+    wait_go(args)
     outstanding = deque()  # (seq, payload)
     out_bytes = 0
     nxt = 0
     total = 0
-    t0 = time.monotonic()
+    t0 = time.monotonic()  # after the go
     try:
         while nxt < len(sizes) or outstanding:
             can_send = nxt < len(sizes) and (
@@ -259,16 +274,11 @@ def cmd_udp_msgs(args):
     print(f"OK udp-msgs: {len(sizes)} datagrams, {total} bytes echoed in {dt:.2f} s")
 
 
-def _bulk_one(host, port, nbytes, idx, results):
+def _bulk_one(s, nbytes, idx, results):
     h_sent = hashlib.sha256()
     h_recv = hashlib.sha256()
     received = [0]
     err = []
-    try:
-        s = socket.create_connection((host, port), timeout=IO_TIMEOUT)
-    except OSError as e:
-        results[idx] = f"connection {idx}: connect failed: {e}"
-        return
 
     def reader():
         try:
@@ -311,9 +321,16 @@ def _bulk_one(host, port, nbytes, idx, results):
 
 def cmd_tcp_bulk(args):
     results = [f"connection {i}: did not finish" for i in range(args.conns)]
+    socks = []
+    for i in range(args.conns):
+        try:
+            socks.append(socket.create_connection((args.host, args.port), timeout=IO_TIMEOUT))
+        except OSError as e:
+            raise CheckFailed(f"connection {i}: connect failed: {e}")
+    wait_go(args)
     t0 = time.monotonic()
     threads = [
-        threading.Thread(target=_bulk_one, args=(args.host, args.port, args.bytes, i, results))
+        threading.Thread(target=_bulk_one, args=(socks[i], args.bytes, i, results))
         for i in range(args.conns)
     ]
     for t in threads:
@@ -374,6 +391,7 @@ def main(argv=None):
         c.add_argument("--count", type=int, default=count)
         c.add_argument("--max-size", type=int, default=max_size)
         c.add_argument("--seed", type=int, default=None)
+        c.add_argument("--go-after-connect", action="store_true")
         if name == "udp-msgs":
             c.add_argument("--window", type=int, default=8)
     b = sub.add_parser("tcp-bulk")
@@ -381,6 +399,7 @@ def main(argv=None):
     b.add_argument("--port", type=int, required=True)
     b.add_argument("--conns", type=int, default=32)
     b.add_argument("--bytes", type=int, default=16 << 20)
+    b.add_argument("--go-after-connect", action="store_true")
     for name in ("stream", "idle"):
         c = sub.add_parser(name)
         c.add_argument("--host", default=HOST)
