@@ -4,7 +4,8 @@
 //! (`docs/protocol.md`). Everything else goes to libc unchanged.
 //!
 //! Code map:
-//! - `hooks`: the thin `extern "C"` trampolines (the only exported symbols).
+//! - `hooks`: the thin `extern "C"` trampolines (the only exported symbols), plus
+//!   the descriptor bookkeeping of close/close_range/dup*/exec and the epoll refusal.
 //! - `sock`: socket operations (data path over the rings, control ops as requests).
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
