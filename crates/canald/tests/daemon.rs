@@ -839,3 +839,64 @@ fn corrupt_indices_break_only_that_socket() {
     assert_eq!(&got, b"still fine");
     assert_eq!(g.flags(good) & sock_flag::BROKEN, 0);
 }
+
+#[test]
+fn other_uid_is_refused() {
+    // Needs root (to act as another user) plus setpriv and a system python3.
+    let py = std::path::Path::new("/usr/bin/python3");
+    if canald::sys::getuid() != 0
+        || !py.exists()
+        || !std::path::Path::new("/usr/bin/setpriv").exists()
+    {
+        eprintln!("skipped: needs root, /usr/bin/setpriv and /usr/bin/python3");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let n = std::process::id();
+    let dir = std::env::temp_dir().join(format!("canald-uid-{n}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    // An open directory and socket, so only SO_PEERCRED stands in the way.
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.join("canald.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
+        .arg("--socket")
+        .arg(&path)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while canald::sys::seqpacket_connect(&path).is_err() {
+        assert!(t0.elapsed() < T);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = r#"
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+body = struct.pack('<II16s', 0, 0, b'intruder')
+s.send(struct.pack('<IHHII', 0x434c4e43, 1, 1, len(body), 0) + body)
+m = s.recv(65536)
+kind = struct.unpack('<H', m[6:8])[0]
+err = struct.unpack('<i', m[16:20])[0] if kind == 7 else 0
+print(kind, err)
+"#;
+    let out = std::process::Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(py)
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "7 13",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
