@@ -185,7 +185,11 @@ impl Daemon {
                 ));
             }
         };
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(format!("{} exists and is not a socket", path.display()));
+            }
             if answers(&path) {
                 return Ok(Bound::AlreadyRunning);
             }

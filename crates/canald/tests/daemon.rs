@@ -464,6 +464,16 @@ fn stale_socket_file_is_replaced_and_idle_exit_works() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!d.path.exists());
+
+    // A path that is not a socket is never removed.
+    std::fs::write(&d.path, b"precious").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
+        .arg("--socket")
+        .arg(&d.path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read(&d.path).unwrap(), b"precious");
 }
 
 #[test]
