@@ -2,7 +2,8 @@
 connect, EPIPE and SIGPIPE with and without MSG_NOSIGNAL, non-blocking connect (success
 and refusal through poll + SO_ERROR), EAGAIN, half-close, select() over a pipe and a
 socket. The program runs natively first, in the same test, to prove the expectations
-match this kernel; then under canal."""
+match this kernel; then under canal, where it pauses with a connection open until
+`canal stat` lists it (so a program the library failed to intercept cannot pass)."""
 
 import subprocess
 
@@ -50,8 +51,16 @@ def _check(result, peer, runs_so_far, label):
 def test_error_paths(request, errpaths_bin, procs):
     with e2e_util.PeerServer() as peer:
         closed = e2e_util.closed_port()
-        native = procs.run([errpaths_bin, peer.port, closed], timeout=45, name="errpaths-native")
-        _check(native, peer, 1, "natively (the test itself is wrong if this fails)")
+        native = procs.spawn([errpaths_bin, peer.port, closed, "pause"], name="errpaths-native", stdin=subprocess.PIPE)
+        native.wait_line("PAUSE", 30)
+        native.send_line()
+        _check(native.finish(45), peer, 1, "natively (the test itself is wrong if this fails)")
+
         canald = request.getfixturevalue("canald")
-        under = canald.run([errpaths_bin, peer.port, closed], timeout=45, name="errpaths-canal")
-        _check(under, peer, 2, "under canal")
+        under = canald.spawn([errpaths_bin, peer.port, closed, "pause"], name="errpaths-canal", stdin=subprocess.PIPE)
+        under.wait_line("PAUSE", 30)
+        try:
+            canald.wait_served(under, kind="tcp", peer_port=peer.port, state="connected")
+        finally:
+            under.send_line()
+        _check(under.finish(45), peer, 2, "under canal")

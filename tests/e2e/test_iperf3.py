@@ -8,7 +8,11 @@ the bytes that fit in the socket buffers between the two less than the sender, n
 too (measured here: up to 7 MB short of 256 MiB). The check is therefore: the sender sent
 exactly the -n bytes asked for; the receiver got no more than that and no less than that
 minus the buffer capacity (tcp_wmem max + tcp_rmem max + 16 MiB for canal's rings); the
-server's own report equals the one the client fetched."""
+server's own report equals the one the client fetched.
+
+Whichever end runs under canal must show up in `canal stat` (the server's listener before
+the client starts; the client's connection while it runs, which -b 4G makes last at least
+about 2 s), so an iperf3 the library failed to intercept cannot pass."""
 
 import json
 
@@ -45,12 +49,17 @@ def test_iperf3(request, mode):
     e2e_util.wait_for(lambda: e2e_util.tcp_listening(port) or server.poll() is not None, 30,
                       what=f"iperf3 server to listen on 127.0.0.1:{port}")
     assert server.poll() is None, f"iperf3 server exited early\n{server.describe()}"
+    if mode == "canal-server":
+        server_run.wait_served(server, kind="tcp-listener")
 
-    client = client_run.run(
-        [iperf3, "-c", "127.0.0.1", "-p", port, "-n", NBYTES, "-J", "--get-server-output", "--connect-timeout", "10000"],
-        timeout=60,
+    client_proc = client_run.spawn(
+        [iperf3, "-c", "127.0.0.1", "-p", port, "-n", NBYTES, "-b", "4G", "-J", "--get-server-output",
+         "--connect-timeout", "10000"],
         name="iperf3-client",
     )
+    if mode == "canal-client":
+        client_run.wait_served(client_proc, kind="tcp", peer_port=port, timeout=20)
+    client = client_proc.finish(60)
     srv = server.finish(30)
     assert client.returncode == 0, client.describe()
     assert srv.returncode == 0, srv.describe()

@@ -1,11 +1,14 @@
 /* Socket error paths whose errno values must match the kernel's exactly.
  *
- * usage: errpaths PEER_PORT CLOSED_PORT
+ * usage: errpaths PEER_PORT CLOSED_PORT [pause]
  *   PEER_PORT   a TCP server on 127.0.0.1 (tests/e2e's "peer") that reads one command
  *               line per connection: "CLOSE\n" (close at once), "HOLD\n" (keep open, send
  *               nothing, discard input until EOF), "HALF\n" (send "hello", shutdown(SHUT_WR),
  *               read until EOF and record what came), "ECHO\n" (echo until EOF).
  *   CLOSED_PORT a port on 127.0.0.1 nothing listens on.
+ *   pause       print "PAUSE" while one connection to the peer is open (in the EAGAIN
+ *               check) and wait for a line on stdin, so a test can look at it with
+ *               `canal stat`.
  *
  * Prints "ok NAME" or "FAIL NAME: why" per check; exit status 0 only if all passed.
  * The whole program is bounded by alarm(): a hang ends it with SIGALRM.
@@ -27,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int peer_port, closed_port;
+static int peer_port, closed_port, pause_wanted;
 static int failures;
 static volatile sig_atomic_t sigpipes;
 
@@ -275,6 +278,17 @@ static void test_nonblocking_recv(void) {
     int fd = peer_connect(name, "HOLD\n");
     if (fd < 0)
         return;
+    if (pause_wanted) {
+        printf("PAUSE\n");
+        fflush(stdout);
+        struct pollfd p = {0, POLLIN, 0};
+        char line[16];
+        if (poll(&p, 1, 20000) != 1 || read(0, line, sizeof line) <= 0) {
+            report(name, "no line on stdin within 20 s after PAUSE");
+            close(fd);
+            return;
+        }
+    }
     char buf[16];
     errno = 0;
     ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
@@ -443,10 +457,11 @@ static void test_select_mix(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s PEER_PORT CLOSED_PORT\n", argv[0]);
+    if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "pause") != 0)) {
+        fprintf(stderr, "usage: %s PEER_PORT CLOSED_PORT [pause]\n", argv[0]);
         return 2;
     }
+    pause_wanted = argc == 4;
     peer_port = atoi(argv[1]);
     closed_port = atoi(argv[2]);
     alarm(30);
