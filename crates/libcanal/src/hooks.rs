@@ -1110,6 +1110,117 @@ pub unsafe extern "C" fn pselect(
         as c_int
 }
 
+// ---- sendfile -----------------------------------------------------------------------------
+
+type FnSendfile = unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
+
+/// sendfile to a canal socket: read from `in_fd` and queue into the socket's ring (the
+/// copy the kernel would do, done here). Bytes read but not queued (a non-blocking
+/// socket filled up) are given back to the file position.
+fn sendfile_canal(
+    s: Sock,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: size_t,
+) -> Result<isize, i32> {
+    let mut buf = vec![0u8; count.clamp(1, 1 << 16)];
+    let mut done = 0usize;
+    while done < count {
+        let want = (count - done).min(buf.len());
+        let got = if offset.is_null() {
+            sys::read(in_fd, &mut buf[..want])
+        } else {
+            // SAFETY: offset is the caller's valid off_t.
+            let off = unsafe { *offset };
+            // SAFETY: buf has `want` writable bytes.
+            sys::check(unsafe {
+                libc::syscall(
+                    libc::SYS_pread64,
+                    in_fd as libc::c_long,
+                    buf.as_mut_ptr(),
+                    want,
+                    off,
+                )
+            })
+        };
+        let got = match got {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) => return if done > 0 { Ok(done as isize) } else { Err(e) },
+        };
+        let v = [crate::iov::single(buf.as_mut_ptr() as *mut c_void, got)];
+        let sent = match sock::send(s, &v, 0, None) {
+            Ok(n) => n,
+            Err(e) => {
+                if offset.is_null() {
+                    let _ = sys::check(
+                        // SAFETY: lseek has no memory preconditions.
+                        unsafe {
+                            libc::syscall(
+                                libc::SYS_lseek,
+                                in_fd as libc::c_long,
+                                -(got as i64),
+                                libc::SEEK_CUR as libc::c_long,
+                            )
+                        },
+                    );
+                }
+                return if done > 0 { Ok(done as isize) } else { Err(e) };
+            }
+        };
+        if offset.is_null() {
+            if sent < got {
+                let back = -((got - sent) as i64);
+                // SAFETY: lseek has no memory preconditions.
+                let _ = sys::check(unsafe {
+                    libc::syscall(
+                        libc::SYS_lseek,
+                        in_fd as libc::c_long,
+                        back,
+                        libc::SEEK_CUR as libc::c_long,
+                    )
+                });
+            }
+        } else {
+            // SAFETY: offset is the caller's valid off_t.
+            unsafe { *offset += sent as libc::off_t };
+        }
+        done += sent;
+        if sent < got {
+            break;
+        }
+    }
+    Ok(done as isize)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
+    dispatch!(
+        out_fd,
+        real!(c"sendfile", FnSendfile)(out_fd, in_fd, offset, count),
+        |s| sendfile_canal(s, in_fd, offset, count)
+    )
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
+    dispatch!(
+        out_fd,
+        real!(c"sendfile64", FnSendfile)(out_fd, in_fd, offset, count),
+        |s| sendfile_canal(s, in_fd, offset, count)
+    )
+}
+
 // ---- epoll (not yet supported for canal sockets) ---------------------------------------
 
 type FnEpollCtl = unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;

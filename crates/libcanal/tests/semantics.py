@@ -501,6 +501,36 @@ time.sleep(8)
     p.wait(10)
 
 
+def t_sendfile():
+    import tempfile
+    data = os.urandom(3 << 20)
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        for how in ("socket.sendfile", "os.sendfile+offset"):
+            p, port = native(HASHER)
+            s = socket.create_connection(("127.0.0.1", port), timeout=20)
+            s.settimeout(None)
+            if how == "socket.sendfile":
+                f.seek(0)
+                n = s.sendfile(f)
+                check("sendfile: file position advanced", f.tell() == len(data), f.tell())
+            else:
+                n, off = 0, 1000
+                while off < len(data):
+                    k = os.sendfile(s.fileno(), f.fileno(), off, len(data) - off)
+                    if k == 0:
+                        break
+                    off += k
+                    n += k
+            s.shutdown(socket.SHUT_WR)
+            res = s.recv(200).decode().split()
+            want = data if how == "socket.sendfile" else data[1000:]
+            check(f"{how}: all bytes, hash", n == len(want) and res == [str(len(want)), hashlib.sha256(want).hexdigest()], (n, res))
+            s.close()
+            p.wait(10)
+
+
 def t_canal_to_canal():
     l = socket.socket()
     l.bind(("127.0.0.1", 0))
@@ -523,7 +553,7 @@ def main():
     probe.close()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     for t in [t_tcp_client, t_refused, t_nonblocking_connect_ok, t_epipe_sigpipe, t_udp,
-              t_poll_mixed, t_fork_shared, t_fork_exit_exec, t_misc_errors, t_send_timeout_and_shut_rd, t_canal_to_canal, t_server_and_bulk, t_bulk_out]:
+              t_poll_mixed, t_fork_shared, t_fork_exit_exec, t_misc_errors, t_send_timeout_and_shut_rd, t_sendfile, t_canal_to_canal, t_server_and_bulk, t_bulk_out]:
         try:
             t()
         except Exception as e:  # a crash in one group must not hide the others
