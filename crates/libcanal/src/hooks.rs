@@ -287,8 +287,11 @@ fn do_accept(
     if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
         return Err(libc::EINVAL);
     }
-    // SAFETY: reading the application's addrlen, if given.
-    if !addr.is_null() && (lenp.is_null() || (unsafe { *lenp } as i32) < 0) {
+    if !addr.is_null() && lenp.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: reading the application's addrlen (non-null when addr is).
+    if !addr.is_null() && (unsafe { *lenp } as i32) < 0 {
         return Err(libc::EINVAL);
     }
     let (nfd, peer) = sock::accept(s, flags)?;
