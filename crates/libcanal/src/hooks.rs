@@ -447,18 +447,7 @@ pub unsafe extern "C" fn sendto(
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     dispatch!(fd, real!(c"sendmsg", FnSendMsg)(fd, msg, flags), |s| {
-        if msg.is_null() {
-            return Err(libc::EFAULT);
-        }
-        // SAFETY: the application passes a valid msghdr.
-        let m = unsafe { &*msg };
-        let iov = slice_iov(m.msg_iov, m.msg_iovlen as c_int)?;
-        let to = if m.msg_name.is_null() || m.msg_namelen == 0 {
-            None
-        } else {
-            Some(addr_in(m.msg_name as *const SockAddr, m.msg_namelen)?)
-        };
-        sock::send(s, iov, flags, to.as_ref()).map(|n| n as isize)
+        sendmsg_one(s, msg, flags)
     })
 }
 
@@ -533,28 +522,126 @@ pub unsafe extern "C" fn recvfrom(
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     dispatch!(fd, real!(c"recvmsg", FnRecvMsg)(fd, msg, flags), |s| {
-        if msg.is_null() {
-            return Err(libc::EFAULT);
-        }
-        // SAFETY: the application passes a valid msghdr it lets us update.
-        let m = unsafe { &mut *msg };
-        let iov = slice_iov(m.msg_iov, m.msg_iovlen as c_int)?;
-        let mut meta = RecvMeta::default();
-        let n = sock::recv(s, iov, flags, &mut meta)?;
-        if !m.msg_name.is_null() {
-            match meta.from {
-                // SAFETY: msg_name has msg_namelen writable bytes (the application's).
-                Some(a) => unsafe {
-                    sockaddr::write_sockaddr(&a, m.msg_name as *mut SockAddr, &mut m.msg_namelen)
-                },
-                None => m.msg_namelen = 0,
-            }
-        }
-        // No ancillary data is produced.
-        m.msg_controllen = 0;
-        m.msg_flags = meta.msg_flags;
-        Ok(n as isize)
+        recvmsg_one(s, msg, flags)
     })
+}
+
+fn recvmsg_one(s: Sock, msg: *mut msghdr, flags: c_int) -> Result<isize, i32> {
+    if msg.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the application passes a valid msghdr it lets us update.
+    let m = unsafe { &mut *msg };
+    let iov = slice_iov(m.msg_iov, m.msg_iovlen as c_int)?;
+    let mut meta = RecvMeta::default();
+    let n = sock::recv(s, iov, flags, &mut meta)?;
+    if !m.msg_name.is_null() {
+        match meta.from {
+            // SAFETY: msg_name has msg_namelen writable bytes (the application's).
+            Some(a) => unsafe {
+                sockaddr::write_sockaddr(&a, m.msg_name as *mut SockAddr, &mut m.msg_namelen)
+            },
+            None => m.msg_namelen = 0,
+        }
+    }
+    // No ancillary data is produced.
+    m.msg_controllen = 0;
+    m.msg_flags = meta.msg_flags;
+    Ok(n as isize)
+}
+
+fn sendmsg_one(s: Sock, msg: *const msghdr, flags: c_int) -> Result<isize, i32> {
+    if msg.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the application passes a valid msghdr.
+    let m = unsafe { &*msg };
+    let iov = slice_iov(m.msg_iov, m.msg_iovlen as c_int)?;
+    let to = if m.msg_name.is_null() || m.msg_namelen == 0 {
+        None
+    } else {
+        Some(addr_in(m.msg_name as *const SockAddr, m.msg_namelen)?)
+    };
+    sock::send(s, iov, flags, to.as_ref()).map(|n| n as isize)
+}
+
+type FnSendMmsg = unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int) -> c_int;
+type FnRecvMmsg =
+    unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int, *mut libc::timespec) -> c_int;
+
+/// sendmmsg: sendmsg per message; an error after the first message ends the batch
+/// and the count so far is returned (as Linux does).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    vec: *mut libc::mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> c_int {
+    dispatch!(
+        fd,
+        real!(c"sendmmsg", FnSendMmsg)(fd, vec, vlen, flags),
+        |s| {
+            let vlen = vlen.min(libc::UIO_MAXIOV as c_uint) as usize;
+            if vlen > 0 && vec.is_null() {
+                return Err(libc::EFAULT);
+            }
+            let mut done = 0;
+            while done < vlen {
+                // SAFETY: the application passes `vlen` mmsghdrs at `vec`.
+                let mh = unsafe { &mut *vec.add(done) };
+                match sendmsg_one(s, &mh.msg_hdr, flags) {
+                    Ok(n) => mh.msg_len = n as c_uint,
+                    Err(e) if done == 0 => return Err(e),
+                    Err(_) => break,
+                }
+                done += 1;
+            }
+            Ok(done as isize)
+        }
+    ) as c_int
+}
+
+/// recvmmsg: recvmsg per message. MSG_WAITFORONE makes every message after the first
+/// non-blocking; the timeout is checked after each message (Linux's semantics).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    vec: *mut libc::mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    dispatch!(
+        fd,
+        real!(c"recvmmsg", FnRecvMmsg)(fd, vec, vlen, flags, timeout),
+        |s| {
+            let vlen = vlen.min(libc::UIO_MAXIOV as c_uint) as usize;
+            if vlen > 0 && vec.is_null() {
+                return Err(libc::EFAULT);
+            }
+            let deadline = ts_ns(timeout)?.map(|t| sys::now_ns().saturating_add(t));
+            let mut fl = flags & !libc::MSG_WAITFORONE;
+            let mut done = 0;
+            while done < vlen {
+                // SAFETY: the application passes `vlen` mmsghdrs at `vec`.
+                let mh = unsafe { &mut *vec.add(done) };
+                match recvmsg_one(s, &mut mh.msg_hdr, fl) {
+                    Ok(n) => mh.msg_len = n as c_uint,
+                    Err(e) if done == 0 => return Err(e),
+                    Err(_) => break,
+                }
+                done += 1;
+                if flags & libc::MSG_WAITFORONE != 0 {
+                    fl |= libc::MSG_DONTWAIT;
+                }
+                if deadline.is_some_and(|d| sys::now_ns() >= d) {
+                    break;
+                }
+            }
+            Ok(done as isize)
+        }
+    ) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
