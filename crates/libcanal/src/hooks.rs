@@ -792,11 +792,14 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         }
     }
     if let Some(g) = client::guest() {
-        for (fd, h) in canal_fds {
-            if TABLE.take(fd).is_some() {
-                sock::release(g, h);
+        // A panic here must not unwind into C; the descriptors are closed regardless.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            for (fd, h) in canal_fds {
+                if TABLE.take(fd).is_some() {
+                    sock::release(g, h);
+                }
             }
-        }
+        }));
     }
     // Close the pieces between our own descriptors.
     let mut start = first;
