@@ -26,6 +26,7 @@ CHECKS = {
     "close_while_recv_blocked": "client",
     "shutdown_wakes_blocked_recv": "client",
     "eintr_recv": "client",
+    "threads_share_socket": "client",
     "et_epoll_drain": "client",
     "nonblocking_connect_epoll": "client",
     "epoll_mixed_level": "client",

@@ -58,7 +58,12 @@ static void report(int ok, const char *fmt, ...)
     if (!ok)
         failures++;
 }
-#define EXPECT(cond, ...) report(!!(cond), __VA_ARGS__)
+/* cond is evaluated first, so errno in the message is the one cond's calls left */
+#define EXPECT(cond, ...)            \
+    do {                             \
+        int ok_ = !!(cond);          \
+        report(ok_, __VA_ARGS__);    \
+    } while (0)
 
 /* A failure after which the check cannot go on. */
 #define FATAL(...)                  \
@@ -1011,6 +1016,69 @@ static void check_ppoll_pselect(void)
     close(s);
 }
 
+/* Two threads send on one socket at once (1-byte sends, each thread its own byte sequence)
+ * while a third receives the echo: every byte arrives, each thread's bytes in order. */
+struct sharer {
+    int fd, hi, n, err;
+};
+static void *sharer_main(void *arg)
+{
+    struct sharer *sh = arg;
+    for (int i = 0; i < sh->n; i++) {
+        unsigned char b = (unsigned char)(sh->hi | (i % 100));
+        if (send(sh->fd, &b, 1, MSG_NOSIGNAL) != 1) {
+            sh->err = errno;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+struct reader {
+    int fd, want, got, bad[2], seq[2];
+};
+static void *reader_main(void *arg)
+{
+    struct reader *rd = arg;
+    unsigned char buf[4096];
+    while (rd->got < rd->want) {
+        ssize_t r = recv(rd->fd, buf, sizeof buf, 0);
+        if (r <= 0)
+            return NULL;
+        for (ssize_t i = 0; i < r; i++) {
+            int who = buf[i] >> 7, v = buf[i] & 0x7f;
+            if (v != rd->seq[who] % 100)
+                rd->bad[who]++;
+            rd->seq[who]++;
+        }
+        rd->got += (int)r;
+    }
+    return NULL;
+}
+
+static void check_threads_share_socket(void)
+{
+    const int n = 5000;
+    int s = peer_cmd(NULL, "ECHO");
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct reader rd = { .fd = s, .want = 2 * n };
+    struct sharer a = { .fd = s, .hi = 0, .n = n }, b = { .fd = s, .hi = 0x80, .n = n };
+    pthread_t tr, ta, tb;
+    STEP("two threads sending on one socket, a third receiving");
+    pthread_create(&tr, NULL, reader_main, &rd);
+    pthread_create(&ta, NULL, sharer_main, &a);
+    pthread_create(&tb, NULL, sharer_main, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    EXPECT(a.err == 0 && b.err == 0, "two threads each made %d one-byte sends on the same socket (%s, %s)", n, ename(a.err),
+           ename(b.err));
+    pthread_join(tr, NULL);
+    EXPECT(rd.got == 2 * n && rd.seq[0] == n && rd.seq[1] == n && rd.bad[0] == 0 && rd.bad[1] == 0,
+           "a third thread received all %d bytes (%d), %d/%d from each sender, in each sender's order (out of order: %d, %d)",
+           2 * n, rd.got, rd.seq[0], rd.seq[1], rd.bad[0], rd.bad[1]);
+    close(s);
+}
+
 /* ---------- descriptors ---------- */
 
 static int cloexec(int fd)
@@ -1899,6 +1967,7 @@ static const struct {
     { "close_while_recv_blocked", "client", check_close_while_recv_blocked },
     { "shutdown_wakes_blocked_recv", "client", check_shutdown_wakes_blocked_recv },
     { "eintr_recv", "client", check_eintr_recv },
+    { "threads_share_socket", "client", check_threads_share_socket },
     { "et_epoll_drain", "client", check_et_epoll_drain },
     { "nonblocking_connect_epoll", "client", check_nonblocking_connect_epoll },
     { "epoll_mixed_level", "client", check_epoll_mixed_level },
