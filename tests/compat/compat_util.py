@@ -105,3 +105,25 @@ def assert_listed_by_canal(canald, port, proto="tcp", what="server"):
             f"{what} runs under canal but `canal stat` lists no {kind} socket on port {port}: "
             f"its socket is not canal's\n{canald.stat()}"
         )
+
+
+def assert_socket_listed(canald, port, kind, what):
+    """`canal stat` lists (within 5 s) a guest socket whose local port is port: kind "tcp4"
+    or "tcp6" -> a "tcp" socket, "udp4"/"udp6" -> a "udp" one."""
+    want = "udp" if kind.startswith("udp") else "tcp"
+
+    def find():
+        for g in canald.stat().get("guests", []):
+            for s in g.get("sockets", []):
+                if s.get("kind") == want and str(s.get("local", "")).endswith(f":{port}"):
+                    return g
+        return None
+
+    try:
+        e2e_util.wait_for(find, 5, what=f"`canal stat` to list a {want} socket with local port {port}")
+    except AssertionError:
+        raise AssertionError(
+            f"{what} runs under canal, but `canal stat` lists no {want} socket with local port {port} "
+            f"(its {kind} witness socket): its sockets are not canal's, so its checks prove nothing about canal\n"
+            f"{canald.stat()}"
+        )
