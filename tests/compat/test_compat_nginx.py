@@ -124,9 +124,11 @@ def test_nginx_static(request, mode, tmp_path):
     # 2. wrk for 10 s over a mix of files.
     lua = tmp_path / "paths.lua"
     lua.write_text(WRK_LUA % ", ".join(f'"/{f}"' for f in WRK_FILES))
-    r = client_run.run([wrk, "-t", "2", "-c", "32", "-d", "10s", "--timeout", "5s", "-s", lua, f"{base}/"],
-                       timeout=40, name="wrk")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([wrk, "-t", "2", "-c", "32", "-d", "10s", "--timeout", "5s", "-s", lua, f"{base}/"],
+                           timeout=40, name="wrk")
     assert r.returncode == 0, f"wrk failed\n{r.describe()}"
+    sampler.require_peer_port(port, "wrk")
     print(r.stdout)
     m = re.search(r"(\d+) requests in", r.stdout)
     assert m and int(m.group(1)) > 0, f"wrk completed no requests\n{r.describe()}"
@@ -134,9 +136,11 @@ def test_nginx_static(request, mode, tmp_path):
     assert "Non-2xx" not in r.stdout, f"wrk saw non-2xx responses\n{r.describe()}"
 
     # 3. ab with keep-alive.
-    r = client_run.run([ab, "-k", "-q", "-n", AB_REQUESTS, "-c", "8", "-s", "10", f"{base}/{AB_FILE}"],
-                       timeout=60, name="ab")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([ab, "-k", "-q", "-n", AB_REQUESTS, "-c", "8", "-s", "10", f"{base}/{AB_FILE}"],
+                           timeout=60, name="ab")
     assert r.returncode == 0, f"ab failed\n{r.describe()}"
+    sampler.require_peer_port(port, "ab")
 
     def field(name):
         m = re.search(rf"^{name}:\s+(\d+)", r.stdout, re.M)
