@@ -213,10 +213,10 @@ impl Runner {
                                     .map(|(a, b)| format!("{a}={b}"))
                                     .collect();
                                 d.problem = Some(Status::NotAvailable(format!(
-                                    "canald does not report daemon.config.{k}={want} in `canal stat --json` \
-                                     (got {}): switch {} not implemented",
-                                    got.unwrap_or_else(|| "nothing".into()),
-                                    envs.join(" ")
+                                    "switch {} not implemented: canald does not report \
+                                     daemon.config.{k}={want} in `canal stat --json` (got {})",
+                                    envs.join(" "),
+                                    got.unwrap_or_else(|| "nothing".into())
                                 )));
                                 break;
                             }
@@ -905,7 +905,8 @@ impl Runner {
         let mut client = sv(&["redis-benchmark"]);
         client.extend(target);
         client.extend(sv(&["-t", "set,get", "-n", &n, "-c", "10", "--csv"]));
-        let nominal = self.knobs.redis_requests as f64 / 5000.0;
+        // Assumes at least 20 000 requests/s; a slower run still finishes within the grace.
+        let nominal = self.knobs.redis_requests as f64 / 20_000.0;
         let r = self.server_client(cell, server, ready, client, nominal);
         self.tool_outcome(r, parse_redis_csv)
     }
