@@ -1805,8 +1805,18 @@ static void check_accept4_flags(void)
     read_results(ctl, res, 1);
     EXPECT(strcmp(res[0], "acc hello 0") == 0, "the peer got the answer: '%s'", res[0]);
 
+    /* nginx's workers wait on their shared listener with EPOLLEXCLUSIVE */
+    int ep2 = epoll_create1(0);
+    EXPECT(ep_add(ep2, l, EPOLLIN | EPOLLEXCLUSIVE, 3) == 0, "EPOLL_CTL_ADD with EPOLLEXCLUSIVE on the listener (%s)",
+           ename(errno));
+    struct epoll_event mx = { .events = EPOLLIN, .data.u64 = 3 };
+    int rc = epoll_ctl(ep2, EPOLL_CTL_MOD, l, &mx);
+    EXPECT(rc == -1 && errno == EINVAL, "EPOLL_CTL_MOD of an EPOLLEXCLUSIVE registration: rc=%d %s (want EINVAL)", rc,
+           rc ? ename(errno) : "");
     ctl = ask_peer_to_connect(4, port, 1);
     STEP("waiting for the second connection");
+    ev = epoll_for(ep2, 3, 5000);
+    EXPECT(ev == EPOLLIN, "the EPOLLEXCLUSIVE set reports the pending connection: %s", evstr(ev));
     epoll_for(ep, 1, 5000);
     c = accept(l, NULL, NULL);
     EXPECT(c >= 0 && !(fcntl(c, F_GETFL) & O_NONBLOCK) && cloexec(c) == 0,
@@ -1821,6 +1831,7 @@ static void check_accept4_flags(void)
     }
     read_results(ctl, res, 1);
     EXPECT(strcmp(res[0], "plain hello 0") == 0, "the peer got the answer: '%s'", res[0]);
+    close(ep2);
     close(ep);
     close(l);
 }
