@@ -58,10 +58,13 @@ static void report(int ok, const char *fmt, ...)
     if (!ok)
         failures++;
 }
-/* cond is evaluated first, so errno in the message is the one cond's calls left */
+/* cond is evaluated first, so errno in a failure's message is the one cond's calls left;
+ * after a success errno is cleared, so the message does not show a stale one */
 #define EXPECT(cond, ...)            \
     do {                             \
         int ok_ = !!(cond);          \
+        if (ok_)                     \
+            errno = 0;               \
         report(ok_, __VA_ARGS__);    \
     } while (0)
 
