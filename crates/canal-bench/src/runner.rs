@@ -63,6 +63,8 @@ pub struct Knobs {
     pub tool_secs: f64,
     pub redis_requests: u64,
     pub strace_counts: (u64, u64),
+    /// Nominal seconds for one run under strace (it slows every call down).
+    pub strace_secs: f64,
     /// Extra seconds a canal run may take beyond its nominal duration.
     pub canal_grace: f64,
     pub pin: bool,
@@ -426,7 +428,7 @@ impl Runner {
             }
         }
         let nominal = match (cell.workload, strace) {
-            (_, Some(_)) => 30.0,
+            (_, Some(_)) => self.knobs.strace_secs,
             (Workload::Idle, _) => self.knobs.idle_secs,
             _ => self.knobs.duration,
         };
