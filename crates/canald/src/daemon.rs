@@ -6,6 +6,7 @@
 //! work, sleeps per protocol §6.
 #![forbid(unsafe_code)]
 
+use crate::engine::{self, CoalesceCfg, NotifyMode, SpinBudget, Split, WorkerStats};
 use crate::guest::{token, Guest, GuestConfig};
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
@@ -16,6 +17,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -35,7 +37,21 @@ pub struct Config {
     /// Policy: guests may only bind/connect/send to loopback addresses.
     pub loopback_only: bool,
     pub verbose: bool,
+    /// How the poller waits (`--notify`).
+    pub notify: NotifyMode,
+    /// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
+    pub coalesce: CoalesceCfg,
+    /// `--no-batch`: each host call moves at most one guest send's worth.
+    pub no_batch: bool,
+    /// Per-guest per-round byte quanta (receive, transmit).
+    pub rx_quantum: u64,
+    pub tx_quantum: u64,
 }
+
+/// What `--no-batch` allows per host call on a stream: one typical guest send.
+pub const NO_BATCH_CHUNK: u64 = 4096;
+/// The default worst-case added wake-up delay of the two-layer coalescing.
+pub const DEFAULT_T_WORST: Duration = Duration::from_micros(50);
 
 impl Config {
     pub fn new(socket: PathBuf) -> Config {
@@ -47,9 +63,16 @@ impl Config {
             data_mib: 256,
             ring_kib: 256,
             spin: None,
-            budget: 64,
+            budget: 16,
             loopback_only: false,
             verbose: false,
+            notify: NotifyMode::Hybrid,
+            coalesce: CoalesceCfg::Adaptive {
+                t_worst: DEFAULT_T_WORST,
+            },
+            no_batch: false,
+            rx_quantum: 256 << 10,
+            tx_quantum: 1 << 20,
         }
     }
 
@@ -71,30 +94,91 @@ impl Config {
             return Err("--ring-kib too large for --data-mib".into());
         }
         Ok(GuestConfig {
-            layout,
-            ring_size: ring,
             budget: self.budget.max(1),
             loopback_only: self.loopback_only,
+            chunk: if self.no_batch {
+                NO_BATCH_CHUNK
+            } else {
+                u64::MAX
+            },
+            rx_quantum: self.rx_quantum.max(4096),
+            tx_quantum: self.tx_quantum.max(4096),
+            ..GuestConfig::with_layout(layout, ring)
         })
     }
 }
 
-/// How long an idle poller keeps polling before it sleeps. Long enough to catch the
-/// next request of a guest in a request/response loop without a doorbell, short
-/// enough that an idle canald costs nothing measurable.
+/// The hybrid poller's initial spin budget (then adapted, `engine::SpinBudget`): long
+/// enough to catch the next request of a guest in a request/response loop without a
+/// doorbell, short enough that an idle canald costs nothing measurable.
 pub const SPIN_TARGET: Duration = Duration::from_micros(30);
+/// Bounds of the adaptive host budget.
+pub const SPIN_MIN: Duration = Duration::from_micros(2);
+pub const SPIN_MAX: Duration = Duration::from_micros(200);
+/// A spinning poller yields the core every this many empty rounds (2-core machines:
+/// guests and pollers may outnumber cores).
+const YIELD_EVERY: u32 = 64;
 
-/// Counts empty rounds worth SPIN_TARGET: an empty round is dominated by one
-/// epoll_wait(0), so time a few of those (the guests' scans add a little on top).
-fn calibrate_spin(ep: &Epoll) -> u32 {
+/// Nanoseconds of one empty poller round: dominated by one epoll_wait(0), so time a
+/// few of those (the guests' scans add a little on top).
+fn round_cost_ns(ep: &Epoll) -> u64 {
     let mut ev = sys::empty_events(8);
     let n = 200u32;
     let t0 = Instant::now();
     for _ in 0..n {
         let _ = ep.wait(&mut ev, 0);
     }
-    let per = (t0.elapsed() / n).max(Duration::from_nanos(50));
-    (SPIN_TARGET.as_nanos() / per.as_nanos()).clamp(8, 4096) as u32
+    (t0.elapsed() / n).as_nanos().max(50) as u64
+}
+
+/// The poller's own state: its budget, its clock of idleness and its counters.
+struct PollerState {
+    mode: NotifyMode,
+    spin: SpinBudget,
+    /// Nanoseconds per empty round (converts the budget to counted rounds).
+    round_ns: u64,
+    /// `--spin N`: a fixed budget in rounds.
+    fixed_rounds: Option<u32>,
+    idle_rounds: u32,
+    idle_since: Option<Instant>,
+    split: Split,
+    split_at: Instant,
+    /// Last wake-up from sleep caused by host sockets only (layer-1 coalescing).
+    last_io_wake: Option<Instant>,
+    stats: Arc<WorkerStats>,
+}
+
+impl PollerState {
+    fn budget_rounds(&self) -> u32 {
+        match (self.mode, self.fixed_rounds) {
+            (NotifyMode::Poll, _) => u32::MAX,
+            (NotifyMode::Sleep, _) => 0,
+            (NotifyMode::Hybrid, Some(r)) => r,
+            (NotifyMode::Hybrid, None) => {
+                (self.spin.budget_ns() / self.round_ns.max(1)).clamp(1, u32::MAX as u64) as u32
+            }
+        }
+    }
+
+    /// A round ended: with work, the idle period (if any) is over and its gap counts.
+    fn end_round(&mut self, work: bool, now: Instant) {
+        WorkerStats::add(&self.stats.rounds, 1);
+        if work {
+            if let Some(t) = self.idle_since.take() {
+                if self.mode == NotifyMode::Hybrid && self.fixed_rounds.is_none() {
+                    self.spin.record(now.saturating_duration_since(t).as_nanos() as u64);
+                    WorkerStats::set(&self.stats.spin_ns, self.spin.budget_ns());
+                }
+            }
+            self.idle_rounds = 0;
+        } else {
+            self.idle_since.get_or_insert(now);
+            self.idle_rounds = self.idle_rounds.saturating_add(1);
+            if self.idle_rounds % YIELD_EVERY == 0 {
+                sys::sched_yield();
+            }
+        }
+    }
 }
 
 struct Conn {
@@ -127,6 +211,8 @@ pub struct Daemon {
     keys: Vec<u32>,
     idle_since: Instant,
     stop: bool,
+    /// The poller's counters (STAT).
+    stats: Arc<WorkerStats>,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -222,6 +308,7 @@ impl Daemon {
             keys: Vec::new(),
             idle_since: Instant::now(),
             stop: false,
+            stats: Arc::new(WorkerStats::default()),
         })))
     }
 
@@ -244,28 +331,89 @@ impl Daemon {
     /// Runs until a signal or the idle timeout.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = sys::empty_events(256);
-        let mut idle_rounds = 0u32;
-        let spin = self.cfg.spin.unwrap_or_else(|| calibrate_spin(&self.ep));
+        let mode = self.cfg.notify;
+        if mode == NotifyMode::Poll {
+            eprintln!(
+                "canald: warning: --notify poll never sleeps and burns a core (measurement only)"
+            );
+        }
+        let round_ns = round_cost_ns(&self.ep);
+        // C_p: the poller's wake-up from epoll plus one round; C_v: a guest thread's
+        // wake-up from poll() on its slot eventfd (both measured here, now).
+        let (c_p, c_v) = if self.cfg.coalesce == CoalesceCfg::Off {
+            (0, 0)
+        } else {
+            (
+                engine::measure_wake_ns(true) + round_ns,
+                engine::measure_wake_ns(false),
+            )
+        };
+        let wake_cost = if c_p > 0 {
+            c_p
+        } else {
+            engine::measure_wake_ns(true) + round_ns
+        };
+        let mut p = PollerState {
+            mode,
+            spin: SpinBudget::new(
+                SPIN_TARGET.as_nanos() as u64,
+                SPIN_MIN.as_nanos() as u64,
+                SPIN_MAX.as_nanos() as u64,
+                wake_cost,
+            ),
+            round_ns,
+            fixed_rounds: self.cfg.spin,
+            idle_rounds: 0,
+            idle_since: None,
+            split: Split::compute(self.cfg.coalesce, c_p, c_v, 1),
+            split_at: Instant::now(),
+            last_io_wake: None,
+            stats: self.stats.clone(),
+        };
+        WorkerStats::set(&p.stats.spin_ns, p.spin.budget_ns());
+        self.publish_split(&p.split);
         log(
             &self.cfg,
-            format_args!("serving {} (spin {spin} rounds)", self.cfg.socket.display()),
+            format_args!(
+                "serving {} (notify {}, round {round_ns} ns, C_p {c_p} ns, C_v {c_v} ns)",
+                self.cfg.socket.display(),
+                mode.name()
+            ),
         );
         while !self.stop {
-            let sleeping = idle_rounds >= spin;
+            let sleeping = p.idle_rounds >= p.budget_rounds();
             let timeout = if sleeping { self.prepare_sleep() } else { 0 };
             let n = self.ep.wait(&mut events, timeout)?;
             if sleeping {
                 for g in self.guests.values() {
                     g.set_host_sleeping(0);
                 }
-                idle_rounds = 0;
+                if timeout != 0 {
+                    WorkerStats::add(&self.stats.sleeps, 1);
+                    self.hold_io_wake(&mut p, &events[..n]);
+                }
+                p.idle_rounds = 0;
             }
             let mut work = n > 0;
             for ev in &events[..n] {
                 let (tok, bits) = (ev.u64, ev.events);
                 self.dispatch(tok, bits);
             }
-            work |= self.serve_guests();
+            let now = Instant::now();
+            if now.saturating_duration_since(p.split_at) >= Duration::from_millis(50) {
+                p.split_at = now;
+                let active = self
+                    .guests
+                    .values()
+                    .filter(|g| {
+                        g.last_active
+                            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+                    })
+                    .count() as u32;
+                p.split = Split::compute(self.cfg.coalesce, c_p, c_v, active);
+                self.publish_split(&p.split);
+            }
+            work |= self.serve_guests(now, Duration::from_nanos(p.split.t_v_ns));
             self.reap();
             if self.guests.is_empty() {
                 if let Some(limit) = self.cfg.idle_exit {
@@ -277,14 +425,42 @@ impl Daemon {
             } else {
                 self.idle_since = Instant::now();
             }
-            idle_rounds = if work {
-                0
-            } else {
-                idle_rounds.saturating_add(1)
-            };
+            p.end_round(work, now);
         }
         self.shutdown();
         Ok(())
+    }
+
+    fn publish_split(&self, s: &Split) {
+        let st = &self.stats;
+        WorkerStats::set(&st.t_p_ns, s.t_p_ns);
+        WorkerStats::set(&st.t_v_ns, s.t_v_ns);
+        WorkerStats::set(&st.c_p_ns, s.c_p_ns);
+        WorkerStats::set(&st.c_v_ns, s.c_v_ns);
+        WorkerStats::set(&st.active, s.n as u64);
+    }
+
+    /// Layer-1 coalescing: a wake-up from sleep caused only by host sockets (no
+    /// doorbell, control or signal) within T_p of the previous such wake-up holds the
+    /// data until T_p has passed, so host-side wake-ups happen at most once per T_p.
+    fn hold_io_wake(&mut self, p: &mut PollerState, events: &[sys::EpollEvent]) {
+        if p.split.t_p_ns == 0 || events.is_empty() {
+            return;
+        }
+        let kicks = events.iter().any(|e| token::ty(e.u64) != token::SOCKET);
+        let now = Instant::now();
+        if kicks {
+            return;
+        }
+        let t_p = Duration::from_nanos(p.split.t_p_ns);
+        if let Some(last) = p.last_io_wake {
+            let since = now.saturating_duration_since(last);
+            if since < t_p {
+                WorkerStats::add(&self.stats.holds, 1);
+                std::thread::sleep(t_p - since);
+            }
+        }
+        p.last_io_wake = Some(Instant::now());
     }
 
     /// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
@@ -324,7 +500,10 @@ impl Daemon {
         }
     }
 
-    fn serve_guests(&mut self) -> bool {
+    /// One scheduler round: the command class of every guest first (a short slice of
+    /// requests each), then every guest's data (receive, then transmit, within its
+    /// byte deficits), starting from a rotating guest.
+    fn serve_guests(&mut self, now: Instant, wake_window: Duration) -> bool {
         if self.guests.is_empty() {
             return false;
         }
@@ -332,14 +511,26 @@ impl Daemon {
         self.keys.extend(self.guests.keys().copied());
         let n = self.keys.len();
         self.rr = self.rr.wrapping_add(1);
-        let now = Instant::now();
         let mut work = false;
+        let mut wakes = 0;
         for i in 0..n {
             let key = self.keys[(self.rr + i) % n];
             if let Some(g) = self.guests.get_mut(&key) {
-                work |= g.service_round(&self.ep, now).did_work();
+                let before = g.wakes;
+                work |= g.service_requests(&self.ep, now).did_work();
+                wakes += g.wakes - before;
             }
         }
+        for i in 0..n {
+            let key = self.keys[(self.rr + i) % n];
+            if let Some(g) = self.guests.get_mut(&key) {
+                g.wake_window = wake_window;
+                let before = g.wakes;
+                work |= g.service_data(&self.ep, now).did_work();
+                wakes += g.wakes - before;
+            }
+        }
+        WorkerStats::add(&self.stats.wakes, wakes);
         work
     }
 
@@ -379,7 +570,8 @@ impl Daemon {
             }
             token::DOORBELL => {
                 if let Some(Some(d)) = self.conns.get(&token::conn(tok)).map(|c| &c.doorbell) {
-                    let _ = sys::eventfd_read(d);
+                    let k = sys::eventfd_read(d).unwrap_or(0);
+                    WorkerStats::add(&self.stats.kicks, k);
                 }
             }
             token::SOCKET => {
@@ -647,10 +839,16 @@ impl Daemon {
     }
 
     pub fn snapshot(&self) -> Snapshot {
+        WorkerStats::set(&self.stats.guests, self.guests.len() as u64);
         Snapshot {
             pid: std::process::id(),
             socket: self.cfg.socket.display().to_string(),
             guests: self.guests.values().map(stat::guest_stat).collect(),
+            workers: vec![stat::WorkerStat::from_stats(
+                0,
+                self.cfg.notify.name(),
+                &self.stats,
+            )],
         }
     }
 

@@ -258,6 +258,25 @@ pub fn eventfd_read(fd: &OwnedFd) -> io::Result<u64> {
     }
 }
 
+/// poll() for readability of one descriptor, up to `ms` (-1: forever); whether it is
+/// readable. EINTR counts as not readable.
+pub fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+/// Gives the core to another runnable thread (a spinning poller on a busy machine).
+pub fn sched_yield() {
+    // SAFETY: plain call.
+    unsafe { libc::sched_yield() };
+}
+
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
 /// a guest cannot hand it a pipe that blocks).
 pub fn is_eventfd(fd: &OwnedFd) -> bool {
