@@ -1,17 +1,18 @@
 //! The daemon: control socket, guest registry and the poller loop.
 //!
-//! One poller thread serves everything: epoll over the control listener, control
-//! connections, guests' doorbells and host sockets. Each round it serves every guest
-//! (round-robin start, bounded requests per guest), then, after `spin` rounds without
-//! work, sleeps per protocol §6.
+//! The daemon's thread runs worker 0 (`worker`): epoll over the control listener,
+//! control connections, and its guests' doorbells and host sockets; `--workers N`
+//! adds pollers in their own threads, each owning a disjoint set of guests. Each round
+//! a poller serves its guests (channel scheduler: requests, then receive, then
+//! transmit work), then, after its adaptive spin budget, sleeps per protocol §6.
 #![forbid(unsafe_code)]
 
-use crate::engine::{self, CoalesceCfg, NotifyMode, SpinBudget, Split, WorkerStats};
+use crate::engine::{self, CoalesceCfg, NotifyMode};
 use crate::guest::{token, Guest, GuestConfig};
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
+use crate::worker::{Poller, Worker};
 use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX, HELLO_BODY, HELLO_OK_BODY};
-use canal_abi::sync::{fence, Ordering};
 use canal_abi::{errno, Layout};
 use std::collections::BTreeMap;
 use std::io;
@@ -46,6 +47,20 @@ pub struct Config {
     /// Per-guest per-round byte quanta (receive, transmit).
     pub rx_quantum: u64,
     pub tx_quantum: u64,
+    /// Pollers (`--workers`), and the CPUs to pin them to (`--pin`; empty: none).
+    pub workers: usize,
+    pub pin: Vec<usize>,
+}
+
+/// Default pollers: one on small machines (≤ 2 cores: guests need the other core),
+/// else one per four cores, at most four.
+pub fn default_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores <= 2 {
+        1
+    } else {
+        (cores / 4).clamp(1, 4)
+    }
 }
 
 /// What `--no-batch` allows per host call on a stream: one typical guest send.
@@ -73,6 +88,8 @@ impl Config {
             no_batch: false,
             rx_quantum: 256 << 10,
             tx_quantum: 1 << 20,
+            workers: default_workers(),
+            pin: Vec::new(),
         }
     }
 
@@ -108,84 +125,11 @@ impl Config {
     }
 }
 
-/// The hybrid poller's initial spin budget (then adapted, `engine::SpinBudget`): long
-/// enough to catch the next request of a guest in a request/response loop without a
-/// doorbell, short enough that an idle canald costs nothing measurable.
-pub const SPIN_TARGET: Duration = Duration::from_micros(30);
-/// Bounds of the adaptive host budget.
-pub const SPIN_MIN: Duration = Duration::from_micros(2);
-pub const SPIN_MAX: Duration = Duration::from_micros(200);
-/// A spinning poller yields the core every this many empty rounds (2-core machines:
-/// guests and pollers may outnumber cores).
-const YIELD_EVERY: u32 = 64;
-
-/// Nanoseconds of one empty poller round: dominated by one epoll_wait(0), so time a
-/// few of those (the guests' scans add a little on top).
-fn round_cost_ns(ep: &Epoll) -> u64 {
-    let mut ev = sys::empty_events(8);
-    let n = 200u32;
-    let t0 = Instant::now();
-    for _ in 0..n {
-        let _ = ep.wait(&mut ev, 0);
-    }
-    (t0.elapsed() / n).as_nanos().max(50) as u64
-}
-
-/// The poller's own state: its budget, its clock of idleness and its counters.
-struct PollerState {
-    mode: NotifyMode,
-    spin: SpinBudget,
-    /// Nanoseconds per empty round (converts the budget to counted rounds).
-    round_ns: u64,
-    /// `--spin N`: a fixed budget in rounds.
-    fixed_rounds: Option<u32>,
-    idle_rounds: u32,
-    idle_since: Option<Instant>,
-    split: Split,
-    split_at: Instant,
-    /// Last wake-up from sleep caused by host sockets only (layer-1 coalescing).
-    last_io_wake: Option<Instant>,
-    stats: Arc<WorkerStats>,
-}
-
-impl PollerState {
-    fn budget_rounds(&self) -> u32 {
-        match (self.mode, self.fixed_rounds) {
-            (NotifyMode::Poll, _) => u32::MAX,
-            (NotifyMode::Sleep, _) => 0,
-            (NotifyMode::Hybrid, Some(r)) => r,
-            (NotifyMode::Hybrid, None) => {
-                (self.spin.budget_ns() / self.round_ns.max(1)).clamp(1, u32::MAX as u64) as u32
-            }
-        }
-    }
-
-    /// A round ended: with work, the idle period (if any) is over and its gap counts.
-    fn end_round(&mut self, work: bool, now: Instant) {
-        WorkerStats::add(&self.stats.rounds, 1);
-        if work {
-            if let Some(t) = self.idle_since.take() {
-                if self.mode == NotifyMode::Hybrid && self.fixed_rounds.is_none() {
-                    self.spin.record(now.saturating_duration_since(t).as_nanos() as u64);
-                    WorkerStats::set(&self.stats.spin_ns, self.spin.budget_ns());
-                }
-            }
-            self.idle_rounds = 0;
-        } else {
-            self.idle_since.get_or_insert(now);
-            self.idle_rounds = self.idle_rounds.saturating_add(1);
-            if self.idle_rounds % YIELD_EVERY == 0 {
-                sys::sched_yield();
-            }
-        }
-    }
-}
-
 struct Conn {
     fd: OwnedFd,
     pid: u32,
-    /// The doorbell eventfd of this connection's guest.
-    doorbell: Option<OwnedFd>,
+    /// The worker serving this connection's guest (after HELLO).
+    worker: Option<usize>,
     /// Reply messages (STAT chunks) waiting for the peer to read: the poller never
     /// blocks on a slow reader, it waits for EPOLLOUT.
     out: std::collections::VecDeque<Vec<u8>>,
@@ -198,21 +142,18 @@ const OUT_MAX: usize = 16 << 20;
 pub struct Daemon {
     cfg: Config,
     gcfg: GuestConfig,
-    ep: Epoll,
+    /// Worker 0 (this thread; its epoll also holds the control descriptors), then the
+    /// others.
+    workers: Vec<Arc<Worker>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
     listener: OwnedFd,
     signals: Option<OwnedFd>,
     _lock: std::fs::File,
     conns: BTreeMap<u32, Conn>,
-    /// Guests by connection key (departed ones stay until their sockets are closed).
-    guests: BTreeMap<u32, Guest>,
     next_conn: u32,
     next_guest: u32,
-    rr: usize,
-    keys: Vec<u32>,
     idle_since: Instant,
     stop: bool,
-    /// The poller's counters (STAT).
-    stats: Arc<WorkerStats>,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -285,37 +226,35 @@ impl Daemon {
         }
         let listener = sys::seqpacket_listen(&path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-        let ep = Epoll::new().map_err(|e| e.to_string())?;
-        ep.add(
-            listener.as_raw_fd(),
-            sys::EP_IN,
-            token::make(token::LISTENER, 0, 0, 0),
-        )
-        .map_err(|e| e.to_string())?;
+        let w0 = Worker::new(0).map_err(|e| e.to_string())?;
+        w0.ep
+            .add(
+                listener.as_raw_fd(),
+                sys::EP_IN,
+                token::make(token::LISTENER, 0, 0, 0),
+            )
+            .map_err(|e| e.to_string())?;
         sys::ignore_sigpipe();
         Ok(Bound::Serving(Box::new(Daemon {
             cfg,
             gcfg,
-            ep,
+            workers: vec![Arc::new(w0)],
+            threads: Vec::new(),
             listener,
             signals: None,
             _lock: lock,
             conns: BTreeMap::new(),
-            guests: BTreeMap::new(),
             next_conn: 1,
             next_guest: 1,
-            rr: 0,
-            keys: Vec::new(),
             idle_since: Instant::now(),
             stop: false,
-            stats: Arc::new(WorkerStats::default()),
         })))
     }
 
     /// SIGINT/SIGTERM end the loop cleanly (regions marked abandoned, socket removed).
     pub fn handle_signals(&mut self) -> io::Result<()> {
         let fd = sys::term_signalfd()?;
-        self.ep.add(
+        self.ep().add(
             fd.as_raw_fd(),
             sys::EP_IN,
             token::make(token::SIGNAL, 0, 0, 0),
@@ -328,231 +267,81 @@ impl Daemon {
         &self.cfg.socket
     }
 
+    /// Worker 0's epoll: control descriptors live there.
+    fn ep(&self) -> &Epoll {
+        &self.workers[0].ep
+    }
+
+    fn no_guests(&self) -> bool {
+        self.workers.iter().all(|w| w.lock().guests.is_empty())
+    }
+
     /// Runs until a signal or the idle timeout.
     pub fn run(&mut self) -> io::Result<()> {
-        let mut events = sys::empty_events(256);
         let mode = self.cfg.notify;
         if mode == NotifyMode::Poll {
             eprintln!(
-                "canald: warning: --notify poll never sleeps and burns a core (measurement only)"
+                "canald: warning: --notify poll never sleeps and burns a core per worker \
+                 (measurement only)"
             );
         }
-        let round_ns = round_cost_ns(&self.ep);
-        // C_p: the poller's wake-up from epoll plus one round; C_v: a guest thread's
-        // wake-up from poll() on its slot eventfd (both measured here, now).
-        let (c_p, c_v) = if self.cfg.coalesce == CoalesceCfg::Off {
-            (0, 0)
+        // C_p: a poller's wake-up from epoll plus one round; C_v: a guest thread's
+        // wake-up from poll() on its slot eventfd (both measured here, now). C_p also
+        // prices a sleep in the adaptive spin budget.
+        let round = crate::worker::round_cost_ns(self.ep());
+        let c_p = engine::measure_wake_ns(true) + round;
+        let c_v = if self.cfg.coalesce == CoalesceCfg::Off {
+            0
         } else {
-            (
-                engine::measure_wake_ns(true) + round_ns,
-                engine::measure_wake_ns(false),
-            )
+            engine::measure_wake_ns(false)
         };
-        let wake_cost = if c_p > 0 {
-            c_p
-        } else {
-            engine::measure_wake_ns(true) + round_ns
-        };
-        let mut p = PollerState {
-            mode,
-            spin: SpinBudget::new(
-                SPIN_TARGET.as_nanos() as u64,
-                SPIN_MIN.as_nanos() as u64,
-                SPIN_MAX.as_nanos() as u64,
-                wake_cost,
-            ),
-            round_ns,
-            fixed_rounds: self.cfg.spin,
-            idle_rounds: 0,
-            idle_since: None,
-            split: Split::compute(self.cfg.coalesce, c_p, c_v, 1),
-            split_at: Instant::now(),
-            last_io_wake: None,
-            stats: self.stats.clone(),
-        };
-        WorkerStats::set(&p.stats.spin_ns, p.spin.budget_ns());
-        self.publish_split(&p.split);
+        let n = self.cfg.workers.max(1);
+        for id in 1..n {
+            let w = Arc::new(Worker::new(id as u32)?);
+            self.workers.push(w.clone());
+            let p = Poller::new(w, &self.cfg, c_p, c_v);
+            let cpu = (!self.cfg.pin.is_empty()).then(|| self.cfg.pin[id % self.cfg.pin.len()]);
+            self.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("canald-w{id}"))
+                    .spawn(move || crate::worker::run_worker(p, cpu))?,
+            );
+        }
+        if let Some(&cpu) = self.cfg.pin.first() {
+            if let Err(e) = crate::worker::pin(cpu) {
+                eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
+            }
+        }
+        let mut p = Poller::new(self.workers[0].clone(), &self.cfg, c_p, c_v);
         log(
             &self.cfg,
             format_args!(
-                "serving {} (notify {}, round {round_ns} ns, C_p {c_p} ns, C_v {c_v} ns)",
+                "serving {} (notify {}, {n} worker(s), C_p {c_p} ns, C_v {c_v} ns)",
                 self.cfg.socket.display(),
                 mode.name()
             ),
         );
+        let mut other = Vec::new();
         while !self.stop {
-            let sleeping = p.idle_rounds >= p.budget_rounds();
-            let timeout = if sleeping { self.prepare_sleep() } else { 0 };
-            let n = self.ep.wait(&mut events, timeout)?;
-            if sleeping {
-                for g in self.guests.values() {
-                    g.set_host_sleeping(0);
-                }
-                if timeout != 0 {
-                    WorkerStats::add(&self.stats.sleeps, 1);
-                    self.hold_io_wake(&mut p, &events[..n]);
-                }
-                p.idle_rounds = 0;
-            }
-            let mut work = n > 0;
-            for ev in &events[..n] {
-                let (tok, bits) = (ev.u64, ev.events);
+            let idle_deadline = match self.cfg.idle_exit {
+                Some(limit) if self.no_guests() => Some(self.idle_since + limit),
+                _ => None,
+            };
+            p.round(&mut other, idle_deadline)?;
+            for (tok, bits) in other.drain(..) {
                 self.dispatch(tok, bits);
             }
-            let now = Instant::now();
-            if now.saturating_duration_since(p.split_at) >= Duration::from_millis(50) {
-                p.split_at = now;
-                let active = self
-                    .guests
-                    .values()
-                    .filter(|g| {
-                        g.last_active
-                            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
-                    })
-                    .count() as u32;
-                p.split = Split::compute(self.cfg.coalesce, c_p, c_v, active);
-                self.publish_split(&p.split);
-            }
-            work |= self.serve_guests(now, Duration::from_nanos(p.split.t_v_ns));
-            self.reap();
-            if self.guests.is_empty() {
-                if let Some(limit) = self.cfg.idle_exit {
-                    if self.idle_since.elapsed() >= limit {
-                        log(&self.cfg, format_args!("no guests for {limit:?}, exiting"));
-                        break;
-                    }
+            if let Some(limit) = self.cfg.idle_exit {
+                if !self.no_guests() {
+                    self.idle_since = Instant::now();
+                } else if self.idle_since.elapsed() >= limit {
+                    log(&self.cfg, format_args!("no guests for {limit:?}, exiting"));
+                    break;
                 }
-            } else {
-                self.idle_since = Instant::now();
             }
-            p.end_round(work, now);
         }
         self.shutdown();
         Ok(())
-    }
-
-    fn publish_split(&self, s: &Split) {
-        let st = &self.stats;
-        WorkerStats::set(&st.t_p_ns, s.t_p_ns);
-        WorkerStats::set(&st.t_v_ns, s.t_v_ns);
-        WorkerStats::set(&st.c_p_ns, s.c_p_ns);
-        WorkerStats::set(&st.c_v_ns, s.c_v_ns);
-        WorkerStats::set(&st.active, s.n as u64);
-    }
-
-    /// Layer-1 coalescing: a wake-up from sleep caused only by host sockets (no
-    /// doorbell, control or signal) within T_p of the previous such wake-up holds the
-    /// data until T_p has passed, so host-side wake-ups happen at most once per T_p.
-    fn hold_io_wake(&mut self, p: &mut PollerState, events: &[sys::EpollEvent]) {
-        if p.split.t_p_ns == 0 || events.is_empty() {
-            return;
-        }
-        let kicks = events.iter().any(|e| token::ty(e.u64) != token::SOCKET);
-        let now = Instant::now();
-        if kicks {
-            return;
-        }
-        let t_p = Duration::from_nanos(p.split.t_p_ns);
-        if let Some(last) = p.last_io_wake {
-            let since = now.saturating_duration_since(last);
-            if since < t_p {
-                WorkerStats::add(&self.stats.holds, 1);
-                std::thread::sleep(t_p - since);
-            }
-        }
-        p.last_io_wake = Some(Instant::now());
-    }
-
-    /// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
-    /// the epoll timeout: 0 if work showed up, else until the next deadline (or -1).
-    fn prepare_sleep(&mut self) -> i32 {
-        for g in self.guests.values() {
-            if g.gone.is_none() {
-                g.set_host_sleeping(1);
-            }
-        }
-        fence(Ordering::SeqCst);
-        if self
-            .guests
-            .values()
-            .any(|g| g.gone.is_none() && g.has_pending())
-        {
-            for g in self.guests.values() {
-                g.set_host_sleeping(0);
-            }
-            return 0;
-        }
-        let now = Instant::now();
-        let mut until: Option<Instant> =
-            self.guests.values().filter_map(|g| g.next_deadline()).min();
-        if self.guests.is_empty() {
-            if let Some(limit) = self.cfg.idle_exit {
-                let t = self.idle_since + limit;
-                until = Some(until.map_or(t, |u| u.min(t)));
-            }
-        }
-        match until {
-            None => -1,
-            Some(t) => {
-                let ms = t.saturating_duration_since(now).as_millis() + 1;
-                ms.min(60_000) as i32
-            }
-        }
-    }
-
-    /// One scheduler round: the command class of every guest first (a short slice of
-    /// requests each), then every guest's data (receive, then transmit, within its
-    /// byte deficits), starting from a rotating guest.
-    fn serve_guests(&mut self, now: Instant, wake_window: Duration) -> bool {
-        if self.guests.is_empty() {
-            return false;
-        }
-        self.keys.clear();
-        self.keys.extend(self.guests.keys().copied());
-        let n = self.keys.len();
-        self.rr = self.rr.wrapping_add(1);
-        let mut work = false;
-        let mut wakes = 0;
-        for i in 0..n {
-            let key = self.keys[(self.rr + i) % n];
-            if let Some(g) = self.guests.get_mut(&key) {
-                let before = g.wakes;
-                work |= g.service_requests(&self.ep, now).did_work();
-                wakes += g.wakes - before;
-            }
-        }
-        for i in 0..n {
-            let key = self.keys[(self.rr + i) % n];
-            if let Some(g) = self.guests.get_mut(&key) {
-                g.wake_window = wake_window;
-                let before = g.wakes;
-                work |= g.service_data(&self.ep, now).did_work();
-                wakes += g.wakes - before;
-            }
-        }
-        WorkerStats::add(&self.stats.wakes, wakes);
-        work
-    }
-
-    /// Drops departed guests whose sockets are all closed (or whose drain time ran out).
-    fn reap(&mut self) {
-        let now = Instant::now();
-        let mut done = Vec::new();
-        for (k, g) in self.guests.iter_mut() {
-            if let Some(deadline) = g.gone {
-                if deadline <= now {
-                    g.close_all(&self.ep);
-                }
-                if g.finished() {
-                    done.push(*k);
-                }
-            }
-        }
-        for k in done {
-            if let Some(g) = self.guests.remove(&k) {
-                log(&self.cfg, format_args!("guest {} freed", g.id));
-            }
-        }
     }
 
     fn dispatch(&mut self, tok: u64, bits: u32) {
@@ -566,17 +355,6 @@ impl Daemon {
                 }
                 if bits & !sys::EP_OUT != 0 {
                     self.read_control(key);
-                }
-            }
-            token::DOORBELL => {
-                if let Some(Some(d)) = self.conns.get(&token::conn(tok)).map(|c| &c.doorbell) {
-                    let k = sys::eventfd_read(d).unwrap_or(0);
-                    WorkerStats::add(&self.stats.kicks, k);
-                }
-            }
-            token::SOCKET => {
-                if let Some(g) = self.guests.get_mut(&token::conn(tok)) {
-                    g.socket_event(tok, bits);
                 }
             }
             token::SIGNAL => {
@@ -595,7 +373,12 @@ impl Daemon {
         loop {
             let k = self.next_conn;
             self.next_conn = if k >= 0xff_ffff { 1 } else { k + 1 };
-            if !self.conns.contains_key(&k) && !self.guests.contains_key(&k) {
+            if !self.conns.contains_key(&k)
+                && !self
+                    .workers
+                    .iter()
+                    .any(|w| w.lock().guests.contains_key(&k))
+            {
                 return k;
             }
         }
@@ -622,7 +405,7 @@ impl Daemon {
             }
             let key = self.alloc_conn_key();
             if self
-                .ep
+                .ep()
                 .add(
                     fd.as_raw_fd(),
                     sys::EP_IN,
@@ -637,7 +420,7 @@ impl Daemon {
                 Conn {
                     fd,
                     pid,
-                    doorbell: None,
+                    worker: None,
                     out: Default::default(),
                     out_bytes: 0,
                 },
@@ -678,19 +461,26 @@ impl Daemon {
 
     /// A control connection ended: if it belonged to a guest, the guest is gone.
     fn close_conn(&mut self, key: u32) {
-        if let Some(c) = self.conns.remove(&key) {
-            self.ep.delete(c.fd.as_raw_fd());
-            if let Some(d) = &c.doorbell {
-                self.ep.delete(d.as_raw_fd());
-            }
+        let Some(c) = self.conns.remove(&key) else {
+            return;
+        };
+        self.ep().delete(c.fd.as_raw_fd());
+        let Some(w) = c.worker.and_then(|i| self.workers.get(i)) else {
+            return;
+        };
+        let mut sh = w.lock();
+        if let Some(d) = sh.doorbells.remove(&key) {
+            w.ep.delete(d.as_raw_fd());
         }
-        if let Some(g) = self.guests.get_mut(&key) {
+        if let Some(g) = sh.guests.get_mut(&key) {
             log(
                 &self.cfg,
                 format_args!("guest {} (pid {}) gone", g.id, g.pid),
             );
-            g.depart(&self.ep, Instant::now());
+            g.depart(&w.ep, Instant::now());
         }
+        drop(sh);
+        w.poke();
     }
 
     /// Handles one message; false closes the connection.
@@ -706,7 +496,7 @@ impl Daemon {
                 if body.len() < HELLO_BODY {
                     return send_error(&conn.fd, errno::EINVAL, "short HELLO").is_ok();
                 }
-                if self.guests.contains_key(&key) {
+                if conn.worker.is_some() {
                     return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
                 }
                 let pid = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
@@ -726,8 +516,12 @@ impl Daemon {
                     Ok(d) => d,
                     Err(e) => return send_error(&conn.fd, sys::errno_of(&e), "eventfd").is_ok(),
                 };
-                if self
-                    .ep
+                // The worker with the fewest guests takes it.
+                let wi = (0..self.workers.len())
+                    .min_by_key(|&i| self.workers[i].lock().guests.len())
+                    .unwrap_or(0);
+                let w = self.workers[wi].clone();
+                if w.ep
                     .add(
                         doorbell.as_raw_fd(),
                         sys::EP_IN,
@@ -748,17 +542,28 @@ impl Daemon {
                 );
                 log(
                     &self.cfg,
-                    format_args!("guest {id} attached: pid {pid} comm {}", g.comm),
+                    format_args!(
+                        "guest {id} attached: pid {pid} comm {} (worker {wi})",
+                        g.comm
+                    ),
                 );
                 self.next_guest = self.next_guest.wrapping_add(1).max(1);
                 if let Some(c) = self.conns.get_mut(&key) {
-                    c.doorbell = Some(doorbell);
+                    c.worker = Some(wi);
                 }
-                self.guests.insert(key, g);
+                let mut sh = w.lock();
+                sh.doorbells.insert(key, doorbell);
+                sh.guests.insert(key, g);
+                drop(sh);
+                w.poke();
                 sent.is_ok()
             }
             kind::PORT => {
-                let Some(g) = self.guests.get_mut(&key) else {
+                let Some(w) = conn.worker.and_then(|i| self.workers.get(i)) else {
+                    return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
+                };
+                let mut sh = w.lock();
+                let Some(g) = sh.guests.get_mut(&key) else {
                     return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
                 };
                 if body.len() < 4 {
@@ -829,7 +634,8 @@ impl Daemon {
         } else {
             sys::EP_IN | sys::EP_OUT
         };
-        self.ep
+        self.workers[0]
+            .ep
             .modify(
                 conn.fd.as_raw_fd(),
                 ev,
@@ -839,24 +645,47 @@ impl Daemon {
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        WorkerStats::set(&self.stats.guests, self.guests.len() as u64);
+        let mut guests = Vec::new();
+        let mut workers = Vec::new();
+        for w in &self.workers {
+            let sh = w.lock();
+            for g in sh.guests.values() {
+                let mut gs = stat::guest_stat(g);
+                gs.worker = w.id;
+                guests.push(gs);
+            }
+            drop(sh);
+            workers.push(stat::WorkerStat::from_stats(
+                w.id,
+                self.cfg.notify.name(),
+                &w.stats,
+            ));
+        }
+        guests.sort_by_key(|g| g.id);
         Snapshot {
             pid: std::process::id(),
             socket: self.cfg.socket.display().to_string(),
-            guests: self.guests.values().map(stat::guest_stat).collect(),
-            workers: vec![stat::WorkerStat::from_stats(
-                0,
-                self.cfg.notify.name(),
-                &self.stats,
-            )],
+            guests,
+            workers,
         }
     }
 
     fn shutdown(&mut self) {
-        for g in self.guests.values_mut() {
-            g.close_all(&self.ep);
+        for w in &self.workers {
+            w.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            w.poke();
         }
-        self.guests.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for w in &self.workers {
+            let mut sh = w.lock();
+            for g in sh.guests.values_mut() {
+                g.close_all(&w.ep);
+            }
+            sh.guests.clear();
+            sh.doorbells.clear();
+        }
         self.conns.clear();
         // We hold the lock: the socket file is ours.
         let _ = std::fs::remove_file(&self.cfg.socket);

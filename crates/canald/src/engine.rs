@@ -137,9 +137,14 @@ impl SpinBudget {
 pub enum CoalesceCfg {
     Off,
     /// Adaptive split of `t_worst`: T_p = T_worst / (1 + sqrt(C_v/C_p)·sqrt(n)).
-    Adaptive { t_worst: Duration },
+    Adaptive {
+        t_worst: Duration,
+    },
     /// A fixed host share T_p (ablation, B9).
-    Fixed { t_worst: Duration, t_p: Duration },
+    Fixed {
+        t_worst: Duration,
+        t_p: Duration,
+    },
 }
 
 /// The two-layer split now in force.

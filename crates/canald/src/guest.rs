@@ -69,6 +69,8 @@ pub mod token {
     pub const DOORBELL: u64 = 2;
     pub const SOCKET: u64 = 3;
     pub const SIGNAL: u64 = 4;
+    /// A worker's own eventfd (new guest, shutdown).
+    pub const POKE: u64 = 5;
 
     pub fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
         (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64

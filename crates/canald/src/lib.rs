@@ -17,6 +17,7 @@ pub mod guest;
 pub mod request;
 pub mod stat;
 pub mod sys;
+pub mod worker;
 
 pub use daemon::{fetch_stat, Bound, Config, Daemon};
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
               [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
               [--notify poll|sleep|hybrid] [--t-worst-us T | --coalesce-us T] [--split-us P]
               [--no-coalesce] [--no-batch] [--rx-quantum-kib N] [--tx-quantum-kib N]
+              [--workers N] [--pin CPU,CPU..]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
   --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
@@ -57,6 +59,9 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --no-batch        each host send/receive call moves at most 4 KiB (ablation)
   --rx-quantum-kib N, --tx-quantum-kib N
                     bytes a guest may receive / transmit per round (default 256 / 1024)
+  --workers N       pollers, each serving a disjoint set of guests (default 1 on <= 2
+                    cores, else cores/4 up to 4)
+  --pin CPU,CPU..   pin worker i to the i-th CPU of the list (cycled)
   --loopback-only   policy: guests may only bind, connect and send to loopback addresses
   -v                log to stderr";
 
@@ -135,6 +140,22 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
             }
             "--no-coalesce" => cfg.coalesce = engine::CoalesceCfg::Off,
             "--no-batch" => cfg.no_batch = true,
+            "--workers" => {
+                cfg.workers = num(a, v)?;
+                if !(1..=64).contains(&cfg.workers) {
+                    return Err("--workers must be 1..=64".into());
+                }
+                i += 1;
+            }
+            "--pin" => {
+                let list = v.ok_or("--pin needs a value")?;
+                cfg.pin = list
+                    .split(',')
+                    .map(|c| c.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| format!("--pin: '{list}' is not a list of CPU numbers"))?;
+                i += 1;
+            }
             "--rx-quantum-kib" => {
                 cfg.rx_quantum = num::<u64>(a, v)?.saturating_mul(1024);
                 i += 1;
@@ -217,6 +238,10 @@ mod tests {
                 t_p: Duration::from_micros(30)
             }
         );
+        let c = parse_args(&s(&["--workers", "2", "--pin", "0,1"])).unwrap();
+        assert_eq!((c.workers, c.pin.clone()), (2, vec![0, 1]));
+        assert!(parse_args(&s(&["--workers", "0"])).is_err());
+        assert!(parse_args(&s(&["--pin", "a,1"])).is_err());
         let c = parse_args(&s(&["--coalesce-us", "0"])).unwrap();
         assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
     }

@@ -28,7 +28,10 @@ fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
 /// The number after `"key":` in `s` (the first occurrence at or after `from`).
 fn json_num(s: &str, from: usize, key: &str) -> u64 {
     let pat = format!("\"{key}\":");
-    let at = s[from..].find(&pat).unwrap_or_else(|| panic!("no {key} in {s}")) + from;
+    let at = s[from..]
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {s}"))
+        + from;
     let rest = &s[at + pat.len()..];
     let end = rest
         .find(|c: char| !c.is_ascii_digit())
@@ -129,7 +132,11 @@ fn coalescing_limits_wakes_per_window() {
     let mut got = Vec::new();
     let deadline = Instant::now() + T;
     while got.len() < msgs * 16 {
-        assert!(Instant::now() < deadline, "only {} bytes arrived", got.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} bytes arrived",
+            got.len()
+        );
         let mut buf = [0u8; 4096];
         let n = g.recv_some(h, &mut buf);
         if n > 0 {
@@ -160,18 +167,27 @@ fn coalescing_off_wakes_every_time() {
     let d = TestDaemon::start(&["--no-coalesce", "--notify", "sleep"]);
     let mut g = TestGuest::attach(&d.path, "nocoal");
     let (h, mut peer) = connected_pair(&mut g);
+    let before = guest_num(&d.stat(), g.id, "wakes");
+    // Each message comes while the guest sleeps: each needs its own wake-up.
+    let writer = std::thread::spawn(move || {
+        for i in 0..20u8 {
+            std::thread::sleep(Duration::from_millis(5));
+            peer.write_all(&[i; 8]).unwrap();
+        }
+        peer
+    });
     for i in 0..20u8 {
-        peer.write_all(&[i; 8]).unwrap();
-        let mut woke = false;
         let deadline = Instant::now() + T;
         while g.rx_queued(h) < 8 {
             assert!(Instant::now() < deadline);
-            woke |= g.sleep_on_events(Some(h), 100, || g.rx_queued(h) >= 8);
+            g.sleep_on_events(Some(h), 100, || g.rx_queued(h) >= 8);
         }
-        assert!(woke);
         assert_eq!(g.recv_exact(h, 8), vec![i; 8]);
     }
+    drop(writer.join().unwrap());
     let st = d.stat();
+    let wakes = guest_num(&st, g.id, "wakes") - before;
+    assert!(wakes >= 15, "{wakes} wake-ups for 20 messages: {st}");
     assert_eq!(guest_num(&st, g.id, "deferred_wakes"), 0, "{st}");
     assert!(st.contains("\"t_worst_ns\":0"), "{st}");
 }
@@ -275,4 +291,115 @@ fn a_flooding_guest_cannot_starve_another() {
     );
     assert!(flooded > 1000, "the flood did not run: {flooded}");
     assert!(p99 < Duration::from_millis(10), "p99 {p99:?} (p50 {p50:?})");
+}
+
+#[test]
+fn two_workers_move_eight_connections() {
+    const GUESTS: usize = 4;
+    const CONNS: usize = 2; // per guest: 8 connections in all
+    const EACH: usize = 1 << 20;
+    let d = TestDaemon::start(&["--workers", "2"]);
+    let ids: Vec<u32> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..GUESTS)
+            .map(|gi| {
+                let path = d.path.clone();
+                sc.spawn(move || {
+                    let mut g = TestGuest::attach(&path, &format!("rss{gi}"));
+                    let pairs: Vec<_> = (0..CONNS).map(|_| connected_pair(&mut g)).collect();
+                    let mut natives = Vec::new();
+                    let mut socks = Vec::new();
+                    for (ci, (h, peer)) in pairs.into_iter().enumerate() {
+                        let seed = (gi * 10 + ci) as u64;
+                        natives.push(std::thread::spawn(move || {
+                            let mut rd = peer.try_clone().unwrap();
+                            let mut wr = peer;
+                            let w = std::thread::spawn(move || {
+                                wr.write_all(&pattern(500 + seed, EACH)).unwrap();
+                            });
+                            let mut got = vec![0u8; EACH];
+                            rd.read_exact(&mut got).unwrap();
+                            w.join().unwrap();
+                            let mut hsh = FNV0;
+                            fnv(&mut hsh, &got);
+                            hsh
+                        }));
+                        socks.push((h, seed));
+                    }
+                    // One thread interleaves both connections of this guest.
+                    let outs: Vec<Vec<u8>> =
+                        socks.iter().map(|&(_, s)| pattern(900 + s, EACH)).collect();
+                    let mut sent = [0usize; CONNS];
+                    let mut got: Vec<Vec<u8>> = vec![Vec::new(); CONNS];
+                    let mut buf = vec![0u8; 128 << 10];
+                    let t0 = Instant::now();
+                    while sent.iter().any(|&s| s < EACH) || got.iter().any(|v| v.len() < EACH) {
+                        assert!(t0.elapsed() < Duration::from_secs(30), "stalled");
+                        let mut progress = false;
+                        for (ci, &(h, _)) in socks.iter().enumerate() {
+                            if sent[ci] < EACH {
+                                let n = g.send_some(h, &outs[ci][sent[ci]..]);
+                                sent[ci] += n;
+                                progress |= n > 0;
+                            }
+                            let n = g.recv_some(h, &mut buf);
+                            got[ci].extend_from_slice(&buf[..n]);
+                            progress |= n > 0;
+                        }
+                        if !progress {
+                            g.kick();
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
+                    }
+                    for (ci, n) in natives.into_iter().enumerate() {
+                        let mut want = FNV0;
+                        fnv(&mut want, &outs[ci]);
+                        assert_eq!(n.join().unwrap(), want, "guest→native hash");
+                        let mut have = FNV0;
+                        fnv(&mut have, &got[ci]);
+                        let mut want = FNV0;
+                        fnv(&mut want, &pattern(500 + socks[ci].1, EACH));
+                        assert_eq!(have, want, "native→guest hash");
+                    }
+                    let id = g.id;
+                    // Stay attached until the listing was taken.
+                    (id, g)
+                })
+            })
+            .collect();
+        let done: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let st = d.stat();
+        let mut on = [0u32; 2];
+        for (id, _) in &done {
+            on[guest_num(&st, *id, "worker") as usize] += 1;
+        }
+        assert_eq!(on, [2, 2], "guests spread over both workers: {st}");
+        let w1 = st.find("{\"id\":1,\"notify\"").expect("worker 1 listed");
+        assert!(json_num(&st, w1, "rounds") > 0, "{st}");
+        done.into_iter().map(|(id, _)| id).collect()
+    });
+    assert_eq!(ids.len(), GUESTS);
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn idle_two_workers_use_no_cpu() {
+    let d = TestDaemon::start(&["--workers", "2"]);
+    let mut a = TestGuest::attach(&d.path, "idle-a");
+    let mut b = TestGuest::attach(&d.path, "idle-b");
+    let (_ha, _pa) = connected_pair(&mut a);
+    let (_hb, _pb) = connected_pair(&mut b);
+    std::thread::sleep(Duration::from_millis(100));
+    let before = cpu_ticks(d.child.id());
+    std::thread::sleep(Duration::from_millis(1500));
+    let used = cpu_ticks(d.child.id()) - before;
+    assert!(
+        used <= 2,
+        "idle canald (2 workers) used {used} ticks in 1.5 s"
+    );
 }

@@ -789,7 +789,11 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     let mut spins = 0u32;
     let mut backoff = 1_000i64;
     let budget = notify::spin_iters(g);
-    let t0 = if notify::adaptive(g) { sys::now_ns() } else { 0 };
+    let t0 = if notify::adaptive(g) {
+        sys::now_ns()
+    } else {
+        0
+    };
     loop {
         // S2: Acquire pairs with the host's Release store of DONE: result, out_len and
         // the payload are visible.
@@ -802,7 +806,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
         if spins < budget {
             spins += 1;
             canal_abi::sync::spin_hint();
-            if spins % notify::POLL_YIELD_EVERY == 0 && g.notify == notify::Mode::Poll {
+            if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
                 if is_dead(g) {
                     mark_dead();
                     return Err(libc::EIO);
@@ -870,7 +874,11 @@ pub fn wait_until(
 ) -> Wait {
     let mut spins = 0u32;
     let budget = notify::spin_iters(g);
-    let t0 = if notify::adaptive(g) { sys::now_ns() } else { 0 };
+    let t0 = if notify::adaptive(g) {
+        sys::now_ns()
+    } else {
+        0
+    };
     loop {
         if is_dead(g) {
             mark_dead();
@@ -895,7 +903,7 @@ pub fn wait_until(
         if spins < budget {
             spins += 1;
             canal_abi::sync::spin_hint();
-            if spins % notify::POLL_YIELD_EVERY == 0 && g.notify == notify::Mode::Poll {
+            if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
                 sys::sched_yield();
             }
             continue;

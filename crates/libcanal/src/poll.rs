@@ -124,7 +124,7 @@ pub fn poll(
         if round < budget {
             round += 1;
             canal_abi::sync::spin_hint();
-            if round % crate::notify::POLL_YIELD_EVERY == 0
+            if round.is_multiple_of(crate::notify::POLL_YIELD_EVERY)
                 && g.notify == crate::notify::Mode::Poll
             {
                 sys::sched_yield();
