@@ -605,6 +605,9 @@ impl Guest {
             }
             return;
         }
+        if self.wake.mark.get(slot as usize) == Some(&true) {
+            return; // already deferred: this round's flush wakes it (once)
+        }
         if let Some(Some(fd)) = self.ports.get(slot as usize) {
             let _ = sys::eventfd_write(fd.as_raw_fd());
             self.wakes += 1;

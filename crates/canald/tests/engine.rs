@@ -154,6 +154,7 @@ fn coalescing_limits_wakes_per_window() {
         assert!(c.iter().all(|&b| b == i as u8), "message {i} damaged");
     }
     let windows = elapsed.as_micros() as u64 / 4000 + 1;
+    eprintln!("coalescing: {wakes} wakes, {deferred} deferred, {windows} windows in {elapsed:?}");
     assert!(
         wakes <= windows + 1,
         "{wakes} wakes in {windows} windows of 4 ms ({elapsed:?})"
