@@ -128,6 +128,9 @@ impl Config {
 struct Conn {
     fd: OwnedFd,
     pid: u32,
+    /// A peer of another uid: its first message is answered with EACCES, then it is
+    /// closed (closing at once would reset the peer before it reads the answer).
+    refused: bool,
     /// The worker serving this connection's guest (after HELLO).
     worker: Option<usize>,
     /// Reply messages (STAT chunks) waiting for the peer to read: the poller never
@@ -135,6 +138,10 @@ struct Conn {
     out: std::collections::VecDeque<Vec<u8>>,
     out_bytes: usize,
 }
+
+/// Refused peers (another uid) waiting to send their first message; beyond this they
+/// are answered and closed at once.
+const MAX_REFUSED: usize = 16;
 
 /// Largest backlog of unread replies per connection before it is dropped.
 const OUT_MAX: usize = 16 << 20;
@@ -399,7 +406,8 @@ impl Daemon {
                 Ok(c) => c,
                 Err(_) => continue,
             };
-            if uid != me && uid != 0 {
+            let refused = uid != me && uid != 0;
+            if refused && self.conns.values().filter(|c| c.refused).count() >= MAX_REFUSED {
                 let _ = send_error(&fd, errno::EACCES, "peer uid not allowed");
                 continue;
             }
@@ -421,6 +429,7 @@ impl Daemon {
                     fd,
                     pid,
                     worker: None,
+                    refused,
                     out: Default::default(),
                     out_bytes: 0,
                 },
@@ -437,6 +446,11 @@ impl Daemon {
             match sys::recv_with_fds(&conn.fd, &mut buf) {
                 Ok(None) => return,
                 Ok(Some(r)) if r.len == 0 && r.fds.is_empty() => {
+                    self.close_conn(key);
+                    return;
+                }
+                Ok(Some(_)) if conn.refused => {
+                    let _ = send_error(&conn.fd, errno::EACCES, "peer uid not allowed");
                     self.close_conn(key);
                     return;
                 }

@@ -184,7 +184,7 @@ impl Poller {
         extra_deadline: Option<Instant>,
     ) -> io::Result<()> {
         let w = self.w.clone();
-        let sleeping = self.idle_rounds >= self.budget_rounds();
+        let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
         let timeout = if sleeping {
             prepare_sleep(&w.lock(), extra_deadline)
         } else {

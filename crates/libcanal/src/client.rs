@@ -812,6 +812,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
                     return Err(libc::EIO);
                 }
                 sys::sched_yield();
+                spins = 0; // poll mode: the budget never runs out
             }
             continue;
         }
@@ -905,6 +906,7 @@ pub fn wait_until(
             canal_abi::sync::spin_hint();
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
                 sys::sched_yield();
+                spins = 0; // poll mode: the budget never runs out
             }
             continue;
         }

@@ -128,6 +128,7 @@ pub fn poll(
                 && g.notify == crate::notify::Mode::Poll
             {
                 sys::sched_yield();
+                round = 0; // poll mode: the budget never runs out
             }
             continue;
         }
