@@ -297,11 +297,7 @@ impl Daemon {
         // prices a sleep in the adaptive spin budget.
         let round = crate::worker::round_cost_ns(self.ep());
         let c_p = engine::measure_wake_ns(true) + round;
-        let c_v = if self.cfg.coalesce == CoalesceCfg::Off {
-            0
-        } else {
-            engine::measure_wake_ns(false)
-        };
+        let c_v = engine::measure_wake_ns(false);
         let n = self.cfg.workers.max(1);
         for id in 1..n {
             let w = Arc::new(Worker::new(id as u32)?);

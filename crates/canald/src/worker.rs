@@ -41,6 +41,16 @@ const SPLIT_EVERY: Duration = Duration::from_millis(50);
 /// A guest counts as active (n in the split) this long after it last did work.
 const ACTIVE_FOR: Duration = Duration::from_secs(1);
 
+/// The price of one sleep in the adaptive budget's rule: the poller's own wake-up
+/// (C_p) plus the guest's wake-up it usually entails (C_v), measured on an idle
+/// machine, and never below SLEEP_COST_MIN — on a loaded 2-vCPU machine waking a
+/// blocked thread on the other vCPU costs ~30-35 µs (benchmarks.md), several times the
+/// idle figures.
+pub fn sleep_cost_ns(c_p: u64, c_v: u64) -> u64 {
+    (c_p + c_v).max(SLEEP_COST_MIN.as_nanos() as u64)
+}
+pub const SLEEP_COST_MIN: Duration = Duration::from_micros(30);
+
 /// Nanoseconds of one empty poller round: dominated by one epoll_wait(0), so time a
 /// few of those (the guests' scans add a little on top).
 pub fn round_cost_ns(ep: &Epoll) -> u64 {
@@ -132,7 +142,7 @@ impl Poller {
             SPIN_TARGET.as_nanos() as u64,
             SPIN_MIN.as_nanos() as u64,
             SPIN_MAX.as_nanos() as u64,
-            c_p.max(1_000),
+            sleep_cost_ns(c_p, c_v),
         );
         let split = Split::compute(cfg.coalesce, c_p, c_v, 1);
         let p = Poller {
