@@ -1,21 +1,24 @@
 //! The daemon: control socket, guest registry and the poller loop.
 //!
-//! One poller thread serves everything: epoll over the control listener, control
-//! connections, guests' doorbells and host sockets. Each round it serves every guest
-//! (round-robin start, bounded requests per guest), then, after `spin` rounds without
-//! work, sleeps per protocol §6.
+//! The daemon's thread runs worker 0 (`worker`): epoll over the control listener,
+//! control connections, and its guests' doorbells and host sockets; `--workers N`
+//! adds pollers in their own threads, each owning a disjoint set of guests. Each round
+//! a poller serves its guests (channel scheduler: requests, then receive, then
+//! transmit work), then, after its adaptive spin budget, sleeps per protocol §6.
 #![forbid(unsafe_code)]
 
+use crate::engine::{self, CoalesceCfg, NotifyMode};
 use crate::guest::{token, Guest, GuestConfig};
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
+use crate::worker::{Poller, Worker};
 use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX, HELLO_BODY, HELLO_OK_BODY};
-use canal_abi::sync::{fence, Ordering};
 use canal_abi::{errno, Layout};
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -35,7 +38,35 @@ pub struct Config {
     /// Policy: guests may only bind/connect/send to loopback addresses.
     pub loopback_only: bool,
     pub verbose: bool,
+    /// How the poller waits (`--notify`).
+    pub notify: NotifyMode,
+    /// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
+    pub coalesce: CoalesceCfg,
+    /// `--no-batch`: each host call moves at most one guest send's worth.
+    pub no_batch: bool,
+    /// Per-guest per-round byte quanta (receive, transmit).
+    pub rx_quantum: u64,
+    pub tx_quantum: u64,
+    /// Pollers (`--workers`), and the CPUs to pin them to (`--pin`; empty: none).
+    pub workers: usize,
+    pub pin: Vec<usize>,
 }
+
+/// Default pollers: one on small machines (≤ 2 cores: guests need the other core),
+/// else one per four cores, at most four.
+pub fn default_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores <= 2 {
+        1
+    } else {
+        (cores / 4).clamp(1, 4)
+    }
+}
+
+/// What `--no-batch` allows per host call on a stream: one typical guest send.
+pub const NO_BATCH_CHUNK: u64 = 4096;
+/// The default worst-case added wake-up delay of the two-layer coalescing.
+pub const DEFAULT_T_WORST: Duration = Duration::from_micros(50);
 
 impl Config {
     pub fn new(socket: PathBuf) -> Config {
@@ -47,9 +78,18 @@ impl Config {
             data_mib: 256,
             ring_kib: 256,
             spin: None,
-            budget: 64,
+            budget: 16,
             loopback_only: false,
             verbose: false,
+            notify: NotifyMode::Hybrid,
+            coalesce: CoalesceCfg::Adaptive {
+                t_worst: DEFAULT_T_WORST,
+            },
+            no_batch: false,
+            rx_quantum: 256 << 10,
+            tx_quantum: 1 << 20,
+            workers: default_workers(),
+            pin: Vec::new(),
         }
     }
 
@@ -71,42 +111,37 @@ impl Config {
             return Err("--ring-kib too large for --data-mib".into());
         }
         Ok(GuestConfig {
-            layout,
-            ring_size: ring,
             budget: self.budget.max(1),
             loopback_only: self.loopback_only,
+            chunk: if self.no_batch {
+                NO_BATCH_CHUNK
+            } else {
+                u64::MAX
+            },
+            rx_quantum: self.rx_quantum.max(4096),
+            tx_quantum: self.tx_quantum.max(4096),
+            ..GuestConfig::with_layout(layout, ring)
         })
     }
-}
-
-/// How long an idle poller keeps polling before it sleeps. Long enough to catch the
-/// next request of a guest in a request/response loop without a doorbell, short
-/// enough that an idle canald costs nothing measurable.
-pub const SPIN_TARGET: Duration = Duration::from_micros(30);
-
-/// Counts empty rounds worth SPIN_TARGET: an empty round is dominated by one
-/// epoll_wait(0), so time a few of those (the guests' scans add a little on top).
-fn calibrate_spin(ep: &Epoll) -> u32 {
-    let mut ev = sys::empty_events(8);
-    let n = 200u32;
-    let t0 = Instant::now();
-    for _ in 0..n {
-        let _ = ep.wait(&mut ev, 0);
-    }
-    let per = (t0.elapsed() / n).max(Duration::from_nanos(50));
-    (SPIN_TARGET.as_nanos() / per.as_nanos()).clamp(8, 4096) as u32
 }
 
 struct Conn {
     fd: OwnedFd,
     pid: u32,
-    /// The doorbell eventfd of this connection's guest.
-    doorbell: Option<OwnedFd>,
+    /// A peer of another uid: its first message is answered with EACCES, then it is
+    /// closed (closing at once would reset the peer before it reads the answer).
+    refused: bool,
+    /// The worker serving this connection's guest (after HELLO).
+    worker: Option<usize>,
     /// Reply messages (STAT chunks) waiting for the peer to read: the poller never
     /// blocks on a slow reader, it waits for EPOLLOUT.
     out: std::collections::VecDeque<Vec<u8>>,
     out_bytes: usize,
 }
+
+/// Refused peers (another uid) waiting to send their first message; beyond this they
+/// are answered and closed at once.
+const MAX_REFUSED: usize = 16;
 
 /// Largest backlog of unread replies per connection before it is dropped.
 const OUT_MAX: usize = 16 << 20;
@@ -114,17 +149,16 @@ const OUT_MAX: usize = 16 << 20;
 pub struct Daemon {
     cfg: Config,
     gcfg: GuestConfig,
-    ep: Epoll,
+    /// Worker 0 (this thread; its epoll also holds the control descriptors), then the
+    /// others.
+    workers: Vec<Arc<Worker>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
     listener: OwnedFd,
     signals: Option<OwnedFd>,
     _lock: std::fs::File,
     conns: BTreeMap<u32, Conn>,
-    /// Guests by connection key (departed ones stay until their sockets are closed).
-    guests: BTreeMap<u32, Guest>,
     next_conn: u32,
     next_guest: u32,
-    rr: usize,
-    keys: Vec<u32>,
     idle_since: Instant,
     stop: bool,
 }
@@ -199,27 +233,26 @@ impl Daemon {
         }
         let listener = sys::seqpacket_listen(&path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-        let ep = Epoll::new().map_err(|e| e.to_string())?;
-        ep.add(
-            listener.as_raw_fd(),
-            sys::EP_IN,
-            token::make(token::LISTENER, 0, 0, 0),
-        )
-        .map_err(|e| e.to_string())?;
+        let w0 = Worker::new(0).map_err(|e| e.to_string())?;
+        w0.ep
+            .add(
+                listener.as_raw_fd(),
+                sys::EP_IN,
+                token::make(token::LISTENER, 0, 0, 0),
+            )
+            .map_err(|e| e.to_string())?;
         sys::ignore_sigpipe();
         Ok(Bound::Serving(Box::new(Daemon {
             cfg,
             gcfg,
-            ep,
+            workers: vec![Arc::new(w0)],
+            threads: Vec::new(),
             listener,
             signals: None,
             _lock: lock,
             conns: BTreeMap::new(),
-            guests: BTreeMap::new(),
             next_conn: 1,
             next_guest: 1,
-            rr: 0,
-            keys: Vec::new(),
             idle_since: Instant::now(),
             stop: false,
         })))
@@ -228,7 +261,7 @@ impl Daemon {
     /// SIGINT/SIGTERM end the loop cleanly (regions marked abandoned, socket removed).
     pub fn handle_signals(&mut self) -> io::Result<()> {
         let fd = sys::term_signalfd()?;
-        self.ep.add(
+        self.ep().add(
             fd.as_raw_fd(),
             sys::EP_IN,
             token::make(token::SIGNAL, 0, 0, 0),
@@ -241,127 +274,77 @@ impl Daemon {
         &self.cfg.socket
     }
 
+    /// Worker 0's epoll: control descriptors live there.
+    fn ep(&self) -> &Epoll {
+        &self.workers[0].ep
+    }
+
+    fn no_guests(&self) -> bool {
+        self.workers.iter().all(|w| w.lock().guests.is_empty())
+    }
+
     /// Runs until a signal or the idle timeout.
     pub fn run(&mut self) -> io::Result<()> {
-        let mut events = sys::empty_events(256);
-        let mut idle_rounds = 0u32;
-        let spin = self.cfg.spin.unwrap_or_else(|| calibrate_spin(&self.ep));
+        let mode = self.cfg.notify;
+        if mode == NotifyMode::Poll {
+            eprintln!(
+                "canald: warning: --notify poll never sleeps and burns a core per worker \
+                 (measurement only)"
+            );
+        }
+        // C_p: a poller's wake-up from epoll plus one round; C_v: a guest thread's
+        // wake-up from poll() on its slot eventfd (both measured here, now). C_p also
+        // prices a sleep in the adaptive spin budget.
+        let round = crate::worker::round_cost_ns(self.ep());
+        let c_p = engine::measure_wake_ns(true) + round;
+        let c_v = engine::measure_wake_ns(false);
+        let n = self.cfg.workers.max(1);
+        for id in 1..n {
+            let w = Arc::new(Worker::new(id as u32)?);
+            self.workers.push(w.clone());
+            let p = Poller::new(w, &self.cfg, c_p, c_v);
+            let cpu = (!self.cfg.pin.is_empty()).then(|| self.cfg.pin[id % self.cfg.pin.len()]);
+            self.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("canald-w{id}"))
+                    .spawn(move || crate::worker::run_worker(p, cpu))?,
+            );
+        }
+        if let Some(&cpu) = self.cfg.pin.first() {
+            if let Err(e) = crate::worker::pin(cpu) {
+                eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
+            }
+        }
+        let mut p = Poller::new(self.workers[0].clone(), &self.cfg, c_p, c_v);
         log(
             &self.cfg,
-            format_args!("serving {} (spin {spin} rounds)", self.cfg.socket.display()),
+            format_args!(
+                "serving {} (notify {}, {n} worker(s), C_p {c_p} ns, C_v {c_v} ns)",
+                self.cfg.socket.display(),
+                mode.name()
+            ),
         );
+        let mut other = Vec::new();
         while !self.stop {
-            let sleeping = idle_rounds >= spin;
-            let timeout = if sleeping { self.prepare_sleep() } else { 0 };
-            let n = self.ep.wait(&mut events, timeout)?;
-            if sleeping {
-                for g in self.guests.values() {
-                    g.set_host_sleeping(0);
-                }
-                idle_rounds = 0;
-            }
-            let mut work = n > 0;
-            for ev in &events[..n] {
-                let (tok, bits) = (ev.u64, ev.events);
+            let idle_deadline = match self.cfg.idle_exit {
+                Some(limit) if self.no_guests() => Some(self.idle_since + limit),
+                _ => None,
+            };
+            p.round(&mut other, idle_deadline)?;
+            for (tok, bits) in other.drain(..) {
                 self.dispatch(tok, bits);
             }
-            work |= self.serve_guests();
-            self.reap();
-            if self.guests.is_empty() {
-                if let Some(limit) = self.cfg.idle_exit {
-                    if self.idle_since.elapsed() >= limit {
-                        log(&self.cfg, format_args!("no guests for {limit:?}, exiting"));
-                        break;
-                    }
+            if let Some(limit) = self.cfg.idle_exit {
+                if !self.no_guests() {
+                    self.idle_since = Instant::now();
+                } else if self.idle_since.elapsed() >= limit {
+                    log(&self.cfg, format_args!("no guests for {limit:?}, exiting"));
+                    break;
                 }
-            } else {
-                self.idle_since = Instant::now();
             }
-            idle_rounds = if work {
-                0
-            } else {
-                idle_rounds.saturating_add(1)
-            };
         }
         self.shutdown();
         Ok(())
-    }
-
-    /// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
-    /// the epoll timeout: 0 if work showed up, else until the next deadline (or -1).
-    fn prepare_sleep(&mut self) -> i32 {
-        for g in self.guests.values() {
-            if g.gone.is_none() {
-                g.set_host_sleeping(1);
-            }
-        }
-        fence(Ordering::SeqCst);
-        if self
-            .guests
-            .values()
-            .any(|g| g.gone.is_none() && g.has_pending())
-        {
-            for g in self.guests.values() {
-                g.set_host_sleeping(0);
-            }
-            return 0;
-        }
-        let now = Instant::now();
-        let mut until: Option<Instant> =
-            self.guests.values().filter_map(|g| g.next_deadline()).min();
-        if self.guests.is_empty() {
-            if let Some(limit) = self.cfg.idle_exit {
-                let t = self.idle_since + limit;
-                until = Some(until.map_or(t, |u| u.min(t)));
-            }
-        }
-        match until {
-            None => -1,
-            Some(t) => {
-                let ms = t.saturating_duration_since(now).as_millis() + 1;
-                ms.min(60_000) as i32
-            }
-        }
-    }
-
-    fn serve_guests(&mut self) -> bool {
-        if self.guests.is_empty() {
-            return false;
-        }
-        self.keys.clear();
-        self.keys.extend(self.guests.keys().copied());
-        let n = self.keys.len();
-        self.rr = self.rr.wrapping_add(1);
-        let now = Instant::now();
-        let mut work = false;
-        for i in 0..n {
-            let key = self.keys[(self.rr + i) % n];
-            if let Some(g) = self.guests.get_mut(&key) {
-                work |= g.service_round(&self.ep, now).did_work();
-            }
-        }
-        work
-    }
-
-    /// Drops departed guests whose sockets are all closed (or whose drain time ran out).
-    fn reap(&mut self) {
-        let now = Instant::now();
-        let mut done = Vec::new();
-        for (k, g) in self.guests.iter_mut() {
-            if let Some(deadline) = g.gone {
-                if deadline <= now {
-                    g.close_all(&self.ep);
-                }
-                if g.finished() {
-                    done.push(*k);
-                }
-            }
-        }
-        for k in done {
-            if let Some(g) = self.guests.remove(&k) {
-                log(&self.cfg, format_args!("guest {} freed", g.id));
-            }
-        }
     }
 
     fn dispatch(&mut self, tok: u64, bits: u32) {
@@ -375,16 +358,6 @@ impl Daemon {
                 }
                 if bits & !sys::EP_OUT != 0 {
                     self.read_control(key);
-                }
-            }
-            token::DOORBELL => {
-                if let Some(Some(d)) = self.conns.get(&token::conn(tok)).map(|c| &c.doorbell) {
-                    let _ = sys::eventfd_read(d);
-                }
-            }
-            token::SOCKET => {
-                if let Some(g) = self.guests.get_mut(&token::conn(tok)) {
-                    g.socket_event(tok, bits);
                 }
             }
             token::SIGNAL => {
@@ -403,7 +376,12 @@ impl Daemon {
         loop {
             let k = self.next_conn;
             self.next_conn = if k >= 0xff_ffff { 1 } else { k + 1 };
-            if !self.conns.contains_key(&k) && !self.guests.contains_key(&k) {
+            if !self.conns.contains_key(&k)
+                && !self
+                    .workers
+                    .iter()
+                    .any(|w| w.lock().guests.contains_key(&k))
+            {
                 return k;
             }
         }
@@ -424,13 +402,14 @@ impl Daemon {
                 Ok(c) => c,
                 Err(_) => continue,
             };
-            if uid != me && uid != 0 {
+            let refused = uid != me && uid != 0;
+            if refused && self.conns.values().filter(|c| c.refused).count() >= MAX_REFUSED {
                 let _ = send_error(&fd, errno::EACCES, "peer uid not allowed");
                 continue;
             }
             let key = self.alloc_conn_key();
             if self
-                .ep
+                .ep()
                 .add(
                     fd.as_raw_fd(),
                     sys::EP_IN,
@@ -445,7 +424,8 @@ impl Daemon {
                 Conn {
                     fd,
                     pid,
-                    doorbell: None,
+                    worker: None,
+                    refused,
                     out: Default::default(),
                     out_bytes: 0,
                 },
@@ -462,6 +442,11 @@ impl Daemon {
             match sys::recv_with_fds(&conn.fd, &mut buf) {
                 Ok(None) => return,
                 Ok(Some(r)) if r.len == 0 && r.fds.is_empty() => {
+                    self.close_conn(key);
+                    return;
+                }
+                Ok(Some(_)) if conn.refused => {
+                    let _ = send_error(&conn.fd, errno::EACCES, "peer uid not allowed");
                     self.close_conn(key);
                     return;
                 }
@@ -486,19 +471,26 @@ impl Daemon {
 
     /// A control connection ended: if it belonged to a guest, the guest is gone.
     fn close_conn(&mut self, key: u32) {
-        if let Some(c) = self.conns.remove(&key) {
-            self.ep.delete(c.fd.as_raw_fd());
-            if let Some(d) = &c.doorbell {
-                self.ep.delete(d.as_raw_fd());
-            }
+        let Some(c) = self.conns.remove(&key) else {
+            return;
+        };
+        self.ep().delete(c.fd.as_raw_fd());
+        let Some(w) = c.worker.and_then(|i| self.workers.get(i)) else {
+            return;
+        };
+        let mut sh = w.lock();
+        if let Some(d) = sh.doorbells.remove(&key) {
+            w.ep.delete(d.as_raw_fd());
         }
-        if let Some(g) = self.guests.get_mut(&key) {
+        if let Some(g) = sh.guests.get_mut(&key) {
             log(
                 &self.cfg,
                 format_args!("guest {} (pid {}) gone", g.id, g.pid),
             );
-            g.depart(&self.ep, Instant::now());
+            g.depart(&w.ep, Instant::now());
         }
+        drop(sh);
+        w.poke();
     }
 
     /// Handles one message; false closes the connection.
@@ -514,7 +506,7 @@ impl Daemon {
                 if body.len() < HELLO_BODY {
                     return send_error(&conn.fd, errno::EINVAL, "short HELLO").is_ok();
                 }
-                if self.guests.contains_key(&key) {
+                if conn.worker.is_some() {
                     return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
                 }
                 let pid = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
@@ -534,8 +526,12 @@ impl Daemon {
                     Ok(d) => d,
                     Err(e) => return send_error(&conn.fd, sys::errno_of(&e), "eventfd").is_ok(),
                 };
-                if self
-                    .ep
+                // The worker with the fewest guests takes it.
+                let wi = (0..self.workers.len())
+                    .min_by_key(|&i| self.workers[i].lock().guests.len())
+                    .unwrap_or(0);
+                let w = self.workers[wi].clone();
+                if w.ep
                     .add(
                         doorbell.as_raw_fd(),
                         sys::EP_IN,
@@ -556,17 +552,28 @@ impl Daemon {
                 );
                 log(
                     &self.cfg,
-                    format_args!("guest {id} attached: pid {pid} comm {}", g.comm),
+                    format_args!(
+                        "guest {id} attached: pid {pid} comm {} (worker {wi})",
+                        g.comm
+                    ),
                 );
                 self.next_guest = self.next_guest.wrapping_add(1).max(1);
                 if let Some(c) = self.conns.get_mut(&key) {
-                    c.doorbell = Some(doorbell);
+                    c.worker = Some(wi);
                 }
-                self.guests.insert(key, g);
+                let mut sh = w.lock();
+                sh.doorbells.insert(key, doorbell);
+                sh.guests.insert(key, g);
+                drop(sh);
+                w.poke();
                 sent.is_ok()
             }
             kind::PORT => {
-                let Some(g) = self.guests.get_mut(&key) else {
+                let Some(w) = conn.worker.and_then(|i| self.workers.get(i)) else {
+                    return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
+                };
+                let mut sh = w.lock();
+                let Some(g) = sh.guests.get_mut(&key) else {
                     return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
                 };
                 if body.len() < 4 {
@@ -637,7 +644,8 @@ impl Daemon {
         } else {
             sys::EP_IN | sys::EP_OUT
         };
-        self.ep
+        self.workers[0]
+            .ep
             .modify(
                 conn.fd.as_raw_fd(),
                 ev,
@@ -647,18 +655,47 @@ impl Daemon {
     }
 
     pub fn snapshot(&self) -> Snapshot {
+        let mut guests = Vec::new();
+        let mut workers = Vec::new();
+        for w in &self.workers {
+            let sh = w.lock();
+            for g in sh.guests.values() {
+                let mut gs = stat::guest_stat(g);
+                gs.worker = w.id;
+                guests.push(gs);
+            }
+            drop(sh);
+            workers.push(stat::WorkerStat::from_stats(
+                w.id,
+                self.cfg.notify.name(),
+                &w.stats,
+            ));
+        }
+        guests.sort_by_key(|g| g.id);
         Snapshot {
             pid: std::process::id(),
             socket: self.cfg.socket.display().to_string(),
-            guests: self.guests.values().map(stat::guest_stat).collect(),
+            guests,
+            workers,
         }
     }
 
     fn shutdown(&mut self) {
-        for g in self.guests.values_mut() {
-            g.close_all(&self.ep);
+        for w in &self.workers {
+            w.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            w.poke();
         }
-        self.guests.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for w in &self.workers {
+            let mut sh = w.lock();
+            for g in sh.guests.values_mut() {
+                g.close_all(&w.ep);
+            }
+            sh.guests.clear();
+            sh.doorbells.clear();
+        }
         self.conns.clear();
         // We hold the lock: the socket file is ours.
         let _ = std::fs::remove_file(&self.cfg.socket);

@@ -24,10 +24,12 @@ const RING: u64 = 64 * 1024;
 
 fn config() -> GuestConfig {
     GuestConfig {
-        layout: Layout::new(SLOTS, SOCKETS, 8 * RING).expect("valid fuzz layout"),
-        ring_size: RING,
         budget: 8,
         loopback_only: true,
+        ..GuestConfig::with_layout(
+            Layout::new(SLOTS, SOCKETS, 8 * RING).expect("valid fuzz layout"),
+            RING,
+        )
     }
 }
 

@@ -37,6 +37,27 @@ pub struct GuestConfig {
     pub budget: usize,
     /// Only loopback destinations are allowed (fuzzing, tests).
     pub loopback_only: bool,
+    /// Largest byte count of one host send/receive call on a stream (`--no-batch`
+    /// sets one guest send's worth; else unlimited: one writev/readv per batch).
+    pub chunk: u64,
+    /// Receive and transmit bytes a guest may move per round (deficit round robin).
+    pub rx_quantum: u64,
+    pub tx_quantum: u64,
+}
+
+impl GuestConfig {
+    /// Defaults for everything but the layout.
+    pub fn with_layout(layout: Layout, ring_size: u64) -> GuestConfig {
+        GuestConfig {
+            layout,
+            ring_size,
+            budget: 16,
+            loopback_only: false,
+            chunk: u64::MAX,
+            rx_quantum: 256 << 10,
+            tx_quantum: 1 << 20,
+        }
+    }
 }
 
 // ---- epoll tokens -----------------------------------------------------------------
@@ -48,6 +69,8 @@ pub mod token {
     pub const DOORBELL: u64 = 2;
     pub const SOCKET: u64 = 3;
     pub const SIGNAL: u64 = 4;
+    /// A worker's own eventfd (new guest, shutdown).
+    pub const POKE: u64 = 5;
 
     pub fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
         (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64
@@ -199,6 +222,53 @@ impl RoundStats {
     }
 }
 
+/// Host → guest wake-up coalescing state of one guest.
+struct WakeState {
+    /// The current round's time.
+    now: Instant,
+    /// When the last wake-up round began.
+    last: Option<Instant>,
+    /// Slots whose wake-up waits for the window's end (each once: `mark`).
+    deferred: Vec<u32>,
+    mark: Vec<bool>,
+}
+
+impl WakeState {
+    fn new(slots: usize) -> WakeState {
+        WakeState {
+            now: Instant::now(),
+            last: None,
+            deferred: Vec::new(),
+            mark: vec![false; slots],
+        }
+    }
+    fn begin_round(&mut self, now: Instant) {
+        self.now = now;
+    }
+    /// A wake-up may go out now: no window, or this round already woke (one round
+    /// counts once), or the window since the last wake-up round is over.
+    fn may_wake(&self, window: Duration) -> bool {
+        window.is_zero()
+            || self
+                .last
+                .is_none_or(|l| l == self.now || self.now.saturating_duration_since(l) >= window)
+    }
+    fn woke_now(&mut self) {
+        self.last = Some(self.now);
+    }
+    /// Remembers a deferred slot; true if it was not already deferred.
+    fn defer(&mut self, slot: u32) -> bool {
+        match self.mark.get_mut(slot as usize) {
+            Some(m) if !*m => {
+                *m = true;
+                self.deferred.push(slot);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 pub struct Guest {
     pub id: u32,
     pub pid: u32,
@@ -220,6 +290,19 @@ pub struct Guest {
     scratch: Vec<u8>,
     /// Some(deadline): the guest's control connection closed.
     pub gone: Option<Instant>,
+    /// Eventfd wake-ups written to this guest's slots, and those deferred.
+    pub wakes: u64,
+    pub deferred_wakes: u64,
+    /// Guest-side coalescing window T_v (0: off), set by the poller each round.
+    pub wake_window: Duration,
+    /// When this guest last did work (the poller counts active guests).
+    pub last_active: Option<Instant>,
+    wake: WakeState,
+    /// Deficit round robin: bytes this guest may still receive / transmit.
+    rx_deficit: i64,
+    tx_deficit: i64,
+    /// Set when a socket stopped for lack of budget (it stays dirty).
+    out_of_budget: bool,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     earliest_close: Option<Instant>,
     // The mapping must outlive every use of `region`; it is dropped last.
@@ -254,6 +337,14 @@ impl Guest {
             changed_mark: vec![0; n.div_ceil(64)],
             scratch: vec![0; DGRAM_MAX],
             gone: None,
+            wakes: 0,
+            deferred_wakes: 0,
+            wake_window: Duration::ZERO,
+            last_active: None,
+            wake: WakeState::new(cfg.layout.slot_count as usize),
+            rx_deficit: 0,
+            tx_deficit: 0,
+            out_of_budget: false,
             earliest_close: None,
             cfg,
             map,
@@ -394,6 +485,7 @@ impl Guest {
         self.queue.has_next(r.queue_cells())
             || r.attention().iter().any(|w| w.load(Ordering::Relaxed) != 0)
             || !self.dirty.is_empty()
+            || !self.wake.deferred.is_empty()
     }
 
     pub fn set_host_sleeping(&self, v: u32) {
@@ -406,14 +498,52 @@ impl Guest {
     /// One service round: requests (bounded), attention bits, dirty sockets, then the
     /// wake-ups of sleepers whose sockets changed.
     pub fn service_round(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
+        let mut st = self.service_requests(ep, now);
+        let d = self.service_data(ep, now);
+        st.sockets += d.sockets;
+        st.bytes += d.bytes;
+        st
+    }
+
+    /// The command class of a round: up to `budget` requests (a short slice).
+    pub fn service_requests(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
         let mut st = RoundStats::default();
+        self.wake.begin_round(now);
         if self.gone.is_none() {
             self.serve_requests(ep, &mut st);
+        }
+        if st.did_work() {
+            self.last_active = Some(now);
+        }
+        st
+    }
+
+    /// The data classes of a round: attention bits, then each dirty socket's receive
+    /// work, then its transmit work, within this guest's byte deficits; then the
+    /// wake-ups of sleepers whose sockets changed (coalesced per `wake_window`).
+    pub fn service_data(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
+        let mut st = RoundStats::default();
+        self.wake.begin_round(now);
+        if self.gone.is_none() {
             self.serve_attention();
+        }
+        // DRR: a backlogged guest earns one quantum per round (at most two banked); an
+        // idle one starts from one quantum.
+        let (rq, tq) = (self.cfg.rx_quantum as i64, self.cfg.tx_quantum as i64);
+        if self.dirty.is_empty() {
+            self.rx_deficit = rq;
+            self.tx_deficit = tq;
+        } else {
+            self.rx_deficit = (self.rx_deficit.max(0) + rq).min(2 * rq);
+            self.tx_deficit = (self.tx_deficit.max(0) + tq).min(2 * tq);
         }
         self.service_dirty(ep, now, &mut st);
         self.expire_closing(ep, now);
         self.wake_event_sleepers();
+        self.flush_deferred_wakes(now);
+        if st.did_work() {
+            self.last_active = Some(now);
+        }
         st
     }
 
@@ -463,10 +593,56 @@ impl Guest {
         }
     }
 
-    fn wake_slot(&self, slot: u32) {
+    /// Wakes a sleeping slot, at most one wake-up round per `wake_window` per guest
+    /// (later ones are deferred to the window's end, see `flush_deferred_wakes`).
+    fn wake_slot(&mut self, slot: u32) {
+        if self.ports.get(slot as usize).is_none_or(|p| p.is_none()) {
+            return;
+        }
+        if !self.wake.may_wake(self.wake_window) {
+            if self.wake.defer(slot) {
+                self.deferred_wakes += 1;
+            }
+            return;
+        }
+        if self.wake.mark.get(slot as usize) == Some(&true) {
+            return; // already deferred: this round's flush wakes it (once)
+        }
         if let Some(Some(fd)) = self.ports.get(slot as usize) {
             let _ = sys::eventfd_write(fd.as_raw_fd());
+            self.wakes += 1;
+            self.wake.woke_now();
         }
+    }
+
+    /// Once the window is over, wakes the deferred slots that still sleep (§6: a slot
+    /// that went to sleep after our change re-checked and saw it; one still asleep
+    /// needs the wake-up; a spurious one costs it a look).
+    fn flush_deferred_wakes(&mut self, _now: Instant) {
+        if self.wake.deferred.is_empty() || !self.wake.may_wake(self.wake_window) {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        let list = std::mem::take(&mut self.wake.deferred);
+        for &i in &list {
+            if let Some(m) = self.wake.mark.get_mut(i as usize) {
+                *m = false;
+            }
+            let asleep = self
+                .region
+                .slot(i)
+                .is_some_and(|s| s.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE);
+            if asleep {
+                if let Some(Some(fd)) = self.ports.get(i as usize) {
+                    let _ = sys::eventfd_write(fd.as_raw_fd());
+                    self.wakes += 1;
+                }
+            }
+        }
+        let mut list = list;
+        list.clear();
+        self.wake.deferred = list;
+        self.wake.woke_now();
     }
 
     fn serve_attention(&mut self) {
@@ -489,6 +665,7 @@ impl Guest {
         if self.changed.is_empty() {
             return;
         }
+        self.last_active = Some(self.wake.now);
         let h = self.region.header();
         h.event_seq.fetch_add(1, Ordering::Release);
         // §6: we stored indices/flags/event_seq, fence, then read the sleep words; the
@@ -936,11 +1113,17 @@ impl Guest {
 
     pub fn service_dirty(&mut self, ep: &Epoll, now: Instant, st: &mut RoundStats) {
         let list = std::mem::take(&mut self.dirty);
-        for &index in &list {
+        for (k, &index) in list.iter().enumerate() {
+            if self.gone.is_none() && (self.rx_deficit <= 0 || self.tx_deficit <= 0) {
+                // Out of budget: the rest stays dirty for the next round, in order.
+                self.dirty.extend_from_slice(&list[k..]);
+                break;
+            }
             let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
                 continue;
             };
             s.dirty = false;
+            self.out_of_budget = false;
             st.sockets += 1;
             let r = match s.kind {
                 Kind::Stream => self.service_stream(index, st),
@@ -949,6 +1132,8 @@ impl Guest {
             };
             if r.is_err() {
                 self.break_socket(ep, index);
+            } else if self.out_of_budget {
+                self.mark_dirty(index);
             }
             self.finish_if_closed(ep, index, now);
         }
@@ -1094,8 +1279,9 @@ impl Guest {
         if s.phase != Phase::Connected {
             return Ok(());
         }
-        self.flush_stream_tx(index, st)?;
+        // Receive work first, then transmit work (the channel scheduler's classes).
         self.fill_stream_rx(index, st)?;
+        self.flush_stream_tx(index, st)?;
         Ok(())
     }
 
@@ -1108,7 +1294,12 @@ impl Guest {
             if !s.writable {
                 return Ok(());
             }
-            let avail = self.tx_avail(index)?;
+            let queued = self.tx_avail(index)?;
+            if queued > 0 && self.gone.is_none() && self.tx_deficit <= 0 {
+                self.out_of_budget = true;
+                return Ok(());
+            }
+            let avail = queued.min(self.call_limit(self.tx_deficit));
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             if avail == 0 {
                 if s.shut_wr_pending {
@@ -1125,6 +1316,7 @@ impl Guest {
             match sys::writev_ring(fd, &ring, s.tx.idx, avail) {
                 Ok(n) => {
                     st.bytes += n as u64;
+                    self.tx_deficit -= n as i64;
                     self.publish_tx_tail(index, n as u64);
                     if (n as u64) < avail {
                         continue; // the next call tells EAGAIN or takes more
@@ -1154,6 +1346,12 @@ impl Guest {
             if free == 0 {
                 return Ok(());
             }
+            if self.gone.is_none() && self.rx_deficit <= 0 {
+                self.out_of_budget = true;
+                return Ok(());
+            }
+            let limit = self.call_limit(self.rx_deficit);
+            let free = free.min(limit);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
             let Some(fd) = &s.fd else { return Ok(()) };
@@ -1164,7 +1362,8 @@ impl Guest {
                     return Ok(());
                 }
                 Ok(n) => {
-                    let drained = (n as u64) < free && !s.rdhup;
+                    // A read cut short by our own limit says nothing about the queue.
+                    let drained = (n as u64) < free && free < limit && !s.rdhup;
                     if drained {
                         // epoll(7): a short read on a stream means the queue is empty;
                         // a new edge comes with new data (or the FIN, with RDHUP).
@@ -1172,6 +1371,7 @@ impl Guest {
                     }
                     let head = s.rx.idx.wrapping_add(n as u64);
                     st.bytes += n as u64;
+                    self.rx_deficit -= n as i64;
                     self.publish_rx_head(index, head, n as u64);
                 }
                 Err(e) => match e.raw_os_error() {
@@ -1185,6 +1385,17 @@ impl Guest {
                 },
             }
         }
+    }
+
+    /// Largest byte count for one host call: the `--no-batch` chunk, and no more than
+    /// the guest's remaining deficit (at least one byte: the caller checked > 0).
+    fn call_limit(&self, deficit: i64) -> u64 {
+        let d = if self.gone.is_some() {
+            u64::MAX
+        } else {
+            deficit.max(1) as u64
+        };
+        self.cfg.chunk.min(d).max(1)
     }
 
     /// Free rx space, at least `need` bytes, or 0 after setting RX_WANT_SPACE (with the
@@ -1320,7 +1531,16 @@ impl Guest {
         let mut sent = 0u64;
         let mut err = None;
         let start = c.tail;
+        let budget = if self.gone.is_some() {
+            i64::MAX
+        } else {
+            self.tx_deficit
+        };
         while let Some(info) = c.next_record().map_err(|_| Corrupt)? {
+            if (sent as i64) >= budget {
+                self.out_of_budget = true;
+                break;
+            }
             if info.kind != record_kind::DATAGRAM {
                 return Err(Corrupt);
             }
@@ -1368,6 +1588,7 @@ impl Guest {
         s.tx.idx = c.tail;
         s.tx_bytes = s.tx_bytes.wrapping_add(sent);
         st.bytes += sent;
+        self.tx_deficit -= sent as i64;
         // The consumer may have read a newer head than tx_avail: remember the furthest.
         let head_now = self.entry(index).tx_head.load(Ordering::Acquire);
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
@@ -1392,6 +1613,11 @@ impl Guest {
         let view = self.view();
         let mut errors = 0;
         loop {
+            if self.gone.is_none() && self.rx_deficit <= 0 {
+                let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+                self.out_of_budget = s.readable || s.pending_dgram.is_some();
+                return Ok(());
+            }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             if s.pending_dgram.is_none() {
                 if !s.readable {
@@ -1449,6 +1675,7 @@ impl Guest {
                 Ok(true) => {
                     let h = p.head;
                     st.bytes += len as u64;
+                    self.rx_deficit -= len as i64;
                     self.publish_rx_head(index, h, len as u64);
                 }
                 Ok(false) => {

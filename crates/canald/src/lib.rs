@@ -11,11 +11,13 @@
 
 pub mod alloc;
 pub mod daemon;
+pub mod engine;
 pub mod fuzz;
 pub mod guest;
 pub mod request;
 pub mod stat;
 pub mod sys;
+pub mod worker;
 
 pub use daemon::{fetch_stat, Bound, Config, Daemon};
 use std::path::PathBuf;
@@ -35,6 +37,9 @@ pub fn default_socket_path() -> PathBuf {
 
 const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N] [--sockets N]
               [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
+              [--notify poll|sleep|hybrid] [--t-worst-us T | --coalesce-us T] [--split-us P]
+              [--no-coalesce] [--no-batch] [--rx-quantum-kib N] [--tx-quantum-kib N]
+              [--workers N] [--pin CPU,CPU..]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
   --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
@@ -42,8 +47,21 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --sockets N       sockets per guest (default 1024)
   --data-mib N      ring memory per guest in MiB (default 256)
   --ring-kib N      each socket's tx and rx ring in KiB (default 256)
-  --spin N          empty poller rounds before sleeping (default: calibrated to ~30 us)
-  --budget N        requests served per guest per round (default 64)
+  --spin N          fixed empty poller rounds before sleeping (default: adaptive budget)
+  --budget N        requests served per guest per round (default 16)
+  --notify MODE     poll (never sleeps; measurement only), sleep (never spins), or
+                    hybrid (adaptive spin, then sleep; default)
+  --t-worst-us T    worst-case added wake-up delay of the two-layer coalescing, split
+                    adaptively between host holds and guest wake-ups (default 50)
+  --coalesce-us T   same as --t-worst-us
+  --split-us P      fixed host share T_p of T_worst instead of the adaptive split
+  --no-coalesce     every wake-up goes out at once (ablation)
+  --no-batch        each host send/receive call moves at most 4 KiB (ablation)
+  --rx-quantum-kib N, --tx-quantum-kib N
+                    bytes a guest may receive / transmit per round (default 256 / 1024)
+  --workers N       pollers, each serving a disjoint set of guests (default 1 on <= 2
+                    cores, else cores/4 up to 4)
+  --pin CPU,CPU..   pin worker i to the i-th CPU of the list (cycled)
   --loopback-only   policy: guests may only bind, connect and send to loopback addresses
   -v                log to stderr";
 
@@ -93,6 +111,59 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
                 i += 1;
             }
             "--loopback-only" => cfg.loopback_only = true,
+            "--notify" => {
+                let m = v.ok_or("--notify needs a value")?;
+                cfg.notify = engine::NotifyMode::parse(m)
+                    .ok_or_else(|| format!("--notify: '{m}' is not poll, sleep or hybrid"))?;
+                i += 1;
+            }
+            "--t-worst-us" | "--coalesce-us" => {
+                let t = Duration::from_micros(num(a, v)?);
+                cfg.coalesce = match cfg.coalesce {
+                    engine::CoalesceCfg::Fixed { t_p, .. } => {
+                        engine::CoalesceCfg::Fixed { t_worst: t, t_p }
+                    }
+                    _ if t.is_zero() => engine::CoalesceCfg::Off,
+                    _ => engine::CoalesceCfg::Adaptive { t_worst: t },
+                };
+                i += 1;
+            }
+            "--split-us" => {
+                let t_p = Duration::from_micros(num(a, v)?);
+                let t_worst = match cfg.coalesce {
+                    engine::CoalesceCfg::Adaptive { t_worst }
+                    | engine::CoalesceCfg::Fixed { t_worst, .. } => t_worst,
+                    engine::CoalesceCfg::Off => daemon::DEFAULT_T_WORST,
+                };
+                cfg.coalesce = engine::CoalesceCfg::Fixed { t_worst, t_p };
+                i += 1;
+            }
+            "--no-coalesce" => cfg.coalesce = engine::CoalesceCfg::Off,
+            "--no-batch" => cfg.no_batch = true,
+            "--workers" => {
+                cfg.workers = num(a, v)?;
+                if !(1..=64).contains(&cfg.workers) {
+                    return Err("--workers must be 1..=64".into());
+                }
+                i += 1;
+            }
+            "--pin" => {
+                let list = v.ok_or("--pin needs a value")?;
+                cfg.pin = list
+                    .split(',')
+                    .map(|c| c.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| format!("--pin: '{list}' is not a list of CPU numbers"))?;
+                i += 1;
+            }
+            "--rx-quantum-kib" => {
+                cfg.rx_quantum = num::<u64>(a, v)?.saturating_mul(1024);
+                i += 1;
+            }
+            "--tx-quantum-kib" => {
+                cfg.tx_quantum = num::<u64>(a, v)?.saturating_mul(1024);
+                i += 1;
+            }
             "-v" | "--verbose" => cfg.verbose = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument '{other}'")),
@@ -153,5 +224,25 @@ mod tests {
         assert!(parse_args(&s(&["--spin"])).is_err());
         let c = parse_args(&s(&["--idle-exit", "0"])).unwrap();
         assert_eq!(c.idle_exit, None);
+        assert_eq!(c.notify, engine::NotifyMode::Hybrid);
+        let c = parse_args(&s(&["--notify", "poll", "--no-batch", "--no-coalesce"])).unwrap();
+        assert_eq!(c.notify, engine::NotifyMode::Poll);
+        assert!(c.no_batch);
+        assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
+        assert!(parse_args(&s(&["--notify", "spin"])).is_err());
+        let c = parse_args(&s(&["--t-worst-us", "80", "--split-us", "30"])).unwrap();
+        assert_eq!(
+            c.coalesce,
+            engine::CoalesceCfg::Fixed {
+                t_worst: Duration::from_micros(80),
+                t_p: Duration::from_micros(30)
+            }
+        );
+        let c = parse_args(&s(&["--workers", "2", "--pin", "0,1"])).unwrap();
+        assert_eq!((c.workers, c.pin.clone()), (2, vec![0, 1]));
+        assert!(parse_args(&s(&["--workers", "0"])).is_err());
+        assert!(parse_args(&s(&["--pin", "a,1"])).is_err());
+        let c = parse_args(&s(&["--coalesce-us", "0"])).unwrap();
+        assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
     }
 }

@@ -23,6 +23,56 @@ pub struct GuestStat {
     pub pid: u32,
     pub comm: String,
     pub sockets: Vec<SockStat>,
+    /// Eventfd wake-ups sent to this guest, and those deferred by coalescing.
+    pub wakes: u64,
+    pub deferred_wakes: u64,
+    /// The worker (poller) serving this guest.
+    pub worker: u32,
+}
+
+/// One poller's engine state and counters.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkerStat {
+    pub id: u32,
+    pub notify: &'static str,
+    pub guests: u64,
+    pub rounds: u64,
+    pub sleeps: u64,
+    pub wakes: u64,
+    pub kicks: u64,
+    pub holds: u64,
+    pub spin_ns: u64,
+    /// Coalescing split now in force (ns; all 0 when off) and its inputs.
+    pub t_worst_ns: u64,
+    pub t_p_ns: u64,
+    pub t_v_ns: u64,
+    pub c_p_ns: u64,
+    pub c_v_ns: u64,
+    pub active: u64,
+}
+
+impl WorkerStat {
+    pub fn from_stats(id: u32, notify: &'static str, st: &crate::engine::WorkerStats) -> Self {
+        use crate::engine::WorkerStats as W;
+        let (t_p, t_v) = (W::get(&st.t_p_ns), W::get(&st.t_v_ns));
+        WorkerStat {
+            id,
+            notify,
+            guests: W::get(&st.guests),
+            rounds: W::get(&st.rounds),
+            sleeps: W::get(&st.sleeps),
+            wakes: W::get(&st.wakes),
+            kicks: W::get(&st.kicks),
+            holds: W::get(&st.holds),
+            spin_ns: W::get(&st.spin_ns),
+            t_worst_ns: t_p + t_v,
+            t_p_ns: t_p,
+            t_v_ns: t_v,
+            c_p_ns: W::get(&st.c_p_ns),
+            c_v_ns: W::get(&st.c_v_ns),
+            active: W::get(&st.active),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +80,7 @@ pub struct Snapshot {
     pub pid: u32,
     pub socket: String,
     pub guests: Vec<GuestStat>,
+    pub workers: Vec<WorkerStat>,
 }
 
 /// "1.2.3.4:80", "[::1]:80", or "" when unknown.
@@ -80,6 +131,9 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
         pid: g.pid,
         comm: g.comm.clone(),
         sockets,
+        wakes: g.wakes,
+        deferred_wakes: g.deferred_wakes,
+        worker: 0,
     }
 }
 
@@ -105,14 +159,45 @@ pub fn render_json(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = write!(o, "{{\"daemon\":{{\"pid\":{},\"socket\":", s.pid);
     json_str(&mut o, &s.socket);
-    o.push_str("},\"guests\":[");
+    o.push_str(",\"workers\":[");
+    for (i, w) in s.workers.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(o, "{{\"id\":{},\"notify\":", w.id);
+        json_str(&mut o, w.notify);
+        let _ = write!(
+            o,
+            ",\"guests\":{},\"rounds\":{},\"sleeps\":{},\"wakes\":{},\"kicks\":{},\
+             \"holds\":{},\"spin_ns\":{},\"t_worst_ns\":{},\"t_p_ns\":{},\"t_v_ns\":{},\
+             \"c_p_ns\":{},\"c_v_ns\":{},\"active\":{}}}",
+            w.guests,
+            w.rounds,
+            w.sleeps,
+            w.wakes,
+            w.kicks,
+            w.holds,
+            w.spin_ns,
+            w.t_worst_ns,
+            w.t_p_ns,
+            w.t_v_ns,
+            w.c_p_ns,
+            w.c_v_ns,
+            w.active
+        );
+    }
+    o.push_str("]},\"guests\":[");
     for (i, g) in s.guests.iter().enumerate() {
         if i > 0 {
             o.push(',');
         }
         let _ = write!(o, "{{\"id\":{},\"pid\":{},\"comm\":", g.id, g.pid);
         json_str(&mut o, &g.comm);
-        o.push_str(",\"sockets\":[");
+        let _ = write!(
+            o,
+            ",\"worker\":{},\"wakes\":{},\"deferred_wakes\":{},\"sockets\":[",
+            g.worker, g.wakes, g.deferred_wakes
+        );
         for (j, k) in g.sockets.iter().enumerate() {
             if j > 0 {
                 o.push(',');
@@ -146,14 +231,40 @@ pub fn render_text(s: &Snapshot) -> String {
         s.socket,
         s.guests.len()
     );
+    for w in &s.workers {
+        let _ = writeln!(
+            o,
+            "worker {}  notify {}  guests {}  rounds {}  sleeps {}  wakes {}  kicks {}  \
+             spin {} ns  split T_p {} us / T_v {} us (T_worst {} us, C_p {} ns, C_v {} ns, \
+             n {})  holds {}",
+            w.id,
+            w.notify,
+            w.guests,
+            w.rounds,
+            w.sleeps,
+            w.wakes,
+            w.kicks,
+            w.spin_ns,
+            w.t_p_ns / 1000,
+            w.t_v_ns / 1000,
+            w.t_worst_ns / 1000,
+            w.c_p_ns,
+            w.c_v_ns,
+            w.active,
+            w.holds
+        );
+    }
     for g in &s.guests {
         let _ = writeln!(
             o,
-            "\nguest {}  pid {}  comm {}  sockets {}",
+            "\nguest {}  pid {}  comm {}  sockets {}  worker {}  wakes {} (+{} deferred)",
             g.id,
             g.pid,
             g.comm,
-            g.sockets.len()
+            g.sockets.len(),
+            g.worker,
+            g.wakes,
+            g.deferred_wakes
         );
         if g.sockets.is_empty() {
             continue;
@@ -212,6 +323,18 @@ mod tests {
                         rx_bytes: 0,
                     },
                 ],
+                wakes: 3,
+                deferred_wakes: 1,
+                worker: 0,
+            }],
+            workers: vec![WorkerStat {
+                id: 0,
+                notify: "hybrid",
+                rounds: 10,
+                t_p_ns: 20_000,
+                t_v_ns: 30_000,
+                t_worst_ns: 50_000,
+                ..Default::default()
             }],
         }
     }
@@ -221,8 +344,12 @@ mod tests {
         let j = render_json(&snap());
         assert_eq!(
             j,
-            "{\"daemon\":{\"pid\":42,\"socket\":\"/tmp/x/canald.sock\"},\"guests\":[{\"id\":1,\
-             \"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
+            "{\"daemon\":{\"pid\":42,\"socket\":\"/tmp/x/canald.sock\",\"workers\":[\
+             {\"id\":0,\"notify\":\"hybrid\",\"guests\":0,\"rounds\":10,\"sleeps\":0,\
+             \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"t_worst_ns\":50000,\
+             \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0}]},\
+             \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\
+             \"wakes\":3,\"deferred_wakes\":1,\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
              \"tx_bytes\":10,\"rx_bytes\":20},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\
@@ -232,10 +359,11 @@ mod tests {
             pid: 1,
             socket: "s".into(),
             guests: vec![],
+            workers: vec![],
         };
         assert_eq!(
             render_json(&empty),
-            "{\"daemon\":{\"pid\":1,\"socket\":\"s\"},\"guests\":[]}"
+            "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"workers\":[]},\"guests\":[]}"
         );
     }
 
@@ -251,6 +379,7 @@ mod tests {
         let t = render_text(&snap());
         assert!(t.starts_with("canald pid 42  socket /tmp/x/canald.sock  guests 1\n"));
         assert!(t.contains("guest 1  pid 1234"));
+        assert!(t.contains("worker 0  notify hybrid") && t.contains("T_p 20 us / T_v 30 us"));
         let row = t.lines().find(|l| l.contains("65538")).unwrap();
         assert!(row.contains("tcp-listener") && row.contains("listening"));
         assert!(row.contains("[::1]:8080") && row.contains(" - "));

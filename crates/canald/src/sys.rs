@@ -258,6 +258,41 @@ pub fn eventfd_read(fd: &OwnedFd) -> io::Result<u64> {
     }
 }
 
+/// poll() for readability of one descriptor, up to `ms` (-1: forever); whether it is
+/// readable. EINTR counts as not readable.
+pub fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is plain bytes; CPU_ZERO/CPU_SET write inside it (cpu is in
+    // range); sched_setaffinity reads `size_of` bytes of the live local.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    cvt(r).map(|_| ())
+}
+
+/// Gives the core to another runnable thread (a spinning poller on a busy machine).
+pub fn sched_yield() {
+    // SAFETY: plain call.
+    unsafe { libc::sched_yield() };
+}
+
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
 /// a guest cannot hand it a pipe that blocks).
 pub fn is_eventfd(fd: &OwnedFd) -> bool {

@@ -2,6 +2,7 @@
 //! their wake-up ports (PORT), requests, kicks, waits, and fork handling.
 
 use crate::fdtable::TABLE;
+use crate::notify;
 use crate::sys;
 use canal_abi::control::{self, kind as ck, CTL_HEADER};
 use canal_abi::queue::QueueProducer;
@@ -26,8 +27,12 @@ pub struct Guest {
     ctl_lock: &'static AtomicU32,
     /// Whether slots sleep on registered eventfds (else bounded backoff).
     pub ports: bool,
-    /// Poll budget before sleeping (iterations).
+    /// Iterations of a poll loop worth about 30 µs (or the fixed `CANAL_SPIN`).
     pub spin: u32,
+    /// `CANAL_SPIN` fixed the budget (no adaptation).
+    pub fixed_spin: bool,
+    /// `CANAL_NOTIFY`: how threads wait (see `notify`).
+    pub notify: crate::notify::Mode,
     pub debug: bool,
 }
 
@@ -340,9 +345,17 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     let _ = TABLE.set_internal(doorbell);
     let features = region.header().features;
     let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
-    let spin = env(c"CANAL_SPIN")
-        .and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok())
-        .unwrap_or_else(calibrate_spin);
+    let fixed = env(c"CANAL_SPIN").and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok());
+    let spin = fixed.unwrap_or_else(calibrate_spin);
+    let notify = env(c"CANAL_NOTIFY")
+        .and_then(crate::notify::Mode::parse)
+        .unwrap_or(crate::notify::Mode::Hybrid);
+    if notify == crate::notify::Mode::Poll {
+        sys::log_fmt(format_args!(
+            "canal: warning: CANAL_NOTIFY=poll never sleeps and burns a core per waiting \
+             thread (measurement only)\n"
+        ));
+    }
     PID.store(sys::getpid(), Ordering::Relaxed);
     let g = Guest {
         region,
@@ -351,6 +364,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         ctl_lock,
         ports: features & feature::PORT_EVENTFD != 0,
         spin,
+        fixed_spin: fixed.is_some(),
+        notify,
         debug,
     };
     debug!(
@@ -773,15 +788,32 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     let slot = s.slot;
     let mut spins = 0u32;
     let mut backoff = 1_000i64;
+    let budget = notify::spin_iters(g);
+    let t0 = if notify::adaptive(g) {
+        sys::now_ns()
+    } else {
+        0
+    };
     loop {
         // S2: Acquire pairs with the host's Release store of DONE: result, out_len and
         // the payload are visible.
         if slot.state.load(Ordering::Acquire) == slot_state::DONE {
+            if t0 != 0 {
+                notify::record(g, sys::now_ns() - t0);
+            }
             return Ok(());
         }
-        if spins < g.spin {
+        if spins < budget {
             spins += 1;
             canal_abi::sync::spin_hint();
+            if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
+                if is_dead(g) {
+                    mark_dead();
+                    return Err(libc::EIO);
+                }
+                sys::sched_yield();
+                spins = 0; // poll mode: the budget never runs out
+            }
             continue;
         }
         if is_dead(g) {
@@ -842,15 +874,24 @@ pub fn wait_until(
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
+    let budget = notify::spin_iters(g);
+    let t0 = if notify::adaptive(g) {
+        sys::now_ns()
+    } else {
+        0
+    };
     loop {
         if is_dead(g) {
             mark_dead();
             return Wait::Dead;
         }
         if cond() {
+            if t0 != 0 {
+                notify::record(g, sys::now_ns() - t0);
+            }
             return Wait::Ready;
         }
-        let now = if deadline.is_some() || spins >= g.spin {
+        let now = if deadline.is_some() || spins >= budget {
             sys::now_ns()
         } else {
             0
@@ -860,9 +901,13 @@ pub fn wait_until(
                 return Wait::Timeout;
             }
         }
-        if spins < g.spin {
+        if spins < budget {
             spins += 1;
             canal_abi::sync::spin_hint();
+            if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
+                sys::sched_yield();
+                spins = 0; // poll mode: the budget never runs out
+            }
             continue;
         }
         let s = match my_slot(g) {

@@ -17,6 +17,7 @@ pub mod cmd;
 pub mod fdtable;
 pub mod hooks;
 pub mod iov;
+pub mod notify;
 pub mod poll;
 pub mod ready;
 pub mod sock;

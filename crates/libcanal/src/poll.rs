@@ -96,14 +96,23 @@ pub fn poll(
     }
     let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
     let mut round = 0u32;
+    let budget = crate::notify::spin_iters(g);
+    let t0 = if crate::notify::adaptive(g) {
+        sys::now_ns()
+    } else {
+        0
+    };
     loop {
         // Check everything without blocking.
         let mut ready = 0;
-        if ordinary > 0 && (round.is_multiple_of(ORDINARY_EVERY) || round >= g.spin) {
+        if ordinary > 0 && (round.is_multiple_of(ORDINARY_EVERY) || round >= budget) {
             ready += sys::ppoll(&mut work[..n], Some(0), sys::SigMask::NONE)?;
         }
         ready += scan_canal(g, fds);
         if ready > 0 || timeout_ns == Some(0) {
+            if ready > 0 && t0 != 0 {
+                crate::notify::record(g, sys::now_ns() - t0);
+            }
             copy_ordinary(fds, work, n);
             return Ok(count(fds));
         }
@@ -112,9 +121,15 @@ pub fn poll(
             copy_ordinary(fds, work, n);
             return Ok(0);
         }
-        if round < g.spin {
+        if round < budget {
             round += 1;
             canal_abi::sync::spin_hint();
+            if round.is_multiple_of(crate::notify::POLL_YIELD_EVERY)
+                && g.notify == crate::notify::Mode::Poll
+            {
+                sys::sched_yield();
+                round = 0; // poll mode: the budget never runs out
+            }
             continue;
         }
         // Sleep.
@@ -137,6 +152,9 @@ pub fn poll(
             .count();
         let canal_ready = scan_canal(g, fds);
         if ord_ready + canal_ready > 0 {
+            if t0 != 0 {
+                crate::notify::record(g, sys::now_ns() - t0);
+            }
             copy_ordinary(fds, work, n);
             return Ok(count(fds));
         }

@@ -1,0 +1,421 @@
+//! Pollers ("virtual RSS"): `canald --workers N` runs N pollers, each owning a
+//! disjoint set of guests with their doorbells and host sockets on its own epoll.
+//!
+//! Guests, not flows, are the unit of distribution: a guest's region has one request
+//! queue, one socket table and one data-area allocator, all kept host-private in its
+//! `Guest`; giving each guest to exactly one poller keeps the data path free of locks
+//! and cross-thread hand-offs (no request ever has to travel to another worker to
+//! reach the socket it names). The price: one guest's sockets never spread over
+//! several workers. New guests go to the worker with the fewest guests.
+//!
+//! Worker 0 runs on the daemon's thread and also serves the control socket; the
+//! others run in their own threads. A worker's guests sit behind a mutex that the
+//! worker holds during a round (never while it sleeps); the control side takes it
+//! briefly to add a guest, register a port, list, or mark a guest gone.
+#![forbid(unsafe_code)]
+
+use crate::daemon::Config;
+use crate::engine::{NotifyMode, SpinBudget, Split, WorkerStats};
+use crate::guest::{token, Guest};
+use crate::sys::{self, Epoll};
+use canal_abi::sync::{fence, Ordering};
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The hybrid poller's initial spin budget (then adapted, `engine::SpinBudget`): long
+/// enough to catch the next request of a guest in a request/response loop without a
+/// doorbell, short enough that an idle canald costs nothing measurable.
+pub const SPIN_TARGET: Duration = Duration::from_micros(30);
+/// Bounds of the adaptive host budget.
+pub const SPIN_MIN: Duration = Duration::from_micros(2);
+pub const SPIN_MAX: Duration = Duration::from_micros(200);
+/// A spinning poller yields the core every this many empty rounds (2-core machines:
+/// guests and pollers may outnumber cores).
+const YIELD_EVERY: u32 = 64;
+/// How often the coalescing split is recomputed.
+const SPLIT_EVERY: Duration = Duration::from_millis(50);
+/// A guest counts as active (n in the split) this long after it last did work.
+const ACTIVE_FOR: Duration = Duration::from_secs(1);
+
+/// The price of one sleep in the adaptive budget's rule: the poller's own wake-up
+/// (C_p) plus the guest's wake-up it usually entails (C_v), measured on an idle
+/// machine, and never below SLEEP_COST_MIN — on a loaded 2-vCPU machine waking a
+/// blocked thread on the other vCPU costs ~30-35 µs (benchmarks.md), several times the
+/// idle figures.
+pub fn sleep_cost_ns(c_p: u64, c_v: u64) -> u64 {
+    (c_p + c_v).max(SLEEP_COST_MIN.as_nanos() as u64)
+}
+pub const SLEEP_COST_MIN: Duration = Duration::from_micros(30);
+
+/// Nanoseconds of one empty poller round: dominated by one epoll_wait(0), so time a
+/// few of those (the guests' scans add a little on top).
+pub fn round_cost_ns(ep: &Epoll) -> u64 {
+    let mut ev = sys::empty_events(8);
+    let n = 200u32;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let _ = ep.wait(&mut ev, 0);
+    }
+    (t0.elapsed() / n).as_nanos().max(50) as u64
+}
+
+/// A worker's guests (behind its mutex).
+#[derive(Default)]
+pub struct Shard {
+    /// Guests by control-connection key (departed ones stay until their sockets close).
+    pub guests: BTreeMap<u32, Guest>,
+    /// Doorbell eventfds by connection key.
+    pub doorbells: BTreeMap<u32, OwnedFd>,
+    rr: usize,
+    keys: Vec<u32>,
+}
+
+pub struct Worker {
+    pub id: u32,
+    /// Doorbells and host sockets of this worker's guests (worker 0: also control).
+    pub ep: Epoll,
+    pub shard: Mutex<Shard>,
+    pub stats: Arc<WorkerStats>,
+    /// Pokes the worker out of its sleep (a new guest, shutdown).
+    poke: OwnedFd,
+    pub stop: AtomicBool,
+}
+
+impl Worker {
+    pub fn new(id: u32) -> io::Result<Worker> {
+        let ep = Epoll::new()?;
+        let poke = sys::eventfd()?;
+        ep.add(
+            poke.as_raw_fd(),
+            sys::EP_IN,
+            token::make(token::POKE, 0, 0, 0),
+        )?;
+        Ok(Worker {
+            id,
+            ep,
+            shard: Mutex::new(Shard::default()),
+            stats: Arc::new(WorkerStats::default()),
+            poke,
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// The shard, even if a panic poisoned the lock (guest state stays consistent
+    /// per call; canald never panics on guest input by design).
+    pub fn lock(&self) -> MutexGuard<'_, Shard> {
+        self.shard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn poke(&self) {
+        let _ = sys::eventfd_write(self.poke.as_raw_fd());
+    }
+}
+
+/// One poller's loop state: its budget, its clock of idleness, its split.
+pub struct Poller {
+    pub w: Arc<Worker>,
+    cfg: Config,
+    mode: NotifyMode,
+    spin: SpinBudget,
+    /// Nanoseconds per empty round (converts the budget to counted rounds).
+    round_ns: u64,
+    idle_rounds: u32,
+    idle_since: Option<Instant>,
+    c_p: u64,
+    c_v: u64,
+    split: Split,
+    split_at: Instant,
+    /// Last wake-up from sleep caused by host sockets only (layer-1 coalescing).
+    last_io_wake: Option<Instant>,
+    events: Vec<sys::EpollEvent>,
+}
+
+impl Poller {
+    /// `c_p`, `c_v`: measured wake-up costs (ns) of a poller and of a guest thread.
+    pub fn new(w: Arc<Worker>, cfg: &Config, c_p: u64, c_v: u64) -> Poller {
+        let round_ns = round_cost_ns(&w.ep);
+        let spin = SpinBudget::new(
+            SPIN_TARGET.as_nanos() as u64,
+            SPIN_MIN.as_nanos() as u64,
+            SPIN_MAX.as_nanos() as u64,
+            sleep_cost_ns(c_p, c_v),
+        );
+        let split = Split::compute(cfg.coalesce, c_p, c_v, 1);
+        let p = Poller {
+            w,
+            cfg: cfg.clone(),
+            mode: cfg.notify,
+            spin,
+            round_ns,
+            idle_rounds: 0,
+            idle_since: None,
+            c_p,
+            c_v,
+            split,
+            split_at: Instant::now(),
+            last_io_wake: None,
+            events: sys::empty_events(256),
+        };
+        WorkerStats::set(&p.w.stats.spin_ns, p.spin.budget_ns());
+        p.publish_split();
+        p
+    }
+
+    fn budget_rounds(&self) -> u32 {
+        match (self.mode, self.cfg.spin) {
+            (NotifyMode::Poll, _) => u32::MAX,
+            (NotifyMode::Sleep, _) => 0,
+            (NotifyMode::Hybrid, Some(r)) => r,
+            (NotifyMode::Hybrid, None) => {
+                (self.spin.budget_ns() / self.round_ns.max(1)).clamp(1, u32::MAX as u64) as u32
+            }
+        }
+    }
+
+    fn publish_split(&self) {
+        let (st, s) = (&self.w.stats, &self.split);
+        WorkerStats::set(&st.t_p_ns, s.t_p_ns);
+        WorkerStats::set(&st.t_v_ns, s.t_v_ns);
+        WorkerStats::set(&st.c_p_ns, s.c_p_ns);
+        WorkerStats::set(&st.c_v_ns, s.c_v_ns);
+        WorkerStats::set(&st.active, s.n as u64);
+    }
+
+    /// One round: wait (or sleep, per the mode and budget), take this worker's events,
+    /// serve its guests. Events of other kinds (control, listener, signal) are pushed
+    /// to `other` for the caller. `extra_deadline` bounds a sleep (idle exit).
+    pub fn round(
+        &mut self,
+        other: &mut Vec<(u64, u32)>,
+        extra_deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let w = self.w.clone();
+        let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
+        let timeout = if sleeping {
+            prepare_sleep(&w.lock(), extra_deadline)
+        } else {
+            0
+        };
+        let n = w.ep.wait(&mut self.events, timeout)?;
+        let mut sh = w.lock();
+        if sleeping {
+            for g in sh.guests.values() {
+                g.set_host_sleeping(0);
+            }
+            if timeout != 0 {
+                WorkerStats::add(&w.stats.sleeps, 1);
+                drop(sh);
+                self.hold_io_wake(n);
+                sh = w.lock();
+            }
+            self.idle_rounds = 0;
+        }
+        let mut work = n > 0;
+        for ev in &self.events[..n] {
+            let (tok, bits) = (ev.u64, ev.events);
+            match token::ty(tok) {
+                token::DOORBELL => {
+                    if let Some(d) = sh.doorbells.get(&token::conn(tok)) {
+                        let k = sys::eventfd_read(d).unwrap_or(0);
+                        WorkerStats::add(&w.stats.kicks, k);
+                    }
+                }
+                token::SOCKET => {
+                    if let Some(g) = sh.guests.get_mut(&token::conn(tok)) {
+                        g.socket_event(tok, bits);
+                    }
+                }
+                token::POKE => {
+                    let _ = sys::eventfd_read(&w.poke);
+                }
+                _ => other.push((tok, bits)),
+            }
+        }
+        let now = Instant::now();
+        if now.saturating_duration_since(self.split_at) >= SPLIT_EVERY {
+            self.split_at = now;
+            let active = sh
+                .guests
+                .values()
+                .filter(|g| {
+                    g.last_active
+                        .is_some_and(|t| now.saturating_duration_since(t) < ACTIVE_FOR)
+                })
+                .count() as u32;
+            self.split = Split::compute(self.cfg.coalesce, self.c_p, self.c_v, active);
+            self.publish_split();
+        }
+        let window = Duration::from_nanos(self.split.t_v_ns);
+        work |= serve_guests(&mut sh, &w, now, window);
+        reap(&mut sh, &w, &self.cfg);
+        WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
+        drop(sh);
+        self.end_round(work, now);
+        Ok(())
+    }
+
+    /// Layer-1 coalescing: a wake-up from sleep caused only by host sockets (no
+    /// doorbell, control or signal) within T_p of the previous such wake-up holds the
+    /// data until T_p has passed, so host-side wake-ups happen at most once per T_p.
+    fn hold_io_wake(&mut self, n: usize) {
+        if self.split.t_p_ns == 0 || n == 0 {
+            return;
+        }
+        if self.events[..n]
+            .iter()
+            .any(|e| token::ty(e.u64) != token::SOCKET)
+        {
+            return;
+        }
+        let now = Instant::now();
+        let t_p = Duration::from_nanos(self.split.t_p_ns);
+        if let Some(last) = self.last_io_wake {
+            let since = now.saturating_duration_since(last);
+            if since < t_p {
+                WorkerStats::add(&self.w.stats.holds, 1);
+                std::thread::sleep(t_p - since);
+            }
+        }
+        self.last_io_wake = Some(Instant::now());
+    }
+
+    /// A round ended: with work, the idle period (if any) is over and its gap counts.
+    fn end_round(&mut self, work: bool, now: Instant) {
+        WorkerStats::add(&self.w.stats.rounds, 1);
+        if work {
+            if let Some(t) = self.idle_since.take() {
+                if self.mode == NotifyMode::Hybrid && self.cfg.spin.is_none() {
+                    self.spin
+                        .record(now.saturating_duration_since(t).as_nanos() as u64);
+                    WorkerStats::set(&self.w.stats.spin_ns, self.spin.budget_ns());
+                }
+            }
+            self.idle_rounds = 0;
+        } else {
+            self.idle_since.get_or_insert(now);
+            self.idle_rounds = self.idle_rounds.saturating_add(1);
+            if self.idle_rounds.is_multiple_of(YIELD_EVERY) {
+                sys::sched_yield();
+            }
+        }
+    }
+}
+
+/// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
+/// the epoll timeout: 0 if work showed up, else until the next deadline (or -1).
+fn prepare_sleep(sh: &Shard, extra: Option<Instant>) -> i32 {
+    for g in sh.guests.values() {
+        if g.gone.is_none() {
+            g.set_host_sleeping(1);
+        }
+    }
+    fence(Ordering::SeqCst);
+    if sh
+        .guests
+        .values()
+        .any(|g| g.gone.is_none() && g.has_pending())
+    {
+        for g in sh.guests.values() {
+            g.set_host_sleeping(0);
+        }
+        return 0;
+    }
+    let now = Instant::now();
+    let until = sh
+        .guests
+        .values()
+        .filter_map(|g| g.next_deadline())
+        .chain(extra)
+        .min();
+    match until {
+        None => -1,
+        Some(t) => {
+            let ms = t.saturating_duration_since(now).as_millis() + 1;
+            ms.min(60_000) as i32
+        }
+    }
+}
+
+/// One scheduler round: the command class of every guest first (a short slice of
+/// requests each), then every guest's data (receive, then transmit, within its byte
+/// deficits), starting from a rotating guest.
+fn serve_guests(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration) -> bool {
+    if sh.guests.is_empty() {
+        return false;
+    }
+    let Shard {
+        guests, rr, keys, ..
+    } = sh;
+    keys.clear();
+    keys.extend(guests.keys().copied());
+    let n = keys.len();
+    *rr = rr.wrapping_add(1);
+    let mut work = false;
+    let mut wakes = 0;
+    for i in 0..n {
+        if let Some(g) = guests.get_mut(&keys[(*rr + i) % n]) {
+            let before = g.wakes;
+            work |= g.service_requests(&w.ep, now).did_work();
+            wakes += g.wakes - before;
+        }
+    }
+    for i in 0..n {
+        if let Some(g) = guests.get_mut(&keys[(*rr + i) % n]) {
+            g.wake_window = wake_window;
+            let before = g.wakes;
+            work |= g.service_data(&w.ep, now).did_work();
+            wakes += g.wakes - before;
+        }
+    }
+    WorkerStats::add(&w.stats.wakes, wakes);
+    work
+}
+
+/// Drops departed guests whose sockets are all closed (or whose drain time ran out).
+fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) {
+    let now = Instant::now();
+    let mut done = Vec::new();
+    for (k, g) in sh.guests.iter_mut() {
+        if let Some(deadline) = g.gone {
+            if deadline <= now {
+                g.close_all(&w.ep);
+            }
+            if g.finished() {
+                done.push(*k);
+            }
+        }
+    }
+    for k in done {
+        if let Some(g) = sh.guests.remove(&k) {
+            if cfg.verbose {
+                eprintln!("canald: guest {} freed (worker {})", g.id, w.id);
+            }
+        }
+    }
+}
+
+/// Pins the calling thread to `cpu` (`--pin`).
+pub fn pin(cpu: usize) -> io::Result<()> {
+    sys::pin_to_cpu(cpu)
+}
+
+/// The loop of workers 1..N (worker 0 is the daemon's own loop).
+pub fn run_worker(mut p: Poller, cpu: Option<usize>) {
+    if let Some(c) = cpu {
+        if let Err(e) = pin(c) {
+            eprintln!("canald: worker {}: cannot pin to CPU {c}: {e}", p.w.id);
+        }
+    }
+    let mut other = Vec::new();
+    while !p.w.stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Err(e) = p.round(&mut other, None) {
+            eprintln!("canald: worker {}: {e}", p.w.id);
+            break;
+        }
+        other.clear(); // only worker 0's epoll holds control descriptors
+    }
+}

@@ -1,0 +1,152 @@
+//! How a guest thread waits (`CANAL_NOTIFY=poll|sleep|hybrid`) and the adaptive spin
+//! budget of the hybrid mode.
+//!
+//! The rule is canald's (`canald::engine::SpinBudget`, documented in
+//! docs/architecture.md), kept per thread here: each wait records its *gap* (the time
+//! from the start of the wait until the awaited change was seen, including a sleep);
+//! every 4 gaps the budget T is re-chosen among {min, remembered gaps, max} to minimise
+//! Σ (gap if gap ≤ T, else T + WAKE_COST) over the last 16 gaps. `CANAL_SPIN=N` fixes
+//! the budget at N iterations instead.
+use crate::client::Guest;
+use std::cell::RefCell;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Never sleeps (measurement only: burns a core per waiting thread).
+    Poll,
+    /// Sleeps at once, no spinning.
+    Sleep,
+    /// Spins an adaptive budget, then sleeps (default).
+    Hybrid,
+}
+
+impl Mode {
+    pub fn parse(v: &[u8]) -> Option<Mode> {
+        match v {
+            b"poll" => Some(Mode::Poll),
+            b"sleep" => Some(Mode::Sleep),
+            b"hybrid" => Some(Mode::Hybrid),
+            _ => None,
+        }
+    }
+}
+
+/// Bounds of the hybrid budget and the cost charged for one sleep/wake-up (about what
+/// waking a blocked thread on another vCPU costs on the small machines canal targets).
+pub const MIN_NS: u64 = 1_000;
+pub const MAX_NS: u64 = 100_000;
+pub const WAKE_COST_NS: u64 = 30_000;
+/// The budget a thread starts with.
+pub const INITIAL_NS: u64 = 30_000;
+const HISTORY: usize = 16;
+
+struct Budget {
+    hist: [u64; HISTORY],
+    len: usize,
+    pos: usize,
+    since: usize,
+    ns: u64,
+}
+
+impl Budget {
+    const INIT: Budget = Budget {
+        hist: [0; HISTORY],
+        len: 0,
+        pos: 0,
+        since: 0,
+        ns: INITIAL_NS,
+    };
+
+    fn cost(&self, t: u64) -> u64 {
+        self.hist[..self.len].iter().fold(0u64, |a, &g| {
+            a.saturating_add(if g <= t { g } else { t + WAKE_COST_NS })
+        })
+    }
+
+    fn record(&mut self, gap: u64) {
+        self.hist[self.pos] = gap;
+        self.pos = (self.pos + 1) % HISTORY;
+        self.len = (self.len + 1).min(HISTORY);
+        self.since += 1;
+        if self.since < 4 {
+            return;
+        }
+        self.since = 0;
+        let mut best = (self.cost(MIN_NS), MIN_NS);
+        for i in 0..=self.len {
+            let t = if i == self.len { MAX_NS } else { self.hist[i] };
+            if t <= MIN_NS || t > MAX_NS {
+                continue;
+            }
+            let c = self.cost(t);
+            if c < best.0 || (c == best.0 && t < best.1) {
+                best = (c, t);
+            }
+        }
+        self.ns = best.1;
+    }
+}
+
+thread_local! {
+    static BUDGET: RefCell<Budget> = const { RefCell::new(Budget::INIT) };
+}
+
+/// Whether this guest's waits adapt (hybrid without a fixed `CANAL_SPIN`).
+pub fn adaptive(g: &Guest) -> bool {
+    g.notify == Mode::Hybrid && !g.fixed_spin
+}
+
+/// Spin iterations before the calling thread sleeps.
+pub fn spin_iters(g: &Guest) -> u32 {
+    match g.notify {
+        Mode::Poll => u32::MAX,
+        Mode::Sleep => 0,
+        Mode::Hybrid if g.fixed_spin => g.spin,
+        Mode::Hybrid => {
+            let ns = BUDGET
+                .try_with(|b| b.try_borrow().map(|b| b.ns).unwrap_or(INITIAL_NS))
+                .unwrap_or(INITIAL_NS);
+            // `spin` iterations take about 30 µs (calibrated at attach).
+            ((ns as u128 * g.spin as u128) / 30_000).clamp(1, u32::MAX as u128) as u32
+        }
+    }
+}
+
+/// Records one wait's gap (ns) for the calling thread's budget.
+pub fn record(g: &Guest, gap_ns: i64) {
+    if !adaptive(g) {
+        return;
+    }
+    let _ = BUDGET.try_with(|b| {
+        if let Ok(mut b) = b.try_borrow_mut() {
+            b.record(gap_ns.max(0) as u64);
+        }
+    });
+}
+
+/// Spinning in poll mode yields the core this often (iterations), so a guest and the
+/// poller can share one core without livelock, and checks that canald still lives.
+pub const POLL_YIELD_EVERY: u32 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_for_near_misses_and_shrinks_for_long_gaps() {
+        let mut b = Budget::INIT;
+        // Work comes 20 µs into each wait: spinning through it beats a 30 µs wake-up.
+        for _ in 0..8 {
+            b.record(20_000);
+        }
+        assert_eq!(b.ns, 20_000);
+        for _ in 0..16 {
+            b.record(10_000_000);
+        }
+        assert_eq!(b.ns, MIN_NS);
+        for _ in 0..16 {
+            b.record(500_000); // beyond MAX: a wake-up each time is cheapest
+        }
+        assert_eq!(b.ns, MIN_NS);
+    }
+}
