@@ -10,7 +10,7 @@ use crate::cmd::{fcntl_action, FcntlAction};
 use crate::fdtable::{Entry, FdTable, TABLE, TABLE_LEN};
 use crate::sock::{self, RecvMeta, Sock};
 use crate::sockaddr;
-use crate::{poll, real, sys};
+use crate::{epoll, poll, real, sys};
 use core::cell::Cell;
 use libc::{
     c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr as SockAddr,
@@ -72,7 +72,7 @@ fn sock_of(h: u32) -> Result<Sock, i32> {
 fn canal(fd: c_int) -> Option<u32> {
     FdTable::<TABLE_LEN>::decode(TABLE.raw(fd)).and_then(|e| match e {
         Entry::Canal(h) => Some(h),
-        Entry::Internal => None,
+        Entry::Internal | Entry::Epoll => None,
     })
 }
 
@@ -788,6 +788,10 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         match TABLE.get(fd as c_int) {
             Some(Entry::Canal(h)) => canal_fds.push((fd as c_int, h)),
             Some(Entry::Internal) => internal.push(fd as c_uint),
+            Some(Entry::Epoll) => {
+                TABLE.take(fd as c_int);
+                epoll::forget_fd(fd as c_int);
+            }
             None => {}
         }
     }
@@ -796,6 +800,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         let _ = catch_unwind(AssertUnwindSafe(|| {
             for (fd, h) in canal_fds {
                 if TABLE.take(fd).is_some() {
+                    epoll::forget_fd(fd);
                     sock::release(g, h);
                 }
             }
@@ -856,6 +861,13 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // The library's own descriptors (control socket, eventfds) stay open: code that
         // closes every descriptor it did not open (daemonising) must not cut us off.
         Some(Entry::Internal) => 0,
+        Some(Entry::Epoll) => {
+            if TABLE.take(fd).is_some() {
+                epoll::forget_fd(fd);
+            }
+            // SAFETY: forwarding to libc's close.
+            unsafe { real!(c"close", FnInt)(fd) }
+        }
         Some(Entry::Canal(_)) => {
             let Some(_g) = Reentry::enter() else {
                 // SAFETY: forwarding to libc's close.
@@ -863,6 +875,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             };
             run(|| {
                 if let Some(Entry::Canal(h)) = TABLE.take(fd) {
+                    epoll::forget_fd(fd);
                     if let Some(g) = client::guest() {
                         sock::release(g, h);
                     }
@@ -939,6 +952,10 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
         }
         if old == new {
             return Ok(r as isize);
+        }
+        if wn != 0 {
+            // Whatever `new` was (a canal socket, an epoll set) left every epoll set.
+            epoll::forget_fd(new);
         }
         // `new` was closed by the kernel; whatever it was, it now is what `old` is.
         let g = client::guest();
@@ -1314,15 +1331,27 @@ pub unsafe extern "C" fn sendfile64(
     )
 }
 
-// ---- epoll (not yet supported for canal sockets) ---------------------------------------
+// ---- epoll ---------------------------------------------------------------------------------
 
 type FnEpollCtl = unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+type FnEpollWait = unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+type FnEpollPwait = unsafe extern "C" fn(
+    c_int,
+    *mut libc::epoll_event,
+    c_int,
+    c_int,
+    *const libc::sigset_t,
+) -> c_int;
+type FnEpollPwait2 = unsafe extern "C" fn(
+    c_int,
+    *mut libc::epoll_event,
+    c_int,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
 
-static EPOLL_WARNED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// epoll cannot watch a canal socket yet: the kernel would watch the dummy descriptor,
-/// which never becomes ready, and the program would hang silently. Refuse it the way
-/// the kernel refuses a descriptor without poll support (EPERM), with one warning.
+/// epoll_ctl: a canal socket (or an epoll fd watching canal sockets) goes to the
+/// library's interest list (`epoll.rs`); everything else to the kernel.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
@@ -1330,17 +1359,123 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
-    if canal(fd).is_some() && op != libc::EPOLL_CTL_DEL {
-        if !EPOLL_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
-            sys::log_fmt(format_args!(
-                "canal: epoll on canal sockets is not supported yet; epoll_ctl fails with EPERM (use poll/select)\n"
-            ));
-        }
-        sys::set_errno(libc::EPERM);
-        return -1;
+    let real = || {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_ctl.
+        unsafe { real!(c"epoll_ctl", FnEpollCtl)(epfd, op, fd, ev) }
+    };
+    let w = TABLE.raw(fd);
+    if w == 0 || vfork_child() {
+        return real();
     }
-    // SAFETY: forwarding the caller's arguments to libc's epoll_ctl.
-    unsafe { real!(c"epoll_ctl", FnEpollCtl)(epfd, op, fd, ev) }
+    let nested = match FdTable::<TABLE_LEN>::decode(w) {
+        Some(Entry::Canal(_)) => false,
+        Some(Entry::Epoll) => true,
+        _ => return real(),
+    };
+    let Some(_g) = Reentry::enter() else {
+        return real();
+    };
+    run(|| match epoll::ctl(epfd, op, fd, ev) {
+        // An epoll fd registered for real before it watched canal sockets.
+        Err(libc::ENOENT) if nested => {
+            let r = real();
+            if r < 0 {
+                Err(sys::errno())
+            } else {
+                Ok(0)
+            }
+        }
+        r => r.map(|_| 0),
+    }) as c_int
+}
+
+/// The common part of the epoll waits on an epoll fd watching canal sockets.
+fn epoll_wait_canal(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout_ns: Result<Option<i64>, i32>,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    run(|| {
+        let g = client::guest().ok_or(libc::EBADF)?;
+        let max = maxevents as usize;
+        if maxevents <= 0 || max > (i32::MAX as usize) / core::mem::size_of::<libc::epoll_event>()
+        {
+            return Err(libc::EINVAL);
+        }
+        if events.is_null() {
+            return Err(libc::EFAULT);
+        }
+        let t = timeout_ns?;
+        // SAFETY: the application passes room for maxevents events.
+        let out = unsafe { core::slice::from_raw_parts_mut(events, max) };
+        epoll::wait(g, epfd, out, t, sys::SigMask(sigmask)).map(|n| n as isize)
+    }) as c_int
+}
+
+fn ms_ns(timeout: c_int) -> Option<i64> {
+    (timeout >= 0).then(|| timeout as i64 * 1_000_000)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+) -> c_int {
+    if TABLE.get(epfd) != Some(Entry::Epoll) || vfork_child() {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_wait.
+        return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
+    }
+    let Some(_g) = Reentry::enter() else {
+        // SAFETY: as above.
+        return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
+    };
+    epoll_wait_canal(epfd, events, maxevents, Ok(ms_ns(timeout)), core::ptr::null())
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real = || {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait.
+        unsafe { real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, timeout, sigmask) }
+    };
+    if TABLE.get(epfd) != Some(Entry::Epoll) || vfork_child() {
+        return real();
+    }
+    let Some(_g) = Reentry::enter() else {
+        return real();
+    };
+    epoll_wait_canal(epfd, events, maxevents, Ok(ms_ns(timeout)), sigmask)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    ts: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real = || {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait2.
+        unsafe { real!(c"epoll_pwait2", FnEpollPwait2)(epfd, events, maxevents, ts, sigmask) }
+    };
+    if TABLE.get(epfd) != Some(Entry::Epoll) || vfork_child() {
+        return real();
+    }
+    let Some(_g) = Reentry::enter() else {
+        return real();
+    };
+    epoll_wait_canal(epfd, events, maxevents, ts_ns(ts), sigmask)
 }
 
 // ---- exec -------------------------------------------------------------------------------------

@@ -5,15 +5,17 @@
 //!
 //! Code map:
 //! - `hooks`: the thin `extern "C"` trampolines (the only exported symbols), plus
-//!   the descriptor bookkeeping of close/close_range/dup*/exec and the epoll refusal.
+//!   the descriptor bookkeeping of close/close_range/dup*/exec.
 //! - `sock`: socket operations (data path over the rings, control ops as requests).
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
+//! - `epoll`: epoll interest lists of canal sockets, waits over mixed descriptors.
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
 
 pub mod client;
 pub mod cmd;
+pub mod epoll;
 pub mod fdtable;
 pub mod hooks;
 pub mod iov;
@@ -26,6 +28,7 @@ pub mod sys;
 /// Library constructor: registers the fork handlers before the program can fork.
 extern "C" fn init() {
     client::register_fork_handlers();
+    epoll::register_fork_handlers();
 }
 
 #[cfg(not(test))]
