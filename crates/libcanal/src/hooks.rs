@@ -177,6 +177,26 @@ fn addr_in(addr: *const SockAddr, len: socklen_t) -> Result<canal_abi::CanalAddr
     unsafe { sockaddr::read_sockaddr(addr, len) }
 }
 
+/// The destination of sendto/sendmsg. TCP ignores it entirely once the kernel has
+/// copied it in (only the length is checked: EINVAL above sockaddr_storage), so a
+/// stream socket never parses it — servers pass whatever recvfrom left there.
+fn dest_in(
+    s: Sock,
+    addr: *const SockAddr,
+    len: socklen_t,
+) -> Result<Option<canal_abi::CanalAddr>, i32> {
+    if addr.is_null() {
+        return Ok(None);
+    }
+    if s.kind() != canal_abi::sock_kind::DGRAM {
+        if len as usize > core::mem::size_of::<libc::sockaddr_storage>() {
+            return Err(libc::EINVAL);
+        }
+        return Ok(None);
+    }
+    addr_in(addr, len).map(Some)
+}
+
 fn slice_iov(iov: *const iovec, n: c_int) -> Result<&'static [iovec], i32> {
     if !(0..=libc::UIO_MAXIOV).contains(&n) {
         return Err(libc::EINVAL);
@@ -433,11 +453,7 @@ pub unsafe extern "C" fn sendto(
         fd,
         real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen),
         |s| {
-            let to = if addr.is_null() {
-                None
-            } else {
-                Some(addr_in(addr, alen)?)
-            };
+            let to = dest_in(s, addr, alen)?;
             let v = [crate::iov::single(buf as *mut c_void, len)];
             sock::send(s, &v, flags, to.as_ref()).map(|n| n as isize)
         }
@@ -560,7 +576,7 @@ fn sendmsg_one(s: Sock, msg: *const msghdr, flags: c_int) -> Result<isize, i32> 
     let to = if m.msg_name.is_null() || m.msg_namelen == 0 {
         None
     } else {
-        Some(addr_in(m.msg_name as *const SockAddr, m.msg_namelen)?)
+        dest_in(s, m.msg_name as *const SockAddr, m.msg_namelen)?
     };
     sock::send(s, iov, flags, to.as_ref()).map(|n| n as isize)
 }
