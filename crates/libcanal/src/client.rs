@@ -873,12 +873,74 @@ pub fn wait_until(
             }
         };
         let remaining = deadline.map(|d| d - now);
-        match sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE) {
+        // From its first sleep until it returns (`unpin`, called by the hook), the
+        // call holds a reference, as the kernel's in-flight call holds the file: a
+        // close() by another thread does not close the socket under it (the call goes
+        // on and returns the peer's later data, as natively).
+        if PINNED.with(|p| p.get().is_none()) {
+            let h = pin(g, index);
+            PINNED.with(|p| p.set(h));
+        }
+        let r = sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
+        drop(s);
+        match r {
             Ok(_) => {}
+            // A handler with SA_RESTART restarts a socket call without a timeout (the
+            // kernel's ERESTARTSYS); with SO_RCVTIMEO/SO_SNDTIMEO it is EINTR.
+            Err(libc::EINTR) if deadline.is_none() && all_handlers_restart() => {}
             Err(libc::EINTR) => return Wait::Interrupted,
             Err(_) => {}
         }
     }
+}
+
+thread_local! {
+    /// The socket handle this thread's current call pinned while sleeping.
+    static PINNED: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Drops the reference the current call took while sleeping, if any (the last one
+/// closes the socket, as the kernel does when the in-flight call releases the file).
+pub fn unpin() {
+    if let Ok(Some(h)) = PINNED.try_with(|p| p.take()) {
+        if let Some(g) = guest() {
+            crate::sock::release(g, h);
+        }
+    }
+}
+
+/// Takes one reference on socket `index` for a sleeping call; None if the socket is
+/// already being closed (or `index` is WAIT_ANY).
+fn pin(g: &'static Guest, index: u32) -> Option<u32> {
+    let e = g.region.socket(index)?;
+    let h = canal_abi::make_handle(index, e.generation.load(Ordering::Acquire));
+    e.refs
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| (r > 0).then(|| r + 1))
+        .ok()
+        .map(|_| h)
+}
+
+/// Whether every signal with a handler has SA_RESTART (the interrupted call cannot
+/// tell which signal ran, so it restarts only when any of them would have).
+fn all_handlers_restart() -> bool {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: querying (not changing) the disposition into a zeroed struct.
+        let old = unsafe {
+            let mut old: libc::sigaction = core::mem::zeroed();
+            if libc::sigaction(sig, core::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            old
+        };
+        let h = old.sa_sigaction;
+        if h != libc::SIG_DFL && h != libc::SIG_IGN && old.sa_flags & libc::SA_RESTART == 0 {
+            return false;
+        }
+    }
+    true
 }
 
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,

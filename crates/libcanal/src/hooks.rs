@@ -46,6 +46,7 @@ impl Drop for Reentry {
 fn run(f: impl FnOnce() -> Result<isize, i32>) -> isize {
     let saved = sys::errno();
     let r = catch_unwind(AssertUnwindSafe(f));
+    let _ = catch_unwind(client::unpin);
     match r {
         Ok(Ok(v)) => {
             sys::set_errno(saved);
