@@ -127,6 +127,8 @@ pub struct Daemon {
     keys: Vec<u32>,
     idle_since: Instant,
     stop: bool,
+    /// Kernel-counted liveness of guest sockets (WATCH).
+    watches: crate::watch::Watches,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -222,6 +224,7 @@ impl Daemon {
             keys: Vec::new(),
             idle_since: Instant::now(),
             stop: false,
+            watches: Default::default(),
         })))
     }
 
@@ -387,6 +390,13 @@ impl Daemon {
                     g.socket_event(tok, bits);
                 }
             }
+            crate::watch::TOKEN => {
+                if let Some((conn, index, gen)) = self.watches.fired(&self.ep, tok) {
+                    if let Some(g) = self.guests.get_mut(&conn) {
+                        g.close_unreferenced(index, gen);
+                    }
+                }
+            }
             token::SIGNAL => {
                 if let Some(fd) = &self.signals {
                     while let Some(sig) = sys::read_signal(fd) {
@@ -486,6 +496,7 @@ impl Daemon {
 
     /// A control connection ended: if it belonged to a guest, the guest is gone.
     fn close_conn(&mut self, key: u32) {
+        self.watches.forget_conn(&self.ep, key);
         if let Some(c) = self.conns.remove(&key) {
             self.ep.delete(c.fd.as_raw_fd());
             if let Some(d) = &c.doorbell {
@@ -611,6 +622,18 @@ impl Daemon {
                     return false;
                 }
                 self.flush_out(key)
+            }
+            kind::WATCH => {
+                // No reply: the guest sends it without waiting.
+                if let (Some(g), Some(fd), true) = (
+                    self.guests.get(&key),
+                    fds.into_iter().next(),
+                    body.len() >= 4,
+                ) {
+                    let handle = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                    self.watches.add(&self.ep, key, g, handle, fd);
+                }
+                true
             }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }

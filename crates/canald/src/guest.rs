@@ -235,8 +235,11 @@ impl Guest {
         comm: String,
         cfg: GuestConfig,
     ) -> io::Result<(Guest, OwnedFd)> {
-        let (memfd, map, region) =
-            sys::Mapping::create_region(cfg.layout, id, canal_abi::feature::ALL_V1)?;
+        let (memfd, map, region) = sys::Mapping::create_region(
+            cfg.layout,
+            id,
+            canal_abi::feature::ALL_V1 | canal_abi::feature::WATCH,
+        )?;
         let n = cfg.layout.socket_count as usize;
         let g = Guest {
             id,
@@ -797,6 +800,21 @@ impl Guest {
             self.note_deadline(d);
             self.set_flags(index, sock_flag::CLOSING, 0);
             self.mark_dirty(index);
+        }
+    }
+
+    /// Whether socket `index` exists with this generation (a WATCH target).
+    pub fn has_live_socket(&self, index: u32, gen: u16) -> bool {
+        matches!(self.sockets.get(index as usize), Some(Some(s)) if s.generation() == gen)
+    }
+
+    /// The guest's last descriptor of socket (index, gen) is gone (its WATCH fired):
+    /// close it as a CLOSE request would, unless it is already closing.
+    pub fn close_unreferenced(&mut self, index: u32, gen: u16) {
+        if matches!(self.sockets.get(index as usize),
+            Some(Some(s)) if s.generation() == gen && !s.is_closing())
+        {
+            self.op_close(index);
         }
     }
 

@@ -16,6 +16,7 @@ pub mod guest;
 pub mod request;
 pub mod stat;
 pub mod sys;
+pub mod watch;
 
 pub use daemon::{fetch_stat, Bound, Config, Daemon};
 use std::path::PathBuf;

@@ -591,6 +591,19 @@ fn claim_slot(g: &Guest) -> Result<u32, i32> {
     Err(libc::EAGAIN)
 }
 
+/// Whether canald takes WATCH messages (kernel-counted socket liveness).
+pub fn watch_enabled(g: &Guest) -> bool {
+    g.ctl >= 0 && g.region.header().features & feature::WATCH != 0
+}
+
+/// WATCH: hands `end` (the other end of a socket's dummy descriptor) to canald.
+/// No reply; a failure only loses the backstop (the reference count still works).
+pub fn send_watch(g: &Guest, handle: u32, end: c_int) {
+    if send_msg(g.ctl, ck::WATCH, &handle.to_le_bytes(), end).is_err() {
+        debug!(g, "canal: WATCH for handle {handle:#x} failed\n");
+    }
+}
+
 /// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).
 fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
     ctl_lock(g);
@@ -879,7 +892,7 @@ pub fn wait_until(
         // on and returns the peer's later data, as natively).
         if PINNED.with(|p| p.get().is_none()) {
             let h = pin(g, index);
-            PINNED.with(|p| p.set(h));
+            PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
         }
         let r = sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
         drop(s);
@@ -896,15 +909,48 @@ pub fn wait_until(
 
 thread_local! {
     /// The socket handle this thread's current call pinned while sleeping.
-    static PINNED: Cell<Option<u32>> = const { Cell::new(None) };
+    static PINNED: Cell<Option<(u32, c_int)>> = const { Cell::new(None) };
+    /// The descriptor the current canal call was made on (set by the hooks).
+    static CURRENT_FD: Cell<c_int> = const { Cell::new(-1) };
+}
+
+/// Records the descriptor of the canal call this thread is making.
+#[inline]
+pub fn set_current_fd(fd: c_int) {
+    let _ = CURRENT_FD.try_with(|c| c.set(fd));
+}
+
+/// A private copy of the current call's dummy descriptor, so that the kernel-counted
+/// liveness (WATCH) also sees the in-flight call; -1 if there is none.
+fn pin_fd(h: u32) -> c_int {
+    let fd = CURRENT_FD.try_with(|c| c.get()).unwrap_or(-1);
+    if fd < 0 || TABLE.handle(fd) != Some(h) {
+        return -1;
+    }
+    match sys::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, 0) {
+        Ok(d) => {
+            let d = d as c_int;
+            // Hidden from the application like the library's other descriptors.
+            if TABLE.set_internal(d).is_err() {
+                let _ = sys::close(d);
+                return -1;
+            }
+            d
+        }
+        Err(_) => -1,
+    }
 }
 
 /// Drops the reference the current call took while sleeping, if any (the last one
 /// closes the socket, as the kernel does when the in-flight call releases the file).
 pub fn unpin() {
-    if let Ok(Some(h)) = PINNED.try_with(|p| p.take()) {
+    if let Ok(Some((h, fd))) = PINNED.try_with(|p| p.take()) {
         if let Some(g) = guest() {
             crate::sock::release(g, h);
+        }
+        if fd >= 0 {
+            TABLE.take(fd);
+            let _ = sys::close(fd);
         }
     }
 }
@@ -915,7 +961,9 @@ fn pin(g: &'static Guest, index: u32) -> Option<u32> {
     let e = g.region.socket(index)?;
     let h = canal_abi::make_handle(index, e.generation.load(Ordering::Acquire));
     e.refs
-        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| (r > 0).then(|| r + 1))
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+            (r > 0).then(|| r + 1)
+        })
         .ok()
         .map(|_| h)
 }

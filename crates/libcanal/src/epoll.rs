@@ -434,7 +434,9 @@ fn peek_items(g: &'static Guest, epfd: c_int) -> bool {
             .map(|s| s.items.clone())
             .unwrap_or_default()
     });
-    items.into_iter().any(|mut it| eval(g, &mut it, false, 0) != 0)
+    items
+        .into_iter()
+        .any(|mut it| eval(g, &mut it, false, 0) != 0)
 }
 
 fn nested_fds(epfd: c_int) -> Vec<c_int> {
@@ -526,11 +528,13 @@ pub fn wait(
                 revents: 0,
             })
             .collect();
-        fds.extend([libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; 2]);
+        fds.extend(
+            [libc::pollfd {
+                fd: -1,
+                events: 0,
+                revents: 0,
+            }; 2],
+        );
         let remaining = deadline.map(|d| d - now);
         let mut cond = || any_canal(g, epfd);
         let r = client::sleep_events(&s, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
@@ -563,14 +567,22 @@ mod tests {
             })
         });
         forget_fd(1001);
-        assert!(with(|s| s.iter().find(|s| s.epfd == 1000).unwrap().items.is_empty()));
+        assert!(with(|s| s
+            .iter()
+            .find(|s| s.epfd == 1000)
+            .unwrap()
+            .items
+            .is_empty()));
         forget_fd(1000);
         assert!(with(|s| s.iter().all(|s| s.epfd != 1000)));
     }
 
     #[test]
     fn ctl_rejects_self_and_non_epoll() {
-        assert_eq!(ctl(5, libc::EPOLL_CTL_ADD, 5, core::ptr::null()), Err(libc::EINVAL));
+        assert_eq!(
+            ctl(5, libc::EPOLL_CTL_ADD, 5, core::ptr::null()),
+            Err(libc::EINVAL)
+        );
         // SAFETY: plain pipe creation.
         let mut p = [0; 2];
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);

@@ -89,6 +89,7 @@ macro_rules! dispatch {
                 // SAFETY: as above.
                 None => unsafe { $real },
                 Some(_g) => run(|| {
+                    client::set_current_fd(fd);
                     let $s = sock_of(h)?;
                     $body
                 }) as _,
@@ -1025,8 +1026,11 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
             }
             FcntlAction::SetFl(v) => {
                 s.set_nonblocking(v & libc::O_NONBLOCK != 0);
-                // The dummy keeps the other flags (O_ASYNC etc. are not emulated).
-                let r = real(libc::F_SETFL, (v & !libc::O_NONBLOCK) as c_ulong);
+                // The dummy keeps the other flags (O_ASYNC etc. are not emulated) and
+                // its own O_NONBLOCK (see sock::dummy).
+                let keep = sys::fcntl_int(fd, libc::F_GETFL, 0).map_or(0, |f| f as c_int)
+                    & libc::O_NONBLOCK;
+                let r = real(libc::F_SETFL, ((v & !libc::O_NONBLOCK) | keep) as c_ulong);
                 if r < 0 {
                     return Err(sys::errno());
                 }
@@ -1417,8 +1421,7 @@ fn epoll_wait_canal(
     run(|| {
         let g = client::guest().ok_or(libc::EBADF)?;
         let max = maxevents as usize;
-        if maxevents <= 0 || max > (i32::MAX as usize) / core::mem::size_of::<libc::epoll_event>()
-        {
+        if maxevents <= 0 || max > (i32::MAX as usize) / core::mem::size_of::<libc::epoll_event>() {
             return Err(libc::EINVAL);
         }
         if events.is_null() {
@@ -1450,7 +1453,13 @@ pub unsafe extern "C" fn epoll_wait(
         // SAFETY: as above.
         return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
     };
-    epoll_wait_canal(epfd, events, maxevents, Ok(ms_ns(timeout)), core::ptr::null())
+    epoll_wait_canal(
+        epfd,
+        events,
+        maxevents,
+        Ok(ms_ns(timeout)),
+        core::ptr::null(),
+    )
 }
 
 #[cfg_attr(not(test), no_mangle)]

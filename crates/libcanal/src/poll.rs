@@ -192,9 +192,7 @@ pub fn select_has_canal(
     e: *const libc::fd_set,
 ) -> bool {
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as i32);
-    (0..nfds).any(|fd| {
-        (fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(e, fd)) && special(fd)
-    })
+    (0..nfds).any(|fd| (fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(e, fd)) && special(fd))
 }
 
 /// select/pselect through the poll core. Returns the number of bits set.
