@@ -180,6 +180,19 @@ fn attach_validates_header() {
         &|h| h.features |= 1 << 40,
         HeaderError::UnknownFeatures(1 << 40),
     );
+    corrupt(
+        &|h| h.features |= 1 << 4,
+        HeaderError::UnknownFeatures(1 << 4),
+    );
+    // A header with WATCH attaches (the bit is known, optional for the guest).
+    {
+        let mut b2 = Buf::new(l.region_size);
+        let p2 = b2.ptr();
+        // SAFETY: fresh buffer of region_size bytes.
+        unsafe { Region::init(p2, l, 1, feature::ALL_V1 | feature::WATCH) };
+        // SAFETY: as above.
+        assert!(unsafe { Region::attach(p2, l.region_size) }.is_ok());
+    }
     corrupt(&|h| h.queue_offset += 8, HeaderError::BadLayout);
     corrupt(&|h| h.slot_count = 3, HeaderError::BadLayout);
     corrupt(&|h| h.data_size = 1 << 50, HeaderError::BadLayout);
@@ -238,6 +251,19 @@ fn addr_roundtrip_and_validation() {
         "IPv4 with bytes past the first four"
     );
     assert_eq!(CanalAddr::decode(&e[..31]), None);
+}
+
+#[test]
+fn watch_wire_values() {
+    // protocol.md §2 (kind 8) and §3 (features bit 3).
+    assert_eq!(canal_abi::control::kind::WATCH, 8);
+    assert_eq!(feature::WATCH, 1 << 3);
+    assert_eq!(feature::KNOWN, 0b1111);
+    assert_eq!(
+        feature::ALL_V1 & feature::WATCH,
+        0,
+        "optional, not part of v1's set"
+    );
 }
 
 #[test]

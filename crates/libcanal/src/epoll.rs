@@ -138,13 +138,7 @@ fn is_epoll(fd: c_int) -> Result<bool, i32> {
         return Ok(true);
     }
     sys::fcntl_int(fd, libc::F_GETFD, 0)?;
-    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
-    let mut n = 14;
-    let digits = fd.to_string();
-    for b in digits.bytes() {
-        path[n] = b;
-        n += 1;
-    }
+    let path = format!("/proc/self/fd/{fd}\0");
     let mut buf = [0u8; 64];
     // SAFETY: path is NUL-terminated; buf is writable for its length.
     let r = unsafe {
@@ -163,8 +157,9 @@ fn is_epoll(fd: c_int) -> Result<bool, i32> {
     Ok(&buf[..len] == b"anon_inode:[eventpoll]")
 }
 
-/// epoll_ctl where `fd` is a canal socket or a canal-bearing epoll fd.
-pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) -> Result<(), i32> {
+/// epoll_ctl where `fd` is a canal socket or a canal-bearing epoll fd. `ev`: the
+/// caller's event, already read (None for a null pointer).
+pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result<(), i32> {
     if epfd == fd {
         return Err(libc::EINVAL);
     }
@@ -179,11 +174,7 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) -> Result<
     let want = if op == libc::EPOLL_CTL_DEL {
         None
     } else {
-        if ev.is_null() {
-            return Err(libc::EFAULT);
-        }
-        // SAFETY: the application passes a readable epoll_event for ADD/MOD.
-        let e = unsafe { core::ptr::read_unaligned(ev) };
+        let e = ev.ok_or(libc::EFAULT)?;
         Some((e.events, e.u64))
     };
     let seq = match target {
@@ -579,10 +570,7 @@ mod tests {
 
     #[test]
     fn ctl_rejects_self_and_non_epoll() {
-        assert_eq!(
-            ctl(5, libc::EPOLL_CTL_ADD, 5, core::ptr::null()),
-            Err(libc::EINVAL)
-        );
+        assert_eq!(ctl(5, libc::EPOLL_CTL_ADD, 5, None), Err(libc::EINVAL));
         // SAFETY: plain pipe creation.
         let mut p = [0; 2];
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);

@@ -1396,7 +1396,11 @@ pub unsafe extern "C" fn epoll_ctl(
     let Some(_g) = Reentry::enter() else {
         return real();
     };
-    run(|| match epoll::ctl(epfd, op, fd, ev) {
+    let event = (!ev.is_null()).then(|| {
+        // SAFETY: the application passes a readable epoll_event (or null).
+        unsafe { core::ptr::read_unaligned(ev) }
+    });
+    run(|| match epoll::ctl(epfd, op, fd, event) {
         // An epoll fd registered for real before it watched canal sockets.
         Err(libc::ENOENT) if nested => {
             let r = real();
