@@ -252,6 +252,38 @@ pub fn forget_fd(fd: c_int) {
     });
 }
 
+/// A canal socket at `fd` became a kernel socket (selection policy): its interest moves
+/// to the real epoll instances, with the same events and data.
+pub fn move_to_kernel(fd: c_int) {
+    let moved: Vec<(c_int, u32, u64)> = with(|sets| {
+        let mut v = Vec::new();
+        for s in sets.iter_mut() {
+            s.items.retain(|i| {
+                if i.fd == fd {
+                    v.push((s.epfd, i.events, i.data));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        v
+    });
+    for (epfd, events, data) in moved {
+        let mut ev = epoll_event { events, u64: data };
+        // SAFETY: ev is a live local the kernel reads.
+        unsafe {
+            libc::syscall(
+                libc::SYS_epoll_ctl,
+                epfd as libc::c_long,
+                libc::EPOLL_CTL_ADD as libc::c_long,
+                fd as libc::c_long,
+                &mut ev as *mut epoll_event,
+            )
+        };
+    }
+}
+
 /// What an item reports now (0: nothing). With `commit`, edge and one-shot state
 /// advance as for a delivered event; without, this only peeks.
 fn eval(g: &'static Guest, it: &mut Item, commit: bool, depth: u32) -> u32 {

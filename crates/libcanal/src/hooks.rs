@@ -179,6 +179,25 @@ fn addr_in(addr: *const SockAddr, len: socklen_t) -> Result<canal_abi::CanalAddr
     unsafe { sockaddr::read_sockaddr(addr, len) }
 }
 
+/// The selection policy: `a` is excluded (CANAL_EXCLUDE) and this is the socket's
+/// first bind/connect/sendto, so the socket at `fd` becomes a kernel socket now.
+fn leave_to_kernel(fd: c_int, s: &Sock, a: &canal_abi::CanalAddr) -> Result<bool, i32> {
+    if !crate::policy::active() || !crate::policy::undecided(s) || !crate::policy::excluded(a) {
+        return Ok(false);
+    }
+    crate::policy::handoff(s.g, fd, *s)?;
+    Ok(true)
+}
+
+/// A real libc call's result as the hooks' Result (errno read right after it).
+fn real_result(r: isize) -> Result<isize, i32> {
+    if r < 0 {
+        Err(sys::errno())
+    } else {
+        Ok(r)
+    }
+}
+
 /// The destination of sendto/sendmsg. TCP ignores it entirely once the kernel has
 /// copied it in (only the length is checked: EINVAL above sockaddr_storage), so a
 /// stream socket never parses it — servers pass whatever recvfrom left there.
@@ -261,20 +280,33 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
     dispatch!(fd, real!(c"bind", FnAddr)(fd, addr, len), |s| {
-        sock::bind(s, &addr_in(addr, len)?).map(|_| 0)
+        let a = addr_in(addr, len)?;
+        if leave_to_kernel(fd, &s, &a)? {
+            // SAFETY: forwarding to libc's bind on the kernel socket now at `fd`.
+            return real_result(unsafe { real!(c"bind", FnAddr)(fd, addr, len) } as isize);
+        }
+        crate::policy::commit(&s);
+        sock::bind(s, &a).map(|_| 0)
     }) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
     dispatch!(fd, real!(c"connect", FnAddr)(fd, addr, len), |s| {
-        sock::connect(s, &addr_in(addr, len)?).map(|_| 0)
+        let a = addr_in(addr, len)?;
+        if leave_to_kernel(fd, &s, &a)? {
+            // SAFETY: forwarding to libc's connect on the kernel socket now at `fd`.
+            return real_result(unsafe { real!(c"connect", FnAddr)(fd, addr, len) } as isize);
+        }
+        crate::policy::commit(&s);
+        sock::connect(s, &a).map(|_| 0)
     }) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     dispatch!(fd, real!(c"listen", FnIntInt)(fd, backlog), |s| {
+        crate::policy::commit(&s);
         sock::listen(s, backlog).map(|_| 0)
     }) as c_int
 }
@@ -393,7 +425,9 @@ pub unsafe extern "C" fn setsockopt(
                 // SAFETY: the application passes `len` readable bytes at `val`.
                 unsafe { core::slice::from_raw_parts(val as *const u8, len as usize) }
             };
-            sock::setsockopt(s, level, name, v).map(|_| 0)
+            sock::setsockopt(s, level, name, v)?;
+            crate::policy::record_option(&s, level, name, v);
+            Ok(0)
         }
     ) as c_int
 }
@@ -456,6 +490,14 @@ pub unsafe extern "C" fn sendto(
         real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen),
         |s| {
             let to = dest_in(s, addr, alen)?;
+            if let Some(a) = &to {
+                if leave_to_kernel(fd, &s, a)? {
+                    // SAFETY: forwarding to libc's sendto on the kernel socket now at `fd`.
+                    let r = unsafe { real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen) };
+                    return real_result(r);
+                }
+                crate::policy::commit(&s);
+            }
             let v = [crate::iov::single(buf as *mut c_void, len)];
             sock::send(s, &v, flags, to.as_ref()).map(|n| n as isize)
         }
@@ -580,6 +622,9 @@ fn sendmsg_one(s: Sock, msg: *const msghdr, flags: c_int) -> Result<isize, i32> 
     } else {
         dest_in(s, m.msg_name as *const SockAddr, m.msg_namelen)?
     };
+    if to.is_some() {
+        crate::policy::commit(&s);
+    }
     sock::send(s, iov, flags, to.as_ref()).map(|n| n as isize)
 }
 

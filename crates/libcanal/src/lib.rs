@@ -9,6 +9,7 @@
 //! - `sock`: socket operations (data path over the rings, control ops as requests).
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
 //! - `epoll`: epoll interest lists of canal sockets, waits over mixed descriptors.
+//! - `policy`: which sockets canal takes (CANAL_EXCLUDE) and the hand-off to the kernel.
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
@@ -19,6 +20,7 @@ pub mod epoll;
 pub mod fdtable;
 pub mod hooks;
 pub mod iov;
+pub mod policy;
 pub mod poll;
 pub mod ready;
 pub mod sock;

@@ -543,6 +543,7 @@ pub fn release(g: &'static Guest, handle: u32) {
             })
             .unwrap_or(1);
     if prev <= 1 {
+        crate::policy::forget(handle);
         client::wake_local(g, s.idx);
         if !client::is_dead(g) {
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
