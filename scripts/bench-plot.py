@@ -105,8 +105,14 @@ def sweep(ax, rows, workload, metric, xkey, ylabel, title, logy=True, variant="d
         ax.set_xscale("log", base=2)
         xs = sorted({r["size"] for r in data})
         if xs:
+            # Neighbours closer than 1.5× (56 B and 64 B) would print over each other.
+            labels, last = [], None
+            for x in xs:
+                ok = last is None or x / last >= 1.5
+                labels.append(size_label(x) if ok else "")
+                last = x if ok else last
             ax.set_xticks(xs)
-            ax.set_xticklabels([size_label(x) for x in xs], rotation=45, ha="right", fontsize=8)
+            ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
         ax.set_xlabel("message size")
     else:
         ax.set_xlabel("concurrent client/server pairs")
@@ -140,10 +146,11 @@ def save(fig, out, name, footer):
 
 def bars(ax, entries, ylabel, title, baseline=None):
     """entries: list of (label, row-or-None-with-reason, color)."""
-    labels, vals, errs, colors, notes = [], [], [[], []], [], []
+    labels, vals, errs, colors, notes, missing = [], [], [[], []], [], [], []
     for label, r, color in entries:
         labels.append(label)
         colors.append(color)
+        missing.append(r is None or r["median"] is None)
         if r is not None and r["median"] is not None:
             vals.append(r["median"])
             errs[0].append(r["median"] - r["min"])
@@ -156,8 +163,8 @@ def bars(ax, entries, ylabel, title, baseline=None):
                 notes.append(f"{label}: {r['status']} — {short(r['reason'], 60)}")
     xs = range(len(labels))
     ax.bar(xs, vals, yerr=errs, color=colors, capsize=3)
-    for x, v in zip(xs, vals):
-        if v == 0.0:
+    for x, v, miss in zip(xs, vals, missing):
+        if miss:
             ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=8, color="darkred")
     if baseline is not None:
         ax.axhline(baseline[1], color="tab:blue", linestyle="--", label=baseline[0])

@@ -4,6 +4,7 @@ import hashlib
 import os
 import random
 import socket
+import threading
 from pathlib import Path
 
 import e2e_util
@@ -104,4 +105,82 @@ def assert_listed_by_canal(canald, port, proto="tcp", what="server"):
         raise AssertionError(
             f"{what} runs under canal but `canal stat` lists no {kind} socket on port {port}: "
             f"its socket is not canal's\n{canald.stat()}"
+        )
+
+
+def assert_socket_listed(canald, port, kind, what):
+    """`canal stat` lists (within 5 s) a guest socket whose local port is port: kind "tcp4"
+    or "tcp6" -> a "tcp" socket, "udp4"/"udp6" -> a "udp" one."""
+    want = "udp" if kind.startswith("udp") else "tcp"
+
+    def find():
+        for g in canald.stat().get("guests", []):
+            for s in g.get("sockets", []):
+                if s.get("kind") == want and str(s.get("local", "")).endswith(f":{port}"):
+                    return g
+        return None
+
+    try:
+        e2e_util.wait_for(find, 5, what=f"`canal stat` to list a {want} socket with local port {port}")
+    except AssertionError:
+        raise AssertionError(
+            f"{what} runs under canal, but `canal stat` lists no {want} socket with local port {port} "
+            f"(its {kind} witness socket): its sockets are not canal's, so its checks prove nothing about canal\n"
+            f"{canald.stat()}"
+        )
+
+
+class CanalSampler:
+    """Polls `canal stat` in a background thread while a client runs, remembering every guest
+    socket seen. Used where the client runs under canal (canal-client, canal-both) to prove
+    its connections were canal's: `canal stat` lists only live guests, so a client that
+    lives long enough (wrk, ab, redis-benchmark, iperf3, sockperf, the asyncio client, all
+    running for at least about half a second) is sampled many times.
+
+        with CanalSampler(request, mode) as sampler:
+            client_run.run(...)
+        sampler.require_peer_port(port, "wrk")
+    In modes whose client is native, it does nothing and require_peer_port passes."""
+
+    def __init__(self, request, mode, interval=0.05):
+        self.active = client_under_canal(mode)
+        self.canald = request.getfixturevalue("canald") if self.active else None
+        self.interval = interval
+        self.seen = []  # (comm, kind, local, peer)
+        self.samples = 0
+        self.errors = []
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                st = self.canald.stat()
+                self.samples += 1
+                for g in st.get("guests", []):
+                    for s in g.get("sockets", []):
+                        self.seen.append((g.get("comm"), s.get("kind"), str(s.get("local")), str(s.get("peer"))))
+            except AssertionError as e:
+                self.errors.append(str(e).splitlines()[0])
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        if self.active:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread:
+            self._stop.set()
+            self._thread.join(timeout=15)
+
+    def require_peer_port(self, port, what):
+        if not self.active:
+            return
+        hits = [s for s in self.seen if s[1] == "tcp" and s[3].endswith(f":{port}")]
+        assert hits, (
+            f"{what} ran under canal, but in {self.samples} samples of `canal stat` no guest had a TCP "
+            f"socket connected to port {port}: its connections were not canal's "
+            f"(stat errors: {self.errors[:3]}; sockets seen: {sorted(set(self.seen))[:10]})"
         )

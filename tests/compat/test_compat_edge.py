@@ -14,11 +14,12 @@ check runs edge under canal and the peer natively, and a server check the other 
 
 The peer uses only threads and blocking calls, so under canal it needs basic sockets only."""
 
-import re
+import subprocess
 
 import pytest
 
 import compat_util
+from canal_harness import clean_env
 from compat_util import MODES
 
 # name -> role of the edge program; must match `edge --list` (checked when compiling)
@@ -60,8 +61,6 @@ CHECKS = {
 
 @pytest.fixture(scope="session")
 def edge_progs(cprogs):
-    import subprocess
-
     cp = subprocess.run([str(cprogs["edge"]), "--list"], capture_output=True, text=True, timeout=10)
     listed = dict(line.split() for line in cp.stdout.splitlines())
     assert listed == CHECKS, f"progs/edge.c's checks differ from CHECKS in {__file__}: {listed} vs {CHECKS}"
@@ -82,8 +81,29 @@ def test_edge(request, mode, check, edge_progs):
     ports = dict(kv.split("=") for kv in line.split()[1:])
     if peer_run is not request.getfixturevalue("procs"):
         compat_util.assert_listed_by_canal(peer_run, ports["tcp4"], what="the peer")
-    r = edge_run.run([edge_progs["edge"], check, ports["tcp4"], ports["tcp6"], ports["udp4"], ports["udp6"]],
-                     timeout=45, name=f"edge-{check}")
+    procs = request.getfixturevalue("procs")
+    edge_under_canal = edge_run is not procs
+    argv = [edge_progs["edge"], check, ports["tcp4"], ports["tcp6"], ports["udp4"], ports["udp6"]]
+    if not edge_under_canal:
+        r = edge_run.run(argv, timeout=45, name=f"edge-{check}")
+    else:
+        # EDGE_WITNESS: after the check, edge opens one more socket of the check's kind and
+        # waits (stdin open) while `canal stat` must list it: the sockets are canal's
+        p = edge_run.spawn(argv, name=f"edge-{check}", stdin=subprocess.PIPE,
+                           env=clean_env({"EDGE_WITNESS": "1"}))
+        witness_error = None
+        try:
+            wline = p.wait_line("WITNESS", 45)
+        except AssertionError as e:
+            wline, witness_error = None, f"edge printed no WITNESS line: {str(e).splitlines()[0]}"
+        if wline:
+            _, kind, wport = wline.split()
+            try:
+                compat_util.assert_socket_listed(edge_run, int(wport), kind, f"edge ({check})")
+            except AssertionError as e:
+                witness_error = str(e)
+        p.popen.stdin.close()
+        r = p.finish(30)
     lines = r.stdout.splitlines()
     fails = [l for l in lines if l.startswith("FAIL ")]
     oks = [l for l in lines if l.startswith("ok ")]
@@ -93,3 +113,5 @@ def test_edge(request, mode, check, edge_progs):
         + "\n  ".join(fails) + f"\n{r.describe()}"
     )
     assert peer.poll() is None, f"the peer died\n{peer.describe()}"
+    if edge_under_canal:
+        assert witness_error is None, witness_error

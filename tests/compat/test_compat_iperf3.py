@@ -47,9 +47,11 @@ def test_iperf3_parallel(request, mode, direction):
             "--get-server-output", "--connect-timeout", "10000"]
     if direction == "reverse":
         argv.append("-R")
-    client = client_run.run(argv, timeout=90, name="iperf3-client")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        client = client_run.run(argv, timeout=90, name="iperf3-client")
     srv = server.finish(30)
     assert client.returncode == 0, client.describe()
+    sampler.require_peer_port(port, "iperf3 client")
     assert srv.returncode == 0, srv.describe()
     cj = _json(client, "iperf3 client")
     sj = _json(srv, "iperf3 server")

@@ -1,5 +1,7 @@
 """nginx (master + 2 workers, sendfile and tcp_nopush on, as Debian's default config has
-them) serving static files: wrk for 10 s (zero socket errors, zero non-2xx), curl of every
+them) serving static files, with one listening socket the master opens and both workers
+share through fork (the default: nginx 1.22 waits on it with EPOLLEXCLUSIVE), and with
+`listen ... reuseport` (the master opens one SO_REUSEPORT listener per worker): wrk for 10 s (zero socket errors, zero non-2xx), curl of every
 file (SHA-256 matches), ab with keep-alive (zero failed requests, every request kept
 alive). nginx runs with a generated nginx.conf in a temp dir, on a free port of 127.0.0.1."""
 
@@ -41,7 +43,7 @@ http {{
     keepalive_requests 100000;
     default_type application/octet-stream;
     server {{
-        listen 127.0.0.1:{port} reuseport backlog=1024;
+        listen 127.0.0.1:{port}{listen_opts} backlog=1024;
         root {root};
         location / {{ }}
     }}
@@ -65,13 +67,14 @@ def _nginx_path():
     return need_tool("nginx")
 
 
-def _start_nginx(server_run, tmp, port):
+def _start_nginx(server_run, tmp, port, listener):
     nginx = _nginx_path()
     root = tmp / "www"
     hashes = compat_util.make_files(root, SIZES)
     user = "user root root;" if os.geteuid() == 0 else ""
     conf = tmp / "nginx.conf"
-    conf.write_text(CONF.format(user=user, tmp=tmp, port=port, root=root))
+    opts = " reuseport" if listener == "reuseport" else ""
+    conf.write_text(CONF.format(user=user, tmp=tmp, port=port, root=root, listen_opts=opts))
     os.chmod(tmp, 0o755)
     proc = server_run.spawn([nginx, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")], name="nginx")
     compat_util.wait_listening(proc, port, "nginx")
@@ -95,8 +98,9 @@ def _error_log_problems(tmp):
 
 
 @pytest.mark.deadline(120)
+@pytest.mark.parametrize("listener", ["shared", "reuseport"])
 @pytest.mark.parametrize("mode", MODES)
-def test_nginx_static(request, mode, tmp_path):
+def test_nginx_static(request, mode, listener, tmp_path):
     wrk = need_tool("wrk")
     ab = need_tool("ab")
     curl = need_tool("curl")
@@ -105,7 +109,7 @@ def test_nginx_static(request, mode, tmp_path):
     tmp = tmp_path / "nginx"
     tmp.mkdir()
     port = e2e_util.free_port()
-    proc, hashes, master, workers = _start_nginx(server_run, tmp, port)
+    proc, hashes, master, workers = _start_nginx(server_run, tmp, port, listener)
     compat_util.assert_served_by_canal(request, mode, port, what="nginx")
     base = f"http://127.0.0.1:{port}"
 
@@ -124,9 +128,11 @@ def test_nginx_static(request, mode, tmp_path):
     # 2. wrk for 10 s over a mix of files.
     lua = tmp_path / "paths.lua"
     lua.write_text(WRK_LUA % ", ".join(f'"/{f}"' for f in WRK_FILES))
-    r = client_run.run([wrk, "-t", "2", "-c", "32", "-d", "10s", "--timeout", "5s", "-s", lua, f"{base}/"],
-                       timeout=40, name="wrk")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([wrk, "-t", "2", "-c", "32", "-d", "10s", "--timeout", "5s", "-s", lua, f"{base}/"],
+                           timeout=40, name="wrk")
     assert r.returncode == 0, f"wrk failed\n{r.describe()}"
+    sampler.require_peer_port(port, "wrk")
     print(r.stdout)
     m = re.search(r"(\d+) requests in", r.stdout)
     assert m and int(m.group(1)) > 0, f"wrk completed no requests\n{r.describe()}"
@@ -134,9 +140,11 @@ def test_nginx_static(request, mode, tmp_path):
     assert "Non-2xx" not in r.stdout, f"wrk saw non-2xx responses\n{r.describe()}"
 
     # 3. ab with keep-alive.
-    r = client_run.run([ab, "-k", "-q", "-n", AB_REQUESTS, "-c", "8", "-s", "10", f"{base}/{AB_FILE}"],
-                       timeout=60, name="ab")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([ab, "-k", "-q", "-n", AB_REQUESTS, "-c", "8", "-s", "10", f"{base}/{AB_FILE}"],
+                           timeout=60, name="ab")
     assert r.returncode == 0, f"ab failed\n{r.describe()}"
+    sampler.require_peer_port(port, "ab")
 
     def field(name):
         m = re.search(rf"^{name}:\s+(\d+)", r.stdout, re.M)

@@ -21,8 +21,11 @@ def test_asyncio_200_connections(request, mode, python, compat_progs):
     server = server_run.spawn([python, compat_progs / "aio.py", "serve"], name="aio-server")
     port = int(server.wait_line("READY", 30).split()[1])
     compat_util.assert_served_by_canal(request, mode, port, what="asyncio server")
-    r = client_run.run([python, compat_progs / "aio.py", "client", port, CONNS, MAXBYTES], timeout=90, name="aio-client")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([python, compat_progs / "aio.py", "client", port, CONNS, MAXBYTES], timeout=90,
+                           name="aio-client")
     assert r.returncode == 0 and r.stdout.startswith("OK "), f"asyncio client failed\n{r.describe()}"
+    sampler.require_peer_port(port, "asyncio client")
     assert f"conns={CONNS}" in r.stdout, r.describe()
     print(r.stdout.strip())
     assert server.poll() is None, f"asyncio server died\n{server.describe()}"

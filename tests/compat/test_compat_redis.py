@@ -64,9 +64,11 @@ def test_redis(request, mode, tmp_path):
     base = _calls(port)
     runs = [("plain", N_PLAIN, []), ("pipelined", N_PIPELINED, ["-P", "16"])]
     for label, n, extra in runs:
-        r = client_run.run([bench, "-h", "127.0.0.1", "-p", port, "-t", "set,get,lpush", "-n", n, "-c", "20",
-                            "--csv", *extra], timeout=60, name=f"redis-benchmark-{label}")
+        with compat_util.CanalSampler(request, mode) as sampler:
+            r = client_run.run([bench, "-h", "127.0.0.1", "-p", port, "-t", "set,get,lpush", "-n", n, "-c", "20",
+                                "--csv", *extra], timeout=60, name=f"redis-benchmark-{label}")
         assert r.returncode == 0, f"redis-benchmark ({label}) failed\n{r.describe()}"
+        sampler.require_peer_port(port, f"redis-benchmark ({label})")
         print(r.stdout)
         for cmd in ("SET", "GET", "LPUSH"):
             assert re.search(rf'^"{cmd}",', r.stdout, re.M), f"redis-benchmark ({label}) printed no {cmd} result\n{r.describe()}"

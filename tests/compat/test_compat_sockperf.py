@@ -38,10 +38,14 @@ def test_sockperf(request, mode, proto, mux, tmp_path):
                               what=f"sockperf server to bind UDP 127.0.0.1:{p}")
             assert server.poll() is None, f"sockperf server exited early\n{server.describe()}"
         compat_util.assert_served_by_canal(request, mode, p, proto, what="sockperf server")
-    r = client_run.run([sockperf, "pp", "-f", feed, "-F", mux, "-t", "1", "--data-integrity"],
-                       timeout=30, name=f"sockperf-pp-{proto}-{mux}")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([sockperf, "pp", "-f", feed, "-F", mux, "-t", "1", "--data-integrity"],
+                           timeout=30, name=f"sockperf-pp-{proto}-{mux}")
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"sockperf client failed\n{r.describe()}"
+    if proto == "tcp":  # a UDP client's sockets are unconnected: nothing tells them from the server's
+        for p in ports:
+            sampler.require_peer_port(p, "sockperf client")
     assert f"using {mux}()" in out, f"sockperf client did not use {mux}()\n{r.describe()}"
     m = re.search(r"\[Total Run\].*SentMessages=(\d+); ReceivedMessages=(\d+)", out)
     assert m, f"sockperf printed no [Total Run] line\n{r.describe()}"

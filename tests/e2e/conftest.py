@@ -12,7 +12,12 @@ Fixtures other test files may use:
       .spawn(argv, name=None, **kw)     same, in the background -> Proc
       .stat()                           `canal stat --socket S --json`, parsed
       .guest(pid_or_proc)               the stat entry of that guest (or None)
+      .wait_served(proc, kind, peer_port=None, count=1, state=None)
+                                        wait until stat lists those sockets for proc's
+                                        program: proof canal serves it, not the kernel
       .pid                              canald's pid, as `canal stat` reports it
+  canal_harness.runner(request, mode)   "native" -> procs, else -> canald (same methods)
+  Proc (from spawn): .wait_line(prefix, t), .send_line(), .finish(t) -> Result, .describe()
   python                                the real interpreter (not a pyenv shim)
   progs                                 Path of tests/e2e/progs
 

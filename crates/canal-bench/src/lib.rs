@@ -344,6 +344,7 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
         tool_secs: if o.quick { 1.0 } else { 4.0 },
         redis_requests: if o.quick { 5000 } else { 100_000 },
         strace_counts: if o.quick { (100, 600) } else { (500, 5000) },
+        strace_secs: if o.quick { 3.0 } else { 20.0 },
         canal_grace: o.canal_grace.unwrap_or(if o.quick { 4.0 } else { 20.0 }),
         pin: o.pin,
         cpu_mhz: m.mhz,
@@ -401,13 +402,26 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
     // Consecutive failures per (system, variant): a broken canal must not stall the run.
     let mut streak: HashMap<(System, String), (u32, String)> = HashMap::new();
     let mut daemon_failed: Option<Status> = None;
+    // The quick mode must finish in under 2 minutes whatever canal does: past this many
+    // seconds its remaining canal cells are skipped (native cells are fast and still run).
+    let budget: Option<f64> = o.quick.then_some(90.0);
     let mut done = 0;
     for rep in 1..=reps {
         for (cell, ids) in &cells {
             done += 1;
             let exps_s = ids.join(" ");
             let key = (cell.system, cell.variant.clone());
+            let over_budget = budget.is_some_and(|b| started.elapsed().as_secs_f64() > b);
             let outcome = match (streak.get(&key), &daemon_failed) {
+                _ if over_budget && cell.system.uses_canal() => runner::Outcome {
+                    status: Status::Skipped(format!(
+                        "the quick mode's {:.0} s budget for canal cells was spent (canal runs were slow or timed out)",
+                        budget.unwrap_or(0.0)
+                    )),
+                    metrics: vec![],
+                    raw_command: String::new(),
+                    detail: String::new(),
+                },
                 (Some((n, why)), _) if *n >= 3 => runner::Outcome {
                     status: Status::Skipped(format!(
                         "{} failed {n} times in a row in this run; last: {why}",

@@ -946,7 +946,7 @@ pub fn markdown(info: &RunInfo, exps: &[Experiment], aggs: &[CellAgg], plots: &[
         s.push_str(&glance);
         s.push('\n');
         for n in &glance_notes {
-            let _ = writeln!(s, "- {n}");
+            let _ = writeln!(s, "{n}");
         }
         s.push('\n');
     }
@@ -1087,17 +1087,15 @@ pub fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String {
             .collect();
         if !cells.is_empty() && cells.iter().all(|a| a.status() != Status::Ok) {
             notes_out.push(format!(
-                "{}: no numbers in this run — {}",
+                "- {}: no numbers in this run — {}",
                 sys.label(),
                 cells[0].status().reason()
             ));
         }
     }
     if !slower.is_empty() {
-        notes_out.push(format!(
-            "Where canal is worse than the kernel in this run: {}.",
-            slower.join("; ")
-        ));
+        notes_out.push("- Where canal is worse than the kernel in this run:".to_string());
+        notes_out.extend(slower.into_iter().map(|l| format!("  - {l}")));
     }
     s
 }
@@ -1128,7 +1126,7 @@ pub fn readme_snippet(info: &RunInfo, aggs: &[CellAgg], out: &str, plots: &[Stri
     s.push_str(&glance);
     s.push('\n');
     for n in notes {
-        let _ = writeln!(s, "- {n}");
+        let _ = writeln!(s, "{n}");
     }
     s.push('\n');
     for p in ["throughput_vs_size.png", "latency_vs_size.png"] {

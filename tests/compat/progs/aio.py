@@ -3,7 +3,8 @@
   aio.py serve                       listen on 127.0.0.1:0, print "READY <port>", echo every
                                      connection until EOF; runs until killed
   aio.py client PORT CONNS MAXBYTES  open CONNS connections, wait until all are connected,
-                                     then on each send a different pseudo-random payload of up
+                                     (and 0.3 s more), then on each send a different
+                                     pseudo-random payload of up
                                      to MAXBYTES while reading the echo concurrently, half-close,
                                      read to EOF and compare; prints one line per failure and
                                      "OK conns=N bytes=B" at the end; exit 1 on any failure
@@ -14,6 +15,7 @@ import random
 import sys
 
 TIMEOUT = 60
+HOLD = 0.3
 
 
 async def serve():
@@ -62,6 +64,8 @@ async def client(port, conns, maxbytes):
             all_connected.set()
         try:
             await asyncio.wait_for(all_connected.wait(), TIMEOUT)
+            # all connections stay open at least this long, so an observer (canal stat) sees them
+            await asyncio.sleep(HOLD)
 
             async def send():
                 for off in range(0, size, 16384):

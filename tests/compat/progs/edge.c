@@ -58,10 +58,13 @@ static void report(int ok, const char *fmt, ...)
     if (!ok)
         failures++;
 }
-/* cond is evaluated first, so errno in the message is the one cond's calls left */
+/* cond is evaluated first, so errno in a failure's message is the one cond's calls left;
+ * after a success errno is cleared, so the message does not show a stale one */
 #define EXPECT(cond, ...)            \
     do {                             \
         int ok_ = !!(cond);          \
+        if (ok_)                     \
+            errno = 0;               \
         report(ok_, __VA_ARGS__);    \
     } while (0)
 
@@ -1805,8 +1808,18 @@ static void check_accept4_flags(void)
     read_results(ctl, res, 1);
     EXPECT(strcmp(res[0], "acc hello 0") == 0, "the peer got the answer: '%s'", res[0]);
 
+    /* nginx's workers wait on their shared listener with EPOLLEXCLUSIVE */
+    int ep2 = epoll_create1(0);
+    EXPECT(ep_add(ep2, l, EPOLLIN | EPOLLEXCLUSIVE, 3) == 0, "EPOLL_CTL_ADD with EPOLLEXCLUSIVE on the listener (%s)",
+           ename(errno));
+    struct epoll_event mx = { .events = EPOLLIN, .data.u64 = 3 };
+    int rc = epoll_ctl(ep2, EPOLL_CTL_MOD, l, &mx);
+    EXPECT(rc == -1 && errno == EINVAL, "EPOLL_CTL_MOD of an EPOLLEXCLUSIVE registration: rc=%d %s (want EINVAL)", rc,
+           rc ? ename(errno) : "");
     ctl = ask_peer_to_connect(4, port, 1);
     STEP("waiting for the second connection");
+    ev = epoll_for(ep2, 3, 5000);
+    EXPECT(ev == EPOLLIN, "the EPOLLEXCLUSIVE set reports the pending connection: %s", evstr(ev));
     epoll_for(ep, 1, 5000);
     c = accept(l, NULL, NULL);
     EXPECT(c >= 0 && !(fcntl(c, F_GETFL) & O_NONBLOCK) && cloexec(c) == 0,
@@ -1821,6 +1834,7 @@ static void check_accept4_flags(void)
     }
     read_results(ctl, res, 1);
     EXPECT(strcmp(res[0], "plain hello 0") == 0, "the peer got the answer: '%s'", res[0]);
+    close(ep2);
     close(ep);
     close(l);
 }
@@ -1958,44 +1972,74 @@ static void check_reuseaddr_reuseport(void)
     close(l);
 }
 
+/* With EDGE_WITNESS set (the harness sets it when this program runs under canal): after the
+ * check, open one more socket of the kind the check is about, print "WITNESS kind port" and
+ * wait for stdin to close, so the harness can see in `canal stat` that this process's
+ * sockets really are canal's (a check passing over the kernel would prove nothing). */
+static void witness(const char *kind)
+{
+    int fd = -1;
+    STEP("opening the witness socket");
+    if (strcmp(kind, "tcp6") == 0) {
+        fd = socket(AF_INET6, SOCK_STREAM, 0);
+        struct sockaddr_in6 a = lo6(P_TCP6);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 || send_all(fd, "- WATCH\n", 8) < 0)
+            FATAL("witness: TCP over IPv6 to the peer: %s", ename(errno));
+    } else if (strcmp(kind, "udp4") == 0) {
+        fd = socket(AF_INET, SOCK_DGRAM, 0);
+        struct sockaddr_in a = lo4(P_UDP4);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 || send(fd, "w", 1, 0) != 1)
+            FATAL("witness: UDP to the peer: %s", ename(errno));
+    } else {
+        fd = peer_cmd(NULL, "WATCH");
+    }
+    printf("WITNESS %s %d\n", kind, port_of(fd));
+    fflush(stdout);
+    STEP("waiting for the harness to look at canal stat (stdin EOF)");
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    close(fd);
+}
+
 /* ---------- main ---------- */
 
 static const struct {
-    const char *name, *role;
+    const char *name, *role, *witness;
     void (*fn)(void);
 } checks[] = {
-    { "close_while_recv_blocked", "client", check_close_while_recv_blocked },
-    { "shutdown_wakes_blocked_recv", "client", check_shutdown_wakes_blocked_recv },
-    { "eintr_recv", "client", check_eintr_recv },
-    { "threads_share_socket", "client", check_threads_share_socket },
-    { "et_epoll_drain", "client", check_et_epoll_drain },
-    { "nonblocking_connect_epoll", "client", check_nonblocking_connect_epoll },
-    { "epoll_mixed_level", "client", check_epoll_mixed_level },
-    { "epoll_edge_mixed", "client", check_epoll_edge_mixed },
-    { "epoll_oneshot", "client", check_epoll_oneshot },
-    { "epoll_rdhup", "client", check_epoll_rdhup },
-    { "epoll_hup_err", "client", check_epoll_hup_err },
-    { "epoll_two_sets", "client", check_epoll_two_sets },
-    { "epoll_nested", "client", check_epoll_nested },
-    { "epoll_pwait_timeout_eintr", "client", check_epoll_pwait_timeout_eintr },
-    { "ppoll_pselect", "client", check_ppoll_pselect },
-    { "dup_family_last_close", "client", check_dup_family_last_close },
-    { "dup2_over_socket", "client", check_dup2_over_socket },
-    { "sock_nonblock_cloexec", "client", check_sock_nonblock_cloexec },
-    { "fork_shared_connection", "client", check_fork_shared_connection },
-    { "vfork_exec", "client", check_vfork_exec },
-    { "posix_spawn", "client", check_posix_spawn },
-    { "exec_inherits_socket", "client", check_exec_inherits_socket },
-    { "sendfile", "client", check_sendfile },
-    { "msg_flags", "client", check_msg_flags },
-    { "udp_msg_trunc", "client", check_udp_msg_trunc },
-    { "sockopts", "client", check_sockopts },
-    { "ipv6_client", "client", check_ipv6_client },
-    { "udp_connected", "client", check_udp_connected },
-    { "fork_shared_listener", "server", check_fork_shared_listener },
-    { "accept4_flags", "server", check_accept4_flags },
-    { "dualstack_listener", "server", check_dualstack_listener },
-    { "reuseaddr_reuseport", "server", check_reuseaddr_reuseport },
+    { "close_while_recv_blocked", "client", "tcp4", check_close_while_recv_blocked },
+    { "shutdown_wakes_blocked_recv", "client", "tcp4", check_shutdown_wakes_blocked_recv },
+    { "eintr_recv", "client", "tcp4", check_eintr_recv },
+    { "threads_share_socket", "client", "tcp4", check_threads_share_socket },
+    { "et_epoll_drain", "client", "tcp4", check_et_epoll_drain },
+    { "nonblocking_connect_epoll", "client", "tcp4", check_nonblocking_connect_epoll },
+    { "epoll_mixed_level", "client", "tcp4", check_epoll_mixed_level },
+    { "epoll_edge_mixed", "client", "tcp4", check_epoll_edge_mixed },
+    { "epoll_oneshot", "client", "tcp4", check_epoll_oneshot },
+    { "epoll_rdhup", "client", "tcp4", check_epoll_rdhup },
+    { "epoll_hup_err", "client", "tcp4", check_epoll_hup_err },
+    { "epoll_two_sets", "client", "tcp4", check_epoll_two_sets },
+    { "epoll_nested", "client", "tcp4", check_epoll_nested },
+    { "epoll_pwait_timeout_eintr", "client", "tcp4", check_epoll_pwait_timeout_eintr },
+    { "ppoll_pselect", "client", "tcp4", check_ppoll_pselect },
+    { "dup_family_last_close", "client", "tcp4", check_dup_family_last_close },
+    { "dup2_over_socket", "client", "tcp4", check_dup2_over_socket },
+    { "sock_nonblock_cloexec", "client", "tcp4", check_sock_nonblock_cloexec },
+    { "fork_shared_connection", "client", "tcp4", check_fork_shared_connection },
+    { "vfork_exec", "client", "tcp4", check_vfork_exec },
+    { "posix_spawn", "client", "tcp4", check_posix_spawn },
+    { "exec_inherits_socket", "client", "tcp4", check_exec_inherits_socket },
+    { "sendfile", "client", "tcp4", check_sendfile },
+    { "msg_flags", "client", "tcp4", check_msg_flags },
+    { "udp_msg_trunc", "client", "udp4", check_udp_msg_trunc },
+    { "sockopts", "client", "tcp4", check_sockopts },
+    { "ipv6_client", "client", "tcp6", check_ipv6_client },
+    { "udp_connected", "client", "udp4", check_udp_connected },
+    { "fork_shared_listener", "server", "tcp4", check_fork_shared_listener },
+    { "accept4_flags", "server", "tcp4", check_accept4_flags },
+    { "dualstack_listener", "server", "tcp4", check_dualstack_listener },
+    { "reuseaddr_reuseport", "server", "tcp4", check_reuseaddr_reuseport },
 };
 
 int main(int argc, char **argv)
@@ -2034,6 +2078,8 @@ int main(int argc, char **argv)
         signal(SIGALRM, on_watchdog);
         alarm((unsigned)watchdog_s);
         checks[i].fn();
+        if (getenv("EDGE_WITNESS"))
+            witness(checks[i].witness);
         alarm(0);
         printf("done %s: %d failure(s)\n", check_name, failures);
         return failures ? 1 : 0;
