@@ -566,6 +566,7 @@ impl Guest {
                 let a = translate_guest_addr(&view, &a)?;
                 self.op_connect(index, &a)
             }
+            Cmd::Disconnect => self.op_disconnect(index),
             Cmd::Close => {
                 self.op_close(index);
                 Ok((0, 0))
@@ -747,6 +748,22 @@ impl Guest {
         let e = self.entry(index);
         e.kind.store(sock_kind::LISTENER, Ordering::Release);
         self.set_flags(index, sock_flag::LISTENING, 0);
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
+    /// connect(AF_UNSPEC) on a datagram socket: the kernel drops the default peer
+    /// (and keeps the local address); other kinds: EOPNOTSUPP.
+    fn op_disconnect(&mut self, index: u32) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        if s.kind != Kind::Dgram {
+            return Err(errno::EOPNOTSUPP);
+        }
+        sys::disconnect(fd_of(s)?).map_err(|e| sys::errno_of(&e))?;
+        if s.phase == Phase::Connected {
+            s.phase = Phase::Open;
+        }
+        self.set_flags(index, 0, sock_flag::CONNECTED);
         self.mark_dirty(index);
         Ok((0, 0))
     }

@@ -293,6 +293,15 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const SockAddr, len: socklen_t) 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
     dispatch!(fd, real!(c"connect", FnAddr)(fd, addr, len), |s| {
+        if s.kind() == canal_abi::sock_kind::DGRAM
+            && !addr.is_null()
+            && len as usize >= core::mem::size_of::<libc::sa_family_t>()
+            // SAFETY: the application passes at least `len` (≥ 2) readable bytes.
+            && unsafe { core::ptr::read_unaligned(addr as *const libc::sa_family_t) }
+                == libc::AF_UNSPEC as libc::sa_family_t
+        {
+            return sock::disconnect(s).map(|_| 0);
+        }
         let a = addr_in(addr, len)?;
         if leave_to_kernel(fd, &s, &a)? {
             // SAFETY: forwarding to libc's connect on the kernel socket now at `fd`.
@@ -1494,7 +1503,7 @@ pub unsafe extern "C" fn epoll_wait(
     maxevents: c_int,
     timeout: c_int,
 ) -> c_int {
-    if TABLE.get(epfd) != Some(Entry::Epoll) || vfork_child() {
+    if TABLE.get(epfd) != Some(Entry::Epoll) {
         // SAFETY: forwarding the caller's arguments to libc's epoll_wait.
         return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
     }
@@ -1523,7 +1532,7 @@ pub unsafe extern "C" fn epoll_pwait(
         // SAFETY: forwarding the caller's arguments to libc's epoll_pwait.
         unsafe { real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, timeout, sigmask) }
     };
-    if TABLE.get(epfd) != Some(Entry::Epoll) || vfork_child() {
+    if TABLE.get(epfd) != Some(Entry::Epoll) {
         return real();
     }
     let Some(_g) = Reentry::enter() else {
@@ -1544,7 +1553,7 @@ pub unsafe extern "C" fn epoll_pwait2(
         // SAFETY: forwarding the caller's arguments to libc's epoll_pwait2.
         unsafe { real!(c"epoll_pwait2", FnEpollPwait2)(epfd, events, maxevents, ts, sigmask) }
     };
-    if TABLE.get(epfd) != Some(Entry::Epoll) || vfork_child() {
+    if TABLE.get(epfd) != Some(Entry::Epoll) {
         return real();
     }
     let Some(_g) = Reentry::enter() else {

@@ -293,6 +293,13 @@ pub fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
 /// or was interrupted) until connect is called again, so a second connect returns 0
 /// once the handshake is done, EALREADY while it runs, or the error; only then does
 /// EISCONN follow. `local::CONNECT_PENDING` is that socket-layer state.
+/// connect(AF_UNSPEC) on a datagram socket: the association is dissolved (the local
+/// address stays), datagrams from anyone arrive again.
+pub fn disconnect(s: Sock) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(s.g, op::CONNECT, s.handle, [1, 0, 0, 0], &[], &mut []).map(|_| ())
+}
+
 pub fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
     dead_err(s.g, false)?;
     if s.kind() == sock_kind::DGRAM {
