@@ -29,6 +29,121 @@ pub struct Guest {
     /// Poll budget before sleeping (iterations).
     pub spin: u32,
     pub debug: bool,
+    /// Kept for an exec'd image to rejoin (rejoin.rs): the region memfd and its size,
+    /// and the memfd behind the control-lock page (-1: anonymous, no rejoin).
+    memfd: c_int,
+    region_size: u64,
+    lockfd: c_int,
+}
+
+/// (ctl, memfd, doorbell, lockfd, region_size) for an exec'd image (rejoin.rs).
+pub fn rejoin_fds(g: &Guest) -> Option<(c_int, c_int, c_int, c_int, u64)> {
+    (g.memfd >= 0 && g.lockfd >= 0 && g.ctl >= 0 && g.doorbell >= 0).then_some((
+        g.ctl,
+        g.memfd,
+        g.doorbell,
+        g.lockfd,
+        g.region_size,
+    ))
+}
+
+/// The calling thread's slot, if it holds one.
+pub fn my_slot_index() -> Option<u32> {
+    SLOT.try_with(|s| s.idx.get())
+        .ok()
+        .filter(|&i| i != NO_SLOT)
+}
+
+/// A page shared by every process of this guest connection for the control lock: a
+/// memfd (so an exec'd image can map it again), else an anonymous shared page.
+fn lock_page() -> Result<(*mut u8, c_int), AttachErr> {
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_memfd_create,
+            c"canal-ctl-lock".as_ptr(),
+            libc::MFD_CLOEXEC as libc::c_long,
+        )
+    } as c_int;
+    if fd >= 0 {
+        // SAFETY: sizing our own fresh memfd.
+        let ok = unsafe {
+            libc::syscall(
+                libc::SYS_ftruncate,
+                fd as libc::c_long,
+                4096 as libc::c_long,
+            )
+        } == 0;
+        if ok {
+            if let Ok(p) = sys::mmap_shared(fd, 4096) {
+                return Ok((p, fd));
+            }
+        }
+        let _ = sys::close(fd);
+    }
+    let p = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    Ok((p, -1))
+}
+
+/// The exec'd image's side of rejoin.rs: the same guest, from inherited descriptors.
+pub fn rejoin(p: &crate::rejoin::Parsed) -> Option<&'static Guest> {
+    let fail = |what: &str| {
+        sys::log_fmt(format_args!(
+            "canal: cannot rejoin the guest after exec ({what}); inherited sockets are not usable\n"
+        ));
+        None
+    };
+    for fd in [p.ctl, p.memfd, p.doorbell, p.lockfd] {
+        if sys::fcntl_int(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long).is_err() {
+            return fail("a descriptor is missing");
+        }
+    }
+    let Ok(region) = map_region(p.memfd, p.region_size) else {
+        return fail("region");
+    };
+    let Ok(page) = sys::mmap_shared(p.lockfd, 4096) else {
+        return fail("lock page");
+    };
+    // SAFETY: as in attach_on: a 4096-byte shared page, never unmapped.
+    let ctl_lock = unsafe { &*(page as *const AtomicU32) };
+    for fd in [p.ctl, p.memfd, p.doorbell, p.lockfd] {
+        let _ = TABLE.set_internal(fd);
+    }
+    let features = region.header().features;
+    let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
+    let spin = env(c"CANAL_SPIN")
+        .and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok())
+        .unwrap_or_else(calibrate_spin);
+    PID.store(sys::getpid(), Ordering::Relaxed);
+    let g = Guest {
+        region,
+        ctl: p.ctl,
+        doorbell: p.doorbell,
+        ctl_lock,
+        ports: features & feature::PORT_EVENTFD != 0,
+        spin,
+        debug,
+        memfd: p.memfd,
+        region_size: p.region_size,
+        lockfd: p.lockfd,
+    };
+    lock(&ATTACH_LOCK);
+    let ok = GUEST.set(g).is_ok();
+    unlock(&ATTACH_LOCK);
+    let g = GUEST.get()?;
+    if !ok {
+        return Some(g);
+    }
+    // The exec'ing thread's slot: idle, and nobody in this image owns it.
+    if p.old_slot != u32::MAX {
+        release_slot(g, p.old_slot, -1);
+    }
+    debug!(
+        g,
+        "canal: rejoined guest {} after exec\n",
+        g.region.header().guest_id
+    );
+    Some(g)
 }
 
 static GUEST: OnceLock<Guest> = OnceLock::new();
@@ -323,21 +438,25 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     let region_size = u64::from_le_bytes(body[8..16].try_into().unwrap());
     let (memfd, doorbell) = (fds[0], fds[1]);
     let r = map_region(memfd, region_size);
-    let _ = sys::close(memfd);
     let region = match r {
         Ok(r) => r,
         Err(e) => {
+            let _ = sys::close(memfd);
             let _ = sys::close(doorbell);
             return Err(e);
         }
     };
-    let page = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    let (page, lockfd) = lock_page()?;
     // SAFETY: the page is fresh, 4096 bytes, page aligned, mapped for the life of the
     // process (never unmapped) and shared with forked children; an AtomicU32 at its
     // start is properly aligned and any bit pattern is valid.
     let ctl_lock = unsafe { &*(page as *const AtomicU32) };
     let _ = TABLE.set_internal(fd);
     let _ = TABLE.set_internal(doorbell);
+    let _ = TABLE.set_internal(memfd);
+    if lockfd >= 0 {
+        let _ = TABLE.set_internal(lockfd);
+    }
     let features = region.header().features;
     let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
     let spin = env(c"CANAL_SPIN")
@@ -352,6 +471,9 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         ports: features & feature::PORT_EVENTFD != 0,
         spin,
         debug,
+        memfd,
+        region_size,
+        lockfd,
     };
     debug!(
         g,

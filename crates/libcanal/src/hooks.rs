@@ -1569,7 +1569,6 @@ type FnExecve = unsafe extern "C" fn(
     *const *const libc::c_char,
     *const *const libc::c_char,
 ) -> c_int;
-type FnExecv = unsafe extern "C" fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
 type FnFexecve =
     unsafe extern "C" fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
 
@@ -1629,11 +1628,56 @@ fn exec_failed(dropped: Vec<(c_int, u32)>) {
     sys::set_errno(e);
 }
 
+extern "C" {
+    static environ: *const *const libc::c_char;
+}
+
+/// Canal sockets without close-on-exec that the new image inherits.
+fn inherited() -> Vec<(c_int, u32)> {
+    let mut keep = Vec::new();
+    if client::guest().is_none() || vfork_child() {
+        return keep;
+    }
+    TABLE.for_each_canal(|fd, h| {
+        let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0)
+            .map_or(true, |f| f as c_int & libc::FD_CLOEXEC != 0);
+        if !cloexec {
+            keep.push((fd, h));
+        }
+    });
+    keep
+}
+
+/// Runs an exec: references of close-on-exec sockets are dropped first; if sockets
+/// are inherited, the new image gets CANAL_REJOIN in its environment (rejoin.rs) and
+/// `$call` runs with the rewritten environment `$envp` names. A failed exec restores
+/// everything.
 macro_rules! exec_hook {
-    ($call:expr) => {{
+    ($orig_env:expr, |$envp:ident| $call:expr) => {{
         let dropped = before_exec();
-        // SAFETY: forwarding the caller's arguments to libc's exec function.
+        let keep = inherited();
+        let entry = match (client::guest(), keep.is_empty()) {
+            (Some(g), false) => {
+                crate::rejoin::prepare(g, &keep).and_then(|e| std::ffi::CString::new(e).ok())
+            }
+            _ => None,
+        };
+        let rewritten = entry.as_ref().map(|e| {
+            // SAFETY: the caller's environment, as exec requires it.
+            unsafe { crate::rejoin::new_envp($orig_env, e) }
+        });
+        let $envp: *const *const libc::c_char = match &rewritten {
+            Some(v) => v.as_ptr(),
+            None => $orig_env,
+        };
+        // SAFETY: forwarding the caller's arguments (and an environment built from
+        // theirs) to libc's exec function.
         let r = unsafe { $call };
+        if entry.is_some() {
+            if let Some(g) = client::guest() {
+                crate::rejoin::undo(g);
+            }
+        }
         exec_failed(dropped);
         r
     }};
@@ -1645,7 +1689,7 @@ pub unsafe extern "C" fn execve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execve", FnExecve)(path, argv, envp))
+    exec_hook!(envp, |e| real!(c"execve", FnExecve)(path, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1653,7 +1697,9 @@ pub unsafe extern "C" fn execv(
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execv", FnExecv)(path, argv))
+    // SAFETY: reading libc's environ pointer.
+    let env = unsafe { environ };
+    exec_hook!(env, |e| real!(c"execve", FnExecve)(path, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1661,7 +1707,9 @@ pub unsafe extern "C" fn execvp(
     file: *const libc::c_char,
     argv: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execvp", FnExecv)(file, argv))
+    // SAFETY: reading libc's environ pointer.
+    let env = unsafe { environ };
+    exec_hook!(env, |e| real!(c"execvpe", FnExecve)(file, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1670,7 +1718,7 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execvpe", FnExecve)(file, argv, envp))
+    exec_hook!(envp, |e| real!(c"execvpe", FnExecve)(file, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1679,7 +1727,7 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"fexecve", FnFexecve)(fd, argv, envp))
+    exec_hook!(envp, |e| real!(c"fexecve", FnFexecve)(fd, argv, e))
 }
 
 /// At exit() the kernel closes every descriptor: drop this process's references so a

@@ -10,6 +10,7 @@
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
 //! - `epoll`: epoll interest lists of canal sockets, waits over mixed descriptors.
 //! - `policy`: which sockets canal takes (CANAL_EXCLUDE) and the hand-off to the kernel.
+//! - `rejoin`: canal sockets inherited over exec keep working (CANAL_REJOIN).
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
@@ -23,6 +24,7 @@ pub mod iov;
 pub mod policy;
 pub mod poll;
 pub mod ready;
+pub mod rejoin;
 pub mod sock;
 pub mod sockaddr;
 pub mod sys;
@@ -31,6 +33,7 @@ pub mod sys;
 extern "C" fn init() {
     client::register_fork_handlers();
     epoll::register_fork_handlers();
+    rejoin::at_start();
 }
 
 #[cfg(not(test))]
