@@ -25,6 +25,10 @@ pub mod kind {
     pub const STAT_CHUNK: u16 = 6;
     /// host → any: body `i32 errno` then UTF-8 text.
     pub const ERROR: u16 = 7;
+    /// guest → host: body `u32 handle` + SCM_RIGHTS [one end of a Unix socketpair
+    /// whose other end is the socket's descriptor in the guest]. No reply (invalid
+    /// ones are ignored). Only with `feature::WATCH`.
+    pub const WATCH: u16 = 8;
 }
 
 /// Encodes a header for a body of `len` bytes.

@@ -38,6 +38,11 @@ pub mod feature {
     /// (e.g. inside a VM) the guest waits with bounded backoff instead.
     pub const PORT_EVENTFD: u64 = 1 << 2;
     pub const ALL_V1: u64 = STREAM | DGRAM | PORT_EVENTFD;
+    /// The guest may send WATCH (control socket, with SCM_RIGHTS): canald closes a
+    /// socket when the guest's last descriptor of it is gone, as counted by the kernel.
+    pub const WATCH: u64 = 1 << 3;
+    /// Every bit this version understands (the optional ones included).
+    pub const KNOWN: u64 = ALL_V1 | WATCH;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -323,9 +323,9 @@ impl Layout {
         }
         // Features from a newer minor version are ignored only if unknown bits are
         // absent: a feature changes what the guest must do.
-        if h.features & !crate::feature::ALL_V1 != 0 {
+        if h.features & !crate::feature::KNOWN != 0 {
             return Err(HeaderError::UnknownFeatures(
-                h.features & !crate::feature::ALL_V1,
+                h.features & !crate::feature::KNOWN,
             ));
         }
         let l =

@@ -1,6 +1,7 @@
 //! `canal`: the front door. `run`, `stat` and `daemon` sit on canald's library;
 //! `bench` and `vm` hand their arguments to their own crates.
 
+mod elfcheck;
 mod run;
 
 use std::process::ExitCode;

@@ -181,6 +181,9 @@ pub fn run(args: Vec<String>) -> i32 {
             return 1;
         }
     }
+    if let Some(w) = crate::elfcheck::warning(&prog[0]) {
+        eprintln!("{w}");
+    }
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
         _ => lib.display().to_string(),

@@ -161,6 +161,8 @@ pub struct Daemon {
     next_guest: u32,
     idle_since: Instant,
     stop: bool,
+    /// Kernel-counted liveness of guest sockets (WATCH).
+    watches: crate::watch::Watches,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -255,6 +257,7 @@ impl Daemon {
             next_guest: 1,
             idle_since: Instant::now(),
             stop: false,
+            watches: Default::default(),
         })))
     }
 
@@ -358,6 +361,20 @@ impl Daemon {
                 }
                 if bits & !sys::EP_OUT != 0 {
                     self.read_control(key);
+                }
+            }
+            crate::watch::TOKEN => {
+                let fired = {
+                    let ep = &self.workers[0].ep;
+                    self.watches.fired(ep, tok)
+                };
+                if let Some((conn, index, gen)) = fired {
+                    if let Some(w) = self.conns.get(&conn).and_then(|c| c.worker).and_then(|i| self.workers.get(i)) {
+                        if let Some(g) = w.lock().guests.get_mut(&conn) {
+                            g.close_unreferenced(index, gen);
+                        }
+                        w.poke();
+                    }
                 }
             }
             token::SIGNAL => {
@@ -471,6 +488,7 @@ impl Daemon {
 
     /// A control connection ended: if it belonged to a guest, the guest is gone.
     fn close_conn(&mut self, key: u32) {
+        self.watches.forget_conn(&self.workers[0].ep, key);
         let Some(c) = self.conns.remove(&key) else {
             return;
         };
@@ -618,6 +636,19 @@ impl Daemon {
                     return false;
                 }
                 self.flush_out(key)
+            }
+            kind::WATCH => {
+                // No reply: the guest sends it without waiting.
+                let worker = conn.worker.and_then(|i| self.workers.get(i));
+                if let (Some(w), Some(fd), true) = (worker, fds.into_iter().next(), body.len() >= 4)
+                {
+                    let handle = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                    let sh = w.lock();
+                    if let Some(g) = sh.guests.get(&key) {
+                        self.watches.add(&self.workers[0].ep, key, g, handle, fd);
+                    }
+                }
+                true
             }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }

@@ -318,8 +318,11 @@ impl Guest {
         comm: String,
         cfg: GuestConfig,
     ) -> io::Result<(Guest, OwnedFd)> {
-        let (memfd, map, region) =
-            sys::Mapping::create_region(cfg.layout, id, canal_abi::feature::ALL_V1)?;
+        let (memfd, map, region) = sys::Mapping::create_region(
+            cfg.layout,
+            id,
+            canal_abi::feature::ALL_V1 | canal_abi::feature::WATCH,
+        )?;
         let n = cfg.layout.socket_count as usize;
         let g = Guest {
             id,
@@ -740,6 +743,7 @@ impl Guest {
                 let a = translate_guest_addr(&view, &a)?;
                 self.op_connect(index, &a)
             }
+            Cmd::Disconnect => self.op_disconnect(index),
             Cmd::Close => {
                 self.op_close(index);
                 Ok((0, 0))
@@ -925,6 +929,22 @@ impl Guest {
         Ok((0, 0))
     }
 
+    /// connect(AF_UNSPEC) on a datagram socket: the kernel drops the default peer
+    /// (and keeps the local address); other kinds: EOPNOTSUPP.
+    fn op_disconnect(&mut self, index: u32) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        if s.kind != Kind::Dgram {
+            return Err(errno::EOPNOTSUPP);
+        }
+        sys::disconnect(fd_of(s)?).map_err(|e| sys::errno_of(&e))?;
+        if s.phase == Phase::Connected {
+            s.phase = Phase::Open;
+        }
+        self.set_flags(index, 0, sock_flag::CONNECTED);
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
     fn op_connect(&mut self, index: u32, a: &CanalAddr) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
         match (s.kind, s.phase) {
@@ -974,6 +994,21 @@ impl Guest {
             self.note_deadline(d);
             self.set_flags(index, sock_flag::CLOSING, 0);
             self.mark_dirty(index);
+        }
+    }
+
+    /// Whether socket `index` exists with this generation (a WATCH target).
+    pub fn has_live_socket(&self, index: u32, gen: u16) -> bool {
+        matches!(self.sockets.get(index as usize), Some(Some(s)) if s.generation() == gen)
+    }
+
+    /// The guest's last descriptor of socket (index, gen) is gone (its WATCH fired):
+    /// close it as a CLOSE request would, unless it is already closing.
+    pub fn close_unreferenced(&mut self, index: u32, gen: u16) {
+        if matches!(self.sockets.get(index as usize),
+            Some(Some(s)) if s.generation() == gen && !s.is_closing())
+        {
+            self.op_close(index);
         }
     }
 

@@ -18,6 +18,7 @@ pub mod request;
 pub mod stat;
 pub mod sys;
 pub mod worker;
+pub mod watch;
 
 pub use daemon::{fetch_stat, Bound, Config, Daemon};
 use std::path::PathBuf;

@@ -75,6 +75,9 @@ pub enum Cmd {
     Bind(CanalAddr),
     Listen(i32),
     Connect(CanalAddr),
+    /// CONNECT with args[0] = 1: connect(AF_UNSPEC), dissolving a datagram
+    /// socket's association (protocol §5).
+    Disconnect,
     Close,
     Shutdown(i32),
     SetOpt {
@@ -147,6 +150,7 @@ pub fn decode(req: &Request) -> Result<Cmd, i32> {
             };
             Ok(Cmd::Listen(b))
         }
+        op::CONNECT if req.args[0] == 1 => Ok(Cmd::Disconnect),
         op::CONNECT => Ok(Cmd::Connect(addr(req)?)),
         op::CLOSE => Ok(Cmd::Close),
         op::SHUTDOWN => match req.args[0] {
@@ -284,6 +288,10 @@ mod tests {
         assert_eq!(
             decode(&req(op::CONNECT, [0; 4], &a.encode())),
             Ok(Cmd::Connect(a))
+        );
+        assert_eq!(
+            decode(&req(op::CONNECT, [1, 0, 0, 0], &[])),
+            Ok(Cmd::Disconnect)
         );
         // Too short, unknown family, junk in IPv4's unused bytes, reserved not zero.
         assert_eq!(

@@ -678,6 +678,21 @@ pub fn bind(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
     .map(|_| ())
 }
 
+/// connect(AF_UNSPEC): dissolves a datagram socket's association.
+pub fn disconnect(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: sockaddr is plain data; zeroed is AF_UNSPEC.
+    let sa: libc::sockaddr = unsafe { core::mem::zeroed() };
+    // SAFETY: sa is a valid sockaddr of the given size.
+    cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa,
+            core::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
 pub fn connect(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
     let mut ss = zeroed_storage();
     let len = to_sockaddr(a, &mut ss);

@@ -34,6 +34,137 @@ pub struct Guest {
     /// `CANAL_NOTIFY`: how threads wait (see `notify`).
     pub notify: crate::notify::Mode,
     pub debug: bool,
+    /// Kept for an exec'd image to rejoin (rejoin.rs): the region memfd and its size,
+    /// and the memfd behind the control-lock page (-1: anonymous, no rejoin).
+    memfd: c_int,
+    region_size: u64,
+    lockfd: c_int,
+}
+
+/// (ctl, memfd, doorbell, lockfd, region_size) for an exec'd image (rejoin.rs).
+pub fn rejoin_fds(g: &Guest) -> Option<(c_int, c_int, c_int, c_int, u64)> {
+    (g.memfd >= 0 && g.lockfd >= 0 && g.ctl >= 0 && g.doorbell >= 0).then_some((
+        g.ctl,
+        g.memfd,
+        g.doorbell,
+        g.lockfd,
+        g.region_size,
+    ))
+}
+
+/// The calling thread's slot, if it holds one.
+pub fn my_slot_index() -> Option<u32> {
+    SLOT.try_with(|s| s.idx.get())
+        .ok()
+        .filter(|&i| i != NO_SLOT)
+}
+
+/// A page shared by every process of this guest connection for the control lock: a
+/// memfd (so an exec'd image can map it again), else an anonymous shared page.
+fn lock_page() -> Result<(*mut u8, c_int), AttachErr> {
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_memfd_create,
+            c"canal-ctl-lock".as_ptr(),
+            libc::MFD_CLOEXEC as libc::c_long,
+        )
+    } as c_int;
+    if fd >= 0 {
+        // SAFETY: sizing our own fresh memfd.
+        let ok = unsafe {
+            libc::syscall(
+                libc::SYS_ftruncate,
+                fd as libc::c_long,
+                4096 as libc::c_long,
+            )
+        } == 0;
+        if ok {
+            if let Ok(p) = sys::mmap_shared(fd, 4096) {
+                return Ok((p, fd));
+            }
+        }
+        let _ = sys::close(fd);
+    }
+    let p = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    Ok((p, -1))
+}
+
+/// The exec'd image's side of rejoin.rs: the same guest, from inherited descriptors.
+pub fn rejoin(p: &crate::rejoin::Parsed) -> Option<&'static Guest> {
+    let fail = |what: &str| {
+        sys::log_fmt(format_args!(
+            "canal: cannot rejoin the guest after exec ({what}); inherited sockets are not usable\n"
+        ));
+        None
+    };
+    for fd in [p.ctl, p.memfd, p.doorbell, p.lockfd] {
+        if sys::fcntl_int(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long).is_err() {
+            return fail("a descriptor is missing");
+        }
+    }
+    let Ok(region) = map_region(p.memfd, p.region_size) else {
+        return fail("region");
+    };
+    let Ok(page) = sys::mmap_shared(p.lockfd, 4096) else {
+        return fail("lock page");
+    };
+    // SAFETY: as in attach_on: a 4096-byte shared page, never unmapped.
+    let ctl_lock = unsafe { &*(page as *const AtomicU32) };
+    for fd in [p.ctl, p.memfd, p.doorbell, p.lockfd] {
+        let _ = TABLE.set_internal(fd);
+    }
+    let features = region.header().features;
+    let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
+    let (spin, fixed_spin, notify) = wait_settings();
+    PID.store(sys::getpid(), Ordering::Relaxed);
+    let g = Guest {
+        region,
+        ctl: p.ctl,
+        doorbell: p.doorbell,
+        ctl_lock,
+        ports: features & feature::PORT_EVENTFD != 0,
+        spin,
+        fixed_spin,
+        notify,
+        debug,
+        memfd: p.memfd,
+        region_size: p.region_size,
+        lockfd: p.lockfd,
+    };
+    lock(&ATTACH_LOCK);
+    let ok = GUEST.set(g).is_ok();
+    unlock(&ATTACH_LOCK);
+    let g = GUEST.get()?;
+    if !ok {
+        return Some(g);
+    }
+    // The exec'ing thread's slot: idle, and nobody in this image owns it.
+    if p.old_slot != u32::MAX {
+        release_slot(g, p.old_slot, -1);
+    }
+    debug!(
+        g,
+        "canal: rejoined guest {} after exec\n",
+        g.region.header().guest_id
+    );
+    Some(g)
+}
+
+/// The wait settings from the environment: (spin budget in iterations, whether
+/// CANAL_SPIN fixed it, notification mode). Read by every way of attaching.
+fn wait_settings() -> (u32, bool, crate::notify::Mode) {
+    let fixed = env(c"CANAL_SPIN").and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok());
+    let notify = env(c"CANAL_NOTIFY")
+        .and_then(crate::notify::Mode::parse)
+        .unwrap_or(crate::notify::Mode::Hybrid);
+    if notify == crate::notify::Mode::Poll {
+        sys::log_fmt(format_args!(
+            "canal: warning: CANAL_NOTIFY=poll never sleeps and burns a core per waiting \
+             thread (measurement only)\n"
+        ));
+    }
+    (fixed.unwrap_or_else(calibrate_spin), fixed.is_some(), notify)
 }
 
 static GUEST: OnceLock<Guest> = OnceLock::new();
@@ -328,34 +459,28 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     let region_size = u64::from_le_bytes(body[8..16].try_into().unwrap());
     let (memfd, doorbell) = (fds[0], fds[1]);
     let r = map_region(memfd, region_size);
-    let _ = sys::close(memfd);
     let region = match r {
         Ok(r) => r,
         Err(e) => {
+            let _ = sys::close(memfd);
             let _ = sys::close(doorbell);
             return Err(e);
         }
     };
-    let page = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    let (page, lockfd) = lock_page()?;
     // SAFETY: the page is fresh, 4096 bytes, page aligned, mapped for the life of the
     // process (never unmapped) and shared with forked children; an AtomicU32 at its
     // start is properly aligned and any bit pattern is valid.
     let ctl_lock = unsafe { &*(page as *const AtomicU32) };
     let _ = TABLE.set_internal(fd);
     let _ = TABLE.set_internal(doorbell);
+    let _ = TABLE.set_internal(memfd);
+    if lockfd >= 0 {
+        let _ = TABLE.set_internal(lockfd);
+    }
     let features = region.header().features;
     let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
-    let fixed = env(c"CANAL_SPIN").and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok());
-    let spin = fixed.unwrap_or_else(calibrate_spin);
-    let notify = env(c"CANAL_NOTIFY")
-        .and_then(crate::notify::Mode::parse)
-        .unwrap_or(crate::notify::Mode::Hybrid);
-    if notify == crate::notify::Mode::Poll {
-        sys::log_fmt(format_args!(
-            "canal: warning: CANAL_NOTIFY=poll never sleeps and burns a core per waiting \
-             thread (measurement only)\n"
-        ));
-    }
+    let (spin, fixed_spin, notify) = wait_settings();
     PID.store(sys::getpid(), Ordering::Relaxed);
     let g = Guest {
         region,
@@ -364,9 +489,12 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         ctl_lock,
         ports: features & feature::PORT_EVENTFD != 0,
         spin,
-        fixed_spin: fixed.is_some(),
+        fixed_spin,
         notify,
         debug,
+        memfd,
+        region_size,
+        lockfd,
     };
     debug!(
         g,
@@ -604,6 +732,19 @@ fn claim_slot(g: &Guest) -> Result<u32, i32> {
         }
     }
     Err(libc::EAGAIN)
+}
+
+/// Whether canald takes WATCH messages (kernel-counted socket liveness).
+pub fn watch_enabled(g: &Guest) -> bool {
+    g.ctl >= 0 && g.region.header().features & feature::WATCH != 0
+}
+
+/// WATCH: hands `end` (the other end of a socket's dummy descriptor) to canald.
+/// No reply; a failure only loses the backstop (the reference count still works).
+pub fn send_watch(g: &Guest, handle: u32, end: c_int) {
+    if send_msg(g.ctl, ck::WATCH, &handle.to_le_bytes(), end).is_err() {
+        debug!(g, "canal: WATCH for handle {handle:#x} failed\n");
+    }
 }
 
 /// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).
@@ -918,12 +1059,109 @@ pub fn wait_until(
             }
         };
         let remaining = deadline.map(|d| d - now);
-        match sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE) {
+        // From its first sleep until it returns (`unpin`, called by the hook), the
+        // call holds a reference, as the kernel's in-flight call holds the file: a
+        // close() by another thread does not close the socket under it (the call goes
+        // on and returns the peer's later data, as natively).
+        if PINNED.with(|p| p.get().is_none()) {
+            let h = pin(g, index);
+            PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
+        }
+        let r = sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
+        drop(s);
+        match r {
             Ok(_) => {}
+            // A handler with SA_RESTART restarts a socket call without a timeout (the
+            // kernel's ERESTARTSYS); with SO_RCVTIMEO/SO_SNDTIMEO it is EINTR.
+            Err(libc::EINTR) if deadline.is_none() && all_handlers_restart() => {}
             Err(libc::EINTR) => return Wait::Interrupted,
             Err(_) => {}
         }
     }
+}
+
+thread_local! {
+    /// The socket handle this thread's current call pinned while sleeping.
+    static PINNED: Cell<Option<(u32, c_int)>> = const { Cell::new(None) };
+    /// The descriptor the current canal call was made on (set by the hooks).
+    static CURRENT_FD: Cell<c_int> = const { Cell::new(-1) };
+}
+
+/// Records the descriptor of the canal call this thread is making.
+#[inline]
+pub fn set_current_fd(fd: c_int) {
+    let _ = CURRENT_FD.try_with(|c| c.set(fd));
+}
+
+/// A private copy of the current call's dummy descriptor, so that the kernel-counted
+/// liveness (WATCH) also sees the in-flight call; -1 if there is none.
+fn pin_fd(h: u32) -> c_int {
+    let fd = CURRENT_FD.try_with(|c| c.get()).unwrap_or(-1);
+    if fd < 0 || TABLE.handle(fd) != Some(h) {
+        return -1;
+    }
+    match sys::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, 0) {
+        Ok(d) => {
+            let d = d as c_int;
+            // Hidden from the application like the library's other descriptors.
+            if TABLE.set_internal(d).is_err() {
+                let _ = sys::close(d);
+                return -1;
+            }
+            d
+        }
+        Err(_) => -1,
+    }
+}
+
+/// Drops the reference the current call took while sleeping, if any (the last one
+/// closes the socket, as the kernel does when the in-flight call releases the file).
+pub fn unpin() {
+    if let Ok(Some((h, fd))) = PINNED.try_with(|p| p.take()) {
+        if let Some(g) = guest() {
+            crate::sock::release(g, h);
+        }
+        if fd >= 0 {
+            TABLE.take(fd);
+            let _ = sys::close(fd);
+        }
+    }
+}
+
+/// Takes one reference on socket `index` for a sleeping call; None if the socket is
+/// already being closed (or `index` is WAIT_ANY).
+fn pin(g: &'static Guest, index: u32) -> Option<u32> {
+    let e = g.region.socket(index)?;
+    let h = canal_abi::make_handle(index, e.generation.load(Ordering::Acquire));
+    e.refs
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+            (r > 0).then(|| r + 1)
+        })
+        .ok()
+        .map(|_| h)
+}
+
+/// Whether every signal with a handler has SA_RESTART (the interrupted call cannot
+/// tell which signal ran, so it restarts only when any of them would have).
+fn all_handlers_restart() -> bool {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: querying (not changing) the disposition into a zeroed struct.
+        let old = unsafe {
+            let mut old: libc::sigaction = core::mem::zeroed();
+            if libc::sigaction(sig, core::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            old
+        };
+        let h = old.sa_sigaction;
+        if h != libc::SIG_DFL && h != libc::SIG_IGN && old.sa_flags & libc::SA_RESTART == 0 {
+            return false;
+        }
+    }
+    true
 }
 
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,

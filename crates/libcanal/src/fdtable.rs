@@ -12,6 +12,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// Entry tags (bits 32..40 of a table word); 0 means "not ours".
 const TAG_CANAL: u64 = 1 << 32;
 const TAG_INTERNAL: u64 = 2 << 32;
+const TAG_EPOLL: u64 = 3 << 32;
 const TAG_MASK: u64 = 0xff << 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub enum Entry {
     Canal(u32),
     /// One of the library's own descriptors (control socket, eventfds).
     Internal,
+    /// An epoll instance that watches canal sockets (`epoll.rs`).
+    Epoll,
 }
 
 pub struct FdTable<const N: usize> {
@@ -54,6 +57,7 @@ impl<const N: usize> FdTable<N> {
         match word & TAG_MASK {
             TAG_CANAL => Some(Entry::Canal(word as u32)),
             TAG_INTERNAL => Some(Entry::Internal),
+            TAG_EPOLL => Some(Entry::Epoll),
             _ => None,
         }
     }
@@ -86,6 +90,11 @@ impl<const N: usize> FdTable<N> {
 
     pub fn set_internal(&self, fd: i32) -> Result<Option<Entry>, i32> {
         self.store(fd, TAG_INTERNAL)
+    }
+
+    /// Marks `fd` as an epoll instance watching canal sockets.
+    pub fn set_epoll(&self, fd: i32) -> Result<Option<Entry>, i32> {
+        self.store(fd, TAG_EPOLL)
     }
 
     /// Forgets `fd`; returns what was there.
@@ -136,6 +145,9 @@ mod tests {
         // Handle 0 is still a canal entry (tag, not value, marks it).
         t.set_canal(4, 0).unwrap();
         assert_eq!(t.handle(4), Some(0));
+        t.set_epoll(6).unwrap();
+        assert_eq!(t.get(6), Some(Entry::Epoll));
+        assert_eq!(t.handle(6), None);
         t.set_internal(5).unwrap();
         assert_eq!(t.get(5), Some(Entry::Internal));
         assert_eq!(t.handle(5), None);

@@ -10,7 +10,7 @@ use crate::cmd::{fcntl_action, FcntlAction};
 use crate::fdtable::{Entry, FdTable, TABLE, TABLE_LEN};
 use crate::sock::{self, RecvMeta, Sock};
 use crate::sockaddr;
-use crate::{poll, real, sys};
+use crate::{epoll, poll, real, sys};
 use core::cell::Cell;
 use libc::{
     c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr as SockAddr,
@@ -46,6 +46,7 @@ impl Drop for Reentry {
 fn run(f: impl FnOnce() -> Result<isize, i32>) -> isize {
     let saved = sys::errno();
     let r = catch_unwind(AssertUnwindSafe(f));
+    let _ = catch_unwind(client::unpin);
     match r {
         Ok(Ok(v)) => {
             sys::set_errno(saved);
@@ -72,7 +73,7 @@ fn sock_of(h: u32) -> Result<Sock, i32> {
 fn canal(fd: c_int) -> Option<u32> {
     FdTable::<TABLE_LEN>::decode(TABLE.raw(fd)).and_then(|e| match e {
         Entry::Canal(h) => Some(h),
-        Entry::Internal => None,
+        Entry::Internal | Entry::Epoll => None,
     })
 }
 
@@ -88,6 +89,7 @@ macro_rules! dispatch {
                 // SAFETY: as above.
                 None => unsafe { $real },
                 Some(_g) => run(|| {
+                    client::set_current_fd(fd);
                     let $s = sock_of(h)?;
                     $body
                 }) as _,
@@ -177,6 +179,45 @@ fn addr_in(addr: *const SockAddr, len: socklen_t) -> Result<canal_abi::CanalAddr
     unsafe { sockaddr::read_sockaddr(addr, len) }
 }
 
+/// The selection policy: `a` is excluded (CANAL_EXCLUDE) and this is the socket's
+/// first bind/connect/sendto, so the socket at `fd` becomes a kernel socket now.
+fn leave_to_kernel(fd: c_int, s: &Sock, a: &canal_abi::CanalAddr) -> Result<bool, i32> {
+    if !crate::policy::active() || !crate::policy::undecided(s) || !crate::policy::excluded(a) {
+        return Ok(false);
+    }
+    crate::policy::handoff(s.g, fd, *s)?;
+    Ok(true)
+}
+
+/// A real libc call's result as the hooks' Result (errno read right after it).
+fn real_result(r: isize) -> Result<isize, i32> {
+    if r < 0 {
+        Err(sys::errno())
+    } else {
+        Ok(r)
+    }
+}
+
+/// The destination of sendto/sendmsg. TCP ignores it entirely once the kernel has
+/// copied it in (only the length is checked: EINVAL above sockaddr_storage), so a
+/// stream socket never parses it — servers pass whatever recvfrom left there.
+fn dest_in(
+    s: Sock,
+    addr: *const SockAddr,
+    len: socklen_t,
+) -> Result<Option<canal_abi::CanalAddr>, i32> {
+    if addr.is_null() {
+        return Ok(None);
+    }
+    if s.kind() != canal_abi::sock_kind::DGRAM {
+        if len as usize > core::mem::size_of::<libc::sockaddr_storage>() {
+            return Err(libc::EINVAL);
+        }
+        return Ok(None);
+    }
+    addr_in(addr, len).map(Some)
+}
+
 fn slice_iov(iov: *const iovec, n: c_int) -> Result<&'static [iovec], i32> {
     if !(0..=libc::UIO_MAXIOV).contains(&n) {
         return Err(libc::EINVAL);
@@ -239,20 +280,42 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
     dispatch!(fd, real!(c"bind", FnAddr)(fd, addr, len), |s| {
-        sock::bind(s, &addr_in(addr, len)?).map(|_| 0)
+        let a = addr_in(addr, len)?;
+        if leave_to_kernel(fd, &s, &a)? {
+            // SAFETY: forwarding to libc's bind on the kernel socket now at `fd`.
+            return real_result(unsafe { real!(c"bind", FnAddr)(fd, addr, len) } as isize);
+        }
+        crate::policy::commit(&s);
+        sock::bind(s, &a).map(|_| 0)
     }) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
     dispatch!(fd, real!(c"connect", FnAddr)(fd, addr, len), |s| {
-        sock::connect(s, &addr_in(addr, len)?).map(|_| 0)
+        if s.kind() == canal_abi::sock_kind::DGRAM
+            && !addr.is_null()
+            && len as usize >= core::mem::size_of::<libc::sa_family_t>()
+            // SAFETY: the application passes at least `len` (≥ 2) readable bytes.
+            && unsafe { core::ptr::read_unaligned(addr as *const libc::sa_family_t) }
+                == libc::AF_UNSPEC as libc::sa_family_t
+        {
+            return sock::disconnect(s).map(|_| 0);
+        }
+        let a = addr_in(addr, len)?;
+        if leave_to_kernel(fd, &s, &a)? {
+            // SAFETY: forwarding to libc's connect on the kernel socket now at `fd`.
+            return real_result(unsafe { real!(c"connect", FnAddr)(fd, addr, len) } as isize);
+        }
+        crate::policy::commit(&s);
+        sock::connect(s, &a).map(|_| 0)
     }) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     dispatch!(fd, real!(c"listen", FnIntInt)(fd, backlog), |s| {
+        crate::policy::commit(&s);
         sock::listen(s, backlog).map(|_| 0)
     }) as c_int
 }
@@ -371,7 +434,9 @@ pub unsafe extern "C" fn setsockopt(
                 // SAFETY: the application passes `len` readable bytes at `val`.
                 unsafe { core::slice::from_raw_parts(val as *const u8, len as usize) }
             };
-            sock::setsockopt(s, level, name, v).map(|_| 0)
+            sock::setsockopt(s, level, name, v)?;
+            crate::policy::record_option(&s, level, name, v);
+            Ok(0)
         }
     ) as c_int
 }
@@ -433,11 +498,15 @@ pub unsafe extern "C" fn sendto(
         fd,
         real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen),
         |s| {
-            let to = if addr.is_null() {
-                None
-            } else {
-                Some(addr_in(addr, alen)?)
-            };
+            let to = dest_in(s, addr, alen)?;
+            if let Some(a) = &to {
+                if leave_to_kernel(fd, &s, a)? {
+                    // SAFETY: forwarding to libc's sendto on the kernel socket now at `fd`.
+                    let r = unsafe { real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen) };
+                    return real_result(r);
+                }
+                crate::policy::commit(&s);
+            }
             let v = [crate::iov::single(buf as *mut c_void, len)];
             sock::send(s, &v, flags, to.as_ref()).map(|n| n as isize)
         }
@@ -560,8 +629,11 @@ fn sendmsg_one(s: Sock, msg: *const msghdr, flags: c_int) -> Result<isize, i32> 
     let to = if m.msg_name.is_null() || m.msg_namelen == 0 {
         None
     } else {
-        Some(addr_in(m.msg_name as *const SockAddr, m.msg_namelen)?)
+        dest_in(s, m.msg_name as *const SockAddr, m.msg_namelen)?
     };
+    if to.is_some() {
+        crate::policy::commit(&s);
+    }
     sock::send(s, iov, flags, to.as_ref()).map(|n| n as isize)
 }
 
@@ -788,6 +860,10 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         match TABLE.get(fd as c_int) {
             Some(Entry::Canal(h)) => canal_fds.push((fd as c_int, h)),
             Some(Entry::Internal) => internal.push(fd as c_uint),
+            Some(Entry::Epoll) => {
+                TABLE.take(fd as c_int);
+                epoll::forget_fd(fd as c_int);
+            }
             None => {}
         }
     }
@@ -796,6 +872,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         let _ = catch_unwind(AssertUnwindSafe(|| {
             for (fd, h) in canal_fds {
                 if TABLE.take(fd).is_some() {
+                    epoll::forget_fd(fd);
                     sock::release(g, h);
                 }
             }
@@ -856,6 +933,13 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // The library's own descriptors (control socket, eventfds) stay open: code that
         // closes every descriptor it did not open (daemonising) must not cut us off.
         Some(Entry::Internal) => 0,
+        Some(Entry::Epoll) => {
+            if TABLE.take(fd).is_some() {
+                epoll::forget_fd(fd);
+            }
+            // SAFETY: forwarding to libc's close.
+            unsafe { real!(c"close", FnInt)(fd) }
+        }
         Some(Entry::Canal(_)) => {
             let Some(_g) = Reentry::enter() else {
                 // SAFETY: forwarding to libc's close.
@@ -863,6 +947,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             };
             run(|| {
                 if let Some(Entry::Canal(h)) = TABLE.take(fd) {
+                    epoll::forget_fd(fd);
                     if let Some(g) = client::guest() {
                         sock::release(g, h);
                     }
@@ -940,6 +1025,10 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
         if old == new {
             return Ok(r as isize);
         }
+        if wn != 0 {
+            // Whatever `new` was (a canal socket, an epoll set) left every epoll set.
+            epoll::forget_fd(new);
+        }
         // `new` was closed by the kernel; whatever it was, it now is what `old` is.
         let g = client::guest();
         match (canal(old), g) {
@@ -991,8 +1080,11 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
             }
             FcntlAction::SetFl(v) => {
                 s.set_nonblocking(v & libc::O_NONBLOCK != 0);
-                // The dummy keeps the other flags (O_ASYNC etc. are not emulated).
-                let r = real(libc::F_SETFL, (v & !libc::O_NONBLOCK) as c_ulong);
+                // The dummy keeps the other flags (O_ASYNC etc. are not emulated) and
+                // its own O_NONBLOCK (see sock::dummy).
+                let keep = sys::fcntl_int(fd, libc::F_GETFL, 0).map_or(0, |f| f as c_int)
+                    & libc::O_NONBLOCK;
+                let r = real(libc::F_SETFL, ((v & !libc::O_NONBLOCK) | keep) as c_ulong);
                 if r < 0 {
                     return Err(sys::errno());
                 }
@@ -1314,15 +1406,27 @@ pub unsafe extern "C" fn sendfile64(
     )
 }
 
-// ---- epoll (not yet supported for canal sockets) ---------------------------------------
+// ---- epoll ---------------------------------------------------------------------------------
 
 type FnEpollCtl = unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+type FnEpollWait = unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+type FnEpollPwait = unsafe extern "C" fn(
+    c_int,
+    *mut libc::epoll_event,
+    c_int,
+    c_int,
+    *const libc::sigset_t,
+) -> c_int;
+type FnEpollPwait2 = unsafe extern "C" fn(
+    c_int,
+    *mut libc::epoll_event,
+    c_int,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
 
-static EPOLL_WARNED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// epoll cannot watch a canal socket yet: the kernel would watch the dummy descriptor,
-/// which never becomes ready, and the program would hang silently. Refuse it the way
-/// the kernel refuses a descriptor without poll support (EPERM), with one warning.
+/// epoll_ctl: a canal socket (or an epoll fd watching canal sockets) goes to the
+/// library's interest list (`epoll.rs`); everything else to the kernel.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
@@ -1330,17 +1434,132 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
-    if canal(fd).is_some() && op != libc::EPOLL_CTL_DEL {
-        if !EPOLL_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
-            sys::log_fmt(format_args!(
-                "canal: epoll on canal sockets is not supported yet; epoll_ctl fails with EPERM (use poll/select)\n"
-            ));
-        }
-        sys::set_errno(libc::EPERM);
-        return -1;
+    let real = || {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_ctl.
+        unsafe { real!(c"epoll_ctl", FnEpollCtl)(epfd, op, fd, ev) }
+    };
+    let w = TABLE.raw(fd);
+    if w == 0 || vfork_child() {
+        return real();
     }
-    // SAFETY: forwarding the caller's arguments to libc's epoll_ctl.
-    unsafe { real!(c"epoll_ctl", FnEpollCtl)(epfd, op, fd, ev) }
+    let nested = match FdTable::<TABLE_LEN>::decode(w) {
+        Some(Entry::Canal(_)) => false,
+        Some(Entry::Epoll) => true,
+        _ => return real(),
+    };
+    let Some(_g) = Reentry::enter() else {
+        return real();
+    };
+    let event = (!ev.is_null()).then(|| {
+        // SAFETY: the application passes a readable epoll_event (or null).
+        unsafe { core::ptr::read_unaligned(ev) }
+    });
+    run(|| match epoll::ctl(epfd, op, fd, event) {
+        // An epoll fd registered for real before it watched canal sockets.
+        Err(libc::ENOENT) if nested => {
+            let r = real();
+            if r < 0 {
+                Err(sys::errno())
+            } else {
+                Ok(0)
+            }
+        }
+        r => r.map(|_| 0),
+    }) as c_int
+}
+
+/// The common part of the epoll waits on an epoll fd watching canal sockets.
+fn epoll_wait_canal(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout_ns: Result<Option<i64>, i32>,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    run(|| {
+        let g = client::guest().ok_or(libc::EBADF)?;
+        let max = maxevents as usize;
+        if maxevents <= 0 || max > (i32::MAX as usize) / core::mem::size_of::<libc::epoll_event>() {
+            return Err(libc::EINVAL);
+        }
+        if events.is_null() {
+            return Err(libc::EFAULT);
+        }
+        let t = timeout_ns?;
+        // SAFETY: the application passes room for maxevents events.
+        let out = unsafe { core::slice::from_raw_parts_mut(events, max) };
+        epoll::wait(g, epfd, out, t, sys::SigMask(sigmask)).map(|n| n as isize)
+    }) as c_int
+}
+
+fn ms_ns(timeout: c_int) -> Option<i64> {
+    (timeout >= 0).then(|| timeout as i64 * 1_000_000)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+) -> c_int {
+    if TABLE.get(epfd) != Some(Entry::Epoll) {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_wait.
+        return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
+    }
+    let Some(_g) = Reentry::enter() else {
+        // SAFETY: as above.
+        return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
+    };
+    epoll_wait_canal(
+        epfd,
+        events,
+        maxevents,
+        Ok(ms_ns(timeout)),
+        core::ptr::null(),
+    )
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real = || {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait.
+        unsafe { real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, timeout, sigmask) }
+    };
+    if TABLE.get(epfd) != Some(Entry::Epoll) {
+        return real();
+    }
+    let Some(_g) = Reentry::enter() else {
+        return real();
+    };
+    epoll_wait_canal(epfd, events, maxevents, Ok(ms_ns(timeout)), sigmask)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    ts: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real = || {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait2.
+        unsafe { real!(c"epoll_pwait2", FnEpollPwait2)(epfd, events, maxevents, ts, sigmask) }
+    };
+    if TABLE.get(epfd) != Some(Entry::Epoll) {
+        return real();
+    }
+    let Some(_g) = Reentry::enter() else {
+        return real();
+    };
+    epoll_wait_canal(epfd, events, maxevents, ts_ns(ts), sigmask)
 }
 
 // ---- exec -------------------------------------------------------------------------------------
@@ -1350,7 +1569,6 @@ type FnExecve = unsafe extern "C" fn(
     *const *const libc::c_char,
     *const *const libc::c_char,
 ) -> c_int;
-type FnExecv = unsafe extern "C" fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
 type FnFexecve =
     unsafe extern "C" fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
 
@@ -1410,11 +1628,56 @@ fn exec_failed(dropped: Vec<(c_int, u32)>) {
     sys::set_errno(e);
 }
 
+extern "C" {
+    static environ: *const *const libc::c_char;
+}
+
+/// Canal sockets without close-on-exec that the new image inherits.
+fn inherited() -> Vec<(c_int, u32)> {
+    let mut keep = Vec::new();
+    if client::guest().is_none() || vfork_child() {
+        return keep;
+    }
+    TABLE.for_each_canal(|fd, h| {
+        let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0)
+            .map_or(true, |f| f as c_int & libc::FD_CLOEXEC != 0);
+        if !cloexec {
+            keep.push((fd, h));
+        }
+    });
+    keep
+}
+
+/// Runs an exec: references of close-on-exec sockets are dropped first; if sockets
+/// are inherited, the new image gets CANAL_REJOIN in its environment (rejoin.rs) and
+/// `$call` runs with the rewritten environment `$envp` names. A failed exec restores
+/// everything.
 macro_rules! exec_hook {
-    ($call:expr) => {{
+    ($orig_env:expr, |$envp:ident| $call:expr) => {{
         let dropped = before_exec();
-        // SAFETY: forwarding the caller's arguments to libc's exec function.
+        let keep = inherited();
+        let entry = match (client::guest(), keep.is_empty()) {
+            (Some(g), false) => {
+                crate::rejoin::prepare(g, &keep).and_then(|e| std::ffi::CString::new(e).ok())
+            }
+            _ => None,
+        };
+        let rewritten = entry.as_ref().map(|e| {
+            // SAFETY: the caller's environment, as exec requires it.
+            unsafe { crate::rejoin::new_envp($orig_env, e) }
+        });
+        let $envp: *const *const libc::c_char = match &rewritten {
+            Some(v) => v.as_ptr(),
+            None => $orig_env,
+        };
+        // SAFETY: forwarding the caller's arguments (and an environment built from
+        // theirs) to libc's exec function.
         let r = unsafe { $call };
+        if entry.is_some() {
+            if let Some(g) = client::guest() {
+                crate::rejoin::undo(g);
+            }
+        }
         exec_failed(dropped);
         r
     }};
@@ -1426,7 +1689,7 @@ pub unsafe extern "C" fn execve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execve", FnExecve)(path, argv, envp))
+    exec_hook!(envp, |e| real!(c"execve", FnExecve)(path, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1434,7 +1697,9 @@ pub unsafe extern "C" fn execv(
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execv", FnExecv)(path, argv))
+    // SAFETY: reading libc's environ pointer.
+    let env = unsafe { environ };
+    exec_hook!(env, |e| real!(c"execve", FnExecve)(path, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1442,7 +1707,9 @@ pub unsafe extern "C" fn execvp(
     file: *const libc::c_char,
     argv: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execvp", FnExecv)(file, argv))
+    // SAFETY: reading libc's environ pointer.
+    let env = unsafe { environ };
+    exec_hook!(env, |e| real!(c"execvpe", FnExecve)(file, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1451,7 +1718,7 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"execvpe", FnExecve)(file, argv, envp))
+    exec_hook!(envp, |e| real!(c"execvpe", FnExecve)(file, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -1460,7 +1727,7 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(real!(c"fexecve", FnFexecve)(fd, argv, envp))
+    exec_hook!(envp, |e| real!(c"fexecve", FnFexecve)(fd, argv, e))
 }
 
 /// At exit() the kernel closes every descriptor: drop this process's references so a

@@ -5,21 +5,27 @@
 //!
 //! Code map:
 //! - `hooks`: the thin `extern "C"` trampolines (the only exported symbols), plus
-//!   the descriptor bookkeeping of close/close_range/dup*/exec and the epoll refusal.
+//!   the descriptor bookkeeping of close/close_range/dup*/exec.
 //! - `sock`: socket operations (data path over the rings, control ops as requests).
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
+//! - `epoll`: epoll interest lists of canal sockets, waits over mixed descriptors.
+//! - `policy`: which sockets canal takes (CANAL_EXCLUDE) and the hand-off to the kernel.
+//! - `rejoin`: canal sockets inherited over exec keep working (CANAL_REJOIN).
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
 
 pub mod client;
 pub mod cmd;
+pub mod epoll;
 pub mod fdtable;
 pub mod hooks;
 pub mod iov;
 pub mod notify;
+pub mod policy;
 pub mod poll;
 pub mod ready;
+pub mod rejoin;
 pub mod sock;
 pub mod sockaddr;
 pub mod sys;
@@ -27,6 +33,8 @@ pub mod sys;
 /// Library constructor: registers the fork handlers before the program can fork.
 extern "C" fn init() {
     client::register_fork_handlers();
+    epoll::register_fork_handlers();
+    rejoin::at_start();
 }
 
 #[cfg(not(test))]

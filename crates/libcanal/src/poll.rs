@@ -6,7 +6,7 @@
 //! timeout, after publishing sleep=EVENTS for any socket (§6).
 
 use crate::client::{self, Guest};
-use crate::fdtable::TABLE;
+use crate::fdtable::{Entry, TABLE};
 use crate::ready::{self, mask};
 use crate::sock::Sock;
 use crate::sys;
@@ -21,7 +21,12 @@ const ORDINARY_EVERY: u32 = 64;
 
 /// Canal readiness for one descriptor (`None`: not a canal descriptor).
 fn canal_revents(g: &'static Guest, fd: i32, events: c_short) -> Option<c_short> {
-    let h = TABLE.handle(fd)?;
+    let h = match TABLE.get(fd)? {
+        Entry::Canal(h) => h,
+        // An epoll fd watching canal sockets: readable when it has an event.
+        Entry::Epoll => return Some(crate::epoll::poll_revents(g, fd, events)),
+        Entry::Internal => return None,
+    };
     if client::is_dead(g) {
         return Some(mask(ready::DEAD, events));
     }
@@ -50,8 +55,12 @@ fn scan_canal(g: &'static Guest, fds: &mut [pollfd]) -> usize {
 
 /// Whether any entry is a canal descriptor.
 pub fn has_canal(fds: &[pollfd]) -> bool {
-    fds.iter()
-        .any(|p| p.fd >= 0 && TABLE.handle(p.fd).is_some())
+    fds.iter().any(|p| p.fd >= 0 && special(p.fd))
+}
+
+/// A canal socket, or an epoll fd watching canal sockets.
+fn special(fd: i32) -> bool {
+    matches!(TABLE.get(fd), Some(Entry::Canal(_) | Entry::Epoll))
 }
 
 /// The poll core. `timeout_ns`: None = forever. Returns the number of ready entries.
@@ -81,7 +90,9 @@ pub fn poll(
         );
         &mut heap
     };
-    // Ordinary entries are copied; canal ones become -1 (ignored by the kernel).
+    // Ordinary entries are copied; canal ones become -1 (ignored by the kernel). An
+    // epoll fd watching canal sockets stays (its real part wakes the sleep) and is
+    // also evaluated by scan_canal.
     let mut ordinary = 0;
     for (w, p) in work.iter_mut().zip(fds.iter()) {
         let canal = p.fd >= 0 && TABLE.handle(p.fd).is_some();
@@ -165,7 +176,10 @@ pub fn poll(
 
 fn copy_ordinary(fds: &mut [pollfd], work: &[pollfd], n: usize) {
     for (p, w) in fds.iter_mut().zip(&work[..n]) {
-        if w.fd >= 0 {
+        if w.fd >= 0 && TABLE.get(p.fd) == Some(Entry::Epoll) {
+            // Real part and canal part (set by scan_canal) together.
+            p.revents |= w.revents;
+        } else if w.fd >= 0 {
             p.revents = w.revents;
         } else if p.fd < 0 {
             p.revents = 0;
@@ -196,9 +210,7 @@ pub fn select_has_canal(
     e: *const libc::fd_set,
 ) -> bool {
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as i32);
-    (0..nfds).any(|fd| {
-        (fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(e, fd)) && TABLE.handle(fd).is_some()
-    })
+    (0..nfds).any(|fd| (fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(e, fd)) && special(fd))
 }
 
 /// select/pselect through the poll core. Returns the number of bits set.

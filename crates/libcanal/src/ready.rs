@@ -14,6 +14,9 @@ pub mod local {
     /// A connect returned EINPROGRESS (or timed out / was interrupted) and has not been
     /// collected by a later connect (the kernel's socket-layer SS_CONNECTING).
     pub const CONNECT_PENDING: u32 = 1 << 3;
+    /// The socket's first bind/connect/listen/sendto went to canal: the selection
+    /// policy (`policy.rs`) no longer hands it to the kernel.
+    pub const COMMITTED: u32 = 1 << 4;
 }
 
 pub const POLLIN: c_short = libc::POLLIN;

@@ -172,15 +172,59 @@ fn epipe(flags: c_int) -> i32 {
 
 // ---- creation ------------------------------------------------------------------------
 
-/// A fresh dummy descriptor (AF_UNIX datagram socket, so fstat says S_IFSOCK).
-fn dummy(cloexec: bool) -> Result<c_int, i32> {
-    let ty = libc::SOCK_DGRAM | if cloexec { libc::SOCK_CLOEXEC } else { 0 };
-    let fd = sys::socket(libc::AF_UNIX, ty, 0)?;
+/// A fresh dummy descriptor, so numbers never collide and fstat says S_IFSOCK.
+///
+/// With canald's WATCH feature it is one end of a Unix stream socketpair; the other end
+/// (returned second) goes to canald (`arm`), which closes the socket when the kernel
+/// says the last copy of this end is gone — after close, `_exit`, kill or exec, in any
+/// process (docs/architecture.md). This end is shut for reading and non-blocking, so a
+/// program that inherits it over exec without knowing it reads EOF and gets EAGAIN
+/// on writes instead of hanging (docs/compat.md). Without the feature: a lone AF_UNIX
+/// datagram socket, and the second value is -1.
+fn dummy(g: &Guest, cloexec: bool) -> Result<(c_int, c_int), i32> {
+    let ce = if cloexec { libc::SOCK_CLOEXEC } else { 0 };
+    let (fd, peer) = if client::watch_enabled(g) {
+        let mut sv = [-1 as c_int; 2];
+        // SAFETY: sv is a writable array of two ints.
+        sys::check(unsafe {
+            libc::syscall(
+                libc::SYS_socketpair,
+                libc::AF_UNIX as libc::c_long,
+                (libc::SOCK_STREAM | libc::SOCK_NONBLOCK | ce) as libc::c_long,
+                0 as libc::c_long,
+                sv.as_mut_ptr(),
+            )
+        })?;
+        // The peer end must not leak into children: close-on-exec while we hold it.
+        let _ = sys::fcntl_int(sv[1], libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long);
+        // SAFETY: shutting down our own fresh socket.
+        unsafe {
+            libc::syscall(
+                libc::SYS_shutdown,
+                sv[0] as libc::c_long,
+                libc::SHUT_RD as libc::c_long,
+            )
+        };
+        (sv[0], sv[1])
+    } else {
+        (sys::socket(libc::AF_UNIX, libc::SOCK_DGRAM | ce, 0)?, -1)
+    };
     if fd as usize >= TABLE.capacity() {
         let _ = sys::close(fd);
+        if peer >= 0 {
+            let _ = sys::close(peer);
+        }
         return Err(libc::EMFILE);
     }
-    Ok(fd)
+    Ok((fd, peer))
+}
+
+/// Hands the dummy's other end to canald for `handle` (WATCH) and closes our copy.
+fn arm(g: &Guest, handle: u32, peer: c_int) {
+    if peer >= 0 {
+        client::send_watch(g, handle, peer);
+        let _ = sys::close(peer);
+    }
 }
 
 /// socket(2) for a supported (domain, type, protocol); `base` is SOCK_STREAM/DGRAM.
@@ -192,7 +236,7 @@ pub fn socket(
     nonblock: bool,
     cloexec: bool,
 ) -> Result<c_int, i32> {
-    let fd = dummy(cloexec)?;
+    let (fd, peer) = dummy(g, cloexec)?;
     let r = request(
         g,
         op::SOCKET,
@@ -205,6 +249,7 @@ pub fn socket(
         Ok((h, _)) => h as u32,
         Err(e) => {
             let _ = sys::close(fd);
+            let _ = (peer >= 0).then(|| sys::close(peer));
             return Err(e);
         }
     };
@@ -212,10 +257,12 @@ pub fn socket(
         Ok(s) => s,
         Err(e) => {
             let _ = sys::close(fd);
+            let _ = (peer >= 0).then(|| sys::close(peer));
             return Err(e);
         }
     };
     client::init_guest_line(s.e, nonblock, 0, 0);
+    arm(g, handle, peer);
     let _ = TABLE.set_canal(fd, handle);
     client::debug!(g, "canal: socket fd {fd} -> handle {handle:#x}\n");
     Ok(fd)
@@ -246,6 +293,13 @@ pub fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
 /// or was interrupted) until connect is called again, so a second connect returns 0
 /// once the handshake is done, EALREADY while it runs, or the error; only then does
 /// EISCONN follow. `local::CONNECT_PENDING` is that socket-layer state.
+/// connect(AF_UNSPEC) on a datagram socket: the association is dissolved (the local
+/// address stays), datagrams from anyone arrive again.
+pub fn disconnect(s: Sock) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(s.g, op::CONNECT, s.handle, [1, 0, 0, 0], &[], &mut []).map(|_| ())
+}
+
 pub fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
     dead_err(s.g, false)?;
     if s.kind() == sock_kind::DGRAM {
@@ -496,6 +550,7 @@ pub fn release(g: &'static Guest, handle: u32) {
             })
             .unwrap_or(1);
     if prev <= 1 {
+        crate::policy::forget(handle);
         client::wake_local(g, s.idx);
         if !client::is_dead(g) {
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
@@ -958,10 +1013,10 @@ pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> 
                 c.consume_record(&info);
                 None
             }
-            Ok(Some(info)) => match dummy(flags & libc::SOCK_CLOEXEC != 0) {
+            Ok(Some(info)) => match dummy(s.g, flags & libc::SOCK_CLOEXEC != 0) {
                 // No descriptor for it: leave the connection queued (as the kernel does).
                 Err(e) => Some(Err(e)),
-                Ok(fd) => {
+                Ok((fd, wend)) => {
                     let mut p = [0u8; 8];
                     c.record_payload(&info, 0, &mut p);
                     let mut a = [0u8; ADDR_SIZE];
@@ -982,10 +1037,12 @@ pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> 
                                 s.e.sndtimeo_ns.load(Ordering::Relaxed),
                             );
                             let _ = TABLE.set_canal(fd, h);
+                            arm(s.g, h, wend);
                             Some(Ok((fd, peer)))
                         }
                         _ => {
                             let _ = sys::close(fd);
+                            let _ = (wend >= 0).then(|| sys::close(wend));
                             Some(Err(libc::ECONNABORTED))
                         }
                     }

@@ -131,3 +131,34 @@ fn semantics_under_canal() {
     cmd.arg("120").arg("python3").arg(&script);
     run_under(cmd, &sock, &lib);
 }
+
+#[test]
+fn selection_policy_under_canal() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        eprintln!("skipped: python3 not available");
+        return;
+    }
+    let Some((_d, sock, lib)) = setup("policy") else {
+        return;
+    };
+    // A free port for the excluded rule.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/policy.py");
+    let mut cmd = Command::new("timeout");
+    cmd.arg("60")
+        .arg("python3")
+        .arg(&script)
+        .arg(port.to_string())
+        .env("CANAL_EXCLUDE", format!("127.0.0.1:{port}, 10.0.0.0/8"));
+    run_under(cmd, &sock, &lib);
+}

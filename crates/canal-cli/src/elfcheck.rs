@@ -1,0 +1,170 @@
+//! Programs canal cannot intercept: `canal run` looks at the executable before running
+//! it and prints one warning line when LD_PRELOAD cannot reach its socket calls — a
+//! statically linked ELF (no PT_INTERP: the preload is never loaded) or a Go program
+//! (its runtime issues the system calls itself). The program still runs, on kernel
+//! sockets; nothing is bypassed silently.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Dynamically linked, calls libc: canal takes its sockets.
+    Fine,
+    /// No program interpreter: LD_PRELOAD does nothing.
+    Static,
+    /// A Go binary (`.go.buildinfo` / `.note.go.buildid` section).
+    Go,
+}
+
+/// `prog` as execvp would find it.
+pub fn resolve(prog: &str) -> Option<PathBuf> {
+    if prog.contains('/') {
+        return Some(PathBuf::from(prog));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+fn u16_at(b: &[u8], o: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+fn read_at(f: &File, off: u64, len: usize) -> Option<Vec<u8>> {
+    if len > 16 << 20 {
+        return None;
+    }
+    let mut v = vec![0u8; len];
+    f.read_exact_at(&mut v, off).ok()?;
+    Some(v)
+}
+
+/// Classifies a 64-bit little-endian ELF file; anything else (scripts, other ELF
+/// classes, unreadable files) is `Fine` — the kernel or the interpreter decides.
+pub fn classify(path: &Path) -> Verdict {
+    let Ok(f) = File::open(path) else {
+        return Verdict::Fine;
+    };
+    classify_file(&f).unwrap_or(Verdict::Fine)
+}
+
+fn classify_file(f: &File) -> Option<Verdict> {
+    let h = read_at(f, 0, 64)?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (u64_at(&h, 32)?, u16_at(&h, 54)?, u16_at(&h, 56)?);
+    let (shoff, shentsize, shnum, shstrndx) = (
+        u64_at(&h, 40)?,
+        u16_at(&h, 58)? as usize,
+        u16_at(&h, 60)? as usize,
+        u16_at(&h, 62)? as usize,
+    );
+    let ph = read_at(f, phoff, phentsize as usize * phnum as usize)?;
+    let has_interp = (0..phnum as usize)
+        .any(|i| u32_at(&ph, i * phentsize as usize) == Some(3 /* PT_INTERP */));
+    // Section names: look for Go's markers.
+    if shnum > 0 && shstrndx < shnum && shentsize >= 64 {
+        let sh = read_at(f, shoff, shentsize * shnum)?;
+        let str_off = u64_at(&sh, shstrndx * shentsize + 24)?;
+        let str_len = u64_at(&sh, shstrndx * shentsize + 32)? as usize;
+        let names = read_at(f, str_off, str_len.min(1 << 20))?;
+        for i in 0..shnum {
+            let n = u32_at(&sh, i * shentsize)? as usize;
+            let name = names.get(n..)?.split(|&b| b == 0).next()?;
+            if name == b".go.buildinfo" || name == b".note.go.buildid" {
+                return Some(Verdict::Go);
+            }
+        }
+    }
+    Some(if has_interp {
+        Verdict::Fine
+    } else {
+        Verdict::Static
+    })
+}
+
+/// The warning line for `prog`, if any.
+pub fn warning(prog: &str) -> Option<String> {
+    let path = resolve(prog)?;
+    match classify(&path) {
+        Verdict::Fine => None,
+        Verdict::Static => Some(format!(
+            "canal: {} is statically linked: libcanal cannot be preloaded into it, so its sockets use the kernel, not canal",
+            path.display()
+        )),
+        Verdict::Go => Some(format!(
+            "canal: {} is a Go program: its runtime makes socket system calls directly, so its sockets use the kernel, not canal",
+            path.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_binaries_are_fine() {
+        let sh = resolve("sh").expect("sh on PATH");
+        assert_eq!(classify(&sh), Verdict::Fine);
+        assert_eq!(warning("sh"), None);
+    }
+
+    #[test]
+    fn scripts_and_missing_files_are_fine() {
+        assert_eq!(classify(Path::new("/nonexistent/x")), Verdict::Fine);
+        let d = std::env::temp_dir().join(format!("canal-elfcheck-{}", std::process::id()));
+        std::fs::write(&d, b"#!/bin/sh\necho hi\n").unwrap();
+        assert_eq!(classify(&d), Verdict::Fine);
+        let _ = std::fs::remove_file(&d);
+    }
+
+    #[test]
+    fn static_binary_is_flagged() {
+        // Build one with the C compiler.
+        let dir = std::env::temp_dir().join(format!("canal-elfcheck-s{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("s.c");
+        std::fs::write(&src, b"int main(void){return 0;}\n").unwrap();
+        let out = dir.join("s");
+        let ok = std::process::Command::new("cc")
+            .args(["-static", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            ok,
+            "cc -static failed (gcc and libc6-dev are test dependencies)"
+        );
+        assert_eq!(classify(&out), Verdict::Static);
+        assert!(warning(out.to_str().unwrap())
+            .unwrap()
+            .contains("statically linked"));
+        // The same binary with Go's build-info section reads as a Go program.
+        let marker = dir.join("bi");
+        std::fs::write(&marker, b"\xff Go buildinf:").unwrap();
+        let go = dir.join("g");
+        let ok = std::process::Command::new("objcopy")
+            .arg(format!("--add-section=.go.buildinfo={}", marker.display()))
+            .arg(&out)
+            .arg(&go)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "objcopy failed (binutils is a test dependency)");
+        assert_eq!(classify(&go), Verdict::Go);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

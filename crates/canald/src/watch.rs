@@ -1,0 +1,86 @@
+//! Kernel-counted liveness of guest sockets (control message WATCH, protocol §2).
+//!
+//! A guest's dummy descriptor for a canal socket is one end of a Unix socketpair; the
+//! other end is sent here once, with the socket's handle. The kernel counts the guest
+//! end's references across dup, fork, exec, `_exit` and kill; when the last one is
+//! gone this end reports EPOLLHUP and the socket is closed as by a CLOSE request. This
+//! backs the guest's own reference count (which a process ended by `_exit` or a
+//! signal cannot update).
+//!
+//! Bounded: at most one watch per (guest connection, socket index) — a new WATCH for
+//! the same index replaces the old one — and only for a socket index the guest has.
+
+use crate::guest::Guest;
+use crate::sys::Epoll;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Epoll token type of a watch (the others are in `guest::token`).
+pub const TOKEN: u64 = 5;
+
+fn token(conn: u32, gen: u16, index: u16) -> u64 {
+    crate::guest::token::make(TOKEN, conn, gen, index)
+}
+
+#[derive(Default)]
+pub struct Watches {
+    fds: HashMap<(u32, u32), (u16, OwnedFd)>,
+}
+
+impl Watches {
+    /// WATCH from connection `conn` (guest `g`): watch `fd` for socket `handle`.
+    /// Invalid requests are ignored (WATCH has no reply).
+    pub fn add(&mut self, ep: &Epoll, conn: u32, g: &Guest, handle: u32, fd: OwnedFd) {
+        let index = canal_abi::handle_index(handle);
+        let gen = canal_abi::handle_generation(handle) as u16;
+        if !g.has_live_socket(index, gen) {
+            return;
+        }
+        // Only HUP/ERR are wanted (always reported): the guest end is shut for
+        // reading, so nothing else happens on this end until the last close.
+        if ep
+            .add(fd.as_raw_fd(), 0, token(conn, gen, index as u16))
+            .is_err()
+        {
+            return;
+        }
+        if let Some((_, old)) = self.fds.insert((conn, index), (gen, fd)) {
+            ep.delete(old.as_raw_fd());
+        }
+    }
+
+    /// A watch fired: the guest's last descriptor of that socket is gone. Returns the
+    /// (index, generation) to close.
+    pub fn fired(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
+        let conn = crate::guest::token::conn(tok);
+        let index = crate::guest::token::index(tok) as u32;
+        let gen = crate::guest::token::gen(tok);
+        match self.fds.get(&(conn, index)) {
+            Some((g, _)) if *g == gen => {}
+            _ => return None,
+        }
+        let (_, fd) = self.fds.remove(&(conn, index))?;
+        ep.delete(fd.as_raw_fd());
+        Some((conn, index, gen))
+    }
+
+    /// A guest connection ended: its watches go (its sockets are closed with it).
+    pub fn forget_conn(&mut self, ep: &Epoll, conn: u32) {
+        self.fds.retain(|&(c, _), (_, fd)| {
+            if c == conn {
+                ep.delete(fd.as_raw_fd());
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.fds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fds.is_empty()
+    }
+}

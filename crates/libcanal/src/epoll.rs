@@ -1,0 +1,618 @@
+//! epoll over any mix of canal and ordinary descriptors.
+//!
+//! The kernel cannot watch a canal socket (its dummy descriptor never becomes ready), so
+//! each epoll instance that watches canal sockets keeps their interest list here, in
+//! process memory: one `Item` per (epoll fd, canal fd) with the requested events, the
+//! user data, and the edge/one-shot state. Ordinary descriptors stay registered in the
+//! real epoll instance. Such an epoll fd is tagged `Entry::Epoll` in the descriptor
+//! table, so `epoll_wait` on an epoll fd without canal sockets costs one table load
+//! before the real call.
+//!
+//! A wait loops { canal readiness from the socket entries (`ready.rs`); the real epoll
+//! fd with timeout 0 } for the spin budget, then sleeps in one ppoll on [the real epoll
+//! fd, nested epoll fds, the slot eventfd, the control socket] (`client::sleep_events`).
+//!
+//! Semantics per item, as the kernel's `ep_poll_callback`/`ep_send_events`:
+//! - level-triggered: reported while `readiness & (events | ERR | HUP)` is non-zero;
+//! - EPOLLET: reported when that mask is non-zero and the socket changed since the last
+//!   report (the host's `event_seq` moved, or a bit appeared), and once right after
+//!   ADD/MOD;
+//! - EPOLLONESHOT: disarmed after one report until EPOLL_CTL_MOD;
+//! - EPOLLEXCLUSIVE: accepted (every waiter of this process family may be woken);
+//! - a canal descriptor leaves every set when it is closed (also by dup2 over it).
+//!
+//! Nesting: an epoll fd that watches canal sockets, added to another epoll fd, is kept
+//! as a nested item of the outer one: it is reported EPOLLIN when the inner set has an
+//! event (canal or real), and poll()/select() on it do the same (`poll.rs`).
+//!
+//! The interest lists are process memory: after fork the child has its own copy (the
+//! kernel's is shared), and they do not survive exec (docs/compat.md).
+
+use crate::client::{self, Guest};
+use crate::fdtable::{Entry, TABLE};
+use crate::sock::Sock;
+use crate::sys;
+use canal_abi::sync::Ordering;
+use canal_abi::WAIT_ANY;
+use core::cell::UnsafeCell;
+use core::sync::atomic::AtomicU32;
+use libc::{c_int, epoll_event};
+
+const EPOLLIN: u32 = libc::EPOLLIN as u32;
+const EPOLLERR: u32 = libc::EPOLLERR as u32;
+const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
+const EPOLLET: u32 = libc::EPOLLET as u32;
+const EPOLLONESHOT: u32 = libc::EPOLLONESHOT as u32;
+const EPOLLEXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
+const EPOLLWAKEUP: u32 = libc::EPOLLWAKEUP as u32;
+/// The input flags that are not events.
+const CONTROL: u32 = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
+
+/// Ordinary descriptors are checked for real on the first round and then every
+/// ORDINARY_EVERY rounds of the spin phase (each check is a system call).
+const ORDINARY_EVERY: u32 = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// A canal socket with this handle.
+    Canal(u32),
+    /// An epoll fd that itself watches canal sockets.
+    Nested(c_int),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    fd: c_int,
+    target: Target,
+    /// Requested events and control flags (EPOLLET, EPOLLONESHOT…).
+    events: u32,
+    data: u64,
+    /// Edge state: the socket's event_seq at the last report, the bits last seen, and
+    /// "report once whatever the sequence says" (set by ADD/MOD).
+    last_seq: u32,
+    last_bits: u32,
+    fresh: bool,
+    /// EPOLLONESHOT fired: nothing is reported until MOD.
+    disarmed: bool,
+}
+
+struct Set {
+    epfd: c_int,
+    items: Vec<Item>,
+    /// Rotates the scan start so that level-triggered sockets cannot starve others
+    /// when maxevents is small (the kernel requeues them at the tail).
+    rot: usize,
+}
+
+struct Sets {
+    lock: AtomicU32,
+    sets: UnsafeCell<Vec<Set>>,
+}
+
+// SAFETY: `sets` is only accessed while holding `lock` (see `with`).
+unsafe impl Sync for Sets {}
+
+static SETS: Sets = Sets {
+    lock: AtomicU32::new(0),
+    sets: UnsafeCell::new(Vec::new()),
+};
+
+/// Runs `f` on the sets with the lock held. `f` must not call back into this module.
+fn with<R>(f: impl FnOnce(&mut Vec<Set>) -> R) -> R {
+    struct Unlock;
+    impl Drop for Unlock {
+        fn drop(&mut self) {
+            client::unlock(&SETS.lock);
+        }
+    }
+    client::lock(&SETS.lock);
+    let _u = Unlock;
+    // SAFETY: the lock is held, so this is the only reference.
+    f(unsafe { &mut *SETS.sets.get() })
+}
+
+extern "C" fn fork_prepare() {
+    client::lock(&SETS.lock);
+}
+
+extern "C" fn fork_parent() {
+    client::unlock(&SETS.lock);
+}
+
+extern "C" fn fork_child() {
+    // The child's only thread is the one that took the lock in fork_prepare.
+    SETS.lock.store(0, Ordering::Relaxed);
+}
+
+/// Registered once from the library constructor.
+pub fn register_fork_handlers() {
+    // SAFETY: plain extern "C" functions that live as long as the process.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+    }
+}
+
+/// Whether `fd` is an epoll instance: ours (tagged), or the kernel says so.
+fn is_epoll(fd: c_int) -> Result<bool, i32> {
+    if TABLE.get(fd) == Some(Entry::Epoll) {
+        return Ok(true);
+    }
+    sys::fcntl_int(fd, libc::F_GETFD, 0)?;
+    let path = format!("/proc/self/fd/{fd}\0");
+    let mut buf = [0u8; 64];
+    // SAFETY: path is NUL-terminated; buf is writable for its length.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_readlinkat,
+            libc::AT_FDCWD as libc::c_long,
+            path.as_ptr(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    let Ok(len) = sys::check(r) else {
+        // No /proc: trust the kernel's later answer (the wait would fail with EINVAL).
+        return Ok(true);
+    };
+    Ok(&buf[..len] == b"anon_inode:[eventpoll]")
+}
+
+/// epoll_ctl where `fd` is a canal socket or a canal-bearing epoll fd. `ev`: the
+/// caller's event, already read (None for a null pointer).
+pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result<(), i32> {
+    if epfd == fd {
+        return Err(libc::EINVAL);
+    }
+    if !is_epoll(epfd)? {
+        return Err(libc::EINVAL);
+    }
+    let target = match TABLE.get(fd) {
+        Some(Entry::Canal(h)) => Target::Canal(h),
+        Some(Entry::Epoll) => Target::Nested(fd),
+        _ => return Err(libc::EBADF),
+    };
+    let want = if op == libc::EPOLL_CTL_DEL {
+        None
+    } else {
+        let e = ev.ok_or(libc::EFAULT)?;
+        Some((e.events, e.u64))
+    };
+    let seq = match target {
+        Target::Canal(h) => client::guest()
+            .and_then(|g| Sock::new(g, h).ok())
+            .map_or(0, |s| s.e.event_seq.load(Ordering::Acquire)),
+        Target::Nested(_) => 0,
+    };
+    let r = with(|sets| {
+        let si = sets.iter().position(|s| s.epfd == epfd);
+        let ii = si.and_then(|si| sets[si].items.iter().position(|i| i.fd == fd));
+        match op {
+            libc::EPOLL_CTL_ADD => {
+                if ii.is_some() {
+                    return Err(libc::EEXIST);
+                }
+                let (events, data) = want.ok_or(libc::EFAULT)?;
+                let item = Item {
+                    fd,
+                    target,
+                    events,
+                    data,
+                    last_seq: seq,
+                    last_bits: 0,
+                    fresh: true,
+                    disarmed: false,
+                };
+                match si {
+                    Some(si) => sets[si].items.push(item),
+                    None => sets.push(Set {
+                        epfd,
+                        items: vec![item],
+                        rot: 0,
+                    }),
+                }
+                Ok(true)
+            }
+            libc::EPOLL_CTL_MOD => {
+                let (si, ii) = si.zip(ii).ok_or(libc::ENOENT)?;
+                let (events, data) = want.ok_or(libc::EFAULT)?;
+                let it = &mut sets[si].items[ii];
+                if events & EPOLLEXCLUSIVE != 0 || it.events & EPOLLEXCLUSIVE != 0 {
+                    return Err(libc::EINVAL);
+                }
+                it.events = events;
+                it.data = data;
+                it.fresh = true;
+                it.disarmed = false;
+                it.last_seq = seq;
+                Ok(false)
+            }
+            libc::EPOLL_CTL_DEL => {
+                let (si, ii) = si.zip(ii).ok_or(libc::ENOENT)?;
+                sets[si].items.remove(ii);
+                Ok(false)
+            }
+            _ => Err(libc::EINVAL),
+        }
+    })?;
+    if r {
+        // The epoll fd now watches canal sockets: its waits go through `wait`.
+        let _ = TABLE.set_epoll(epfd);
+    }
+    Ok(())
+}
+
+/// A canal descriptor (or a canal-bearing epoll fd) was closed: it leaves every set.
+/// An epoll fd that was closed loses its interest list.
+pub fn forget_fd(fd: c_int) {
+    with(|sets| {
+        sets.retain(|s| s.epfd != fd);
+        for s in sets.iter_mut() {
+            s.items.retain(|i| i.fd != fd);
+        }
+    });
+}
+
+/// A canal socket at `fd` became a kernel socket (selection policy): its interest moves
+/// to the real epoll instances, with the same events and data.
+pub fn move_to_kernel(fd: c_int) {
+    let moved: Vec<(c_int, u32, u64)> = with(|sets| {
+        let mut v = Vec::new();
+        for s in sets.iter_mut() {
+            s.items.retain(|i| {
+                if i.fd == fd {
+                    v.push((s.epfd, i.events, i.data));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        v
+    });
+    for (epfd, events, data) in moved {
+        let mut ev = epoll_event { events, u64: data };
+        // SAFETY: ev is a live local the kernel reads.
+        unsafe {
+            libc::syscall(
+                libc::SYS_epoll_ctl,
+                epfd as libc::c_long,
+                libc::EPOLL_CTL_ADD as libc::c_long,
+                fd as libc::c_long,
+                &mut ev as *mut epoll_event,
+            )
+        };
+    }
+}
+
+/// What an item reports now (0: nothing). With `commit`, edge and one-shot state
+/// advance as for a delivered event; without, this only peeks.
+fn eval(g: &'static Guest, it: &mut Item, commit: bool, depth: u32) -> u32 {
+    if it.disarmed {
+        return 0;
+    }
+    let interest = (it.events & !CONTROL) | EPOLLERR | EPOLLHUP;
+    let (seq, bits) = match it.target {
+        Target::Canal(h) => {
+            if client::is_dead(g) {
+                (it.last_seq, crate::ready::DEAD as u16 as u32)
+            } else {
+                match Sock::new(g, h) {
+                    Ok(s) => {
+                        // The sequence first: a change after it is seen next time.
+                        let seq = s.e.event_seq.load(Ordering::Acquire);
+                        (seq, s.readiness() as u16 as u32)
+                    }
+                    // The socket is gone (closed behind our back): nothing to report.
+                    Err(_) => return 0,
+                }
+            }
+        }
+        Target::Nested(inner) => {
+            let r = if depth < 4 && peek_set(g, inner, depth + 1) {
+                EPOLLIN
+            } else {
+                0
+            };
+            (it.last_seq, r)
+        }
+    };
+    let m = bits & interest;
+    let fire = if it.events & EPOLLET != 0 {
+        let f = m != 0 && (it.fresh || seq != it.last_seq || m & !it.last_bits != 0);
+        if commit {
+            it.last_bits = m;
+            if f {
+                it.last_seq = seq;
+                it.fresh = false;
+            }
+        }
+        f
+    } else {
+        m != 0
+    };
+    if fire && commit && it.events & EPOLLONESHOT != 0 {
+        it.disarmed = true;
+    }
+    if fire {
+        m
+    } else {
+        0
+    }
+}
+
+/// Whether the set of `epfd` has anything to report (canal items, or its real part).
+fn peek_set(g: &'static Guest, epfd: c_int, depth: u32) -> bool {
+    let items: Vec<Item> = with(|sets| {
+        sets.iter()
+            .find(|s| s.epfd == epfd)
+            .map(|s| s.items.clone())
+            .unwrap_or_default()
+    });
+    for mut it in items {
+        if eval(g, &mut it, false, depth) != 0 {
+            return true;
+        }
+    }
+    real_readable(epfd)
+}
+
+/// The real epoll fd has events (poll on an epoll fd does not consume them).
+fn real_readable(epfd: c_int) -> bool {
+    let mut p = [libc::pollfd {
+        fd: epfd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    sys::ppoll(&mut p, Some(0), sys::SigMask::NONE).unwrap_or(0) > 0
+}
+
+/// poll()/select() readiness of a canal-bearing epoll fd.
+pub fn poll_revents(g: &'static Guest, epfd: c_int, events: libc::c_short) -> libc::c_short {
+    if peek_set(g, epfd, 0) {
+        events & (libc::POLLIN | libc::POLLRDNORM)
+    } else {
+        0
+    }
+}
+
+/// Collects the canal events of `epfd` into `out`; returns how many.
+fn scan(g: &'static Guest, epfd: c_int, out: &mut [epoll_event]) -> usize {
+    // Nested items need the lock themselves: evaluate them on a copy first.
+    let nested: Vec<(c_int, bool)> = with(|sets| {
+        sets.iter()
+            .find(|s| s.epfd == epfd)
+            .map(|s| {
+                s.items
+                    .iter()
+                    .filter_map(|i| match i.target {
+                        Target::Nested(f) => Some(f),
+                        _ => None,
+                    })
+                    .map(|f| (f, false))
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let nested: Vec<(c_int, bool)> = nested
+        .into_iter()
+        .map(|(f, _)| (f, peek_set(g, f, 1)))
+        .collect();
+    with(|sets| {
+        let Some(s) = sets.iter_mut().find(|s| s.epfd == epfd) else {
+            return 0;
+        };
+        let len = s.items.len();
+        if len == 0 {
+            return 0;
+        }
+        let start = s.rot % len;
+        let mut n = 0;
+        let mut last = start;
+        for k in 0..len {
+            if n == out.len() {
+                break;
+            }
+            let i = (start + k) % len;
+            let it = &mut s.items[i];
+            let ev = match it.target {
+                Target::Canal(_) => eval(g, it, true, 0),
+                Target::Nested(f) => {
+                    let ready = nested.iter().any(|&(nf, r)| nf == f && r);
+                    let interest = it.events & !CONTROL;
+                    if it.disarmed || !ready || interest & EPOLLIN == 0 {
+                        0
+                    } else {
+                        if it.events & EPOLLONESHOT != 0 {
+                            it.disarmed = true;
+                        }
+                        EPOLLIN
+                    }
+                }
+            };
+            if ev != 0 {
+                out[n] = epoll_event {
+                    events: ev,
+                    u64: it.data,
+                };
+                n += 1;
+                last = i;
+            }
+        }
+        if n > 0 {
+            s.rot = last + 1;
+        }
+        n
+    })
+}
+
+/// Peek: whether any canal item of `epfd` would report now.
+fn any_canal(g: &'static Guest, epfd: c_int) -> bool {
+    peek_items(g, epfd)
+}
+
+fn peek_items(g: &'static Guest, epfd: c_int) -> bool {
+    let items: Vec<Item> = with(|sets| {
+        sets.iter()
+            .find(|s| s.epfd == epfd)
+            .map(|s| s.items.clone())
+            .unwrap_or_default()
+    });
+    items
+        .into_iter()
+        .any(|mut it| eval(g, &mut it, false, 0) != 0)
+}
+
+fn nested_fds(epfd: c_int) -> Vec<c_int> {
+    with(|sets| {
+        sets.iter()
+            .find(|s| s.epfd == epfd)
+            .map(|s| {
+                s.items
+                    .iter()
+                    .filter_map(|i| match i.target {
+                        Target::Nested(f) => Some(f),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// The real epoll_pwait with timeout 0.
+fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> {
+    if out.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: out is writable for out.len() events; no signal mask.
+    sys::check(unsafe {
+        libc::syscall(
+            libc::SYS_epoll_pwait,
+            epfd as libc::c_long,
+            out.as_mut_ptr(),
+            out.len() as libc::c_long,
+            0 as libc::c_long,
+            core::ptr::null::<libc::sigset_t>(),
+            8usize,
+        )
+    })
+}
+
+/// epoll_wait/epoll_pwait/epoll_pwait2 on a canal-bearing epoll fd. `timeout_ns`:
+/// None = forever.
+pub fn wait(
+    g: &'static Guest,
+    epfd: c_int,
+    out: &mut [epoll_event],
+    timeout_ns: Option<i64>,
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
+    let mut round = 0u32;
+    let mut canal_first = true;
+    loop {
+        let check_real = round.is_multiple_of(ORDINARY_EVERY) || round >= g.spin;
+        // Alternate which side fills the buffer first, so neither starves the other.
+        let n = if canal_first {
+            let c = scan(g, epfd, out);
+            c + if check_real {
+                real_poll_events(epfd, &mut out[c..])?
+            } else {
+                0
+            }
+        } else {
+            let r = if check_real {
+                real_poll_events(epfd, out)?
+            } else {
+                0
+            };
+            r + scan(g, epfd, &mut out[r..])
+        };
+        canal_first = !canal_first;
+        if n > 0 || timeout_ns == Some(0) {
+            return Ok(n);
+        }
+        let now = sys::now_ns();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(0);
+        }
+        if round < g.spin {
+            round += 1;
+            canal_abi::sync::spin_hint();
+            continue;
+        }
+        // Sleep on [real epfd, nested epoll fds, slot eventfd, control socket].
+        let s = client::my_slot(g)?;
+        let mut fds: Vec<libc::pollfd> = core::iter::once(epfd)
+            .chain(nested_fds(epfd))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        fds.extend(
+            [libc::pollfd {
+                fd: -1,
+                events: 0,
+                revents: 0,
+            }; 2],
+        );
+        let remaining = deadline.map(|d| d - now);
+        let mut cond = || any_canal(g, epfd);
+        let r = client::sleep_events(&s, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
+        drop(s);
+        r?;
+        // Re-check everything (round stays past the spin budget: real checks each time).
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forget_drops_sets_and_items() {
+        with(|sets| {
+            sets.push(Set {
+                epfd: 1000,
+                items: vec![Item {
+                    fd: 1001,
+                    target: Target::Canal(7),
+                    events: EPOLLIN,
+                    data: 5,
+                    last_seq: 0,
+                    last_bits: 0,
+                    fresh: true,
+                    disarmed: false,
+                }],
+                rot: 0,
+            })
+        });
+        forget_fd(1001);
+        assert!(with(|s| s
+            .iter()
+            .find(|s| s.epfd == 1000)
+            .unwrap()
+            .items
+            .is_empty()));
+        forget_fd(1000);
+        assert!(with(|s| s.iter().all(|s| s.epfd != 1000)));
+    }
+
+    #[test]
+    fn ctl_rejects_self_and_non_epoll() {
+        assert_eq!(ctl(5, libc::EPOLL_CTL_ADD, 5, None), Err(libc::EINVAL));
+        // SAFETY: plain pipe creation.
+        let mut p = [0; 2];
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        assert_eq!(is_epoll(p[0]), Ok(false));
+        // SAFETY: creating an epoll instance.
+        let ep = unsafe { libc::epoll_create1(0) };
+        assert_eq!(is_epoll(ep), Ok(true));
+        assert_eq!(is_epoll(-1), Err(libc::EBADF));
+        for fd in [p[0], p[1], ep] {
+            let _ = sys::close(fd);
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Selection policy: which sockets canal takes over.
+//!
+//! By default every AF_INET/AF_INET6 TCP and UDP socket. `CANAL_EXCLUDE` leaves chosen
+//! destinations to the kernel: a comma-separated list of rules `[ADDR[/BITS]][:PORT]`,
+//! where ADDR is IPv4 dotted or `[IPv6]` (e.g. `10.0.0.0/8`, `127.0.0.1:6379`, `:53`,
+//! `[::1]:8080`, `[fd00::]/8`). A rule matches an address when its network contains it
+//! (IPv4-mapped IPv6 addresses match IPv4 rules) and, if it names a port, the port is
+//! equal. An unparsable rule is reported once on stderr and ignored.
+//!
+//! The address is known only at the first bind, connect or sendto. A socket whose first
+//! such call names an excluded address is handed to the kernel there (`handoff`): a
+//! kernel socket of the same family and type, with the options set so far, replaces the
+//! dummy descriptor at the same number, and the call proceeds on it. After that first
+//! call a canal socket stays canal's.
+
+use crate::client::{self, Guest};
+use crate::fdtable::TABLE;
+use crate::ready::local;
+use crate::sock::{self, Sock};
+use crate::sys;
+use canal_abi::addr::{CanalAddr, FAMILY_INET6};
+use canal_abi::sock_kind;
+use canal_abi::sync::Ordering;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU32, AtomicU8};
+use libc::c_int;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// (16-byte address, IPv4-mapped if `v4`, prefix bits within its family).
+    net: Option<([u8; 16], bool, u8)>,
+    port: Option<u16>,
+}
+
+fn mapped(ip: [u8; 4]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[10] = 0xff;
+    a[11] = 0xff;
+    a[12..].copy_from_slice(&ip);
+    a
+}
+
+/// Parses one rule; None if malformed.
+pub fn parse_rule(r: &str) -> Option<Rule> {
+    let r = r.trim();
+    if r.is_empty() {
+        return None;
+    }
+    let (host, port) = if let Some(rest) = r.strip_prefix('[') {
+        let end = rest.find(']')?;
+        let (h, tail) = (&rest[..end], &rest[end + 1..]);
+        // "[v6]/bits:port" or "[v6]:port" or "[v6]/bits"
+        let (bits, port) = match tail.split_once(':') {
+            Some((b, p)) => (b, Some(p)),
+            None => (tail, None),
+        };
+        (format!("[{h}]{bits}"), port)
+    } else {
+        match r.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (r.to_string(), None),
+        }
+    };
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok()?),
+        None => None,
+    };
+    if host.is_empty() {
+        return port.map(|p| Rule {
+            net: None,
+            port: Some(p),
+        });
+    }
+    let (addr, bits) = match host.split_once('/') {
+        Some((a, b)) => (a, Some(b.parse::<u8>().ok()?)),
+        None => (host.as_str(), None),
+    };
+    let net = if let Some(v6) = addr.strip_prefix('[').and_then(|a| a.strip_suffix(']')) {
+        let ip: std::net::Ipv6Addr = v6.parse().ok()?;
+        let bits = bits.unwrap_or(128);
+        if bits > 128 {
+            return None;
+        }
+        (ip.octets(), false, bits)
+    } else {
+        let ip: std::net::Ipv4Addr = addr.parse().ok()?;
+        let bits = bits.unwrap_or(32);
+        if bits > 32 {
+            return None;
+        }
+        (mapped(ip.octets()), true, bits)
+    };
+    Some(Rule {
+        net: Some(net),
+        port,
+    })
+}
+
+fn prefix_eq(a: &[u8; 16], b: &[u8; 16], bits: u32) -> bool {
+    let full = (bits / 8) as usize;
+    if a[..full] != b[..full] {
+        return false;
+    }
+    let rem = bits % 8;
+    rem == 0 || (a[full] ^ b[full]) & (0xffu8 << (8 - rem)) == 0
+}
+
+impl Rule {
+    pub fn matches(&self, a: &CanalAddr) -> bool {
+        if self.port.is_some_and(|p| p != a.port) {
+            return false;
+        }
+        let Some((net, v4, bits)) = self.net else {
+            return true;
+        };
+        let ip = if a.family == FAMILY_INET6 {
+            a.addr
+        } else {
+            mapped(a.ip4())
+        };
+        let is_v4 = ip[..12] == mapped([0; 4])[..12];
+        if v4 {
+            is_v4 && prefix_eq(&ip, &net, 96 + bits as u32)
+        } else {
+            prefix_eq(&ip, &net, bits as u32)
+        }
+    }
+}
+
+/// Parses a whole CANAL_EXCLUDE value: (rules, malformed pieces).
+pub fn parse(v: &str) -> (Vec<Rule>, Vec<String>) {
+    let mut rules = Vec::new();
+    let mut bad = Vec::new();
+    for piece in v.split(',').filter(|p| !p.trim().is_empty()) {
+        match parse_rule(piece) {
+            Some(r) => rules.push(r),
+            None => bad.push(piece.trim().to_string()),
+        }
+    }
+    (rules, bad)
+}
+
+// ---- process state -------------------------------------------------------------------------
+
+/// 0 = not read yet, 1 = no rules, 2 = rules present.
+static STATE: AtomicU8 = AtomicU8::new(0);
+
+/// An option set on an undecided socket: (handle, level, name, value).
+type SavedOpt = (u32, c_int, c_int, Vec<u8>);
+
+struct Shared {
+    lock: AtomicU32,
+    rules: UnsafeCell<Vec<Rule>>,
+    /// Options set on sockets that are still undecided, to replay on a handoff.
+    opts: UnsafeCell<Vec<SavedOpt>>,
+}
+
+// SAFETY: the cells are only touched with `lock` held.
+unsafe impl Sync for Shared {}
+
+static SHARED: Shared = Shared {
+    lock: AtomicU32::new(0),
+    rules: UnsafeCell::new(Vec::new()),
+    opts: UnsafeCell::new(Vec::new()),
+};
+
+fn with<R>(f: impl FnOnce(&mut Vec<Rule>, &mut Vec<SavedOpt>) -> R) -> R {
+    struct Unlock;
+    impl Drop for Unlock {
+        fn drop(&mut self) {
+            client::unlock(&SHARED.lock);
+        }
+    }
+    client::lock(&SHARED.lock);
+    let _u = Unlock;
+    // SAFETY: the lock is held.
+    unsafe { f(&mut *SHARED.rules.get(), &mut *SHARED.opts.get()) }
+}
+
+/// Whether any exclusion rule is configured (reads CANAL_EXCLUDE once).
+pub fn active() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let v = std::env::var("CANAL_EXCLUDE").unwrap_or_default();
+            let (rules, bad) = parse(&v);
+            for b in &bad {
+                sys::log_fmt(format_args!(
+                    "canal: CANAL_EXCLUDE: ignoring malformed rule '{b}'\n"
+                ));
+            }
+            let on = !rules.is_empty();
+            with(|r, _| *r = rules);
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Whether `a` is left to the kernel.
+pub fn excluded(a: &CanalAddr) -> bool {
+    active() && with(|r, _| r.iter().any(|x| x.matches(a)))
+}
+
+/// The socket has not been bound, connected or used yet.
+pub fn undecided(s: &Sock) -> bool {
+    s.e.guest_flags.load(Ordering::Relaxed) & local::COMMITTED == 0
+        && matches!(s.kind(), sock_kind::STREAM | sock_kind::DGRAM)
+        && s.flags() == 0
+}
+
+/// The socket is canal's for good (its first bind/connect/send went to canal).
+pub fn commit(s: &Sock) {
+    if s.e.guest_flags.load(Ordering::Relaxed) & local::COMMITTED == 0 {
+        s.e.guest_flags
+            .fetch_or(local::COMMITTED, Ordering::Relaxed);
+        if active() {
+            let h = s.handle;
+            with(|_, o| o.retain(|x| x.0 != h));
+        }
+    }
+}
+
+/// The socket is gone: forget its saved options.
+pub fn forget(handle: u32) {
+    if STATE.load(Ordering::Relaxed) == 2 {
+        with(|_, o| o.retain(|x| x.0 != handle));
+    }
+}
+
+/// Remembers an option set on an undecided socket (only with rules configured).
+pub fn record_option(s: &Sock, level: c_int, name: c_int, val: &[u8]) {
+    if active() && undecided(s) {
+        let h = s.handle;
+        with(|_, o| {
+            o.retain(|x| !(x.0 == h && x.1 == level && x.2 == name));
+            o.push((h, level, name, val.to_vec()));
+        });
+    }
+}
+
+/// Replaces canal socket `s` behind `fd` by a kernel socket of the same family and
+/// type with the options set so far, at the same descriptor number.
+pub fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> {
+    let domain = if s.e.family.load(Ordering::Relaxed) == FAMILY_INET6 as u32 {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    let ty = if s.kind() == sock_kind::DGRAM {
+        libc::SOCK_DGRAM
+    } else {
+        libc::SOCK_STREAM
+    };
+    let nb = if s.nonblocking() {
+        libc::SOCK_NONBLOCK
+    } else {
+        0
+    };
+    let nfd = sys::socket(domain, ty | nb | libc::SOCK_CLOEXEC, 0)?;
+    let h = s.handle;
+    let opts: Vec<(c_int, c_int, Vec<u8>)> = with(|_, o| {
+        let mine = o
+            .iter()
+            .filter(|x| x.0 == h)
+            .map(|x| (x.1, x.2, x.3.clone()))
+            .collect();
+        o.retain(|x| x.0 != h);
+        mine
+    });
+    let set = |level: c_int, name: c_int, v: &[u8]| {
+        // SAFETY: v is a readable buffer of v.len() bytes for the kernel to copy.
+        unsafe {
+            libc::syscall(
+                libc::SYS_setsockopt,
+                nfd as libc::c_long,
+                level as libc::c_long,
+                name as libc::c_long,
+                v.as_ptr(),
+                v.len() as libc::c_long,
+            )
+        }
+    };
+    for (level, name, v) in &opts {
+        set(*level, *name, v);
+    }
+    for (name, ns) in [
+        (libc::SO_RCVTIMEO, s.e.rcvtimeo_ns.load(Ordering::Relaxed)),
+        (libc::SO_SNDTIMEO, s.e.sndtimeo_ns.load(Ordering::Relaxed)),
+    ] {
+        if ns != 0 {
+            set(libc::SOL_SOCKET, name, &sock::ns_to_timeval(ns));
+        }
+    }
+    let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0).map_or(0, |f| f as c_int) & libc::FD_CLOEXEC;
+    // The number stops being canal's before the kernel socket takes it.
+    TABLE.take(fd);
+    // SAFETY: plain descriptor call.
+    let r = sys::check(unsafe {
+        libc::syscall(
+            libc::SYS_dup3,
+            nfd as libc::c_long,
+            fd as libc::c_long,
+            if cloexec != 0 { libc::O_CLOEXEC } else { 0 } as libc::c_long,
+        )
+    });
+    let _ = sys::close(nfd);
+    if let Err(e) = r {
+        let _ = TABLE.set_canal(fd, h);
+        return Err(e);
+    }
+    crate::epoll::move_to_kernel(fd);
+    sock::release(g, h);
+    client::debug!(
+        g,
+        "canal: fd {fd} (handle {h:#x}) left to the kernel by CANAL_EXCLUDE\n"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(ip: [u8; 4], port: u16) -> CanalAddr {
+        CanalAddr::v4(ip, port)
+    }
+
+    #[test]
+    fn parsing() {
+        let (r, bad) =
+            parse("10.0.0.0/8, 127.0.0.1:6379,:53,[::1]:8080,[fd00::]/8,bogus,1.2.3.4/40,:99999");
+        assert_eq!(r.len(), 5);
+        assert_eq!(bad, vec!["bogus", "1.2.3.4/40", ":99999"]);
+        assert_eq!(parse("").0.len(), 0);
+    }
+
+    #[test]
+    fn matching() {
+        let (r, _) = parse("10.0.0.0/8");
+        assert!(r[0].matches(&v4([10, 1, 2, 3], 80)));
+        assert!(!r[0].matches(&v4([11, 1, 2, 3], 80)));
+        // IPv4-mapped IPv6 matches an IPv4 rule.
+        let m = CanalAddr::v6(mapped([10, 9, 9, 9]), 1, 0, 0);
+        assert!(r[0].matches(&m));
+        let (r, _) = parse("127.0.0.1:6379");
+        assert!(r[0].matches(&v4([127, 0, 0, 1], 6379)));
+        assert!(!r[0].matches(&v4([127, 0, 0, 1], 6380)));
+        let (r, _) = parse(":53");
+        assert!(r[0].matches(&v4([8, 8, 8, 8], 53)));
+        let mut one = [0u8; 16];
+        one[15] = 1;
+        assert!(r[0].matches(&CanalAddr::v6(one, 53, 0, 0)));
+        let (r, _) = parse("[::1]:8080");
+        assert!(r[0].matches(&CanalAddr::v6(one, 8080, 0, 0)));
+        assert!(!r[0].matches(&v4([127, 0, 0, 1], 8080)));
+        let (r, _) = parse("[fd00::]/8");
+        let mut ula = [0u8; 16];
+        ula[0] = 0xfd;
+        ula[15] = 7;
+        assert!(r[0].matches(&CanalAddr::v6(ula, 1, 0, 0)));
+        ula[0] = 0xfe;
+        assert!(!r[0].matches(&CanalAddr::v6(ula, 1, 0, 0)));
+        let (r, _) = parse("0.0.0.0/0");
+        assert!(r[0].matches(&v4([1, 2, 3, 4], 5)));
+        assert!(
+            !r[0].matches(&CanalAddr::v6(ula, 1, 0, 0)),
+            "v4 rules never match v6"
+        );
+    }
+}
