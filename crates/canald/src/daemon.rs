@@ -6,7 +6,7 @@
 //! work, sleeps per protocol §6.
 #![forbid(unsafe_code)]
 
-use crate::guest::{token, Guest, GuestConfig};
+use crate::guest::{shortcut, token, Guest, GuestConfig, ShortcutRef, ShortcutShared};
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
 use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX, HELLO_BODY, HELLO_OK_BODY};
@@ -34,6 +34,9 @@ pub struct Config {
     pub budget: usize,
     /// Policy: guests may only bind/connect/send to loopback addresses.
     pub loopback_only: bool,
+    /// Short-circuit connections between canal guests (§8). Off with `--no-shortcut`
+    /// or a non-empty `CANAL_NO_SHORTCUT` in canald's environment.
+    pub shortcut: bool,
     pub verbose: bool,
 }
 
@@ -49,6 +52,7 @@ impl Config {
             spin: None,
             budget: 64,
             loopback_only: false,
+            shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
             verbose: false,
         }
     }
@@ -127,6 +131,7 @@ pub struct Daemon {
     keys: Vec<u32>,
     idle_since: Instant,
     stop: bool,
+    shortcut: ShortcutRef,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -207,7 +212,9 @@ impl Daemon {
         )
         .map_err(|e| e.to_string())?;
         sys::ignore_sigpipe();
+        let shortcut = ShortcutShared::new(cfg.shortcut, gcfg.ring_size);
         Ok(Bound::Serving(Box::new(Daemon {
+            shortcut,
             cfg,
             gcfg,
             ep,
@@ -266,6 +273,7 @@ impl Daemon {
                 self.dispatch(tok, bits);
             }
             work |= self.serve_guests();
+            work |= shortcut::run(&self.shortcut, &mut self.guests, &self.ep);
             self.reap();
             if self.guests.is_empty() {
                 if let Some(limit) = self.cfg.idle_exit {
@@ -296,10 +304,11 @@ impl Daemon {
             }
         }
         fence(Ordering::SeqCst);
-        if self
-            .guests
-            .values()
-            .any(|g| g.gone.is_none() && g.has_pending())
+        if shortcut::has_work(&self.shortcut)
+            || self
+                .guests
+                .values()
+                .any(|g| g.gone.is_none() && g.has_pending())
         {
             for g in self.guests.values() {
                 g.set_host_sleeping(0);
@@ -523,7 +532,12 @@ impl Daemon {
                 let end = comm_raw.iter().position(|&b| b == 0).unwrap_or(16);
                 let comm = String::from_utf8_lossy(&comm_raw[..end]).into_owned();
                 let id = self.next_guest;
-                let (g, memfd) = match Guest::new(id, key, pid, comm, self.gcfg.clone()) {
+                let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
+                let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
+                let features = canal_abi::feature::ALL_V1
+                    | if sc { canal_abi::feature::SHORTCUT } else { 0 };
+                let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
+                let (mut g, memfd) = match made {
                     Ok(x) => x,
                     Err(e) => {
                         return send_error(&conn.fd, sys::errno_of(&e), "cannot create region")
@@ -561,6 +575,9 @@ impl Daemon {
                 self.next_guest = self.next_guest.wrapping_add(1).max(1);
                 if let Some(c) = self.conns.get_mut(&key) {
                     c.doorbell = Some(doorbell);
+                }
+                if sc {
+                    g.enable_shortcut(self.shortcut.clone());
                 }
                 self.guests.insert(key, g);
                 sent.is_ok()
@@ -611,6 +628,22 @@ impl Daemon {
                     return false;
                 }
                 self.flush_out(key)
+            }
+            kind::SEGMENT => {
+                if body.len() < 4 {
+                    return send_error(&conn.fd, errno::EINVAL, "short SEGMENT").is_ok();
+                }
+                let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+                match sh.segment_fd(id, key) {
+                    Some((fd, size)) => {
+                        let mut reply = [0u8; control::SEGMENT_OK_BODY];
+                        reply[0..4].copy_from_slice(&id.to_le_bytes());
+                        reply[8..16].copy_from_slice(&size.to_le_bytes());
+                        send_msg(&conn.fd, kind::SEGMENT_OK, &reply, &[fd.as_raw_fd()]).is_ok()
+                    }
+                    None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
+                }
             }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }

@@ -27,6 +27,9 @@ pub const GONE_DRAIN: Duration = Duration::from_millis(500);
 /// Largest datagram canald receives in one call.
 const DGRAM_MAX: usize = 65536;
 
+pub mod shortcut;
+pub use shortcut::{SegLink, Shared as ShortcutShared, SharedRef as ShortcutRef};
+
 /// Per-guest limits and sizes (from the command line).
 #[derive(Clone, Debug)]
 pub struct GuestConfig {
@@ -165,6 +168,8 @@ pub struct HostSocket {
     unclaimed: std::collections::VecDeque<(u64, u32)>,
     /// A datagram received but not yet fitting in the rx ring.
     pending_dgram: Option<(Vec<u8>, Option<CanalAddr>)>,
+    /// Short-circuited to another canal socket through a pair segment (§8).
+    pub seg: Option<SegLink>,
 }
 
 impl HostSocket {
@@ -178,9 +183,15 @@ impl HostSocket {
         self.closing.is_some()
     }
     pub fn local(&self) -> Option<CanalAddr> {
+        if let Some(l) = &self.seg {
+            return Some(l.local);
+        }
         self.fd.as_ref().and_then(|f| sys::sockname(f).ok())
     }
     pub fn peer(&self) -> Option<CanalAddr> {
+        if let Some(l) = &self.seg {
+            return Some(l.peer);
+        }
         self.fd.as_ref().and_then(|f| sys::peername(f).ok())
     }
 }
@@ -220,6 +231,8 @@ pub struct Guest {
     scratch: Vec<u8>,
     /// Some(deadline): the guest's control connection closed.
     pub gone: Option<Instant>,
+    /// Set when this guest may short-circuit connections (§8).
+    sc: Option<ShortcutRef>,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     earliest_close: Option<Instant>,
     // The mapping must outlive every use of `region`; it is dropped last.
@@ -235,8 +248,20 @@ impl Guest {
         comm: String,
         cfg: GuestConfig,
     ) -> io::Result<(Guest, OwnedFd)> {
-        let (memfd, map, region) =
-            sys::Mapping::create_region(cfg.layout, id, canal_abi::feature::ALL_V1)?;
+        Guest::with_features(id, conn, pid, comm, cfg, canal_abi::feature::ALL_V1)
+    }
+
+    /// As `new`, with the region's feature bits chosen by the caller (SHORTCUT for a
+    /// guest that announced it).
+    pub fn with_features(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        features: u64,
+    ) -> io::Result<(Guest, OwnedFd)> {
+        let (memfd, map, region) = sys::Mapping::create_region(cfg.layout, id, features)?;
         let n = cfg.layout.socket_count as usize;
         let g = Guest {
             id,
@@ -254,6 +279,7 @@ impl Guest {
             changed_mark: vec![0; n.div_ceil(64)],
             scratch: vec![0; DGRAM_MAX],
             gone: None,
+            sc: None,
             earliest_close: None,
             cfg,
             map,
@@ -485,7 +511,7 @@ impl Guest {
         }
     }
 
-    fn wake_event_sleepers(&mut self) {
+    pub(crate) fn wake_event_sleepers(&mut self) {
         if self.changed.is_empty() {
             return;
         }
@@ -561,6 +587,9 @@ impl Guest {
             Cmd::Listen(backlog) => self.op_listen(index, backlog),
             Cmd::Connect(a) => {
                 let a = translate_guest_addr(&view, &a)?;
+                if let Some(r) = self.sc_try_connect(index, &a) {
+                    return r;
+                }
                 self.op_connect(index, &a)
             }
             Cmd::Close => {
@@ -582,6 +611,12 @@ impl Guest {
             }
             Cmd::SockName | Cmd::PeerName => {
                 let s = self.live(index)?;
+                if let Some(l) = &s.seg {
+                    let a = if cmd == Cmd::SockName { l.local } else { l.peer };
+                    let a = translate_host_addr(&view, &a).encode();
+                    out[..a.len()].copy_from_slice(&a);
+                    return Ok((0, a.len()));
+                }
                 let fd = fd_of(s)?;
                 let a = if cmd == Cmd::SockName {
                     sys::sockname(fd)
@@ -707,6 +742,7 @@ impl Guest {
             rx_bytes: 0,
             unclaimed: Default::default(),
             pending_dgram: None,
+            seg: None,
         });
         Ok(handle)
     }
@@ -744,6 +780,7 @@ impl Guest {
         let e = self.entry(index);
         e.kind.store(sock_kind::LISTENER, Ordering::Release);
         self.set_flags(index, sock_flag::LISTENING, 0);
+        self.sc_listened(index, backlog);
         self.mark_dirty(index);
         Ok((0, 0))
     }
@@ -801,6 +838,9 @@ impl Guest {
     }
 
     fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
+        if let Some(r) = self.sc_shutdown(index, how) {
+            return r;
+        }
         let s = self.live(index)?;
         let fd = fd_of(s)?;
         if !(s.kind == Kind::Stream && s.phase == Phase::Connected) {
@@ -873,6 +913,7 @@ impl Guest {
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
         }
+        self.sc_freed(&s);
         if !s.unclaimed.is_empty() {
             // Connections accepted for the guest but never taken by it go with the
             // listener (the guest's tail says which records it consumed).
@@ -897,6 +938,7 @@ impl Guest {
         *g = if *g == u16::MAX { 1 } else { *g + 1 };
         let next = *g;
         let e = self.entry(index);
+        e.segment.store(0, Ordering::Relaxed);
         e.kind.store(sock_kind::FREE, Ordering::Release);
         e.generation.store(next as u32, Ordering::Release);
         e.flags.store(0, Ordering::Release);
@@ -942,6 +984,11 @@ impl Guest {
             };
             s.dirty = false;
             st.sockets += 1;
+            if s.seg.is_some() {
+                self.sc_service(index);
+                self.finish_if_closed(ep, index, now);
+                continue;
+            }
             let r = match s.kind {
                 Kind::Stream => self.service_stream(index, st),
                 Kind::Dgram => self.service_dgram(index, st),

@@ -34,7 +34,8 @@ pub fn default_socket_path() -> PathBuf {
 }
 
 const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N] [--sockets N]
-              [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
+              [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only]
+              [--no-shortcut] [-v]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
   --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
@@ -45,6 +46,8 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --spin N          empty poller rounds before sleeping (default: calibrated to ~30 us)
   --budget N        requests served per guest per round (default 64)
   --loopback-only   policy: guests may only bind, connect and send to loopback addresses
+  --no-shortcut     never short-circuit connections between canal guests (also:
+                    CANAL_NO_SHORTCUT=1 in canald's environment)
   -v                log to stderr";
 
 fn parse_args(args: &[String]) -> Result<Config, String> {
@@ -93,6 +96,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
                 i += 1;
             }
             "--loopback-only" => cfg.loopback_only = true,
+            "--no-shortcut" => cfg.shortcut = false,
             "-v" | "--verbose" => cfg.verbose = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument '{other}'")),
