@@ -8,6 +8,7 @@
 //!   the descriptor bookkeeping of close/close_range/dup*/exec and the epoll refusal.
 //! - `sock`: socket operations (data path over the rings, control ops as requests).
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
+//! - `seg`: pair segments of short-circuited connections (protocol §8).
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
@@ -19,6 +20,7 @@ pub mod hooks;
 pub mod iov;
 pub mod poll;
 pub mod ready;
+pub mod seg;
 pub mod sock;
 pub mod sockaddr;
 pub mod sys;

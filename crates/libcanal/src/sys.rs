@@ -262,6 +262,12 @@ pub fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
     check(r).map(|p| p as *mut u8)
 }
 
+/// munmap of a mapping this library made with `mmap_shared`.
+pub fn munmap(base: *mut u8, len: usize) {
+    // SAFETY: the caller passes a mapping it made and no longer uses.
+    let _ = unsafe { libc::syscall(libc::SYS_munmap, base as *mut c_void, len) };
+}
+
 pub fn file_size(fd: c_int) -> Result<u64, i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
