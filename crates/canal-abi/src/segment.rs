@@ -37,15 +37,24 @@ pub struct SegDir {
     pub reserved1: [u64; 7],
 }
 
-/// One side's sleeper counter (own cache line).
+/// One side's sleeper words (own cache line).
 #[repr(C)]
 pub struct SegSide {
-    /// Threads of this side that are about to sleep, or sleep, on this connection
-    /// (incremented before the sleeper's SeqCst fence and re-check, decremented after
-    /// it woke). The other side raises its own attention bit and kicks canald after
-    /// producing or consuming only while this is non-zero.
+    /// Threads of this side about to sleep, or sleeping, on their slot eventfd with
+    /// this connection among what they wait for (poll/select/epoll; incremented before
+    /// the sleeper's SeqCst fence and re-check, decremented after it woke). While it
+    /// is non-zero the other side raises its own attention bit and kicks canald after
+    /// producing or consuming, and canald wakes them.
     pub sleepers: AtomicU32,
-    pub reserved: [u32; 15],
+    /// Threads of this side about to sleep, or sleeping, in FUTEX_WAIT on `wake_seq`
+    /// (a blocking send/recv/connect on this one socket). While it is non-zero the
+    /// other side, after producing or consuming, increments `wake_seq` and calls
+    /// FUTEX_WAKE on it (shared futex: both guests map the segment) — no canald.
+    pub futex_sleepers: AtomicU32,
+    /// The futex word: incremented by whoever wakes this side's futex sleepers (the
+    /// peer, or canald after changing this side's entry flags).
+    pub wake_seq: AtomicU32,
+    pub reserved: [u32; 13],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest
@@ -96,6 +105,11 @@ pub const fn head_offset(dir: u32) -> u64 {
 }
 pub const fn tail_offset(dir: u32) -> u64 {
     128 + dir as u64 * 128 + 64
+}
+
+/// Offset of a side's `wake_seq` futex word (canald wakes futex sleepers there).
+pub const fn wake_seq_offset(side: u32) -> u64 {
+    384 + side as u64 * 64 + 8
 }
 
 /// The header line 0 canald writes (64 bytes, little-endian).

@@ -244,6 +244,10 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegHeader, sides), 384);
     assert_eq!(size_of::<SegSide>(), 64);
     assert_eq!(offset_of!(SegSide, sleepers), 0);
+    assert_eq!(offset_of!(SegSide, futex_sleepers), 4);
+    assert_eq!(offset_of!(SegSide, wake_seq), 8);
+    assert_eq!(wake_seq_offset(0), 384 + 8);
+    assert_eq!(wake_seq_offset(1), 448 + 8);
     assert_eq!(size_of::<SegHeader>(), SEG_HEADER_USED);
     for d in 0..2u32 {
         assert_eq!(head_offset(d) as usize, 128 + d as usize * size_of::<SegDir>());

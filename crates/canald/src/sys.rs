@@ -893,3 +893,31 @@ pub fn local_addrs() -> Vec<CanalAddr> {
     unsafe { libc::freeifaddrs(ifa) };
     out
 }
+
+impl Mapping {
+    /// Increments the u32 at `off` (4-aligned, inside the mapping) and FUTEX_WAKEs
+    /// every waiter on it (shared futex: the word lives in a memfd that guests map).
+    /// Used on a pair segment's `wake_seq` words; a guest may scribble on the word,
+    /// which only costs it spurious or missed wake-ups of its own threads.
+    pub fn futex_bump_wake(&self, off: usize) {
+        if off % 4 != 0 || off + 4 > self.len {
+            return;
+        }
+        // SAFETY: off is 4-aligned and inside the mapping (checked); an AtomicU32 over
+        // shared memory accepts any bit pattern.
+        let w = unsafe { &*(self.base.add(off) as *const std::sync::atomic::AtomicU32) };
+        w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: a plain futex call on a valid, mapped, aligned word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+    }
+}

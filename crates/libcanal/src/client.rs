@@ -912,6 +912,17 @@ pub fn wait_until(
             canal_abi::sync::spin_hint();
             continue;
         }
+        let remaining = deadline.map(|d| d - now);
+        // A short-circuited socket: sleep on its segment's futex (§8.4), at most 1 s
+        // at a time so a vanished canald is noticed.
+        if let Some((seg, side)) = seg_of(g, index) {
+            let t = remaining.map_or(1_000_000_000, |r| r.min(1_000_000_000));
+            match crate::seg::futex_sleep(seg, side, t, &mut cond) {
+                Ok(true) => return Wait::Ready,
+                Ok(false) => continue,
+                Err(_) => return Wait::Interrupted,
+            }
+        }
         let s = match my_slot(g) {
             Ok(s) => s,
             Err(_) => {
@@ -919,13 +930,22 @@ pub fn wait_until(
                 continue;
             }
         };
-        let remaining = deadline.map(|d| d - now);
         match sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE) {
             Ok(_) => {}
             Err(libc::EINTR) => return Wait::Interrupted,
             Err(_) => {}
         }
     }
+}
+
+/// The pair segment and side of socket `index`, if it is short-circuited and mapped.
+fn seg_of(g: &Guest, index: u32) -> Option<(crate::seg::Seg, u32)> {
+    if index == WAIT_ANY {
+        return None;
+    }
+    let e = g.region.socket(index)?;
+    let seg = crate::seg::mapped(e.segment.load(Ordering::Acquire))?;
+    Some((seg, e.segment_side.load(Ordering::Relaxed).min(1)))
 }
 
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
@@ -1092,6 +1112,9 @@ impl SegSleepers {
 /// Wakes this process's own threads sleeping on `index` (local events the host does
 /// not see, e.g. shutdown(SHUT_RD) or close by another thread).
 pub fn wake_local(g: &Guest, index: u32) {
+    if let Some((seg, side)) = seg_of(g, index) {
+        seg.futex_wake(side);
+    }
     for (i, a) in SLOT_EFD
         .iter()
         .enumerate()

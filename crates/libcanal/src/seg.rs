@@ -73,6 +73,19 @@ impl Seg {
     pub fn sleepers(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].sleepers
     }
+    pub fn futex_sleepers(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].futex_sleepers
+    }
+    pub fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].wake_seq
+    }
+
+    /// Wakes `side`'s futex sleepers (after a change they wait for).
+    pub fn futex_wake(&self, side: u32) {
+        let w = self.wake_seq(side);
+        w.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(w);
+    }
     pub fn ring(&self, d: u32) -> RawRing {
         let off = segment::ring_offset(d.min(1), self.ring_size);
         // SAFETY: the ring lies inside the mapping (segment_size = header + 2 rings,
@@ -191,6 +204,34 @@ pub fn forget(id: u32) {
         }
     }
     client::unlock(&LOCK);
+}
+
+/// A blocking call's wait on one short-circuited socket (§8.4): count ourselves in
+/// the side's `futex_sleepers`, read `wake_seq`, fence, re-check `cond`, then
+/// FUTEX_WAIT on `wake_seq` for at most `timeout_ns`. The peer (or canald, after a
+/// flag change) bumps `wake_seq` and wakes us. Ok(true): `cond` held on the re-check;
+/// Err(EINTR): a signal interrupted the sleep.
+pub fn futex_sleep(
+    seg: Seg,
+    side: u32,
+    timeout_ns: i64,
+    cond: &mut dyn FnMut() -> bool,
+) -> Result<bool, i32> {
+    let fs = seg.futex_sleepers(side);
+    let w = seg.wake_seq(side);
+    fs.fetch_add(1, Ordering::Relaxed);
+    let seq = w.load(Ordering::Relaxed);
+    // F1: SeqCst fence between counting ourselves and re-checking; pairs with the
+    // waker's fence between publishing its index and reading futex_sleepers.
+    canal_abi::sync::fence(Ordering::SeqCst);
+    let ready = cond();
+    let r = if ready {
+        Ok(())
+    } else {
+        sys::futex_wait(w, seq, timeout_ns.max(1))
+    };
+    fs.fetch_sub(1, Ordering::Relaxed);
+    r.map(|_| ready)
 }
 
 /// Fork: no thread may hold the table lock across fork (the child would inherit it

@@ -10,7 +10,7 @@ use crate::ready::{self, local, SockState};
 use crate::sys;
 use canal_abi::addr::{CanalAddr, ADDR_SIZE};
 use canal_abi::ring::{check_indices, record_kind, Consumer, Producer, RawRing, RingStorage};
-use canal_abi::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use canal_abi::sync::{fence, AtomicU64, Ordering};
 use canal_abi::{
     guest_flag, handle_index, make_handle, op, sock_flag as f, sock_kind, SocketEntry,
 };
@@ -25,8 +25,8 @@ pub struct Rings {
     pub rx: RawRing,
     pub rx_head: &'static AtomicU64,
     pub rx_tail: &'static AtomicU64,
-    /// Short-circuited: the peer side's sleeper counter.
-    pub peer_sleepers: Option<&'static AtomicU32>,
+    /// Short-circuited: the segment and the peer's side.
+    pub peer: Option<(crate::seg::Seg, u32)>,
 }
 
 impl Rings {
@@ -35,17 +35,21 @@ impl Rings {
     /// host (attention + kick). Short-circuited ones: nobody, unless the peer sleeps
     /// (§8.4: fence, read its sleeper count, then attention + kick so canald wakes it).
     fn notify(&self, s: &Sock, region_wants: bool) {
-        match self.peer_sleepers {
+        match self.peer {
             None => {
                 if region_wants {
                     attention(s.g, s.idx);
                 }
             }
-            Some(w) => {
-                // P1: SeqCst fence between our index store and the sleeper count; pairs
-                // with the sleeper's fence between counting itself and re-checking.
+            Some((seg, side)) => {
+                // P1: SeqCst fence between our index store and the sleeper counts;
+                // pairs with the sleeper's fence between counting itself and
+                // re-checking.
                 fence(Ordering::SeqCst);
-                if w.load(Ordering::Relaxed) != 0 {
+                if seg.futex_sleepers(side).load(Ordering::Relaxed) != 0 {
+                    seg.futex_wake(side);
+                }
+                if seg.sleepers(side).load(Ordering::Relaxed) != 0 {
                     attention(s.g, s.idx);
                 }
             }
@@ -104,7 +108,7 @@ impl Sock {
                 rx: self.rx_ring()?,
                 rx_head: &self.e.rx_head,
                 rx_tail: &self.e.rx_tail,
-                peer_sleepers: None,
+                peer: None,
             });
         }
         let seg = crate::seg::get(self.g, id)?;
@@ -117,7 +121,7 @@ impl Sock {
             rx: seg.ring(1 - side),
             rx_head: &rx.head,
             rx_tail: &rx.tail,
-            peer_sleepers: Some(seg.sleepers(1 - side)),
+            peer: Some((seg, 1 - side)),
         })
     }
 

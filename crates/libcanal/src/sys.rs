@@ -319,3 +319,40 @@ pub fn log_fmt(args: fmt::Arguments) {
     let _ = write(2, b.as_bytes());
     set_errno(e);
 }
+
+/// FUTEX_WAIT (shared: the word may live in memory another process maps) while
+/// `*word == val`, at most `timeout_ns`. Returns when woken, on timeout, on a signal
+/// (Err(EINTR)), or at once if the value differs.
+pub fn futex_wait(word: &core::sync::atomic::AtomicU32, val: u32, timeout_ns: i64) -> Result<(), i32> {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: word is a valid aligned u32 for the call; ts is a valid timespec.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT as c_long,
+            val as c_long,
+            &ts as *const libc::timespec,
+        )
+    };
+    match check(r) {
+        Err(libc::EINTR) => Err(libc::EINTR),
+        _ => Ok(()),
+    }
+}
+
+/// FUTEX_WAKE every waiter on `word` (shared futex).
+pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
+    // SAFETY: word is a valid aligned u32.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE as c_long,
+            i32::MAX as c_long,
+        )
+    };
+}

@@ -72,6 +72,8 @@ enum Event {
 
 struct SegmentRec {
     fd: OwnedFd,
+    /// canald's own mapping, only to wake futex sleepers after a state change.
+    map: sys::Mapping,
     conns: [u32; 2],
     open: [bool; 2],
     ring_size: u64,
@@ -502,6 +504,7 @@ impl Guest {
                 });
             }
             self.set_flags(index, sock_flag::TX_CLOSED, 0);
+            self.sc_futex_wake(index);
         }
         Some(Ok((0, 0)))
     }
@@ -572,6 +575,24 @@ impl Guest {
             self.mark_changed(index);
         }
         self.wake_event_sleepers();
+        if add != 0 {
+            self.sc_futex_wake(index);
+        }
+    }
+
+    /// After changing a short-circuited socket's flags: wake its threads that sleep
+    /// in FUTEX_WAIT (they do not sleep on their slot eventfd).
+    fn sc_futex_wake(&self, index: u32) {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let (Some(link), Some(sc)) = (s.seg, self.sc.as_ref()) else {
+            return;
+        };
+        if let Some(r) = lock(sc).segments.get(&link.id) {
+            r.map
+                .futex_bump_wake(segment::wake_seq_offset(link.side.min(1)) as usize);
+        }
     }
 }
 
@@ -683,14 +704,19 @@ fn complete(
         local: dst,
         peer: conn_local,
     };
-    let seg = backlog.and_then(|_| sys::create_segment(id, ring_size).ok());
+    let seg = backlog.and_then(|_| {
+        let fd = sys::create_segment(id, ring_size).ok()?;
+        let map = sys::Mapping::map(&fd, segment::segment_size(ring_size) as usize).ok()?;
+        Some((fd, map))
+    });
     let accepted = match (backlog, seg, guests.get_mut(&p.lconn)) {
-        (Some(backlog), Some(fd), Some(l)) => {
+        (Some(backlog), Some((fd, map)), Some(l)) => {
             // Register the segment first: the accepted entry names it.
             lock(shared).segments.insert(
                 id,
                 SegmentRec {
                     fd,
+                    map,
                     conns: [p.conn, p.lconn],
                     open: [true, true],
                     ring_size,
