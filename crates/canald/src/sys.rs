@@ -921,3 +921,25 @@ impl Mapping {
         };
     }
 }
+
+impl Mapping {
+    /// A mapped pair segment (tests play a guest with it): its header and its two
+    /// rings, if the mapping is large enough for the ring size its header claims.
+    pub fn segment_view(&self) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {
+        use canal_abi::segment;
+        if self.len < segment::SEG_HEADER_SIZE as usize {
+            return None;
+        }
+        // SAFETY: the mapping holds at least the 4096-byte page 0; SegHeader (512
+        // bytes) accepts any bit pattern and is used through shared references.
+        let h = unsafe { &*(self.base as *const segment::SegHeader) };
+        let rs = h.ring_size;
+        if !rs.is_power_of_two() || segment::segment_size(rs) > self.len as u64 {
+            return None;
+        }
+        // SAFETY: both rings lie inside the mapping (checked), rs is a power of two.
+        let r =
+            |d| unsafe { RawRing::new(self.base.add(segment::ring_offset(d, rs) as usize), rs) };
+        Some((h, [r(0), r(1)]))
+    }
+}

@@ -196,7 +196,10 @@ pub fn forget(id: u32) {
                         sys::munmap(b as *mut u8, l.load(Ordering::Relaxed));
                     }
                 }
-            } else if let Some((b, l)) = DEFERRED.iter().find(|(b, _)| b.load(Ordering::Relaxed) == 0) {
+            } else if let Some((b, l)) = DEFERRED
+                .iter()
+                .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
+            {
                 l.store(len, Ordering::Relaxed);
                 b.store(base, Ordering::Relaxed);
             } // else: left mapped until exit (bounded by the program's own closes)

@@ -157,7 +157,9 @@ fn is_local(a: &CanalAddr) -> bool {
     if !v4 && a.addr[..15] == [0; 15] && a.addr[15] == 1 {
         return true;
     }
-    sys::local_addrs().iter().any(|x| x.family == a.family && x.addr == a.addr)
+    sys::local_addrs()
+        .iter()
+        .any(|x| x.family == a.family && x.addr == a.addr)
 }
 
 impl HostSocket {
@@ -184,7 +186,8 @@ impl Guest {
         let handle = s.handle;
         let conn = self.conn;
         let mut sh = lock(&sc);
-        sh.listeners.retain(|l| !(l.conn == conn && l.handle == handle));
+        sh.listeners
+            .retain(|l| !(l.conn == conn && l.handle == handle));
         sh.listeners.push(ListenerReg {
             conn,
             handle,
@@ -257,12 +260,7 @@ impl Guest {
 
     /// Listener side of a pending short-circuit. Ok(Some(handle)): accepted;
     /// Ok(None): the accept queue is full (retry later); Err: no such listener.
-    fn sc_accept(
-        &mut self,
-        lhandle: u32,
-        backlog: u32,
-        link: SegLink,
-    ) -> Result<Option<u32>, ()> {
+    fn sc_accept(&mut self, lhandle: u32, backlog: u32, link: SegLink) -> Result<Option<u32>, ()> {
         let index = self.sc_index(lhandle).ok_or(())?;
         let l = self.sockets[index as usize].as_ref().ok_or(())?;
         if l.kind != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
@@ -493,7 +491,11 @@ impl Guest {
     }
 
     /// SHUTDOWN on a short-circuited socket.
-    pub(super) fn sc_shutdown(&mut self, index: u32, how: i32) -> Option<Result<(i64, usize), i32>> {
+    pub(super) fn sc_shutdown(
+        &mut self,
+        index: u32,
+        how: i32,
+    ) -> Option<Result<(i64, usize), i32>> {
         let s = self.sockets.get(index as usize)?.as_ref()?;
         let link = s.seg?;
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
