@@ -140,8 +140,7 @@ pub fn check_header(h: &SegHeader, id: u32, mapped_len: u64) -> Result<u64, BadS
         || h.id != id
         || id == 0
         || !rs.is_power_of_two()
-        || rs < 4096
-        || rs > (1 << 32)
+        || !(4096..=(1 << 32)).contains(&rs)
         || h.segment_size != segment_size(rs)
         || h.segment_size > mapped_len
     {

@@ -534,8 +534,8 @@ impl Daemon {
                 let id = self.next_guest;
                 let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
                 let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
-                let features =
-                    canal_abi::feature::ALL_V1 | if sc { canal_abi::feature::SHORTCUT } else { 0 };
+                let features = canal_abi::feature::ALL_V1
+                    | if sc { canal_abi::feature::SHORTCUT } else { 0 };
                 let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
                 let (mut g, memfd) = match made {
                     Ok(x) => x,

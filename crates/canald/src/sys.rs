@@ -900,7 +900,7 @@ impl Mapping {
     /// Used on a pair segment's `wake_seq` words; a guest may scribble on the word,
     /// which only costs it spurious or missed wake-ups of its own threads.
     pub fn futex_bump_wake(&self, off: usize) {
-        if off % 4 != 0 || off + 4 > self.len {
+        if !off.is_multiple_of(4) || off + 4 > self.len {
             return;
         }
         // SAFETY: off is 4-aligned and inside the mapping (checked); an AtomicU32 over

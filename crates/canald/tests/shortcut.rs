@@ -204,8 +204,8 @@ fn shortcut_connection_lifecycle() {
         srv.entry(a).pending_error.load(Ordering::Acquire),
         errno::ECONNRESET as u32
     );
-    drop((ce2, ae2));
-    drop((cm, am));
+    drop(cm);
+    drop(am);
 
     // A guest that dies with nothing unread: its peer sees EOF (FIN), not a reset.
     let (c2, a2) = connect(&mut cli, &srv, l, port);
@@ -213,9 +213,10 @@ fn shortcut_connection_lifecycle() {
     let e2 = End::new(&m2, &cli, c2);
     assert_eq!(e2.send(b"read me"), 7);
     let sm = map_segment(&srv, a2);
-    let se = End::new(&sm, &srv, a2);
-    wait("the server to read", || se.recv(&mut buf) == 7);
-    drop(se);
+    wait("the server to read", || {
+        let se = End::new(&sm, &srv, a2);
+        se.recv(&mut buf) == 7
+    });
     drop(sm);
     drop(srv);
     let fl = cli.wait_flags(c2, sock_flag::RX_EOF);

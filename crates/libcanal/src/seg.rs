@@ -143,7 +143,7 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
         .ok_or(libc::ENOBUFS)?;
     let (fd, size) = client::ctl_segment(g, id)?;
     let actual = sys::file_size(fd);
-    let ok = matches!(actual, Ok(a) if a >= size) && size <= (1 << 34) && size >= 4096;
+    let ok = matches!(actual, Ok(a) if a >= size) && (4096..=(1 << 34)).contains(&size);
     let base = if ok {
         sys::mmap_shared(fd, size as usize)
     } else {

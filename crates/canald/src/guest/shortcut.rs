@@ -563,9 +563,9 @@ impl Guest {
         let Some(index) = self.sc_index(handle) else {
             return;
         };
-        if !self.sockets[index as usize]
+        if self.sockets[index as usize]
             .as_ref()
-            .is_some_and(|s| s.seg.is_some())
+            .is_none_or(|s| s.seg.is_none())
         {
             return;
         }
