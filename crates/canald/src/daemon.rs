@@ -37,6 +37,8 @@ pub struct Config {
     /// Short-circuit connections between canal guests (§8). Off with `--no-shortcut`
     /// or a non-empty `CANAL_NO_SHORTCUT` in canald's environment.
     pub shortcut: bool,
+    /// Each ring of a pair segment, in KiB (rounded up to a power of two, ≥ 64).
+    pub shortcut_ring_kib: u64,
     pub verbose: bool,
 }
 
@@ -53,6 +55,7 @@ impl Config {
             budget: 64,
             loopback_only: false,
             shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
+            shortcut_ring_kib: 1024,
             verbose: false,
         }
     }
@@ -212,7 +215,8 @@ impl Daemon {
         )
         .map_err(|e| e.to_string())?;
         sys::ignore_sigpipe();
-        let shortcut = ShortcutShared::new(cfg.shortcut, gcfg.ring_size);
+        let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
+        let shortcut = ShortcutShared::new(cfg.shortcut, seg_ring);
         Ok(Bound::Serving(Box::new(Daemon {
             shortcut,
             cfg,

@@ -35,7 +35,7 @@ pub fn default_socket_path() -> PathBuf {
 
 const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N] [--sockets N]
               [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only]
-              [--no-shortcut] [-v]
+              [--no-shortcut] [--shortcut-ring-kib N] [-v]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
   --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
@@ -48,6 +48,7 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --loopback-only   policy: guests may only bind, connect and send to loopback addresses
   --no-shortcut     never short-circuit connections between canal guests (also:
                     CANAL_NO_SHORTCUT=1 in canald's environment)
+  --shortcut-ring-kib N  each ring of a short-circuited connection in KiB (default 1024)
   -v                log to stderr";
 
 fn parse_args(args: &[String]) -> Result<Config, String> {
@@ -97,6 +98,10 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
             }
             "--loopback-only" => cfg.loopback_only = true,
             "--no-shortcut" => cfg.shortcut = false,
+            "--shortcut-ring-kib" => {
+                cfg.shortcut_ring_kib = num(a, v)?;
+                i += 1;
+            }
             "-v" | "--verbose" => cfg.verbose = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument '{other}'")),

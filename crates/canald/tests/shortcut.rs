@@ -154,7 +154,7 @@ fn shortcut_connection_lifecycle() {
     );
     assert!(fds.is_empty());
 
-    // 4 MiB each way through 256 KiB rings, interleaved (back-pressure), in order.
+    // 4 MiB each way through 1 MiB rings, interleaved (back-pressure), in order.
     let (cm, am) = (map_segment(&cli, c), map_segment(&srv, a));
     let (ce2, ae2) = (End::new(&cm, &cli, c), End::new(&am, &srv, a));
     let up = pattern(1, 4 << 20);
