@@ -889,6 +889,7 @@ pub fn wait_until(
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
+    let mut seg_wait = false;
     loop {
         if is_dead(g) {
             mark_dead();
@@ -908,8 +909,16 @@ pub fn wait_until(
             }
         }
         if spins < g.spin {
+            if spins == 0 {
+                seg_wait = seg_of(g, index).is_some();
+            }
             spins += 1;
             canal_abi::sync::spin_hint();
+            if seg_wait && spins > g.spin / 8 && spins % YIELD_EVERY == 0 {
+                // Not a quick answer: the peer is another process that may share our
+                // core (or wait for one), let it run.
+                sys::sched_yield();
+            }
             continue;
         }
         let remaining = deadline.map(|d| d - now);
@@ -937,6 +946,11 @@ pub fn wait_until(
         }
     }
 }
+
+/// While polling a short-circuited socket, after the first eighth of the spin budget
+/// (a few µs: a request-response peer answers well within it), yield the CPU every
+/// this many spins.
+const YIELD_EVERY: u32 = 64;
 
 /// The pair segment and side of socket `index`, if it is short-circuited and mapped.
 fn seg_of(g: &Guest, index: u32) -> Option<(crate::seg::Seg, u32)> {
