@@ -4,8 +4,8 @@ or SHA-256 checked by the client.
 
 Modes: "native" (server and client run directly: proves the program and the machine),
 "canal-client" (native server, client under canal), "canal-both" (server and client each
-under their own `canal run`). Under canal, the client connects, then waits until
-`canal stat` lists its sockets (so a program the library failed to intercept cannot pass
+under their own `canal run`; their TCP connections are short-circuited guest to
+guest). Under canal, the client connects, then waits until `canal stat` lists its sockets (so a program the library failed to intercept cannot pass
 natively), then moves the data."""
 
 import subprocess
@@ -35,7 +35,11 @@ def _client(request, mode, python, progs, args, timeout, kind, conns):
     client.wait_line("CONNECTED", 30)
     if under_canal:
         port = int(args[args.index("--port") + 1])
-        run.wait_served(client, kind=kind, peer_port=port if kind == "tcp" else None, count=conns)
+        if kind == "tcp" and mode == "canal-both":
+            # Both ends are canal guests: canald short-circuits the connection (no
+            # kernel TCP; protocol §8), and canal stat says so.
+            kind = "tcp-shortcut"
+        run.wait_served(client, kind=kind, peer_port=port if kind.startswith("tcp") else None, count=conns)
     client.send_line("go")
     r = client.finish(timeout)
     assert r.returncode == 0, r.describe()

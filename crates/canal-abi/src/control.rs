@@ -29,7 +29,23 @@ pub mod kind {
     /// whose other end is the socket's descriptor in the guest]. No reply (invalid
     /// ones are ignored). Only with `feature::WATCH`.
     pub const WATCH: u16 = 8;
+    /// guest → host: body `id: u32` (a pair-segment id from a socket entry). Reply:
+    /// SEGMENT_OK with SCM_RIGHTS [segment memfd], or ERROR (ENOENT: no such segment
+    /// of this guest).
+    pub const SEGMENT: u16 = 9;
+    /// host → guest: body `id: u32, reserved: u32, size: u64`.
+    pub const SEGMENT_OK: u16 = 10;
 }
+
+/// HELLO `flags` bits.
+pub mod hello_flag {
+    /// The guest can use pair segments (protocol §8); canald may then set
+    /// `feature::SHORTCUT` and short-circuit its connections to other canal guests.
+    pub const SHORTCUT: u32 = 1 << 0;
+}
+
+/// SEGMENT_OK body bytes.
+pub const SEGMENT_OK_BODY: usize = 16;
 
 /// Encodes a header for a body of `len` bytes.
 pub fn encode_header(kind: u16, len: u32) -> [u8; CTL_HEADER] {

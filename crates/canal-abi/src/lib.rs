@@ -15,6 +15,7 @@ pub mod control;
 pub mod queue;
 pub mod region;
 pub mod ring;
+pub mod segment;
 pub mod sync;
 
 pub use addr::CanalAddr;
@@ -26,7 +27,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 
 /// Feature bits in the header. A guest must not use a feature the host did not set.
 pub mod feature {
@@ -41,8 +42,12 @@ pub mod feature {
     /// The guest may send WATCH (control socket, with SCM_RIGHTS): canald closes a
     /// socket when the guest's last descriptor of it is gone, as counted by the kernel.
     pub const WATCH: u64 = 1 << 3;
+    /// Co-resident short-circuit (protocol §8, minor 1): stream entries may be backed
+    /// by a pair segment (`SocketEntry::segment` ≠ 0). Set only for guests that
+    /// announced `hello_flag::SHORTCUT`.
+    pub const SHORTCUT: u64 = 1 << 4;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.
@@ -138,6 +143,7 @@ pub mod sock_flag {
 /// the numbers are part of the ABI.
 pub mod errno {
     pub const EPERM: i32 = 1;
+    pub const ENOENT: i32 = 2;
     pub const EBADF: i32 = 9;
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;

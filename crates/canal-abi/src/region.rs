@@ -117,13 +117,20 @@ pub struct SocketEntry {
     pub generation: AtomicU32,
     /// Address family (2 or 10).
     pub family: AtomicU32,
-    pub reserved0: u32,
+    /// Pair-segment id (protocol §8): 0 for a socket whose rings are in this region;
+    /// else the rings and their indices live in that segment and `tx_offset`/
+    /// `rx_offset` are offsets into it.
+    pub segment: AtomicU32,
     /// Transmit ring: offset into the data area and size (0 if none).
     pub tx_offset: AtomicU64,
     pub tx_size: AtomicU32,
     pub rx_size: AtomicU32,
     pub rx_offset: AtomicU64,
-    pub reserved1: [u64; 3],
+    /// With `segment` ≠ 0: which side of the connection this entry is
+    /// (`segment::side::CONNECTOR` sends on ring 0, `ACCEPTOR` on ring 1).
+    pub segment_side: AtomicU32,
+    pub reserved1a: u32,
+    pub reserved1: [u64; 2],
     // --- 64: host live state
     /// sock_flag::*
     pub flags: AtomicU32,

@@ -22,6 +22,9 @@ pub trait RingStorage {
     fn read(&self, off: usize, dst: &mut [u8]);
 }
 
+/// Largest single memcpy when copying out of a ring (see `RawRing::read`).
+const COPY_PIECE: usize = 2048;
+
 /// Raw shared-memory storage.
 #[derive(Clone, Copy, Debug)]
 pub struct RawRing {
@@ -63,16 +66,42 @@ impl RingStorage for RawRing {
     }
     fn write(&self, off: usize, src: &[u8]) {
         debug_assert!(off as u64 + src.len() as u64 <= self.size);
-        // SAFETY: the caller keeps off+len within the ring (checked above in debug, by
-        // construction in `copy_in`), and the producer owns the free part it writes.
-        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off), src.len()) }
+        let mut done = 0;
+        while done < src.len() {
+            let n = (src.len() - done).min(COPY_PIECE);
+            // SAFETY: the caller keeps off+len within the ring (checked above in debug,
+            // by construction in `copy_in`), and the producer owns the free part it
+            // writes.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    src.as_ptr().add(done),
+                    self.base.add(off + done),
+                    n,
+                )
+            };
+            done += n;
+        }
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
         debug_assert!(off as u64 + dst.len() as u64 <= self.size);
-        // SAFETY: as in `write`; the consumer owns the queued part it reads. The other
-        // side may be hostile and write concurrently: that can only garble the bytes
-        // copied, never reach outside the ring.
-        unsafe { core::ptr::copy_nonoverlapping(self.base.add(off), dst.as_mut_ptr(), dst.len()) }
+        // Pieces of at most COPY_PIECE bytes: large copies out of memory another core
+        // just wrote are markedly faster with glibc's vector loop than with the
+        // `rep movsb` it picks for large sizes (measured on AMD EPYC: about 2x).
+        let mut done = 0;
+        while done < dst.len() {
+            let n = (dst.len() - done).min(COPY_PIECE);
+            // SAFETY: as in `write`; the consumer owns the queued part it reads. The
+            // other side may be hostile and write concurrently: that can only garble
+            // the bytes copied, never reach outside the ring.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    self.base.add(off + done),
+                    dst.as_mut_ptr().add(done),
+                    n,
+                )
+            };
+            done += n;
+        }
     }
 }
 

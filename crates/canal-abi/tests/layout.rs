@@ -65,6 +65,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, tx_size), 24);
     assert_eq!(offset_of!(SocketEntry, rx_size), 28);
     assert_eq!(offset_of!(SocketEntry, rx_offset), 32);
+    assert_eq!(offset_of!(SocketEntry, segment), 12);
+    assert_eq!(offset_of!(SocketEntry, segment_side), 40);
     assert_eq!(offset_of!(SocketEntry, flags), 64);
     assert_eq!(offset_of!(SocketEntry, pending_error), 68);
     assert_eq!(offset_of!(SocketEntry, tx_tail), 72);
@@ -120,7 +122,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0000 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0100 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -181,8 +183,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 4,
-        HeaderError::UnknownFeatures(1 << 4),
+        &|h| h.features |= 1 << 5,
+        HeaderError::UnknownFeatures(1 << 5),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -258,7 +260,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1111);
+    assert_eq!(feature::KNOWN, 0b1_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -279,4 +281,67 @@ fn control_header_roundtrip() {
     let mut bad = m.clone();
     bad[13] = 1;
     assert_eq!(decode(&bad), None, "reserved must be zero");
+}
+
+#[test]
+fn segment_offsets() {
+    use canal_abi::segment::*;
+    assert_eq!(offset_of!(SegHeader, magic), 0);
+    assert_eq!(offset_of!(SegHeader, version_major), 8);
+    assert_eq!(offset_of!(SegHeader, version_minor), 10);
+    assert_eq!(offset_of!(SegHeader, header_size), 12);
+    assert_eq!(offset_of!(SegHeader, ring_size), 16);
+    assert_eq!(offset_of!(SegHeader, segment_size), 24);
+    assert_eq!(offset_of!(SegHeader, id), 32);
+    assert_eq!(offset_of!(SegHeader, dirs), 128);
+    assert_eq!(size_of::<SegDir>(), 128);
+    assert_eq!(offset_of!(SegDir, head), 0);
+    assert_eq!(offset_of!(SegDir, tail), 64);
+    assert_eq!(offset_of!(SegHeader, sides), 384);
+    assert_eq!(size_of::<SegSide>(), 64);
+    assert_eq!(offset_of!(SegSide, sleepers), 0);
+    assert_eq!(offset_of!(SegSide, futex_sleepers), 4);
+    assert_eq!(offset_of!(SegSide, wake_seq), 8);
+    assert_eq!(wake_seq_offset(0), 384 + 8);
+    assert_eq!(wake_seq_offset(1), 448 + 8);
+    assert_eq!(size_of::<SegHeader>(), SEG_HEADER_USED);
+    for d in 0..2u32 {
+        assert_eq!(head_offset(d) as usize, 128 + d as usize * size_of::<SegDir>());
+        assert_eq!(tail_offset(d), head_offset(d) + 64);
+    }
+    assert_eq!(ring_offset(0, 65536), 4096);
+    assert_eq!(ring_offset(1, 65536), 4096 + 65536);
+    assert_eq!(segment_size(65536), 4096 + 2 * 65536);
+    assert_eq!(feature::SHORTCUT, 1 << 4);
+    assert_eq!(control::kind::SEGMENT, 9);
+    assert_eq!(control::kind::SEGMENT_OK, 10);
+    assert_eq!(control::hello_flag::SHORTCUT, 1);
+}
+
+const GOLDEN_SEGMENT: &str = "\
+43414e414c534547 0100 0000 00100000 0000010000000000 0010020000000000 07000000 00000000";
+
+#[test]
+fn golden_segment_header() {
+    use canal_abi::segment::*;
+    let h = encode_header(7, 65536);
+    let hex: String = GOLDEN_SEGMENT.split_whitespace().collect();
+    let want: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(&h[..want.len()], &want[..]);
+    assert!(h[want.len()..].iter().all(|&b| b == 0));
+    // A mapped copy validates; anything else is refused.
+    let mut page = vec![0u64; SEG_HEADER_SIZE as usize / 8];
+    let bytes = page.as_mut_ptr() as *mut u8;
+    // SAFETY: page holds 4096 bytes; we write the 64-byte line 0.
+    unsafe { core::ptr::copy_nonoverlapping(h.as_ptr(), bytes, 64) };
+    // SAFETY: page is 8-byte aligned, 4096 bytes, and SegHeader (512 bytes) accepts
+    // any bit pattern.
+    let sh = unsafe { &*(bytes as *const SegHeader) };
+    let len = segment_size(65536);
+    assert_eq!(check_header(sh, 7, len), Ok(65536));
+    assert_eq!(check_header(sh, 8, len), Err(BadSegment), "wrong id");
+    assert_eq!(check_header(sh, 7, len - 1), Err(BadSegment), "short mapping");
 }

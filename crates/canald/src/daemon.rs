@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 use crate::engine::{self, CoalesceCfg, NotifyMode};
-use crate::guest::{token, Guest, GuestConfig};
+use crate::guest::{token, Guest, GuestConfig, ShortcutRef, ShortcutShared};
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
 use crate::worker::{Poller, Worker};
@@ -37,6 +37,11 @@ pub struct Config {
     pub budget: usize,
     /// Policy: guests may only bind/connect/send to loopback addresses.
     pub loopback_only: bool,
+    /// Short-circuit connections between canal guests (§8). Off with `--no-shortcut`
+    /// or a non-empty `CANAL_NO_SHORTCUT` in canald's environment.
+    pub shortcut: bool,
+    /// Each ring of a pair segment, in KiB (rounded up to a power of two, ≥ 64).
+    pub shortcut_ring_kib: u64,
     pub verbose: bool,
     /// How the poller waits (`--notify`).
     pub notify: NotifyMode,
@@ -80,6 +85,8 @@ impl Config {
             spin: None,
             budget: 16,
             loopback_only: false,
+            shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
+            shortcut_ring_kib: 1024,
             verbose: false,
             notify: NotifyMode::Hybrid,
             coalesce: CoalesceCfg::Adaptive {
@@ -163,6 +170,7 @@ pub struct Daemon {
     stop: bool,
     /// Kernel-counted liveness of guest sockets (WATCH).
     watches: crate::watch::Watches,
+    shortcut: ShortcutRef,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -235,7 +243,19 @@ impl Daemon {
         }
         let listener = sys::seqpacket_listen(&path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-        let w0 = Worker::new(0).map_err(|e| e.to_string())?;
+        let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
+        // A short-circuit pairs two guests that may sit on different workers; its
+        // hand-offs are served by one poller, so it needs --workers 1 (the default on
+        // machines of up to 2 cores). With more workers, canal↔canal uses host TCP.
+        if cfg.shortcut && cfg.workers > 1 {
+            eprintln!(
+                "canald: note: the co-resident short-circuit needs --workers 1; \
+                 with --workers {} guest-to-guest connections use host TCP",
+                cfg.workers
+            );
+        }
+        let shortcut = ShortcutShared::new(cfg.shortcut && cfg.workers <= 1, seg_ring);
+        let w0 = Worker::new(0, shortcut.clone()).map_err(|e| e.to_string())?;
         w0.ep
             .add(
                 listener.as_raw_fd(),
@@ -245,6 +265,7 @@ impl Daemon {
             .map_err(|e| e.to_string())?;
         sys::ignore_sigpipe();
         Ok(Bound::Serving(Box::new(Daemon {
+            shortcut,
             cfg,
             gcfg,
             workers: vec![Arc::new(w0)],
@@ -303,7 +324,7 @@ impl Daemon {
         let c_v = engine::measure_wake_ns(false);
         let n = self.cfg.workers.max(1);
         for id in 1..n {
-            let w = Arc::new(Worker::new(id as u32)?);
+            let w = Arc::new(Worker::new(id as u32, self.shortcut.clone())?);
             self.workers.push(w.clone());
             let p = Poller::new(w, &self.cfg, c_p, c_v);
             let cpu = (!self.cfg.pin.is_empty()).then(|| self.cfg.pin[id % self.cfg.pin.len()]);
@@ -533,7 +554,13 @@ impl Daemon {
                 let end = comm_raw.iter().position(|&b| b == 0).unwrap_or(16);
                 let comm = String::from_utf8_lossy(&comm_raw[..end]).into_owned();
                 let id = self.next_guest;
-                let (g, memfd) = match Guest::new(id, key, pid, comm, self.gcfg.clone()) {
+                let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
+                let sc = self.cfg.shortcut && self.cfg.workers <= 1 && hello_flags & control::hello_flag::SHORTCUT != 0;
+                let features = canal_abi::feature::ALL_V1
+                    | canal_abi::feature::WATCH
+                    | if sc { canal_abi::feature::SHORTCUT } else { 0 };
+                let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
+                let (mut g, memfd) = match made {
                     Ok(x) => x,
                     Err(e) => {
                         return send_error(&conn.fd, sys::errno_of(&e), "cannot create region")
@@ -578,6 +605,9 @@ impl Daemon {
                 self.next_guest = self.next_guest.wrapping_add(1).max(1);
                 if let Some(c) = self.conns.get_mut(&key) {
                     c.worker = Some(wi);
+                }
+                if sc {
+                    g.enable_shortcut(self.shortcut.clone());
                 }
                 let mut sh = w.lock();
                 sh.doorbells.insert(key, doorbell);
@@ -649,6 +679,22 @@ impl Daemon {
                     }
                 }
                 true
+            }
+            kind::SEGMENT => {
+                if body.len() < 4 {
+                    return send_error(&conn.fd, errno::EINVAL, "short SEGMENT").is_ok();
+                }
+                let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+                match sh.segment_fd(id, key) {
+                    Some((fd, size)) => {
+                        let mut reply = [0u8; control::SEGMENT_OK_BODY];
+                        reply[0..4].copy_from_slice(&id.to_le_bytes());
+                        reply[8..16].copy_from_slice(&size.to_le_bytes());
+                        send_msg(&conn.fd, kind::SEGMENT_OK, &reply, &[fd.as_raw_fd()]).is_ok()
+                    }
+                    None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
+                }
             }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }

@@ -27,6 +27,9 @@ pub const GONE_DRAIN: Duration = Duration::from_millis(500);
 /// Largest datagram canald receives in one call.
 const DGRAM_MAX: usize = 65536;
 
+pub mod shortcut;
+pub use shortcut::{SegLink, Shared as ShortcutShared, SharedRef as ShortcutRef};
+
 /// Per-guest limits and sizes (from the command line).
 #[derive(Clone, Debug)]
 pub struct GuestConfig {
@@ -188,6 +191,8 @@ pub struct HostSocket {
     unclaimed: std::collections::VecDeque<(u64, u32)>,
     /// A datagram received but not yet fitting in the rx ring.
     pending_dgram: Option<(Vec<u8>, Option<CanalAddr>)>,
+    /// Short-circuited to another canal socket through a pair segment (§8).
+    pub seg: Option<SegLink>,
 }
 
 impl HostSocket {
@@ -201,9 +206,15 @@ impl HostSocket {
         self.closing.is_some()
     }
     pub fn local(&self) -> Option<CanalAddr> {
+        if let Some(l) = &self.seg {
+            return Some(l.local);
+        }
         self.fd.as_ref().and_then(|f| sys::sockname(f).ok())
     }
     pub fn peer(&self) -> Option<CanalAddr> {
+        if let Some(l) = &self.seg {
+            return Some(l.peer);
+        }
         self.fd.as_ref().and_then(|f| sys::peername(f).ok())
     }
 }
@@ -303,6 +314,8 @@ pub struct Guest {
     tx_deficit: i64,
     /// Set when a socket stopped for lack of budget (it stays dirty).
     out_of_budget: bool,
+    /// Set when this guest may short-circuit connections (§8).
+    sc: Option<ShortcutRef>,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     earliest_close: Option<Instant>,
     // The mapping must outlive every use of `region`; it is dropped last.
@@ -318,11 +331,27 @@ impl Guest {
         comm: String,
         cfg: GuestConfig,
     ) -> io::Result<(Guest, OwnedFd)> {
-        let (memfd, map, region) = sys::Mapping::create_region(
-            cfg.layout,
+        Guest::with_features(
             id,
+            conn,
+            pid,
+            comm,
+            cfg,
             canal_abi::feature::ALL_V1 | canal_abi::feature::WATCH,
-        )?;
+        )
+    }
+
+    /// As `new`, with the region's feature bits chosen by the caller (SHORTCUT for a
+    /// guest that announced it).
+    pub fn with_features(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        features: u64,
+    ) -> io::Result<(Guest, OwnedFd)> {
+        let (memfd, map, region) = sys::Mapping::create_region(cfg.layout, id, features)?;
         let n = cfg.layout.socket_count as usize;
         let g = Guest {
             id,
@@ -348,6 +377,7 @@ impl Guest {
             rx_deficit: 0,
             tx_deficit: 0,
             out_of_budget: false,
+            sc: None,
             earliest_close: None,
             cfg,
             map,
@@ -664,7 +694,7 @@ impl Guest {
         }
     }
 
-    fn wake_event_sleepers(&mut self) {
+    pub(crate) fn wake_event_sleepers(&mut self) {
         if self.changed.is_empty() {
             return;
         }
@@ -741,6 +771,9 @@ impl Guest {
             Cmd::Listen(backlog) => self.op_listen(index, backlog),
             Cmd::Connect(a) => {
                 let a = translate_guest_addr(&view, &a)?;
+                if let Some(r) = self.sc_try_connect(index, &a) {
+                    return r;
+                }
                 self.op_connect(index, &a)
             }
             Cmd::Disconnect => self.op_disconnect(index),
@@ -763,6 +796,12 @@ impl Guest {
             }
             Cmd::SockName | Cmd::PeerName => {
                 let s = self.live(index)?;
+                if let Some(l) = &s.seg {
+                    let a = if cmd == Cmd::SockName { l.local } else { l.peer };
+                    let a = translate_host_addr(&view, &a).encode();
+                    out[..a.len()].copy_from_slice(&a);
+                    return Ok((0, a.len()));
+                }
                 let fd = fd_of(s)?;
                 let a = if cmd == Cmd::SockName {
                     sys::sockname(fd)
@@ -888,6 +927,7 @@ impl Guest {
             rx_bytes: 0,
             unclaimed: Default::default(),
             pending_dgram: None,
+            seg: None,
         });
         Ok(handle)
     }
@@ -925,6 +965,7 @@ impl Guest {
         let e = self.entry(index);
         e.kind.store(sock_kind::LISTENER, Ordering::Release);
         self.set_flags(index, sock_flag::LISTENING, 0);
+        self.sc_listened(index, backlog);
         self.mark_dirty(index);
         Ok((0, 0))
     }
@@ -1013,6 +1054,9 @@ impl Guest {
     }
 
     fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
+        if let Some(r) = self.sc_shutdown(index, how) {
+            return r;
+        }
         let s = self.live(index)?;
         let fd = fd_of(s)?;
         if !(s.kind == Kind::Stream && s.phase == Phase::Connected) {
@@ -1085,6 +1129,7 @@ impl Guest {
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
         }
+        self.sc_freed(&s);
         if !s.unclaimed.is_empty() {
             // Connections accepted for the guest but never taken by it go with the
             // listener (the guest's tail says which records it consumed).
@@ -1109,6 +1154,7 @@ impl Guest {
         *g = if *g == u16::MAX { 1 } else { *g + 1 };
         let next = *g;
         let e = self.entry(index);
+        e.segment.store(0, Ordering::Relaxed);
         e.kind.store(sock_kind::FREE, Ordering::Release);
         e.generation.store(next as u32, Ordering::Release);
         e.flags.store(0, Ordering::Release);
@@ -1160,6 +1206,11 @@ impl Guest {
             s.dirty = false;
             self.out_of_budget = false;
             st.sockets += 1;
+            if s.seg.is_some() {
+                self.sc_service(index);
+                self.finish_if_closed(ep, index, now);
+                continue;
+            }
             let r = match s.kind {
                 Kind::Stream => self.service_stream(index, st),
                 Kind::Dgram => self.service_dgram(index, st),

@@ -40,7 +40,7 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
               [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
               [--notify poll|sleep|hybrid] [--t-worst-us T | --coalesce-us T] [--split-us P]
               [--no-coalesce] [--no-batch] [--rx-quantum-kib N] [--tx-quantum-kib N]
-              [--workers N] [--pin CPU,CPU..]
+              [--workers N] [--pin CPU,CPU..] [--no-shortcut] [--shortcut-ring-kib N]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
   --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
@@ -64,6 +64,9 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
                     cores, else cores/4 up to 4)
   --pin CPU,CPU..   pin worker i to the i-th CPU of the list (cycled)
   --loopback-only   policy: guests may only bind, connect and send to loopback addresses
+  --no-shortcut     never short-circuit connections between canal guests (also:
+                    CANAL_NO_SHORTCUT=1 in canald's environment)
+  --shortcut-ring-kib N  each ring of a short-circuited connection in KiB (default 1024)
   -v                log to stderr";
 
 fn parse_args(args: &[String]) -> Result<Config, String> {
@@ -163,6 +166,11 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
             }
             "--tx-quantum-kib" => {
                 cfg.tx_quantum = num::<u64>(a, v)?.saturating_mul(1024);
+                i += 1;
+            }
+            "--no-shortcut" => cfg.shortcut = false,
+            "--shortcut-ring-kib" => {
+                cfg.shortcut_ring_kib = num(a, v)?;
                 i += 1;
             }
             "-v" | "--verbose" => cfg.verbose = true,

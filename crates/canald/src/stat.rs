@@ -103,6 +103,8 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
         .map(|s| SockStat {
             handle: s.handle,
             kind: match s.kind {
+                // Short-circuited to another canal socket (protocol §8): no kernel TCP.
+                Kind::Stream if s.is_shortcut() => "tcp-shortcut",
                 Kind::Stream => "tcp",
                 Kind::Dgram => "udp",
                 Kind::Listener => "tcp-listener",
@@ -121,8 +123,8 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
             },
             local: fmt_addr(s.local()),
             peer: fmt_addr(s.peer()),
-            tx_bytes: s.tx_bytes,
-            rx_bytes: s.rx_bytes,
+            tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
+            rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
         })
         .collect();
     sockets.sort_by_key(|s| s.handle & 0xffff);

@@ -856,3 +856,140 @@ pub fn read_signal(fd: &OwnedFd) -> Option<u32> {
     };
     (r as usize == len).then_some(info.ssi_signo)
 }
+
+// ---- pair segments (protocol §8) ---------------------------------------------------
+
+/// Creates a pair segment: a sealed memfd of `segment_size(ring_size)` zero bytes
+/// whose line 0 holds the header. canald never maps it: it only writes the header here
+/// and reads index words with `pread_u64`.
+pub fn create_segment(id: u32, ring_size: u64) -> io::Result<OwnedFd> {
+    use canal_abi::segment;
+    let name = CString::new("canal-segment").expect("static name");
+    // SAFETY: `name` is a valid NUL-terminated string.
+    let fd = owned(cvt(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    } as libc::c_int)?);
+    let len = segment::segment_size(ring_size);
+    // SAFETY: plain call on a descriptor we own.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    let h = segment::encode_header(id, ring_size);
+    // SAFETY: h is a valid buffer of h.len() bytes.
+    let n = cvt_size(unsafe { libc::pwrite(fd.as_raw_fd(), h.as_ptr().cast(), h.len(), 0) })?;
+    if n != h.len() {
+        return Err(io::Error::from_raw_os_error(libc::EIO));
+    }
+    // Neither guest may resize it under the other's mapping (SIGBUS), nor write through
+    // a non-shared path: shrink/grow are sealed.
+    // SAFETY: plain fcntl on a descriptor we own.
+    cvt(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Reads the little-endian u64 at `off` of a file (a segment's index word). The value
+/// is guest-written: callers treat it as untrusted.
+pub fn pread_u64(fd: &OwnedFd, off: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    // SAFETY: b is a valid writable buffer of 8 bytes.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8, off as libc::off_t) };
+    (n == 8).then(|| u64::from_le_bytes(b))
+}
+
+/// The host's own interface addresses (getifaddrs), for deciding whether a connect
+/// target is this host.
+pub fn local_addrs() -> Vec<CanalAddr> {
+    let mut out = Vec::new();
+    let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills ifa with a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifa) } != 0 {
+        return out;
+    }
+    let mut p = ifa;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list getifaddrs returned, not yet freed.
+        let n = unsafe { &*p };
+        if !n.ifa_addr.is_null() {
+            let mut ss = zeroed_storage();
+            // SAFETY: ifa_addr points to a sockaddr of its family's size; we copy at
+            // most that many bytes into the (larger) storage.
+            let fam = unsafe { (*n.ifa_addr).sa_family } as i32;
+            let len = match fam {
+                libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
+                libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
+                _ => 0,
+            };
+            if len > 0 {
+                // SAFETY: as above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        n.ifa_addr as *const u8,
+                        &mut ss as *mut _ as *mut u8,
+                        len,
+                    )
+                };
+                if let Some(a) = from_sockaddr(&ss) {
+                    out.push(a);
+                }
+            }
+        }
+        p = n.ifa_next;
+    }
+    // SAFETY: ifa came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(ifa) };
+    out
+}
+
+impl Mapping {
+    /// Increments the u32 at `off` (4-aligned, inside the mapping) and FUTEX_WAKEs
+    /// every waiter on it (shared futex: the word lives in a memfd that guests map).
+    /// Used on a pair segment's `wake_seq` words; a guest may scribble on the word,
+    /// which only costs it spurious or missed wake-ups of its own threads.
+    pub fn futex_bump_wake(&self, off: usize) {
+        if !off.is_multiple_of(4) || off + 4 > self.len {
+            return;
+        }
+        // SAFETY: off is 4-aligned and inside the mapping (checked); an AtomicU32 over
+        // shared memory accepts any bit pattern.
+        let w = unsafe { &*(self.base.add(off) as *const std::sync::atomic::AtomicU32) };
+        w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: a plain futex call on a valid, mapped, aligned word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+    }
+}
+
+impl Mapping {
+    /// A mapped pair segment (tests play a guest with it): its header and its two
+    /// rings, if the mapping is large enough for the ring size its header claims.
+    pub fn segment_view(&self) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {
+        use canal_abi::segment;
+        if self.len < segment::SEG_HEADER_SIZE as usize {
+            return None;
+        }
+        // SAFETY: the mapping holds at least the 4096-byte page 0; SegHeader (512
+        // bytes) accepts any bit pattern and is used through shared references.
+        let h = unsafe { &*(self.base as *const segment::SegHeader) };
+        let rs = h.ring_size;
+        if !rs.is_power_of_two() || segment::segment_size(rs) > self.len as u64 {
+            return None;
+        }
+        // SAFETY: both rings lie inside the mapping (checked), rs is a power of two.
+        let r =
+            |d| unsafe { RawRing::new(self.base.add(segment::ring_offset(d, rs) as usize), rs) };
+        Some((h, [r(0), r(1)]))
+    }
+}

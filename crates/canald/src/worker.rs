@@ -16,7 +16,7 @@
 
 use crate::daemon::Config;
 use crate::engine::{NotifyMode, SpinBudget, Split, WorkerStats};
-use crate::guest::{token, Guest};
+use crate::guest::{shortcut, token, Guest, ShortcutRef};
 use crate::sys::{self, Epoll};
 use canal_abi::sync::{fence, Ordering};
 use std::collections::BTreeMap;
@@ -80,13 +80,15 @@ pub struct Worker {
     pub ep: Epoll,
     pub shard: Mutex<Shard>,
     pub stats: Arc<WorkerStats>,
+    /// Short-circuit hand-offs (pairings, peer events); shared by the daemon.
+    pub shortcut: ShortcutRef,
     /// Pokes the worker out of its sleep (a new guest, shutdown).
     poke: OwnedFd,
     pub stop: AtomicBool,
 }
 
 impl Worker {
-    pub fn new(id: u32) -> io::Result<Worker> {
+    pub fn new(id: u32, shortcut: ShortcutRef) -> io::Result<Worker> {
         let ep = Epoll::new()?;
         let poke = sys::eventfd()?;
         ep.add(
@@ -99,6 +101,7 @@ impl Worker {
             ep,
             shard: Mutex::new(Shard::default()),
             stats: Arc::new(WorkerStats::default()),
+            shortcut,
             poke,
             stop: AtomicBool::new(false),
         })
@@ -196,7 +199,7 @@ impl Poller {
         let w = self.w.clone();
         let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
         let timeout = if sleeping {
-            prepare_sleep(&w.lock(), extra_deadline)
+            prepare_sleep(&w.lock(), &w.shortcut, extra_deadline)
         } else {
             0
         };
@@ -251,6 +254,7 @@ impl Poller {
         }
         let window = Duration::from_nanos(self.split.t_v_ns);
         work |= serve_guests(&mut sh, &w, now, window);
+        work |= shortcut::run(&w.shortcut, &mut sh.guests, &w.ep);
         reap(&mut sh, &w, &self.cfg);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
         drop(sh);
@@ -307,17 +311,18 @@ impl Poller {
 
 /// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
 /// the epoll timeout: 0 if work showed up, else until the next deadline (or -1).
-fn prepare_sleep(sh: &Shard, extra: Option<Instant>) -> i32 {
+fn prepare_sleep(sh: &Shard, sc: &ShortcutRef, extra: Option<Instant>) -> i32 {
     for g in sh.guests.values() {
         if g.gone.is_none() {
             g.set_host_sleeping(1);
         }
     }
     fence(Ordering::SeqCst);
-    if sh
-        .guests
-        .values()
-        .any(|g| g.gone.is_none() && g.has_pending())
+    if shortcut::has_work(sc)
+        || sh
+            .guests
+            .values()
+            .any(|g| g.gone.is_none() && g.has_pending())
     {
         for g in sh.guests.values() {
             g.set_host_sleeping(0);

@@ -426,6 +426,7 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     // HELLO: pid, flags, comm.
     let mut body = [0u8; control::HELLO_BODY];
     body[0..4].copy_from_slice(&(sys::getpid() as u32).to_le_bytes());
+    body[4..8].copy_from_slice(&control::hello_flag::SHORTCUT.to_le_bytes());
     let mut comm = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes into comm.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
@@ -788,6 +789,52 @@ fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
     r
 }
 
+/// Asks canald for pair segment `id` (SEGMENT / SEGMENT_OK): its memfd and size.
+pub fn ctl_segment(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
+    if is_dead(g) {
+        return Err(libc::EIO);
+    }
+    ctl_lock(g);
+    let r = (|| {
+        send_msg(g.ctl, ck::SEGMENT, &id.to_le_bytes(), -1)?;
+        let mut buf = [0u8; 256];
+        let mut fds = [-1; 2];
+        loop {
+            let (kind, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
+            let body = &buf[CTL_HEADER..n];
+            let ok = kind == ck::SEGMENT_OK
+                && body.len() >= control::SEGMENT_OK_BODY
+                && u32::from_le_bytes(body[..4].try_into().unwrap()) == id
+                && nfds == 1;
+            if ok {
+                let size = u64::from_le_bytes(body[8..16].try_into().unwrap());
+                return Ok((fds[0], size));
+            }
+            for f in fds.iter_mut().take(nfds) {
+                let _ = sys::close(*f);
+                *f = -1;
+            }
+            match kind {
+                ck::ERROR => {
+                    let e = if body.len() >= 4 {
+                        i32::from_le_bytes(body[..4].try_into().unwrap())
+                    } else {
+                        libc::EIO
+                    };
+                    return Err(if e > 0 { e } else { libc::EIO });
+                }
+                // A stale reply (a process that died mid-exchange).
+                _ => continue,
+            }
+        }
+    })();
+    ctl_unlock(g);
+    if matches!(r, Err(libc::ECONNRESET) | Err(libc::EPIPE)) {
+        mark_dead();
+    }
+    r
+}
+
 fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
     let idx = claim_slot(g)?;
     if !g.ports {
@@ -1021,6 +1068,7 @@ pub fn wait_until(
     } else {
         0
     };
+    let mut seg_wait = false;
     loop {
         if is_dead(g) {
             mark_dead();
@@ -1043,13 +1091,31 @@ pub fn wait_until(
             }
         }
         if spins < budget {
+            if spins == 0 {
+                seg_wait = seg_of(g, index).is_some();
+            }
             spins += 1;
             canal_abi::sync::spin_hint();
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
                 sys::sched_yield();
                 spins = 0; // poll mode: the budget never runs out
+            } else if seg_wait && spins > budget / 8 && spins.is_multiple_of(YIELD_EVERY) {
+                // Not a quick answer: the peer is another process that may share our
+                // core (or wait for one), let it run.
+                sys::sched_yield();
             }
             continue;
+        }
+        let remaining = deadline.map(|d| d - now);
+        // A short-circuited socket: sleep on its segment's futex (§8.4), at most 1 s
+        // at a time so a vanished canald is noticed.
+        if let Some((seg, side)) = seg_of(g, index) {
+            let t = remaining.map_or(1_000_000_000, |r| r.min(1_000_000_000));
+            match crate::seg::futex_sleep(seg, side, t, &mut cond) {
+                Ok(true) => return Wait::Ready,
+                Ok(false) => continue,
+                Err(_) => return Wait::Interrupted,
+            }
         }
         let s = match my_slot(g) {
             Ok(s) => s,
@@ -1164,6 +1230,21 @@ fn all_handlers_restart() -> bool {
     true
 }
 
+/// While polling a short-circuited socket, after the first eighth of the spin budget
+/// (a few µs: a request-response peer answers well within it), yield the CPU every
+/// this many spins.
+const YIELD_EVERY: u32 = 64;
+
+/// The pair segment and side of socket `index`, if it is short-circuited and mapped.
+fn seg_of(g: &Guest, index: u32) -> Option<(crate::seg::Seg, u32)> {
+    if index == WAIT_ANY {
+        return None;
+    }
+    let e = g.region.socket(index)?;
+    let seg = crate::seg::mapped(e.segment.load(Ordering::Acquire))?;
+    Some((seg, e.segment_side.load(Ordering::Relaxed).min(1)))
+}
+
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
 /// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
 /// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
@@ -1205,6 +1286,10 @@ pub fn sleep_events(
         }
         return Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize));
     }
+    // §8: count ourselves as a sleeper of every short-circuited connection we wait
+    // on, so its peer raises attention (and canald wakes us) after changing it.
+    let mut seg_sleepers = SegSleepers::new();
+    seg_sleepers.enter(g, index);
     s.slot.wait_socket.store(index, Ordering::Relaxed);
     s.slot.sleep.store(sleep_kind::EVENTS, Ordering::Relaxed);
     h.event_waiters.fetch_add(1, Ordering::Relaxed);
@@ -1225,10 +1310,17 @@ pub fn sleep_events(
             events: 0,
             revents: 0,
         };
-        sys::ppoll(fds, timeout_ns, sigmask)
+        // More short-circuited sockets than we can count on: sleep in short steps.
+        let t = if seg_sleepers.overflow {
+            Some(timeout_ns.map_or(1_000_000, |t| t.min(1_000_000)))
+        } else {
+            timeout_ns
+        };
+        sys::ppoll(fds, t, sigmask)
     };
     s.slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
     h.event_waiters.fetch_sub(1, Ordering::Relaxed);
+    seg_sleepers.leave();
     let mut own_events = 0;
     if fds[n].revents != 0 && fds[n].fd >= 0 {
         sys::eventfd_drain(s.efd);
@@ -1241,9 +1333,85 @@ pub fn sleep_events(
     r.map(|c| c.saturating_sub(own_events))
 }
 
+/// The sleeper counters (protocol §8.4) a sleeping thread incremented, so it
+/// decrements exactly those.
+struct SegSleepers {
+    words: [*const AtomicU32; 64],
+    n: usize,
+    overflow: bool,
+    active: bool,
+}
+
+impl SegSleepers {
+    fn new() -> Self {
+        SegSleepers {
+            words: [core::ptr::null(); 64],
+            n: 0,
+            overflow: false,
+            active: false,
+        }
+    }
+
+    fn add(&mut self, e: &SocketEntry) {
+        if e.kind.load(Ordering::Acquire) != canal_abi::sock_kind::STREAM {
+            return;
+        }
+        let Some(seg) = crate::seg::mapped(e.segment.load(Ordering::Acquire)) else {
+            return;
+        };
+        if self.n == self.words.len() {
+            self.overflow = true;
+            return;
+        }
+        let w = seg.sleepers(e.segment_side.load(Ordering::Relaxed));
+        w.fetch_add(1, Ordering::Relaxed);
+        self.words[self.n] = w;
+        self.n += 1;
+    }
+
+    /// Before the sleeper's fence: one socket, or (WAIT_ANY) every mapped one.
+    fn enter(&mut self, g: &Guest, index: u32) {
+        if g.region.header().features & feature::SHORTCUT == 0 {
+            return;
+        }
+        self.active = true;
+        crate::seg::sleep_enter();
+        if index != WAIT_ANY {
+            if let Some(e) = g.region.socket(index) {
+                self.add(e);
+            }
+            return;
+        }
+        for i in 0..g.region.layout().socket_count {
+            if let Some(e) = g.region.socket(i) {
+                if e.segment.load(Ordering::Relaxed) != 0 {
+                    self.add(e);
+                }
+            }
+        }
+    }
+
+    fn leave(&mut self) {
+        for w in &self.words[..self.n] {
+            // SAFETY: each pointer names a sleeper word of a segment that was mapped
+            // when we counted ourselves; seg::forget defers every unmap while a
+            // thread is between sleep_enter and sleep_exit.
+            unsafe { &**w }.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.n = 0;
+        if self.active {
+            self.active = false;
+            crate::seg::sleep_exit();
+        }
+    }
+}
+
 /// Wakes this process's own threads sleeping on `index` (local events the host does
 /// not see, e.g. shutdown(SHUT_RD) or close by another thread).
 pub fn wake_local(g: &Guest, index: u32) {
+    if let Some((seg, side)) = seg_of(g, index) {
+        seg.futex_wake(side);
+    }
     for (i, a) in SLOT_EFD
         .iter()
         .enumerate()
@@ -1287,6 +1455,7 @@ pub fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo:
 
 extern "C" fn fork_prepare() {
     lock(&ATTACH_LOCK);
+    crate::seg::fork_prepare();
     if let Some(g) = guest() {
         // Every canal descriptor is about to exist twice: count the child's copies now,
         // before the parent could close its own and drop the last reference.
@@ -1299,10 +1468,12 @@ extern "C" fn fork_prepare() {
 }
 
 extern "C" fn fork_parent() {
+    crate::seg::fork_done();
     unlock(&ATTACH_LOCK);
 }
 
 extern "C" fn fork_child() {
+    crate::seg::fork_child();
     ATTACH_LOCK.store(0, Ordering::Relaxed);
     PID.store(sys::getpid(), Ordering::Relaxed);
     // The forking thread's slot belongs to the parent's thread: forget it (the child

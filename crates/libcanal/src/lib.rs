@@ -11,6 +11,7 @@
 //! - `epoll`: epoll interest lists of canal sockets, waits over mixed descriptors.
 //! - `policy`: which sockets canal takes (CANAL_EXCLUDE) and the hand-off to the kernel.
 //! - `rejoin`: canal sockets inherited over exec keep working (CANAL_REJOIN).
+//! - `seg`: pair segments of short-circuited connections (protocol §8).
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
@@ -26,6 +27,7 @@ pub mod policy;
 pub mod poll;
 pub mod ready;
 pub mod rejoin;
+pub mod seg;
 pub mod sock;
 pub mod sockaddr;
 pub mod sys;

@@ -10,11 +10,52 @@ use crate::ready::{self, local, SockState};
 use crate::sys;
 use canal_abi::addr::{CanalAddr, ADDR_SIZE};
 use canal_abi::ring::{check_indices, record_kind, Consumer, Producer, RawRing, RingStorage};
-use canal_abi::sync::Ordering;
+use canal_abi::sync::{fence, AtomicU64, Ordering};
 use canal_abi::{
     guest_flag, handle_index, make_handle, op, sock_flag as f, sock_kind, SocketEntry,
 };
 use libc::{c_int, iovec};
+
+/// A stream socket's two rings and their index words: in the region, or (protocol
+/// §8) in a pair segment shared with the peer guest. One code path serves both.
+pub struct Rings {
+    pub tx: RawRing,
+    pub tx_head: &'static AtomicU64,
+    pub tx_tail: &'static AtomicU64,
+    pub rx: RawRing,
+    pub rx_head: &'static AtomicU64,
+    pub rx_tail: &'static AtomicU64,
+    /// Short-circuited: the segment and the peer's side.
+    pub peer: Option<(crate::seg::Seg, u32)>,
+}
+
+impl Rings {
+    /// After publishing tx bytes (or freeing rx space when `freed` on a region
+    /// socket whose host asked for it): tell whoever must know. Region sockets: the
+    /// host (attention + kick). Short-circuited ones: nobody, unless the peer sleeps
+    /// (§8.4: fence, read its sleeper count, then attention + kick so canald wakes it).
+    fn notify(&self, s: &Sock, region_wants: bool) {
+        match self.peer {
+            None => {
+                if region_wants {
+                    attention(s.g, s.idx);
+                }
+            }
+            Some((seg, side)) => {
+                // P1: SeqCst fence between our index store and the sleeper counts;
+                // pairs with the sleeper's fence between counting itself and
+                // re-checking.
+                fence(Ordering::SeqCst);
+                if seg.futex_sleepers(side).load(Ordering::Relaxed) != 0 {
+                    seg.futex_wake(side);
+                }
+                if seg.sleepers(side).load(Ordering::Relaxed) != 0 {
+                    attention(s.g, s.idx);
+                }
+            }
+        }
+    }
+}
 
 /// A canal socket resolved from its handle.
 #[derive(Clone, Copy)]
@@ -54,6 +95,34 @@ impl Sock {
 
     pub fn flags(&self) -> u32 {
         self.e.flags.load(Ordering::Acquire)
+    }
+
+    /// The stream rings (mapping the pair segment on first use).
+    pub fn rings(&self) -> Result<Rings, i32> {
+        let id = self.e.segment.load(Ordering::Acquire);
+        if id == 0 {
+            return Ok(Rings {
+                tx: self.tx_ring()?,
+                tx_head: &self.e.tx_head,
+                tx_tail: &self.e.tx_tail,
+                rx: self.rx_ring()?,
+                rx_head: &self.e.rx_head,
+                rx_tail: &self.e.rx_tail,
+                peer: None,
+            });
+        }
+        let seg = crate::seg::get(self.g, id)?;
+        let side = self.e.segment_side.load(Ordering::Relaxed).min(1);
+        let (tx, rx) = (seg.dir(side), seg.dir(1 - side));
+        Ok(Rings {
+            tx: seg.ring(side),
+            tx_head: &tx.head,
+            tx_tail: &tx.tail,
+            rx: seg.ring(1 - side),
+            rx_head: &rx.head,
+            rx_tail: &rx.tail,
+            peer: Some((seg, 1 - side)),
+        })
     }
 
     fn tx_ring(&self) -> Result<RawRing, i32> {
@@ -102,22 +171,27 @@ impl Sock {
 
     pub fn snapshot(&self) -> SockState {
         let e = self.e;
+        // Flags first (Acquire): a short-circuit completing publishes the segment
+        // fields before CONNECTED.
+        let flags = e.flags.load(Ordering::Acquire);
         let tx_size = e.tx_size.load(Ordering::Relaxed) as u64;
         let rx_size = e.rx_size.load(Ordering::Relaxed) as u64;
-        // R3-style Acquire loads of the host's indices.
-        let tx_used = e
-            .tx_head
+        let (txh, txt, rxh, rxt) = match (e.segment.load(Ordering::Acquire), self.rings()) {
+            (0, _) | (_, Err(_)) => (&e.tx_head, &e.tx_tail, &e.rx_head, &e.rx_tail),
+            (_, Ok(r)) => (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail),
+        };
+        // R3-style Acquire loads of the other side's indices.
+        let tx_used = txh
             .load(Ordering::Relaxed)
-            .wrapping_sub(e.tx_tail.load(Ordering::Acquire))
+            .wrapping_sub(txt.load(Ordering::Acquire))
             .min(tx_size);
-        let rx_used = e
-            .rx_head
+        let rx_used = rxh
             .load(Ordering::Acquire)
-            .wrapping_sub(e.rx_tail.load(Ordering::Relaxed))
+            .wrapping_sub(rxt.load(Ordering::Relaxed))
             .min(rx_size);
         SockState {
             kind: e.kind.load(Ordering::Acquire),
-            flags: e.flags.load(Ordering::Acquire),
+            flags,
             pending_error: e.pending_error.load(Ordering::Relaxed),
             tx_used,
             tx_size,
@@ -552,9 +626,11 @@ pub fn release(g: &'static Guest, handle: u32) {
     if prev <= 1 {
         crate::policy::forget(handle);
         client::wake_local(g, s.idx);
+        let seg = s.e.segment.load(Ordering::Acquire);
         if !client::is_dead(g) {
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
         }
+        crate::seg::forget(seg);
         client::debug!(g, "canal: close handle {handle:#x}\n");
     }
 }
@@ -598,8 +674,6 @@ pub fn send(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> Res
 fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
-    let ring = s.tx_ring()?;
-    let size = RingStorage::size(&ring);
     let mut sent = 0usize;
     let mut deadline = None;
     loop {
@@ -629,11 +703,16 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             };
         }
         if !connecting {
+            // Resolved here, not before a connect completed: a short-circuit moves
+            // the rings into a pair segment.
+            let r = s.rings()?;
+            let ring = r.tx;
+            let size = RingStorage::size(&ring);
             client::lock(&s.e.tx_lock);
-            let head = s.e.tx_head.load(Ordering::Relaxed);
-            // R1: Acquire pairs with the host's Release of tx_tail: it has finished
+            let head = r.tx_head.load(Ordering::Relaxed);
+            // R1: Acquire pairs with the consumer's Release of tail: it has finished
             // reading the bytes whose space we reuse.
-            let tail = s.e.tx_tail.load(Ordering::Acquire);
+            let tail = r.tx_tail.load(Ordering::Acquire);
             let used = match check_indices(head, tail, size) {
                 Ok(u) => u,
                 Err(_) => {
@@ -646,13 +725,13 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                 // SAFETY: the iovecs are the application's buffers (its promise, as
                 // with the kernel); the ring span head..head+n is free (checked).
                 unsafe { iov::gather_into(&ring, head, iov, sent, n) };
-                // R2: Release publishes the bytes; pairs with the host's Acquire.
-                s.e.tx_head
+                // R2: Release publishes the bytes; pairs with the consumer's Acquire.
+                r.tx_head
                     .store(head.wrapping_add(n as u64), Ordering::Release);
             }
             client::unlock(&s.e.tx_lock);
             if n > 0 {
-                attention(s.g, s.idx);
+                r.notify(&s, true);
                 sent += n;
             }
             if sent == total {
@@ -807,8 +886,6 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
     let discard = flags & libc::MSG_TRUNC != 0;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
-    let ring = s.rx_ring()?;
-    let size = RingStorage::size(&ring);
     let mut got = 0usize;
     let mut deadline = None;
     loop {
@@ -817,10 +894,15 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
         if total == 0 {
             return Ok(0);
         }
+        // Flags before the indices (see snapshot); the rings are resolved each time
+        // round (a connect may have completed as a short-circuit meanwhile).
+        let r = s.rings()?;
+        let ring = r.rx;
+        let size = RingStorage::size(&ring);
         client::lock(&s.e.rx_lock);
-        let tail = s.e.rx_tail.load(Ordering::Relaxed);
-        // R3: Acquire pairs with the host's Release of rx_head: the bytes are there.
-        let head = s.e.rx_head.load(Ordering::Acquire);
+        let tail = r.rx_tail.load(Ordering::Relaxed);
+        // R3: Acquire pairs with the producer's Release of head: the bytes are there.
+        let head = r.rx_head.load(Ordering::Acquire);
         let used = match check_indices(head, tail, size) {
             Ok(u) => u,
             Err(_) => {
@@ -836,17 +918,15 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                 unsafe { iov::scatter_from(&ring, tail, iov, got, n) };
             }
             if !peek {
-                // R4: Release orders our reads before the host may reuse the space.
-                s.e.rx_tail
+                // R4: Release orders our reads before the producer may reuse the space.
+                r.rx_tail
                     .store(tail.wrapping_add(n as u64), Ordering::Release);
             }
         }
         client::unlock(&s.e.rx_lock);
         if n > 0 && !peek {
             got += n;
-            if s.flags() & f::RX_WANT_SPACE != 0 {
-                attention(s.g, s.idx);
-            }
+            r.notify(&s, s.flags() & f::RX_WANT_SPACE != 0);
         } else if n > 0 {
             return Ok(n);
         }
@@ -855,7 +935,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
         }
         let fl = s.flags();
         // Nothing (more) queued: errors, then EOF.
-        if s.e.rx_head.load(Ordering::Acquire) == s.e.rx_tail.load(Ordering::Relaxed) {
+        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed) {
             let pe = s.take_error();
             if pe != 0 {
                 return if got > 0 { Ok(got) } else { Err(pe as i32) };

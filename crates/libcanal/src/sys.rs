@@ -262,6 +262,12 @@ pub fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
     check(r).map(|p| p as *mut u8)
 }
 
+/// munmap of a mapping this library made with `mmap_shared`.
+pub fn munmap(base: *mut u8, len: usize) {
+    // SAFETY: the caller passes a mapping it made and no longer uses.
+    let _ = unsafe { libc::syscall(libc::SYS_munmap, base as *mut c_void, len) };
+}
+
 pub fn file_size(fd: c_int) -> Result<u64, i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
@@ -312,4 +318,41 @@ pub fn log_fmt(args: fmt::Arguments) {
     let _ = b.write_fmt(args);
     let _ = write(2, b.as_bytes());
     set_errno(e);
+}
+
+/// FUTEX_WAIT (shared: the word may live in memory another process maps) while
+/// `*word == val`, at most `timeout_ns`. Returns when woken, on timeout, on a signal
+/// (Err(EINTR)), or at once if the value differs.
+pub fn futex_wait(word: &core::sync::atomic::AtomicU32, val: u32, timeout_ns: i64) -> Result<(), i32> {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: word is a valid aligned u32 for the call; ts is a valid timespec.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT as c_long,
+            val as c_long,
+            &ts as *const libc::timespec,
+        )
+    };
+    match check(r) {
+        Err(libc::EINTR) => Err(libc::EINTR),
+        _ => Ok(()),
+    }
+}
+
+/// FUTEX_WAKE every waiter on `word` (shared futex).
+pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
+    // SAFETY: word is a valid aligned u32.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE as c_long,
+            i32::MAX as c_long,
+        )
+    };
 }

@@ -94,10 +94,15 @@ pub struct TestGuest {
 
 impl TestGuest {
     pub fn attach(path: &Path, comm: &str) -> TestGuest {
+        TestGuest::attach_with(path, comm, 0)
+    }
+
+    /// As `attach`, with HELLO flags (e.g. `hello_flag::SHORTCUT`).
+    pub fn attach_with(path: &Path, comm: &str, flags: u32) -> TestGuest {
         let ctl = sys::seqpacket_connect(path).expect("connect");
         let mut body = Vec::new();
         body.extend_from_slice(&std::process::id().to_le_bytes());
-        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&flags.to_le_bytes());
         let mut c = [0u8; 16];
         c[..comm.len().min(15)].copy_from_slice(&comm.as_bytes()[..comm.len().min(15)]);
         body.extend_from_slice(&c);

@@ -1,0 +1,778 @@
+//! The co-resident short-circuit (protocol §8): a TCP connection from one canal guest
+//! to a canal listener (of another guest or the same one) flows over a pair segment
+//! that both guests map, without the kernel's TCP and without canald while both ends
+//! are active.
+//!
+//! canald's part: it keeps a registry of canal listeners, turns a matching CONNECT
+//! into a pending short-circuit (the connector sees EINPROGRESS/CONNECTING), and the
+//! daemon completes it between service rounds ([`run`]): it creates the segment,
+//! installs the accepted entry in the listener's guest (ACCEPT record), converts the
+//! connector's entry and sets it CONNECTED. Afterwards canald only relays wake-ups
+//! (a side raises its own attention bit when its peer sleeps) and state changes
+//! (SHUT_WR → the peer's RX_EOF; close or guest death → the peer's RX_EOF/TX_CLOSED,
+//! or ECONNRESET when the closer left unread bytes).
+
+use super::{Guest, HostSocket, Kind, Phase};
+use crate::sys::{self, Epoll};
+use canal_abi::ring::{record_kind, Producer};
+use canal_abi::segment::{self, side};
+use canal_abi::sync::Ordering;
+use canal_abi::{errno, sock_flag, sock_kind, CanalAddr, ACCEPT_PAYLOAD};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+/// One end of a short-circuited connection, as canald keeps it.
+#[derive(Clone, Copy, Debug)]
+pub struct SegLink {
+    pub id: u32,
+    /// segment::side::*
+    pub side: u32,
+    /// The other end: its guest's control-connection key and its handle.
+    pub peer_conn: u32,
+    pub peer_handle: u32,
+    /// Addresses reported by getsockname/getpeername.
+    pub local: CanalAddr,
+    pub peer: CanalAddr,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ListenerReg {
+    conn: u32,
+    handle: u32,
+    addr: CanalAddr,
+    backlog: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    conn: u32,
+    handle: u32,
+    dst: CanalAddr,
+    lconn: u32,
+    lhandle: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    /// The peer may sleep on the connection: wake its event sleepers.
+    Wake { conn: u32, handle: u32 },
+    /// The peer sent FIN (SHUT_WR).
+    Fin { conn: u32, handle: u32 },
+    /// One end closed (or its guest died): tell the other end, release the segment
+    /// once both are gone.
+    Closed {
+        id: u32,
+        side: u32,
+        conn: u32,
+        handle: u32,
+        reset: bool,
+    },
+}
+
+struct SegmentRec {
+    fd: OwnedFd,
+    /// canald's own mapping, only to wake futex sleepers after a state change.
+    map: sys::Mapping,
+    conns: [u32; 2],
+    open: [bool; 2],
+    ring_size: u64,
+}
+
+/// State shared by the daemon and every guest that may short-circuit.
+pub struct Shared {
+    pub enabled: bool,
+    ring_size: u64,
+    listeners: Vec<ListenerReg>,
+    pending: Vec<Pending>,
+    events: Vec<Event>,
+    segments: HashMap<u32, SegmentRec>,
+    next_id: u32,
+}
+
+pub type SharedRef = Arc<Mutex<Shared>>;
+
+impl Shared {
+    pub fn new(enabled: bool, ring_size: u64) -> SharedRef {
+        Arc::new(Mutex::new(Shared {
+            enabled,
+            ring_size,
+            listeners: Vec::new(),
+            pending: Vec::new(),
+            events: Vec::new(),
+            segments: HashMap::new(),
+            next_id: 1,
+        }))
+    }
+
+    /// The memfd of segment `id` if guest `conn` is one of its two ends.
+    pub fn segment_fd(&self, id: u32, conn: u32) -> Option<(&OwnedFd, u64)> {
+        let s = self.segments.get(&id)?;
+        s.conns
+            .contains(&conn)
+            .then(|| (&s.fd, segment::segment_size(s.ring_size)))
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    fn has_work(&self) -> bool {
+        !self.pending.is_empty() || !self.events.is_empty()
+    }
+
+    /// The listener a connect to `dst` reaches, if it is a canal listener.
+    fn find_listener(&self, dst: &CanalAddr) -> Option<ListenerReg> {
+        let mut wildcard = None;
+        for l in &self.listeners {
+            if l.addr.port != dst.port || l.addr.family != dst.family {
+                continue;
+            }
+            if l.addr.addr == dst.addr {
+                return Some(*l);
+            }
+            if is_unspecified(&l.addr) && is_local(dst) {
+                wildcard = Some(*l);
+            }
+        }
+        wildcard
+    }
+}
+
+fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn is_unspecified(a: &CanalAddr) -> bool {
+    a.addr == [0; 16]
+}
+
+/// Addresses that reach this host: loopback (127/8, ::1), the unspecified address
+/// (connect to 0.0.0.0 means the local host on Linux) and the host's own addresses.
+fn is_local(a: &CanalAddr) -> bool {
+    let v4 = a.family == libc::AF_INET as u16;
+    if is_unspecified(a) || (v4 && a.addr[0] == 127) {
+        return true;
+    }
+    if !v4 && a.addr[..15] == [0; 15] && a.addr[15] == 1 {
+        return true;
+    }
+    sys::local_addrs()
+        .iter()
+        .any(|x| x.family == a.family && x.addr == a.addr)
+}
+
+impl HostSocket {
+    pub fn is_shortcut(&self) -> bool {
+        self.seg.is_some()
+    }
+}
+
+impl Guest {
+    /// Lets this guest take part in short-circuits (it announced SHORTCUT in HELLO).
+    pub fn enable_shortcut(&mut self, shared: SharedRef) {
+        self.sc = Some(shared);
+    }
+
+    /// After a successful LISTEN: registers the listener.
+    pub(super) fn sc_listened(&mut self, index: u32, backlog: i32) {
+        let Some(sc) = self.sc.clone() else { return };
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let Some(addr) = s.fd.as_ref().and_then(|f| sys::sockname(f).ok()) else {
+            return;
+        };
+        let handle = s.handle;
+        let conn = self.conn;
+        let mut sh = lock(&sc);
+        sh.listeners
+            .retain(|l| !(l.conn == conn && l.handle == handle));
+        sh.listeners.push(ListenerReg {
+            conn,
+            handle,
+            addr,
+            // Linux queues backlog + 1 connections; a negative or huge backlog is
+            // clamped like somaxconn (4096).
+            backlog: (backlog.clamp(0, 4096) as u32) + 1,
+        });
+    }
+
+    /// CONNECT: if `dst` is a canal listener's address, starts a short-circuit and
+    /// returns the request's answer (EINPROGRESS; the daemon completes it).
+    pub(super) fn sc_try_connect(
+        &mut self,
+        index: u32,
+        dst: &CanalAddr,
+    ) -> Option<Result<(i64, usize), i32>> {
+        let sc = self.sc.clone()?;
+        let s = self.sockets.get_mut(index as usize)?.as_mut()?;
+        if s.kind != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
+            return None;
+        }
+        let l = {
+            let sh = lock(&sc);
+            if !sh.enabled {
+                return None;
+            }
+            sh.find_listener(dst)?
+        };
+        let fd = s.fd.as_ref()?;
+        // Reserve a real local address (an ephemeral port unless the guest bound
+        // one) so both ends' names are real and cannot collide with kernel sockets.
+        let local = sys::sockname(fd).ok()?;
+        if local.port == 0 {
+            let mut a = *dst;
+            if is_unspecified(&a) {
+                a = loopback(a.family);
+            }
+            a.port = 0;
+            if sys::bind(fd, &a).is_err() {
+                return None; // the kernel's connect will say what is wrong
+            }
+        }
+        let handle = s.handle;
+        s.phase = Phase::Connecting;
+        s.readable = false;
+        s.writable = false;
+        self.set_flags(
+            index,
+            sock_flag::CONNECTING,
+            sock_flag::ERROR | sock_flag::HUP,
+        );
+        lock(&sc).pending.push(Pending {
+            conn: self.conn,
+            handle,
+            dst: *dst,
+            lconn: l.conn,
+            lhandle: l.handle,
+        });
+        Some(Ok((-(errno::EINPROGRESS as i64), 0)))
+    }
+
+    fn sc_index(&self, handle: u32) -> Option<u32> {
+        let i = canal_abi::handle_index(handle);
+        match self.sockets.get(i as usize) {
+            Some(Some(s)) if s.handle == handle => Some(i),
+            _ => None,
+        }
+    }
+
+    /// Listener side of a pending short-circuit. Ok(Some(handle)): accepted;
+    /// Ok(None): the accept queue is full (retry later); Err: no such listener.
+    fn sc_accept(&mut self, lhandle: u32, backlog: u32, link: SegLink) -> Result<Option<u32>, ()> {
+        let index = self.sc_index(lhandle).ok_or(())?;
+        let l = self.sockets[index as usize].as_ref().ok_or(())?;
+        if l.kind != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
+            return Err(());
+        }
+        let family = l.family;
+        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        let free = self.want_rx_space(index, 2 * need).map_err(|_| ())?;
+        if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+            let seen = l.rx.seen;
+            while l
+                .unclaimed
+                .front()
+                .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
+            {
+                l.unclaimed.pop_front();
+            }
+        }
+        let full = self.sockets[index as usize]
+            .as_ref()
+            .is_some_and(|l| l.unclaimed.len() as u32 >= backlog);
+        if full {
+            // Full accept queue: the connector stays CONNECTING (the kernel drops the
+            // SYN and retries). The guest's accept frees a record and, seeing
+            // RX_WANT_SPACE, raises attention.
+            self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
+            return Ok(None);
+        }
+        if free == 0 {
+            return Ok(None);
+        }
+        if self.sockets.iter().all(|s| s.is_some()) {
+            return Ok(None);
+        }
+        // A plain socket for socket options (never bound or connected).
+        let ty = libc::SOCK_STREAM;
+        let fd = sys::socket(family as i32, ty, 0).map_err(|_| ())?;
+        let handle = self.sc_install(fd, family, link).map_err(|_| ())?;
+        let mut payload = [0u8; ACCEPT_PAYLOAD];
+        payload[..4].copy_from_slice(&handle.to_le_bytes());
+        let l = self.sockets[index as usize].as_ref().ok_or(())?;
+        let Some(ring) = self.region.ring(l.rx.off, l.rx.size) else {
+            return Err(());
+        };
+        let e = self.entry(index);
+        let mut p = Producer {
+            storage: &ring,
+            head_shared: &e.rx_head,
+            tail_shared: &e.rx_tail,
+            head: l.rx.idx,
+        };
+        let pushed = p
+            .push_record(record_kind::ACCEPT, &link.peer.encode(), &[&payload])
+            .unwrap_or(false);
+        if !pushed {
+            let ni = canal_abi::handle_index(handle);
+            if let Some(s) = self.sockets.get_mut(ni as usize) {
+                *s = None; // never published; nothing else refers to it
+            }
+            self.release_entry(ni);
+            return Ok(None);
+        }
+        let head = p.head;
+        self.publish_rx_head(index, head, 0);
+        if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+            l.unclaimed.push_back((head, handle));
+        }
+        self.wake_event_sleepers();
+        Ok(Some(handle))
+    }
+
+    /// Allocates an entry backed by segment `link.id` (no data-area rings).
+    fn sc_install(&mut self, fd: OwnedFd, family: u16, link: SegLink) -> Result<u32, i32> {
+        let index = self
+            .sockets
+            .iter()
+            .position(|s| s.is_none())
+            .ok_or(errno::EMFILE)? as u32;
+        let gen = self.generations[index as usize];
+        let handle = canal_abi::make_handle(index, gen as u32);
+        let e = self.entry(index);
+        e.tx_head.store(0, Ordering::Relaxed);
+        e.rx_tail.store(0, Ordering::Relaxed);
+        e.refs.store(0, Ordering::Relaxed);
+        e.guest_flags.store(0, Ordering::Relaxed);
+        e.tx_lock.store(0, Ordering::Relaxed);
+        e.rx_lock.store(0, Ordering::Relaxed);
+        e.rcvtimeo_ns.store(0, Ordering::Relaxed);
+        e.sndtimeo_ns.store(0, Ordering::Relaxed);
+        e.pending_error.store(0, Ordering::Relaxed);
+        e.tx_tail.store(0, Ordering::Relaxed);
+        e.rx_head.store(0, Ordering::Relaxed);
+        e.generation.store(gen as u32, Ordering::Relaxed);
+        e.family.store(family as u32, Ordering::Relaxed);
+        self.sc_publish_link(index, &link);
+        let e = self.entry(index);
+        e.flags.store(sock_flag::CONNECTED, Ordering::Relaxed);
+        e.kind.store(sock_kind::STREAM, Ordering::Release);
+        let ring = super::RingPos {
+            off: 0,
+            size: 0,
+            idx: 0,
+            seen: 0,
+        };
+        self.sockets[index as usize] = Some(HostSocket {
+            handle,
+            kind: Kind::Stream,
+            family,
+            fd: Some(fd),
+            phase: Phase::Connected,
+            tx: ring,
+            rx: ring,
+            flags: sock_flag::CONNECTED,
+            readable: false,
+            writable: false,
+            rdhup: false,
+            shut_wr_pending: false,
+            closing: None,
+            dirty: false,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            unclaimed: Default::default(),
+            pending_dgram: None,
+            seg: Some(link),
+        });
+        Ok(handle)
+    }
+
+    /// Writes the segment fields of an entry (before its flags say CONNECTED).
+    fn sc_publish_link(&self, index: u32, link: &SegLink) {
+        let rs = lock_ring_size(self);
+        let e = self.entry(index);
+        let (tx_dir, rx_dir) = if link.side == side::CONNECTOR {
+            (0, 1)
+        } else {
+            (1, 0)
+        };
+        e.tx_offset
+            .store(segment::ring_offset(tx_dir, rs), Ordering::Relaxed);
+        e.tx_size.store(rs as u32, Ordering::Relaxed);
+        e.rx_offset
+            .store(segment::ring_offset(rx_dir, rs), Ordering::Relaxed);
+        e.rx_size.store(rs as u32, Ordering::Relaxed);
+        e.segment_side.store(link.side, Ordering::Relaxed);
+        e.segment.store(link.id, Ordering::Release);
+    }
+
+    /// A freshly released entry that was never published (kind FREE, next generation).
+    fn release_entry(&mut self, index: u32) {
+        let g = &mut self.generations[index as usize];
+        *g = if *g == u16::MAX { 1 } else { *g + 1 };
+        let next = *g as u32;
+        let e = self.entry(index);
+        e.segment.store(0, Ordering::Relaxed);
+        e.kind.store(sock_kind::FREE, Ordering::Release);
+        e.generation.store(next, Ordering::Release);
+    }
+
+    /// Connector side: the short-circuit is complete.
+    fn sc_connected(&mut self, ep: &Epoll, handle: u32, link: SegLink) -> bool {
+        let Some(index) = self.sc_index(handle) else {
+            return false;
+        };
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return false;
+        };
+        if s.phase != Phase::Connecting || s.closing.is_some() || s.seg.is_some() {
+            return false;
+        }
+        // The data-area rings are no longer used.
+        let (tx, rx) = (s.tx, s.rx);
+        s.tx.size = 0;
+        s.rx.size = 0;
+        s.phase = Phase::Connected;
+        s.seg = Some(link);
+        if let Some(fd) = &s.fd {
+            ep.delete(fd.as_raw_fd());
+        }
+        self.alloc.free(tx.off, tx.size);
+        self.alloc.free(rx.off, rx.size);
+        let e = self.entry(index);
+        e.tx_head.store(0, Ordering::Relaxed);
+        e.rx_tail.store(0, Ordering::Relaxed);
+        e.tx_tail.store(0, Ordering::Relaxed);
+        e.rx_head.store(0, Ordering::Relaxed);
+        self.sc_publish_link(index, &link);
+        self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+        self.wake_event_sleepers();
+        true
+    }
+
+    /// The short-circuit cannot happen (the listener went away): connect for real.
+    fn sc_fallback(&mut self, handle: u32, dst: &CanalAddr) {
+        let Some(index) = self.sc_index(handle) else {
+            return;
+        };
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            if s.phase != Phase::Connecting || s.seg.is_some() {
+                return;
+            }
+            s.phase = Phase::Open;
+        }
+        match self.op_connect(index, dst) {
+            Ok(_) => {}
+            Err(e) => {
+                if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+                    s.phase = Phase::Failed;
+                }
+                self.set_error(index, e, 0, sock_flag::CONNECTING);
+            }
+        }
+        self.wake_event_sleepers();
+    }
+
+    /// service_dirty for a short-circuited socket: its guest raised attention because
+    /// the peer sleeps on the connection.
+    pub(super) fn sc_service(&mut self, index: u32) {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let (Some(link), Some(sc)) = (s.seg, self.sc.as_ref()) else {
+            return;
+        };
+        lock(sc).events.push(Event::Wake {
+            conn: link.peer_conn,
+            handle: link.peer_handle,
+        });
+    }
+
+    /// SHUTDOWN on a short-circuited socket.
+    pub(super) fn sc_shutdown(
+        &mut self,
+        index: u32,
+        how: i32,
+    ) -> Option<Result<(i64, usize), i32>> {
+        let s = self.sockets.get(index as usize)?.as_ref()?;
+        let link = s.seg?;
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            if let Some(sc) = &self.sc {
+                lock(sc).events.push(Event::Fin {
+                    conn: link.peer_conn,
+                    handle: link.peer_handle,
+                });
+            }
+            self.set_flags(index, sock_flag::TX_CLOSED, 0);
+            self.sc_futex_wake(index);
+        }
+        Some(Ok((0, 0)))
+    }
+
+    /// An entry is being freed: tell the other end (FIN, or RESET if this end left
+    /// bytes unread — the kernel's rule for close) and drop the listener's
+    /// registration.
+    pub(super) fn sc_freed(&mut self, s: &HostSocket) {
+        let Some(sc) = self.sc.clone() else { return };
+        let mut sh = lock(&sc);
+        if s.kind == Kind::Listener {
+            let conn = self.conn;
+            sh.listeners
+                .retain(|l| !(l.conn == conn && l.handle == s.handle));
+            return;
+        }
+        let Some(link) = s.seg else { return };
+        let rx_dir = 1 - link.side.min(1);
+        let reset = sh.segments.get(&link.id).is_some_and(|r| {
+            let h = sys::pread_u64(&r.fd, segment::head_offset(rx_dir));
+            let t = sys::pread_u64(&r.fd, segment::tail_offset(rx_dir));
+            matches!((h, t), (Some(h), Some(t)) if h != t)
+        });
+        sh.events.push(Event::Closed {
+            id: link.id,
+            side: link.side,
+            conn: link.peer_conn,
+            handle: link.peer_handle,
+            reset,
+        });
+    }
+
+    /// Bytes sent and received on a short-circuited socket (from the segment's
+    /// indices; guest-written, so statistics only).
+    pub fn sc_bytes(&self, s: &HostSocket) -> Option<(u64, u64)> {
+        let link = s.seg?;
+        let sh = lock(self.sc.as_ref()?);
+        let r = sh.segments.get(&link.id)?;
+        let tx = sys::pread_u64(&r.fd, segment::head_offset(link.side.min(1)))?;
+        let rx = sys::pread_u64(&r.fd, segment::tail_offset(1 - link.side.min(1)))?;
+        Some((tx, rx))
+    }
+
+    fn sc_event(&mut self, ev: Event) {
+        let (handle, add, err) = match ev {
+            Event::Wake { handle, .. } => (handle, 0, 0),
+            Event::Fin { handle, .. } => (handle, sock_flag::RX_EOF, 0),
+            Event::Closed { handle, reset, .. } => (
+                handle,
+                sock_flag::RX_EOF | sock_flag::TX_CLOSED,
+                if reset { errno::ECONNRESET } else { 0 },
+            ),
+        };
+        let Some(index) = self.sc_index(handle) else {
+            return;
+        };
+        if self.sockets[index as usize]
+            .as_ref()
+            .is_none_or(|s| s.seg.is_none())
+        {
+            return;
+        }
+        if err != 0 {
+            self.set_error(index, err, add, 0);
+        } else if add != 0 {
+            self.set_flags(index, add, 0);
+        } else {
+            self.mark_changed(index);
+        }
+        self.wake_event_sleepers();
+        if add != 0 {
+            self.sc_futex_wake(index);
+        }
+    }
+
+    /// After changing a short-circuited socket's flags: wake its threads that sleep
+    /// in FUTEX_WAIT (they do not sleep on their slot eventfd).
+    fn sc_futex_wake(&self, index: u32) {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let (Some(link), Some(sc)) = (s.seg, self.sc.as_ref()) else {
+            return;
+        };
+        if let Some(r) = lock(sc).segments.get(&link.id) {
+            r.map
+                .futex_bump_wake(segment::wake_seq_offset(link.side.min(1)) as usize);
+        }
+    }
+}
+
+fn lock_ring_size(g: &Guest) -> u64 {
+    g.sc.as_ref().map_or(0, |s| lock(s).ring_size)
+}
+
+fn loopback(family: u16) -> CanalAddr {
+    let mut a = CanalAddr {
+        family,
+        ..Default::default()
+    };
+    if family == libc::AF_INET as u16 {
+        a.addr[..4].copy_from_slice(&[127, 0, 0, 1]);
+    } else {
+        a.addr[15] = 1;
+    }
+    a
+}
+
+/// Whether the daemon has short-circuit work queued (it must not sleep).
+pub fn has_work(shared: &SharedRef) -> bool {
+    lock(shared).has_work()
+}
+
+/// Completes pending short-circuits and relays events between guests. Called by the
+/// daemon after every service round.
+pub fn run(shared: &SharedRef, guests: &mut BTreeMap<u32, Guest>, ep: &Epoll) -> bool {
+    let mut work = false;
+    let mut retry = Vec::new();
+    for _ in 0..4 {
+        let (pending, events) = {
+            let mut sh = lock(shared);
+            (
+                std::mem::take(&mut sh.pending),
+                std::mem::take(&mut sh.events),
+            )
+        };
+        if pending.is_empty() && events.is_empty() {
+            break;
+        }
+        work = true;
+        for p in pending {
+            if let Some(p) = complete(shared, guests, ep, p) {
+                retry.push(p);
+            }
+        }
+        for ev in events {
+            let conn = match ev {
+                Event::Wake { conn, .. } | Event::Fin { conn, .. } => conn,
+                Event::Closed { id, side, conn, .. } => {
+                    let mut sh = lock(shared);
+                    if let Some(r) = sh.segments.get_mut(&id) {
+                        r.open[side.min(1) as usize] = false;
+                        if r.open == [false, false] {
+                            sh.segments.remove(&id);
+                        }
+                    }
+                    conn
+                }
+            };
+            if let Some(g) = guests.get_mut(&conn) {
+                g.sc_event(ev);
+            }
+        }
+    }
+    lock(shared).pending.extend(retry);
+    work
+}
+
+/// One pending short-circuit. Some(p): retry later (the accept queue is full).
+fn complete(
+    shared: &SharedRef,
+    guests: &mut BTreeMap<u32, Guest>,
+    ep: &Epoll,
+    p: Pending,
+) -> Option<Pending> {
+    let conn_local = {
+        let c = guests.get(&p.conn)?;
+        let i = c.sc_index(p.handle)?;
+        let s = c.sockets[i as usize].as_ref()?;
+        if s.phase != Phase::Connecting || s.closing.is_some() || c.gone.is_some() {
+            return None;
+        }
+        sys::sockname(s.fd.as_ref()?).ok()?
+    };
+    let (id, ring_size, backlog) = {
+        let mut sh = lock(shared);
+        let backlog = sh
+            .listeners
+            .iter()
+            .find(|l| l.conn == p.lconn && l.handle == p.lhandle)
+            .map(|l| l.backlog);
+        let id = sh.next_id;
+        sh.next_id = sh.next_id.wrapping_add(1).max(1);
+        (id, sh.ring_size, backlog)
+    };
+    let mut dst = p.dst;
+    if is_unspecified(&dst) {
+        let port = dst.port;
+        dst = loopback(dst.family);
+        dst.port = port;
+    }
+    let accepted_link = SegLink {
+        id,
+        side: side::ACCEPTOR,
+        peer_conn: p.conn,
+        peer_handle: 0,
+        local: dst,
+        peer: conn_local,
+    };
+    let seg = backlog.and_then(|_| {
+        let fd = sys::create_segment(id, ring_size).ok()?;
+        let map = sys::Mapping::map(&fd, segment::segment_size(ring_size) as usize).ok()?;
+        Some((fd, map))
+    });
+    let accepted = match (backlog, seg, guests.get_mut(&p.lconn)) {
+        (Some(backlog), Some((fd, map)), Some(l)) => {
+            // Register the segment first: the accepted entry names it.
+            lock(shared).segments.insert(
+                id,
+                SegmentRec {
+                    fd,
+                    map,
+                    conns: [p.conn, p.lconn],
+                    open: [true, true],
+                    ring_size,
+                },
+            );
+            match l.sc_accept(p.lhandle, backlog, accepted_link) {
+                Ok(Some(h)) => Some(h),
+                other => {
+                    lock(shared).segments.remove(&id);
+                    if matches!(other, Ok(None)) {
+                        return Some(p); // accept queue full: retry
+                    }
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let Some(ah) = accepted else {
+        if let Some(c) = guests.get_mut(&p.conn) {
+            c.sc_fallback(p.handle, &p.dst);
+        }
+        return None;
+    };
+    // The accepted end knows its peer's handle now.
+    if let Some(l) = guests.get_mut(&p.lconn) {
+        if let Some(i) = l.sc_index(ah) {
+            if let Some(Some(s)) = l.sockets.get_mut(i as usize) {
+                if let Some(link) = &mut s.seg {
+                    link.peer_handle = p.handle;
+                }
+            }
+        }
+    }
+    let link = SegLink {
+        id,
+        side: side::CONNECTOR,
+        peer_conn: p.lconn,
+        peer_handle: ah,
+        local: conn_local,
+        peer: dst,
+    };
+    let ok = guests
+        .get_mut(&p.conn)
+        .is_some_and(|c| c.sc_connected(ep, p.handle, link));
+    if !ok {
+        // The connector vanished meanwhile: the accepted end sees a closed peer.
+        lock(shared).events.push(Event::Closed {
+            id,
+            side: side::CONNECTOR,
+            conn: p.lconn,
+            handle: ah,
+            reset: false,
+        });
+    }
+    None
+}

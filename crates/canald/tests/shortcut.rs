@@ -1,0 +1,257 @@
+//! The co-resident short-circuit (protocol §8), from canald's side: two test guests
+//! that announced SHORTCUT connect through a pair segment (STAT says tcp-shortcut),
+//! move data both ways over it, half-close, reset, and see a dying peer as EOF.
+mod common;
+
+use canal_abi::control::{hello_flag, kind};
+use canal_abi::ring::{record_kind, Consumer, Producer};
+use canal_abi::segment::{side, SegHeader};
+use canal_abi::sync::Ordering;
+use canal_abi::{errno, op, sock_flag, CanalAddr};
+use canald::sys::Mapping;
+use common::*;
+use std::time::{Duration, Instant};
+
+fn guest(d: &TestDaemon, comm: &str) -> TestGuest {
+    TestGuest::attach_with(&d.path, comm, hello_flag::SHORTCUT)
+}
+
+/// A listener on 127.0.0.1 (any port); returns (handle, port).
+fn listen(g: &mut TestGuest) -> (u32, u16) {
+    let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    let (r, _) = g.request(op::BIND, l, [0; 4], &localhost(0).encode());
+    assert_eq!(r, 0);
+    assert_eq!(g.request(op::LISTEN, l, [8, 0, 0, 0], &[]).0, 0);
+    let (r, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
+    assert_eq!(r, 0);
+    (l, CanalAddr::decode(&out).unwrap().port)
+}
+
+/// Maps the segment an entry names (SEGMENT / SEGMENT_OK).
+fn map_segment(g: &TestGuest, h: u32) -> Mapping {
+    let id = g.entry(h).segment.load(Ordering::Acquire);
+    assert_ne!(id, 0, "entry is not segment-backed");
+    send_ctl(&g.ctl, kind::SEGMENT, &id.to_le_bytes(), &[]);
+    let (k, body, mut fds) = recv_ctl(&g.ctl);
+    assert_eq!(k, kind::SEGMENT_OK, "{body:?}");
+    let size = u64::from_le_bytes(body[8..16].try_into().unwrap());
+    let fd = fds.pop().expect("memfd");
+    let m = Mapping::map(&fd, size as usize).unwrap();
+    let (h, _) = m.segment_view().expect("a valid segment");
+    assert_eq!(
+        canal_abi::segment::check_header(h, id, size),
+        Ok(h.ring_size)
+    );
+    m
+}
+
+/// One end of a short-circuited connection, as a guest drives it.
+struct End<'a> {
+    seg: &'a SegHeader,
+    rings: [canal_abi::ring::RawRing; 2],
+    side: u32,
+}
+
+impl<'a> End<'a> {
+    fn new(m: &'a Mapping, g: &TestGuest, h: u32) -> End<'a> {
+        let (seg, rings) = m.segment_view().unwrap();
+        End {
+            seg,
+            rings,
+            side: g.entry(h).segment_side.load(Ordering::Acquire),
+        }
+    }
+    fn send(&self, data: &[u8]) -> usize {
+        let d = &self.seg.dirs[self.side as usize];
+        let mut p = Producer {
+            storage: &self.rings[self.side as usize],
+            head_shared: &d.head,
+            tail_shared: &d.tail,
+            head: d.head.load(Ordering::Relaxed),
+        };
+        p.push(data).unwrap()
+    }
+    fn recv(&self, buf: &mut [u8]) -> usize {
+        let d = &self.seg.dirs[1 - self.side as usize];
+        let mut c = Consumer {
+            storage: &self.rings[1 - self.side as usize],
+            head_shared: &d.head,
+            tail_shared: &d.tail,
+            tail: d.tail.load(Ordering::Relaxed),
+        };
+        c.pop(buf).unwrap()
+    }
+}
+
+/// Connects `c` to `port`; returns (client handle, accepted handle in `s`).
+fn connect(c: &mut TestGuest, s: &TestGuest, l: u32, port: u16) -> (u32, u32) {
+    let h = c.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    let r = c.connect(h, &localhost(port));
+    assert!(r == 0 || r == -(errno::EINPROGRESS as i64), "connect: {r}");
+    c.wait_flags(h, sock_flag::CONNECTED | sock_flag::ERROR);
+    assert_eq!(c.flags(h) & sock_flag::ERROR, 0);
+    let (k, peer, p) = s.wait_record(l);
+    assert_eq!(k, record_kind::ACCEPT);
+    let a = u32::from_le_bytes(p[..4].try_into().unwrap());
+    // The accept record's peer address is the client's real, reserved address.
+    let (r, out) = c.request(op::GETSOCKNAME, h, [0; 4], &[]);
+    assert_eq!(r, 0);
+    assert_eq!(CanalAddr::decode(&out).unwrap(), peer);
+    assert_ne!(peer.port, 0);
+    (h, a)
+}
+
+fn wait(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn shortcut_connection_lifecycle() {
+    let d = TestDaemon::start(&[]);
+    let mut srv = guest(&d, "srv");
+    let mut cli = guest(&d, "cli");
+    let (l, port) = listen(&mut srv);
+    let (c, a) = connect(&mut cli, &srv, l, port);
+
+    // Both entries name the same segment, from opposite sides.
+    let id = cli.entry(c).segment.load(Ordering::Relaxed);
+    assert_eq!(id, srv.entry(a).segment.load(Ordering::Relaxed));
+    assert_eq!(
+        cli.entry(c).segment_side.load(Ordering::Relaxed),
+        side::CONNECTOR
+    );
+    assert_eq!(
+        srv.entry(a).segment_side.load(Ordering::Relaxed),
+        side::ACCEPTOR
+    );
+    let stat = d.stat();
+    assert_eq!(stat.matches("tcp-shortcut").count(), 2, "{stat}");
+    // Names agree across the ends.
+    let name =
+        |g: &mut TestGuest, h, o| CanalAddr::decode(&g.request(o, h, [0; 4], &[]).1).unwrap();
+    assert_eq!(
+        name(&mut cli, c, op::GETPEERNAME),
+        name(&mut srv, a, op::GETSOCKNAME)
+    );
+    assert_eq!(
+        name(&mut srv, a, op::GETPEERNAME),
+        name(&mut cli, c, op::GETSOCKNAME)
+    );
+    assert_eq!(name(&mut cli, c, op::GETPEERNAME).port, port);
+
+    // A guest outside the connection cannot have its segment.
+    let other = guest(&d, "other");
+    send_ctl(&other.ctl, kind::SEGMENT, &id.to_le_bytes(), &[]);
+    let (k, body, fds) = recv_ctl(&other.ctl);
+    assert_eq!(k, kind::ERROR);
+    assert_eq!(
+        i32::from_le_bytes(body[..4].try_into().unwrap()),
+        errno::ENOENT
+    );
+    assert!(fds.is_empty());
+
+    // 4 MiB each way through 1 MiB rings, interleaved (back-pressure), in order.
+    let (cm, am) = (map_segment(&cli, c), map_segment(&srv, a));
+    let (ce2, ae2) = (End::new(&cm, &cli, c), End::new(&am, &srv, a));
+    let up = pattern(1, 4 << 20);
+    let down = pattern(2, 4 << 20);
+    let (mut us, mut ds) = (0, 0);
+    let (mut ur, mut dr) = (Vec::new(), Vec::new());
+    let mut buf = vec![0u8; 100_000];
+    let deadline = Instant::now() + T;
+    while ur.len() < up.len() || dr.len() < down.len() {
+        assert!(Instant::now() < deadline, "transfer timed out");
+        us += ce2.send(&up[us..(us + 70_000).min(up.len())]);
+        ds += ae2.send(&down[ds..(ds + 50_000).min(down.len())]);
+        let n = ae2.recv(&mut buf);
+        ur.extend_from_slice(&buf[..n]);
+        let n = ce2.recv(&mut buf);
+        dr.extend_from_slice(&buf[..n]);
+    }
+    assert!(ur == up && dr == down, "bytes differ");
+    // No kernel TCP moved them: canald saw no tx/rx on host sockets, but STAT reports
+    // the segment's counts.
+    let stat = d.stat();
+    assert!(
+        stat.contains(&format!("\"tx_bytes\":{}", 4 << 20)),
+        "{stat}"
+    );
+
+    // Half-close: the client's SHUT_WR is the server's EOF; the server still sends.
+    assert_eq!(
+        cli.request(op::SHUTDOWN, c, [libc::SHUT_WR as u64, 0, 0, 0], &[])
+            .0,
+        0
+    );
+    srv.wait_flags(a, sock_flag::RX_EOF);
+    assert_eq!(srv.flags(a) & (sock_flag::TX_CLOSED | sock_flag::ERROR), 0);
+    assert_eq!(ae2.send(b"after"), 5);
+    wait("bytes after half-close", || ce2.recv(&mut buf) == 5);
+
+    // Reset: the client closes with bytes it never read: the server gets ECONNRESET.
+    assert_eq!(ae2.send(b"unread"), 6);
+    assert_eq!(cli.request(op::CLOSE, c, [0; 4], &[]).0, 0);
+    let fl = srv.wait_flags(a, sock_flag::ERROR);
+    assert_eq!(
+        fl & (sock_flag::RX_EOF | sock_flag::TX_CLOSED),
+        sock_flag::RX_EOF | sock_flag::TX_CLOSED
+    );
+    assert_eq!(
+        srv.entry(a).pending_error.load(Ordering::Acquire),
+        errno::ECONNRESET as u32
+    );
+    drop(cm);
+    drop(am);
+
+    // A guest that dies with nothing unread: its peer sees EOF (FIN), not a reset.
+    let (c2, a2) = connect(&mut cli, &srv, l, port);
+    let m2 = map_segment(&cli, c2);
+    let e2 = End::new(&m2, &cli, c2);
+    assert_eq!(e2.send(b"read me"), 7);
+    let sm = map_segment(&srv, a2);
+    wait("the server to read", || {
+        let se = End::new(&sm, &srv, a2);
+        se.recv(&mut buf) == 7
+    });
+    drop(sm);
+    drop(srv);
+    let fl = cli.wait_flags(c2, sock_flag::RX_EOF);
+    wait("TX_CLOSED", || cli.flags(c2) & sock_flag::TX_CLOSED != 0);
+    assert_eq!(fl & sock_flag::ERROR, 0, "a clean death is a FIN");
+    assert_eq!(cli.entry(c2).pending_error.load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn no_shortcut_without_the_flag() {
+    // A guest that did not announce SHORTCUT (an older libcanal) gets kernel TCP.
+    let d = TestDaemon::start(&[]);
+    let mut srv = guest(&d, "srv");
+    let mut cli = TestGuest::attach(&d.path, "old");
+    assert_eq!(
+        cli.region.header().features & canal_abi::feature::SHORTCUT,
+        0
+    );
+    let (l, port) = listen(&mut srv);
+    let h = cli.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    cli.connect(h, &localhost(port));
+    cli.wait_flags(h, sock_flag::CONNECTED);
+    let (k, _, _) = srv.wait_record(l);
+    assert_eq!(k, record_kind::ACCEPT);
+    assert_eq!(cli.entry(h).segment.load(Ordering::Relaxed), 0);
+    assert!(!d.stat().contains("tcp-shortcut"));
+    // And --no-shortcut turns it off for everyone.
+    let d2 = TestDaemon::start(&["--no-shortcut"]);
+    let mut s2 = guest(&d2, "srv");
+    let mut c2 = guest(&d2, "cli");
+    let (l2, port2) = listen(&mut s2);
+    let h2 = c2.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    c2.connect(h2, &localhost(port2));
+    c2.wait_flags(h2, sock_flag::CONNECTED);
+    s2.wait_record(l2);
+    assert_eq!(c2.entry(h2).segment.load(Ordering::Relaxed), 0);
+    assert!(!d2.stat().contains("tcp-shortcut"));
+}

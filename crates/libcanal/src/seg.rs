@@ -1,0 +1,250 @@
+//! Pair segments (protocol §8) as a guest process maps them: a short-circuited
+//! connection's rings live in a segment shared with the peer guest, not in our region.
+//!
+//! Each process keeps its own cache of mapped segments (a fixed table indexed by
+//! segment id; forked children inherit the mappings with the table). A segment is
+//! mapped on first use of a socket that names it (control message SEGMENT) and
+//! unmapped by the process that drops the socket's last reference.
+
+use crate::client::{self, Guest};
+use crate::sys;
+use canal_abi::ring::RawRing;
+use canal_abi::segment::{self, SegDir, SegHeader};
+use canal_abi::sync::{AtomicU32, Ordering};
+use core::sync::atomic::AtomicUsize;
+
+const CACHE: usize = 1024;
+
+struct Cached {
+    /// Segment id (0: free). Stored last (Release) when an entry is filled.
+    id: AtomicU32,
+    base: AtomicUsize,
+    len: AtomicUsize,
+    ring_size: AtomicUsize,
+}
+
+static TABLE: [Cached; CACHE] = [const {
+    Cached {
+        id: AtomicU32::new(0),
+        base: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        ring_size: AtomicUsize::new(0),
+    }
+}; CACHE];
+
+/// Serialises filling and emptying table entries in this process.
+static LOCK: AtomicU32 = AtomicU32::new(0);
+
+/// Threads of this process that hold sleeper-word pointers across a sleep (a poll may
+/// sleep on a socket another thread closes). While non-zero, unmapping is deferred.
+static SLEEPING: AtomicU32 = AtomicU32::new(0);
+
+/// Mappings whose socket closed while some thread slept (base, len); unmapped later.
+static DEFERRED: [(AtomicUsize, AtomicUsize); 64] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 64];
+
+/// A thread is about to look up segments and keep pointers across a sleep. SeqCst
+/// pairs with `forget`: either its lookup misses the cleared id, or `forget` sees it
+/// and defers the unmap.
+pub fn sleep_enter() {
+    SLEEPING.fetch_add(1, Ordering::SeqCst);
+}
+pub fn sleep_exit() {
+    SLEEPING.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A mapped pair segment.
+#[derive(Clone, Copy)]
+pub struct Seg {
+    base: *mut u8,
+    ring_size: u64,
+}
+
+impl Seg {
+    fn header(&self) -> &'static SegHeader {
+        // SAFETY: base maps at least segment_size(ring_size) bytes (checked when it
+        // was mapped) and stays mapped while the socket is open; SegHeader accepts any
+        // bit pattern and is used through shared references only.
+        unsafe { &*(self.base as *const SegHeader) }
+    }
+    pub fn dir(&self, d: u32) -> &'static SegDir {
+        &self.header().dirs[d.min(1) as usize]
+    }
+    pub fn sleepers(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].sleepers
+    }
+    pub fn futex_sleepers(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].futex_sleepers
+    }
+    pub fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].wake_seq
+    }
+
+    /// Wakes `side`'s futex sleepers (after a change they wait for).
+    pub fn futex_wake(&self, side: u32) {
+        let w = self.wake_seq(side);
+        w.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(w);
+    }
+    pub fn ring(&self, d: u32) -> RawRing {
+        let off = segment::ring_offset(d.min(1), self.ring_size);
+        // SAFETY: the ring lies inside the mapping (segment_size = header + 2 rings,
+        // checked at map time), and ring_size is a power of two (checked).
+        unsafe { RawRing::new(self.base.add(off as usize), self.ring_size) }
+    }
+}
+
+fn find(id: u32) -> Option<Seg> {
+    let start = id as usize % CACHE;
+    for k in 0..CACHE {
+        let c = &TABLE[(start + k) % CACHE];
+        // Acquire pairs with the Release store of `id` after base/len were filled.
+        if c.id.load(Ordering::Acquire) == id {
+            return Some(Seg {
+                base: c.base.load(Ordering::Relaxed) as *mut u8,
+                ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
+            });
+        }
+    }
+    None
+}
+
+/// The segment if this process has it mapped already (no control traffic).
+pub fn mapped(id: u32) -> Option<Seg> {
+    if id == 0 {
+        return None;
+    }
+    find(id)
+}
+
+/// The segment `id`, mapping it on first use. EIO if canald does not give it to us
+/// or it is malformed.
+pub fn get(g: &Guest, id: u32) -> Result<Seg, i32> {
+    if id == 0 {
+        return Err(libc::EIO);
+    }
+    if let Some(s) = find(id) {
+        return Ok(s);
+    }
+    client::lock(&LOCK);
+    let r = map_locked(g, id);
+    client::unlock(&LOCK);
+    r
+}
+
+fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
+    if let Some(s) = find(id) {
+        return Ok(s);
+    }
+    let start = id as usize % CACHE;
+    let slot = (0..CACHE)
+        .map(|k| &TABLE[(start + k) % CACHE])
+        .find(|c| c.id.load(Ordering::Relaxed) == 0)
+        .ok_or(libc::ENOBUFS)?;
+    let (fd, size) = client::ctl_segment(g, id)?;
+    let actual = sys::file_size(fd);
+    let ok = matches!(actual, Ok(a) if a >= size) && (4096..=(1 << 34)).contains(&size);
+    let base = if ok {
+        sys::mmap_shared(fd, size as usize)
+    } else {
+        Err(libc::EIO)
+    };
+    let _ = sys::close(fd);
+    let base = base?;
+    // SAFETY: base maps `size` ≥ 4096 bytes; SegHeader (512 bytes) accepts any bit
+    // pattern.
+    let h = unsafe { &*(base as *const SegHeader) };
+    let ring_size = match segment::check_header(h, id, size) {
+        Ok(rs) => rs,
+        Err(_) => {
+            sys::munmap(base, size as usize);
+            return Err(libc::EIO);
+        }
+    };
+    slot.base.store(base as usize, Ordering::Relaxed);
+    slot.len.store(size as usize, Ordering::Relaxed);
+    slot.ring_size.store(ring_size as usize, Ordering::Relaxed);
+    slot.id.store(id, Ordering::Release);
+    client::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
+    Ok(Seg { base, ring_size })
+}
+
+/// The socket naming segment `id` lost its last reference in this process: unmap.
+/// (Another thread of the program still using the socket it closed would fault; the
+/// kernel would give it EBADF. Closing a socket under a concurrent call is a bug the
+/// program already has.)
+pub fn forget(id: u32) {
+    if id == 0 {
+        return;
+    }
+    client::lock(&LOCK);
+    let start = id as usize % CACHE;
+    for k in 0..CACHE {
+        let c = &TABLE[(start + k) % CACHE];
+        if c.id.load(Ordering::Relaxed) == id {
+            c.id.store(0, Ordering::SeqCst);
+            let base = c.base.swap(0, Ordering::Relaxed);
+            let len = c.len.swap(0, Ordering::Relaxed);
+            if base == 0 {
+                break;
+            }
+            if SLEEPING.load(Ordering::SeqCst) == 0 {
+                sys::munmap(base as *mut u8, len);
+                for (b, l) in &DEFERRED {
+                    let b = b.swap(0, Ordering::Relaxed);
+                    if b != 0 {
+                        sys::munmap(b as *mut u8, l.load(Ordering::Relaxed));
+                    }
+                }
+            } else if let Some((b, l)) = DEFERRED
+                .iter()
+                .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
+            {
+                l.store(len, Ordering::Relaxed);
+                b.store(base, Ordering::Relaxed);
+            } // else: left mapped until exit (bounded by the program's own closes)
+            break;
+        }
+    }
+    client::unlock(&LOCK);
+}
+
+/// A blocking call's wait on one short-circuited socket (§8.4): count ourselves in
+/// the side's `futex_sleepers`, read `wake_seq`, fence, re-check `cond`, then
+/// FUTEX_WAIT on `wake_seq` for at most `timeout_ns`. The peer (or canald, after a
+/// flag change) bumps `wake_seq` and wakes us. Ok(true): `cond` held on the re-check;
+/// Err(EINTR): a signal interrupted the sleep.
+pub fn futex_sleep(
+    seg: Seg,
+    side: u32,
+    timeout_ns: i64,
+    cond: &mut dyn FnMut() -> bool,
+) -> Result<bool, i32> {
+    let fs = seg.futex_sleepers(side);
+    let w = seg.wake_seq(side);
+    fs.fetch_add(1, Ordering::Relaxed);
+    let seq = w.load(Ordering::Relaxed);
+    // F1: SeqCst fence between counting ourselves and re-checking; pairs with the
+    // waker's fence between publishing its index and reading futex_sleepers.
+    canal_abi::sync::fence(Ordering::SeqCst);
+    let ready = cond();
+    let r = if ready {
+        Ok(())
+    } else {
+        sys::futex_wait(w, seq, timeout_ns.max(1))
+    };
+    fs.fetch_sub(1, Ordering::Relaxed);
+    r.map(|_| ready)
+}
+
+/// Fork: no thread may hold the table lock across fork (the child would inherit it
+/// held forever).
+pub fn fork_prepare() {
+    client::lock(&LOCK);
+}
+pub fn fork_done() {
+    client::unlock(&LOCK);
+}
+pub fn fork_child() {
+    LOCK.store(0, Ordering::Relaxed);
+}

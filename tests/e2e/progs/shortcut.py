@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""TCP semantics a short-circuited connection must keep (canal protocol §8), checked
+from both ends. Runs natively too (that is how its expectations are validated).
+
+  shortcut.py serve [--port P]
+      Listen on 127.0.0.1:P (0: any), print "READY <port>", serve until killed. Each
+      connection starts with one command byte:
+        N  send back "<local ip> <local port> <peer ip> <peer port>\\n", then close
+        H  echo everything until EOF, then close (the client half-closed)
+        R  wait 0.3 s without reading, then close with the client's bytes unread (RST)
+        F  close at once (FIN; nothing unread)
+        B  print "HOLDING" and block without reading until killed
+  shortcut.py check --port P
+      Run the N, H, R, F and non-blocking-connect checks; print "OK <what>" per check.
+  shortcut.py hold --port P
+      Connect, send B, print "CONNECTED", then block in recv() until the peer goes away;
+      print "PEER-GONE eof" or "PEER-GONE reset" (exit 0), fail after 20 s.
+
+Exit status 0 on success; on failure a message on stderr and exit status 1."""
+
+import argparse
+import errno
+import hashlib
+import os
+import select
+import socket
+import sys
+import threading
+import time
+
+HOST = "127.0.0.1"
+
+
+def fail(msg):
+    print(f"FAIL {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def serve_conn(c):
+    try:
+        cmd = c.recv(1)
+        if cmd == b"N":
+            l, p = c.getsockname(), c.getpeername()
+            c.sendall(f"{l[0]} {l[1]} {p[0]} {p[1]}\n".encode())
+        elif cmd == b"H":
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                c.sendall(b)
+        elif cmd == b"R":
+            time.sleep(0.3)
+        elif cmd == b"B":
+            print("HOLDING", flush=True)
+            while True:
+                time.sleep(60)
+    finally:
+        c.close()
+
+
+def serve(args):
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((HOST, args.port))
+    ls.listen(16)
+    print(f"READY {ls.getsockname()[1]}", flush=True)
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=serve_conn, args=(c,), daemon=True).start()
+
+
+def connect(port):
+    s = socket.create_connection((HOST, port), timeout=10)
+    s.settimeout(10)
+    return s
+
+
+def recv_all(s):
+    out = []
+    while True:
+        b = s.recv(65536)
+        if not b:
+            return b"".join(out)
+        out.append(b)
+
+
+def check_names(port):
+    s = connect(port)
+    s.sendall(b"N")
+    line = recv_all(s).decode().split()
+    if len(line) != 4:
+        fail(f"names: server answered {line!r}")
+    srv_local = (line[0], int(line[1]))
+    srv_peer = (line[2], int(line[3]))
+    my_local, my_peer = s.getsockname(), s.getpeername()
+    if my_peer != srv_local or my_local != srv_peer:
+        fail(f"names: client {my_local}->{my_peer}, server {srv_local}<-{srv_peer}")
+    if my_peer != (HOST, port) or my_local[1] == 0 or my_local[1] == port:
+        fail(f"names: client {my_local}->{my_peer} (port {port})")
+    s.close()
+    print(f"OK names client {my_local[0]}:{my_local[1]} <-> server {srv_local[0]}:{srv_local[1]}")
+
+
+def check_half_close(port):
+    s = connect(port)
+    data = os.urandom(3 << 20)
+    s.sendall(b"H")
+    got = []
+
+    def reader():
+        got.append(recv_all(s))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    try:
+        s.send(b"x")
+        fail("half-close: send after SHUT_WR succeeded")
+    except BrokenPipeError:
+        pass
+    t.join(30)
+    if t.is_alive() or not got:
+        fail("half-close: no EOF from the server")
+    if hashlib.sha256(got[0]).digest() != hashlib.sha256(data).digest():
+        fail(f"half-close: echoed {len(got[0])} bytes differ from the {len(data)} sent")
+    if s.recv(10) != b"":
+        fail("half-close: recv after EOF is not 0 again")
+    s.close()
+    print(f"OK half-close {len(data)} bytes echoed after SHUT_WR, then EOF")
+
+
+def check_reset(port):
+    s = connect(port)
+    s.sendall(b"R" + b"u" * 1000)  # the server closes with these unread: RST
+    try:
+        b = s.recv(10)
+        fail(f"reset: recv returned {b!r}, not ECONNRESET")
+    except ConnectionResetError:
+        pass
+    # After the reset: EOF (Linux reports the error once).
+    if s.recv(10) != b"":
+        fail("reset: second recv is not EOF")
+    try:
+        s.send(b"x")
+        fail("reset: send after reset succeeded")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    s.close()
+    print("OK reset: ECONNRESET once, then EOF, send fails")
+
+
+def check_fin(port):
+    s = connect(port)
+    s.sendall(b"F")
+    if s.recv(10) != b"":
+        fail("fin: no EOF after the server closed")
+    # Linux: the first send after the peer closed may still succeed (the peer then
+    # answers RST); a later one fails with EPIPE.
+    for i in range(5):
+        try:
+            s.send(b"y")
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        time.sleep(0.1)
+    else:
+        fail("fin: sends to a closed peer keep succeeding")
+    s.close()
+    print(f"OK fin: EOF, then send fails (after {i} successful sends)")
+
+
+def check_nonblocking_connect(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setblocking(False)
+    r = s.connect_ex((HOST, port))
+    if r not in (0, errno.EINPROGRESS):
+        fail(f"nonblocking connect: {errno.errorcode.get(r, r)}")
+    _, w, _ = select.select([], [s], [], 10)
+    if not w:
+        fail("nonblocking connect: not writable within 10 s")
+    err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if err != 0:
+        fail(f"nonblocking connect: SO_ERROR {err}")
+    s.setblocking(True)
+    s.sendall(b"N")
+    s.settimeout(10)
+    if not recv_all(s):
+        fail("nonblocking connect: no answer")
+    s.close()
+    print(f"OK nonblocking connect ({'EINPROGRESS' if r else 'immediate'}), writable, SO_ERROR 0")
+
+
+def check(args):
+    check_names(args.port)
+    check_half_close(args.port)
+    check_reset(args.port)
+    check_fin(args.port)
+    check_nonblocking_connect(args.port)
+    print("OK all")
+
+
+def hold(args):
+    s = connect(args.port)
+    s.settimeout(20)
+    s.sendall(b"B")
+    print("CONNECTED", flush=True)
+    try:
+        b = s.recv(10)
+    except ConnectionResetError:
+        print("PEER-GONE reset", flush=True)
+        return
+    except socket.timeout:
+        fail("hold: the peer's death was not seen within 20 s")
+    if b:
+        fail(f"hold: unexpected bytes {b!r}")
+    print("PEER-GONE eof", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["serve", "check", "hold"])
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    {"serve": serve, "check": check, "hold": hold}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""The co-resident short-circuit (protocol §8): a TCP connection between two canal
+guests flows over a pair segment, not the kernel's TCP, with TCP's semantics intact.
+
+Every test runs server and client each under its own `canal run` and proves the
+short-circuit two ways: `canal stat` lists both ends as kind "tcp-shortcut", and
+/proc/net/tcp shows no ESTABLISHED kernel connection to the server's port while they
+are connected. progs/shortcut.py's checks (names, half-close, reset, FIN, non-blocking
+connect) pass natively too (test_semantics_native), which validates them."""
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+import e2e_util
+from canal_harness import Canald, need_tool
+
+
+def _established(port):
+    """Kernel TCP connections in state ESTABLISHED with `port` at either end."""
+    out = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    ports = {int(parts[1].split(":")[1], 16), int(parts[2].split(":")[1], 16)}
+                    if parts[3] == "01" and port in ports:
+                        out.append(line.strip())
+        except OSError:
+            pass
+    return out
+
+
+def _start_server(canald, python, progs, name="shortcut-server"):
+    server = canald.spawn([python, progs / "shortcut.py", "serve"], name=name)
+    port = int(server.wait_line("READY", 30).split()[1])
+    canald.wait_served(server, kind="tcp-listener")
+    return server, port
+
+
+def _assert_shortcut(canald, client, server, port, count=1):
+    """Both ends listed as tcp-shortcut, and no kernel TCP connection to the port."""
+    c = canald.wait_served(client, kind="tcp-shortcut", peer_port=port, count=count)
+    s = canald.wait_served(server, kind="tcp-shortcut", count=count)
+    # getsockname/getpeername agree across the two ends.
+    ends = {(x["local"], x["peer"]) for x in c}
+    assert any((x["peer"], x["local"]) in ends for x in s), f"ends do not match: client {c}, server {s}"
+    est = _established(port)
+    assert not est, f"kernel TCP connections to port {port} exist:\n" + "\n".join(est)
+
+
+def test_semantics_native(procs, python, progs):
+    server = procs.spawn([python, progs / "shortcut.py", "serve"], name="native-server")
+    port = int(server.wait_line("READY", 30).split()[1])
+    r = procs.run([python, progs / "shortcut.py", "check", "--port", port], timeout=60)
+    assert r.returncode == 0 and "OK all" in r.stdout, r.describe()
+
+
+def test_semantics(canald, python, progs):
+    server, port = _start_server(canald, python, progs)
+    hold = canald.spawn([python, progs / "shortcut.py", "hold", "--port", port], name="hold")
+    hold.wait_line("CONNECTED", 30)
+    server.wait_line("HOLDING", 30)
+    _assert_shortcut(canald, hold, server, port)
+    r = canald.run([python, progs / "shortcut.py", "check", "--port", port], timeout=60)
+    assert r.returncode == 0 and "OK all" in r.stdout, r.describe()
+    print(r.stdout)
+
+
+def test_peer_death_is_eof(canald, python, progs):
+    """A guest killed with a connection open: its peer sees EOF (nothing was left
+    unread), never a hang."""
+    server, port = _start_server(canald, python, progs)
+    hold = canald.spawn([python, progs / "shortcut.py", "hold", "--port", port], name="hold")
+    hold.wait_line("CONNECTED", 30)
+    server.wait_line("HOLDING", 30)
+    _assert_shortcut(canald, hold, server, port)
+    server.signal_group(signal.SIGKILL)
+    line = hold.wait_line("PEER-GONE", 10)
+    assert line == "PEER-GONE eof", hold.describe()
+    assert hold.finish(10).returncode == 0, hold.describe()
+
+
+def test_peer_death_with_unread_data_is_reset(canald, python, progs):
+    """A guest killed with bytes it never read resets the connection: its peer's
+    recv fails with ECONNRESET (the kernel's rule for close)."""
+    srv, port = _start_server(canald, python, progs)
+    # The server's connection thread reads only the command byte 'B'.
+    hold_code = (
+        "import socket\n"
+        f"s=socket.create_connection(('127.0.0.1',{port}))\n"
+        "s.settimeout(20)\n"
+        "s.sendall(b'B'+b'z'*5000)\n"
+        "print('CONNECTED',flush=True)\n"
+        "try:\n"
+        "    b=s.recv(10)\n"
+        "    print('PEER-GONE eof' if not b else 'DATA', flush=True)\n"
+        "except ConnectionResetError:\n"
+        "    print('PEER-GONE reset', flush=True)\n"
+    )
+    hold = canald.spawn([python, "-c", hold_code], name="hold-unread")
+    hold.wait_line("CONNECTED", 30)
+    srv.wait_line("HOLDING", 30)
+    _assert_shortcut(canald, hold, srv, port)
+    srv.signal_group(signal.SIGKILL)
+    line = hold.wait_line("PEER-GONE", 10)
+    assert line == "PEER-GONE reset", hold.describe()
+
+
+def test_bulk_echo_and_proof(canald, python, progs):
+    """4 concurrent 8 MiB echoes between two guests, SHA-256 checked, while canal stat
+    shows them short-circuited and the kernel has no TCP connection for them."""
+    server = canald.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")
+    port = int(server.wait_line("READY", 30).split()[1])
+    canald.wait_served(server, kind="tcp-listener")
+    client = canald.spawn(
+        [python, progs / "echo.py", "tcp-bulk", "--port", port, "--conns", "4", "--bytes", str(8 << 20),
+         "--go-after-connect"],
+        name="echo-bulk", stdin=subprocess.PIPE)
+    client.wait_line("CONNECTED", 30)
+    _assert_shortcut(canald, client, server, port, count=4)
+    client.send_line("go")
+    r = client.finish(60)
+    assert r.returncode == 0 and "OK tcp-bulk" in r.stdout, r.describe()
+
+
+def test_iperf3_both_under_canal(canald):
+    iperf3 = need_tool("iperf3")
+    port = e2e_util.free_port()
+    server = canald.spawn([iperf3, "-s", "-1", "-B", "127.0.0.1", "-p", port, "-J"], name="iperf3-server")
+    e2e_util.wait_for(lambda: e2e_util.tcp_listening(port) or server.poll() is not None, 30,
+                      what=f"iperf3 server on {port}")
+    canald.wait_served(server, kind="tcp-listener")
+    # -b paces it to last at least about 2 s, so canal stat sees it running.
+    nbytes = 1 << 31
+    client = canald.spawn([iperf3, "-c", "127.0.0.1", "-p", port, "-n", nbytes, "-b", "8G", "-J"],
+                          name="iperf3-client")
+    # iperf3 has a control connection and a data connection: both short-circuited.
+    _assert_shortcut(canald, client, server, port, count=2)
+    c = client.finish(60)
+    s = server.finish(30)
+    assert c.returncode == 0, c.describe()
+    assert s.returncode == 0, s.describe()
+    cj, sj = json.loads(c.stdout), json.loads(s.stdout)
+    sent = cj["end"]["sum_sent"]["bytes"]
+    received = sj["end"]["sum_received"]["bytes"]
+    assert sent == nbytes, f"client sent {sent}"
+    # The server stops counting at TEST_END (see test_iperf3.py): at most the two
+    # rings' worth in flight is uncounted.
+    assert nbytes - (4 << 20) <= received <= nbytes, f"server received {received} of {nbytes}"
+    print(f"iperf3 guest->guest: {cj['end']['sum_sent']['bits_per_second'] / 1e9:.2f} Gbit/s")
+
+
+def test_no_shortcut_flag(canal_bin, procs, python, progs):
+    """With --no-shortcut the same two guests talk over kernel TCP (the B8 ablation)."""
+    d = Canald(canal_bin, procs)
+    d.proc = procs.spawn([canal_bin, "daemon", "--socket", d.socket, "--no-shortcut"], name="canald-ns")
+    e2e_util.wait_for(lambda: os.path.exists(d.socket), 15, what="canald --no-shortcut to start")
+    try:
+        server = d.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")
+        port = int(server.wait_line("READY", 30).split()[1])
+        d.wait_served(server, kind="tcp-listener")
+        client = d.spawn([python, progs / "echo.py", "tcp-msgs", "--port", port, "--count", "300",
+                          "--go-after-connect"], name="echo-msgs", stdin=subprocess.PIPE)
+        client.wait_line("CONNECTED", 30)
+        d.wait_served(client, kind="tcp", peer_port=port, state="connected")
+        assert _established(port), "no kernel TCP connection with --no-shortcut"
+        client.send_line("go")
+        r = client.finish(60)
+        assert r.returncode == 0 and "OK tcp-msgs" in r.stdout, r.describe()
+    finally:
+        d.stop()
