@@ -108,6 +108,12 @@ def assert_listed_by_canal(canald, port, proto="tcp", what="server"):
         )
 
 
+def kind_is(actual, want):
+    """Whether a `canal stat` socket kind is `want`; a short-circuited connection between
+    two canal guests ("tcp-shortcut", protocol.md §8) is a TCP connection too."""
+    return actual == want or (want == "tcp" and actual == "tcp-shortcut")
+
+
 def assert_socket_listed(canald, port, kind, what):
     """`canal stat` lists (within 5 s) a guest socket whose local port is port: kind "tcp4"
     or "tcp6" -> a "tcp" socket, "udp4"/"udp6" -> a "udp" one."""
@@ -116,7 +122,7 @@ def assert_socket_listed(canald, port, kind, what):
     def find():
         for g in canald.stat().get("guests", []):
             for s in g.get("sockets", []):
-                if s.get("kind") == want and str(s.get("local", "")).endswith(f":{port}"):
+                if kind_is(s.get("kind"), want) and str(s.get("local", "")).endswith(f":{port}"):
                     return g
         return None
 
@@ -178,7 +184,7 @@ class CanalSampler:
     def require_peer_port(self, port, what):
         if not self.active:
             return
-        hits = [s for s in self.seen if s[1] == "tcp" and s[3].endswith(f":{port}")]
+        hits = [s for s in self.seen if kind_is(s[1], "tcp") and s[3].endswith(f":{port}")]
         assert hits, (
             f"{what} ran under canal, but in {self.samples} samples of `canal stat` no guest had a TCP "
             f"socket connected to port {port}: its connections were not canal's "

@@ -1107,6 +1107,16 @@ pub fn wait_until(
             continue;
         }
         let remaining = deadline.map(|d| d - now);
+        // From its first sleep (on the segment futex or the slot eventfd) until it
+        // returns (`unpin`, called by the hook), the call holds a reference, as the
+        // kernel's in-flight call holds the file: a
+        // close() by another thread does not close the socket under it (the call goes
+        // on and returns the peer's later data, as natively; for a short-circuited
+        // socket it also keeps the pair segment mapped).
+        if PINNED.with(|p| p.get().is_none()) {
+            let h = pin(g, index);
+            PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
+        }
         // A short-circuited socket: sleep on its segment's futex (§8.4), at most 1 s
         // at a time so a vanished canald is noticed.
         if let Some((seg, side)) = seg_of(g, index) {
@@ -1125,14 +1135,6 @@ pub fn wait_until(
             }
         };
         let remaining = deadline.map(|d| d - now);
-        // From its first sleep until it returns (`unpin`, called by the hook), the
-        // call holds a reference, as the kernel's in-flight call holds the file: a
-        // close() by another thread does not close the socket under it (the call goes
-        // on and returns the peer's later data, as natively).
-        if PINNED.with(|p| p.get().is_none()) {
-            let h = pin(g, index);
-            PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
-        }
         let r = sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
         drop(s);
         match r {
