@@ -50,7 +50,10 @@ fn slot_offsets() {
     assert_eq!(offset_of!(Slot, done_seq), 76);
     assert_eq!(offset_of!(Slot, reserved), 80);
     assert_eq!(size_of::<Slot>() as u64, SLOT_SIZE);
-    assert_eq!(SLOT_PAYLOAD_OFFSET as usize + SLOT_PAYLOAD, SLOT_SIZE as usize);
+    assert_eq!(
+        SLOT_PAYLOAD_OFFSET as usize + SLOT_PAYLOAD,
+        SLOT_SIZE as usize
+    );
 }
 
 #[test]
@@ -88,8 +91,14 @@ fn layout_of_default_region() {
     assert_eq!(l.attention_offset, 139264 + 1024 * 256);
     assert_eq!(l.data_offset, 458752);
     assert_eq!(l.region_size, 458752 + (256 << 20));
-    assert!(Layout::new(3, 1, 65536).is_none(), "slot count must be a power of two");
-    assert!(Layout::new(1, 1, 65536).is_none(), "queue needs capacity >= 2");
+    assert!(
+        Layout::new(3, 1, 65536).is_none(),
+        "slot count must be a power of two"
+    );
+    assert!(
+        Layout::new(1, 1, 65536).is_none(),
+        "queue needs capacity >= 2"
+    );
     assert!(Layout::new(4, 0, 65536).is_none());
     assert!(Layout::new(4, 70000, 65536).is_none());
     assert!(Layout::new(4, 1, 1000).is_none());
@@ -146,7 +155,10 @@ fn attach_validates_header() {
     let ok = unsafe { Region::attach(p, l.region_size) }.unwrap();
     assert_eq!(ok.layout(), &l);
     // SAFETY: same buffer; a shorter mapping must be refused.
-    assert_eq!(unsafe { Region::attach(p, l.region_size - 1) }.unwrap_err(), HeaderError::BadLayout);
+    assert_eq!(
+        unsafe { Region::attach(p, l.region_size - 1) }.unwrap_err(),
+        HeaderError::BadLayout
+    );
     let corrupt = |f: &dyn Fn(&mut RegionHeader), want: HeaderError| {
         let mut c = Buf::new(l.region_size);
         let cp = c.ptr();
@@ -155,13 +167,19 @@ fn attach_validates_header() {
         // SAFETY: the header page is ours alone in this test.
         f(unsafe { &mut *(cp as *mut RegionHeader) });
         // SAFETY: cp has region_size bytes.
-        assert_eq!(unsafe { Region::attach(cp, l.region_size) }.unwrap_err(), want);
+        assert_eq!(
+            unsafe { Region::attach(cp, l.region_size) }.unwrap_err(),
+            want
+        );
     };
     corrupt(&|h| h.magic = 1, HeaderError::BadMagic);
     corrupt(&|h| h.version_major = 2, HeaderError::BadMajor(2));
     corrupt(&|h| h.header_size = 8192, HeaderError::BadHeaderSize);
     corrupt(&|h| h.reserved1[2] = 5, HeaderError::ReservedNotZero);
-    corrupt(&|h| h.features |= 1 << 40, HeaderError::UnknownFeatures(1 << 40));
+    corrupt(
+        &|h| h.features |= 1 << 40,
+        HeaderError::UnknownFeatures(1 << 40),
+    );
     corrupt(&|h| h.queue_offset += 8, HeaderError::BadLayout);
     corrupt(&|h| h.slot_count = 3, HeaderError::BadLayout);
     corrupt(&|h| h.data_size = 1 << 50, HeaderError::BadLayout);
@@ -179,7 +197,10 @@ fn region_accessors_are_bounds_checked() {
     assert!(r.ring(3 * 65536, 65536).is_some());
     assert!(r.ring(3 * 65536 + 1, 65536).is_none());
     assert!(r.ring(u64::MAX - 10, 65536).is_none());
-    assert!(r.ring(0, 3000).is_none(), "ring size must be a power of two");
+    assert!(
+        r.ring(0, 3000).is_none(),
+        "ring size must be a power of two"
+    );
     assert!(r.raise_attention(2) && !r.raise_attention(3));
     assert_eq!(r.attention()[0].load(sync::Ordering::Relaxed), 0b100);
     let s = r.slot(0).unwrap();
@@ -196,7 +217,12 @@ fn addr_roundtrip_and_validation() {
     let e = a.encode();
     assert_eq!(&e[..8], &[2, 0, 0x90, 0x1f, 0, 0, 0, 0]);
     assert_eq!(CanalAddr::decode(&e), Some(a));
-    let b = CanalAddr::v6([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 443, 7, 2);
+    let b = CanalAddr::v6(
+        [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        443,
+        7,
+        2,
+    );
     assert_eq!(CanalAddr::decode(&b.encode()), Some(b));
     let mut bad = e;
     bad[0] = 1;
@@ -206,7 +232,11 @@ fn addr_roundtrip_and_validation() {
     assert_eq!(CanalAddr::decode(&bad), None, "reserved bytes");
     let mut bad = e;
     bad[12] = 1;
-    assert_eq!(CanalAddr::decode(&bad), None, "IPv4 with bytes past the first four");
+    assert_eq!(
+        CanalAddr::decode(&bad),
+        None,
+        "IPv4 with bytes past the first four"
+    );
     assert_eq!(CanalAddr::decode(&e[..31]), None);
 }
 

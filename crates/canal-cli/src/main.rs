@@ -67,7 +67,10 @@ fn main() -> ExitCode {
         "stat" => stat(args),
         "daemon" => canald::cli_main(args),
         "bench" => canal_bench::cli_main(args),
-        "vm" => canal_vm::cli_main(args),
+        "vm" => {
+            let _ = canal_vm::ENSURE_DAEMON.set(run::ensure_daemon);
+            canal_vm::cli_main(args)
+        }
         "-h" | "--help" | "help" => {
             println!("{}", usage());
             0

@@ -57,6 +57,24 @@ commands:
   probe [--force]          run (or show the cached) KVM probe
 ";
 
+/// How `canal vm` makes sure a canald answers on a path (the CLI installs `canal run`'s
+/// logic: start a private canald if none answers).
+pub static ENSURE_DAEMON: std::sync::OnceLock<fn(&Path) -> Result<(), String>> =
+    std::sync::OnceLock::new();
+
+fn ensure_daemon(socket: &Path) -> Result<(), String> {
+    match ENSURE_DAEMON.get() {
+        Some(f) => f(socket),
+        None if canald::sys::seqpacket_connect(socket).is_ok() => Ok(()),
+        None => Err(format!("no canald answers on {}", socket.display())),
+    }
+}
+
+/// The canald the VM's region comes from: $CANAL_SOCKET or canald's default path.
+fn canald_socket() -> PathBuf {
+    canald::default_socket_path()
+}
+
 /// Entry point of `canal vm ARGS...`.
 pub fn cli_main(args: Vec<String>) -> i32 {
     let Some((cmd, rest)) = args.split_first() else {
@@ -234,8 +252,8 @@ pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
     if o.doorbell.is_some() && o.shm_path.is_some() {
         return Err("--doorbell takes the region from the ivshmem server; no --shm-path".into());
     }
-    if !o.publish.is_empty() && !o.virtio {
-        return Err("--publish needs --virtio (canal publishes ports through canald)".into());
+    if !o.publish.is_empty() && !o.virtio && o.doorbell.is_some() {
+        return Err("--publish with --doorbell: not supported (use --virtio)".into());
     }
     Ok(o)
 }
@@ -322,9 +340,21 @@ fn prepare(
             .push(("HOME".into(), home.to_string_lossy().into_owned()));
     }
     let region = if o.canal && o.doorbell.is_none() {
+        let name = format!("vm-{}", std::process::id());
+        let size = o.shm_mib << 20;
         let r = match &o.shm_path {
             Some(p) => RegionFile::existing(p),
-            None => region::create_region(&format!("vm-{}", std::process::id()), o.shm_mib << 20),
+            // Only the device, no libcanal: a plain file (the shared-memory test).
+            None if !o.preload => region::create_region(&name, size),
+            None => {
+                let socket = canald_socket();
+                ensure_daemon(&socket)?;
+                let publish: Vec<(u16, u16)> =
+                    o.publish.iter().map(|p| (p.host, p.guest)).collect();
+                region::canald_region(&socket, &name, size, &publish).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("canald on {}: {e}", socket.display()))
+                })
+            }
         }
         .map_err(|e| format!("canal region: {e}"))?;
         Some(r)
@@ -363,7 +393,12 @@ fn prepare(
         err_sock: p.join("err.sock"),
         console_log: p.join("console.log"),
         virtio_net: o.virtio,
-        publish: o.publish.clone(),
+        // With canal, canald publishes (VM_REGION); QEMU's hostfwd would take the ports.
+        publish: if region.as_ref().is_some_and(|r| r.canald.is_some()) {
+            Vec::new()
+        } else {
+            o.publish.clone()
+        },
         region: region.as_ref().map(|r| (r.path.clone(), r.size)),
         doorbell: o.doorbell.clone().map(|p| (p, o.doorbell_vectors)),
         extra: std::env::var("CANAL_VM_QEMU_EXTRA")
@@ -465,7 +500,8 @@ pub fn run_program(o: &RunOptions) -> Result<i32, String> {
                 .join(" ")
         );
     }
-    let (outcome, t) = run::boot(
+    let region = p._region.as_ref();
+    let (outcome, t) = run::boot_with(
         &p.cfg,
         Deadlines {
             ready: o.boot_timeout,
@@ -473,6 +509,11 @@ pub fn run_program(o: &RunOptions) -> Result<i32, String> {
             poweroff: Duration::from_secs(10),
         },
         Output::Stream,
+        &|pid| {
+            if let Some(Err(e)) = region.map(|r| r.set_vm_pid(pid)) {
+                eprintln!("canal vm: canald does not watch QEMU (its guest ends with this command instead): {e}");
+            }
+        },
     );
     if o.verbose {
         let f = |d: Option<Duration>| {

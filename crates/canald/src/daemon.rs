@@ -75,6 +75,7 @@ impl Config {
             ring_size: ring,
             budget: self.budget.max(1),
             loopback_only: self.loopback_only,
+            vm: None,
         })
     }
 }
@@ -127,6 +128,8 @@ pub struct Daemon {
     keys: Vec<u32>,
     idle_since: Instant,
     stop: bool,
+    /// VM guests (`vm.rs`): region files, VM processes, the bounded sleep.
+    vm: crate::vm::Vms,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -222,6 +225,7 @@ impl Daemon {
             keys: Vec::new(),
             idle_since: Instant::now(),
             stop: false,
+            vm: Default::default(),
         })))
     }
 
@@ -253,7 +257,13 @@ impl Daemon {
         while !self.stop {
             let sleeping = idle_rounds >= spin;
             let timeout = if sleeping { self.prepare_sleep() } else { 0 };
-            let n = self.ep.wait(&mut events, timeout)?;
+            let n = if timeout != 0 && self.vm.active() {
+                // VM guests cannot kick us: sleep in bounded backoff (vm.rs).
+                let ns = self.vm.next_sleep_ns(timeout);
+                self.ep.wait_ns(&mut events, ns)?
+            } else {
+                self.ep.wait(&mut events, timeout)?
+            };
             if sleeping {
                 for g in self.guests.values() {
                     g.set_host_sleeping(0);
@@ -278,6 +288,7 @@ impl Daemon {
                 self.idle_since = Instant::now();
             }
             idle_rounds = if work {
+                self.vm.note_work();
                 0
             } else {
                 idle_rounds.saturating_add(1)
@@ -386,6 +397,14 @@ impl Daemon {
                 if let Some(g) = self.guests.get_mut(&token::conn(tok)) {
                     g.socket_event(tok, bits);
                 }
+            }
+            token::VM_PROCESS => {
+                let key = token::conn(tok);
+                log(
+                    &self.cfg,
+                    format_args!("VM process of connection {key} exited"),
+                );
+                self.close_conn(key);
             }
             token::SIGNAL => {
                 if let Some(fd) = &self.signals {
@@ -499,6 +518,7 @@ impl Daemon {
             );
             g.depart(&self.ep, Instant::now());
         }
+        self.vm.forget(&self.ep, key);
     }
 
     /// Handles one message; false closes the connection.
@@ -612,6 +632,40 @@ impl Daemon {
                 }
                 self.flush_out(key)
             }
+            kind::VM_REGION => {
+                if self.guests.contains_key(&key) {
+                    return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
+                }
+                let id = self.next_guest;
+                match self.vm.create(key, id, conn.pid, &self.gcfg, body) {
+                    Ok((g, reply)) => {
+                        let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &reply, &[]);
+                        log(
+                            &self.cfg,
+                            format_args!("guest {id} attached: {} (VM region)", g.comm),
+                        );
+                        self.next_guest = self.next_guest.wrapping_add(1).max(1);
+                        self.guests.insert(key, g);
+                        sent.is_ok()
+                    }
+                    Err((e, text)) => send_error(&conn.fd, e, &text).is_ok(),
+                }
+            }
+            kind::VM_PID => {
+                if body.len() < 4 {
+                    return send_error(&conn.fd, errno::EINVAL, "short VM_PID").is_ok();
+                }
+                let pid = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                match self.vm.set_pid(&self.ep, key, pid, fds.into_iter().next()) {
+                    Ok(()) => {
+                        if let Some(g) = self.guests.get_mut(&key) {
+                            g.pid = pid;
+                        }
+                        send_msg(&conn.fd, kind::VM_PID_OK, &[], &[]).is_ok()
+                    }
+                    Err((e, text)) => send_error(&conn.fd, e, text).is_ok(),
+                }
+            }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }
     }
@@ -660,6 +714,7 @@ impl Daemon {
         }
         self.guests.clear();
         self.conns.clear();
+        self.vm.forget_all(&self.ep);
         // We hold the lock: the socket file is ours.
         let _ = std::fs::remove_file(&self.cfg.socket);
     }

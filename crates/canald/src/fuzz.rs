@@ -28,6 +28,7 @@ fn config() -> GuestConfig {
         ring_size: RING,
         budget: 8,
         loopback_only: true,
+        vm: None,
     }
 }
 

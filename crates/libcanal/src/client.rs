@@ -18,8 +18,9 @@ use std::sync::OnceLock;
 pub struct Guest {
     pub region: Region,
     /// The control socket (SEQPACKET); polled while sleeping so a dead canald wakes us.
+    /// -1 over ivshmem (no control socket in a VM).
     pub ctl: c_int,
-    /// canald's doorbell eventfd (kicks).
+    /// canald's doorbell eventfd (kicks); -1 over ivshmem (canald polls instead).
     pub doorbell: c_int,
     /// Serialises control-socket use among all processes sharing the connection: a word
     /// in a MAP_SHARED page made at attach time, so forked children share it.
@@ -200,7 +201,12 @@ pub fn ensure_attached() -> Option<&'static Guest> {
         None
     } else {
         let mut path = [0u8; 108];
-        match attach(&mut path) {
+        let r = if env(c"CANAL_TRANSPORT").is_some_and(|t| t == b"ivshmem") {
+            attach_ivshmem(&mut path)
+        } else {
+            attach(&mut path)
+        };
+        match r {
             Ok(g) => {
                 let _ = GUEST.set(g);
                 GUEST.get()
@@ -358,6 +364,50 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         "canal: attached as guest {} (region {} bytes, {} slots, {} sockets, spin {})\n",
         g.region.header().guest_id,
         region_size,
+        g.region.layout().slot_count,
+        g.region.layout().socket_count,
+        spin
+    );
+    Ok(g)
+}
+
+/// Attaches over the ivshmem transport (`ivshmem.rs`): the region is the VM's canal
+/// device; no control socket, no ports, backoff waits. `path` gets the device path for
+/// error messages.
+fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
+    let dev = env(c"CANAL_IVSHMEM_DEVICE").unwrap_or(b"");
+    let n = dev.len().min(path.len() - 1);
+    path[..n].copy_from_slice(&dev[..n]);
+    if dev.is_empty() {
+        return Err((
+            libc::ENOENT,
+            "CANAL_TRANSPORT=ivshmem without CANAL_IVSHMEM_DEVICE",
+        ));
+    }
+    let region = crate::ivshmem::map_region(dev)?;
+    let page = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    // SAFETY: as in attach_on: a fresh shared page, never unmapped; an AtomicU32 at its
+    // start is aligned and valid for any bit pattern.
+    let ctl_lock = unsafe { &*(page as *const AtomicU32) };
+    let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
+    let spin = env(c"CANAL_SPIN")
+        .and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok())
+        .unwrap_or_else(calibrate_spin);
+    PID.store(sys::getpid(), Ordering::Relaxed);
+    let g = Guest {
+        region,
+        ctl: -1,
+        doorbell: -1,
+        ctl_lock,
+        // Even if the header offered it: there is no control socket to register on.
+        ports: false,
+        spin,
+        debug,
+    };
+    debug!(
+        g,
+        "canal: attached over ivshmem as guest {} ({} slots, {} sockets, spin {})\n",
+        g.region.header().guest_id,
         g.region.layout().slot_count,
         g.region.layout().socket_count,
         spin
@@ -695,7 +745,8 @@ pub fn kick(g: &Guest) {
     if h.host_sleeping.load(Ordering::Relaxed) != 0
         && h.host_sleeping.swap(0, Ordering::AcqRel) == 1
     {
-        if sys::eventfd_signal(g.doorbell).is_err() {
+        // Over ivshmem there is no doorbell: canald's sleep is bounded (vm.rs).
+        if g.doorbell >= 0 && sys::eventfd_signal(g.doorbell).is_err() {
             mark_dead();
         }
         h.kicks.fetch_add(1, Ordering::Relaxed);

@@ -8,6 +8,7 @@
 //!   the descriptor bookkeeping of close/close_range/dup*/exec and the epoll refusal.
 //! - `sock`: socket operations (data path over the rings, control ops as requests).
 //! - `poll`: poll/select over any mix of canal and ordinary descriptors.
+//! - `ivshmem`: the VM transport (the region is the ivshmem PCI BAR).
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
@@ -17,6 +18,7 @@ pub mod cmd;
 pub mod fdtable;
 pub mod hooks;
 pub mod iov;
+pub mod ivshmem;
 pub mod poll;
 pub mod ready;
 pub mod sock;
