@@ -3,6 +3,7 @@
 //! shared-memory device, runs one program in it and returns its exit status.
 //! Entry point used by `canal vm`. See docs/vm.md.
 
+pub mod bench;
 pub mod image;
 pub mod probe;
 pub mod qemu;

@@ -40,9 +40,12 @@ pub const SHM_DIR: &str = "/dev/shm";
 pub const VM_SLOTS: u32 = 64;
 pub const VM_SOCKETS: u32 = 256;
 
-/// Bounds of the poller's sleep while a VM guest exists.
+/// Bounds of the poller's sleep while a VM guest exists: SLEEP_MIN_NS for the first
+/// FAST_SLEEPS sleeps after the last work (a guest in a request/response loop comes
+/// back within about a millisecond), then doubling up to SLEEP_MAX_NS.
 pub const SLEEP_MIN_NS: u64 = 50_000;
 pub const SLEEP_MAX_NS: u64 = 1_000_000;
+pub const FAST_SLEEPS: u32 = 20;
 
 /// A VM guest's address view.
 #[derive(Debug, Clone, Default)]
@@ -257,14 +260,15 @@ struct VmEntry {
 /// The VM guests' bookkeeping in the daemon.
 pub struct Vms {
     entries: BTreeMap<u32, VmEntry>,
-    sleep_ns: u64,
+    /// Sleeps since the poller last found work.
+    idle_sleeps: u32,
 }
 
 impl Default for Vms {
     fn default() -> Self {
         Vms {
             entries: BTreeMap::new(),
-            sleep_ns: SLEEP_MIN_NS,
+            idle_sleeps: 0,
         }
     }
 }
@@ -280,21 +284,21 @@ impl Vms {
     }
 
     /// The bounded sleep for an epoll timeout of `timeout_ms` (-1: none): the current
-    /// backoff step, which doubles up to SLEEP_MAX_NS while nothing happens.
+    /// backoff step (see SLEEP_MIN_NS).
     pub fn next_sleep_ns(&mut self, timeout_ms: i32) -> u64 {
         let cap = if timeout_ms < 0 {
             u64::MAX
         } else {
             timeout_ms as u64 * 1_000_000
         };
-        let t = self.sleep_ns.min(cap);
-        self.sleep_ns = (self.sleep_ns * 2).min(SLEEP_MAX_NS);
-        t
+        let n = self.idle_sleeps.saturating_sub(FAST_SLEEPS).min(16);
+        self.idle_sleeps = self.idle_sleeps.saturating_add(1);
+        (SLEEP_MIN_NS << n).min(SLEEP_MAX_NS).min(cap)
     }
 
-    /// The poller found work: the next sleep starts short again.
+    /// The poller found work: the next sleeps are short again.
     pub fn note_work(&mut self) {
-        self.sleep_ns = SLEEP_MIN_NS;
+        self.idle_sleeps = 0;
     }
 
     /// VM_REGION: creates the region file and the guest. Returns the guest and the
@@ -568,6 +572,20 @@ mod tests {
         let b = n.bind_to_host(&any6);
         assert_eq!(b.addr, std::net::Ipv6Addr::LOCALHOST.octets());
         assert_eq!(b.port, 18080);
+    }
+
+    #[test]
+    fn sleep_backoff() {
+        let mut v = Vms::default();
+        let steps: Vec<u64> = (0..FAST_SLEEPS + 8).map(|_| v.next_sleep_ns(-1)).collect();
+        assert!(steps[..FAST_SLEEPS as usize]
+            .iter()
+            .all(|&s| s == SLEEP_MIN_NS));
+        assert_eq!(steps[FAST_SLEEPS as usize + 1], 2 * SLEEP_MIN_NS);
+        assert_eq!(*steps.last().unwrap(), SLEEP_MAX_NS);
+        assert_eq!(v.next_sleep_ns(0), 0, "an earlier deadline wins");
+        v.note_work();
+        assert_eq!(v.next_sleep_ns(5), SLEEP_MIN_NS);
     }
 
     #[test]

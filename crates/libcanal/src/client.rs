@@ -932,6 +932,14 @@ pub fn wait_until(
     }
 }
 
+/// Backoff of event waits without a wake-up port: (monotonic ns of the last sleep,
+/// next step in ns).
+const BACKOFF_MIN_NS: i64 = 1_000;
+const BACKOFF_MAX_NS: i64 = 1_000_000;
+thread_local! {
+    static BACKOFF: Cell<(i64, i64)> = const { Cell::new((0, BACKOFF_MIN_NS)) };
+}
+
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
 /// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
 /// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
@@ -956,11 +964,25 @@ pub fn sleep_events(
     fds[n].revents = 0;
     fds[n + 1].revents = 0;
     if s.efd < 0 {
-        // No wake-up port: bounded backoff (1 µs .. 1 ms).
+        // No wake-up port (a VM guest over ivshmem): bounded exponential backoff, 1 µs
+        // doubling to 1 ms over the sleeps of one wait (§6).
         if cond() {
+            BACKOFF.with(|b| b.set((0, BACKOFF_MIN_NS)));
             return Ok(0);
         }
-        let t = timeout_ns.map_or(1_000_000, |t| t.min(1_000_000));
+        let now = sys::now_ns();
+        let step = BACKOFF.with(|b| {
+            let (last, step) = b.get();
+            // A sleep long after the previous one belongs to a new wait: start short.
+            let step = if now - last > 2 * BACKOFF_MAX_NS {
+                BACKOFF_MIN_NS
+            } else {
+                step
+            };
+            b.set((now, (step * 2).min(BACKOFF_MAX_NS)));
+            step
+        });
+        let t = timeout_ns.map_or(step, |t| t.min(step));
         fds[n].fd = -1;
         fds[n + 1] = libc::pollfd {
             fd: g.ctl,
