@@ -18,6 +18,99 @@ use qemu::{Accel, Publish, VmConfig};
 use region::RegionFile;
 use run::{Deadlines, GuestCommand, Outcome, Output, RunDir};
 
+/// `canal vm region`: a canald-served region for a VM someone else starts (libvirt,
+/// a hand-written QEMU command line). The guest lives while this command runs.
+fn cmd_region(args: &[String]) -> i32 {
+    let mut name: Option<String> = None;
+    let mut size = region::DEFAULT_REGION_MIB;
+    let mut publish: Vec<(u16, u16)> = Vec::new();
+    let mut pid: Option<u32> = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let v = args.get(i + 1).cloned();
+        match (a, v) {
+            ("--name", Some(v)) => name = Some(v),
+            ("--size", Some(v)) => match v.parse::<u64>() {
+                Ok(s) if s.is_power_of_two() && s <= 1 << 20 => size = s,
+                _ => return usage_error("--size needs a power of two in MiB"),
+            },
+            ("--publish", Some(v)) => match v
+                .split_once(':')
+                .and_then(|(h, g)| Some((h.parse::<u16>().ok()?, g.parse::<u16>().ok()?)))
+            {
+                Some(p) => publish.push(p),
+                None => return usage_error("--publish: expected HOSTPORT:GUESTPORT"),
+            },
+            ("--pid", Some(v)) => match v.parse::<u32>() {
+                Ok(p) if p > 0 => pid = Some(p),
+                _ => return usage_error("--pid needs a process id"),
+            },
+            _ => return usage_error(&format!("region: bad argument '{a}'")),
+        }
+        i += 2;
+    }
+    let Some(name) = name else {
+        return usage_error("region: --name NAME is required");
+    };
+    if let Err(e) = sys::catch_termination_signals() {
+        eprintln!("canal vm: {e}");
+        return EXIT_HARNESS;
+    }
+    let socket = canald_socket();
+    if let Err(e) = ensure_daemon(&socket) {
+        eprintln!("canal vm: {e}");
+        return 1;
+    }
+    let r = match region::canald_region(&socket, &name, size << 20, &publish) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("canal vm: canald on {}: {e}", socket.display());
+            return 1;
+        }
+    };
+    if let Some(p) = pid {
+        if let Err(e) = r.set_vm_pid(p) {
+            eprintln!("canal vm: --pid {p}: {e}");
+            return 1;
+        }
+    }
+    print!("{}", qemu::operator_snippets(&name, &r.path, size));
+    println!(
+        "# serving; the guest ends when this command does{}",
+        match pid {
+            Some(p) => format!(" or process {p} exits"),
+            None => String::new(),
+        }
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let conn = r
+        .canald
+        .as_ref()
+        .map(|h| std::os::fd::AsRawFd::as_raw_fd(&h.conn));
+    loop {
+        if let Some(sig) = sys::pending_signal() {
+            return 128 + sig;
+        }
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            return 0;
+        }
+        // The connection turns readable (EOF) only if canald goes away.
+        match conn.map(|c| sys::poll_readable(&[c], 200)) {
+            Some(Ok(v)) if v.first() == Some(&true) => {
+                eprintln!("canal vm: canald closed the connection");
+                return 1;
+            }
+            Some(Err(e)) => {
+                eprintln!("canal vm: {e}");
+                return 1;
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Exit status when the harness itself fails (no program status to report).
 pub const EXIT_HARNESS: i32 = 125;
 /// Exit status when `--timeout` expires.
@@ -47,13 +140,19 @@ commands:
       --cpus N             guest CPUs (default 1)
       --timeout S          kill the guest after S seconds (exit 124)
       --boot-timeout S     fail if the guest is not ready after S seconds (default 120)
-      --publish H:G        with --virtio: host 127.0.0.1:H forwards to guest port G
+      --publish H:G        host 127.0.0.1:H reaches guest port G: with --canal canald
+                           binds the guest's listener there, with --virtio alone QEMU's
+                           hostfwd forwards it
       --env NAME=VALUE     set an environment variable for PROGRAM (repeatable)
       -v, --verbose        print the QEMU command line and boot timings
   qemu-args [--name NAME] [--size MiB] [--path FILE]
                            print QEMU options and libvirt XML for a canal region file
   qemu-args --doorbell SOCKET [--vectors N]
                            the same for a region with doorbells from an ivshmem server
+  region --name NAME [--size MiB] [--publish H:G]... [--pid PID]
+                           for your own VM: canald creates /dev/shm/canal-NAME and serves
+                           the guest in it; prints the QEMU options and libvirt XML, then
+                           stays until SIGINT/SIGTERM or until process PID (the VM) exits
   image                    build (or find) the cached guest image and print its paths
   probe [--force]          run (or show the cached) KVM probe
 ";
@@ -85,6 +184,7 @@ pub fn cli_main(args: Vec<String>) -> i32 {
     match cmd.as_str() {
         "run" => cmd_run(rest),
         "qemu-args" => cmd_qemu_args(rest),
+        "region" => cmd_region(rest),
         "image" => cmd_image(),
         "probe" => cmd_probe(rest),
         "-h" | "--help" | "help" => {
