@@ -106,8 +106,8 @@ fn iperf_mbps(out: &str) -> Option<f64> {
     w.get(i.checked_sub(1)?)?.parse().ok()
 }
 
-/// (mean µs, p99 µs, round trips) from a canal-bench-gen RR RESULT line.
-fn rr_result(out: &str) -> Option<(f64, f64, u64)> {
+/// (mean µs, p50 µs, p99 µs, round trips) from a canal-bench-gen RR RESULT line.
+fn rr_result(out: &str) -> Option<(f64, f64, f64, u64)> {
     let line = out.lines().find(|l| l.starts_with("RESULT"))?;
     let get = |k: &str| {
         line.split_whitespace()
@@ -116,6 +116,7 @@ fn rr_result(out: &str) -> Option<(f64, f64, u64)> {
     };
     Some((
         get("mean_ns")? / 1000.0,
+        get("p50_ns")? / 1000.0,
         get("p99_ns")? / 1000.0,
         get("msgs")? as u64,
     ))
@@ -133,6 +134,7 @@ fn median(v: &mut [f64]) -> Option<f64> {
 struct Samples {
     mbps: Vec<f64>,
     rr_mean: Vec<f64>,
+    rr_p50: Vec<f64>,
     rr_p99: Vec<f64>,
     rr_msgs: Vec<f64>,
 }
@@ -168,11 +170,12 @@ fn host_native(iperf: &Path, gen: &Path, iport: u16, eport: u16, d: u32, s: &mut
         .args(["--mode", "rr", "--size", "64", "--duration", &d.to_string()])
         .stderr(Stdio::null())
         .output();
-    if let Some((m, p, n)) = out
+    if let Some((m, p50, p, n)) = out
         .ok()
         .and_then(|o| rr_result(&String::from_utf8_lossy(&o.stdout)))
     {
         s.rr_mean.push(m);
+        s.rr_p50.push(p50);
         s.rr_p99.push(p);
         s.rr_msgs.push(n as f64);
     }
@@ -294,8 +297,9 @@ echo "@@ end""#,
                 }
             }
             Some(&"rr") => {
-                if let Some((m, p, n)) = rr_result(body) {
+                if let Some((m, p50, p, n)) = rr_result(body) {
                     s.rr_mean.push(m);
+                    s.rr_p50.push(p50);
                     s.rr_p99.push(p);
                     s.rr_msgs.push(n as f64);
                 }
@@ -334,6 +338,11 @@ fn render(o: &Opts, accel: &str, n: &mut Samples, v: &mut Samples, c: &mut Sampl
         median(&mut v.rr_mean),
         median(&mut c.rr_mean),
     );
+    let (n5, v5, c5) = (
+        median(&mut n.rr_p50),
+        median(&mut v.rr_p50),
+        median(&mut c.rr_p50),
+    );
     let (np, vp, cp) = (
         median(&mut n.rr_p99),
         median(&mut v.rr_p99),
@@ -362,6 +371,13 @@ fn render(o: &Opts, accel: &str, n: &mut Samples, v: &mut Samples, c: &mut Sampl
         ratio(cl, vl)
     ));
     s.push_str(&format!(
+        "| RR 64 B p50, µs | {} | {} | {} | {} |\n",
+        f(n5, 1),
+        f(v5, 1),
+        f(c5, 1),
+        ratio(c5, v5)
+    ));
+    s.push_str(&format!(
         "| RR 64 B p99, µs | {} | {} | {} | {} |\n",
         f(np, 1),
         f(vp, 1),
@@ -386,7 +402,7 @@ mod tests {
         assert_eq!(iperf_mbps("nothing"), None);
         let rr = "RESULT role=client mode=rr size=64 msgs=100 bytes=12800 elapsed_s=1.0 \
                   p50_ns=9000 p99_ns=20000 mean_ns=10000 min_ns=1 max_ns=2 cpu_s=0.1";
-        assert_eq!(rr_result(rr), Some((10.0, 20.0, 100)));
+        assert_eq!(rr_result(rr), Some((10.0, 9.0, 20.0, 100)));
         assert!(parse(&["--reps".into(), "0".into()]).is_err());
     }
 }

@@ -393,6 +393,11 @@ fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
     let spin = env(c"CANAL_SPIN")
         .and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok())
         .unwrap_or_else(calibrate_spin);
+    let poll_us = env(c"CANAL_VM_POLL_US")
+        .and_then(|v| core::str::from_utf8(v).ok()?.parse::<i64>().ok())
+        .unwrap_or(200)
+        .clamp(0, 1_000_000);
+    YIELD_NS.store(poll_us * 1000, Ordering::Relaxed);
     PID.store(sys::getpid(), Ordering::Relaxed);
     let g = Guest {
         region,
@@ -824,6 +829,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     let slot = s.slot;
     let mut spins = 0u32;
     let mut backoff = 1_000i64;
+    let mut yield_start: Option<i64> = None;
     loop {
         // S2: Acquire pairs with the host's Release store of DONE: result, out_len and
         // the payload are visible.
@@ -840,8 +846,15 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
             return Err(libc::EIO);
         }
         if s.efd < 0 {
-            sys::sleep_ns(backoff);
-            backoff = (backoff * 2).min(1_000_000);
+            // No wake-up port (ivshmem): yield for a while, then back off (§6).
+            let now = sys::now_ns();
+            let start = *yield_start.get_or_insert(now);
+            if now - start < YIELD_NS.load(Ordering::Relaxed) {
+                sys::sched_yield();
+            } else {
+                sys::sleep_ns(backoff);
+                backoff = (backoff * 2).min(1_000_000);
+            }
             continue;
         }
         slot.sleep.store(sleep_kind::COMPLETION, Ordering::Relaxed);
@@ -893,6 +906,7 @@ pub fn wait_until(
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
+    new_wait();
     loop {
         if is_dead(g) {
             mark_dead();
@@ -932,12 +946,21 @@ pub fn wait_until(
     }
 }
 
-/// Backoff of event waits without a wake-up port: (monotonic ns of the last sleep,
-/// next step in ns).
+/// Backoff of event waits without a wake-up port: (monotonic ns when the wait began, 0
+/// before its first sleep; next sleep step in ns).
 const BACKOFF_MIN_NS: i64 = 1_000;
 const BACKOFF_MAX_NS: i64 = 1_000_000;
+/// How long a wait without a wake-up port polls (yielding) before it sleeps: set at
+/// ivshmem attach ($CANAL_VM_POLL_US, default 200 µs).
+static YIELD_NS: core::sync::atomic::AtomicI64 = core::sync::atomic::AtomicI64::new(0);
 thread_local! {
     static BACKOFF: Cell<(i64, i64)> = const { Cell::new((0, BACKOFF_MIN_NS)) };
+}
+
+/// Starts a new wait for `sleep_events`' backoff (no wake-up port): its polling phase
+/// and its backoff steps count from the wait's first sleep.
+pub fn new_wait() {
+    let _ = BACKOFF.try_with(|b| b.set((0, BACKOFF_MIN_NS)));
 }
 
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
@@ -964,24 +987,33 @@ pub fn sleep_events(
     fds[n].revents = 0;
     fds[n + 1].revents = 0;
     if s.efd < 0 {
-        // No wake-up port (a VM guest over ivshmem): bounded exponential backoff, 1 µs
-        // doubling to 1 ms over the sleeps of one wait (§6).
+        // No wake-up port (a VM guest over ivshmem). A sleeping thread in a VM wakes
+        // late (the VM's timer), so a wait first keeps checking, yielding the CPU between
+        // checks, for YIELD_NS; then it sleeps in exponential backoff, 1 µs doubling to
+        // 1 ms (§6).
         if cond() {
-            BACKOFF.with(|b| b.set((0, BACKOFF_MIN_NS)));
             return Ok(0);
         }
         let now = sys::now_ns();
         let step = BACKOFF.with(|b| {
-            let (last, step) = b.get();
-            // A sleep long after the previous one belongs to a new wait: start short.
-            let step = if now - last > 2 * BACKOFF_MAX_NS {
-                BACKOFF_MIN_NS
+            let (start, step) = b.get();
+            // The first sleep of a wait (new_wait() cleared the start).
+            let (start, step) = if start == 0 {
+                (now, BACKOFF_MIN_NS)
             } else {
-                step
+                (start, step)
             };
-            b.set((now, (step * 2).min(BACKOFF_MAX_NS)));
+            if now - start < YIELD_NS.load(Ordering::Relaxed) {
+                b.set((start, step));
+                return 0;
+            }
+            b.set((start, (step * 2).min(BACKOFF_MAX_NS)));
             step
         });
+        if step == 0 {
+            canal_abi::sync::spin_hint();
+            return Ok(0);
+        }
         let t = timeout_ns.map_or(step, |t| t.min(step));
         fds[n].fd = -1;
         fds[n + 1] = libc::pollfd {

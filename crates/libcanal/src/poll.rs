@@ -96,6 +96,7 @@ pub fn poll(
     }
     let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
     let mut round = 0u32;
+    client::new_wait();
     loop {
         // Check everything without blocking.
         let mut ready = 0;
