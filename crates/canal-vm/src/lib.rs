@@ -777,7 +777,11 @@ mod tests {
             }]
         );
         assert_eq!(o.env, vec![("A".to_string(), "b=c".to_string())]);
-        assert!(parse_run(&s(&["--canal", "--publish", "1:2", "--", "x"])).is_err());
+        assert!(
+            parse_run(&s(&["--canal", "--publish", "1:2", "--", "x"])).is_ok(),
+            "canald publishes for canal guests"
+        );
+        assert!(parse_run(&s(&["--doorbell", "/s", "--publish", "1:2", "--", "x"])).is_err());
         assert!(parse_run(&s(&["--bogus", "--", "x"])).is_err());
         assert!(parse_run(&s(&["--canal"])).is_err());
         assert!(parse_run(&s(&["--timeout", "0", "--", "x"])).is_err());
