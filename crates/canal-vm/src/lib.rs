@@ -159,8 +159,10 @@ commands:
 
 /// How `canal vm` makes sure a canald answers on a path (the CLI installs `canal run`'s
 /// logic: start a private canald if none answers).
-pub static ENSURE_DAEMON: std::sync::OnceLock<fn(&Path) -> Result<(), String>> =
-    std::sync::OnceLock::new();
+pub static ENSURE_DAEMON: std::sync::OnceLock<EnsureDaemon> = std::sync::OnceLock::new();
+
+/// See [`ENSURE_DAEMON`].
+pub type EnsureDaemon = fn(&Path) -> Result<(), String>;
 
 fn ensure_daemon(socket: &Path) -> Result<(), String> {
     match ENSURE_DAEMON.get() {

@@ -258,19 +258,11 @@ struct VmEntry {
 }
 
 /// The VM guests' bookkeeping in the daemon.
+#[derive(Default)]
 pub struct Vms {
     entries: BTreeMap<u32, VmEntry>,
     /// Sleeps since the poller last found work.
     idle_sleeps: u32,
-}
-
-impl Default for Vms {
-    fn default() -> Self {
-        Vms {
-            entries: BTreeMap::new(),
-            idle_sleeps: 0,
-        }
-    }
 }
 
 impl Vms {

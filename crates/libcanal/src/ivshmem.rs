@@ -42,7 +42,7 @@ pub fn map_region(dev: &[u8]) -> Result<Region, (i32, &'static str)> {
     .map_err(|e| (e, "cannot open the ivshmem BAR (resource2)"))? as c_int;
     let r = (|| {
         let size = sys::file_size(fd).map_err(|e| (e, "cannot stat the ivshmem BAR"))?;
-        if size < canal_abi::HEADER_SIZE || size > (1 << 40) {
+        if !(canal_abi::HEADER_SIZE..=(1 << 40)).contains(&size) {
             return Err((libc::EPROTO, "ivshmem BAR size out of range"));
         }
         let base =
