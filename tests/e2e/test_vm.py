@@ -403,31 +403,65 @@ def _vm_guests(canald):
     return [g for g in canald.stat().get("guests", []) if g.get("comm", "").startswith("vm:")]
 
 
-def test_curl_64mib_via_canal_in_a_guest(canal_bin, canald, procs):
+GUEST_UDP = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(20)
+s.sendto(b"ping", ("10.0.2.2", int(sys.argv[1])))
+data, src = s.recvfrom(100)
+print("udp", data.decode(), src[0], src[1] == int(sys.argv[1]), s.getsockname()[0])
+"""
+
+
+def test_curl_64mib_via_canal_in_a_guest(canal_bin, canald, procs, python):
     curl = need_tool("curl")
     blob = random.Random(64).randbytes(64 << 20)
     want = hashlib.sha256(blob).hexdigest()
-    with e2e_util.BlobHTTPServer(blob) as srv:
-        r = procs.run(
-            vm_argv(
-                canal_bin,
-                ["--canal"],
-                [
-                    "sh",
-                    "-c",
-                    "echo $(ls /sys/class/net); "
-                    f'{curl} -sS --max-time 90 -o /tmp/blob "$1" && sha256sum /tmp/blob',
-                    "sh",
-                    f"http://10.0.2.2:{srv.port}/blob",
-                ],
-            ),
-            timeout=140,
-            env=_vm_env(canald),
-        )
+    # A UDP echo on the host's loopback: the guest reaches it as 10.0.2.2 and sees the
+    # reply come from there.
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(130)
+
+    def echo():
+        try:
+            d, a = udp.recvfrom(100)
+            udp.sendto(b"pong:" + d, a)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    try:
+        with e2e_util.BlobHTTPServer(blob) as srv:
+            r = procs.run(
+                vm_argv(
+                    canal_bin,
+                    ["--canal"],
+                    [
+                        "sh",
+                        "-c",
+                        "echo $(ls /sys/class/net); "
+                        f'{curl} -sS --max-time 90 -o /tmp/blob "$1" && sha256sum /tmp/blob && '
+                        f'{python} -c "$2" "$3"',
+                        "sh",
+                        f"http://10.0.2.2:{srv.port}/blob",
+                        GUEST_UDP,
+                        str(udp.getsockname()[1]),
+                    ],
+                ),
+                timeout=140,
+                env=_vm_env(canald),
+            )
+    finally:
+        udp.close()
     assert r.returncode == 0, r.describe()
     lines = r.stdout.split("\n")
     assert lines[0] == "lo", "the guest must have no NIC besides lo: " + r.describe()
     assert lines[1].split()[0] == want, r.describe()
+    # An unconnected UDP socket autobound by sendto is bound to the wildcard, as in the
+    # kernel.
+    assert lines[2] == "udp pong:ping 10.0.2.2 True 0.0.0.0", r.describe()
     assert not glob.glob("/dev/shm/canal-vm-*"), "canald removes the region file"
 
 
