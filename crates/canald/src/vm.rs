@@ -39,6 +39,8 @@ pub const SHM_DIR: &str = "/dev/shm";
 /// region is a PCI BAR, sized by the VM's configuration).
 pub const VM_SLOTS: u32 = 64;
 pub const VM_SOCKETS: u32 = 256;
+/// Largest VM region file (256 sockets × two 256 KiB rings need 128 MiB).
+pub const VM_MAX_FILE: u64 = 1 << 30;
 
 /// Bounds of the poller's sleep while a VM guest exists: SLEEP_MIN_NS for the first
 /// FAST_SLEEPS sleeps after the last work (a guest in a request/response loop comes
@@ -156,7 +158,7 @@ impl VmNet {
 /// The guest configuration of a VM region of `file_size` bytes (the region fills the
 /// file as far as whole 64 KiB data chunks allow).
 pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result<GuestConfig, i32> {
-    if !file_size.is_power_of_two() || !(1 << 20..=1 << 40).contains(&file_size) {
+    if !file_size.is_power_of_two() || !(1 << 20..=VM_MAX_FILE).contains(&file_size) {
         return Err(errno::EINVAL);
     }
     let sockets = base.layout.socket_count.min(VM_SOCKETS);
@@ -318,7 +320,7 @@ impl Vms {
             (
                 e,
                 format!(
-                    "region size {} must be a power of two from 1 MiB",
+                    "region size {} must be a power of two from 1 MiB to 1 GiB",
                     req.file_size
                 ),
             )
@@ -591,6 +593,8 @@ mod tests {
         }
         assert!(vm_guest_config(&base, 3 << 20, VmNet::default()).is_err());
         assert!(vm_guest_config(&base, 1 << 19, VmNet::default()).is_err());
+        assert!(vm_guest_config(&base, 1 << 30, VmNet::default()).is_ok());
+        assert!(vm_guest_config(&base, 1 << 31, VmNet::default()).is_err());
     }
 
     #[test]
