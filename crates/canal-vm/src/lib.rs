@@ -32,7 +32,7 @@ fn cmd_region(args: &[String]) -> i32 {
         match (a, v) {
             ("--name", Some(v)) => name = Some(v),
             ("--size", Some(v)) => match v.parse::<u64>() {
-                Ok(s) if s.is_power_of_two() && s <= 1 << 20 => size = s,
+                Ok(s) if s.is_power_of_two() && s <= 1024 => size = s,
                 _ => return usage_error("--size needs a power of two in MiB"),
             },
             ("--publish", Some(v)) => match v
