@@ -25,9 +25,10 @@ pub mod kind {
     pub const STAT_CHUNK: u16 = 6;
     /// host → any: body `i32 errno` then UTF-8 text.
     pub const ERROR: u16 = 7;
-    /// host tool → host: body `VmRegion` (a VM guest's region as a named file a
-    /// hypervisor maps; protocol.md §8). Reply: VM_REGION_OK or ERROR. The VM guest
-    /// lives until this connection closes or its VM process (VM_PID) exits.
+    /// host tool → host: body VM_REGION_BODY below (encoded by canald::vm::VmRegion): a
+    /// VM guest's region as a named file a hypervisor maps (protocol.md §8). Reply:
+    /// VM_REGION_OK or ERROR. The VM guest lives until this connection closes or its VM
+    /// process (VM_PID) exits.
     pub const VM_REGION: u16 = 8;
     /// host → tool: `guest_id u32, reserved u32, region_size u64, file_size u64`, then
     /// the file's path (UTF-8, to the end of the body).

@@ -50,10 +50,7 @@ fn slot_offsets() {
     assert_eq!(offset_of!(Slot, done_seq), 76);
     assert_eq!(offset_of!(Slot, reserved), 80);
     assert_eq!(size_of::<Slot>() as u64, SLOT_SIZE);
-    assert_eq!(
-        SLOT_PAYLOAD_OFFSET as usize + SLOT_PAYLOAD,
-        SLOT_SIZE as usize
-    );
+    assert_eq!(SLOT_PAYLOAD_OFFSET as usize + SLOT_PAYLOAD, SLOT_SIZE as usize);
 }
 
 #[test]
@@ -91,14 +88,8 @@ fn layout_of_default_region() {
     assert_eq!(l.attention_offset, 139264 + 1024 * 256);
     assert_eq!(l.data_offset, 458752);
     assert_eq!(l.region_size, 458752 + (256 << 20));
-    assert!(
-        Layout::new(3, 1, 65536).is_none(),
-        "slot count must be a power of two"
-    );
-    assert!(
-        Layout::new(1, 1, 65536).is_none(),
-        "queue needs capacity >= 2"
-    );
+    assert!(Layout::new(3, 1, 65536).is_none(), "slot count must be a power of two");
+    assert!(Layout::new(1, 1, 65536).is_none(), "queue needs capacity >= 2");
     assert!(Layout::new(4, 0, 65536).is_none());
     assert!(Layout::new(4, 70000, 65536).is_none());
     assert!(Layout::new(4, 1, 1000).is_none());
@@ -155,10 +146,7 @@ fn attach_validates_header() {
     let ok = unsafe { Region::attach(p, l.region_size) }.unwrap();
     assert_eq!(ok.layout(), &l);
     // SAFETY: same buffer; a shorter mapping must be refused.
-    assert_eq!(
-        unsafe { Region::attach(p, l.region_size - 1) }.unwrap_err(),
-        HeaderError::BadLayout
-    );
+    assert_eq!(unsafe { Region::attach(p, l.region_size - 1) }.unwrap_err(), HeaderError::BadLayout);
     let corrupt = |f: &dyn Fn(&mut RegionHeader), want: HeaderError| {
         let mut c = Buf::new(l.region_size);
         let cp = c.ptr();
@@ -167,19 +155,13 @@ fn attach_validates_header() {
         // SAFETY: the header page is ours alone in this test.
         f(unsafe { &mut *(cp as *mut RegionHeader) });
         // SAFETY: cp has region_size bytes.
-        assert_eq!(
-            unsafe { Region::attach(cp, l.region_size) }.unwrap_err(),
-            want
-        );
+        assert_eq!(unsafe { Region::attach(cp, l.region_size) }.unwrap_err(), want);
     };
     corrupt(&|h| h.magic = 1, HeaderError::BadMagic);
     corrupt(&|h| h.version_major = 2, HeaderError::BadMajor(2));
     corrupt(&|h| h.header_size = 8192, HeaderError::BadHeaderSize);
     corrupt(&|h| h.reserved1[2] = 5, HeaderError::ReservedNotZero);
-    corrupt(
-        &|h| h.features |= 1 << 40,
-        HeaderError::UnknownFeatures(1 << 40),
-    );
+    corrupt(&|h| h.features |= 1 << 40, HeaderError::UnknownFeatures(1 << 40));
     corrupt(&|h| h.queue_offset += 8, HeaderError::BadLayout);
     corrupt(&|h| h.slot_count = 3, HeaderError::BadLayout);
     corrupt(&|h| h.data_size = 1 << 50, HeaderError::BadLayout);
@@ -197,10 +179,7 @@ fn region_accessors_are_bounds_checked() {
     assert!(r.ring(3 * 65536, 65536).is_some());
     assert!(r.ring(3 * 65536 + 1, 65536).is_none());
     assert!(r.ring(u64::MAX - 10, 65536).is_none());
-    assert!(
-        r.ring(0, 3000).is_none(),
-        "ring size must be a power of two"
-    );
+    assert!(r.ring(0, 3000).is_none(), "ring size must be a power of two");
     assert!(r.raise_attention(2) && !r.raise_attention(3));
     assert_eq!(r.attention()[0].load(sync::Ordering::Relaxed), 0b100);
     let s = r.slot(0).unwrap();
@@ -217,12 +196,7 @@ fn addr_roundtrip_and_validation() {
     let e = a.encode();
     assert_eq!(&e[..8], &[2, 0, 0x90, 0x1f, 0, 0, 0, 0]);
     assert_eq!(CanalAddr::decode(&e), Some(a));
-    let b = CanalAddr::v6(
-        [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
-        443,
-        7,
-        2,
-    );
+    let b = CanalAddr::v6([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 443, 7, 2);
     assert_eq!(CanalAddr::decode(&b.encode()), Some(b));
     let mut bad = e;
     bad[0] = 1;
@@ -232,11 +206,7 @@ fn addr_roundtrip_and_validation() {
     assert_eq!(CanalAddr::decode(&bad), None, "reserved bytes");
     let mut bad = e;
     bad[12] = 1;
-    assert_eq!(
-        CanalAddr::decode(&bad),
-        None,
-        "IPv4 with bytes past the first four"
-    );
+    assert_eq!(CanalAddr::decode(&bad), None, "IPv4 with bytes past the first four");
     assert_eq!(CanalAddr::decode(&e[..31]), None);
 }
 
@@ -253,4 +223,21 @@ fn control_header_roundtrip() {
     let mut bad = m.clone();
     bad[13] = 1;
     assert_eq!(decode(&bad), None, "reserved must be zero");
+}
+
+#[test]
+fn vm_control_constants() {
+    // protocol.md §2 / §8.2; the body's byte layout is pinned by canald's
+    // vm::tests::vm_region_body_layout (the encoder lives in canald).
+    use canal_abi::control::*;
+    assert_eq!(
+        (kind::VM_REGION, kind::VM_REGION_OK, kind::VM_PID, kind::VM_PID_OK),
+        (8, 9, 10, 11)
+    );
+    assert_eq!(VM_REGION_BODY, 48);
+    assert_eq!(VM_REGION_OK_BODY, 24);
+    assert_eq!(VM_MAX_PUBLISH, 64);
+    assert!(valid_vm_name("vm-123") && valid_vm_name("a.b_c"));
+    assert!(!valid_vm_name(".x") && !valid_vm_name("a/b") && !valid_vm_name(""));
+    assert!(!valid_vm_name(&"a".repeat(33)));
 }

@@ -128,12 +128,7 @@ fn byte_ring_spsc_with_wrap() {
         });
         let r2 = r.clone();
         let p = thread::spawn(move || {
-            let mut pr = Producer {
-                storage: &r2.s,
-                head_shared: &r2.head,
-                tail_shared: &r2.tail,
-                head: 0,
-            };
+            let mut pr = Producer { storage: &r2.s, head_shared: &r2.head, tail_shared: &r2.tail, head: 0 };
             let data = [1u8, 2, 3, 4, 5, 6];
             let mut sent = 0;
             while sent < data.len() {
@@ -144,12 +139,7 @@ fn byte_ring_spsc_with_wrap() {
                 sent += n;
             }
         });
-        let mut co = Consumer {
-            storage: &r.s,
-            head_shared: &r.head,
-            tail_shared: &r.tail,
-            tail: 0,
-        };
+        let mut co = Consumer { storage: &r.s, head_shared: &r.head, tail_shared: &r.tail, tail: 0 };
         let mut got = vec![];
         while got.len() < 6 {
             let mut b = [0u8; 4];
@@ -175,27 +165,14 @@ fn message_ring_records_with_padding() {
         });
         let r2 = r.clone();
         let p = thread::spawn(move || {
-            let mut pr = Producer {
-                storage: &r2.s,
-                head_shared: &r2.head,
-                tail_shared: &r2.tail,
-                head: 40,
-            };
+            let mut pr = Producer { storage: &r2.s, head_shared: &r2.head, tail_shared: &r2.tail, head: 40 };
             for payload in [&[1u8, 2, 3][..], &[4u8; 12][..]] {
-                while !pr
-                    .push_record(record_kind::DATAGRAM, &[], &[payload])
-                    .unwrap()
-                {
+                while !pr.push_record(record_kind::DATAGRAM, &[], &[payload]).unwrap() {
                     thread::yield_now();
                 }
             }
         });
-        let mut co = Consumer {
-            storage: &r.s,
-            head_shared: &r.head,
-            tail_shared: &r.tail,
-            tail: 40,
-        };
+        let mut co = Consumer { storage: &r.s, head_shared: &r.head, tail_shared: &r.tail, tail: 40 };
         let mut got: Vec<Vec<u8>> = vec![];
         while got.len() < 2 {
             match co.next_record().unwrap() {

@@ -79,37 +79,20 @@ fn queue_consumer_ignores_garbage_cells() {
     let mut c = QueueConsumer::new();
     // A hostile guest writes arbitrary sequences: the consumer only takes a cell whose
     // sequence is exactly head+1, and never loops.
-    cells[0]
-        .seq
-        .store(12345, canal_abi::sync::Ordering::Relaxed);
+    cells[0].seq.store(12345, canal_abi::sync::Ordering::Relaxed);
     assert_eq!(c.pop(&cells), None);
     cells[0].seq.store(1, canal_abi::sync::Ordering::Relaxed);
-    cells[0]
-        .value
-        .store(0xdead_beef, canal_abi::sync::Ordering::Relaxed);
-    assert_eq!(
-        c.pop(&cells),
-        Some(0xdead_beef),
-        "garbage value is the caller's to validate"
-    );
+    cells[0].value.store(0xdead_beef, canal_abi::sync::Ordering::Relaxed);
+    assert_eq!(c.pop(&cells), Some(0xdead_beef), "garbage value is the caller's to validate");
 }
 
 #[test]
 fn byte_ring_stream_of_random_chunks() {
-    let s = Arc::new(Shared {
-        ring: HeapRing::new(4096),
-        head: AtomicU64::new(0),
-        tail: AtomicU64::new(0),
-    });
+    let s = Arc::new(Shared { ring: HeapRing::new(4096), head: AtomicU64::new(0), tail: AtomicU64::new(0) });
     let total: usize = if cfg!(miri) { 3000 } else { 4 << 20 };
     let s2 = s.clone();
     let prod = std::thread::spawn(move || {
-        let mut p = Producer {
-            storage: &s2.ring.raw,
-            head_shared: &s2.head,
-            tail_shared: &s2.tail,
-            head: 0,
-        };
+        let mut p = Producer { storage: &s2.ring.raw, head_shared: &s2.head, tail_shared: &s2.tail, head: 0 };
         let mut sent = 0usize;
         let mut x = 1u32;
         let chunk: Vec<u8> = (0..3000).map(|i| (i % 251) as u8).collect();
@@ -125,12 +108,7 @@ fn byte_ring_stream_of_random_chunks() {
             }
         }
     });
-    let mut c = Consumer {
-        storage: &s.ring.raw,
-        head_shared: &s.head,
-        tail_shared: &s.tail,
-        tail: 0,
-    };
+    let mut c = Consumer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, tail: 0 };
     let mut got = 0usize;
     let mut buf = vec![0u8; 1777];
     while got < total {
@@ -149,39 +127,22 @@ fn byte_ring_stream_of_random_chunks() {
 
 #[test]
 fn records_keep_boundaries_and_addresses() {
-    let s = Arc::new(Shared {
-        ring: HeapRing::new(1024),
-        head: AtomicU64::new(0),
-        tail: AtomicU64::new(0),
-    });
+    let s = Arc::new(Shared { ring: HeapRing::new(1024), head: AtomicU64::new(0), tail: AtomicU64::new(0) });
     let count = if cfg!(miri) { 40 } else { 20_000 };
     let s2 = s.clone();
     let prod = std::thread::spawn(move || {
-        let mut p = Producer {
-            storage: &s2.ring.raw,
-            head_shared: &s2.head,
-            tail_shared: &s2.tail,
-            head: 0,
-        };
+        let mut p = Producer { storage: &s2.ring.raw, head_shared: &s2.head, tail_shared: &s2.tail, head: 0 };
         for i in 0..count {
             let len = i % 300;
             let payload: Vec<u8> = (0..len).map(|j| (i + j) as u8).collect();
             let addr = canal_abi::CanalAddr::v4([127, 0, 0, 1], i as u16).encode();
             let (a, b) = payload.split_at(len / 2);
-            while !p
-                .push_record(record_kind::DATAGRAM, &addr, &[a, b])
-                .unwrap()
-            {
+            while !p.push_record(record_kind::DATAGRAM, &addr, &[a, b]).unwrap() {
                 std::thread::yield_now();
             }
         }
     });
-    let mut c = Consumer {
-        storage: &s.ring.raw,
-        head_shared: &s.head,
-        tail_shared: &s.tail,
-        tail: 0,
-    };
+    let mut c = Consumer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, tail: 0 };
     let mut i = 0;
     while i < count {
         let Some(info) = c.next_record().unwrap() else {
@@ -204,17 +165,8 @@ fn records_keep_boundaries_and_addresses() {
 
 #[test]
 fn oversized_record_is_refused_not_wedged() {
-    let s = Shared {
-        ring: HeapRing::new(256),
-        head: AtomicU64::new(0),
-        tail: AtomicU64::new(0),
-    };
-    let mut p = Producer {
-        storage: &s.ring.raw,
-        head_shared: &s.head,
-        tail_shared: &s.tail,
-        head: 0,
-    };
+    let s = Shared { ring: HeapRing::new(256), head: AtomicU64::new(0), tail: AtomicU64::new(0) };
+    let mut p = Producer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, head: 0 };
     let max = max_record_payload(256, 32) as usize;
     assert!(p.push_record(1, &[0; 32], &[&vec![0u8; max]]).unwrap());
     assert!(!p.push_record(1, &[0; 32], &[&vec![0u8; max + 8]]).unwrap());
@@ -222,37 +174,18 @@ fn oversized_record_is_refused_not_wedged() {
 
 #[test]
 fn hostile_indices_are_detected() {
-    let s = Shared {
-        ring: HeapRing::new(256),
-        head: AtomicU64::new(0),
-        tail: AtomicU64::new(0),
-    };
+    let s = Shared { ring: HeapRing::new(256), head: AtomicU64::new(0), tail: AtomicU64::new(0) };
     // Producer index too far ahead of the consumer's.
     s.head.store(257, canal_abi::sync::Ordering::Relaxed);
-    let c = Consumer {
-        storage: &s.ring.raw,
-        head_shared: &s.head,
-        tail_shared: &s.tail,
-        tail: 0,
-    };
+    let c = Consumer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, tail: 0 };
     assert_eq!(c.available(), Err(RingCorrupt));
     // Producer index behind the consumer's (wraps to a huge "used").
     s.head.store(0, canal_abi::sync::Ordering::Relaxed);
-    let c = Consumer {
-        storage: &s.ring.raw,
-        head_shared: &s.head,
-        tail_shared: &s.tail,
-        tail: 8,
-    };
+    let c = Consumer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, tail: 8 };
     assert_eq!(c.available(), Err(RingCorrupt));
     // Consumer index ahead of what was produced.
     s.tail.store(300, canal_abi::sync::Ordering::Relaxed);
-    let p = Producer {
-        storage: &s.ring.raw,
-        head_shared: &s.head,
-        tail_shared: &s.tail,
-        head: 16,
-    };
+    let p = Producer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, head: 16 };
     assert_eq!(p.free(), Err(RingCorrupt));
 }
 
@@ -263,19 +196,10 @@ fn hostile_record_headers_are_detected() {
         encode_record_header(8, 0, record_kind::PAD),         // PAD not reaching the end
         encode_record_header(0, 7, record_kind::PAD),         // PAD with an address
     ] {
-        let s = Shared {
-            ring: HeapRing::new(256),
-            head: AtomicU64::new(0),
-            tail: AtomicU64::new(0),
-        };
+        let s = Shared { ring: HeapRing::new(256), head: AtomicU64::new(0), tail: AtomicU64::new(0) };
         copy_in(&s.ring.raw, 0, &bad);
         s.head.store(64, canal_abi::sync::Ordering::Relaxed);
-        let mut c = Consumer {
-            storage: &s.ring.raw,
-            head_shared: &s.head,
-            tail_shared: &s.tail,
-            tail: 0,
-        };
+        let mut c = Consumer { storage: &s.ring.raw, head_shared: &s.head, tail_shared: &s.tail, tail: 0 };
         assert_eq!(c.next_record(), Err(RingCorrupt), "{bad:?}");
     }
 }
