@@ -230,10 +230,10 @@ fn vm_control_constants() {
     // protocol.md §2 / §8.2; the body's byte layout is pinned by canald's
     // vm::tests::vm_region_body_layout (the encoder lives in canald).
     use canal_abi::control::*;
-    assert_eq!(
-        (kind::VM_REGION, kind::VM_REGION_OK, kind::VM_PID, kind::VM_PID_OK),
-        (8, 9, 10, 11)
-    );
+    assert_eq!(kind::VM_REGION, 8);
+    assert_eq!(kind::VM_REGION_OK, 9);
+    assert_eq!(kind::VM_PID, 10);
+    assert_eq!(kind::VM_PID_OK, 11);
     assert_eq!(VM_REGION_BODY, 48);
     assert_eq!(VM_REGION_OK_BODY, 24);
     assert_eq!(VM_MAX_PUBLISH, 64);
