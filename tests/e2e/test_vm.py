@@ -575,3 +575,50 @@ def test_killing_the_vm_closes_its_host_sockets(canal_bin, canald, procs, python
         p.finish(timeout=15)
     finally:
         lst.close()
+
+
+GUEST_SELF_SERVER = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 9099))
+s.listen(2)
+for _ in range(2):
+    c, _ = s.accept()
+    c.sendall(c.recv(100)[::-1])
+    c.close()
+"""
+
+GUEST_SELF_CLIENT = r"""
+import socket, sys, time
+deadline = time.monotonic() + 60
+for host in ("10.0.2.15", "127.0.0.1"):
+    while True:
+        try:
+            c = socket.create_connection((host, 9099), timeout=10)
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    c.sendall(b"hello")
+    print("got", host, c.recv(100).decode(), flush=True)
+"""
+
+
+def test_two_programs_in_one_guest_share_the_region(canal_bin, canald, procs, python):
+    """Two independent processes (not forked from each other) attach to the VM's one
+    region; one listens, the other reaches it as 10.0.2.15 and as 127.0.0.1, also when
+    the port is published on another host port."""
+    port = e2e_util.free_port()
+    r = procs.run(
+        vm_argv(
+            canal_bin,
+            ["--canal", "--publish", f"{port}:9099"],
+            ["sh", "-c", f'{python} -c "$1" & {python} -c "$2"; wait', "sh", GUEST_SELF_SERVER, GUEST_SELF_CLIENT],
+        ),
+        timeout=140,
+        env=_vm_env(canald),
+    )
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.split("\n")[:2] == ["got 10.0.2.15 olleh", "got 127.0.0.1 olleh"], r.describe()

@@ -97,13 +97,28 @@ fn is_wildcard_or_self(a: &CanalAddr) -> bool {
 }
 
 impl VmNet {
-    /// connect/sendto destination: 10.0.2.2 → 127.0.0.1 (also as ::ffff:10.0.2.2).
+    /// connect/sendto destination: 10.0.2.2 → 127.0.0.1 (also as ::ffff:10.0.2.2); the
+    /// guest itself (10.0.2.15, loopback) → the host's loopback, where its listeners
+    /// are, on the published host port if the port is published.
     pub fn dest_to_host(&self, a: &CanalAddr) -> CanalAddr {
         if is_v4(a, GUEST_HOST_ADDR) {
+            return with_v4(a, LOOPBACK4);
+        }
+        let own = is_v4(a, GUEST_SELF_ADDR)
+            || (a.family == FAMILY_INET && a.addr[0] == 127)
+            || (a.family == FAMILY_INET6 && std::net::Ipv6Addr::from(a.addr).is_loopback());
+        if !own {
+            return *a;
+        }
+        let mut b = if is_v4(a, GUEST_SELF_ADDR) {
             with_v4(a, LOOPBACK4)
         } else {
             *a
+        };
+        if let Some(&(h, _)) = self.publish.iter().find(|&&(_, g)| g == a.port) {
+            b.port = h;
         }
+        b
     }
 
     /// bind: a guest listener lives on the host's loopback (the wildcard, 10.0.2.15
@@ -534,6 +549,10 @@ mod tests {
             v4([10, 0, 2, 3], 53)
         );
         assert_eq!(n.dest_to_host(&v4([1, 2, 3, 4], 80)), v4([1, 2, 3, 4], 80));
+        // The guest reaching its own listeners.
+        assert_eq!(n.dest_to_host(&v4([10, 0, 2, 15], 80)), v4([127, 0, 0, 1], 18080));
+        assert_eq!(n.dest_to_host(&v4([10, 0, 2, 15], 81)), v4([127, 0, 0, 1], 81));
+        assert_eq!(n.dest_to_host(&v4([127, 0, 0, 1], 80)), v4([127, 0, 0, 1], 18080));
         assert_eq!(n.bind_to_host(&v4([0; 4], 80)), v4([127, 0, 0, 1], 18080));
         assert_eq!(n.bind_to_host(&v4([0; 4], 81)), v4([127, 0, 0, 1], 81));
         assert_eq!(
