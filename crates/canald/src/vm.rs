@@ -550,9 +550,18 @@ mod tests {
         );
         assert_eq!(n.dest_to_host(&v4([1, 2, 3, 4], 80)), v4([1, 2, 3, 4], 80));
         // The guest reaching its own listeners.
-        assert_eq!(n.dest_to_host(&v4([10, 0, 2, 15], 80)), v4([127, 0, 0, 1], 18080));
-        assert_eq!(n.dest_to_host(&v4([10, 0, 2, 15], 81)), v4([127, 0, 0, 1], 81));
-        assert_eq!(n.dest_to_host(&v4([127, 0, 0, 1], 80)), v4([127, 0, 0, 1], 18080));
+        assert_eq!(
+            n.dest_to_host(&v4([10, 0, 2, 15], 80)),
+            v4([127, 0, 0, 1], 18080)
+        );
+        assert_eq!(
+            n.dest_to_host(&v4([10, 0, 2, 15], 81)),
+            v4([127, 0, 0, 1], 81)
+        );
+        assert_eq!(
+            n.dest_to_host(&v4([127, 0, 0, 1], 80)),
+            v4([127, 0, 0, 1], 18080)
+        );
         assert_eq!(n.bind_to_host(&v4([0; 4], 80)), v4([127, 0, 0, 1], 18080));
         assert_eq!(n.bind_to_host(&v4([0; 4], 81)), v4([127, 0, 0, 1], 81));
         assert_eq!(
