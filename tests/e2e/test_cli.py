@@ -97,3 +97,48 @@ def test_run_autostarts_private_daemon(canal_bin, procs, python, progs):
                     pass
         shutil.rmtree(sockdir, ignore_errors=True)
 
+
+
+def test_vm_region_for_your_own_vm(canald):
+    """`canal vm region`: canald creates a VM's region file (mode 0600, a valid header
+    without the PORT_EVENTFD feature), lists the VM guest, and removes the file when the
+    command ends. No QEMU needed: the file is what a hypervisor would map."""
+    import struct
+
+    name = f"t-{os.getpid()}"
+    path = f"/dev/shm/canal-{name}"
+    p = canald.procs.spawn(
+        [canald.canal_bin, "vm", "region", "--name", name, "--size", "2", "--publish", "18081:80"],
+        name="vm-region",
+        env=clean_env({"CANAL_SOCKET": canald.socket}),
+    )
+    try:
+        p.wait_line("# serving", 10)
+        assert f"mem-path={path},size=2097152" in p.stdout(), p.describe()
+        assert f"<shmem name='canal-{name}'>" in p.stdout(), p.describe()
+        st = os.stat(path)
+        assert st.st_size == 2 << 20 and st.st_mode & 0o777 == 0o600, st
+        with open(path, "rb") as f:
+            head = f.read(32)
+        assert head[:8] == b"CANALRGN"
+        features = struct.unpack_from("<Q", head, 16)[0]
+        assert features & 0b11 == 0b11 and features & 0b100 == 0, hex(features)
+        g = [x for x in canald.stat()["guests"] if x["comm"] == f"vm:{name}"]
+        assert len(g) == 1, canald.stat()
+        # The same name twice is refused (the file is created exclusively).
+        r = canald.procs.run(
+            [canald.canal_bin, "vm", "region", "--name", name],
+            timeout=10,
+            env=clean_env({"CANAL_SOCKET": canald.socket}),
+        )
+        assert r.returncode == 1 and "exists" in r.stderr, r.describe()
+    finally:
+        os.kill(p.pid, signal.SIGTERM)
+    r = p.finish(timeout=10)
+    assert r.returncode == 128 + signal.SIGTERM, r.describe()
+    e2e_util.wait_for(lambda: not os.path.exists(path), timeout=2, what="canald to remove the region file")
+    e2e_util.wait_for(
+        lambda: not [x for x in canald.stat()["guests"] if x["comm"] == f"vm:{name}"],
+        timeout=2,
+        what="the VM guest to go",
+    )

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import e2e_util
-from canal_harness import need_tool, short_tmpdir as e2e_util_short_dir
+from canal_harness import clean_env, need_tool, short_tmpdir as e2e_util_short_dir
 
 pytestmark = pytest.mark.deadline(150)
 
@@ -379,10 +379,246 @@ def test_usage_errors_do_not_boot(canal_bin):
     cp = subprocess.run([canal_bin, "vm", "run", "--canal"], capture_output=True, text=True, timeout=10)
     assert cp.returncode == 2 and "no program" in cp.stderr
     cp = subprocess.run(
-        [canal_bin, "vm", "run", "--canal", "--publish", "8080:80", "--", "true"],
+        [canal_bin, "vm", "run", "--doorbell", "/nonexistent.sock", "--publish", "8080:80", "--", "true"],
         capture_output=True,
         text=True,
         timeout=10,
     )
-    assert cp.returncode == 2 and "--publish needs --virtio" in cp.stderr
+    assert cp.returncode == 2 and "--publish with --doorbell" in cp.stderr
     assert time.monotonic() - t0 < 5
+
+
+# ---- the ivshmem transport: programs in the guest use canal (issue 6) -----------------
+#
+# With --canal alone the guest kernel has no NIC (only lo): every byte a guest program
+# moves to or from the host goes through libcanal, the ivshmem BAR and canald, so a
+# transfer that completes is itself the proof that canal served it.
+
+
+def _vm_env(canald):
+    return clean_env({"CANAL_SOCKET": canald.socket})
+
+
+def _vm_guests(canald):
+    return [g for g in canald.stat().get("guests", []) if g.get("comm", "").startswith("vm:")]
+
+
+GUEST_UDP = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(20)
+s.sendto(b"ping", ("10.0.2.2", int(sys.argv[1])))
+data, src = s.recvfrom(100)
+print("udp", data.decode(), src[0], src[1] == int(sys.argv[1]), s.getsockname()[0])
+"""
+
+
+def test_curl_64mib_via_canal_in_a_guest(canal_bin, canald, procs, python):
+    curl = need_tool("curl")
+    blob = random.Random(64).randbytes(64 << 20)
+    want = hashlib.sha256(blob).hexdigest()
+    # A UDP echo on the host's loopback: the guest reaches it as 10.0.2.2 and sees the
+    # reply come from there.
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(130)
+
+    def echo():
+        try:
+            d, a = udp.recvfrom(100)
+            udp.sendto(b"pong:" + d, a)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    try:
+        with e2e_util.BlobHTTPServer(blob) as srv:
+            r = procs.run(
+                vm_argv(
+                    canal_bin,
+                    ["--canal"],
+                    [
+                        "sh",
+                        "-c",
+                        "echo $(ls /sys/class/net); "
+                        f'{curl} -sS --max-time 90 -o /tmp/blob "$1" && sha256sum /tmp/blob && '
+                        f'{python} -c "$2" "$3"',
+                        "sh",
+                        f"http://10.0.2.2:{srv.port}/blob",
+                        GUEST_UDP,
+                        str(udp.getsockname()[1]),
+                    ],
+                ),
+                timeout=140,
+                env=_vm_env(canald),
+            )
+    finally:
+        udp.close()
+    assert r.returncode == 0, r.describe()
+    lines = r.stdout.split("\n")
+    assert lines[0] == "lo", "the guest must have no NIC besides lo: " + r.describe()
+    assert lines[1].split()[0] == want, r.describe()
+    # An unconnected UDP socket autobound by sendto is bound to the wildcard, as in the
+    # kernel.
+    assert lines[2] == "udp pong:ping 10.0.2.2 True 0.0.0.0", r.describe()
+    assert not glob.glob("/dev/shm/canal-vm-*"), "canald removes the region file"
+
+
+def test_iperf3_via_canal_in_a_guest(canal_bin, canald, procs):
+    import json
+
+    iperf3 = need_tool("iperf3")
+    port = e2e_util.free_port()
+    srv = procs.spawn([iperf3, "-s", "-1", "-B", "127.0.0.1", "-p", str(port), "--json"], name="iperf3-s")
+    e2e_util.wait_for(lambda: e2e_util.tcp_listening(port), timeout=10, what="iperf3 server")
+    r = procs.run(
+        vm_argv(canal_bin, ["--canal"], [iperf3, "-c", "10.0.2.2", "-p", str(port), "-t", "1", "--json"]),
+        timeout=140,
+        env=_vm_env(canald),
+    )
+    assert r.returncode == 0, r.describe()
+    s = srv.finish(timeout=20)
+    assert s.returncode == 0, s.describe()
+    cli, sv = json.loads(r.stdout), json.loads(s.stdout)
+    sent = cli["end"]["sum_sent"]["bytes"]
+    assert sent > 0 and sent == sv["end"]["sum_received"]["bytes"], (sent, sv["end"]["sum_received"])
+    # The server saw the guest connect from the host's loopback.
+    assert sv["start"]["connected"][0]["remote_host"] == "127.0.0.1"
+
+
+GUEST_PUBLISHED = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080))
+s.listen(1)
+print("listening", s.getsockname()[1], flush=True)
+c, peer = s.accept()
+data = c.recv(100)
+c.sendall(b"guest got " + data)
+c.close()
+print("served", peer[0], flush=True)
+"""
+
+
+def test_published_guest_listener_via_canald(canal_bin, canald, procs, python):
+    port = e2e_util.free_port()
+    p = procs.spawn(
+        vm_argv(canal_bin, ["--canal", "--publish", f"{port}:8080"], [python, "-c", GUEST_PUBLISHED]),
+        name="vm-publish",
+        env=_vm_env(canald),
+    )
+    line = p.wait_line("listening", timeout=120)
+    assert line.split()[1] == "8080", "the guest sees its own port: " + p.describe()
+    g = _vm_guests(canald)
+    assert len(g) == 1 and [s["local"] for s in g[0]["sockets"]] == [f"127.0.0.1:{port}"], g
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+        c.sendall(b"ping")
+        got = b""
+        while True:
+            b = c.recv(100)
+            if not b:
+                break
+            got += b
+    assert got == b"guest got ping", p.describe()
+    line = p.wait_line("served", timeout=30)
+    assert line.split()[1] == "10.0.2.2", "the host appears as 10.0.2.2, as with user networking"
+    r = p.finish(timeout=30)
+    assert r.returncode == 0, r.describe()
+
+
+GUEST_HOLD = r"""
+import socket, sys, time
+port = int(sys.argv[1])
+ss = [socket.create_connection(("10.0.2.2", port)) for _ in range(3)]
+print("connected", flush=True)
+time.sleep(300)
+"""
+
+
+def test_killing_the_vm_closes_its_host_sockets(canal_bin, canald, procs, python):
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(8)
+    port = lst.getsockname()[1]
+    p = procs.spawn(
+        vm_argv(canal_bin, ["--canal"], [python, "-c", GUEST_HOLD, str(port)]),
+        name="vm-hold",
+        env=_vm_env(canald),
+    )
+    try:
+        p.wait_line("connected", timeout=120)
+        lst.settimeout(10)
+        conns = [lst.accept()[0] for _ in range(3)]
+        g = _vm_guests(canald)
+        assert len(g) == 1 and len(g[0]["sockets"]) == 3, g
+        qemu = g[0]["pid"]
+        assert _qemu_children(p.pid) == [qemu], "canald knows the VM by its QEMU process"
+        region = f"/dev/shm/canal-vm-{p.pid}"
+        assert os.path.exists(region)
+        assert oct(os.stat(region).st_mode & 0o777) == "0o600"
+        os.kill(qemu, signal.SIGKILL)
+        t0 = time.monotonic()
+        e2e_util.wait_for(
+            lambda: not any(x.get("sockets") for x in _vm_guests(canald)),
+            timeout=1.0,
+            what="canald to close the VM's host sockets",
+        )
+        gone = time.monotonic() - t0
+        for c in conns:
+            c.settimeout(1)
+            assert c.recv(10) == b"", "host peer sees EOF"
+            c.close()
+        assert gone < 1.0
+        assert not os.path.exists(region), "region file removed when the VM ended"
+        p.finish(timeout=15)
+    finally:
+        lst.close()
+
+
+GUEST_SELF_SERVER = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 9099))
+s.listen(2)
+for _ in range(2):
+    c, _ = s.accept()
+    c.sendall(c.recv(100)[::-1])
+    c.close()
+"""
+
+GUEST_SELF_CLIENT = r"""
+import socket, sys, time
+deadline = time.monotonic() + 60
+for host in ("10.0.2.15", "127.0.0.1"):
+    while True:
+        try:
+            c = socket.create_connection((host, 9099), timeout=10)
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    c.sendall(b"hello")
+    print("got", host, c.recv(100).decode(), flush=True)
+"""
+
+
+def test_two_programs_in_one_guest_share_the_region(canal_bin, canald, procs, python):
+    """Two independent processes (not forked from each other) attach to the VM's one
+    region; one listens, the other reaches it as 10.0.2.15 and as 127.0.0.1, also when
+    the port is published on another host port."""
+    port = e2e_util.free_port()
+    r = procs.run(
+        vm_argv(
+            canal_bin,
+            ["--canal", "--publish", f"{port}:9099"],
+            ["sh", "-c", f'{python} -c "$1" & {python} -c "$2"; wait', "sh", GUEST_SELF_SERVER, GUEST_SELF_CLIENT],
+        ),
+        timeout=140,
+        env=_vm_env(canald),
+    )
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.split("\n")[:2] == ["got 10.0.2.15 olleh", "got 127.0.0.1 olleh"], r.describe()

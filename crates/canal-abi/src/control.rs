@@ -35,6 +35,36 @@ pub mod kind {
     pub const SEGMENT: u16 = 9;
     /// host → guest: body `id: u32, reserved: u32, size: u64`.
     pub const SEGMENT_OK: u16 = 10;
+    /// host tool → host: body VM_REGION_BODY below (encoded by canald::vm::VmRegion): a
+    /// VM guest's region as a named file a hypervisor maps (protocol.md §9). Reply:
+    /// VM_REGION_OK or ERROR. The VM guest lives until this connection closes or its VM
+    /// process (VM_PID) exits.
+    pub const VM_REGION: u16 = 11;
+    /// host → tool: `guest_id u32, reserved u32, region_size u64, file_size u64`, then
+    /// the file's path (UTF-8, to the end of the body).
+    pub const VM_REGION_OK: u16 = 12;
+    /// host tool → host: `pid u32` (the VM process, e.g. QEMU), optionally with a pidfd
+    /// of it in SCM_RIGHTS. Reply: VM_PID_OK (empty) or ERROR.
+    pub const VM_PID: u16 = 13;
+    pub const VM_PID_OK: u16 = 14;
+}
+
+/// VM_REGION body: `file_size u64, npublish u32, reserved u32, name [u8; 32]` (NUL
+/// padded; `[A-Za-z0-9_.-]`, not starting with '.'), then `npublish` entries of
+/// `host_port u16, guest_port u16`.
+pub const VM_REGION_BODY: usize = 48;
+/// Most published ports per VM.
+pub const VM_MAX_PUBLISH: usize = 64;
+/// VM_REGION_OK body before the path.
+pub const VM_REGION_OK_BODY: usize = 24;
+
+/// A VM name: 1..=32 bytes of `[A-Za-z0-9_.-]`, not starting with '.'.
+pub fn valid_vm_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 32
+        && !n.starts_with('.')
+        && n.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
 }
 
 /// HELLO `flags` bits.

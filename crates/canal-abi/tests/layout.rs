@@ -345,3 +345,20 @@ fn golden_segment_header() {
     assert_eq!(check_header(sh, 8, len), Err(BadSegment), "wrong id");
     assert_eq!(check_header(sh, 7, len - 1), Err(BadSegment), "short mapping");
 }
+
+#[test]
+fn vm_control_constants() {
+    // protocol.md §2 / §9.2; the body's byte layout is pinned by canald's
+    // vm::tests::vm_region_body_layout (the encoder lives in canald).
+    use canal_abi::control::*;
+    assert_eq!(kind::VM_REGION, 11);
+    assert_eq!(kind::VM_REGION_OK, 12);
+    assert_eq!(kind::VM_PID, 13);
+    assert_eq!(kind::VM_PID_OK, 14);
+    assert_eq!(VM_REGION_BODY, 48);
+    assert_eq!(VM_REGION_OK_BODY, 24);
+    assert_eq!(VM_MAX_PUBLISH, 64);
+    assert!(valid_vm_name("vm-123") && valid_vm_name("a.b_c"));
+    assert!(!valid_vm_name(".x") && !valid_vm_name("a/b") && !valid_vm_name(""));
+    assert!(!valid_vm_name(&"a".repeat(33)));
+}

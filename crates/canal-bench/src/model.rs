@@ -390,8 +390,8 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             target: "canal ≥ 3× virtio-net throughput and ≤ 1/3 of its latency",
             cells: vec![],
             unavailable: Some(
-                "needs a QEMU guest with the canal ivshmem device (`canal vm`, VM harness issue); \
-                 it plugs in as two more systems (vm-canal, vm-virtio) running this generator inside the guest",
+                "boots a QEMU guest: run it alone as `canal bench b11` (crates/canal-vm/src/bench.rs; \
+                 results in docs/bench/b11.md)",
             ),
         },
         _ => return None,

@@ -67,8 +67,16 @@ fn main() -> ExitCode {
         "run" => run::run(args),
         "stat" => stat(args),
         "daemon" => canald::cli_main(args),
+        // B11 boots a VM: it lives with the VM harness (canal-vm's bench.rs).
+        "bench" if matches!(args.first().map(String::as_str), Some("b11" | "B11")) => {
+            let _ = canal_vm::ENSURE_DAEMON.set(run::ensure_daemon);
+            canal_vm::bench::cli_main(&args[1..])
+        }
         "bench" => canal_bench::cli_main(args),
-        "vm" => canal_vm::cli_main(args),
+        "vm" => {
+            let _ = canal_vm::ENSURE_DAEMON.set(run::ensure_daemon);
+            canal_vm::cli_main(args)
+        }
         "-h" | "--help" | "help" => {
             println!("{}", usage());
             0

@@ -68,6 +68,16 @@ fn find_library(exe: &Path) -> Option<PathBuf> {
     .find(|p| p.is_file())
 }
 
+/// Makes sure a canald answers on `path`: starts a private one if not (`canal vm` uses
+/// this too).
+pub fn ensure_daemon(path: &Path) -> Result<(), String> {
+    if answers(path) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
+    start_private_daemon(&exe, path)
+}
+
 fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
     let log = path.with_extension("log");
     if let Some(dir) = path.parent() {

@@ -3,6 +3,7 @@
 //! shared-memory device, runs one program in it and returns its exit status.
 //! Entry point used by `canal vm`. See docs/vm.md.
 
+pub mod bench;
 pub mod image;
 pub mod probe;
 pub mod qemu;
@@ -16,6 +17,99 @@ use std::time::Duration;
 use qemu::{Accel, Publish, VmConfig};
 use region::RegionFile;
 use run::{Deadlines, GuestCommand, Outcome, Output, RunDir};
+
+/// `canal vm region`: a canald-served region for a VM someone else starts (libvirt,
+/// a hand-written QEMU command line). The guest lives while this command runs.
+fn cmd_region(args: &[String]) -> i32 {
+    let mut name: Option<String> = None;
+    let mut size = region::DEFAULT_REGION_MIB;
+    let mut publish: Vec<(u16, u16)> = Vec::new();
+    let mut pid: Option<u32> = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let v = args.get(i + 1).cloned();
+        match (a, v) {
+            ("--name", Some(v)) => name = Some(v),
+            ("--size", Some(v)) => match v.parse::<u64>() {
+                Ok(s) if s.is_power_of_two() && s <= 1024 => size = s,
+                _ => return usage_error("--size needs a power of two in MiB"),
+            },
+            ("--publish", Some(v)) => match v
+                .split_once(':')
+                .and_then(|(h, g)| Some((h.parse::<u16>().ok()?, g.parse::<u16>().ok()?)))
+            {
+                Some(p) => publish.push(p),
+                None => return usage_error("--publish: expected HOSTPORT:GUESTPORT"),
+            },
+            ("--pid", Some(v)) => match v.parse::<u32>() {
+                Ok(p) if p > 0 => pid = Some(p),
+                _ => return usage_error("--pid needs a process id"),
+            },
+            _ => return usage_error(&format!("region: bad argument '{a}'")),
+        }
+        i += 2;
+    }
+    let Some(name) = name else {
+        return usage_error("region: --name NAME is required");
+    };
+    if let Err(e) = sys::catch_termination_signals() {
+        eprintln!("canal vm: {e}");
+        return EXIT_HARNESS;
+    }
+    let socket = canald_socket();
+    if let Err(e) = ensure_daemon(&socket) {
+        eprintln!("canal vm: {e}");
+        return 1;
+    }
+    let r = match region::canald_region(&socket, &name, size << 20, &publish) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("canal vm: canald on {}: {e}", socket.display());
+            return 1;
+        }
+    };
+    if let Some(p) = pid {
+        if let Err(e) = r.set_vm_pid(p) {
+            eprintln!("canal vm: --pid {p}: {e}");
+            return 1;
+        }
+    }
+    print!("{}", qemu::operator_snippets(&name, &r.path, size));
+    println!(
+        "# serving; the guest ends when this command does{}",
+        match pid {
+            Some(p) => format!(" or process {p} exits"),
+            None => String::new(),
+        }
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let conn = r
+        .canald
+        .as_ref()
+        .map(|h| std::os::fd::AsRawFd::as_raw_fd(&h.conn));
+    loop {
+        if let Some(sig) = sys::pending_signal() {
+            return 128 + sig;
+        }
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            return 0;
+        }
+        // The connection turns readable (EOF) only if canald goes away.
+        match conn.map(|c| sys::poll_readable(&[c], 200)) {
+            Some(Ok(v)) if v.first() == Some(&true) => {
+                eprintln!("canal vm: canald closed the connection");
+                return 1;
+            }
+            Some(Err(e)) => {
+                eprintln!("canal vm: {e}");
+                return 1;
+            }
+            _ => {}
+        }
+    }
+}
 
 /// Exit status when the harness itself fails (no program status to report).
 pub const EXIT_HARNESS: i32 = 125;
@@ -46,16 +140,42 @@ commands:
       --cpus N             guest CPUs (default 1)
       --timeout S          kill the guest after S seconds (exit 124)
       --boot-timeout S     fail if the guest is not ready after S seconds (default 120)
-      --publish H:G        with --virtio: host 127.0.0.1:H forwards to guest port G
+      --publish H:G        host 127.0.0.1:H reaches guest port G: with --canal canald
+                           binds the guest's listener there, with --virtio alone QEMU's
+                           hostfwd forwards it
       --env NAME=VALUE     set an environment variable for PROGRAM (repeatable)
       -v, --verbose        print the QEMU command line and boot timings
   qemu-args [--name NAME] [--size MiB] [--path FILE]
                            print QEMU options and libvirt XML for a canal region file
   qemu-args --doorbell SOCKET [--vectors N]
                            the same for a region with doorbells from an ivshmem server
+  region --name NAME [--size MiB] [--publish H:G]... [--pid PID]
+                           for your own VM: canald creates /dev/shm/canal-NAME and serves
+                           the guest in it; prints the QEMU options and libvirt XML, then
+                           stays until SIGINT/SIGTERM or until process PID (the VM) exits
   image                    build (or find) the cached guest image and print its paths
   probe [--force]          run (or show the cached) KVM probe
 ";
+
+/// How `canal vm` makes sure a canald answers on a path (the CLI installs `canal run`'s
+/// logic: start a private canald if none answers).
+pub static ENSURE_DAEMON: std::sync::OnceLock<EnsureDaemon> = std::sync::OnceLock::new();
+
+/// See [`ENSURE_DAEMON`].
+pub type EnsureDaemon = fn(&Path) -> Result<(), String>;
+
+fn ensure_daemon(socket: &Path) -> Result<(), String> {
+    match ENSURE_DAEMON.get() {
+        Some(f) => f(socket),
+        None if canald::sys::seqpacket_connect(socket).is_ok() => Ok(()),
+        None => Err(format!("no canald answers on {}", socket.display())),
+    }
+}
+
+/// The canald the VM's region comes from: $CANAL_SOCKET or canald's default path.
+fn canald_socket() -> PathBuf {
+    canald::default_socket_path()
+}
 
 /// Entry point of `canal vm ARGS...`.
 pub fn cli_main(args: Vec<String>) -> i32 {
@@ -66,6 +186,7 @@ pub fn cli_main(args: Vec<String>) -> i32 {
     match cmd.as_str() {
         "run" => cmd_run(rest),
         "qemu-args" => cmd_qemu_args(rest),
+        "region" => cmd_region(rest),
         "image" => cmd_image(),
         "probe" => cmd_probe(rest),
         "-h" | "--help" | "help" => {
@@ -234,8 +355,8 @@ pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
     if o.doorbell.is_some() && o.shm_path.is_some() {
         return Err("--doorbell takes the region from the ivshmem server; no --shm-path".into());
     }
-    if !o.publish.is_empty() && !o.virtio {
-        return Err("--publish needs --virtio (canal publishes ports through canald)".into());
+    if !o.publish.is_empty() && !o.virtio && o.doorbell.is_some() {
+        return Err("--publish with --doorbell: not supported (use --virtio)".into());
     }
     Ok(o)
 }
@@ -322,9 +443,21 @@ fn prepare(
             .push(("HOME".into(), home.to_string_lossy().into_owned()));
     }
     let region = if o.canal && o.doorbell.is_none() {
+        let name = format!("vm-{}", std::process::id());
+        let size = o.shm_mib << 20;
         let r = match &o.shm_path {
             Some(p) => RegionFile::existing(p),
-            None => region::create_region(&format!("vm-{}", std::process::id()), o.shm_mib << 20),
+            // Only the device, no libcanal: a plain file (the shared-memory test).
+            None if !o.preload => region::create_region(&name, size),
+            None => {
+                let socket = canald_socket();
+                ensure_daemon(&socket)?;
+                let publish: Vec<(u16, u16)> =
+                    o.publish.iter().map(|p| (p.host, p.guest)).collect();
+                region::canald_region(&socket, &name, size, &publish).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("canald on {}: {e}", socket.display()))
+                })
+            }
         }
         .map_err(|e| format!("canal region: {e}"))?;
         Some(r)
@@ -363,7 +496,12 @@ fn prepare(
         err_sock: p.join("err.sock"),
         console_log: p.join("console.log"),
         virtio_net: o.virtio,
-        publish: o.publish.clone(),
+        // With canal, canald publishes (VM_REGION); QEMU's hostfwd would take the ports.
+        publish: if region.as_ref().is_some_and(|r| r.canald.is_some()) {
+            Vec::new()
+        } else {
+            o.publish.clone()
+        },
         region: region.as_ref().map(|r| (r.path.clone(), r.size)),
         doorbell: o.doorbell.clone().map(|p| (p, o.doorbell_vectors)),
         extra: std::env::var("CANAL_VM_QEMU_EXTRA")
@@ -465,7 +603,8 @@ pub fn run_program(o: &RunOptions) -> Result<i32, String> {
                 .join(" ")
         );
     }
-    let (outcome, t) = run::boot(
+    let region = p._region.as_ref();
+    let (outcome, t) = run::boot_with(
         &p.cfg,
         Deadlines {
             ready: o.boot_timeout,
@@ -473,6 +612,11 @@ pub fn run_program(o: &RunOptions) -> Result<i32, String> {
             poweroff: Duration::from_secs(10),
         },
         Output::Stream,
+        &|pid| {
+            if let Some(Err(e)) = region.map(|r| r.set_vm_pid(pid)) {
+                eprintln!("canal vm: canald does not watch QEMU (its guest ends with this command instead): {e}");
+            }
+        },
     );
     if o.verbose {
         let f = |d: Option<Duration>| {
@@ -635,7 +779,11 @@ mod tests {
             }]
         );
         assert_eq!(o.env, vec![("A".to_string(), "b=c".to_string())]);
-        assert!(parse_run(&s(&["--canal", "--publish", "1:2", "--", "x"])).is_err());
+        assert!(
+            parse_run(&s(&["--canal", "--publish", "1:2", "--", "x"])).is_ok(),
+            "canald publishes for canal guests"
+        );
+        assert!(parse_run(&s(&["--doorbell", "/s", "--publish", "1:2", "--", "x"])).is_err());
         assert!(parse_run(&s(&["--bogus", "--", "x"])).is_err());
         assert!(parse_run(&s(&["--canal"])).is_err());
         assert!(parse_run(&s(&["--timeout", "0", "--", "x"])).is_err());

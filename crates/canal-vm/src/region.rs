@@ -1,9 +1,9 @@
 //! The file that backs a guest's canal region: QEMU maps it with
 //! `memory-backend-file,share=on` and exposes it as the ivshmem-plain BAR 2.
 //!
-//! For now the harness creates the file itself (a sparse file in /dev/shm). When canald
-//! gains an API for creating and owning a VM's region, [`create_region`] is the one place
-//! to switch over.
+//! `canal vm run --canal` asks canald for it ([`canald_region`]: canald creates, owns and
+//! removes the file, and serves the guest in it); [`create_region`] makes a plain file
+//! for tests of the device alone (`--no-preload`).
 
 use std::fs;
 use std::io;
@@ -18,6 +18,8 @@ pub struct RegionFile {
     pub path: PathBuf,
     pub size: u64,
     owned: bool,
+    /// Set when canald made the region: the connection that keeps its guest alive.
+    pub canald: Option<canald::vm::VmRegionHandle>,
 }
 
 impl RegionFile {
@@ -32,8 +34,37 @@ impl RegionFile {
             path: path.to_path_buf(),
             size,
             owned: false,
+            canald: None,
         })
     }
+
+    /// Tells canald (if it made the region) which process is the VM: when it exits,
+    /// canald closes the guest's sockets at once and removes the file.
+    pub fn set_vm_pid(&self, pid: u32) -> io::Result<()> {
+        match &self.canald {
+            Some(h) => h.set_pid(pid),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Asks the canald at `socket` to create the region for a VM called `name` (file
+/// `/dev/shm/canal-NAME`, which canald removes when the VM ends), with guest ports
+/// published on host ports (`(host, guest)`).
+pub fn canald_region(
+    socket: &Path,
+    name: &str,
+    size: u64,
+    publish: &[(u16, u16)],
+) -> io::Result<RegionFile> {
+    check_size(size)?;
+    let h = canald::vm::request_region(socket, name, size, publish)?;
+    Ok(RegionFile {
+        path: h.path.clone(),
+        size: h.file_size,
+        owned: false,
+        canald: Some(h),
+    })
 }
 
 impl Drop for RegionFile {
@@ -61,7 +92,7 @@ pub fn region_path(name: &str) -> PathBuf {
 }
 
 /// Creates a new zero-filled (sparse) region file of `size` bytes for a guest called
-/// `name`. The swap point for canald-owned regions.
+/// `name`, owned (and removed on drop) by this process; no canald involved.
 pub fn create_region(name: &str, size: u64) -> io::Result<RegionFile> {
     check_size(size)?;
     let path = region_path(name);
@@ -75,6 +106,7 @@ pub fn create_region(name: &str, size: u64) -> io::Result<RegionFile> {
         path,
         size,
         owned: true,
+        canald: None,
     };
     f.set_len(size)?;
     Ok(region)

@@ -167,8 +167,18 @@ struct Channel {
 
 /// Boots `cfg` (whose run directory already holds cmd.sh) and waits for the result.
 pub fn boot(cfg: &VmConfig, deadlines: Deadlines, output: Output) -> (Outcome, Timings) {
+    boot_with(cfg, deadlines, output, &|_| {})
+}
+
+/// [`boot`], calling `on_spawn` with QEMU's pid once it is started.
+pub fn boot_with(
+    cfg: &VmConfig,
+    deadlines: Deadlines,
+    output: Output,
+    on_spawn: &dyn Fn(u32),
+) -> (Outcome, Timings) {
     let mut t = Timings::default();
-    let outcome = match boot_inner(cfg, deadlines, output, &mut t) {
+    let outcome = match boot_inner(cfg, deadlines, output, &mut t, on_spawn) {
         Ok(o) => o,
         Err(e) => Outcome::QemuFailed(e.to_string()),
     };
@@ -180,6 +190,7 @@ fn boot_inner(
     dl: Deadlines,
     output: Output,
     t: &mut Timings,
+    on_spawn: &dyn Fn(u32),
 ) -> io::Result<Outcome> {
     let mut chans = Vec::new();
     for p in [&cfg.ctl_sock, &cfg.out_sock, &cfg.err_sock] {
@@ -204,6 +215,7 @@ fn boot_inner(
     let mut child = cmd
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", cfg.qemu.display())))?;
+    on_spawn(child.id());
     let mut guard = ChildGuard(Some(&mut child));
 
     let mut ctl_buf: Vec<u8> = Vec::new();

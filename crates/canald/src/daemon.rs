@@ -171,6 +171,8 @@ pub struct Daemon {
     /// Kernel-counted liveness of guest sockets (WATCH).
     watches: crate::watch::Watches,
     shortcut: ShortcutRef,
+    /// VM guests (`vm.rs`): region files, VM processes, the bounded sleep.
+    vm: crate::vm::Vms,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -279,6 +281,7 @@ impl Daemon {
             idle_since: Instant::now(),
             stop: false,
             watches: Default::default(),
+            vm: Default::default(),
         })))
     }
 
@@ -398,6 +401,14 @@ impl Daemon {
                     }
                 }
             }
+            token::VM_PROCESS => {
+                let key = token::conn(tok);
+                log(
+                    &self.cfg,
+                    format_args!("VM process of connection {key} exited"),
+                );
+                self.close_conn(key);
+            }
             token::SIGNAL => {
                 if let Some(fd) = &self.signals {
                     while let Some(sig) = sys::read_signal(fd) {
@@ -510,6 +521,7 @@ impl Daemon {
     /// A control connection ended: if it belonged to a guest, the guest is gone.
     fn close_conn(&mut self, key: u32) {
         self.watches.forget_conn(&self.workers[0].ep, key);
+        self.vm.forget(&self.workers[0].ep, key);
         let Some(c) = self.conns.remove(&key) else {
             return;
         };
@@ -696,6 +708,48 @@ impl Daemon {
                     None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
                 }
             }
+            kind::VM_REGION => {
+                if conn.worker.is_some() {
+                    return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
+                }
+                let id = self.next_guest;
+                match self.vm.create(key, id, conn.pid, &self.gcfg, body) {
+                    Ok((g, reply)) => {
+                        let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &reply, &[]);
+                        log(
+                            &self.cfg,
+                            format_args!("guest {id} attached: {} (VM region)", g.comm),
+                        );
+                        self.next_guest = self.next_guest.wrapping_add(1).max(1);
+                        // VM guests live on worker 0: it serves the VM processes' pidfds
+                        // and bounds its sleep while it has one (a VM cannot kick it).
+                        let w = self.workers[0].clone();
+                        w.lock().guests.insert(key, g);
+                        w.poke();
+                        if let Some(c) = self.conns.get_mut(&key) {
+                            c.worker = Some(0);
+                        }
+                        sent.is_ok()
+                    }
+                    Err((e, text)) => send_error(&conn.fd, e, &text).is_ok(),
+                }
+            }
+            kind::VM_PID => {
+                if body.len() < 4 {
+                    return send_error(&conn.fd, errno::EINVAL, "short VM_PID").is_ok();
+                }
+                let pid = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                let ep = &self.workers[0].ep;
+                match self.vm.set_pid(ep, key, pid, fds.into_iter().next()) {
+                    Ok(()) => {
+                        if let Some(g) = self.workers[0].lock().guests.get_mut(&key) {
+                            g.pid = pid;
+                        }
+                        send_msg(&conn.fd, kind::VM_PID_OK, &[], &[]).is_ok()
+                    }
+                    Err((e, text)) => send_error(&conn.fd, e, text).is_ok(),
+                }
+            }
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
         }
     }
@@ -774,6 +828,7 @@ impl Daemon {
             sh.doorbells.clear();
         }
         self.conns.clear();
+        self.vm.forget_all(&self.workers[0].ep);
         // We hold the lock: the socket file is ours.
         let _ = std::fs::remove_file(&self.cfg.socket);
     }

@@ -26,6 +26,7 @@ fn config() -> GuestConfig {
     GuestConfig {
         budget: 8,
         loopback_only: true,
+        vm: None,
         ..GuestConfig::with_layout(
             Layout::new(SLOTS, SOCKETS, 8 * RING).expect("valid fuzz layout"),
             RING,

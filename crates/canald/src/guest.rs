@@ -46,6 +46,8 @@ pub struct GuestConfig {
     /// Receive and transmit bytes a guest may move per round (deficit round robin).
     pub rx_quantum: u64,
     pub tx_quantum: u64,
+    /// A VM guest's address view (`vm.rs`); None for a process guest.
+    pub vm: Option<std::sync::Arc<crate::vm::VmNet>>,
 }
 
 impl GuestConfig {
@@ -59,6 +61,7 @@ impl GuestConfig {
             chunk: u64::MAX,
             rx_quantum: 256 << 10,
             tx_quantum: 1 << 20,
+            vm: None,
         }
     }
 }
@@ -74,6 +77,10 @@ pub mod token {
     pub const SIGNAL: u64 = 4;
     /// A worker's own eventfd (new guest, shutdown).
     pub const POKE: u64 = 5;
+    /// Kernel-counted liveness of a guest socket (`watch.rs`, WATCH).
+    pub const WATCH: u64 = 6;
+    /// The pidfd of a VM guest's VM process (`vm.rs`).
+    pub const VM_PROCESS: u64 = 7;
 
     pub fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
         (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64
@@ -94,18 +101,46 @@ pub mod token {
 
 // ---- address view -----------------------------------------------------------------
 
-/// Guest view → host address. Identity today; the VM issue maps guest-only addresses
-/// (e.g. 10.0.2.2 → 127.0.0.1) here. Errors are errno values.
+/// Guest view → host address for connect/sendto: identity for a process guest; a VM
+/// guest's 10.0.2.2 is the host's 127.0.0.1 (`vm.rs`). Errors are errno values.
 pub fn translate_guest_addr(guest: &GuestView, a: &CanalAddr) -> Result<CanalAddr, i32> {
-    if guest.loopback_only && !is_loopback(a) {
+    let a = match &guest.vm {
+        Some(v) => v.dest_to_host(a),
+        None => *a,
+    };
+    if guest.loopback_only && !is_loopback(&a) {
         return Err(errno::EACCES);
     }
-    Ok(*a)
+    Ok(a)
 }
 
-/// Host address → guest view (getsockname, getpeername, accept, recvfrom).
-pub fn translate_host_addr(_guest: &GuestView, a: &CanalAddr) -> CanalAddr {
-    *a
+/// Guest view → host address for bind: a VM guest's listeners live on the host's
+/// loopback, on their published host port (`vm.rs`).
+pub fn translate_guest_bind(guest: &GuestView, a: &CanalAddr) -> Result<CanalAddr, i32> {
+    let a = match &guest.vm {
+        Some(v) => v.bind_to_host(a),
+        None => *a,
+    };
+    if guest.loopback_only && !is_loopback(&a) {
+        return Err(errno::EACCES);
+    }
+    Ok(a)
+}
+
+/// Host address → guest view of a peer (getpeername, accept, recvfrom).
+pub fn translate_host_addr(guest: &GuestView, a: &CanalAddr) -> CanalAddr {
+    match &guest.vm {
+        Some(v) => v.peer_to_guest(a),
+        None => *a,
+    }
+}
+
+/// Host address → guest view of a local address (getsockname).
+pub fn translate_host_local(guest: &GuestView, a: &CanalAddr) -> CanalAddr {
+    match &guest.vm {
+        Some(v) => v.local_to_guest(a),
+        None => *a,
+    }
 }
 
 fn is_loopback(a: &CanalAddr) -> bool {
@@ -124,6 +159,7 @@ fn is_loopback(a: &CanalAddr) -> bool {
 pub struct GuestView {
     pub id: u32,
     pub loopback_only: bool,
+    pub vm: Option<std::sync::Arc<crate::vm::VmNet>>,
 }
 
 // ---- sockets ----------------------------------------------------------------------
@@ -352,8 +388,24 @@ impl Guest {
         features: u64,
     ) -> io::Result<(Guest, OwnedFd)> {
         let (memfd, map, region) = sys::Mapping::create_region(cfg.layout, id, features)?;
+        Ok((
+            Guest::with_region(id, conn, pid, comm, cfg, map, region),
+            memfd,
+        ))
+    }
+
+    /// A guest on a region already created and mapped (`map` holds `region`).
+    pub fn with_region(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        map: sys::Mapping,
+        region: Region,
+    ) -> Guest {
         let n = cfg.layout.socket_count as usize;
-        let g = Guest {
+        Guest {
             id,
             pid,
             comm,
@@ -381,12 +433,16 @@ impl Guest {
             earliest_close: None,
             cfg,
             map,
-        };
-        Ok((g, memfd))
+        }
     }
 
     pub fn region(&self) -> &Region {
         &self.region
+    }
+
+    /// A VM guest (ivshmem region): it cannot kick the poller.
+    pub fn is_vm(&self) -> bool {
+        self.cfg.vm.is_some()
     }
 
     /// The region's mapping (tests and fuzzing write guest bytes through it).
@@ -402,6 +458,7 @@ impl Guest {
         GuestView {
             id: self.id,
             loopback_only: self.cfg.loopback_only,
+            vm: self.cfg.vm.clone(),
         }
     }
 
@@ -763,7 +820,7 @@ impl Guest {
         let view = self.view();
         match cmd {
             Cmd::Bind(a) => {
-                let a = translate_guest_addr(&view, &a)?;
+                let a = translate_guest_bind(&view, &a)?;
                 let s = self.live(index)?;
                 sys::bind(fd_of(s)?, &a).map_err(|e| sys::errno_of(&e))?;
                 Ok((0, 0))
@@ -804,12 +861,12 @@ impl Guest {
                 }
                 let fd = fd_of(s)?;
                 let a = if cmd == Cmd::SockName {
-                    sys::sockname(fd)
+                    sys::sockname(fd).map(|a| translate_host_local(&view, &a))
                 } else {
-                    sys::peername(fd)
+                    sys::peername(fd).map(|a| translate_host_addr(&view, &a))
                 }
-                .map_err(|e| sys::errno_of(&e))?;
-                let a = translate_host_addr(&view, &a).encode();
+                .map_err(|e| sys::errno_of(&e))?
+                .encode();
                 out[..a.len()].copy_from_slice(&a);
                 Ok((0, a.len()))
             }

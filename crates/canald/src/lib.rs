@@ -6,7 +6,8 @@
 //! Code map: `sys` (the only unsafe code: small syscall wrappers), `alloc` (data-area
 //! allocator), `request` (copy-then-validate of request slots), `guest` (one guest's
 //! sockets and its service round), `daemon` (control socket and the poller loop),
-//! `stat` (the listing), `fuzz` (the request consumer's fuzz entry point).
+//! `stat` (the listing), `vm` (VM guests: region files,
+//! address view), `fuzz` (the request consumer's fuzz entry point).
 #![deny(unsafe_code)]
 
 pub mod alloc;
@@ -19,6 +20,7 @@ pub mod stat;
 pub mod sys;
 pub mod worker;
 pub mod watch;
+pub mod vm;
 
 pub use daemon::{fetch_stat, Bound, Config, Daemon};
 use std::path::PathBuf;

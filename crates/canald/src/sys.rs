@@ -90,6 +90,24 @@ impl Mapping {
         Ok((fd, map, region))
     }
 
+    /// Maps the first `layout.region_size` bytes of a fresh (zero-filled) region file
+    /// a hypervisor maps too (a VM guest's region) and writes the header.
+    pub fn init_file_region(
+        fd: &OwnedFd,
+        layout: Layout,
+        guest_id: u32,
+        features: u64,
+    ) -> io::Result<(Mapping, Region)> {
+        let len = usize::try_from(layout.region_size)
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        let map = Mapping::map(fd, len)?;
+        // SAFETY: `map` covers region_size writable bytes of a file the caller has just
+        // created and sized (so zeroed), page aligned by mmap; the caller keeps `map` as
+        // long as it uses the returned Region (the Guest owns both).
+        let region = unsafe { Region::init(map.base, layout, guest_id, features) };
+        Ok((map, region))
+    }
+
     /// Maps `len` bytes of `fd` shared, read/write.
     pub fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping chosen by the kernel; no existing memory is affected.
@@ -230,6 +248,22 @@ pub fn ignore_sigpipe() {
 
 // ---- eventfd, epoll ---------------------------------------------------------------
 
+/// A pidfd for `pid` (readable once the process has exited).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(owned(r as libc::c_int))
+}
+
+/// Whether `fd` is a pidfd (a VM_PID message's descriptor must be one).
+pub fn is_pidfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[pidfd]")
+}
+
 pub fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: plain call.
     Ok(owned(cvt(unsafe {
@@ -347,6 +381,39 @@ impl Epoll {
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
         // SAFETY: as in add.
         unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
+    /// Waits up to `timeout_ns` nanoseconds (epoll_pwait2: finer than a millisecond).
+    /// EINTR counts as no events.
+    pub fn wait_ns(&self, events: &mut [EpollEvent], timeout_ns: u64) -> io::Result<usize> {
+        let max = events.len().min(i32::MAX as usize) as libc::c_int;
+        let ts = libc::timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: the kernel writes at most `max` events into the buffer and reads the
+        // live `ts`; no signal mask (NULL).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait2,
+                self.fd.as_raw_fd() as libc::c_long,
+                events.as_mut_ptr(),
+                max as libc::c_long,
+                &ts as *const libc::timespec,
+                std::ptr::null::<libc::sigset_t>(),
+                0 as libc::c_long,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EINTR) => Ok(0),
+                // Kernels before 5.11: whole milliseconds, rounded up.
+                Some(libc::ENOSYS) => self.wait(events, timeout_ns.div_ceil(1_000_000) as i32),
+                _ => Err(e),
+            };
+        }
+        Ok(r as usize)
     }
 
     /// Waits up to `timeout_ms` (-1: forever). EINTR counts as no events.

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Epoll token type of a watch (the others are in `guest::token`).
-pub const TOKEN: u64 = 5;
+pub const TOKEN: u64 = crate::guest::token::WATCH;
 
 fn token(conn: u32, gen: u16, index: u16) -> u64 {
     crate::guest::token::make(TOKEN, conn, gen, index)

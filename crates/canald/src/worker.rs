@@ -134,6 +134,8 @@ pub struct Poller {
     split_at: Instant,
     /// Last wake-up from sleep caused by host sockets only (layer-1 coalescing).
     last_io_wake: Option<Instant>,
+    /// Bounded sleeps while this worker serves a VM guest (worker 0 only).
+    vm_sleep: crate::vm::SleepBackoff,
     events: Vec<sys::EpollEvent>,
 }
 
@@ -161,6 +163,7 @@ impl Poller {
             split,
             split_at: Instant::now(),
             last_io_wake: None,
+            vm_sleep: Default::default(),
             events: sys::empty_events(256),
         };
         WorkerStats::set(&p.w.stats.spin_ns, p.spin.budget_ns());
@@ -198,12 +201,20 @@ impl Poller {
     ) -> io::Result<()> {
         let w = self.w.clone();
         let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
-        let timeout = if sleeping {
-            prepare_sleep(&w.lock(), &w.shortcut, extra_deadline)
+        let (timeout, has_vm) = if sleeping {
+            let sh = w.lock();
+            let has_vm = sh.guests.values().any(|g| g.is_vm() && g.gone.is_none());
+            (prepare_sleep(&sh, &w.shortcut, extra_deadline), has_vm)
         } else {
-            0
+            (0, false)
         };
-        let n = w.ep.wait(&mut self.events, timeout)?;
+        let n = if timeout != 0 && has_vm {
+            // A VM guest cannot kick us: sleep in bounded backoff (vm.rs).
+            let ns = self.vm_sleep.next_sleep_ns(timeout);
+            w.ep.wait_ns(&mut self.events, ns)?
+        } else {
+            w.ep.wait(&mut self.events, timeout)?
+        };
         let mut sh = w.lock();
         if sleeping {
             for g in sh.guests.values() {
@@ -291,6 +302,7 @@ impl Poller {
     fn end_round(&mut self, work: bool, now: Instant) {
         WorkerStats::add(&self.w.stats.rounds, 1);
         if work {
+            self.vm_sleep.note_work();
             if let Some(t) = self.idle_since.take() {
                 if self.mode == NotifyMode::Hybrid && self.cfg.spin.is_none() {
                     self.spin

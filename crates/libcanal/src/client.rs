@@ -19,8 +19,9 @@ use std::sync::OnceLock;
 pub struct Guest {
     pub region: Region,
     /// The control socket (SEQPACKET); polled while sleeping so a dead canald wakes us.
+    /// -1 over ivshmem (no control socket in a VM).
     pub ctl: c_int,
-    /// canald's doorbell eventfd (kicks).
+    /// canald's doorbell eventfd (kicks); -1 over ivshmem (canald polls instead).
     pub doorbell: c_int,
     /// Serialises control-socket use among all processes sharing the connection: a word
     /// in a MAP_SHARED page made at attach time, so forked children share it.
@@ -336,7 +337,12 @@ pub fn ensure_attached() -> Option<&'static Guest> {
         None
     } else {
         let mut path = [0u8; 108];
-        match attach(&mut path) {
+        let r = if env(c"CANAL_TRANSPORT").is_some_and(|t| t == b"ivshmem") {
+            attach_ivshmem(&mut path)
+        } else {
+            attach(&mut path)
+        };
+        match r {
             Ok(g) => {
                 let _ = GUEST.set(g);
                 GUEST.get()
@@ -502,6 +508,60 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         "canal: attached as guest {} (region {} bytes, {} slots, {} sockets, spin {})\n",
         g.region.header().guest_id,
         region_size,
+        g.region.layout().slot_count,
+        g.region.layout().socket_count,
+        spin
+    );
+    Ok(g)
+}
+
+/// Attaches over the ivshmem transport (`ivshmem.rs`): the region is the VM's canal
+/// device; no control socket, no ports, backoff waits. `path` gets the device path for
+/// error messages.
+fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
+    let dev = env(c"CANAL_IVSHMEM_DEVICE").unwrap_or(b"");
+    let n = dev.len().min(path.len() - 1);
+    path[..n].copy_from_slice(&dev[..n]);
+    if dev.is_empty() {
+        return Err((
+            libc::ENOENT,
+            "CANAL_TRANSPORT=ivshmem without CANAL_IVSHMEM_DEVICE",
+        ));
+    }
+    let region = crate::ivshmem::map_region(dev)?;
+    let g_region_size = region.layout().region_size;
+    let page = sys::mmap_shared(-1, 4096).map_err(|e| (e, "cannot map the lock page"))?;
+    // SAFETY: as in attach_on: a fresh shared page, never unmapped; an AtomicU32 at its
+    // start is aligned and valid for any bit pattern.
+    let ctl_lock = unsafe { &*(page as *const AtomicU32) };
+    let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
+    let (spin, fixed_spin, notify) = wait_settings();
+    let poll_us = env(c"CANAL_VM_POLL_US")
+        .and_then(|v| core::str::from_utf8(v).ok()?.parse::<i64>().ok())
+        .unwrap_or(200)
+        .clamp(0, 1_000_000);
+    YIELD_NS.store(poll_us * 1000, Ordering::Relaxed);
+    PID.store(sys::getpid(), Ordering::Relaxed);
+    let g = Guest {
+        region,
+        ctl: -1,
+        doorbell: -1,
+        ctl_lock,
+        // Even if the header offered it: there is no control socket to register on.
+        ports: false,
+        spin,
+        fixed_spin,
+        notify,
+        debug,
+        // No memfd or control socket to hand to an exec'd image: no rejoin over ivshmem.
+        memfd: -1,
+        region_size: g_region_size,
+        lockfd: -1,
+    };
+    debug!(
+        g,
+        "canal: attached over ivshmem as guest {} ({} slots, {} sockets, spin {})\n",
+        g.region.header().guest_id,
         g.region.layout().slot_count,
         g.region.layout().socket_count,
         spin
@@ -898,7 +958,8 @@ pub fn kick(g: &Guest) {
     if h.host_sleeping.load(Ordering::Relaxed) != 0
         && h.host_sleeping.swap(0, Ordering::AcqRel) == 1
     {
-        if sys::eventfd_signal(g.doorbell).is_err() {
+        // Over ivshmem there is no doorbell: canald's sleep is bounded (vm.rs).
+        if g.doorbell >= 0 && sys::eventfd_signal(g.doorbell).is_err() {
             mark_dead();
         }
         h.kicks.fetch_add(1, Ordering::Relaxed);
@@ -982,6 +1043,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     } else {
         0
     };
+    let mut yield_start: Option<i64> = None;
     loop {
         // S2: Acquire pairs with the host's Release store of DONE: result, out_len and
         // the payload are visible.
@@ -1009,8 +1071,15 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
             return Err(libc::EIO);
         }
         if s.efd < 0 {
-            sys::sleep_ns(backoff);
-            backoff = (backoff * 2).min(1_000_000);
+            // No wake-up port (ivshmem): yield for a while, then back off (§6).
+            let now = sys::now_ns();
+            let start = *yield_start.get_or_insert(now);
+            if now - start < YIELD_NS.load(Ordering::Relaxed) {
+                sys::sched_yield();
+            } else {
+                sys::sleep_ns(backoff);
+                backoff = (backoff * 2).min(1_000_000);
+            }
             continue;
         }
         slot.sleep.store(sleep_kind::COMPLETION, Ordering::Relaxed);
@@ -1069,6 +1138,7 @@ pub fn wait_until(
         0
     };
     let mut seg_wait = false;
+    new_wait();
     loop {
         if is_dead(g) {
             mark_dead();
@@ -1247,6 +1317,23 @@ fn seg_of(g: &Guest, index: u32) -> Option<(crate::seg::Seg, u32)> {
     Some((seg, e.segment_side.load(Ordering::Relaxed).min(1)))
 }
 
+/// Backoff of event waits without a wake-up port: (monotonic ns when the wait began, 0
+/// before its first sleep; next sleep step in ns).
+const BACKOFF_MIN_NS: i64 = 1_000;
+const BACKOFF_MAX_NS: i64 = 1_000_000;
+/// How long a wait without a wake-up port polls (yielding) before it sleeps: set at
+/// ivshmem attach ($CANAL_VM_POLL_US, default 200 µs).
+static YIELD_NS: core::sync::atomic::AtomicI64 = core::sync::atomic::AtomicI64::new(0);
+thread_local! {
+    static BACKOFF: Cell<(i64, i64)> = const { Cell::new((0, BACKOFF_MIN_NS)) };
+}
+
+/// Starts a new wait for `sleep_events`' backoff (no wake-up port): its polling phase
+/// and its backoff steps count from the wait's first sleep.
+pub fn new_wait() {
+    let _ = BACKOFF.try_with(|b| b.set((0, BACKOFF_MIN_NS)));
+}
+
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
 /// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
 /// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
@@ -1271,11 +1358,34 @@ pub fn sleep_events(
     fds[n].revents = 0;
     fds[n + 1].revents = 0;
     if s.efd < 0 {
-        // No wake-up port: bounded backoff (1 µs .. 1 ms).
+        // No wake-up port (a VM guest over ivshmem). A sleeping thread in a VM wakes
+        // late (the VM's timer), so a wait first keeps checking, yielding the CPU between
+        // checks, for YIELD_NS; then it sleeps in exponential backoff, 1 µs doubling to
+        // 1 ms (§6).
         if cond() {
             return Ok(0);
         }
-        let t = timeout_ns.map_or(1_000_000, |t| t.min(1_000_000));
+        let now = sys::now_ns();
+        let step = BACKOFF.with(|b| {
+            let (start, step) = b.get();
+            // The first sleep of a wait (new_wait() cleared the start).
+            let (start, step) = if start == 0 {
+                (now, BACKOFF_MIN_NS)
+            } else {
+                (start, step)
+            };
+            if now - start < YIELD_NS.load(Ordering::Relaxed) {
+                b.set((start, step));
+                return 0;
+            }
+            b.set((start, (step * 2).min(BACKOFF_MAX_NS)));
+            step
+        });
+        if step == 0 {
+            canal_abi::sync::spin_hint();
+            return Ok(0);
+        }
+        let t = timeout_ns.map_or(step, |t| t.min(step));
         fds[n].fd = -1;
         fds[n + 1] = libc::pollfd {
             fd: g.ctl,

@@ -12,6 +12,7 @@
 //! - `policy`: which sockets canal takes (CANAL_EXCLUDE) and the hand-off to the kernel.
 //! - `rejoin`: canal sockets inherited over exec keep working (CANAL_REJOIN).
 //! - `seg`: pair segments of short-circuited connections (protocol §8).
+//! - `ivshmem`: the VM transport (the region is the ivshmem PCI BAR).
 //! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
@@ -24,6 +25,7 @@ pub mod hooks;
 pub mod iov;
 pub mod notify;
 pub mod policy;
+pub mod ivshmem;
 pub mod poll;
 pub mod ready;
 pub mod rejoin;

@@ -113,6 +113,7 @@ pub fn poll(
     } else {
         0
     };
+    client::new_wait();
     loop {
         // Check everything without blocking.
         let mut ready = 0;

@@ -1,0 +1,670 @@
+//! VM guests (issue 6): a guest inside a virtual machine reaches canald through a
+//! region that a hypervisor maps into the VM (QEMU `memory-backend-file,share=on` +
+//! `ivshmem-plain`), not through a control connection of its own.
+//!
+//! - A host tool (`canal vm run`, or an operator for their own VM) sends VM_REGION on a
+//!   control connection: canald creates `/dev/shm/canal-<name>` (mode 0600, created
+//!   exclusively), initialises the region in it and registers a guest bound to that
+//!   connection. The guest lives until the connection closes or the VM process named
+//!   with VM_PID exits (its pidfd is in canald's epoll), whichever comes first; then
+//!   all its host sockets close at once and the file is removed.
+//! - The region has no PORT_EVENTFD feature (a guest in a VM has no eventfd to hand
+//!   over), and the guest cannot ring canald's doorbell: while a VM guest exists the
+//!   poller's sleep is bounded (50 µs doubling to 1 ms while idle, see [`Vms`]).
+//! - The guest's address view follows QEMU's user networking: 10.0.2.2 is the host's
+//!   127.0.0.1, the guest itself is 10.0.2.15; guest listeners are bound on the host's
+//!   loopback, on a published host port if configured ([`VmNet`]).
+#![forbid(unsafe_code)]
+
+use crate::guest::{token, Guest, GuestConfig};
+use crate::sys::{self, Epoll};
+use canal_abi::addr::{FAMILY_INET, FAMILY_INET6};
+use canal_abi::{errno, feature, CanalAddr, Layout};
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The host as the guest sees it (QEMU user networking's gateway).
+pub const GUEST_HOST_ADDR: [u8; 4] = [10, 0, 2, 2];
+/// The guest's own address.
+pub const GUEST_SELF_ADDR: [u8; 4] = [10, 0, 2, 15];
+const LOOPBACK4: [u8; 4] = [127, 0, 0, 1];
+
+/// Where region files go; libvirt's `<shmem name='canal-NAME'>` maps the same path.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Request slots and sockets of a VM region (smaller than a process region: the
+/// region is a PCI BAR, sized by the VM's configuration).
+pub const VM_SLOTS: u32 = 64;
+pub const VM_SOCKETS: u32 = 256;
+/// Largest VM region file (256 sockets × two 256 KiB rings need 128 MiB).
+pub const VM_MAX_FILE: u64 = 1 << 30;
+
+/// Bounds of the poller's sleep while a VM guest exists: SLEEP_MIN_NS for the first
+/// FAST_SLEEPS sleeps after the last work (a guest in a request/response loop comes
+/// back within about a millisecond), then doubling up to SLEEP_MAX_NS.
+pub const SLEEP_MIN_NS: u64 = 50_000;
+pub const SLEEP_MAX_NS: u64 = 1_000_000;
+pub const FAST_SLEEPS: u32 = 20;
+
+/// A VM guest's address view.
+#[derive(Debug, Clone, Default)]
+pub struct VmNet {
+    /// (host port, guest port).
+    pub publish: Vec<(u16, u16)>,
+}
+
+fn is_v4(a: &CanalAddr, ip: [u8; 4]) -> bool {
+    match a.family {
+        FAMILY_INET => a.ip4() == ip,
+        FAMILY_INET6 => {
+            let mut m = [0u8; 16];
+            m[10] = 0xff;
+            m[11] = 0xff;
+            m[12..].copy_from_slice(&ip);
+            a.addr == m
+        }
+        _ => false,
+    }
+}
+
+fn with_v4(a: &CanalAddr, ip: [u8; 4]) -> CanalAddr {
+    let mut b = *a;
+    match a.family {
+        FAMILY_INET => b.addr[..4].copy_from_slice(&ip),
+        _ => b.addr[12..].copy_from_slice(&ip),
+    }
+    b
+}
+
+fn is_wildcard_or_self(a: &CanalAddr) -> bool {
+    match a.family {
+        FAMILY_INET => {
+            let ip = a.ip4();
+            ip == [0; 4] || ip == GUEST_SELF_ADDR || ip[0] == 127
+        }
+        _ => {
+            let v6 = std::net::Ipv6Addr::from(a.addr);
+            v6.is_unspecified()
+                || v6.is_loopback()
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4| v4.is_loopback() || v4.octets() == GUEST_SELF_ADDR)
+        }
+    }
+}
+
+impl VmNet {
+    /// connect/sendto destination: 10.0.2.2 → 127.0.0.1 (also as ::ffff:10.0.2.2); the
+    /// guest itself (10.0.2.15, loopback) → the host's loopback, where its listeners
+    /// are, on the published host port if the port is published.
+    pub fn dest_to_host(&self, a: &CanalAddr) -> CanalAddr {
+        if is_v4(a, GUEST_HOST_ADDR) {
+            return with_v4(a, LOOPBACK4);
+        }
+        let own = is_v4(a, GUEST_SELF_ADDR)
+            || (a.family == FAMILY_INET && a.addr[0] == 127)
+            || (a.family == FAMILY_INET6 && std::net::Ipv6Addr::from(a.addr).is_loopback());
+        if !own {
+            return *a;
+        }
+        let mut b = if is_v4(a, GUEST_SELF_ADDR) {
+            with_v4(a, LOOPBACK4)
+        } else {
+            *a
+        };
+        if let Some(&(h, _)) = self.publish.iter().find(|&&(_, g)| g == a.port) {
+            b.port = h;
+        }
+        b
+    }
+
+    /// bind: a guest listener lives on the host's loopback (the wildcard, 10.0.2.15
+    /// and 127.x all become 127.0.0.1, :: becomes ::1), on the published host port if
+    /// the guest port is published. Other addresses are left alone (the bind fails as
+    /// it would on a host without them).
+    pub fn bind_to_host(&self, a: &CanalAddr) -> CanalAddr {
+        if !is_wildcard_or_self(a) {
+            return *a;
+        }
+        let mut b = *a;
+        if a.family == FAMILY_INET {
+            b.addr = [0; 16];
+            b.addr[..4].copy_from_slice(&LOOPBACK4);
+        } else if std::net::Ipv6Addr::from(a.addr).to_ipv4_mapped().is_some() {
+            b = with_v4(a, LOOPBACK4);
+        } else {
+            b.addr = std::net::Ipv6Addr::LOCALHOST.octets();
+        }
+        if a.port != 0 {
+            if let Some(&(h, _)) = self.publish.iter().find(|&&(_, g)| g == a.port) {
+                b.port = h;
+            }
+        }
+        b
+    }
+
+    /// getpeername/accept/recvfrom source: the host's 127.0.0.1 is 10.0.2.2.
+    pub fn peer_to_guest(&self, a: &CanalAddr) -> CanalAddr {
+        if is_v4(a, LOOPBACK4) {
+            with_v4(a, GUEST_HOST_ADDR)
+        } else {
+            *a
+        }
+    }
+
+    /// getsockname: the host's 127.0.0.1 is the guest's own 10.0.2.15, and a published
+    /// host port shows as the guest's port.
+    pub fn local_to_guest(&self, a: &CanalAddr) -> CanalAddr {
+        let mut b = if is_v4(a, LOOPBACK4) {
+            with_v4(a, GUEST_SELF_ADDR)
+        } else {
+            *a
+        };
+        if let Some(&(_, g)) = self.publish.iter().find(|&&(h, _)| h == a.port) {
+            b.port = g;
+        }
+        b
+    }
+}
+
+/// The guest configuration of a VM region of `file_size` bytes (the region fills the
+/// file as far as whole 64 KiB data chunks allow).
+pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result<GuestConfig, i32> {
+    if !file_size.is_power_of_two() || !(1 << 20..=VM_MAX_FILE).contains(&file_size) {
+        return Err(errno::EINVAL);
+    }
+    let sockets = base.layout.socket_count.min(VM_SOCKETS);
+    let slots = base.layout.slot_count.min(VM_SLOTS);
+    let probe = Layout::new(slots, sockets, canal_abi::DATA_CHUNK).ok_or(errno::EINVAL)?;
+    let room = file_size
+        .checked_sub(probe.data_offset)
+        .ok_or(errno::EINVAL)?;
+    let data = room / canal_abi::DATA_CHUNK * canal_abi::DATA_CHUNK;
+    let layout = Layout::new(slots, sockets, data).ok_or(errno::EINVAL)?;
+    if layout.region_size > file_size {
+        return Err(errno::EINVAL);
+    }
+    // Each socket takes a tx and an rx ring: keep at least 4 sockets' worth.
+    let mut ring = base.ring_size;
+    while ring > 64 * 1024 && 8 * ring > data {
+        ring /= 2;
+    }
+    if 2 * ring > data {
+        return Err(errno::EINVAL);
+    }
+    Ok(GuestConfig {
+        layout,
+        ring_size: ring,
+        vm: Some(Arc::new(net)),
+        ..base.clone()
+    })
+}
+
+/// A decoded VM_REGION request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmRegion {
+    pub file_size: u64,
+    pub name: String,
+    /// (host port, guest port).
+    pub publish: Vec<(u16, u16)>,
+}
+
+impl VmRegion {
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        if !canal_abi::control::valid_vm_name(&self.name)
+            || self.publish.len() > canal_abi::control::VM_MAX_PUBLISH
+        {
+            return None;
+        }
+        let mut b = vec![0u8; canal_abi::control::VM_REGION_BODY];
+        b[0..8].copy_from_slice(&self.file_size.to_le_bytes());
+        b[8..12].copy_from_slice(&(self.publish.len() as u32).to_le_bytes());
+        b[16..16 + self.name.len()].copy_from_slice(self.name.as_bytes());
+        for (h, g) in &self.publish {
+            b.extend_from_slice(&h.to_le_bytes());
+            b.extend_from_slice(&g.to_le_bytes());
+        }
+        Some(b)
+    }
+
+    /// Decodes and validates a body (untrusted input).
+    pub fn decode(b: &[u8]) -> Option<VmRegion> {
+        if b.len() < canal_abi::control::VM_REGION_BODY || b[12..16] != [0; 4] {
+            return None;
+        }
+        let file_size = u64::from_le_bytes(b[0..8].try_into().ok()?);
+        let n = u32::from_le_bytes(b[8..12].try_into().ok()?) as usize;
+        if n > canal_abi::control::VM_MAX_PUBLISH
+            || b.len() != canal_abi::control::VM_REGION_BODY + 4 * n
+        {
+            return None;
+        }
+        let raw = &b[16..48];
+        let end = raw.iter().position(|&c| c == 0).unwrap_or(32);
+        if raw[end..].iter().any(|&c| c != 0) {
+            return None;
+        }
+        let name = std::str::from_utf8(&raw[..end]).ok()?.to_string();
+        if !canal_abi::control::valid_vm_name(&name) {
+            return None;
+        }
+        let publish = b[canal_abi::control::VM_REGION_BODY..]
+            .chunks_exact(4)
+            .map(|c| {
+                (
+                    u16::from_le_bytes([c[0], c[1]]),
+                    u16::from_le_bytes([c[2], c[3]]),
+                )
+            })
+            .collect();
+        Some(VmRegion {
+            file_size,
+            name,
+            publish,
+        })
+    }
+}
+
+/// One VM guest's host-side extras, by control-connection key.
+struct VmEntry {
+    path: PathBuf,
+    pidfd: Option<OwnedFd>,
+}
+
+/// The VM guests' bookkeeping in the daemon.
+#[derive(Default)]
+pub struct Vms {
+    entries: BTreeMap<u32, VmEntry>,
+}
+
+/// A poller's bounded sleep while it serves a VM guest (which cannot kick it): the
+/// backoff step grows with the sleeps since the poller last found work.
+#[derive(Default)]
+pub struct SleepBackoff {
+    idle_sleeps: u32,
+}
+
+impl SleepBackoff {
+    /// The bounded sleep for an epoll timeout of `timeout_ms` (-1: none): the current
+    /// backoff step (see SLEEP_MIN_NS).
+    pub fn next_sleep_ns(&mut self, timeout_ms: i32) -> u64 {
+        let cap = if timeout_ms < 0 {
+            u64::MAX
+        } else {
+            timeout_ms as u64 * 1_000_000
+        };
+        let n = self.idle_sleeps.saturating_sub(FAST_SLEEPS).min(16);
+        self.idle_sleeps = self.idle_sleeps.saturating_add(1);
+        (SLEEP_MIN_NS << n).min(SLEEP_MAX_NS).min(cap)
+    }
+
+    /// The poller found work: the next sleeps are short again.
+    pub fn note_work(&mut self) {
+        self.idle_sleeps = 0;
+    }
+}
+
+impl Vms {
+    /// Whether the poller must bound its sleep (a VM guest cannot kick it).
+    pub fn active(&self) -> bool {
+        !self.entries.is_empty()
+    }
+
+    pub fn is_vm(&self, key: u32) -> bool {
+        self.entries.contains_key(&key)
+    }
+
+
+    /// VM_REGION: creates the region file and the guest. Returns the guest and the
+    /// VM_REGION_OK body. Errors are (errno, message) for an ERROR reply.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        &mut self,
+        key: u32,
+        id: u32,
+        pid: u32,
+        base: &GuestConfig,
+        body: &[u8],
+    ) -> Result<(Guest, Vec<u8>), (i32, String)> {
+        if self.entries.contains_key(&key) {
+            return Err((
+                errno::EINVAL,
+                "this connection already has a VM region".into(),
+            ));
+        }
+        let req = VmRegion::decode(body).ok_or((errno::EINVAL, "malformed VM_REGION".into()))?;
+        let net = VmNet {
+            publish: req.publish.clone(),
+        };
+        let cfg = vm_guest_config(base, req.file_size, net).map_err(|e| {
+            (
+                e,
+                format!(
+                    "region size {} must be a power of two from 1 MiB to 1 GiB",
+                    req.file_size
+                ),
+            )
+        })?;
+        let path = PathBuf::from(format!("{SHM_DIR}/canal-{}", req.name));
+        let file = create_file(&path, req.file_size)
+            .map_err(|e| (sys::errno_of(&e), format!("{}: {e}", path.display())))?;
+        let features = feature::ALL_V1 & !feature::PORT_EVENTFD;
+        let r = sys::Mapping::init_file_region(&file, cfg.layout, id, features);
+        let (map, region) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err((sys::errno_of(&e), "cannot map the region file".into()));
+            }
+        };
+        let region_size = cfg.layout.region_size;
+        let g = Guest::with_region(id, key, pid, format!("vm:{}", req.name), cfg, map, region);
+        let mut reply = Vec::with_capacity(canal_abi::control::VM_REGION_OK_BODY + 64);
+        reply.extend_from_slice(&id.to_le_bytes());
+        reply.extend_from_slice(&0u32.to_le_bytes());
+        reply.extend_from_slice(&region_size.to_le_bytes());
+        reply.extend_from_slice(&req.file_size.to_le_bytes());
+        reply.extend_from_slice(path.as_os_str().as_encoded_bytes());
+        self.entries.insert(key, VmEntry { path, pidfd: None });
+        Ok((g, reply))
+    }
+
+    /// VM_PID: ties the guest of connection `key` to a process; its exit ends the
+    /// guest. Uses the pidfd passed along, else opens one for `pid`.
+    pub fn set_pid(
+        &mut self,
+        ep: &Epoll,
+        key: u32,
+        pid: u32,
+        fd: Option<OwnedFd>,
+    ) -> Result<(), (i32, &'static str)> {
+        let e = self
+            .entries
+            .get_mut(&key)
+            .ok_or((errno::EINVAL, "VM_PID before VM_REGION"))?;
+        if e.pidfd.is_some() {
+            return Err((errno::EINVAL, "VM_PID already given"));
+        }
+        let fd = match fd {
+            Some(f) if sys::is_pidfd(&f) => f,
+            Some(_) => return Err((errno::EINVAL, "VM_PID descriptor is not a pidfd")),
+            None if pid == 0 => return Err((errno::EINVAL, "VM_PID without pid")),
+            None => sys::pidfd_open(pid).map_err(|e| (sys::errno_of(&e), "pidfd_open"))?,
+        };
+        ep.add(
+            fd.as_raw_fd(),
+            sys::EP_IN,
+            token::make(token::VM_PROCESS, key, 0, 0),
+        )
+        .map_err(|_| (errno::ENOMEM, "epoll"))?;
+        e.pidfd = Some(fd);
+        Ok(())
+    }
+
+    /// The guest of `key` is gone: its file goes (mappings stay valid until unmapped).
+    pub fn forget(&mut self, ep: &Epoll, key: u32) {
+        if let Some(e) = self.entries.remove(&key) {
+            if let Some(fd) = &e.pidfd {
+                ep.delete(fd.as_raw_fd());
+            }
+            let _ = std::fs::remove_file(&e.path);
+        }
+    }
+
+    /// Daemon exit: removes every region file.
+    pub fn forget_all(&mut self, ep: &Epoll) {
+        let keys: Vec<u32> = self.entries.keys().copied().collect();
+        for k in keys {
+            self.forget(ep, k);
+        }
+    }
+}
+
+/// Creates the region file exclusively (never follows or reuses an existing path),
+/// mode 0600, sized `size` (sparse).
+fn create_file(path: &std::path::Path, size: u64) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    if let Err(e) = f.set_len(size) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(f.into())
+}
+
+// ---- client side (canal vm) -----------------------------------------------------------
+
+#[derive(Debug)]
+/// A VM region canald created: the connection that keeps the guest alive, and where
+/// the file is.
+pub struct VmRegionHandle {
+    pub conn: OwnedFd,
+    pub guest_id: u32,
+    pub region_size: u64,
+    pub file_size: u64,
+    pub path: PathBuf,
+}
+
+fn roundtrip(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32], want: u16) -> io::Result<Vec<u8>> {
+    use canal_abi::control::{self, kind, CTL_MAX};
+    let mut m = control::encode_header(k, body.len() as u32).to_vec();
+    m.extend_from_slice(body);
+    sys::send_with_fds(fd, &m, fds, false)?;
+    let mut buf = vec![0u8; CTL_MAX];
+    let r = sys::recv_with_fds(fd, &mut buf)?
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EAGAIN))?;
+    let (rk, rb) = control::decode(&buf[..r.len])
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed reply"))?;
+    if rk == kind::ERROR && rb.len() >= 4 {
+        let e = i32::from_le_bytes([rb[0], rb[1], rb[2], rb[3]]);
+        return Err(io::Error::new(
+            io::Error::from_raw_os_error(e).kind(),
+            format!(
+                "canald: {} ({})",
+                String::from_utf8_lossy(&rb[4..]),
+                io::Error::from_raw_os_error(e)
+            ),
+        ));
+    }
+    if rk != want {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "unexpected reply from canald",
+        ));
+    }
+    Ok(rb.to_vec())
+}
+
+/// Asks the canald at `socket` for a VM region (VM_REGION).
+pub fn request_region(
+    socket: &std::path::Path,
+    name: &str,
+    file_size: u64,
+    publish: &[(u16, u16)],
+) -> io::Result<VmRegionHandle> {
+    use canal_abi::control::{kind, VM_REGION_OK_BODY};
+    let body = VmRegion {
+        file_size,
+        name: name.into(),
+        publish: publish.to_vec(),
+    }
+    .encode()
+    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "bad VM name or too many ports"))?;
+    let conn = sys::seqpacket_connect(socket)?;
+    let rb = roundtrip(&conn, kind::VM_REGION, &body, &[], kind::VM_REGION_OK)?;
+    if rb.len() <= VM_REGION_OK_BODY {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "short VM_REGION_OK",
+        ));
+    }
+    let u64_at = |o: usize| u64::from_le_bytes(rb[o..o + 8].try_into().expect("8 bytes"));
+    let path = PathBuf::from(String::from_utf8_lossy(&rb[VM_REGION_OK_BODY..]).into_owned());
+    Ok(VmRegionHandle {
+        guest_id: u32::from_le_bytes([rb[0], rb[1], rb[2], rb[3]]),
+        region_size: u64_at(8),
+        file_size: u64_at(16),
+        path,
+        conn,
+    })
+}
+
+impl VmRegionHandle {
+    /// VM_PID: the guest ends when process `pid` exits (a pidfd is opened here and
+    /// passed along, so a recycled pid cannot be confused).
+    pub fn set_pid(&self, pid: u32) -> io::Result<()> {
+        use canal_abi::control::kind;
+        let fd = sys::pidfd_open(pid)?;
+        roundtrip(
+            &self.conn,
+            kind::VM_PID,
+            &pid.to_le_bytes(),
+            &[fd.as_raw_fd()],
+            kind::VM_PID_OK,
+        )
+        .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(ip: [u8; 4], port: u16) -> CanalAddr {
+        CanalAddr::v4(ip, port)
+    }
+
+    #[test]
+    fn address_view() {
+        let n = VmNet {
+            publish: vec![(18080, 80)],
+        };
+        assert_eq!(
+            n.dest_to_host(&v4([10, 0, 2, 2], 5201)),
+            v4([127, 0, 0, 1], 5201)
+        );
+        assert_eq!(
+            n.dest_to_host(&v4([10, 0, 2, 3], 53)),
+            v4([10, 0, 2, 3], 53)
+        );
+        assert_eq!(n.dest_to_host(&v4([1, 2, 3, 4], 80)), v4([1, 2, 3, 4], 80));
+        // The guest reaching its own listeners.
+        assert_eq!(
+            n.dest_to_host(&v4([10, 0, 2, 15], 80)),
+            v4([127, 0, 0, 1], 18080)
+        );
+        assert_eq!(
+            n.dest_to_host(&v4([10, 0, 2, 15], 81)),
+            v4([127, 0, 0, 1], 81)
+        );
+        assert_eq!(
+            n.dest_to_host(&v4([127, 0, 0, 1], 80)),
+            v4([127, 0, 0, 1], 18080)
+        );
+        assert_eq!(n.bind_to_host(&v4([0; 4], 80)), v4([127, 0, 0, 1], 18080));
+        assert_eq!(n.bind_to_host(&v4([0; 4], 81)), v4([127, 0, 0, 1], 81));
+        assert_eq!(
+            n.bind_to_host(&v4([10, 0, 2, 15], 0)),
+            v4([127, 0, 0, 1], 0)
+        );
+        assert_eq!(
+            n.bind_to_host(&v4([192, 0, 2, 1], 80)),
+            v4([192, 0, 2, 1], 80)
+        );
+        assert_eq!(
+            n.peer_to_guest(&v4([127, 0, 0, 1], 40000)),
+            v4([10, 0, 2, 2], 40000)
+        );
+        assert_eq!(
+            n.local_to_guest(&v4([127, 0, 0, 1], 18080)),
+            v4([10, 0, 2, 15], 80)
+        );
+        assert_eq!(
+            n.local_to_guest(&v4([127, 0, 0, 1], 40000)),
+            v4([10, 0, 2, 15], 40000)
+        );
+        let mut m = [0u8; 16];
+        m[10] = 0xff;
+        m[11] = 0xff;
+        m[12..].copy_from_slice(&[10, 0, 2, 2]);
+        let a6 = CanalAddr::v6(m, 80, 0, 0);
+        assert_eq!(n.dest_to_host(&a6).addr[12..], [127, 0, 0, 1]);
+        let any6 = CanalAddr::v6([0; 16], 80, 0, 0);
+        let b = n.bind_to_host(&any6);
+        assert_eq!(b.addr, std::net::Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(b.port, 18080);
+    }
+
+    #[test]
+    fn sleep_backoff() {
+        let mut v = SleepBackoff::default();
+        let steps: Vec<u64> = (0..FAST_SLEEPS + 8).map(|_| v.next_sleep_ns(-1)).collect();
+        assert!(steps[..FAST_SLEEPS as usize]
+            .iter()
+            .all(|&s| s == SLEEP_MIN_NS));
+        assert_eq!(steps[FAST_SLEEPS as usize + 1], 2 * SLEEP_MIN_NS);
+        assert_eq!(*steps.last().unwrap(), SLEEP_MAX_NS);
+        assert_eq!(v.next_sleep_ns(0), 0, "an earlier deadline wins");
+        v.note_work();
+        assert_eq!(v.next_sleep_ns(5), SLEEP_MIN_NS);
+    }
+
+    #[test]
+    fn layouts_fit_their_file() {
+        let base = crate::Config::new("/x".into()).guest_config().unwrap();
+        for mib in [1u64, 2, 16, 64, 256] {
+            let c = vm_guest_config(&base, mib << 20, VmNet::default()).unwrap();
+            assert!(c.layout.region_size <= mib << 20, "{mib} MiB");
+            assert!(c.ring_size * 8 <= c.layout.data_size || c.ring_size == 64 * 1024);
+            assert!(c.vm.is_some());
+        }
+        assert!(vm_guest_config(&base, 3 << 20, VmNet::default()).is_err());
+        assert!(vm_guest_config(&base, 1 << 19, VmNet::default()).is_err());
+        assert!(vm_guest_config(&base, 1 << 30, VmNet::default()).is_ok());
+        assert!(vm_guest_config(&base, 1 << 31, VmNet::default()).is_err());
+    }
+
+    #[test]
+    fn vm_region_body_layout() {
+        use super::VmRegion;
+        use canal_abi::control::*;
+        let r = VmRegion {
+            file_size: 64 << 20,
+            name: "web-1".into(),
+            publish: vec![(8080, 80), (2222, 22)],
+        };
+        let b = r.encode().unwrap();
+        assert_eq!(b.len(), VM_REGION_BODY + 8);
+        assert_eq!(&b[0..8], &(64u64 << 20).to_le_bytes(), "file_size at 0");
+        assert_eq!(&b[8..12], &2u32.to_le_bytes(), "npublish at 8");
+        assert_eq!(&b[12..16], &[0; 4], "reserved at 12");
+        assert_eq!(&b[16..21], b"web-1", "name at 16, NUL padded to 48");
+        assert!(b[21..48].iter().all(|&c| c == 0));
+        assert_eq!(&b[48..52], &[0x90, 0x1f, 80, 0], "host port, guest port");
+        assert_eq!(VmRegion::decode(&b), Some(r));
+        let mut bad = b.clone();
+        bad[12] = 1;
+        assert_eq!(VmRegion::decode(&bad), None, "reserved must be zero");
+        let mut bad = b.clone();
+        bad[16] = b'/';
+        assert_eq!(VmRegion::decode(&bad), None, "no path separators in names");
+        let mut bad = b.clone();
+        bad[30] = b'x';
+        assert_eq!(VmRegion::decode(&bad), None, "bytes after the name's NUL");
+        assert_eq!(VmRegion::decode(&b[..50]), None, "publish count vs length");
+        let mut bad = b.clone();
+        bad[8..12].copy_from_slice(&1000u32.to_le_bytes());
+        assert_eq!(VmRegion::decode(&bad), None, "too many published ports");
+        assert!(!valid_vm_name(".hidden") && !valid_vm_name("") && !valid_vm_name(&"a".repeat(33)));
+        assert_eq!(VM_REGION_OK_BODY, 24);
+    }
+}
