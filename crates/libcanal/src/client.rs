@@ -808,37 +808,42 @@ pub fn send_watch(g: &Guest, handle: u32, end: c_int) {
     }
 }
 
-/// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).
-fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
+/// One request/reply exchange on the control socket, serialised among all threads and
+/// processes sharing it: sends `kind` with `body` (and `fd` if ≥ 0), then reads replies
+/// until `accept(kind, body, fds)` takes one. Descriptors of replies it does not take
+/// are closed; an ERROR reply ends the exchange with its errno; other replies are stale
+/// ones (a process that died mid-exchange) and are skipped. A reset connection marks
+/// canald dead.
+fn ctl_exchange<T>(
+    g: &Guest,
+    kind: u16,
+    body: &[u8],
+    fd: c_int,
+    mut accept: impl FnMut(u16, &[u8], &[c_int]) -> Option<T>,
+) -> Result<T, i32> {
+    if is_dead(g) {
+        return Err(libc::EIO);
+    }
     ctl_lock(g);
     let r = (|| {
-        send_msg(g.ctl, ck::PORT, &idx.to_le_bytes(), efd)?;
+        send_msg(g.ctl, kind, body, fd)?;
         let mut buf = [0u8; 256];
         let mut fds = [-1; 2];
         loop {
-            let (kind, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
+            let (k, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
+            let reply = &buf[CTL_HEADER..n];
+            if let Some(v) = accept(k, reply, &fds[..nfds]) {
+                return Ok(v);
+            }
             for f in fds.iter_mut().take(nfds) {
                 let _ = sys::close(*f);
                 *f = -1;
             }
-            let body = &buf[CTL_HEADER..n];
-            match kind {
-                ck::PORT_OK
-                    if body.len() >= 4
-                        && u32::from_le_bytes(body[..4].try_into().unwrap()) == idx =>
-                {
-                    return Ok(())
-                }
-                ck::ERROR => {
-                    let e = if body.len() >= 4 {
-                        i32::from_le_bytes(body[..4].try_into().unwrap())
-                    } else {
-                        libc::EIO
-                    };
-                    return Err(if e > 0 { e } else { libc::EIO });
-                }
-                // A stale reply for another slot (a process that died mid-exchange).
-                _ => continue,
+            if k == ck::ERROR {
+                let e = reply
+                    .get(..4)
+                    .map_or(libc::EIO, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                return Err(if e > 0 { e } else { libc::EIO });
             }
         }
     })();
@@ -849,50 +854,30 @@ fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
     r
 }
 
+/// The leading `u32` of a reply body, if it has one.
+fn leading_u32(body: &[u8]) -> Option<u32> {
+    body.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).
+fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
+    ctl_exchange(g, ck::PORT, &idx.to_le_bytes(), efd, |k, body, _| {
+        (k == ck::PORT_OK && leading_u32(body) == Some(idx)).then_some(())
+    })
+}
+
 /// Asks canald for pair segment `id` (SEGMENT / SEGMENT_OK): its memfd and size.
 pub fn ctl_segment(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
-    if is_dead(g) {
-        return Err(libc::EIO);
-    }
-    ctl_lock(g);
-    let r = (|| {
-        send_msg(g.ctl, ck::SEGMENT, &id.to_le_bytes(), -1)?;
-        let mut buf = [0u8; 256];
-        let mut fds = [-1; 2];
-        loop {
-            let (kind, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
-            let body = &buf[CTL_HEADER..n];
-            let ok = kind == ck::SEGMENT_OK
-                && body.len() >= control::SEGMENT_OK_BODY
-                && u32::from_le_bytes(body[..4].try_into().unwrap()) == id
-                && nfds == 1;
-            if ok {
-                let size = u64::from_le_bytes(body[8..16].try_into().unwrap());
-                return Ok((fds[0], size));
-            }
-            for f in fds.iter_mut().take(nfds) {
-                let _ = sys::close(*f);
-                *f = -1;
-            }
-            match kind {
-                ck::ERROR => {
-                    let e = if body.len() >= 4 {
-                        i32::from_le_bytes(body[..4].try_into().unwrap())
-                    } else {
-                        libc::EIO
-                    };
-                    return Err(if e > 0 { e } else { libc::EIO });
-                }
-                // A stale reply (a process that died mid-exchange).
-                _ => continue,
-            }
-        }
-    })();
-    ctl_unlock(g);
-    if matches!(r, Err(libc::ECONNRESET) | Err(libc::EPIPE)) {
-        mark_dead();
-    }
-    r
+    ctl_exchange(g, ck::SEGMENT, &id.to_le_bytes(), -1, |k, body, fds| {
+        let ok = k == ck::SEGMENT_OK
+            && body.len() >= control::SEGMENT_OK_BODY
+            && leading_u32(body) == Some(id)
+            && fds.len() == 1;
+        ok.then(|| {
+            let size = u64::from_le_bytes(body[8..16].try_into().unwrap_or([0; 8]));
+            (fds[0], size)
+        })
+    })
 }
 
 fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
