@@ -234,8 +234,9 @@ class IvshmemServer:
 
 def test_doorbell_interrupts_both_ways(canal_bin, procs, tmp_path):
     gcc = need_tool("gcc")
-    # The guest sees the host's root except /tmp, so the helper goes under target/.
-    out_dir = Path(__file__).resolve().parents[2] / "target" / "e2e-vm"
+    # The guest sees the host's root except /tmp (and a checkout may live under /tmp),
+    # so the helper goes under /var/tmp.
+    out_dir = Path("/var/tmp") / "canal-e2e-vm"
     out_dir.mkdir(parents=True, exist_ok=True)
     helper = out_dir / f"doorbell_check.{os.getpid()}"
     src = Path(__file__).resolve().parents[2] / "crates" / "canal-vm" / "guest" / "doorbell_check.c"

@@ -378,6 +378,9 @@ pub fn find_qemu() -> Result<PathBuf, String> {
 
 /// libcanal.so for the guest: --libcanal, $CANAL_LIB, or next to the running binary.
 /// Absolute, because the guest sees the host's root at the same paths.
+/// Where the guest's init mounts the run directory (guest/init.sh).
+const GUEST_RUN_DIR: &str = "/run/canal-vm";
+
 fn find_libcanal(opt: &Option<PathBuf>) -> Result<PathBuf, String> {
     let candidates: Vec<PathBuf> = match (opt, std::env::var_os("CANAL_LIB")) {
         (Some(p), _) => vec![p.clone()],
@@ -469,7 +472,13 @@ fn prepare(
         // the guest's init, which finds the device.
         cmd.env.push(("CANAL_TRANSPORT".into(), "ivshmem".into()));
         if o.preload {
-            cmd.preload = Some(find_libcanal(&o.libcanal)?);
+            // The guest sees the host's root read-only but not its /tmp (a fresh tmpfs),
+            // where a checkout may well live: ship the library through the run
+            // directory, which the guest mounts at GUEST_RUN_DIR.
+            let lib = find_libcanal(&o.libcanal)?;
+            std::fs::copy(&lib, run_dir.path.join("libcanal.so"))
+                .map_err(|e| format!("copying {} into the run directory: {e}", lib.display()))?;
+            cmd.preload = Some(PathBuf::from(GUEST_RUN_DIR).join("libcanal.so"));
         }
     }
     cmd.env.extend(o.env.iter().cloned());
