@@ -122,7 +122,8 @@ def opt(name):
 if a[0] == "daemon":
     path = opt("--socket")
     s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(1)
-    cfg = {{"notify": os.environ["CANAL_NOTIFY"]}} if "CANAL_NOTIFY" in os.environ else {{}}
+    # Like canald, echo the --notify flag in force (and nothing about batching).
+    cfg = {{"notify": opt("--notify")}} if opt("--notify") else {{}}
     with open(path + ".json", "w") as f:
         json.dump({{"pid": os.getpid(), "socket": path, "config": cfg}}, f)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -152,12 +153,16 @@ def test_canal_code_path_with_a_test_double(tmp_path, python):
                      env={"CANAL_BIN": str(fake), "CANAL_BENCH_GEN": str(gen)})
     assert p.returncode == 0, p.stderr[-4000:]
     summary = read_csv(out / "summary.csv")
-    # Confirmed switch (the double echoes CANAL_NOTIFY): it ran, and canald's CPU was read.
+    # Confirmed switch (the double echoes --notify): it ran, and canald's CPU was read.
     assert median(summary, "canal-gg", "rr", 64, "rtt_p50_us", variant="notify=poll") > 0
     assert median(summary, "canal-gg", "rr", 64, "cpu_daemon_s", variant="notify=poll") >= 0
     # Unconfirmed switch: not available, with the switch named, and no number.
     r = [r for r in summary if r["variant"] == "disable=batch"]
-    assert r and all(x["status"] == "not available" and "CANAL_DISABLE=batch" in x["reason"] and x["median"] == ""
+    assert r and all(x["status"] == "not available" and "--no-batch" in x["reason"]
+                     and "daemon.config.batch=false" in x["reason"] and x["median"] == "" for x in r), r
+    # A mechanism canal does not have: not available, with the reason, and no number.
+    r = [r for r in summary if r["variant"] == "disable=zerocopy"]
+    assert r and all(x["status"] == "not available" and "zero-copy" in x["reason"] and x["median"] == ""
                      for x in r), r
     rows = read_csv(out / "results.csv")
     guest = [r for r in rows if r["system"] == "canal-gg" and r["status"] == "ok"]

@@ -31,7 +31,9 @@ const USAGE: &str = "usage: canal bench [--quick | --full] [EXPERIMENT ...] [opt
   --systems LIST    subset of tcp,uds,canal-gg,canal-gn
   --pairs LIST      concurrent client/server pairs for B4/B9 (e.g. 1,2,4,8)
   --variants LIST   subset of canal switch variants (default, notify=poll, disable=batch, split=0.5, …)
-  --pin        pin servers to CPU 0 and clients to CPU 1 (canald unpinned)
+  --pin        pin generator servers to CPU 0 and clients to CPU 1 for every system
+               (canald and tools unpinned); the default in --full mode
+  --no-pin     let the scheduler place every process (the default in --quick mode)
   --canal-grace S   extra seconds a canal run may take before it is killed and reported failed
   --no-plots   skip the PNG plots
   --list       list the experiments and exit
@@ -45,7 +47,8 @@ struct Opts {
     reps: Option<usize>,
     duration: Option<f64>,
     plan: Plan,
-    pin: bool,
+    /// None: pinned in full mode, not in quick mode.
+    pin: Option<bool>,
     plots: bool,
     canal_grace: Option<f64>,
     list: bool,
@@ -56,6 +59,14 @@ fn list<T>(s: &str, f: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
         .filter(|x| !x.is_empty())
         .map(|x| f(x).ok_or_else(|| format!("bad list item '{x}'")))
         .collect()
+}
+
+impl Opts {
+    /// Generator ends pinned to different CPUs: the full mode's default, so the two ends
+    /// of a ping-pong never share a core (for every system alike).
+    fn pinned(&self) -> bool {
+        self.pin.unwrap_or(!self.quick)
+    }
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -72,7 +83,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             systems: None,
             variants: None,
         },
-        pin: false,
+        pin: None,
         plots: true,
         canal_grace: None,
         list: false,
@@ -108,7 +119,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                 }
                 o.plan.variants = Some(v)
             }
-            "--pin" => o.pin = true,
+            "--pin" => o.pin = Some(true),
+            "--no-pin" => o.pin = Some(false),
             "--no-plots" => o.plots = false,
             "--canal-grace" => {
                 o.canal_grace = Some(val()?.parse().map_err(|_| "bad --canal-grace")?)
@@ -270,8 +282,10 @@ fn repro(exe: &str, exps: &str, cell: &Cell, o: &Opts, reps: usize) -> String {
     if let Some(d) = o.duration {
         s += &format!(" --duration {d}");
     }
-    if o.pin {
+    if o.pinned() {
         s += " --pin";
+    } else if !o.quick {
+        s += " --no-pin";
     }
     s
 }
@@ -346,7 +360,7 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
         strace_counts: if o.quick { (100, 600) } else { (500, 5000) },
         strace_secs: if o.quick { 3.0 } else { 20.0 },
         canal_grace: o.canal_grace.unwrap_or(if o.quick { 4.0 } else { 20.0 }),
-        pin: o.pin,
+        pin: o.pinned(),
         cpu_mhz: m.mhz,
     };
     let exe = display_exe();
@@ -361,8 +375,12 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
         machine: m.short.clone(),
         machine_long: m.long,
         command: command.trim().to_string(),
-        placement_note: if o.pin {
-            "servers pinned to CPU 0, clients to CPU 1, canald unpinned".into()
+        placement_note: if o.pinned() {
+            "every built-in generator run (B1, B2 and all other generator cells) pins its \
+             server(s) to CPU 0 and client(s) to CPU 1, for every system alike (kernel TCP, \
+             UDS, canal); canald and the tools (iperf3, sockperf, redis, nginx/wrk) are \
+             unpinned"
+                .into()
         } else {
             "no pinning (the scheduler places every process)".into()
         },
@@ -620,6 +638,11 @@ mod tests {
         assert!(parse(&s(&["--systems", "quic"])).is_err());
         assert!(parse(&s(&["--variants", "notify=fast"])).is_err());
         assert!(parse(&s(&["B12"])).is_err());
+        // Pinned by default in full mode only; both overridable.
+        assert!(!o.pinned());
+        assert!(parse(&s(&["--full"])).unwrap().pinned());
+        assert!(!parse(&s(&["--full", "--no-pin"])).unwrap().pinned());
+        assert!(parse(&s(&["--quick", "--pin"])).unwrap().pinned());
         assert_eq!(parse(&s(&[])).unwrap().exps.len(), 11);
     }
 }

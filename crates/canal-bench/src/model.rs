@@ -91,24 +91,30 @@ impl Workload {
     }
 }
 
-/// A set of canal switches. Switches travel as environment variables given to canald
-/// (started by the harness) and to every guest; canald must echo the ones in force
-/// under `daemon.config` in `canal stat --json`, otherwise the variant is reported as
-/// not available (a switch canal silently ignores must not produce numbers).
+/// A set of canal switches. Switches travel as flags of the canald the harness starts
+/// (`args`) and as environment variables given to it and to every guest (`env`, e.g.
+/// `CANAL_NOTIFY` for libcanal's own waiting); canald must echo the ones in force under
+/// `daemon.config` in `canal stat --json`, otherwise the variant is reported as not
+/// available (a switch canal silently ignores must not produce numbers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Variant {
     pub name: String,
+    pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     /// (key under daemon.config, expected value as text).
     pub expect: Vec<(String, String)>,
+    /// Set when canal has no such switch: its cells are "not available" with this reason.
+    pub unavailable: Option<String>,
 }
 
-pub const COALESCE_WINDOW_US: &str = "100";
+/// T_worst of the coalescing variants (B9), in µs: adaptive and fixed splits share it.
+pub const COALESCE_WINDOW_US: u64 = 100;
 
 impl Variant {
     pub fn parse(name: &str) -> Result<Variant, String> {
-        let v = |env: &[(&str, &str)], expect: &[(&str, &str)]| Variant {
+        let v = |args: &[&str], env: &[(&str, &str)], expect: &[(&str, &str)]| Variant {
             name: name.to_string(),
+            args: args.iter().map(|a| a.to_string()).collect(),
             env: env
                 .iter()
                 .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -117,37 +123,82 @@ impl Variant {
                 .iter()
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .collect(),
+            unavailable: None,
         };
+        let t = COALESCE_WINDOW_US.to_string();
         match name.split_once('=') {
-            None if name == "default" => Ok(v(&[], &[])),
-            Some(("notify", m)) if ["poll", "sleep", "hybrid"].contains(&m) => {
-                Ok(v(&[("CANAL_NOTIFY", m)], &[("notify", m)]))
+            None if name == "default" => Ok(v(&[], &[], &[])),
+            Some(("notify", m)) if ["poll", "sleep", "hybrid"].contains(&m) => Ok(v(
+                &["--notify", m],
+                &[("CANAL_NOTIFY", m)],
+                &[("notify", m)],
+            )),
+            // Polling off: canald and the guests only sleep.
+            Some(("disable", "poll")) => Ok(v(
+                &["--notify", "sleep"],
+                &[("CANAL_NOTIFY", "sleep")],
+                &[("notify", "sleep")],
+            )),
+            Some(("disable", "batch")) => Ok(v(&["--no-batch"], &[], &[("batch", "false")])),
+            Some(("disable", "coalesce")) => Ok(v(&["--no-coalesce"], &[], &[("coalesce", "off")])),
+            Some(("disable", "shortcut")) => {
+                Ok(v(&["--no-shortcut"], &[], &[("shortcut", "false")]))
             }
-            Some(("disable", m)) if ["poll", "batch", "coalesce", "zerocopy"].contains(&m) => {
-                Ok(v(&[("CANAL_DISABLE", m)], &[("disable", m)]))
+            Some(("disable", "zerocopy")) => {
+                let mut x = v(&[], &[], &[]);
+                x.unavailable = Some(
+                    "canal has no zero-copy switch: payload always goes through the shared \
+                     rings (one copy in, one copy out), there is no separate zero-copy path \
+                     to turn off"
+                        .into(),
+                );
+                Ok(x)
             }
-            Some(("split", m))
-                if m == "adaptive" || m.parse::<f64>().is_ok_and(|f| (0.0..=1.0).contains(&f)) =>
-            {
+            Some(("split", "adaptive")) => Ok(v(
+                &["--t-worst-us", &t],
+                &[],
+                &[("coalesce", "adaptive"), ("t_worst_us", &t)],
+            )),
+            Some(("split", m)) if m.parse::<f64>().is_ok_and(|f| (0.0..=1.0).contains(&f)) => {
+                // The share f of T_worst spent holding host-side: T_p = f · T_worst.
+                let f: f64 = m.parse().unwrap_or(0.0);
+                let p = ((COALESCE_WINDOW_US as f64) * f).round() as u64;
+                let p = p.to_string();
                 Ok(v(
-                    &[
-                        ("CANAL_COALESCE_SPLIT", m),
-                        ("CANAL_COALESCE_WINDOW_US", COALESCE_WINDOW_US),
-                    ],
-                    &[
-                        ("coalesce_split", m),
-                        ("coalesce_window_us", COALESCE_WINDOW_US),
-                    ],
+                    &["--t-worst-us", &t, "--split-us", &p],
+                    &[],
+                    &[("coalesce", "fixed"), ("t_worst_us", &t), ("split_us", &p)],
                 ))
             }
             _ => Err(format!(
                 "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
-                 disable=poll|batch|coalesce|zerocopy, split=adaptive|0.0..1.0)"
+                 disable=poll|batch|coalesce|shortcut|zerocopy, split=adaptive|0.0..1.0)"
             )),
         }
     }
     pub fn is_default(&self) -> bool {
         self.name == "default"
+    }
+
+    /// None when `daemon.config` (from `canal stat --json`) shows every expected switch,
+    /// else why the variant cannot be confirmed.
+    pub fn check(&self, config: Option<&crate::json::Json>) -> Option<String> {
+        for (k, want) in &self.expect {
+            let got = config
+                .and_then(|c| c.get(k))
+                .map(crate::json::Json::as_text);
+            if got.as_deref() != Some(want.as_str()) {
+                let mut sw: Vec<String> = self.args.clone();
+                sw.extend(self.env.iter().map(|(a, b)| format!("{a}={b}")));
+                return Some(format!(
+                    "switch {} not confirmed: canald does not report daemon.config.{k}={want} \
+                     in `canal stat --json` (got {})",
+                    sw.join(" "),
+                    got.unwrap_or_else(|| "nothing".into())
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -342,7 +393,14 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             }
         }
         "B8" => {
-            let v = ["default", "disable=poll", "disable=batch", "disable=coalesce", "disable=zerocopy"];
+            let v = [
+                "default",
+                "disable=poll",
+                "disable=batch",
+                "disable=coalesce",
+                "disable=shortcut",
+                "disable=zerocopy",
+            ];
             let mut c = cells(plan, &[Stream], &[16384], &[1], &v, &[Tcp, CanalGG]);
             if !q {
                 c.extend(cells(plan, &[Rr], &[64], &[1], &v, &[Tcp, CanalGG]));
@@ -455,5 +513,53 @@ mod tests {
         assert!(Variant::parse("notify=fast").is_err());
         assert!(Variant::parse("split=1.5").is_err());
         assert!(Variant::parse("split=0.25").is_ok());
+    }
+
+    #[test]
+    fn variants_map_to_canald_flags() {
+        let v = Variant::parse("split=0.25").unwrap();
+        assert_eq!(v.args, ["--t-worst-us", "100", "--split-us", "25"]);
+        let v = Variant::parse("disable=poll").unwrap();
+        assert_eq!(v.args, ["--notify", "sleep"]);
+        assert_eq!(v.env, [("CANAL_NOTIFY".to_string(), "sleep".to_string())]);
+        assert!(Variant::parse("disable=zerocopy")
+            .unwrap()
+            .unavailable
+            .is_some());
+        assert!(Variant::parse("disable=shortcut")
+            .unwrap()
+            .unavailable
+            .is_none());
+    }
+
+    #[test]
+    fn config_check() {
+        let cfg = crate::json::parse(
+            r#"{"daemon":{"pid":1,"config":{"notify":"sleep","batch":false,
+               "coalesce":"fixed","t_worst_us":100,"split_us":25,"workers":1,
+               "shortcut":true}}}"#,
+        )
+        .unwrap();
+        let c = cfg.get("daemon.config");
+        assert_eq!(Variant::parse("split=0.25").unwrap().check(c), None);
+        assert_eq!(Variant::parse("disable=batch").unwrap().check(c), None);
+        assert_eq!(Variant::parse("disable=poll").unwrap().check(c), None);
+        assert_eq!(Variant::parse("default").unwrap().check(c), None);
+        // A different split, or a switch the daemon does not show, is refused.
+        let e = Variant::parse("split=0.5").unwrap().check(c).unwrap();
+        assert!(
+            e.contains("daemon.config.split_us=50") && e.contains("got 25"),
+            "{e}"
+        );
+        let e = Variant::parse("disable=shortcut")
+            .unwrap()
+            .check(c)
+            .unwrap();
+        assert!(e.contains("got true"), "{e}");
+        let e = Variant::parse("split=adaptive").unwrap().check(c).unwrap();
+        assert!(e.contains("got fixed"), "{e}");
+        // An old canald without daemon.config confirms nothing.
+        let e = Variant::parse("notify=poll").unwrap().check(None).unwrap();
+        assert!(e.contains("got nothing"), "{e}");
     }
 }

@@ -149,12 +149,13 @@ impl Runner {
         let socket = self.tmp.join(format!("canald-{id}.sock"));
         let mut env = variant.env.clone();
         env.push(("CANAL_SOCKET".into(), socket.to_string_lossy().into_owned()));
-        let argv = vec![
+        let mut argv = vec![
             self.canal_s(),
             "daemon".into(),
             "--socket".into(),
             socket.to_string_lossy().into_owned(),
         ];
+        argv.extend(variant.args.iter().cloned());
         let mut d = Daemon {
             variant: variant.name.clone(),
             socket: socket.clone(),
@@ -163,6 +164,11 @@ impl Runner {
             problem: None,
             config: None,
         };
+        if let Some(why) = &variant.unavailable {
+            d.problem = Some(Status::NotAvailable(why.clone()));
+            self.daemon = Some(d);
+            return;
+        }
         match Proc::spawn("canal daemon", &argv, &env) {
             Err(e) => d.problem = Some(Status::Failed(format!("canal daemon did not start: {e}"))),
             Ok(mut p) => {
@@ -202,27 +208,7 @@ impl Runner {
                         Err(_) => {}
                     }
                     if d.problem.is_none() {
-                        for (k, want) in &variant.expect {
-                            let got = d
-                                .config
-                                .as_ref()
-                                .and_then(|c| c.get(k))
-                                .map(json::Json::as_text);
-                            if got.as_deref() != Some(want.as_str()) {
-                                let envs: Vec<String> = variant
-                                    .env
-                                    .iter()
-                                    .map(|(a, b)| format!("{a}={b}"))
-                                    .collect();
-                                d.problem = Some(Status::NotAvailable(format!(
-                                    "switch {} not implemented: canald does not report \
-                                     daemon.config.{k}={want} in `canal stat --json` (got {})",
-                                    envs.join(" "),
-                                    got.unwrap_or_else(|| "nothing".into())
-                                )));
-                                break;
-                            }
-                        }
+                        d.problem = variant.check(d.config.as_ref()).map(Status::NotAvailable);
                     }
                 }
                 d.proc = Some(p);

@@ -806,6 +806,7 @@ impl Daemon {
         Snapshot {
             pid: std::process::id(),
             socket: self.cfg.socket.display().to_string(),
+            config: Some(stat::ConfigStat::from_config(&self.cfg)),
             guests,
             workers,
         }

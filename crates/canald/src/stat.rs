@@ -75,10 +75,53 @@ impl WorkerStat {
     }
 }
 
+/// The engine switches in force (`daemon.config` in the JSON), so a benchmark can
+/// confirm that the variant it asked for is the one it measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigStat {
+    /// "poll", "sleep" or "hybrid" (`--notify`).
+    pub notify: &'static str,
+    /// false with `--no-batch`.
+    pub batch: bool,
+    /// "adaptive", "fixed" (`--split-us`) or "off" (`--no-coalesce`).
+    pub coalesce: &'static str,
+    /// T_worst in µs (0 when coalescing is off).
+    pub t_worst_us: u64,
+    /// The fixed host share T_p in µs; None unless `coalesce` is "fixed".
+    pub split_us: Option<u64>,
+    pub workers: u64,
+    /// Whether the co-resident short-circuit is in force: false with `--no-shortcut` /
+    /// CANAL_NO_SHORTCUT, and with more than one worker (it needs `--workers 1`).
+    pub shortcut: bool,
+}
+
+impl ConfigStat {
+    pub fn from_config(c: &crate::daemon::Config) -> Self {
+        use crate::engine::CoalesceCfg;
+        let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let (coalesce, t_worst_us, split_us) = match c.coalesce {
+            CoalesceCfg::Off => ("off", 0, None),
+            CoalesceCfg::Adaptive { t_worst } => ("adaptive", us(t_worst), None),
+            CoalesceCfg::Fixed { t_worst, t_p } => ("fixed", us(t_worst), Some(us(t_p))),
+        };
+        ConfigStat {
+            notify: c.notify.name(),
+            batch: !c.no_batch,
+            coalesce,
+            t_worst_us,
+            split_us,
+            workers: c.workers as u64,
+            shortcut: c.shortcut && c.workers <= 1,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub pid: u32,
     pub socket: String,
+    /// None only in tests that predate it; the daemon always reports it.
+    pub config: Option<ConfigStat>,
     pub guests: Vec<GuestStat>,
     pub workers: Vec<WorkerStat>,
 }
@@ -161,6 +204,24 @@ pub fn render_json(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = write!(o, "{{\"daemon\":{{\"pid\":{},\"socket\":", s.pid);
     json_str(&mut o, &s.socket);
+    if let Some(c) = &s.config {
+        o.push_str(",\"config\":{\"notify\":");
+        json_str(&mut o, c.notify);
+        let _ = write!(o, ",\"batch\":{},\"coalesce\":", c.batch);
+        json_str(&mut o, c.coalesce);
+        let _ = write!(o, ",\"t_worst_us\":{},\"split_us\":", c.t_worst_us);
+        match c.split_us {
+            Some(p) => {
+                let _ = write!(o, "{p}");
+            }
+            None => o.push_str("null"),
+        }
+        let _ = write!(
+            o,
+            ",\"workers\":{},\"shortcut\":{}}}",
+            c.workers, c.shortcut
+        );
+    }
     o.push_str(",\"workers\":[");
     for (i, w) in s.workers.iter().enumerate() {
         if i > 0 {
@@ -301,6 +362,7 @@ mod tests {
         Snapshot {
             pid: 42,
             socket: "/tmp/x/canald.sock".into(),
+            config: None,
             guests: vec![GuestStat {
                 id: 1,
                 pid: 1234,
@@ -360,6 +422,7 @@ mod tests {
         let empty = Snapshot {
             pid: 1,
             socket: "s".into(),
+            config: None,
             guests: vec![],
             workers: vec![],
         };
@@ -367,6 +430,39 @@ mod tests {
             render_json(&empty),
             "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"workers\":[]},\"guests\":[]}"
         );
+    }
+
+    #[test]
+    fn config_json() {
+        let mut c = crate::daemon::Config::new("/s".into());
+        c.no_batch = true;
+        c.shortcut = false;
+        c.workers = 1;
+        c.notify = crate::engine::NotifyMode::Sleep;
+        c.coalesce = crate::engine::CoalesceCfg::Fixed {
+            t_worst: std::time::Duration::from_micros(100),
+            t_p: std::time::Duration::from_micros(25),
+        };
+        let s = Snapshot {
+            pid: 1,
+            socket: "s".into(),
+            config: Some(ConfigStat::from_config(&c)),
+            guests: vec![],
+            workers: vec![],
+        };
+        assert_eq!(
+            render_json(&s),
+            "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"config\":{\"notify\":\"sleep\",\
+             \"batch\":false,\"coalesce\":\"fixed\",\"t_worst_us\":100,\"split_us\":25,\
+             \"workers\":1,\"shortcut\":false},\"workers\":[]},\"guests\":[]}"
+        );
+        c.coalesce = crate::engine::CoalesceCfg::Off;
+        let cs = ConfigStat::from_config(&c);
+        assert_eq!((cs.coalesce, cs.t_worst_us, cs.split_us), ("off", 0, None));
+        c.shortcut = true;
+        assert!(ConfigStat::from_config(&c).shortcut);
+        c.workers = 2;
+        assert!(!ConfigStat::from_config(&c).shortcut);
     }
 
     #[test]
