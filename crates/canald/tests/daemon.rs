@@ -732,7 +732,12 @@ fn large_stat_listing_in_chunks() {
     }
     let whole = String::from_utf8(whole).unwrap();
     assert_eq!(whole.matches("{\"daemon\"").count(), 4);
-    assert_eq!(whole.len(), 4 * s.len());
+    // Four whole listings (their lengths may differ by a few bytes: the per-worker
+    // counters keep moving between them).
+    for doc in whole.split("{\"daemon\"").skip(1) {
+        assert_eq!(doc.matches("\"kind\":\"udp\"").count(), 1024);
+        assert!(doc.ends_with("]}]}"), "a listing was cut short");
+    }
 }
 
 #[test]
