@@ -74,6 +74,9 @@ pub mod token {
     pub const SIGNAL: u64 = 4;
     /// A worker's own eventfd (new guest, shutdown).
     pub const POKE: u64 = 5;
+    /// A WATCH descriptor (`crate::watch`); distinct from every type above, since
+    /// worker 0's poller consumes its own types before the daemon sees the rest.
+    pub const WATCH: u64 = 6;
 
     pub fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
         (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Epoll token type of a watch (the others are in `guest::token`).
-pub const TOKEN: u64 = 5;
+pub const TOKEN: u64 = crate::guest::token::WATCH;
 
 fn token(conn: u32, gen: u16, index: u16) -> u64 {
     crate::guest::token::make(TOKEN, conn, gen, index)
@@ -82,5 +82,29 @@ impl Watches {
 
     pub fn is_empty(&self) -> bool {
         self.fds.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::guest::token;
+
+    #[test]
+    fn watch_token_type_is_distinct() {
+        // A shared type with a worker-consumed one (POKE) would make watches never fire.
+        let types = [
+            token::LISTENER,
+            token::CONTROL,
+            token::DOORBELL,
+            token::SOCKET,
+            token::SIGNAL,
+            token::POKE,
+            super::TOKEN,
+        ];
+        for (i, a) in types.iter().enumerate() {
+            for b in &types[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 }
