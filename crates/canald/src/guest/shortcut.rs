@@ -121,22 +121,46 @@ impl Shared {
         !self.pending.is_empty() || !self.events.is_empty()
     }
 
-    /// The listener a connect to `dst` reaches, if it is a canal listener.
-    fn find_listener(&self, dst: &CanalAddr) -> Option<ListenerReg> {
-        let mut wildcard = None;
-        for l in &self.listeners {
-            if l.addr.port != dst.port || l.addr.family != dst.family {
-                continue;
-            }
-            if l.addr.addr == dst.addr {
-                return Some(*l);
-            }
-            if is_unspecified(&l.addr) && is_local(dst) {
-                wildcard = Some(*l);
-            }
+    /// The listener a connect from `src` to `dst` reaches, if it is a canal listener.
+    /// A listener bound to `dst`'s address beats a wildcard one (the kernel's score);
+    /// among equals — an SO_REUSEPORT group — the connection's addresses pick one, as
+    /// the kernel's reuseport hash spreads connections over the group.
+    fn find_listener(&self, dst: &CanalAddr, src: &CanalAddr) -> Option<ListenerReg> {
+        let same = |l: &&ListenerReg| l.addr.port == dst.port && l.addr.family == dst.family;
+        let exact: Vec<ListenerReg> = self
+            .listeners
+            .iter()
+            .filter(same)
+            .filter(|l| l.addr.addr == dst.addr)
+            .copied()
+            .collect();
+        let group = if !exact.is_empty() {
+            exact
+        } else if is_local(dst) {
+            self.listeners
+                .iter()
+                .filter(same)
+                .filter(|l| is_unspecified(&l.addr))
+                .copied()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if group.is_empty() {
+            return None;
         }
-        wildcard
+        Some(group[reuseport_pick(src, dst, group.len())])
     }
+}
+
+/// Index in `0..n` from the connection's 4-tuple (FNV-1a; any fixed spread will do).
+fn reuseport_pick(src: &CanalAddr, dst: &CanalAddr, n: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let (sp, dp) = (src.port.to_be_bytes(), dst.port.to_be_bytes());
+    for b in src.addr.iter().chain(&sp).chain(&dst.addr).chain(&dp) {
+        h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % n.max(1) as u64) as usize
 }
 
 fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
@@ -210,17 +234,17 @@ impl Guest {
         if s.kind != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
             return None;
         }
-        let l = {
+        {
             let sh = lock(&sc);
             if !sh.enabled {
                 return None;
             }
-            sh.find_listener(dst)?
-        };
+            sh.find_listener(dst, dst)?;
+        }
         let fd = s.fd.as_ref()?;
         // Reserve a real local address (an ephemeral port unless the guest bound
         // one) so both ends' names are real and cannot collide with kernel sockets.
-        let local = sys::sockname(fd).ok()?;
+        let mut local = sys::sockname(fd).ok()?;
         if local.port == 0 {
             let mut a = *dst;
             if is_unspecified(&a) {
@@ -230,7 +254,11 @@ impl Guest {
             if sys::bind(fd, &a).is_err() {
                 return None; // the kernel's connect will say what is wrong
             }
+            local = sys::sockname(fd).ok()?;
         }
+        // The listener may have gone meanwhile: then the kernel's connect answers
+        // (from the address reserved above, as its own autobind would have).
+        let l = lock(&sc).find_listener(dst, &local)?;
         let handle = s.handle;
         s.phase = Phase::Connecting;
         s.readable = false;
