@@ -553,11 +553,12 @@ impl Guest {
         }
         let Some(link) = s.seg else { return };
         let rx_dir = 1 - link.side.min(1);
-        let reset = sh.segments.get(&link.id).is_some_and(|r| {
+        let unread = sh.segments.get(&link.id).is_some_and(|r| {
             let h = sys::pread_u64(&r.fd, segment::head_offset(rx_dir));
             let t = sys::pread_u64(&r.fd, segment::tail_offset(rx_dir));
             matches!((h, t), (Some(h), Some(t)) if h != t)
         });
+        let reset = unread || s.fd.as_ref().is_some_and(linger_zero);
         sh.events.push(Event::Closed {
             id: link.id,
             side: link.side,
@@ -624,6 +625,16 @@ impl Guest {
                 .futex_bump_wake(segment::wake_seq_offset(link.side.min(1)) as usize);
         }
     }
+}
+
+/// SO_LINGER on with a zero timeout (set by the guest on the host socket behind the
+/// entry): close aborts the connection, the peer sees a reset.
+fn linger_zero(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 8];
+    matches!(
+        sys::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_LINGER, &mut b),
+        Ok(8) if b[..4] != [0; 4] && b[4..] == [0; 4]
+    )
 }
 
 fn lock_ring_size(g: &Guest) -> u64 {
