@@ -792,6 +792,9 @@ impl Guest {
                 Ok((0, 0))
             }
             Cmd::GetOpt { level, name, len } => {
+                if let Some(r) = self.sc_tcp_info(index, level, name, &mut out[..len]) {
+                    return r;
+                }
                 let s = self.live(index)?;
                 let n = sys::getsockopt_bytes(fd_of(s)?, level, name, &mut out[..len])
                     .map_err(|e| sys::errno_of(&e))?;

@@ -34,6 +34,8 @@ pub struct SegLink {
     /// Addresses reported by getsockname/getpeername.
     pub local: CanalAddr,
     pub peer: CanalAddr,
+    /// This end shut down its sending side (SHUTDOWN SHUT_WR / SHUT_RDWR).
+    pub shut_wr: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -524,9 +526,12 @@ impl Guest {
         index: u32,
         how: i32,
     ) -> Option<Result<(i64, usize), i32>> {
-        let s = self.sockets.get(index as usize)?.as_ref()?;
+        let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         let link = s.seg?;
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            if let Some(l) = &mut s.seg {
+                l.shut_wr = true;
+            }
             if let Some(sc) = &self.sc {
                 lock(sc).events.push(Event::Fin {
                     conn: link.peer_conn,
@@ -537,6 +542,55 @@ impl Guest {
             self.sc_futex_wake(index);
         }
         Some(Ok((0, 0)))
+    }
+
+    /// GETSOCKOPT TCP_INFO on a short-circuited socket: the host socket behind it is
+    /// an unconnected port reservation (state CLOSE, zero counters), so the answer is
+    /// its tcp_info with the connection's state (from this end's shutdown and the
+    /// entry's flags) and byte counts (from the segment) written in. None: not ours.
+    pub(super) fn sc_tcp_info(
+        &self,
+        index: u32,
+        level: i32,
+        name: i32,
+        out: &mut [u8],
+    ) -> Option<Result<(i64, usize), i32>> {
+        if level != libc::IPPROTO_TCP || name != libc::TCP_INFO {
+            return None;
+        }
+        let s = self.sockets.get(index as usize)?.as_ref()?;
+        if s.is_closing() {
+            return None; // the usual path answers
+        }
+        let link = s.seg?;
+        let fd = s.fd.as_ref()?;
+        let n = match sys::getsockopt_bytes(fd, level, name, out) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(sys::errno_of(&e))),
+        };
+        let flags = s.flags;
+        let state = if flags & sock_flag::ERROR != 0 {
+            TCP_CLOSE
+        } else {
+            match (link.shut_wr, flags & sock_flag::RX_EOF != 0) {
+                (false, false) => TCP_ESTABLISHED,
+                (false, true) => TCP_CLOSE_WAIT,
+                (true, false) => TCP_FIN_WAIT2,
+                (true, true) => TCP_CLOSE,
+            }
+        };
+        if n > 0 {
+            out[0] = state;
+        }
+        if let Some((tx, rx)) = self.sc_bytes(s) {
+            // tcpi_bytes_acked at 120, tcpi_bytes_received at 128 (u64 each).
+            for (off, v) in [(120, tx), (128, rx)] {
+                if n >= off + 8 {
+                    out[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }
+        Some(Ok((0, n)))
     }
 
     /// An entry is being freed: tell the other end (FIN, or RESET if this end left
@@ -626,6 +680,12 @@ impl Guest {
         }
     }
 }
+
+// tcpi_state values (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_FIN_WAIT2: u8 = 5;
+const TCP_CLOSE: u8 = 7;
+const TCP_CLOSE_WAIT: u8 = 8;
 
 /// SO_LINGER on with a zero timeout (set by the guest on the host socket behind the
 /// entry): close aborts the connection, the peer sees a reset.
@@ -744,6 +804,7 @@ fn complete(
         peer_handle: 0,
         local: dst,
         peer: conn_local,
+        shut_wr: false,
     };
     let seg = backlog.and_then(|_| {
         let fd = sys::create_segment(id, ring_size).ok()?;
@@ -799,6 +860,7 @@ fn complete(
         peer_handle: ah,
         local: conn_local,
         peer: dst,
+        shut_wr: false,
     };
     let ok = guests
         .get_mut(&p.conn)
