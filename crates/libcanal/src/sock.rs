@@ -221,7 +221,10 @@ impl Sock {
             Ok(r) if r.peer.is_some() => {
                 let rx = seq.wrapping_add(r.rx_head.load(Ordering::Acquire) as u32);
                 let nospace = self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0;
-                (rx, nospace.then(|| r.tx_tail.load(Ordering::Acquire) as u32))
+                (
+                    rx,
+                    nospace.then(|| r.tx_tail.load(Ordering::Acquire) as u32),
+                )
             }
             _ => (seq, None),
         }
@@ -230,7 +233,9 @@ impl Sock {
     /// An edge-triggered report carried EPOLLOUT: the write-space edge is consumed.
     pub fn clear_nospace(&self) {
         if self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0 {
-            self.e.guest_flags.fetch_and(!local::NOSPACE, Ordering::Relaxed);
+            self.e
+                .guest_flags
+                .fetch_and(!local::NOSPACE, Ordering::Relaxed);
         }
     }
 
