@@ -665,7 +665,7 @@ pub fn release(g: &'static Guest, handle: u32) {
         if !client::is_dead(g) {
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
         }
-        crate::seg::forget(seg);
+        crate::seg::forget(g, seg);
         client::debug!(g, "canal: close handle {handle:#x}\n");
     }
 }
