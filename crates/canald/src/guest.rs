@@ -782,6 +782,10 @@ impl Guest {
             Cmd::Disconnect => self.op_disconnect(index),
             Cmd::Close => {
                 self.op_close(index);
+                // Nothing left to send (a listener, an idle connection): free it now,
+                // so the port is released before the reply, as a native close does (a
+                // bind to it may be the guest's very next request, in this round).
+                self.finish_if_closed(ep, index, Instant::now());
                 Ok((0, 0))
             }
             Cmd::Shutdown(how) => self.op_shutdown(index, how),
