@@ -77,7 +77,8 @@ pub mod token {
     pub const SIGNAL: u64 = 4;
     /// A worker's own eventfd (new guest, shutdown).
     pub const POKE: u64 = 5;
-    /// Kernel-counted liveness of a guest socket (`watch.rs`, WATCH).
+    /// A WATCH descriptor (`crate::watch`); distinct from every type above, since
+    /// worker 0's poller consumes its own types before the daemon sees the rest.
     pub const WATCH: u64 = 6;
     /// The pidfd of a VM guest's VM process (`vm.rs`).
     pub const VM_PROCESS: u64 = 7;
@@ -836,6 +837,10 @@ impl Guest {
             Cmd::Disconnect => self.op_disconnect(index),
             Cmd::Close => {
                 self.op_close(index);
+                // Nothing left to send (a listener, an idle connection): free it now,
+                // so the port is released before the reply, as a native close does (a
+                // bind to it may be the guest's very next request, in this round).
+                self.finish_if_closed(ep, index, Instant::now());
                 Ok((0, 0))
             }
             Cmd::Shutdown(how) => self.op_shutdown(index, how),
@@ -846,6 +851,9 @@ impl Guest {
                 Ok((0, 0))
             }
             Cmd::GetOpt { level, name, len } => {
+                if let Some(r) = self.sc_tcp_info(index, level, name, &mut out[..len]) {
+                    return r;
+                }
                 let s = self.live(index)?;
                 let n = sys::getsockopt_bytes(fd_of(s)?, level, name, &mut out[..len])
                     .map_err(|e| sys::errno_of(&e))?;

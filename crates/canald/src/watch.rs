@@ -84,3 +84,27 @@ impl Watches {
         self.fds.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::guest::token;
+
+    #[test]
+    fn watch_token_type_is_distinct() {
+        // A shared type with a worker-consumed one (POKE) would make watches never fire.
+        let types = [
+            token::LISTENER,
+            token::CONTROL,
+            token::DOORBELL,
+            token::SOCKET,
+            token::SIGNAL,
+            token::POKE,
+            super::TOKEN,
+        ];
+        for (i, a) in types.iter().enumerate() {
+            for b in &types[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}

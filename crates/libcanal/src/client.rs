@@ -1179,6 +1179,8 @@ pub fn wait_until(
             match crate::seg::futex_sleep(seg, side, t, &mut cond) {
                 Ok(true) => return Wait::Ready,
                 Ok(false) => continue,
+                // The same restart rule as the eventfd sleep below.
+                Err(libc::EINTR) if deadline.is_none() && all_handlers_restart() => continue,
                 Err(_) => return Wait::Interrupted,
             }
         }

@@ -39,6 +39,7 @@ use core::sync::atomic::AtomicU32;
 use libc::{c_int, epoll_event};
 
 const EPOLLIN: u32 = libc::EPOLLIN as u32;
+const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
 const EPOLLERR: u32 = libc::EPOLLERR as u32;
 const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
 const EPOLLET: u32 = libc::EPOLLET as u32;
@@ -71,6 +72,9 @@ struct Item {
     /// "report once whatever the sequence says" (set by ADD/MOD).
     last_seq: u32,
     last_bits: u32,
+    /// A short-circuited socket's outgoing ring tail at the last report (the
+    /// write-space edge after a send found the ring full, `Sock::edge_seq`).
+    last_tx: u32,
     fresh: bool,
     /// EPOLLONESHOT fired: nothing is reported until MOD.
     disarmed: bool,
@@ -180,8 +184,8 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result
     let seq = match target {
         Target::Canal(h) => client::guest()
             .and_then(|g| Sock::new(g, h).ok())
-            .map_or(0, |s| s.e.event_seq.load(Ordering::Acquire)),
-        Target::Nested(_) => 0,
+            .map_or((0, None), |s| s.edge_seq()),
+        Target::Nested(_) => (0, None),
     };
     let r = with(|sets| {
         let si = sets.iter().position(|s| s.epfd == epfd);
@@ -197,8 +201,9 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result
                     target,
                     events,
                     data,
-                    last_seq: seq,
+                    last_seq: seq.0,
                     last_bits: 0,
+                    last_tx: seq.1.unwrap_or(0),
                     fresh: true,
                     disarmed: false,
                 };
@@ -223,7 +228,8 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result
                 it.data = data;
                 it.fresh = true;
                 it.disarmed = false;
-                it.last_seq = seq;
+                it.last_seq = seq.0;
+                it.last_tx = seq.1.unwrap_or(it.last_tx);
                 Ok(false)
             }
             libc::EPOLL_CTL_DEL => {
@@ -291,16 +297,18 @@ fn eval(g: &'static Guest, it: &mut Item, commit: bool, depth: u32) -> u32 {
         return 0;
     }
     let interest = (it.events & !CONTROL) | EPOLLERR | EPOLLHUP;
-    let (seq, bits) = match it.target {
+    let mut sock = None;
+    let (seq, tx, bits) = match it.target {
         Target::Canal(h) => {
             if client::is_dead(g) {
-                (it.last_seq, crate::ready::DEAD as u16 as u32)
+                (it.last_seq, None, crate::ready::DEAD as u16 as u32)
             } else {
                 match Sock::new(g, h) {
                     Ok(s) => {
                         // The sequence first: a change after it is seen next time.
-                        let seq = s.e.event_seq.load(Ordering::Acquire);
-                        (seq, s.readiness() as u16 as u32)
+                        let (seq, tx) = s.edge_seq();
+                        sock = Some(s);
+                        (seq, tx, s.readiness() as u16 as u32)
                     }
                     // The socket is gone (closed behind our back): nothing to report.
                     Err(_) => return 0,
@@ -313,17 +321,24 @@ fn eval(g: &'static Guest, it: &mut Item, commit: bool, depth: u32) -> u32 {
             } else {
                 0
             };
-            (it.last_seq, r)
+            (it.last_seq, None, r)
         }
     };
     let m = bits & interest;
     let fire = if it.events & EPOLLET != 0 {
-        let f = m != 0 && (it.fresh || seq != it.last_seq || m & !it.last_bits != 0);
+        let space = tx.is_some_and(|t| t != it.last_tx);
+        let f = m != 0 && (it.fresh || seq != it.last_seq || space || m & !it.last_bits != 0);
         if commit {
             it.last_bits = m;
             if f {
                 it.last_seq = seq;
+                it.last_tx = tx.unwrap_or(it.last_tx);
                 it.fresh = false;
+                if m & EPOLLOUT != 0 {
+                    if let Some(s) = sock {
+                        s.clear_nospace();
+                    }
+                }
             }
         }
         f
@@ -583,6 +598,7 @@ mod tests {
                     data: 5,
                     last_seq: 0,
                     last_bits: 0,
+                    last_tx: 0,
                     fresh: true,
                     disarmed: false,
                 }],

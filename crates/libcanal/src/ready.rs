@@ -17,6 +17,10 @@ pub mod local {
     /// The socket's first bind/connect/listen/sendto went to canal: the selection
     /// policy (`policy.rs`) no longer hands it to the kernel.
     pub const COMMITTED: u32 = 1 << 4;
+    /// A send on a short-circuited socket found its ring full (the kernel's
+    /// SOCK_NOSPACE): until an edge-triggered epoll reports EPOLLOUT, the peer freeing
+    /// space is an edge (`Sock::edge_seq`).
+    pub const NOSPACE: u32 = 1 << 5;
 }
 
 pub const POLLIN: c_short = libc::POLLIN;

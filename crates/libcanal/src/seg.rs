@@ -169,12 +169,22 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     Ok(Seg { base, ring_size })
 }
 
-/// The socket naming segment `id` lost its last reference in this process: unmap.
+/// The socket naming segment `id` lost its last reference in this process: unmap,
+/// unless another live socket of this guest names the same segment (both ends of a
+/// connection within one program share the mapping; its other end may be in use).
 /// (Another thread of the program still using the socket it closed would fault; the
 /// kernel would give it EBADF. Closing a socket under a concurrent call is a bug the
 /// program already has.)
-pub fn forget(id: u32) {
+pub fn forget(g: &Guest, id: u32) {
     if id == 0 {
+        return;
+    }
+    let shared = (0..g.region.layout().socket_count).any(|i| {
+        g.region.socket(i).is_some_and(|e| {
+            e.segment.load(Ordering::Acquire) == id && e.refs.load(Ordering::Acquire) > 0
+        })
+    });
+    if shared {
         return;
     }
     client::lock(&LOCK);

@@ -204,6 +204,41 @@ impl Sock {
         ready::readiness(&self.snapshot())
     }
 
+    /// Moves whenever the socket had an event an edge-triggered epoll reports: the
+    /// host's `event_seq`, plus, on a short-circuited socket, the incoming ring's head
+    /// (the peer publishes bytes without canald, so each arrival — an edge natively —
+    /// shows only there).
+    ///
+    /// Second value: the outgoing ring's tail while a send found that ring full
+    /// (`local::NOSPACE`), else None — the peer freeing space is then an edge too, as
+    /// the kernel's write-space wake-up is after SOCK_NOSPACE.
+    pub fn edge_seq(&self) -> (u32, Option<u32>) {
+        let seq = self.e.event_seq.load(Ordering::Acquire);
+        if self.e.segment.load(Ordering::Acquire) == 0 {
+            return (seq, None);
+        }
+        match self.rings() {
+            Ok(r) if r.peer.is_some() => {
+                let rx = seq.wrapping_add(r.rx_head.load(Ordering::Acquire) as u32);
+                let nospace = self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0;
+                (
+                    rx,
+                    nospace.then(|| r.tx_tail.load(Ordering::Acquire) as u32),
+                )
+            }
+            _ => (seq, None),
+        }
+    }
+
+    /// An edge-triggered report carried EPOLLOUT: the write-space edge is consumed.
+    pub fn clear_nospace(&self) {
+        if self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0 {
+            self.e
+                .guest_flags
+                .fetch_and(!local::NOSPACE, Ordering::Relaxed);
+        }
+    }
+
     fn deadline(&self, rcv: bool) -> Option<i64> {
         let t = if rcv {
             self.e.rcvtimeo_ns.load(Ordering::Relaxed)
@@ -630,7 +665,7 @@ pub fn release(g: &'static Guest, handle: u32) {
         if !client::is_dead(g) {
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
         }
-        crate::seg::forget(seg);
+        crate::seg::forget(g, seg);
         client::debug!(g, "canal: close handle {handle:#x}\n");
     }
 }
@@ -739,6 +774,9 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             }
         }
         if nonblock {
+            if !connecting && s.e.segment.load(Ordering::Relaxed) != 0 {
+                s.e.guest_flags.fetch_or(local::NOSPACE, Ordering::Relaxed);
+            }
             return if sent > 0 {
                 Ok(sent)
             } else {

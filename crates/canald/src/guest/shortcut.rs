@@ -34,6 +34,8 @@ pub struct SegLink {
     /// Addresses reported by getsockname/getpeername.
     pub local: CanalAddr,
     pub peer: CanalAddr,
+    /// This end shut down its sending side (SHUTDOWN SHUT_WR / SHUT_RDWR).
+    pub shut_wr: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -121,22 +123,46 @@ impl Shared {
         !self.pending.is_empty() || !self.events.is_empty()
     }
 
-    /// The listener a connect to `dst` reaches, if it is a canal listener.
-    fn find_listener(&self, dst: &CanalAddr) -> Option<ListenerReg> {
-        let mut wildcard = None;
-        for l in &self.listeners {
-            if l.addr.port != dst.port || l.addr.family != dst.family {
-                continue;
-            }
-            if l.addr.addr == dst.addr {
-                return Some(*l);
-            }
-            if is_unspecified(&l.addr) && is_local(dst) {
-                wildcard = Some(*l);
-            }
+    /// The listener a connect from `src` to `dst` reaches, if it is a canal listener.
+    /// A listener bound to `dst`'s address beats a wildcard one (the kernel's score);
+    /// among equals — an SO_REUSEPORT group — the connection's addresses pick one, as
+    /// the kernel's reuseport hash spreads connections over the group.
+    fn find_listener(&self, dst: &CanalAddr, src: &CanalAddr) -> Option<ListenerReg> {
+        let same = |l: &&ListenerReg| l.addr.port == dst.port && l.addr.family == dst.family;
+        let exact: Vec<ListenerReg> = self
+            .listeners
+            .iter()
+            .filter(same)
+            .filter(|l| l.addr.addr == dst.addr)
+            .copied()
+            .collect();
+        let group = if !exact.is_empty() {
+            exact
+        } else if is_local(dst) {
+            self.listeners
+                .iter()
+                .filter(same)
+                .filter(|l| is_unspecified(&l.addr))
+                .copied()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if group.is_empty() {
+            return None;
         }
-        wildcard
+        Some(group[reuseport_pick(src, dst, group.len())])
     }
+}
+
+/// Index in `0..n` from the connection's 4-tuple (FNV-1a; any fixed spread will do).
+fn reuseport_pick(src: &CanalAddr, dst: &CanalAddr, n: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let (sp, dp) = (src.port.to_be_bytes(), dst.port.to_be_bytes());
+    for b in src.addr.iter().chain(&sp).chain(&dst.addr).chain(&dp) {
+        h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % n.max(1) as u64) as usize
 }
 
 fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
@@ -210,17 +236,17 @@ impl Guest {
         if s.kind != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
             return None;
         }
-        let l = {
+        {
             let sh = lock(&sc);
             if !sh.enabled {
                 return None;
             }
-            sh.find_listener(dst)?
-        };
+            sh.find_listener(dst, dst)?;
+        }
         let fd = s.fd.as_ref()?;
         // Reserve a real local address (an ephemeral port unless the guest bound
         // one) so both ends' names are real and cannot collide with kernel sockets.
-        let local = sys::sockname(fd).ok()?;
+        let mut local = sys::sockname(fd).ok()?;
         if local.port == 0 {
             let mut a = *dst;
             if is_unspecified(&a) {
@@ -230,7 +256,11 @@ impl Guest {
             if sys::bind(fd, &a).is_err() {
                 return None; // the kernel's connect will say what is wrong
             }
+            local = sys::sockname(fd).ok()?;
         }
+        // The listener may have gone meanwhile: then the kernel's connect answers
+        // (from the address reserved above, as its own autobind would have).
+        let l = lock(&sc).find_listener(dst, &local)?;
         let handle = s.handle;
         s.phase = Phase::Connecting;
         s.readable = false;
@@ -496,9 +526,12 @@ impl Guest {
         index: u32,
         how: i32,
     ) -> Option<Result<(i64, usize), i32>> {
-        let s = self.sockets.get(index as usize)?.as_ref()?;
+        let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         let link = s.seg?;
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            if let Some(l) = &mut s.seg {
+                l.shut_wr = true;
+            }
             if let Some(sc) = &self.sc {
                 lock(sc).events.push(Event::Fin {
                     conn: link.peer_conn,
@@ -509,6 +542,55 @@ impl Guest {
             self.sc_futex_wake(index);
         }
         Some(Ok((0, 0)))
+    }
+
+    /// GETSOCKOPT TCP_INFO on a short-circuited socket: the host socket behind it is
+    /// an unconnected port reservation (state CLOSE, zero counters), so the answer is
+    /// its tcp_info with the connection's state (from this end's shutdown and the
+    /// entry's flags) and byte counts (from the segment) written in. None: not ours.
+    pub(super) fn sc_tcp_info(
+        &self,
+        index: u32,
+        level: i32,
+        name: i32,
+        out: &mut [u8],
+    ) -> Option<Result<(i64, usize), i32>> {
+        if level != libc::IPPROTO_TCP || name != libc::TCP_INFO {
+            return None;
+        }
+        let s = self.sockets.get(index as usize)?.as_ref()?;
+        if s.is_closing() {
+            return None; // the usual path answers
+        }
+        let link = s.seg?;
+        let fd = s.fd.as_ref()?;
+        let n = match sys::getsockopt_bytes(fd, level, name, out) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(sys::errno_of(&e))),
+        };
+        let flags = s.flags;
+        let state = if flags & sock_flag::ERROR != 0 {
+            TCP_CLOSE
+        } else {
+            match (link.shut_wr, flags & sock_flag::RX_EOF != 0) {
+                (false, false) => TCP_ESTABLISHED,
+                (false, true) => TCP_CLOSE_WAIT,
+                (true, false) => TCP_FIN_WAIT2,
+                (true, true) => TCP_CLOSE,
+            }
+        };
+        if n > 0 {
+            out[0] = state;
+        }
+        if let Some((tx, rx)) = self.sc_bytes(s) {
+            // tcpi_bytes_acked at 120, tcpi_bytes_received at 128 (u64 each).
+            for (off, v) in [(120, tx), (128, rx)] {
+                if n >= off + 8 {
+                    out[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }
+        Some(Ok((0, n)))
     }
 
     /// An entry is being freed: tell the other end (FIN, or RESET if this end left
@@ -525,11 +607,12 @@ impl Guest {
         }
         let Some(link) = s.seg else { return };
         let rx_dir = 1 - link.side.min(1);
-        let reset = sh.segments.get(&link.id).is_some_and(|r| {
+        let unread = sh.segments.get(&link.id).is_some_and(|r| {
             let h = sys::pread_u64(&r.fd, segment::head_offset(rx_dir));
             let t = sys::pread_u64(&r.fd, segment::tail_offset(rx_dir));
             matches!((h, t), (Some(h), Some(t)) if h != t)
         });
+        let reset = unread || s.fd.as_ref().is_some_and(linger_zero);
         sh.events.push(Event::Closed {
             id: link.id,
             side: link.side,
@@ -596,6 +679,22 @@ impl Guest {
                 .futex_bump_wake(segment::wake_seq_offset(link.side.min(1)) as usize);
         }
     }
+}
+
+// tcpi_state values (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_FIN_WAIT2: u8 = 5;
+const TCP_CLOSE: u8 = 7;
+const TCP_CLOSE_WAIT: u8 = 8;
+
+/// SO_LINGER on with a zero timeout (set by the guest on the host socket behind the
+/// entry): close aborts the connection, the peer sees a reset.
+fn linger_zero(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 8];
+    matches!(
+        sys::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_LINGER, &mut b),
+        Ok(8) if b[..4] != [0; 4] && b[4..] == [0; 4]
+    )
 }
 
 fn lock_ring_size(g: &Guest) -> u64 {
@@ -705,6 +804,7 @@ fn complete(
         peer_handle: 0,
         local: dst,
         peer: conn_local,
+        shut_wr: false,
     };
     let seg = backlog.and_then(|_| {
         let fd = sys::create_segment(id, ring_size).ok()?;
@@ -760,6 +860,7 @@ fn complete(
         peer_handle: ah,
         local: conn_local,
         peer: dst,
+        shut_wr: false,
     };
     let ok = guests
         .get_mut(&p.conn)
