@@ -99,6 +99,7 @@ mod tests {
             token::SOCKET,
             token::SIGNAL,
             token::POKE,
+            token::VM_PROCESS,
             super::TOKEN,
         ];
         for (i, a) in types.iter().enumerate() {
