@@ -73,11 +73,7 @@ impl RingStorage for RawRing {
             // by construction in `copy_in`), and the producer owns the free part it
             // writes.
             unsafe {
-                core::ptr::copy_nonoverlapping(
-                    src.as_ptr().add(done),
-                    self.base.add(off + done),
-                    n,
-                )
+                core::ptr::copy_nonoverlapping(src.as_ptr().add(done), self.base.add(off + done), n)
             };
             done += n;
         }

@@ -157,10 +157,8 @@ fn attach_validates_header() {
     let ok = unsafe { Region::attach(p, l.region_size) }.unwrap();
     assert_eq!(ok.layout(), &l);
     // SAFETY: same buffer; a shorter mapping must be refused.
-    assert_eq!(
-        unsafe { Region::attach(p, l.region_size - 1) }.unwrap_err(),
-        HeaderError::BadLayout
-    );
+    let short = unsafe { Region::attach(p, l.region_size - 1) };
+    assert_eq!(short.unwrap_err(), HeaderError::BadLayout);
     let corrupt = |f: &dyn Fn(&mut RegionHeader), want: HeaderError| {
         let mut c = Buf::new(l.region_size);
         let cp = c.ptr();
@@ -169,10 +167,8 @@ fn attach_validates_header() {
         // SAFETY: the header page is ours alone in this test.
         f(unsafe { &mut *(cp as *mut RegionHeader) });
         // SAFETY: cp has region_size bytes.
-        assert_eq!(
-            unsafe { Region::attach(cp, l.region_size) }.unwrap_err(),
-            want
-        );
+        let r = unsafe { Region::attach(cp, l.region_size) };
+        assert_eq!(r.unwrap_err(), want);
     };
     corrupt(&|h| h.magic = 1, HeaderError::BadMagic);
     corrupt(&|h| h.version_major = 2, HeaderError::BadMajor(2));
@@ -306,7 +302,10 @@ fn segment_offsets() {
     assert_eq!(wake_seq_offset(1), 448 + 8);
     assert_eq!(size_of::<SegHeader>(), SEG_HEADER_USED);
     for d in 0..2u32 {
-        assert_eq!(head_offset(d) as usize, 128 + d as usize * size_of::<SegDir>());
+        assert_eq!(
+            head_offset(d) as usize,
+            128 + d as usize * size_of::<SegDir>()
+        );
         assert_eq!(tail_offset(d), head_offset(d) + 64);
     }
     assert_eq!(ring_offset(0, 65536), 4096);
@@ -343,7 +342,11 @@ fn golden_segment_header() {
     let len = segment_size(65536);
     assert_eq!(check_header(sh, 7, len), Ok(65536));
     assert_eq!(check_header(sh, 8, len), Err(BadSegment), "wrong id");
-    assert_eq!(check_header(sh, 7, len - 1), Err(BadSegment), "short mapping");
+    assert_eq!(
+        check_header(sh, 7, len - 1),
+        Err(BadSegment),
+        "short mapping"
+    );
 }
 
 #[test]

@@ -393,7 +393,12 @@ impl Daemon {
                     self.watches.fired(ep, tok)
                 };
                 if let Some((conn, index, gen)) = fired {
-                    if let Some(w) = self.conns.get(&conn).and_then(|c| c.worker).and_then(|i| self.workers.get(i)) {
+                    if let Some(w) = self
+                        .conns
+                        .get(&conn)
+                        .and_then(|c| c.worker)
+                        .and_then(|i| self.workers.get(i))
+                    {
                         if let Some(g) = w.lock().guests.get_mut(&conn) {
                             g.close_unreferenced(index, gen);
                         }
@@ -567,7 +572,9 @@ impl Daemon {
                 let comm = String::from_utf8_lossy(&comm_raw[..end]).into_owned();
                 let id = self.next_guest;
                 let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
-                let sc = self.cfg.shortcut && self.cfg.workers <= 1 && hello_flags & control::hello_flag::SHORTCUT != 0;
+                let sc = self.cfg.shortcut
+                    && self.cfg.workers <= 1
+                    && hello_flags & control::hello_flag::SHORTCUT != 0;
                 let features = canal_abi::feature::ALL_V1
                     | canal_abi::feature::WATCH
                     | if sc { canal_abi::feature::SHORTCUT } else { 0 };

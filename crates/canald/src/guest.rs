@@ -862,7 +862,11 @@ impl Guest {
             Cmd::SockName | Cmd::PeerName => {
                 let s = self.live(index)?;
                 if let Some(l) = &s.seg {
-                    let a = if cmd == Cmd::SockName { l.local } else { l.peer };
+                    let a = if cmd == Cmd::SockName {
+                        l.local
+                    } else {
+                        l.peer
+                    };
                     let a = translate_host_addr(&view, &a).encode();
                     out[..a.len()].copy_from_slice(&a);
                     return Ok((0, a.len()));

@@ -18,9 +18,9 @@ pub mod guest;
 pub mod request;
 pub mod stat;
 pub mod sys;
-pub mod worker;
-pub mod watch;
 pub mod vm;
+pub mod watch;
+pub mod worker;
 
 pub use daemon::{fetch_stat, Bound, Config, Daemon};
 use std::path::PathBuf;

@@ -317,7 +317,6 @@ impl Vms {
         self.entries.contains_key(&key)
     }
 
-
     /// VM_REGION: creates the region file and the guest. Returns the guest and the
     /// VM_REGION_OK body. Errors are (errno, message) for an ERROR reply.
     #[allow(clippy::too_many_arguments)]

@@ -739,7 +739,12 @@ fn large_stat_listing_in_chunks() {
     for l in listings {
         assert_eq!(l.matches("\"kind\":\"udp\"").count(), 1024);
         assert!(l.ends_with("]}]}"));
-        assert!(l.len().abs_diff(s.len()) < 256, "{} vs {}", l.len(), s.len());
+        assert!(
+            l.len().abs_diff(s.len()) < 256,
+            "{} vs {}",
+            l.len(),
+            s.len()
+        );
     }
 }
 

@@ -165,7 +165,11 @@ fn wait_settings() -> (u32, bool, crate::notify::Mode) {
              thread (measurement only)\n"
         ));
     }
-    (fixed.unwrap_or_else(calibrate_spin), fixed.is_some(), notify)
+    (
+        fixed.unwrap_or_else(calibrate_spin),
+        fixed.is_some(),
+        notify,
+    )
 }
 
 static GUEST: OnceLock<Guest> = OnceLock::new();
@@ -856,7 +860,8 @@ fn ctl_exchange<T>(
 
 /// The leading `u32` of a reply body, if it has one.
 fn leading_u32(body: &[u8]) -> Option<u32> {
-    body.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    body.get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).

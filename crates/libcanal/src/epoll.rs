@@ -619,9 +619,10 @@ mod tests {
     #[test]
     fn ctl_rejects_self_and_non_epoll() {
         assert_eq!(ctl(5, libc::EPOLL_CTL_ADD, 5, None), Err(libc::EINVAL));
-        // SAFETY: plain pipe creation.
         let mut p = [0; 2];
-        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: plain pipe creation into a two-element array.
+        let rc = unsafe { libc::pipe(p.as_mut_ptr()) };
+        assert_eq!(rc, 0);
         assert_eq!(is_epoll(p[0]), Ok(false));
         // SAFETY: creating an epoll instance.
         let ep = unsafe { libc::epoll_create1(0) };

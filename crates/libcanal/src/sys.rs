@@ -323,7 +323,11 @@ pub fn log_fmt(args: fmt::Arguments) {
 /// FUTEX_WAIT (shared: the word may live in memory another process maps) while
 /// `*word == val`, at most `timeout_ns`. Returns when woken, on timeout, on a signal
 /// (Err(EINTR)), or at once if the value differs.
-pub fn futex_wait(word: &core::sync::atomic::AtomicU32, val: u32, timeout_ns: i64) -> Result<(), i32> {
+pub fn futex_wait(
+    word: &core::sync::atomic::AtomicU32,
+    val: u32,
+    timeout_ns: i64,
+) -> Result<(), i32> {
     let ts = libc::timespec {
         tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
