@@ -68,7 +68,14 @@ pub fn readiness(s: &SockState) -> c_short {
     let shut_rd = s.guest_flags & local::SHUT_RD != 0;
     let shut_wr = s.guest_flags & local::SHUT_WR != 0;
     let mut m: c_short = 0;
-    if s.pending_error != 0 {
+    // canald stores a failed connect's pending_error just before it publishes
+    // ERROR|HUP (Release; the snapshot loads flags first, Acquire): an error seen
+    // while the flags still say CONNECTING is that publication half done, so it is
+    // reported together with its flags, as the kernel reports both at once.
+    let mid_publication = s.kind == sock_kind::STREAM
+        && s.flags & f::CONNECTING != 0
+        && s.flags & (f::CONNECTED | f::ERROR | f::HUP | f::BROKEN) == 0;
+    if s.pending_error != 0 && !mid_publication {
         m |= POLLERR;
     }
     match s.kind {
@@ -215,6 +222,16 @@ mod tests {
         // After SO_ERROR was read, POLLERR is gone (as on Linux), HUP stays.
         s.pending_error = 0;
         assert_eq!(readiness(&s) & (POLLERR | POLLHUP), POLLHUP);
+    }
+
+    #[test]
+    fn connect_error_is_reported_with_its_flags() {
+        // The error stored, the flags not yet: nothing until both are visible.
+        let mut s = stream(f::CONNECTING);
+        s.pending_error = libc::ECONNREFUSED as u32;
+        assert_eq!(readiness(&s) & (POLLERR | POLLHUP | POLLOUT), 0);
+        s.flags = f::ERROR | f::HUP;
+        assert_eq!(readiness(&s) & (POLLERR | POLLHUP), POLLERR | POLLHUP);
     }
 
     #[test]
