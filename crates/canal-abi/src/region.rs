@@ -186,6 +186,22 @@ pub mod guest_flag {
 /// Payload of an ACCEPT record: the new socket's handle.
 pub const ACCEPT_PAYLOAD: usize = 8;
 
+impl SocketEntry {
+    /// Empties the guest line (protocol §3.4): the host does this when it hands out
+    /// an entry, before the handle is published, so every ring starts at index 0 and
+    /// no guest state of the entry's previous life survives.
+    pub fn reset_guest_line(&self) {
+        self.tx_head.store(0, Ordering::Relaxed);
+        self.rx_tail.store(0, Ordering::Relaxed);
+        self.refs.store(0, Ordering::Relaxed);
+        self.guest_flags.store(0, Ordering::Relaxed);
+        self.tx_lock.store(0, Ordering::Relaxed);
+        self.rx_lock.store(0, Ordering::Relaxed);
+        self.rcvtimeo_ns.store(0, Ordering::Relaxed);
+        self.sndtimeo_ns.store(0, Ordering::Relaxed);
+    }
+}
+
 impl Slot {
     /// Copies `src` into the payload at `off` (clamped to the payload area).
     pub fn write_payload(&self, off: usize, src: &[u8]) -> usize {

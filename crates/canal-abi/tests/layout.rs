@@ -223,6 +223,44 @@ fn region_accessors_are_bounds_checked() {
 }
 
 #[test]
+fn reset_guest_line_empties_only_the_guest_line() {
+    let l = Layout::new(4, 3, 65536).unwrap();
+    let mut b = Buf::new(l.region_size);
+    // SAFETY: zeroed buffer of region_size bytes that outlives r.
+    let r = unsafe { Region::init(b.ptr(), l, 1, feature::ALL_V1) };
+    let e = r.socket(1).unwrap();
+    for a in [
+        &e.tx_head,
+        &e.rx_tail,
+        &e.rcvtimeo_ns,
+        &e.sndtimeo_ns,
+        &e.tx_tail,
+    ] {
+        a.store(7, sync::Ordering::Relaxed);
+    }
+    for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock, &e.flags] {
+        a.store(7, sync::Ordering::Relaxed);
+    }
+    e.reset_guest_line();
+    for a in [&e.tx_head, &e.rx_tail, &e.rcvtimeo_ns, &e.sndtimeo_ns] {
+        assert_eq!(a.load(sync::Ordering::Relaxed), 0);
+    }
+    for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock] {
+        assert_eq!(a.load(sync::Ordering::Relaxed), 0);
+    }
+    assert_eq!(
+        e.tx_tail.load(sync::Ordering::Relaxed),
+        7,
+        "host line untouched"
+    );
+    assert_eq!(
+        e.flags.load(sync::Ordering::Relaxed),
+        7,
+        "host line untouched"
+    );
+}
+
+#[test]
 fn addr_roundtrip_and_validation() {
     let a = CanalAddr::v4([127, 0, 0, 1], 8080);
     let e = a.encode();

@@ -944,14 +944,7 @@ impl Guest {
         };
         let e = self.entry(index);
         // Guest line: a fresh entry starts with empty rings and no guest state.
-        e.tx_head.store(0, Ordering::Relaxed);
-        e.rx_tail.store(0, Ordering::Relaxed);
-        e.refs.store(0, Ordering::Relaxed);
-        e.guest_flags.store(0, Ordering::Relaxed);
-        e.tx_lock.store(0, Ordering::Relaxed);
-        e.rx_lock.store(0, Ordering::Relaxed);
-        e.rcvtimeo_ns.store(0, Ordering::Relaxed);
-        e.sndtimeo_ns.store(0, Ordering::Relaxed);
+        e.reset_guest_line();
         // Host lines.
         e.flags.store(flags, Ordering::Relaxed);
         e.pending_error.store(0, Ordering::Relaxed);

@@ -372,14 +372,7 @@ impl Guest {
         let gen = self.generations[index as usize];
         let handle = canal_abi::make_handle(index, gen as u32);
         let e = self.entry(index);
-        e.tx_head.store(0, Ordering::Relaxed);
-        e.rx_tail.store(0, Ordering::Relaxed);
-        e.refs.store(0, Ordering::Relaxed);
-        e.guest_flags.store(0, Ordering::Relaxed);
-        e.tx_lock.store(0, Ordering::Relaxed);
-        e.rx_lock.store(0, Ordering::Relaxed);
-        e.rcvtimeo_ns.store(0, Ordering::Relaxed);
-        e.sndtimeo_ns.store(0, Ordering::Relaxed);
+        e.reset_guest_line();
         e.pending_error.store(0, Ordering::Relaxed);
         e.tx_tail.store(0, Ordering::Relaxed);
         e.rx_head.store(0, Ordering::Relaxed);
