@@ -1128,6 +1128,7 @@ pub fn wait_until(
         0
     };
     let mut seg_wait = false;
+    let mut signals = crate::pollwait::SignalWindow::new();
     new_wait();
     loop {
         if is_dead(g) {
@@ -1157,8 +1158,18 @@ pub fn wait_until(
             spins += 1;
             canal_abi::sync::spin_hint();
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
-                sys::sched_yield();
                 spins = 0; // poll mode: the budget never runs out
+                           // Past its first yield point a poll-only wait is a blocked call: it holds
+                           // the socket (as a sleep does, below) and sees signals (pollwait.rs).
+                if !signals.active() && PINNED.with(|p| p.get().is_none()) {
+                    let h = pin(g, index);
+                    PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
+                }
+                match signals.yield_point(sys::SigMask::NONE) {
+                    Ok(()) => {}
+                    Err(_) if deadline.is_none() && all_handlers_restart() => {}
+                    Err(_) => return Wait::Interrupted,
+                }
             } else if seg_wait && spins > budget / 8 && spins.is_multiple_of(YIELD_EVERY) {
                 // Not a quick answer: the peer is another process that may share our
                 // core (or wait for one), let it run.

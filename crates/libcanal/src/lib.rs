@@ -27,6 +27,7 @@ pub mod ivshmem;
 pub mod notify;
 pub mod policy;
 pub mod poll;
+pub mod pollwait;
 pub mod ready;
 pub mod rejoin;
 pub mod seg;

@@ -113,6 +113,7 @@ pub fn poll(
     } else {
         0
     };
+    let mut signals = crate::pollwait::SignalWindow::new();
     client::new_wait();
     loop {
         // Check everything without blocking.
@@ -139,8 +140,8 @@ pub fn poll(
             if round.is_multiple_of(crate::notify::POLL_YIELD_EVERY)
                 && g.notify == crate::notify::Mode::Poll
             {
-                sys::sched_yield();
                 round = 0; // poll mode: the budget never runs out
+                signals.yield_point(sigmask)?;
             }
             continue;
         }

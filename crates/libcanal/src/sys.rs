@@ -214,6 +214,28 @@ pub fn sched_yield() {
     }
 }
 
+/// Blocks every signal the C library lets a program block in the calling thread and
+/// returns the mask it had before.
+pub fn block_signals() -> libc::sigset_t {
+    // SAFETY: both sigsets are plain values owned here; sigfillset/pthread_sigmask only
+    // write them (glibc leaves its own internal signals unblocked).
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        old
+    }
+}
+
+/// Restores a mask `block_signals` returned.
+pub fn restore_signals(old: &libc::sigset_t) {
+    // SAFETY: `old` is a valid sigset; a null old-mask pointer is allowed.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, old, core::ptr::null_mut());
+    }
+}
+
 pub fn sleep_ns(ns: i64) {
     let ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,

@@ -1,0 +1,62 @@
+//! Blocking semantics for poll-only waits (`CANAL_NOTIFY=poll`).
+//!
+//! A poll-only wait never sleeps in the kernel. A signal that arrives while it spins runs
+//! its handler on the spot and returns into the spin, so the call would never learn that
+//! it was interrupted: a blocked `recv` would not return EINTR, a `ppoll` whose mask
+//! unblocks a pending signal would not either. Hybrid and sleep waits have this window
+//! only for their short spin, like the native race of a signal arriving just before a
+//! call blocks; a poll-only wait has it forever.
+//!
+//! So from its first yield point on, a poll-only wait runs with signals blocked and opens
+//! a zero-length window at every yield point: `ppoll(no fds, timeout 0, mask)` with the
+//! thread's own mask (or the one the program gave to ppoll/pselect/epoll_pwait). A
+//! pending signal is delivered inside that call, which then fails with EINTR, and the
+//! wait reports it exactly as an interrupted sleep would. The mask is restored when the
+//! wait ends. Two system calls per yield point (every `notify::POLL_YIELD_EVERY` spins);
+//! none while the awaited change comes within the first yield period.
+use crate::sys;
+
+pub struct SignalWindow {
+    saved: Option<libc::sigset_t>,
+}
+
+impl SignalWindow {
+    pub const fn new() -> SignalWindow {
+        SignalWindow { saved: None }
+    }
+
+    /// Whether this wait has reached its first yield point (signals are blocked).
+    pub fn active(&self) -> bool {
+        self.saved.is_some()
+    }
+
+    /// At a poll-only yield point: yields the core, and returns Err(EINTR) if a signal
+    /// handler ran. `mask` is the program's ppoll/pselect mask, if it gave one.
+    pub fn yield_point(&mut self, mask: sys::SigMask) -> Result<(), i32> {
+        let saved = *self.saved.get_or_insert_with(sys::block_signals);
+        sys::sched_yield();
+        let window = if mask.0.is_null() {
+            sys::SigMask(&saved as *const libc::sigset_t)
+        } else {
+            mask
+        };
+        match sys::ppoll(&mut [], Some(0), window) {
+            Err(libc::EINTR) => Err(libc::EINTR),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Default for SignalWindow {
+    fn default() -> SignalWindow {
+        SignalWindow::new()
+    }
+}
+
+impl Drop for SignalWindow {
+    fn drop(&mut self) {
+        if let Some(saved) = self.saved.take() {
+            sys::restore_signals(&saved);
+        }
+    }
+}
