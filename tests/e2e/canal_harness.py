@@ -3,6 +3,7 @@ fixtures and by tests directly)."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import signal
@@ -246,7 +247,10 @@ class Canald:
         self.pid = None
 
     def start(self, timeout=15):
-        self.proc = self.procs.spawn([self.canal_bin, "daemon", "--socket", self.socket], name="canald")
+        # CANAL_TEST_DAEMON_ARGS: extra canald switches for the whole run (scripts/test's
+        # "modes" stage reruns tests under each notification mode this way).
+        extra = shlex.split(os.environ.get("CANAL_TEST_DAEMON_ARGS", ""))
+        self.proc = self.procs.spawn([self.canal_bin, "daemon", "--socket", self.socket] + extra, name="canald")
         deadline = time.monotonic() + timeout
         last = None
         while True:
