@@ -237,16 +237,17 @@ def guest_pids(proc):
 
 
 class Canald:
-    def __init__(self, canal_bin, procs):
+    def __init__(self, canal_bin, procs, args=()):
         self.canal_bin = canal_bin
         self.procs = procs
+        self.args = [str(a) for a in args]
         self.dir = short_tmpdir()
         self.socket = os.path.join(self.dir, "canald.sock")
         self.proc = None
         self.pid = None
 
     def start(self, timeout=15):
-        self.proc = self.procs.spawn([self.canal_bin, "daemon", "--socket", self.socket], name="canald")
+        self.proc = self.procs.spawn([self.canal_bin, "daemon", "--socket", self.socket, *self.args], name="canald")
         deadline = time.monotonic() + timeout
         last = None
         while True:

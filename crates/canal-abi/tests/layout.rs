@@ -294,7 +294,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111);
+    assert_eq!(feature::KNOWN, 0b101_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -402,4 +402,59 @@ fn vm_control_constants() {
     assert!(valid_vm_name("vm-123") && valid_vm_name("a.b_c"));
     assert!(!valid_vm_name(".x") && !valid_vm_name("a/b") && !valid_vm_name(""));
     assert!(!valid_vm_name(&"a".repeat(33)));
+}
+
+#[test]
+fn zone_offsets() {
+    use canal_abi::zone::*;
+    assert_eq!(offset_of!(ZoneHeader, magic), 0);
+    assert_eq!(offset_of!(ZoneHeader, version_major), 8);
+    assert_eq!(offset_of!(ZoneHeader, version_minor), 10);
+    assert_eq!(offset_of!(ZoneHeader, header_size), 12);
+    assert_eq!(offset_of!(ZoneHeader, zone_size), 16);
+    assert_eq!(offset_of!(ZoneHeader, id), 24);
+    assert_eq!(offset_of!(ZoneHeader, class_count), 28);
+    assert_eq!(offset_of!(ZoneHeader, classes), 64);
+    assert_eq!(size_of::<ZoneClass>(), 32);
+    assert_eq!(offset_of!(ZoneClass, buf_size), 0);
+    assert_eq!(offset_of!(ZoneClass, count), 4);
+    assert_eq!(offset_of!(ZoneClass, meta_offset), 8);
+    assert_eq!(offset_of!(ZoneClass, slab_offset), 16);
+    assert_eq!(offset_of!(ZoneHeader, free), 256);
+    assert_eq!(size_of::<FreeHead>(), 64);
+    assert_eq!(size_of::<ZoneHeader>(), ZONE_HEADER_USED);
+    assert_eq!(size_of::<BufMeta>() as u64, META_SIZE);
+    assert_eq!(offset_of!(BufMeta, refs), 0);
+    assert_eq!(offset_of!(BufMeta, next), 4);
+    assert_eq!(offset_of!(BufMeta, gen), 8);
+    assert_eq!(REF_SIZE, 24);
+    let r = ZoneRef {
+        zone: 0x0102_0304,
+        len: 0x0506_0708,
+        offset: 0x1122_3344_5566_7788,
+        gen: 0x99aa_bbcc,
+    };
+    assert_eq!(
+        hex(&r.encode()),
+        "04030201 08070605 8877665544332211 ccbbaa99 00000000".replace(' ', "")
+    );
+    // Golden header of a zone with classes (4 KiB × 2, 64 KiB × 1), id 5.
+    let l = plan(5, &[(4096, 2), (65536, 1)]).unwrap();
+    let h = encode_header(&l);
+    assert_eq!(
+        hex(&h[..32]),
+        "43414e414c5a4f4e 0100 0000 00100000 0050010000000000 05000000 02000000".replace(' ', "")
+    );
+    assert_eq!(
+        hex(&h[64..128]),
+        "00100000 02000000 0010000000000000 0030000000000000 0000000000000000 \
+         00000100 01000000 0020000000000000 0050000000000000 0000000000000000"
+            .replace(' ', "")
+    );
+    // Feature bit and control kinds reserved for zones.
+    assert_eq!(feature::ZONES, 1 << 6);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
