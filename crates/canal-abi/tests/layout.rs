@@ -122,7 +122,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0100 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0200 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -385,6 +385,32 @@ fn golden_segment_header() {
         Err(BadSegment),
         "short mapping"
     );
+    assert_eq!(check_header_zones(sh, 7, len), Ok((65536, 0)));
+    // A segment with zones: accepted by a guest that knows zones, refused otherwise.
+    let hz = encode_header_zones(7, 65536, 8192);
+    // SAFETY: as above.
+    unsafe { core::ptr::copy_nonoverlapping(hz.as_ptr(), bytes, 64) };
+    // SAFETY: as above.
+    let sh = unsafe { &*(bytes as *const SegHeader) };
+    let lz = segment_size_zones(65536, 8192);
+    assert_eq!(check_header_zones(sh, 7, lz), Ok((65536, 8192)));
+    assert_eq!(
+        check_header(sh, 7, lz),
+        Err(BadSegment),
+        "old guest refuses zones"
+    );
+    assert_eq!(check_header_zones(sh, 7, lz - 1), Err(BadSegment));
+    let mut bad = hz;
+    bad[40..48].copy_from_slice(&8193u64.to_le_bytes());
+    // SAFETY: as above.
+    unsafe { core::ptr::copy_nonoverlapping(bad.as_ptr(), bytes, 64) };
+    // SAFETY: as above.
+    let sh = unsafe { &*(bytes as *const SegHeader) };
+    assert_eq!(
+        check_header_zones(sh, 7, 1 << 30),
+        Err(BadSegment),
+        "zone not pages"
+    );
 }
 
 #[test]
@@ -451,8 +477,44 @@ fn zone_offsets() {
          00000100 01000000 0020000000000000 0050000000000000 0000000000000000"
             .replace(' ', "")
     );
-    // Feature bit and control kinds reserved for zones.
+    // Feature bit and hello flag of zones.
     assert_eq!(feature::ZONES, 1 << 6);
+    assert_eq!(control::hello_flag::ZONES, 1 << 6);
+}
+
+#[test]
+fn segment_zone_offsets() {
+    use canal_abi::segment::*;
+    assert_eq!(offset_of!(SegHeader, flags), 36);
+    assert_eq!(offset_of!(SegHeader, zone_size), 40);
+    assert_eq!(SEG_FLAG_ZONES, 1);
+    assert_eq!(zone_queue_offset(0), 1024);
+    assert_eq!(zone_queue_offset(1), 2048);
+    assert_eq!(offset_of!(ZoneQueue, head), 0);
+    assert_eq!(offset_of!(ZoneQueue, tail), 64);
+    assert_eq!(offset_of!(ZoneQueue, front_off), 72);
+    assert_eq!(offset_of!(ZoneQueue, entries), 128);
+    assert_eq!(size_of::<ZoneDesc>(), 32);
+    assert_eq!(offset_of!(ZoneDesc, pos), 0);
+    assert_eq!(offset_of!(ZoneDesc, zone), 8);
+    assert_eq!(offset_of!(ZoneDesc, len), 12);
+    assert_eq!(offset_of!(ZoneDesc, offset), 16);
+    assert_eq!(offset_of!(ZoneDesc, gen), 24);
+    assert_eq!(ZONE_QUEUE_ENTRIES, 16);
+    assert_eq!(size_of::<ZoneQueue>(), 128 + 16 * 32);
+    assert!(zone_queue_offset(1) as usize + size_of::<ZoneQueue>() <= SEG_HEADER_SIZE as usize);
+    assert_eq!(zone_head_offset(1), 2048);
+    assert_eq!(zone_tail_offset(1), 2048 + 64);
+    assert_eq!(segment_size_zones(65536, 8192), 4096 + 2 * 65536 + 2 * 8192);
+    assert_eq!(zone_offset(1, 65536, 8192), 4096 + 2 * 65536 + 8192);
+    // Golden line 0 of a segment with zones: id 7, 64 KiB rings, 8 KiB zones.
+    assert_eq!(
+        hex(&encode_header_zones(7, 65536, 8192)[..48]),
+        "43414e414c534547 0100 0000 00100000 0000010000000000 0050020000000000 07000000 \
+         01000000 0020000000000000"
+            .replace([' ', '\\'], "")
+            .replace('\n', "")
+    );
 }
 
 fn hex(b: &[u8]) -> String {

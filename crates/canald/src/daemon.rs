@@ -43,7 +43,8 @@ pub struct Config {
     /// Each ring of a pair segment, in KiB (rounded up to a power of two, ≥ 64).
     pub shortcut_ring_kib: u64,
     /// `--zones on|off`: pair segments carry buffer zones for sends larger than the
-    /// ring's free space (protocol §10). Off by default (docs/bench/README.md, B8).
+    /// ring's free space (protocol §10). Off by default (docs/bench/README.md, B8);
+    /// `CANAL_ZONES=on` in canald's environment turns them on (test suites).
     pub zones: bool,
     pub verbose: bool,
     /// How the poller waits (`--notify`).
@@ -90,7 +91,7 @@ impl Config {
             loopback_only: false,
             shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
             shortcut_ring_kib: 1024,
-            zones: false,
+            zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
             verbose: false,
             notify: NotifyMode::Hybrid,
             coalesce: CoalesceCfg::Adaptive {

@@ -70,7 +70,8 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
                     CANAL_NO_SHORTCUT=1 in canald's environment)
   --shortcut-ring-kib N  each ring of a short-circuited connection in KiB (default 1024)
   --zones on|off    buffer zones on short-circuited connections: sends larger than the
-                    ring's free space go by (zone, offset) descriptors (default off)
+                    ring's free space go by (zone, offset) descriptors (default off;
+                    also: CANAL_ZONES=on in canald's environment)
   -v                log to stderr";
 
 fn parse_args(args: &[String]) -> Result<Config, String> {
