@@ -91,6 +91,19 @@ impl Seg {
         w.fetch_add(1, Ordering::SeqCst);
         sys::futex_wake_all(w);
     }
+    /// A segment over memory the caller laid out (unit tests play both guests).
+    ///
+    /// # Safety
+    /// `base` must map segment_size_zones(ring_size, zone_size) bytes, page-aligned,
+    /// for as long as the value is used.
+    #[cfg(test)]
+    pub unsafe fn from_raw(base: *mut u8, ring_size: u64, zone_size: u64) -> Seg {
+        Seg {
+            base,
+            ring_size,
+            zone_size,
+        }
+    }
     pub fn ring_size(&self) -> u64 {
         self.ring_size
     }

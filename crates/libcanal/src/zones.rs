@@ -219,3 +219,189 @@ pub unsafe fn send(
     }
     Ok(done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canal_abi::segment::{self, zone_offset};
+    use canal_abi::zone::{plan, MappedZone};
+
+    const RING: u64 = 4096;
+    const ID: u32 = 3;
+
+    /// A segment with 4 KiB rings and zones of four 4 KiB buffers, in page-aligned heap
+    /// memory; both directions' zones initialised as canald does.
+    struct Mem {
+        buf: Vec<u8>,
+        off: usize,
+        zone_size: u64,
+    }
+    impl Mem {
+        fn new() -> Mem {
+            let l = plan(ID, &[(4096, 4)]).unwrap();
+            let len = segment::segment_size_zones(RING, l.zone_size) as usize;
+            let mut buf = vec![0u8; len + 4096];
+            let off = buf.as_ptr().align_offset(4096);
+            let base = buf[off..].as_mut_ptr();
+            for d in 0..2 {
+                // SAFETY: the zone lies inside buf (len computed for it), page-aligned.
+                let z = unsafe {
+                    MappedZone::new(base.add(zone_offset(d, RING, l.zone_size) as usize), l)
+                };
+                z.init();
+            }
+            Mem {
+                buf,
+                off,
+                zone_size: l.zone_size,
+            }
+        }
+        fn seg(&mut self) -> Seg {
+            let base = self.buf[self.off..].as_mut_ptr();
+            // SAFETY: base maps the whole segment (see new) while self lives.
+            unsafe { Seg::from_raw(base, RING, self.zone_size) }
+        }
+    }
+
+    fn iov_of(b: &mut [u8]) -> [iovec; 1] {
+        [iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        }]
+    }
+
+    #[test]
+    fn zone_pieces_arrive_in_order_partially_and_recycle() {
+        let mut m = Mem::new();
+        let seg = m.seg();
+        let mut data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let src = iov_of(&mut data);
+        // Ring head 100 (bytes already in the ring): the pieces go before ring byte 100.
+        // SAFETY: src covers 10 000 readable bytes.
+        let n = unsafe { send(seg, 0, ID, 100, &src, 0, 10_000) }.unwrap();
+        assert_eq!(
+            n, 8192,
+            "two whole buffers; the 1 808-byte rest waits for the ring"
+        );
+        assert_eq!(pending(seg, 0), 8192);
+        assert_eq!(posted(seg, 0), 2);
+        assert_eq!(
+            ring_limit(seg, 0, 0, 100),
+            Ok(Some(100)),
+            "ring bytes first"
+        );
+        assert_eq!(ring_limit(seg, 0, 100, 100), Ok(Some(0)), "then the zone");
+        let mut out = vec![0u8; 8192];
+        let mut got = 0;
+        // Peek does not consume.
+        let dst = iov_of(&mut out);
+        // SAFETY: dst covers 8192 writable bytes.
+        let k = unsafe { recv_front(seg, 0, ID, &dst, 0, 10, true, false) }.unwrap();
+        assert_eq!((k, &out[..10]), (10, &data[..10]));
+        assert_eq!(pending(seg, 0), 8192);
+        while got < 8192 {
+            // Odd pieces: entries are consumed partially, then retired.
+            // SAFETY: dst covers 8192 bytes and got + want ≤ 8192.
+            let k =
+                unsafe { recv_front(seg, 0, ID, &dst, got, 1000.min(8192 - got), false, false) }
+                    .unwrap();
+            assert!(k > 0);
+            got += k;
+            assert_eq!(pending(seg, 0), 8192 - got as u64);
+        }
+        assert_eq!(&out[..], &data[..8192]);
+        assert_eq!(ring_limit(seg, 0, 100, 100), Ok(None), "queue empty");
+        let z = seg.zone(0, ID).unwrap();
+        assert_eq!(
+            z.class(0).unwrap().free_count(),
+            4,
+            "every buffer back on the list"
+        );
+        // The other direction is untouched.
+        assert_eq!(pending(seg, 1), 0);
+    }
+
+    #[test]
+    fn full_zone_and_small_rests_fall_back_to_the_ring() {
+        let mut m = Mem::new();
+        let seg = m.seg();
+        let mut data = vec![1u8; 40_000];
+        let src = iov_of(&mut data);
+        // SAFETY: src covers 40 000 readable bytes.
+        let n = unsafe { send(seg, 0, ID, 0, &src, 0, 40_000) }.unwrap();
+        assert_eq!(n, 4 * 4096, "four buffers, then none free");
+        // SAFETY: as above.
+        assert_eq!(unsafe { send(seg, 0, ID, 0, &src, 0, 40_000) }, Ok(0));
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { send(seg, 1, ID, 0, &src, 0, 4095) },
+            Ok(0),
+            "< 4 KiB"
+        );
+    }
+
+    #[test]
+    fn hostile_queue_words_are_eio_never_out_of_bounds() {
+        let mut m = Mem::new();
+        let seg = m.seg();
+        let mut data = vec![9u8; 4096];
+        let src = iov_of(&mut data);
+        // SAFETY: src covers 4096 readable bytes.
+        assert_eq!(unsafe { send(seg, 0, ID, 0, &src, 0, 4096) }, Ok(4096));
+        let q = seg.zone_queue(0);
+        let e = &q.entries[0];
+        let mut out = vec![0u8; 4096];
+        let dst = iov_of(&mut out);
+        let recv = |seg| {
+            // SAFETY: dst covers 4096 writable bytes.
+            unsafe { recv_front(seg, 0, ID, &dst, 0, 4096, true, false) }
+        };
+        // A position beyond a ring's worth of the tail.
+        e.pos.store(RING + 1, Ordering::Relaxed);
+        assert_eq!(ring_limit(seg, 0, 0, 0), Err(libc::EIO));
+        e.pos.store(0, Ordering::Relaxed);
+        // Names that are not a whole buffer of this zone.
+        let good = e.offset.load(Ordering::Relaxed);
+        for (off, len, zone) in [
+            (good + 1, 4096, ID),
+            (good, 4097, ID),
+            (good, 0, ID),
+            (u64::MAX - 10, 4096, ID),
+            (0, 16, ID),
+            (good, 4096, ID + 1),
+        ] {
+            e.offset.store(off, Ordering::Relaxed);
+            e.len.store(len, Ordering::Relaxed);
+            e.zone.store(zone, Ordering::Relaxed);
+            assert_eq!(
+                recv(seg),
+                Err(libc::EIO),
+                "offset {off} len {len} zone {zone}"
+            );
+        }
+        e.offset.store(good, Ordering::Relaxed);
+        e.len.store(4096, Ordering::Relaxed);
+        e.zone.store(ID, Ordering::Relaxed);
+        // front_off past the piece.
+        q.front_off.store(5000, Ordering::Relaxed);
+        assert_eq!(recv(seg), Err(libc::EIO));
+        q.front_off.store(0, Ordering::Relaxed);
+        // More entries than the queue holds.
+        q.head.store(17, Ordering::Relaxed);
+        assert_eq!(ring_limit(seg, 0, 0, 0), Err(libc::EIO));
+        q.head.store(1, Ordering::Relaxed);
+        // A zone header rewritten by the peer: the layout no longer checks out.
+        let z = seg.zone(0, ID).unwrap();
+        let hdr = z.header() as *const _ as *mut u8;
+        // SAFETY: the header's first page is ours (test memory); byte 64 is class 0's
+        // buf_size.
+        unsafe { *hdr.add(66) = 0x10 };
+        assert!(seg.zone(0, ID).is_err());
+        assert_eq!(recv(seg), Err(libc::EIO));
+        // Intact again: the piece is still readable.
+        // SAFETY: as above.
+        unsafe { *hdr.add(66) = 0 };
+        assert_eq!(recv(seg), Ok(4096));
+        assert_eq!(out, data);
+    }
+}
