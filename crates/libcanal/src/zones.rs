@@ -333,11 +333,8 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { send(seg, 0, ID, 0, &src, 0, 40_000) }, Ok(0));
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { send(seg, 1, ID, 0, &src, 0, 4095) },
-            Ok(0),
-            "< 4 KiB"
-        );
+        let small = unsafe { send(seg, 1, ID, 0, &src, 0, 4095) };
+        assert_eq!(small, Ok(0), "< 4 KiB");
     }
 
     #[test]
