@@ -238,9 +238,10 @@ def guest_pids(proc):
 
 
 class Canald:
-    def __init__(self, canal_bin, procs):
+    def __init__(self, canal_bin, procs, args=()):
         self.canal_bin = canal_bin
         self.procs = procs
+        self.args = [str(a) for a in args]
         self.dir = short_tmpdir()
         self.socket = os.path.join(self.dir, "canald.sock")
         self.proc = None
@@ -248,9 +249,11 @@ class Canald:
 
     def start(self, timeout=15):
         # CANAL_TEST_DAEMON_ARGS: extra canald switches for the whole run (scripts/test's
-        # "modes" stage reruns tests under each notification mode this way).
+        # "modes" stage reruns tests under each notification mode this way); a test's own
+        # switches (args=) come last and win.
         extra = shlex.split(os.environ.get("CANAL_TEST_DAEMON_ARGS", ""))
-        self.proc = self.procs.spawn([self.canal_bin, "daemon", "--socket", self.socket] + extra, name="canald")
+        argv = [self.canal_bin, "daemon", "--socket", self.socket, *extra, *self.args]
+        self.proc = self.procs.spawn(argv, name="canald")
         deadline = time.monotonic() + timeout
         last = None
         while True:

@@ -72,6 +72,9 @@ pub mod hello_flag {
     /// The guest can use pair segments (protocol §8); canald may then set
     /// `feature::SHORTCUT` and short-circuit its connections to other canal guests.
     pub const SHORTCUT: u32 = 1 << 0;
+    /// The guest understands pair segments with buffer zones (protocol §10); canald
+    /// may then set `feature::ZONES`. (Bit 6, as the feature bit.)
+    pub const ZONES: u32 = 1 << 6;
 }
 
 /// SEGMENT_OK body bytes.

@@ -17,6 +17,7 @@ pub mod region;
 pub mod ring;
 pub mod segment;
 pub mod sync;
+pub mod zone;
 
 pub use addr::CanalAddr;
 pub use region::*;
@@ -27,7 +28,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 2;
 
 /// Feature bits in the header. A guest must not use a feature the host did not set.
 pub mod feature {
@@ -46,8 +47,12 @@ pub mod feature {
     /// by a pair segment (`SocketEntry::segment` ≠ 0). Set only for guests that
     /// announced `hello_flag::SHORTCUT`.
     pub const SHORTCUT: u64 = 1 << 4;
+    /// Buffer zones (protocol §10, minor 2): a pair segment given to this guest may
+    /// carry zones (`segment::SEG_FLAG_ZONES`). Set only with `canald --zones on` and
+    /// for guests that announced `hello_flag::ZONES`.
+    pub const ZONES: u64 = 1 << 6;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | ZONES;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -72,8 +72,11 @@ pub struct SegHeader {
     pub segment_size: u64,
     /// canald's id of the segment (never 0).
     pub id: u32,
-    pub reserved0: u32,
-    pub reserved1: [u64; 3],
+    /// SEG_FLAG_* (0 for a segment without zones).
+    pub flags: u32,
+    /// With SEG_FLAG_ZONES: bytes of each direction's zone (§10.4), else 0.
+    pub zone_size: u64,
+    pub reserved1: [u64; 2],
     // --- 64
     pub reserved2: [u64; 8],
     // --- 128: ring 0 (connector → acceptor), 256: ring 1 (acceptor → connector)
@@ -86,8 +89,70 @@ pub struct SegHeader {
 // pattern is a valid value.
 unsafe impl crate::AnyBitPattern for SegHeader {}
 
-/// Bytes of the header actually defined; the rest of page 0 is zero.
+/// Bytes of the header actually defined; the rest of page 0 is zero, except the two
+/// zone queues of a segment with zones (at ZONE_QUEUE_OFFSET).
 pub const SEG_HEADER_USED: usize = 512;
+
+/// The segment carries one buffer zone per direction after its rings, and a zone
+/// queue per direction in page 0 (protocol §10.4).
+pub const SEG_FLAG_ZONES: u32 = 1 << 0;
+/// Offset in page 0 of direction `dir`'s zone queue.
+pub const fn zone_queue_offset(dir: u32) -> u64 {
+    1024 + dir as u64 * 1024
+}
+/// Entries of a zone queue (a power of two).
+pub const ZONE_QUEUE_ENTRIES: u64 = 16;
+
+/// One zone-sent piece of a direction's byte stream: the `len` bytes of buffer
+/// `(zone, offset)` come in the stream right before the ring byte at index `pos`
+/// (several entries may share a `pos`; they come in queue order). Written by the
+/// sending side before it publishes `ZoneQueue::head`.
+#[repr(C)]
+pub struct ZoneDesc {
+    pub pos: AtomicU64,
+    /// The buffer's name (zone::ZoneRef): zone id, length, offset, generation.
+    pub zone: AtomicU32,
+    pub len: AtomicU32,
+    pub offset: AtomicU64,
+    pub gen: AtomicU32,
+    pub reserved: u32,
+}
+
+/// A direction's zone queue: a single-producer single-consumer queue of ZoneDesc.
+#[repr(C)]
+pub struct ZoneQueue {
+    /// Entries posted (written by the sending side only; Release after the entry).
+    pub head: AtomicU64,
+    pub reserved0: [u64; 7],
+    /// Entries fully consumed (written by the receiving side only; Release after it
+    /// released the buffer).
+    pub tail: AtomicU64,
+    /// Bytes of entry `tail` already consumed (receiving side only).
+    pub front_off: AtomicU64,
+    pub reserved1: [u64; 6],
+    pub entries: [ZoneDesc; ZONE_QUEUE_ENTRIES as usize],
+}
+
+// SAFETY: repr(C) structs of integers and integer atomics; any bit pattern is valid.
+unsafe impl crate::AnyBitPattern for ZoneQueue {}
+
+/// Bytes of a segment with rings of `ring_size` bytes and zones of `zone_size`.
+pub const fn segment_size_zones(ring_size: u64, zone_size: u64) -> u64 {
+    segment_size(ring_size) + 2 * zone_size
+}
+
+/// Where direction `dir`'s zone starts (a segment with zones).
+pub const fn zone_offset(dir: u32, ring_size: u64, zone_size: u64) -> u64 {
+    segment_size(ring_size) + dir as u64 * zone_size
+}
+
+/// Offsets of a zone queue's `head` and `tail` words (canald's `pread` on close).
+pub const fn zone_head_offset(dir: u32) -> u64 {
+    zone_queue_offset(dir)
+}
+pub const fn zone_tail_offset(dir: u32) -> u64 {
+    zone_queue_offset(dir) + 64
+}
 
 /// Where ring `dir` starts inside a segment whose rings are `ring_size` bytes.
 pub const fn ring_offset(dir: u32, ring_size: u64) -> u64 {
@@ -110,6 +175,15 @@ pub const fn tail_offset(dir: u32) -> u64 {
 /// Offset of a side's `wake_seq` futex word (canald wakes futex sleepers there).
 pub const fn wake_seq_offset(side: u32) -> u64 {
     384 + side as u64 * 64 + 8
+}
+
+/// Line 0 of a segment with zones of `zone_size` bytes per direction.
+pub fn encode_header_zones(id: u32, ring_size: u64, zone_size: u64) -> [u8; 64] {
+    let mut h = encode_header(id, ring_size);
+    h[24..32].copy_from_slice(&segment_size_zones(ring_size, zone_size).to_le_bytes());
+    h[36..40].copy_from_slice(&SEG_FLAG_ZONES.to_le_bytes());
+    h[40..48].copy_from_slice(&zone_size.to_le_bytes());
+    h
 }
 
 /// The header line 0 canald writes (64 bytes, little-endian).
@@ -147,4 +221,35 @@ pub fn check_header(h: &SegHeader, id: u32, mapped_len: u64) -> Result<u64, BadS
         return Err(BadSegment);
     }
     Ok(rs)
+}
+
+/// `check_header` for a guest that understands zones: also accepts a segment with
+/// SEG_FLAG_ZONES whose size is the rings plus two zones of a page-multiple
+/// `zone_size` (≤ 1 GiB). Returns (ring size, zone size or 0).
+pub fn check_header_zones(
+    h: &SegHeader,
+    id: u32,
+    mapped_len: u64,
+) -> Result<(u64, u64), BadSegment> {
+    if h.flags == 0 {
+        return check_header(h, id, mapped_len).map(|rs| (rs, 0));
+    }
+    let rs = h.ring_size;
+    let zs = h.zone_size;
+    if h.magic != SEG_MAGIC
+        || h.version_major != 1
+        || h.header_size as u64 != SEG_HEADER_SIZE
+        || h.id != id
+        || id == 0
+        || h.flags != SEG_FLAG_ZONES
+        || !rs.is_power_of_two()
+        || !(4096..=(1 << 32)).contains(&rs)
+        || !zs.is_multiple_of(4096)
+        || !(4096..=(1 << 30)).contains(&zs)
+        || h.segment_size != segment_size_zones(rs, zs)
+        || h.segment_size > mapped_len
+    {
+        return Err(BadSegment);
+    }
+    Ok((rs, zs))
 }

@@ -122,7 +122,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0100 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0200 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -294,7 +294,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111);
+    assert_eq!(feature::KNOWN, 0b101_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -385,6 +385,32 @@ fn golden_segment_header() {
         Err(BadSegment),
         "short mapping"
     );
+    assert_eq!(check_header_zones(sh, 7, len), Ok((65536, 0)));
+    // A segment with zones: accepted by a guest that knows zones, refused otherwise.
+    let hz = encode_header_zones(7, 65536, 8192);
+    // SAFETY: as above.
+    unsafe { core::ptr::copy_nonoverlapping(hz.as_ptr(), bytes, 64) };
+    // SAFETY: as above.
+    let sh = unsafe { &*(bytes as *const SegHeader) };
+    let lz = segment_size_zones(65536, 8192);
+    assert_eq!(check_header_zones(sh, 7, lz), Ok((65536, 8192)));
+    assert_eq!(
+        check_header(sh, 7, lz),
+        Err(BadSegment),
+        "old guest refuses zones"
+    );
+    assert_eq!(check_header_zones(sh, 7, lz - 1), Err(BadSegment));
+    let mut bad = hz;
+    bad[40..48].copy_from_slice(&8193u64.to_le_bytes());
+    // SAFETY: as above.
+    unsafe { core::ptr::copy_nonoverlapping(bad.as_ptr(), bytes, 64) };
+    // SAFETY: as above.
+    let sh = unsafe { &*(bytes as *const SegHeader) };
+    assert_eq!(
+        check_header_zones(sh, 7, 1 << 30),
+        Err(BadSegment),
+        "zone not pages"
+    );
 }
 
 #[test]
@@ -402,4 +428,95 @@ fn vm_control_constants() {
     assert!(valid_vm_name("vm-123") && valid_vm_name("a.b_c"));
     assert!(!valid_vm_name(".x") && !valid_vm_name("a/b") && !valid_vm_name(""));
     assert!(!valid_vm_name(&"a".repeat(33)));
+}
+
+#[test]
+fn zone_offsets() {
+    use canal_abi::zone::*;
+    assert_eq!(offset_of!(ZoneHeader, magic), 0);
+    assert_eq!(offset_of!(ZoneHeader, version_major), 8);
+    assert_eq!(offset_of!(ZoneHeader, version_minor), 10);
+    assert_eq!(offset_of!(ZoneHeader, header_size), 12);
+    assert_eq!(offset_of!(ZoneHeader, zone_size), 16);
+    assert_eq!(offset_of!(ZoneHeader, id), 24);
+    assert_eq!(offset_of!(ZoneHeader, class_count), 28);
+    assert_eq!(offset_of!(ZoneHeader, classes), 64);
+    assert_eq!(size_of::<ZoneClass>(), 32);
+    assert_eq!(offset_of!(ZoneClass, buf_size), 0);
+    assert_eq!(offset_of!(ZoneClass, count), 4);
+    assert_eq!(offset_of!(ZoneClass, meta_offset), 8);
+    assert_eq!(offset_of!(ZoneClass, slab_offset), 16);
+    assert_eq!(offset_of!(ZoneHeader, free), 256);
+    assert_eq!(size_of::<FreeHead>(), 64);
+    assert_eq!(size_of::<ZoneHeader>(), ZONE_HEADER_USED);
+    assert_eq!(size_of::<BufMeta>() as u64, META_SIZE);
+    assert_eq!(offset_of!(BufMeta, refs), 0);
+    assert_eq!(offset_of!(BufMeta, next), 4);
+    assert_eq!(offset_of!(BufMeta, gen), 8);
+    assert_eq!(REF_SIZE, 24);
+    let r = ZoneRef {
+        zone: 0x0102_0304,
+        len: 0x0506_0708,
+        offset: 0x1122_3344_5566_7788,
+        gen: 0x99aa_bbcc,
+    };
+    assert_eq!(
+        hex(&r.encode()),
+        "04030201 08070605 8877665544332211 ccbbaa99 00000000".replace(' ', "")
+    );
+    // Golden header of a zone with classes (4 KiB × 2, 64 KiB × 1), id 5.
+    let l = plan(5, &[(4096, 2), (65536, 1)]).unwrap();
+    let h = encode_header(&l);
+    assert_eq!(
+        hex(&h[..32]),
+        "43414e414c5a4f4e 0100 0000 00100000 0050010000000000 05000000 02000000".replace(' ', "")
+    );
+    assert_eq!(
+        hex(&h[64..128]),
+        "00100000 02000000 0010000000000000 0030000000000000 0000000000000000 \
+         00000100 01000000 0020000000000000 0050000000000000 0000000000000000"
+            .replace(' ', "")
+    );
+    // Feature bit and hello flag of zones.
+    assert_eq!(feature::ZONES, 1 << 6);
+    assert_eq!(control::hello_flag::ZONES, 1 << 6);
+}
+
+#[test]
+fn segment_zone_offsets() {
+    use canal_abi::segment::*;
+    assert_eq!(offset_of!(SegHeader, flags), 36);
+    assert_eq!(offset_of!(SegHeader, zone_size), 40);
+    assert_eq!(SEG_FLAG_ZONES, 1);
+    assert_eq!(zone_queue_offset(0), 1024);
+    assert_eq!(zone_queue_offset(1), 2048);
+    assert_eq!(offset_of!(ZoneQueue, head), 0);
+    assert_eq!(offset_of!(ZoneQueue, tail), 64);
+    assert_eq!(offset_of!(ZoneQueue, front_off), 72);
+    assert_eq!(offset_of!(ZoneQueue, entries), 128);
+    assert_eq!(size_of::<ZoneDesc>(), 32);
+    assert_eq!(offset_of!(ZoneDesc, pos), 0);
+    assert_eq!(offset_of!(ZoneDesc, zone), 8);
+    assert_eq!(offset_of!(ZoneDesc, len), 12);
+    assert_eq!(offset_of!(ZoneDesc, offset), 16);
+    assert_eq!(offset_of!(ZoneDesc, gen), 24);
+    assert_eq!(ZONE_QUEUE_ENTRIES, 16);
+    assert_eq!(size_of::<ZoneQueue>(), 128 + 16 * 32);
+    assert!(zone_queue_offset(1) as usize + size_of::<ZoneQueue>() <= SEG_HEADER_SIZE as usize);
+    assert_eq!(zone_head_offset(1), 2048);
+    assert_eq!(zone_tail_offset(1), 2048 + 64);
+    assert_eq!(segment_size_zones(65536, 8192), 4096 + 2 * 65536 + 2 * 8192);
+    assert_eq!(zone_offset(1, 65536, 8192), 4096 + 2 * 65536 + 8192);
+    // Golden line 0 of a segment with zones: id 7, 64 KiB rings, 8 KiB zones.
+    assert_eq!(
+        hex(&encode_header_zones(7, 65536, 8192)[..48]),
+        "43414e414c534547 0100 0000 00100000 0000010000000000 0050020000000000 07000000 \
+         01000000 0020000000000000"
+            .replace([' ', '\\'], "")
+            .replace('\n', "")
+    );
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

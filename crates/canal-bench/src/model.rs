@@ -144,16 +144,15 @@ impl Variant {
             Some(("disable", "shortcut")) => {
                 Ok(v(&["--no-shortcut"], &[], &[("shortcut", "false")]))
             }
-            Some(("disable", "zerocopy")) => {
-                let mut x = v(&[], &[], &[]);
-                x.unavailable = Some(
-                    "canal has no zero-copy switch: payload always goes through the shared \
-                     rings (one copy in, one copy out), there is no separate zero-copy path \
-                     to turn off"
-                        .into(),
-                );
-                Ok(x)
-            }
+            // Zero copy in canal's sense: buffer zones (sends beyond the ring's free
+            // space posted by (zone, offset) descriptors, protocol §10). Off by
+            // default; `zones=on` measures them against it.
+            Some(("disable", "zerocopy")) => Ok(v(&["--zones", "off"], &[], &[("zones", "false")])),
+            Some(("zones", m)) if m == "on" || m == "off" => Ok(v(
+                &["--zones", m],
+                &[],
+                &[("zones", if m == "on" { "true" } else { "false" })],
+            )),
             Some(("split", "adaptive")) => Ok(v(
                 &["--t-worst-us", &t],
                 &[],
@@ -172,7 +171,7 @@ impl Variant {
             }
             _ => Err(format!(
                 "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
-                 disable=poll|batch|coalesce|shortcut|zerocopy, split=adaptive|0.0..1.0)"
+                 disable=poll|batch|coalesce|shortcut|zerocopy, zones=on|off, split=adaptive|0.0..1.0)"
             )),
         }
     }
@@ -400,6 +399,7 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
                 "disable=coalesce",
                 "disable=shortcut",
                 "disable=zerocopy",
+                "zones=on",
             ];
             let mut c = cells(plan, &[Stream], &[16384], &[1], &v, &[Tcp, CanalGG]);
             if !q {
@@ -522,10 +522,12 @@ mod tests {
         let v = Variant::parse("disable=poll").unwrap();
         assert_eq!(v.args, ["--notify", "sleep"]);
         assert_eq!(v.env, [("CANAL_NOTIFY".to_string(), "sleep".to_string())]);
-        assert!(Variant::parse("disable=zerocopy")
-            .unwrap()
-            .unavailable
-            .is_some());
+        let z = Variant::parse("disable=zerocopy").unwrap();
+        assert!(z.unavailable.is_none());
+        assert_eq!(z.args, ["--zones", "off"]);
+        assert_eq!(z.expect, [("zones".to_string(), "false".to_string())]);
+        assert_eq!(Variant::parse("zones=on").unwrap().args, ["--zones", "on"]);
+        assert!(Variant::parse("zones=maybe").is_err());
         assert!(Variant::parse("disable=shortcut")
             .unwrap()
             .unavailable

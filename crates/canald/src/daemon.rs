@@ -42,6 +42,10 @@ pub struct Config {
     pub shortcut: bool,
     /// Each ring of a pair segment, in KiB (rounded up to a power of two, ≥ 64).
     pub shortcut_ring_kib: u64,
+    /// `--zones on|off`: pair segments carry buffer zones for sends larger than the
+    /// ring's free space (protocol §10). Off by default (docs/bench/README.md, B8);
+    /// `CANAL_ZONES=on` in canald's environment turns them on (test suites).
+    pub zones: bool,
     pub verbose: bool,
     /// How the poller waits (`--notify`).
     pub notify: NotifyMode,
@@ -87,6 +91,7 @@ impl Config {
             loopback_only: false,
             shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
             shortcut_ring_kib: 1024,
+            zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
             verbose: false,
             notify: NotifyMode::Hybrid,
             coalesce: CoalesceCfg::Adaptive {
@@ -257,6 +262,7 @@ impl Daemon {
             );
         }
         let shortcut = ShortcutShared::new(cfg.shortcut && cfg.workers <= 1, seg_ring);
+        shortcut.lock().unwrap_or_else(|e| e.into_inner()).zones = cfg.zones;
         let w0 = Worker::new(0, shortcut.clone()).map_err(|e| e.to_string())?;
         w0.ep
             .add(
@@ -575,9 +581,11 @@ impl Daemon {
                 let sc = self.cfg.shortcut
                     && self.cfg.workers <= 1
                     && hello_flags & control::hello_flag::SHORTCUT != 0;
+                let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
                 let features = canal_abi::feature::ALL_V1
                     | canal_abi::feature::WATCH
-                    | if sc { canal_abi::feature::SHORTCUT } else { 0 };
+                    | if sc { canal_abi::feature::SHORTCUT } else { 0 }
+                    | if zones { canal_abi::feature::ZONES } else { 0 };
                 let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
                 let (mut g, memfd) = match made {
                     Ok(x) => x,

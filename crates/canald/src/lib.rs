@@ -69,6 +69,9 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --no-shortcut     never short-circuit connections between canal guests (also:
                     CANAL_NO_SHORTCUT=1 in canald's environment)
   --shortcut-ring-kib N  each ring of a short-circuited connection in KiB (default 1024)
+  --zones on|off    buffer zones on short-circuited connections: sends larger than the
+                    ring's free space go by (zone, offset) descriptors (default off;
+                    also: CANAL_ZONES=on in canald's environment)
   -v                log to stderr";
 
 fn parse_args(args: &[String]) -> Result<Config, String> {
@@ -173,6 +176,14 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
             "--no-shortcut" => cfg.shortcut = false,
             "--shortcut-ring-kib" => {
                 cfg.shortcut_ring_kib = num(a, v)?;
+                i += 1;
+            }
+            "--zones" => {
+                cfg.zones = match v.map(String::as_str) {
+                    Some("on") => true,
+                    Some("off") => false,
+                    _ => return Err("--zones needs on or off".into()),
+                };
                 i += 1;
             }
             "-v" | "--verbose" => cfg.verbose = true,

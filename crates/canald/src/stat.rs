@@ -15,6 +15,9 @@ pub struct SockStat {
     pub peer: String,
     pub tx_bytes: u64,
     pub rx_bytes: u64,
+    /// A short-circuited socket with zones: the zone buffers it has posted
+    /// (guest-written index, a statistic only; JSON `zone_sends`, absent otherwise).
+    pub zone_sends: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -93,6 +96,9 @@ pub struct ConfigStat {
     /// Whether the co-resident short-circuit is in force: false with `--no-shortcut` /
     /// CANAL_NO_SHORTCUT, and with more than one worker (it needs `--workers 1`).
     pub shortcut: bool,
+    /// Buffer zones on short-circuited connections (`--zones on`, and the shortcut in
+    /// force).
+    pub zones: bool,
 }
 
 impl ConfigStat {
@@ -112,6 +118,7 @@ impl ConfigStat {
             split_us,
             workers: c.workers as u64,
             shortcut: c.shortcut && c.workers <= 1,
+            zones: c.zones && c.shortcut && c.workers <= 1,
         }
     }
 }
@@ -168,6 +175,7 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
             peer: fmt_addr(s.peer()),
             tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
             rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
+            zone_sends: g.sc_zone_sends(s),
         })
         .collect();
     sockets.sort_by_key(|s| s.handle & 0xffff);
@@ -218,8 +226,8 @@ pub fn render_json(s: &Snapshot) -> String {
         }
         let _ = write!(
             o,
-            ",\"workers\":{},\"shortcut\":{}}}",
-            c.workers, c.shortcut
+            ",\"workers\":{},\"shortcut\":{},\"zones\":{}}}",
+            c.workers, c.shortcut, c.zones
         );
     }
     o.push_str(",\"workers\":[");
@@ -275,9 +283,13 @@ pub fn render_json(s: &Snapshot) -> String {
             json_str(&mut o, &k.peer);
             let _ = write!(
                 o,
-                ",\"tx_bytes\":{},\"rx_bytes\":{}}}",
+                ",\"tx_bytes\":{},\"rx_bytes\":{}",
                 k.tx_bytes, k.rx_bytes
             );
+            if let Some(z) = k.zone_sends {
+                let _ = write!(o, ",\"zone_sends\":{z}");
+            }
+            o.push('}');
         }
         o.push_str("]}");
     }
@@ -376,6 +388,7 @@ mod tests {
                         peer: "127.0.0.1:5555".into(),
                         tx_bytes: 10,
                         rx_bytes: 20,
+                        zone_sends: None,
                     },
                     SockStat {
                         handle: 65538,
@@ -385,6 +398,7 @@ mod tests {
                         peer: String::new(),
                         tx_bytes: 0,
                         rx_bytes: 0,
+                        zone_sends: None,
                     },
                 ],
                 wakes: 3,
@@ -454,7 +468,7 @@ mod tests {
             render_json(&s),
             "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"config\":{\"notify\":\"sleep\",\
              \"batch\":false,\"coalesce\":\"fixed\",\"t_worst_us\":100,\"split_us\":25,\
-             \"workers\":1,\"shortcut\":false},\"workers\":[]},\"guests\":[]}"
+             \"workers\":1,\"shortcut\":false,\"zones\":false},\"workers\":[]},\"guests\":[]}"
         );
         c.coalesce = crate::engine::CoalesceCfg::Off;
         let cs = ConfigStat::from_config(&c);

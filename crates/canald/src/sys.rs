@@ -930,16 +930,27 @@ pub fn read_signal(fd: &OwnedFd) -> Option<u32> {
 /// whose line 0 holds the header. canald never maps it: it only writes the header here
 /// and reads index words with `pread_u64`.
 pub fn create_segment(id: u32, ring_size: u64) -> io::Result<OwnedFd> {
+    create_segment_zones(id, ring_size, 0)
+}
+
+/// As `create_segment`, with one buffer zone of `zone_size` bytes per direction after
+/// the rings (protocol §10.4; 0: none). The zones' headers and free lists are written
+/// by `Mapping::init_zones` before either guest maps the segment.
+pub fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> io::Result<OwnedFd> {
     use canal_abi::segment;
     let name = CString::new("canal-segment").expect("static name");
     // SAFETY: `name` is a valid NUL-terminated string.
     let fd = owned(cvt(unsafe {
         libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
     } as libc::c_int)?);
-    let len = segment::segment_size(ring_size);
+    let len = segment::segment_size_zones(ring_size, zone_size);
     // SAFETY: plain call on a descriptor we own.
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
-    let h = segment::encode_header(id, ring_size);
+    let h = if zone_size == 0 {
+        segment::encode_header(id, ring_size)
+    } else {
+        segment::encode_header_zones(id, ring_size, zone_size)
+    };
     // SAFETY: h is a valid buffer of h.len() bytes.
     let n = cvt_size(unsafe { libc::pwrite(fd.as_raw_fd(), h.as_ptr().cast(), h.len(), 0) })?;
     if n != h.len() {
@@ -1040,6 +1051,24 @@ impl Mapping {
 }
 
 impl Mapping {
+    /// Writes both zones of a fresh segment with zones (`layout` from `zone::plan`,
+    /// `layout.zone_size` bytes each): headers and full free lists. canald's own
+    /// segment, before any guest has it; false if the mapping is too small.
+    pub fn init_zones(&self, ring_size: u64, layout: &canal_abi::zone::ZoneLayout) -> bool {
+        use canal_abi::segment;
+        let zs = layout.zone_size;
+        if segment::segment_size_zones(ring_size, zs) > self.len as u64 {
+            return false;
+        }
+        for d in 0..2 {
+            let off = segment::zone_offset(d, ring_size, zs) as usize;
+            // SAFETY: the zone lies inside the mapping (checked), page-aligned.
+            let z = unsafe { canal_abi::zone::MappedZone::new(self.base.add(off), *layout) };
+            z.init();
+        }
+        true
+    }
+
     /// A mapped pair segment (tests play a guest with it): its header and its two
     /// rings, if the mapping is large enough for the ring size its header claims.
     pub fn segment_view(&self) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {

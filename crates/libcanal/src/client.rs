@@ -436,7 +436,9 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     // HELLO: pid, flags, comm.
     let mut body = [0u8; control::HELLO_BODY];
     body[0..4].copy_from_slice(&(sys::getpid() as u32).to_le_bytes());
-    body[4..8].copy_from_slice(&control::hello_flag::SHORTCUT.to_le_bytes());
+    body[4..8].copy_from_slice(
+        &(control::hello_flag::SHORTCUT | control::hello_flag::ZONES).to_le_bytes(),
+    );
     let mut comm = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes into comm.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };

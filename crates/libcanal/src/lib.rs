@@ -34,6 +34,7 @@ pub mod seg;
 pub mod sock;
 pub mod sockaddr;
 pub mod sys;
+pub mod zones;
 
 /// Library constructor: registers the fork handlers before the program can fork.
 extern "C" fn init() {

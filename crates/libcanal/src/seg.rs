@@ -9,8 +9,9 @@
 use crate::client::{self, Guest};
 use crate::sys;
 use canal_abi::ring::RawRing;
-use canal_abi::segment::{self, SegDir, SegHeader};
+use canal_abi::segment::{self, SegDir, SegHeader, ZoneQueue};
 use canal_abi::sync::{AtomicU32, Ordering};
+use canal_abi::zone::{self, MappedZone, ZoneHeader};
 use core::sync::atomic::AtomicUsize;
 
 const CACHE: usize = 1024;
@@ -21,6 +22,8 @@ struct Cached {
     base: AtomicUsize,
     len: AtomicUsize,
     ring_size: AtomicUsize,
+    /// Bytes of each direction's zone (0: no zones).
+    zone_size: AtomicUsize,
 }
 
 static TABLE: [Cached; CACHE] = [const {
@@ -29,6 +32,7 @@ static TABLE: [Cached; CACHE] = [const {
         base: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
         ring_size: AtomicUsize::new(0),
+        zone_size: AtomicUsize::new(0),
     }
 }; CACHE];
 
@@ -58,6 +62,7 @@ pub fn sleep_exit() {
 pub struct Seg {
     base: *mut u8,
     ring_size: u64,
+    zone_size: u64,
 }
 
 impl Seg {
@@ -86,6 +91,50 @@ impl Seg {
         w.fetch_add(1, Ordering::SeqCst);
         sys::futex_wake_all(w);
     }
+    /// A segment over memory the caller laid out (unit tests play both guests).
+    ///
+    /// # Safety
+    /// `base` must map segment_size_zones(ring_size, zone_size) bytes, page-aligned,
+    /// for as long as the value is used.
+    #[cfg(test)]
+    pub unsafe fn from_raw(base: *mut u8, ring_size: u64, zone_size: u64) -> Seg {
+        Seg {
+            base,
+            ring_size,
+            zone_size,
+        }
+    }
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size
+    }
+    /// The segment carries buffer zones (protocol §10.4).
+    pub fn has_zones(&self) -> bool {
+        self.zone_size != 0
+    }
+    /// Direction `d`'s zone queue (page 0; meaningful only with zones).
+    pub fn zone_queue(&self, d: u32) -> &'static ZoneQueue {
+        let off = segment::zone_queue_offset(d.min(1));
+        // SAFETY: page 0 is mapped (4096 bytes); the queue (640 bytes at 1024 or 2048)
+        // lies inside it, 8-aligned; ZoneQueue accepts any bit pattern.
+        unsafe { &*(self.base.add(off as usize) as *const ZoneQueue) }
+    }
+    /// Direction `d`'s zone with its layout checked against the mapping (the header
+    /// is peer-writable: checked at every use, and only the returned layout is used).
+    pub fn zone(&self, d: u32, id: u32) -> Result<MappedZone, i32> {
+        if self.zone_size == 0 {
+            return Err(libc::EIO);
+        }
+        let off = segment::zone_offset(d.min(1), self.ring_size, self.zone_size);
+        // SAFETY: the zone lies inside the mapping (segment size checked at map time).
+        let base = unsafe { self.base.add(off as usize) };
+        // SAFETY: zone_size ≥ 4096 (checked at map time): the header page is mapped;
+        // ZoneHeader accepts any bit pattern.
+        let h = unsafe { &*(base as *const ZoneHeader) };
+        let l = zone::check_header(h, id, self.zone_size).map_err(|_| libc::EIO)?;
+        // SAFETY: check_header proved layout.zone_size ≤ zone_size: every part of the
+        // layout lies inside this zone's part of the mapping.
+        Ok(unsafe { MappedZone::new(base, l) })
+    }
     pub fn ring(&self, d: u32) -> RawRing {
         let off = segment::ring_offset(d.min(1), self.ring_size);
         // SAFETY: the ring lies inside the mapping (segment_size = header + 2 rings,
@@ -103,6 +152,7 @@ fn find(id: u32) -> Option<Seg> {
             return Some(Seg {
                 base: c.base.load(Ordering::Relaxed) as *mut u8,
                 ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
+                zone_size: c.zone_size.load(Ordering::Relaxed) as u64,
             });
         }
     }
@@ -154,8 +204,16 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     // SAFETY: base maps `size` ≥ 4096 bytes; SegHeader (512 bytes) accepts any bit
     // pattern.
     let h = unsafe { &*(base as *const SegHeader) };
-    let ring_size = match segment::check_header(h, id, size) {
-        Ok(rs) => rs,
+    // Zones only if canald gave us the ZONES feature (it then may hand us segments
+    // with zones; otherwise such a segment is malformed for us).
+    let zones_ok = g.region.header().features & canal_abi::feature::ZONES != 0;
+    let checked = if zones_ok {
+        segment::check_header_zones(h, id, size)
+    } else {
+        segment::check_header(h, id, size).map(|rs| (rs, 0))
+    };
+    let (ring_size, zone_size) = match checked {
+        Ok(x) => x,
         Err(_) => {
             sys::munmap(base, size as usize);
             return Err(libc::EIO);
@@ -164,9 +222,14 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     slot.base.store(base as usize, Ordering::Relaxed);
     slot.len.store(size as usize, Ordering::Relaxed);
     slot.ring_size.store(ring_size as usize, Ordering::Relaxed);
+    slot.zone_size.store(zone_size as usize, Ordering::Relaxed);
     slot.id.store(id, Ordering::Release);
     client::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
-    Ok(Seg { base, ring_size })
+    Ok(Seg {
+        base,
+        ring_size,
+        zone_size,
+    })
 }
 
 /// The socket naming segment `id` lost its last reference in this process: unmap,

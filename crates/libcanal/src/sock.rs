@@ -176,9 +176,13 @@ impl Sock {
         let flags = e.flags.load(Ordering::Acquire);
         let tx_size = e.tx_size.load(Ordering::Relaxed) as u64;
         let rx_size = e.rx_size.load(Ordering::Relaxed) as u64;
+        let mut zone = None;
         let (txh, txt, rxh, rxt) = match (e.segment.load(Ordering::Acquire), self.rings()) {
             (0, _) | (_, Err(_)) => (&e.tx_head, &e.tx_tail, &e.rx_head, &e.rx_tail),
-            (_, Ok(r)) => (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail),
+            (_, Ok(r)) => {
+                zone = r.peer.filter(|(g, _)| g.has_zones());
+                (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail)
+            }
         };
         // R3-style Acquire loads of the other side's indices.
         let tx_used = txh
@@ -188,7 +192,8 @@ impl Sock {
         let rx_used = rxh
             .load(Ordering::Acquire)
             .wrapping_sub(rxt.load(Ordering::Relaxed))
-            .min(rx_size);
+            .min(rx_size)
+            + zone.map_or(0, |(seg, dir)| crate::zones::pending(seg, dir));
         SockState {
             kind: e.kind.load(Ordering::Acquire),
             flags,
@@ -219,7 +224,11 @@ impl Sock {
         }
         match self.rings() {
             Ok(r) if r.peer.is_some() => {
-                let rx = seq.wrapping_add(r.rx_head.load(Ordering::Acquire) as u32);
+                let mut rx = seq.wrapping_add(r.rx_head.load(Ordering::Acquire) as u32);
+                if let Some((seg, dir)) = r.peer.filter(|(g, _)| g.has_zones()) {
+                    // A zone-sent piece arrives without moving the ring head.
+                    rx = rx.wrapping_add(crate::zones::posted(seg, dir) as u32);
+                }
                 let nospace = self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0;
                 (
                     rx,
@@ -755,7 +764,7 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                     return Err(libc::EIO);
                 }
             };
-            let n = ((size - used) as usize).min(total - sent);
+            let mut n = ((size - used) as usize).min(total - sent);
             if n > 0 {
                 // SAFETY: the iovecs are the application's buffers (its promise, as
                 // with the kernel); the ring span head..head+n is free (checked).
@@ -763,6 +772,31 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                 // R2: Release publishes the bytes; pairs with the consumer's Acquire.
                 r.tx_head
                     .store(head.wrapping_add(n as u64), Ordering::Release);
+            }
+            // What does not fit the ring goes by zone buffers (protocol §10.4).
+            if let Some((seg, peer_side)) = r.peer.filter(|(g, _)| g.has_zones()) {
+                if sent + n < total {
+                    let id = s.e.segment.load(Ordering::Relaxed);
+                    // SAFETY: the iovecs are the application's buffers (as above).
+                    let z = unsafe {
+                        crate::zones::send(
+                            seg,
+                            1 - peer_side,
+                            id,
+                            head.wrapping_add(n as u64),
+                            iov,
+                            sent + n,
+                            total - sent - n,
+                        )
+                    };
+                    match z {
+                        Ok(k) => n += k,
+                        Err(e) => {
+                            client::unlock(&s.e.tx_lock);
+                            return if sent + n > 0 { Ok(sent + n) } else { Err(e) };
+                        }
+                    }
+                }
             }
             client::unlock(&s.e.tx_lock);
             if n > 0 {
@@ -948,7 +982,42 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                 return Err(libc::EIO);
             }
         };
-        let n = (used as usize).min(total - got);
+        // A short-circuit with zones: zone-sent pieces sit between ring bytes.
+        let zone = r.peer.filter(|(g, _)| g.has_zones());
+        let limit = match zone {
+            Some((seg, dir)) => match crate::zones::ring_limit(seg, dir, tail, head) {
+                Ok(l) => l,
+                Err(e) => {
+                    client::unlock(&s.e.rx_lock);
+                    return if got > 0 { Ok(got) } else { Err(e) };
+                }
+            },
+            None => None,
+        };
+        if let (Some((seg, dir)), Some(0)) = (zone, limit) {
+            let id = s.e.segment.load(Ordering::Relaxed);
+            // SAFETY: the iovecs are the application's writable buffers.
+            let z = unsafe {
+                crate::zones::recv_front(seg, dir, id, iov, got, total - got, peek, discard)
+            };
+            client::unlock(&s.e.rx_lock);
+            let n = match z {
+                Ok(n) => n,
+                Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
+            };
+            if peek {
+                return Ok(n);
+            }
+            got += n;
+            if n > 0 {
+                r.notify(&s, false);
+            }
+            if got > 0 && (!waitall || got == total) {
+                return Ok(got);
+            }
+            continue;
+        }
+        let n = (used.min(limit.unwrap_or(u64::MAX)) as usize).min(total - got);
         if n > 0 {
             if !discard {
                 // SAFETY: the iovecs are the application's writable buffers; the ring
@@ -973,7 +1042,8 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
         }
         let fl = s.flags();
         // Nothing (more) queued: errors, then EOF.
-        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed) {
+        let zone_left = zone.is_some_and(|(seg, dir)| crate::zones::pending(seg, dir) > 0);
+        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed) && !zone_left {
             let pe = s.take_error();
             if pe != 0 {
                 return if got > 0 { Ok(got) } else { Err(pe as i32) };

@@ -79,11 +79,15 @@ struct SegmentRec {
     conns: [u32; 2],
     open: [bool; 2],
     ring_size: u64,
+    /// Bytes of each direction's zone (0: a segment without zones).
+    zone_size: u64,
 }
 
 /// State shared by the daemon and every guest that may short-circuit.
 pub struct Shared {
     pub enabled: bool,
+    /// `--zones on`: segments between two guests that announced zones carry them.
+    pub zones: bool,
     ring_size: u64,
     listeners: Vec<ListenerReg>,
     pending: Vec<Pending>,
@@ -98,6 +102,7 @@ impl Shared {
     pub fn new(enabled: bool, ring_size: u64) -> SharedRef {
         Arc::new(Mutex::new(Shared {
             enabled,
+            zones: false,
             ring_size,
             listeners: Vec::new(),
             pending: Vec::new(),
@@ -112,7 +117,7 @@ impl Shared {
         let s = self.segments.get(&id)?;
         s.conns
             .contains(&conn)
-            .then(|| (&s.fd, segment::segment_size(s.ring_size)))
+            .then(|| (&s.fd, segment::segment_size_zones(s.ring_size, s.zone_size)))
     }
 
     pub fn segment_count(&self) -> usize {
@@ -603,7 +608,14 @@ impl Guest {
         let unread = sh.segments.get(&link.id).is_some_and(|r| {
             let h = sys::pread_u64(&r.fd, segment::head_offset(rx_dir));
             let t = sys::pread_u64(&r.fd, segment::tail_offset(rx_dir));
-            matches!((h, t), (Some(h), Some(t)) if h != t)
+            let ring = matches!((h, t), (Some(h), Some(t)) if h != t);
+            // Zone-sent bytes not consumed yet are unread data too (§10.4).
+            let zone = r.zone_size != 0 && {
+                let h = sys::pread_u64(&r.fd, segment::zone_head_offset(rx_dir));
+                let t = sys::pread_u64(&r.fd, segment::zone_tail_offset(rx_dir));
+                matches!((h, t), (Some(h), Some(t)) if h != t)
+            };
+            ring || zone
         });
         let reset = unread || s.fd.as_ref().is_some_and(linger_zero);
         sh.events.push(Event::Closed {
@@ -624,6 +636,17 @@ impl Guest {
         let tx = sys::pread_u64(&r.fd, segment::head_offset(link.side.min(1)))?;
         let rx = sys::pread_u64(&r.fd, segment::tail_offset(1 - link.side.min(1)))?;
         Some((tx, rx))
+    }
+
+    /// Zone buffers a short-circuited socket with zones has posted (statistics only).
+    pub fn sc_zone_sends(&self, s: &HostSocket) -> Option<u64> {
+        let link = s.seg?;
+        let sh = lock(self.sc.as_ref()?);
+        let r = sh.segments.get(&link.id)?;
+        if r.zone_size == 0 {
+            return None;
+        }
+        sys::pread_u64(&r.fd, segment::zone_head_offset(link.side.min(1)))
     }
 
     fn sc_event(&mut self, ev: Event) {
@@ -757,6 +780,13 @@ pub fn run(shared: &SharedRef, guests: &mut BTreeMap<u32, Guest>, ep: &Epoll) ->
     work
 }
 
+/// The buffer classes of each direction's zone for rings of `ring_size` bytes: one
+/// class of 64 KiB buffers holding twice the ring (at least 4, at most 1024 buffers).
+pub fn zone_classes(ring_size: u64) -> [(u32, u32); 1] {
+    let count = (2 * ring_size / 65536).clamp(4, 1024) as u32;
+    [(65536, count)]
+}
+
 /// One pending short-circuit. Some(p): retry later (the accept queue is full).
 fn complete(
     shared: &SharedRef,
@@ -773,8 +803,16 @@ fn complete(
         }
         sys::sockname(s.fd.as_ref()?).ok()?
     };
-    let (id, ring_size, backlog) = {
+    // Zones only between two guests that both have the ZONES feature (§10.4).
+    let has_zones = |c: u32| {
+        guests
+            .get(&c)
+            .is_some_and(|g| g.region.header().features & canal_abi::feature::ZONES != 0)
+    };
+    let want_zones = has_zones(p.conn) && has_zones(p.lconn);
+    let (id, ring_size, backlog, zones) = {
         let mut sh = lock(shared);
+        let zones = sh.zones && want_zones;
         let backlog = sh
             .listeners
             .iter()
@@ -782,7 +820,7 @@ fn complete(
             .map(|l| l.backlog);
         let id = sh.next_id;
         sh.next_id = sh.next_id.wrapping_add(1).max(1);
-        (id, sh.ring_size, backlog)
+        (id, sh.ring_size, backlog, zones)
     };
     let mut dst = p.dst;
     if is_unspecified(&dst) {
@@ -799,9 +837,19 @@ fn complete(
         peer: conn_local,
         shut_wr: false,
     };
+    let zone_layout = zones
+        .then(|| canal_abi::zone::plan(id, &zone_classes(ring_size)).ok())
+        .flatten();
+    let zone_size = zone_layout.map_or(0, |l| l.zone_size);
     let seg = backlog.and_then(|_| {
-        let fd = sys::create_segment(id, ring_size).ok()?;
-        let map = sys::Mapping::map(&fd, segment::segment_size(ring_size) as usize).ok()?;
+        let fd = sys::create_segment_zones(id, ring_size, zone_size).ok()?;
+        let len = segment::segment_size_zones(ring_size, zone_size) as usize;
+        let map = sys::Mapping::map(&fd, len).ok()?;
+        if let Some(l) = &zone_layout {
+            if !map.init_zones(ring_size, l) {
+                return None;
+            }
+        }
         Some((fd, map))
     });
     let accepted = match (backlog, seg, guests.get_mut(&p.lconn)) {
@@ -815,6 +863,7 @@ fn complete(
                     conns: [p.conn, p.lconn],
                     open: [true, true],
                     ring_size,
+                    zone_size,
                 },
             );
             match l.sc_accept(p.lhandle, backlog, accepted_link) {
