@@ -27,7 +27,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 2;
+
+/// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
+/// `doorbell_peer`; protocol §9.5).
+pub const DOORBELL_HOST_PEER: u32 = 1;
 
 /// Feature bits in the header. A guest must not use a feature the host did not set.
 pub mod feature {
@@ -46,8 +50,14 @@ pub mod feature {
     /// by a pair segment (`SocketEntry::segment` ≠ 0). Set only for guests that
     /// announced `hello_flag::SHORTCUT`.
     pub const SHORTCUT: u64 = 1 << 4;
+    /// VM region served with ivshmem doorbells (protocol §9.5, minor 2): the header's
+    /// `doorbell_peer` / `doorbell_vectors` are valid; a guest that can ring the
+    /// device's Doorbell register must do so to kick, and interrupt vector *i* of the
+    /// guest's peer wakes slot *i*. A guest that cannot ring counts itself in
+    /// `backoff_kickers`. Old guests refuse such a region (unknown bit).
+    pub const DOORBELL: u64 = 1 << 7;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | DOORBELL;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -31,6 +31,9 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, queue_tail), 192);
     assert_eq!(offset_of!(RegionHeader, event_waiters), 256);
     assert_eq!(offset_of!(RegionHeader, kicks), 260);
+    assert_eq!(offset_of!(RegionHeader, doorbell_peer), 140);
+    assert_eq!(offset_of!(RegionHeader, doorbell_vectors), 144);
+    assert_eq!(offset_of!(RegionHeader, backoff_kickers), 264);
     assert_eq!(size_of::<RegionHeader>(), HEADER_USED);
 }
 
@@ -122,7 +125,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0100 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0200 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -294,7 +297,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111);
+    assert_eq!(feature::KNOWN, 0b1001_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -402,4 +405,12 @@ fn vm_control_constants() {
     assert!(valid_vm_name("vm-123") && valid_vm_name("a.b_c"));
     assert!(!valid_vm_name(".x") && !valid_vm_name("a/b") && !valid_vm_name(""));
     assert!(!valid_vm_name(&"a".repeat(33)));
+}
+
+#[test]
+fn doorbell_wire_values() {
+    // protocol.md §2 (VM_REGION flags, VM_REGION_OK) and §3/§9.5 (feature bit 7).
+    assert_eq!(feature::DOORBELL, 1 << 7);
+    assert_eq!(canal_abi::control::vm_flag::DOORBELL, 1);
+    assert_eq!(canal_abi::VERSION_MINOR, 2);
 }
