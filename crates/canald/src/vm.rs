@@ -786,6 +786,63 @@ mod tests {
     }
 
     #[test]
+    fn doorbell_region_and_its_ivshmem_server() {
+        use canal_abi::control::vm_flag;
+        let base = crate::Config::new("/x".into()).guest_config().unwrap();
+        let dir = std::env::temp_dir().join(format!("canald-vmbell-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let name = format!("unit-bell-{}", std::process::id());
+        let body = VmRegion {
+            file_size: 4 << 20,
+            flags: vm_flag::DOORBELL,
+            name: name.clone(),
+            publish: vec![],
+        }
+        .encode()
+        .unwrap();
+        let ep = Epoll::new().unwrap();
+        let mut vms = Vms::default();
+        let c = vms.create(&ep, 3, 9, 0, &base, &body, &dir).unwrap();
+        let h = c.guest.region().header();
+        assert_ne!(h.features & feature::DOORBELL, 0);
+        assert_eq!(h.features & feature::PORT_EVENTFD, 0);
+        assert_eq!(h.doorbell_peer, crate::ivshmem_server::HOST_PEER as u32);
+        assert_eq!(h.doorbell_vectors, c.guest.region().layout().slot_count);
+        assert!(c.guest.doorbell.is_some() && c.host_vector.is_some());
+        // VM_REGION_OK: vectors at 4, the file path, NUL, the socket path.
+        let r = &c.reply;
+        assert_eq!(u32::from_le_bytes(r[4..8].try_into().unwrap()), VM_SLOTS);
+        let tail = &r[canal_abi::control::VM_REGION_OK_BODY..];
+        let nul = tail.iter().position(|&b| b == 0).unwrap();
+        assert_eq!(tail[..nul], *format!("/dev/shm/canal-{name}").as_bytes());
+        let sock = PathBuf::from(std::str::from_utf8(&tail[nul + 1..]).unwrap());
+        assert_eq!(sock, dir.join(format!("ivshmem-{name}.sock")));
+        let client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        let line = vms.ivshmem_event(&ep, 3, 0).unwrap();
+        assert!(line.contains("QEMU attached"), "{line}");
+        assert!(!sock.exists(), "one VM per server");
+        drop(client);
+        assert!(vms.ivshmem_event(&ep, 3, 1).is_some(), "EOF of the client");
+        assert!(vms.ivshmem_event(&ep, 4, 0).is_none(), "unknown VM");
+        vms.forget(&ep, 3);
+        assert!(!std::path::Path::new(&format!("/dev/shm/canal-{name}")).exists());
+        // Without the flag: no server, vectors 0, no second path.
+        let plain = VmRegion {
+            flags: 0,
+            ..VmRegion::decode(&body).unwrap()
+        }
+        .encode()
+        .unwrap();
+        let c = vms.create(&ep, 5, 10, 0, &base, &plain, &dir).unwrap();
+        assert_eq!(c.reply[4..8], [0; 4]);
+        assert!(!c.reply[canal_abi::control::VM_REGION_OK_BODY..].contains(&0));
+        assert!(c.guest.doorbell.is_none() && c.host_vector.is_none());
+        vms.forget(&ep, 5);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn vm_region_body_layout() {
         use super::VmRegion;
         use canal_abi::control::*;
