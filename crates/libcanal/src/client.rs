@@ -1117,17 +1117,21 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
             mark_dead();
             return Err(libc::EIO);
         }
-        if s.efd < 0 {
-            // No wake-up port (ivshmem): yield for a while, then back off (§6).
+        if s.efd < 0 || g.ctl < 0 {
+            // In a VM (ivshmem): yield for a while first (a sleeping thread wakes late,
+            // by timer or by interrupt); then back off without a wake-up port (§9.4),
+            // or sleep on the slot's interrupt eventfd (§9.5).
             let now = sys::now_ns();
             let start = *yield_start.get_or_insert(now);
             if now - start < YIELD_NS.load(Ordering::Relaxed) {
                 sys::sched_yield();
-            } else {
+                continue;
+            }
+            if s.efd < 0 {
                 sys::sleep_ns(backoff);
                 backoff = (backoff * 2).min(1_000_000);
+                continue;
             }
-            continue;
         }
         slot.sleep.store(sleep_kind::COMPLETION, Ordering::Relaxed);
         // W1: SeqCst fence between publishing `sleep` and re-checking the state; pairs
@@ -1446,6 +1450,25 @@ pub fn sleep_events(
             mark_dead();
         }
         return Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize));
+    }
+    if g.ctl < 0 {
+        // A VM guest with interrupt wake-ups (§9.5): the same polling phase as above
+        // before the first sleep of a wait (an interrupt under emulation arrives
+        // ~150 µs late), then sleep on the slot's interrupt eventfd.
+        if cond() {
+            return Ok(0);
+        }
+        let now = sys::now_ns();
+        let polling = BACKOFF.with(|b| {
+            let (start, step) = b.get();
+            let start = if start == 0 { now } else { start };
+            b.set((start, step));
+            now - start < YIELD_NS.load(Ordering::Relaxed)
+        });
+        if polling {
+            sys::sched_yield();
+            return Ok(0);
+        }
     }
     // §8: count ourselves as a sleeper of every short-circuited connection we wait
     // on, so its peer raises attention (and canald wakes us) after changing it.

@@ -335,9 +335,9 @@ fn setup_irqs(dev: &[u8], group: &[u8], want: u32) -> Result<u32, (i32, &'static
             close_all(&set.data[..n as usize]);
             return Err((e, "VFIO_DEVICE_SET_IRQS (MSI-X)"));
         }
-        for i in 0..n as usize {
-            let _ = crate::fdtable::TABLE.set_internal(set.data[i]);
-            IRQ_EFD[i].store(set.data[i], Ordering::Release);
+        for (slot, &efd) in IRQ_EFD.iter().zip(&set.data[..n as usize]) {
+            let _ = crate::fdtable::TABLE.set_internal(efd);
+            slot.store(efd, Ordering::Release);
         }
         Ok(n)
     })();
