@@ -408,11 +408,21 @@ impl Daemon {
             }
             token::IVSHMEM => {
                 let ep = &self.workers[0].ep;
-                if let Some(line) = self
-                    .vm
-                    .ivshmem_event(ep, token::conn(tok), token::index(tok))
-                {
+                let key = token::conn(tok);
+                if let Some(line) = self.vm.ivshmem_event(ep, key, token::index(tok)) {
                     log(&self.cfg, format_args!("{line}"));
+                }
+                if self.vm.doorbell_attached(key) {
+                    // Its QEMU can ring us now: no bounded sleep for it (§9.5).
+                    let w = &self.workers[0];
+                    if let Some(d) = w
+                        .lock()
+                        .guests
+                        .get_mut(&key)
+                        .and_then(|g| g.doorbell.as_mut())
+                    {
+                        d.attached = true;
+                    }
                 }
             }
             token::VM_PROCESS => {

@@ -278,6 +278,9 @@ impl RoundStats {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct DoorbellStats {
     pub kicks: u64,
+    /// The VM's QEMU got the setup from the ivshmem server: until then a guest in that
+    /// region (say, a VM given the file as ivshmem-plain by mistake) cannot ring us.
+    pub attached: bool,
 }
 
 /// Host → guest wake-up coalescing state of one guest.
@@ -464,7 +467,7 @@ impl Guest {
     pub fn needs_bounded_sleep(&self) -> bool {
         self.is_vm()
             && self.gone.is_none()
-            && (self.doorbell.is_none()
+            && (self.doorbell.is_none_or(|d| !d.attached)
                 || self.region.header().backoff_kickers.load(Ordering::Relaxed) != 0)
     }
 

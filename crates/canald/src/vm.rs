@@ -446,6 +446,14 @@ impl Vms {
         })
     }
 
+    /// Whether the doorbell VM of `key` has had its QEMU attached to the server.
+    pub fn doorbell_attached(&self, key: u32) -> bool {
+        self.entries
+            .get(&key)
+            .and_then(|e| e.bell.as_ref())
+            .is_some_and(|(srv, _)| srv.served)
+    }
+
     /// An event on a doorbell VM's ivshmem server (token IVSHMEM): index 0 the
     /// listener (QEMU connecting), 1 the client. Returns a line for the log.
     pub fn ivshmem_event(&mut self, ep: &Epoll, key: u32, index: u16) -> Option<String> {
@@ -819,8 +827,10 @@ mod tests {
         let sock = PathBuf::from(std::str::from_utf8(&tail[nul + 1..]).unwrap());
         assert_eq!(sock, dir.join(format!("ivshmem-{name}.sock")));
         let client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        assert!(!vms.doorbell_attached(3));
         let line = vms.ivshmem_event(&ep, 3, 0).unwrap();
         assert!(line.contains("QEMU attached"), "{line}");
+        assert!(vms.doorbell_attached(3));
         assert!(!sock.exists(), "one VM per server");
         drop(client);
         assert!(vms.ivshmem_event(&ep, 3, 1).is_some(), "EOF of the client");
