@@ -40,8 +40,10 @@ pub mod kind {
     /// VM_REGION_OK or ERROR. The VM guest lives until this connection closes or its VM
     /// process (VM_PID) exits.
     pub const VM_REGION: u16 = 11;
-    /// host → tool: `guest_id u32, reserved u32, region_size u64, file_size u64`, then
-    /// the file's path (UTF-8, to the end of the body).
+    /// host → tool: `guest_id u32, doorbell_vectors u32, region_size u64, file_size
+    /// u64`, then the file's path (UTF-8, to the end of the body); with
+    /// `doorbell_vectors` ≠ 0 (a VM_REGION with `vm_flag::DOORBELL`), the path is
+    /// followed by a NUL and the path of the VM's ivshmem server socket.
     pub const VM_REGION_OK: u16 = 12;
     /// host tool → host: `pid u32` (the VM process, e.g. QEMU), optionally with a pidfd
     /// of it in SCM_RIGHTS. Reply: VM_PID_OK (empty) or ERROR.
@@ -49,7 +51,14 @@ pub mod kind {
     pub const VM_PID_OK: u16 = 14;
 }
 
-/// VM_REGION body: `file_size u64, npublish u32, reserved u32, name [u8; 32]` (NUL
+/// VM_REGION `flags` bits (the u32 at body offset 12; zero before minor 2).
+pub mod vm_flag {
+    /// Serve the region through an ivshmem server with doorbells (protocol §9.5):
+    /// canald listens on a per-VM socket for the VM's `ivshmem-doorbell` device.
+    pub const DOORBELL: u32 = 1 << 0;
+}
+
+/// VM_REGION body: `file_size u64, npublish u32, flags u32, name [u8; 32]` (NUL
 /// padded; `[A-Za-z0-9_.-]`, not starting with '.'), then `npublish` entries of
 /// `host_port u16, guest_port u16`.
 pub const VM_REGION_BODY: usize = 48;

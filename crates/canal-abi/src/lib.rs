@@ -30,6 +30,10 @@ pub const VERSION_MAJOR: u16 = 1;
 /// old readers ignore) bump the minor version.
 pub const VERSION_MINOR: u16 = 2;
 
+/// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
+/// `doorbell_peer`; protocol §9.5).
+pub const DOORBELL_HOST_PEER: u32 = 1;
+
 /// Feature bits in the header. A guest must not use a feature the host did not set.
 pub mod feature {
     /// Stream (TCP) sockets with byte rings.
@@ -51,8 +55,14 @@ pub mod feature {
     /// carry zones (`segment::SEG_FLAG_ZONES`). Set only with `canald --zones on` and
     /// for guests that announced `hello_flag::ZONES`.
     pub const ZONES: u64 = 1 << 6;
+    /// VM region served with ivshmem doorbells (protocol §9.5, minor 2): the header's
+    /// `doorbell_peer` / `doorbell_vectors` are valid; a guest that can ring the
+    /// device's Doorbell register must do so to kick, and interrupt vector *i* of the
+    /// guest's peer wakes slot *i*. A guest that cannot ring counts itself in
+    /// `backoff_kickers`. Old guests refuse such a region (unknown bit).
+    pub const DOORBELL: u64 = 1 << 7;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | ZONES;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | ZONES | DOORBELL;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

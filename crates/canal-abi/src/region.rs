@@ -61,7 +61,14 @@ pub struct RegionHeader {
     pub event_seq: AtomicU32,
     /// 1 while canald serves this region; 2 once canald has abandoned it.
     pub host_state: AtomicU32,
-    pub reserved2: [u32; 13],
+    /// With `feature::DOORBELL` (written once, before the region is shared): canald's
+    /// peer id on the VM's ivshmem doorbell device. A guest kicks by writing
+    /// `doorbell_peer << 16 | 0` to the device's Doorbell register (BAR 0 offset 12).
+    pub doorbell_peer: u32,
+    /// With `feature::DOORBELL` (written once): the guest peer's interrupt vectors;
+    /// canald wakes slot *i* by interrupting vector *i* (so it equals `slot_count`).
+    pub doorbell_vectors: u32,
+    pub reserved2: [u32; 11],
     // --- 192: guest-written, contended by producers
     /// Request-queue enqueue position.
     pub queue_tail: AtomicU32,
@@ -72,7 +79,11 @@ pub struct RegionHeader {
     pub event_waiters: AtomicU32,
     /// Doorbell kicks the guest sent (statistics).
     pub kicks: AtomicU32,
-    pub reserved4: [u32; 14],
+    /// With `feature::DOORBELL`: guest processes attached that cannot ring the
+    /// doorbell (no access to BAR 0). While it is non-zero canald bounds its sleep for
+    /// this guest as for a VM without doorbells (protocol §9.5).
+    pub backoff_kickers: AtomicU32,
+    pub reserved4: [u32; 13],
 }
 
 /// Bytes of the header actually defined; the rest of the page is reserved.
@@ -406,6 +417,10 @@ impl Region {
         h.data_offset = layout.data_offset;
         h.data_size = layout.data_size;
         h.guest_id = guest_id;
+        if features & crate::feature::DOORBELL != 0 {
+            h.doorbell_peer = crate::DOORBELL_HOST_PEER;
+            h.doorbell_vectors = layout.slot_count;
+        }
         h.host_state.store(1, Ordering::Release);
         crate::queue::init_cells(r.queue_cells());
         r

@@ -31,6 +31,9 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, queue_tail), 192);
     assert_eq!(offset_of!(RegionHeader, event_waiters), 256);
     assert_eq!(offset_of!(RegionHeader, kicks), 260);
+    assert_eq!(offset_of!(RegionHeader, doorbell_peer), 140);
+    assert_eq!(offset_of!(RegionHeader, doorbell_vectors), 144);
+    assert_eq!(offset_of!(RegionHeader, backoff_kickers), 264);
     assert_eq!(size_of::<RegionHeader>(), HEADER_USED);
 }
 
@@ -294,7 +297,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b101_1111);
+    assert_eq!(feature::KNOWN, 0b1101_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -519,4 +522,12 @@ fn segment_zone_offsets() {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn doorbell_wire_values() {
+    // protocol.md §2 (VM_REGION flags, VM_REGION_OK) and §3/§9.5 (feature bit 7).
+    assert_eq!(feature::DOORBELL, 1 << 7);
+    assert_eq!(canal_abi::control::vm_flag::DOORBELL, 1);
+    assert_eq!(canal_abi::VERSION_MINOR, 2);
 }

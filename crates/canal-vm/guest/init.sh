@@ -105,6 +105,9 @@ for d in /sys/bus/pci/devices/*; do
             insmod "/modules/$m" || log "insmod $m failed"
         done
         [ -e "$d/iommu_group" ] || fail "doorbell device $d has no IOMMU group (no IOMMU?)"
+        # Memory decoding stays on whoever opens or closes the device through VFIO:
+        # every process maps BARs 0 and 2 through sysfs (libcanal, protocol §9.5).
+        echo 1 >"$d/enable" 2>/dev/null
         echo vfio-pci >"$d/driver_override"
         echo "${d##*/}" >/sys/bus/pci/drivers_probe
         VFIO_GROUP=/dev/vfio/$(basename "$(readlink "$d/iommu_group")")

@@ -21,6 +21,7 @@ const USAGE: &str =
   --reps N     repetitions (default 3)
   --duration S seconds per run (default 3)
   --out FILE   also write the Markdown report to FILE
+  --no-doorbell  the canal device without ivshmem doorbells (bounded backoff wake-ups)
 Needs qemu-system-x86_64, iperf3, and canal-bench-gen next to canal.";
 
 struct Opts {
@@ -28,6 +29,7 @@ struct Opts {
     duration: u32,
     out: Option<PathBuf>,
     accel: Option<String>,
+    no_doorbell: bool,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -36,6 +38,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         duration: 3,
         out: None,
         accel: None,
+        no_doorbell: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -49,6 +52,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--duration" => o.duration = val(a)?.parse().map_err(|_| "--duration: not a number")?,
             "--out" => o.out = Some(val(a)?.into()),
             "--accel" => o.accel = Some(val(a)?),
+            "--no-doorbell" => o.no_doorbell = true,
             other => return Err(format!("unknown argument '{other}'")),
         }
     }
@@ -260,6 +264,9 @@ echo "@@ end""#,
         .arg((60 + o.reps as u32 * d * 8).to_string());
     if let Some(a) = &o.accel {
         cmd.args(["--accel", a]);
+    }
+    if o.no_doorbell {
+        cmd.arg("--no-doorbell");
     }
     cmd.args(["--", "sh", "-c", &script]);
     eprintln!(

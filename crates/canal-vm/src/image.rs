@@ -43,6 +43,9 @@ pub struct GuestImage {
     pub boot_kernel: PathBuf,
     pub kernel_version: String,
     pub initramfs: PathBuf,
+    /// The initramfs has the vfio modules (DOORBELL_MODULES): the guest can take an
+    /// ivshmem-doorbell device's interrupts.
+    pub doorbell: bool,
 }
 
 /// The host kernel to boot: `$CANAL_VM_KERNEL` (a vmlinuz-VERSION path) if set, else the
@@ -262,6 +265,7 @@ pub fn ensure_image() -> io::Result<GuestImage> {
         .into_iter()
         .filter(|m| !modules.contains(m))
         .collect();
+    let has_doorbell_modules = !doorbell_modules.is_empty();
     let bb_meta = fs::metadata(&busybox)?;
     let mut h = fnv1a(FNV_OFFSET, &FORMAT_VERSION.to_le_bytes());
     h = fnv1a(h, INIT_SCRIPT.as_bytes());
@@ -298,6 +302,7 @@ pub fn ensure_image() -> io::Result<GuestImage> {
         boot_kernel,
         kernel_version: kver,
         initramfs,
+        doorbell: has_doorbell_modules,
     })
 }
 

@@ -25,10 +25,16 @@ fn cmd_region(args: &[String]) -> i32 {
     let mut size = region::DEFAULT_REGION_MIB;
     let mut publish: Vec<(u16, u16)> = Vec::new();
     let mut pid: Option<u32> = None;
+    let mut doorbell = false;
     let mut i = 0;
     while i < args.len() {
         let a = args[i].as_str();
         let v = args.get(i + 1).cloned();
+        if a == "--doorbell" {
+            doorbell = true;
+            i += 1;
+            continue;
+        }
         match (a, v) {
             ("--name", Some(v)) => name = Some(v),
             ("--size", Some(v)) => match v.parse::<u64>() {
@@ -62,7 +68,7 @@ fn cmd_region(args: &[String]) -> i32 {
         eprintln!("canal vm: {e}");
         return 1;
     }
-    let r = match region::canald_region(&socket, &name, size << 20, &publish) {
+    let r = match region::canald_region(&socket, &name, size << 20, &publish, doorbell) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("canal vm: canald on {}: {e}", socket.display());
@@ -75,7 +81,10 @@ fn cmd_region(args: &[String]) -> i32 {
             return 1;
         }
     }
-    print!("{}", qemu::operator_snippets(&name, &r.path, size));
+    match r.doorbell() {
+        Some((sock, vectors)) => print!("{}", qemu::operator_doorbell_snippets(sock, *vectors)),
+        None => print!("{}", qemu::operator_snippets(&name, &r.path, size)),
+    }
     println!(
         "# serving; the guest ends when this command does{}",
         match pid {
@@ -122,8 +131,13 @@ commands:
   run [options] -- PROGRAM ARGS...   boot a guest, run PROGRAM in it, exit with its status
       --virtio             virtio-net with QEMU user networking (guest 10.0.2.15, host
                            127.0.0.1 reachable as 10.0.2.2); the default
-      --canal              the canal device (ivshmem-plain) instead of virtio-net; the
-                           program gets CANAL_TRANSPORT=ivshmem and LD_PRELOAD=libcanal.so
+      --canal              the canal device instead of virtio-net; the program gets
+                           CANAL_TRANSPORT=ivshmem and LD_PRELOAD=libcanal.so. canald serves
+                           it as ivshmem-doorbell (interrupt wake-ups; q35 + emulated IOMMU,
+                           the guest binds it to vfio-pci) when the guest kernel has vfio,
+                           else as ivshmem-plain (bounded backoff); CANAL_VM_WAKEUPS in the
+                           program's environment says which
+      --no-doorbell        with --canal: always ivshmem-plain with backoff wake-ups
       --canal --virtio     both devices
       --doorbell SOCKET    the canal device as ivshmem-doorbell: region and interrupt
                            eventfds from the ivshmem server on SOCKET (implies --canal;
@@ -149,10 +163,12 @@ commands:
                            print QEMU options and libvirt XML for a canal region file
   qemu-args --doorbell SOCKET [--vectors N]
                            the same for a region with doorbells from an ivshmem server
-  region --name NAME [--size MiB] [--publish H:G]... [--pid PID]
+  region --name NAME [--size MiB] [--publish H:G]... [--pid PID] [--doorbell]
                            for your own VM: canald creates /dev/shm/canal-NAME and serves
                            the guest in it; prints the QEMU options and libvirt XML, then
-                           stays until SIGINT/SIGTERM or until process PID (the VM) exits
+                           stays until SIGINT/SIGTERM or until process PID (the VM) exits;
+                           --doorbell: canald is also the region's ivshmem server
+                           (ivshmem-doorbell: interrupts and doorbell kicks)
   image                    build (or find) the cached guest image and print its paths
   probe [--force]          run (or show the cached) KVM probe
 ";
@@ -216,6 +232,8 @@ pub struct RunOptions {
     pub shm_mib: u64,
     pub doorbell: Option<PathBuf>,
     pub doorbell_vectors: u32,
+    /// `--no-doorbell`: a canald region without the ivshmem server.
+    pub no_doorbell: bool,
     pub accel: Option<Accel>,
     pub mem_mib: u64,
     pub cpus: u32,
@@ -238,6 +256,7 @@ impl Default for RunOptions {
             shm_mib: region::DEFAULT_REGION_MIB,
             doorbell: None,
             doorbell_vectors: 1,
+            no_doorbell: false,
             accel: None,
             mem_mib: 512,
             cpus: 1,
@@ -279,6 +298,7 @@ pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
             "--canal" => o.canal = true,
             "--virtio" => o.virtio = true,
             "--no-preload" => o.preload = false,
+            "--no-doorbell" => o.no_doorbell = true,
             "-v" | "--verbose" => o.verbose = true,
             "--libcanal" => o.libcanal = Some(val(&mut i, a)?.into()),
             "--shm-path" => o.shm_path = Some(val(&mut i, a)?.into()),
@@ -445,6 +465,8 @@ fn prepare(
         cmd.env
             .push(("HOME".into(), home.to_string_lossy().into_owned()));
     }
+    // How host -> guest wake-ups work for a canald region (protocol §9.4/§9.5).
+    let mut wakeups: Option<(&str, String)> = None;
     let region = if o.canal && o.doorbell.is_none() {
         let name = format!("vm-{}", std::process::id());
         let size = o.shm_mib << 20;
@@ -457,7 +479,26 @@ fn prepare(
                 ensure_daemon(&socket)?;
                 let publish: Vec<(u16, u16)> =
                     o.publish.iter().map(|p| (p.host, p.guest)).collect();
-                region::canald_region(&socket, &name, size, &publish).map_err(|e| {
+                let want = !o.no_doorbell && img.doorbell;
+                let mut r = region::canald_region(&socket, &name, size, &publish, want);
+                wakeups = Some(match (&r, want) {
+                    (_, false) if o.no_doorbell => ("backoff", "--no-doorbell".into()),
+                    (_, false) => (
+                        "backoff",
+                        format!(
+                            "the guest kernel {} has no vfio modules",
+                            img.kernel_version
+                        ),
+                    ),
+                    (Err(e), true) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                        // An older canald refuses the doorbell flag: plain region.
+                        let why = format!("canald refused a doorbell region ({e})");
+                        r = region::canald_region(&socket, &name, size, &publish, false);
+                        ("backoff", why)
+                    }
+                    (_, true) => ("doorbell", "canald's ivshmem server".into()),
+                });
+                r.map_err(|e| {
                     std::io::Error::new(e.kind(), format!("canald on {}: {e}", socket.display()))
                 })
             }
@@ -467,6 +508,20 @@ fn prepare(
     } else {
         None
     };
+    let bell = region.as_ref().and_then(|r| r.doorbell().cloned());
+    if let Some((mode, why)) = &wakeups {
+        if o.verbose {
+            match &bell {
+                Some((sock, v)) => eprintln!(
+                    "canal vm: wake-ups: doorbell ({why} on {}, {v} vectors)",
+                    sock.display()
+                ),
+                None => eprintln!("canal vm: wake-ups: {mode} ({why})"),
+            }
+        }
+        cmd.env
+            .push(("CANAL_VM_WAKEUPS".into(), (*mode).to_string()));
+    }
     if o.canal {
         // CANAL_IVSHMEM_DEVICE, CANAL_REGION_SIZE (and CANAL_IVSHMEM_VFIO_GROUP) come from
         // the guest's init, which finds the device.
@@ -511,8 +566,14 @@ fn prepare(
         } else {
             o.publish.clone()
         },
-        region: region.as_ref().map(|r| (r.path.clone(), r.size)),
-        doorbell: o.doorbell.clone().map(|p| (p, o.doorbell_vectors)),
+        // A doorbell region reaches QEMU through canald's ivshmem server, not the file.
+        region: region
+            .as_ref()
+            .filter(|_| bell.is_none())
+            .map(|r| (r.path.clone(), r.size)),
+        doorbell: bell
+            .clone()
+            .or_else(|| o.doorbell.clone().map(|p| (p, o.doorbell_vectors))),
         extra: std::env::var("CANAL_VM_QEMU_EXTRA")
             .map(|e| e.split_whitespace().map(str::to_string).collect())
             .unwrap_or_default(),

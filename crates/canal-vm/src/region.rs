@@ -50,21 +50,31 @@ impl RegionFile {
 
 /// Asks the canald at `socket` to create the region for a VM called `name` (file
 /// `/dev/shm/canal-NAME`, which canald removes when the VM ends), with guest ports
-/// published on host ports (`(host, guest)`).
+/// published on host ports (`(host, guest)`); with `doorbell`, canald also serves the
+/// region through an ivshmem server (`RegionFile::canald`'s `doorbell`).
 pub fn canald_region(
     socket: &Path,
     name: &str,
     size: u64,
     publish: &[(u16, u16)],
+    doorbell: bool,
 ) -> io::Result<RegionFile> {
     check_size(size)?;
-    let h = canald::vm::request_region(socket, name, size, publish)?;
+    let h = canald::vm::request_region(socket, name, size, publish, doorbell)?;
     Ok(RegionFile {
         path: h.path.clone(),
         size: h.file_size,
         owned: false,
         canald: Some(h),
     })
+}
+
+impl RegionFile {
+    /// The ivshmem server socket and vector count, if canald serves this region with
+    /// doorbells.
+    pub fn doorbell(&self) -> Option<&(PathBuf, u32)> {
+        self.canald.as_ref().and_then(|h| h.doorbell.as_ref())
+    }
 }
 
 impl Drop for RegionFile {

@@ -412,6 +412,25 @@ impl Daemon {
                     }
                 }
             }
+            token::IVSHMEM => {
+                let ep = &self.workers[0].ep;
+                let key = token::conn(tok);
+                if let Some(line) = self.vm.ivshmem_event(ep, key, token::index(tok)) {
+                    log(&self.cfg, format_args!("{line}"));
+                }
+                if self.vm.doorbell_attached(key) {
+                    // Its QEMU can ring us now: no bounded sleep for it (§9.5).
+                    let w = &self.workers[0];
+                    if let Some(d) = w
+                        .lock()
+                        .guests
+                        .get_mut(&key)
+                        .and_then(|g| g.doorbell.as_mut())
+                    {
+                        d.attached = true;
+                    }
+                }
+            }
             token::VM_PROCESS => {
                 let key = token::conn(tok);
                 log(
@@ -728,18 +747,55 @@ impl Daemon {
                     return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
                 }
                 let id = self.next_guest;
-                match self.vm.create(key, id, conn.pid, &self.gcfg, body) {
-                    Ok((g, reply)) => {
-                        let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &reply, &[]);
+                let bell_dir = self
+                    .cfg
+                    .socket
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf();
+                let ep = &self.workers[0].ep;
+                match self
+                    .vm
+                    .create(ep, key, id, conn.pid, &self.gcfg, body, &bell_dir)
+                {
+                    Ok(c) => {
+                        let g = c.guest;
+                        let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &c.reply, &[]);
                         log(
                             &self.cfg,
-                            format_args!("guest {id} attached: {} (VM region)", g.comm),
+                            format_args!(
+                                "guest {id} attached: {} (VM region{})",
+                                g.comm,
+                                if c.host_vector.is_some() {
+                                    ", ivshmem doorbells"
+                                } else {
+                                    ""
+                                }
+                            ),
                         );
                         self.next_guest = self.next_guest.wrapping_add(1).max(1);
                         // VM guests live on worker 0: it serves the VM processes' pidfds
-                        // and bounds its sleep while it has one (a VM cannot kick it).
+                        // and the ivshmem servers, and bounds its sleep while it has a VM
+                        // that cannot kick it.
                         let w = self.workers[0].clone();
-                        w.lock().guests.insert(key, g);
+                        let mut sh = w.lock();
+                        if let Some(hv) = c.host_vector {
+                            // The guest's kicks: canald's ivshmem vector, read like a
+                            // process guest's doorbell (and removed with it).
+                            if w.ep
+                                .add(
+                                    hv.as_raw_fd(),
+                                    sys::EP_IN,
+                                    token::make(token::DOORBELL, key, 0, 0),
+                                )
+                                .is_ok()
+                            {
+                                sh.doorbells.insert(key, hv);
+                            }
+                        }
+                        sh.guests.insert(key, g);
+                        drop(sh);
                         w.poke();
                         if let Some(c) = self.conns.get_mut(&key) {
                             c.worker = Some(0);

@@ -82,6 +82,9 @@ pub mod token {
     pub const WATCH: u64 = 6;
     /// The pidfd of a VM guest's VM process (`vm.rs`).
     pub const VM_PROCESS: u64 = 7;
+    /// A doorbell VM's ivshmem server (`ivshmem_server.rs`): index 0 its listener,
+    /// 1 the QEMU client.
+    pub const IVSHMEM: u64 = 9;
 
     pub fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
         (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64
@@ -270,6 +273,16 @@ impl RoundStats {
     }
 }
 
+/// Counters of a doorbell VM (`canal stat`): its kicks (doorbell writes that reached
+/// canald's eventfd); the interrupts sent are the guest's `wakes`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DoorbellStats {
+    pub kicks: u64,
+    /// The VM's QEMU got the setup from the ivshmem server: until then a guest in that
+    /// region (say, a VM given the file as ivshmem-plain by mistake) cannot ring us.
+    pub attached: bool,
+}
+
 /// Host → guest wake-up coalescing state of one guest.
 struct WakeState {
     /// The current round's time.
@@ -345,6 +358,8 @@ pub struct Guest {
     pub wake_window: Duration,
     /// When this guest last did work (the poller counts active guests).
     pub last_active: Option<Instant>,
+    /// A VM served with ivshmem doorbells (protocol §9.5): its counters.
+    pub doorbell: Option<DoorbellStats>,
     wake: WakeState,
     /// Deficit round robin: bytes this guest may still receive / transmit.
     rx_deficit: i64,
@@ -426,6 +441,7 @@ impl Guest {
             deferred_wakes: 0,
             wake_window: Duration::ZERO,
             last_active: None,
+            doorbell: None,
             wake: WakeState::new(cfg.layout.slot_count as usize),
             rx_deficit: 0,
             tx_deficit: 0,
@@ -441,9 +457,18 @@ impl Guest {
         &self.region
     }
 
-    /// A VM guest (ivshmem region): it cannot kick the poller.
+    /// A VM guest (ivshmem region).
     pub fn is_vm(&self) -> bool {
         self.cfg.vm.is_some()
+    }
+
+    /// Whether the poller must bound its sleep for this guest (protocol §9.4): a live
+    /// VM guest without doorbells, or a doorbell VM with a process that cannot ring.
+    pub fn needs_bounded_sleep(&self) -> bool {
+        self.is_vm()
+            && self.gone.is_none()
+            && (self.doorbell.is_none_or(|d| !d.attached)
+                || self.region.header().backoff_kickers.load(Ordering::Relaxed) != 0)
     }
 
     /// The region's mapping (tests and fuzzing write guest bytes through it).

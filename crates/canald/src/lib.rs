@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod engine;
 pub mod fuzz;
 pub mod guest;
+pub mod ivshmem_server;
 pub mod request;
 pub mod stat;
 pub mod sys;

@@ -31,6 +31,8 @@ pub struct GuestStat {
     pub deferred_wakes: u64,
     /// The worker (poller) serving this guest.
     pub worker: u32,
+    /// A VM served with ivshmem doorbells: kicks received (interrupts sent = wakes).
+    pub doorbell_kicks: Option<u64>,
 }
 
 /// One poller's engine state and counters.
@@ -187,6 +189,7 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
         wakes: g.wakes,
         deferred_wakes: g.deferred_wakes,
         worker: 0,
+        doorbell_kicks: g.doorbell.map(|d| d.kicks),
     }
 }
 
@@ -266,9 +269,18 @@ pub fn render_json(s: &Snapshot) -> String {
         json_str(&mut o, &g.comm);
         let _ = write!(
             o,
-            ",\"worker\":{},\"wakes\":{},\"deferred_wakes\":{},\"sockets\":[",
+            ",\"worker\":{},\"wakes\":{},\"deferred_wakes\":{},",
             g.worker, g.wakes, g.deferred_wakes
         );
+        if let Some(k) = g.doorbell_kicks {
+            // A doorbell VM (protocol §9.5): every wake is an MSI-X interrupt.
+            let _ = write!(
+                o,
+                "\"doorbell\":{{\"kicks\":{k},\"interrupts\":{}}},",
+                g.wakes
+            );
+        }
+        o.push_str("\"sockets\":[");
         for (j, k) in g.sockets.iter().enumerate() {
             if j > 0 {
                 o.push(',');
@@ -403,6 +415,7 @@ mod tests {
                 ],
                 wakes: 3,
                 deferred_wakes: 1,
+                doorbell_kicks: None,
                 worker: 0,
             }],
             workers: vec![WorkerStat {

@@ -207,6 +207,8 @@ pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmRegion {
     pub file_size: u64,
+    /// `canal_abi::control::vm_flag` bits.
+    pub flags: u32,
     pub name: String,
     /// (host port, guest port).
     pub publish: Vec<(u16, u16)>,
@@ -222,6 +224,7 @@ impl VmRegion {
         let mut b = vec![0u8; canal_abi::control::VM_REGION_BODY];
         b[0..8].copy_from_slice(&self.file_size.to_le_bytes());
         b[8..12].copy_from_slice(&(self.publish.len() as u32).to_le_bytes());
+        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
         b[16..16 + self.name.len()].copy_from_slice(self.name.as_bytes());
         for (h, g) in &self.publish {
             b.extend_from_slice(&h.to_le_bytes());
@@ -232,7 +235,11 @@ impl VmRegion {
 
     /// Decodes and validates a body (untrusted input).
     pub fn decode(b: &[u8]) -> Option<VmRegion> {
-        if b.len() < canal_abi::control::VM_REGION_BODY || b[12..16] != [0; 4] {
+        if b.len() < canal_abi::control::VM_REGION_BODY {
+            return None;
+        }
+        let flags = u32::from_le_bytes(b[12..16].try_into().ok()?);
+        if flags & !canal_abi::control::vm_flag::DOORBELL != 0 {
             return None;
         }
         let file_size = u64::from_le_bytes(b[0..8].try_into().ok()?);
@@ -262,6 +269,7 @@ impl VmRegion {
             .collect();
         Some(VmRegion {
             file_size,
+            flags,
             name,
             publish,
         })
@@ -272,6 +280,16 @@ impl VmRegion {
 struct VmEntry {
     path: PathBuf,
     pidfd: Option<OwnedFd>,
+    /// A doorbell VM: its ivshmem server and the region file it hands to QEMU.
+    bell: Option<(crate::ivshmem_server::Server, OwnedFd)>,
+}
+
+/// What VM_REGION made: the guest, the VM_REGION_OK body, and for a doorbell VM
+/// canald's vector eventfd (the poller reads it: a guest kick).
+pub struct Created {
+    pub guest: Guest,
+    pub reply: Vec<u8>,
+    pub host_vector: Option<OwnedFd>,
 }
 
 /// The VM guests' bookkeeping in the daemon.
@@ -317,17 +335,20 @@ impl Vms {
         self.entries.contains_key(&key)
     }
 
-    /// VM_REGION: creates the region file and the guest. Returns the guest and the
-    /// VM_REGION_OK body. Errors are (errno, message) for an ERROR reply.
+    /// VM_REGION: creates the region file and the guest (and, with
+    /// `vm_flag::DOORBELL`, the VM's ivshmem server in `bell_dir`, whose listener is
+    /// added to `ep`). Errors are (errno, message) for an ERROR reply.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &mut self,
+        ep: &Epoll,
         key: u32,
         id: u32,
         pid: u32,
         base: &GuestConfig,
         body: &[u8],
-    ) -> Result<(Guest, Vec<u8>), (i32, String)> {
+        bell_dir: &std::path::Path,
+    ) -> Result<Created, (i32, String)> {
         if self.entries.contains_key(&key) {
             return Err((
                 errno::EINVAL,
@@ -335,6 +356,7 @@ impl Vms {
             ));
         }
         let req = VmRegion::decode(body).ok_or((errno::EINVAL, "malformed VM_REGION".into()))?;
+        let doorbell = req.flags & canal_abi::control::vm_flag::DOORBELL != 0;
         let net = VmNet {
             publish: req.publish.clone(),
         };
@@ -347,28 +369,133 @@ impl Vms {
                 ),
             )
         })?;
+        let sock = bell_dir.join(format!("ivshmem-{}.sock", req.name));
+        if doorbell && sock.as_os_str().len() >= 108 {
+            return Err((
+                libc::ENAMETOOLONG,
+                format!("{}: too long for a socket path", sock.display()),
+            ));
+        }
         let path = PathBuf::from(format!("{SHM_DIR}/canal-{}", req.name));
         let file = create_file(&path, req.file_size)
             .map_err(|e| (sys::errno_of(&e), format!("{}: {e}", path.display())))?;
-        let features = feature::ALL_V1 & !feature::PORT_EVENTFD;
+        let fail = |e: (i32, String)| {
+            let _ = std::fs::remove_file(&path);
+            Err(e)
+        };
+        let mut features = feature::ALL_V1 & !feature::PORT_EVENTFD;
+        if doorbell {
+            features |= feature::DOORBELL;
+        }
         let r = sys::Mapping::init_file_region(&file, cfg.layout, id, features);
         let (map, region) = match r {
             Ok(x) => x,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                return Err((sys::errno_of(&e), "cannot map the region file".into()));
-            }
+            Err(e) => return fail((sys::errno_of(&e), "cannot map the region file".into())),
         };
         let region_size = cfg.layout.region_size;
-        let g = Guest::with_region(id, key, pid, format!("vm:{}", req.name), cfg, map, region);
+        let vectors = cfg.layout.slot_count;
+        let mut g = Guest::with_region(id, key, pid, format!("vm:{}", req.name), cfg, map, region);
+        let mut bell = None;
+        let mut host_vector = None;
+        if doorbell {
+            let c = match crate::ivshmem_server::Server::create(&sock, vectors) {
+                Ok(c) => c,
+                Err(e) => return fail((sys::errno_of(&e), format!("{}: {e}", sock.display()))),
+            };
+            // Slot i sleeps on the guest's vector i: canald's §6 wake-up of slot i is
+            // an MSI-X interrupt in the VM.
+            for (i, p) in c.ports.into_iter().enumerate() {
+                if g.set_port(i as u32, p).is_err() {
+                    return fail((errno::EINVAL, "cannot set the VM's wake-up ports".into()));
+                }
+            }
+            g.doorbell = Some(Default::default());
+            if let Some(l) = c.server.listener_fd() {
+                if ep
+                    .add(l, sys::EP_IN, token::make(token::IVSHMEM, key, 0, 0))
+                    .is_err()
+                {
+                    return fail((errno::ENOMEM, "epoll".into()));
+                }
+            }
+            bell = Some((c.server, file));
+            host_vector = Some(c.host_vector);
+        }
         let mut reply = Vec::with_capacity(canal_abi::control::VM_REGION_OK_BODY + 64);
         reply.extend_from_slice(&id.to_le_bytes());
-        reply.extend_from_slice(&0u32.to_le_bytes());
+        reply.extend_from_slice(&(if doorbell { vectors } else { 0 }).to_le_bytes());
         reply.extend_from_slice(&region_size.to_le_bytes());
         reply.extend_from_slice(&req.file_size.to_le_bytes());
         reply.extend_from_slice(path.as_os_str().as_encoded_bytes());
-        self.entries.insert(key, VmEntry { path, pidfd: None });
-        Ok((g, reply))
+        if doorbell {
+            reply.push(0);
+            reply.extend_from_slice(sock.as_os_str().as_encoded_bytes());
+        }
+        self.entries.insert(
+            key,
+            VmEntry {
+                path,
+                pidfd: None,
+                bell,
+            },
+        );
+        Ok(Created {
+            guest: g,
+            reply,
+            host_vector,
+        })
+    }
+
+    /// Whether the doorbell VM of `key` has had its QEMU attached to the server.
+    pub fn doorbell_attached(&self, key: u32) -> bool {
+        self.entries
+            .get(&key)
+            .and_then(|e| e.bell.as_ref())
+            .is_some_and(|(srv, _)| srv.served)
+    }
+
+    /// An event on a doorbell VM's ivshmem server (token IVSHMEM): index 0 the
+    /// listener (QEMU connecting), 1 the client. Returns a line for the log.
+    pub fn ivshmem_event(&mut self, ep: &Epoll, key: u32, index: u16) -> Option<String> {
+        let e = self.entries.get_mut(&key)?;
+        let (srv, shm) = e.bell.as_mut()?;
+        if index == 0 {
+            let listener = srv.listener_fd();
+            match srv.accept(std::os::fd::AsFd::as_fd(shm), sys::getuid()) {
+                Ok(Some(c)) => {
+                    if let Some(l) = listener {
+                        ep.delete(l);
+                    }
+                    let _ = ep.add(c, sys::EP_IN, token::make(token::IVSHMEM, key, 0, 1));
+                    Some(format!(
+                        "VM of connection {key}: QEMU attached to the ivshmem server ({} vectors)",
+                        srv.vectors()
+                    ))
+                }
+                Ok(None) => None,
+                Err(err) => {
+                    // The setup did not go through: QEMU fails to start; the server stays
+                    // one-shot (the listener is kept for nobody else: close it too).
+                    if let Some(l) = listener {
+                        ep.delete(l);
+                    }
+                    let path = srv.path.clone();
+                    e.bell = None;
+                    Some(format!("ivshmem server {}: {err}", path.display()))
+                }
+            }
+        } else {
+            let c = srv.client_fd();
+            if srv.client_event() {
+                if let Some(c) = c {
+                    ep.delete(c);
+                }
+                return Some(format!(
+                    "VM of connection {key}: the ivshmem client disconnected or sent data"
+                ));
+            }
+            None
+        }
     }
 
     /// VM_PID: ties the guest of connection `key` to a process; its exit ends the
@@ -408,6 +535,11 @@ impl Vms {
         if let Some(e) = self.entries.remove(&key) {
             if let Some(fd) = &e.pidfd {
                 ep.delete(fd.as_raw_fd());
+            }
+            if let Some((srv, _)) = &e.bell {
+                for fd in [srv.listener_fd(), srv.client_fd()].into_iter().flatten() {
+                    ep.delete(fd);
+                }
             }
             let _ = std::fs::remove_file(&e.path);
         }
@@ -451,6 +583,9 @@ pub struct VmRegionHandle {
     pub region_size: u64,
     pub file_size: u64,
     pub path: PathBuf,
+    /// A doorbell VM: the ivshmem server socket for QEMU's `ivshmem-doorbell` device
+    /// and its vector count.
+    pub doorbell: Option<(PathBuf, u32)>,
 }
 
 fn roundtrip(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32], want: u16) -> io::Result<Vec<u8>> {
@@ -483,16 +618,23 @@ fn roundtrip(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32], want: u16) -> io::R
     Ok(rb.to_vec())
 }
 
-/// Asks the canald at `socket` for a VM region (VM_REGION).
+/// Asks the canald at `socket` for a VM region (VM_REGION), served with ivshmem
+/// doorbells if `doorbell` (an older canald refuses the flag with EINVAL).
 pub fn request_region(
     socket: &std::path::Path,
     name: &str,
     file_size: u64,
     publish: &[(u16, u16)],
+    doorbell: bool,
 ) -> io::Result<VmRegionHandle> {
     use canal_abi::control::{kind, VM_REGION_OK_BODY};
     let body = VmRegion {
         file_size,
+        flags: if doorbell {
+            canal_abi::control::vm_flag::DOORBELL
+        } else {
+            0
+        },
         name: name.into(),
         publish: publish.to_vec(),
     }
@@ -507,8 +649,27 @@ pub fn request_region(
         ));
     }
     let u64_at = |o: usize| u64::from_le_bytes(rb[o..o + 8].try_into().expect("8 bytes"));
-    let path = PathBuf::from(String::from_utf8_lossy(&rb[VM_REGION_OK_BODY..]).into_owned());
+    let vectors = u32::from_le_bytes([rb[4], rb[5], rb[6], rb[7]]);
+    let tail = &rb[VM_REGION_OK_BODY..];
+    let (file, sock) = match tail.iter().position(|&c| c == 0) {
+        Some(i) => (&tail[..i], Some(&tail[i + 1..])),
+        None => (tail, None),
+    };
+    let path = PathBuf::from(String::from_utf8_lossy(file).into_owned());
+    let doorbell = match (vectors, sock) {
+        (0, _) => None,
+        (v, Some(s)) if !s.is_empty() => {
+            Some((PathBuf::from(String::from_utf8_lossy(s).into_owned()), v))
+        }
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "VM_REGION_OK with vectors but no socket",
+            ))
+        }
+    };
     Ok(VmRegionHandle {
+        doorbell,
         guest_id: u32::from_le_bytes([rb[0], rb[1], rb[2], rb[3]]),
         region_size: u64_at(8),
         file_size: u64_at(16),
@@ -633,11 +794,71 @@ mod tests {
     }
 
     #[test]
+    fn doorbell_region_and_its_ivshmem_server() {
+        use canal_abi::control::vm_flag;
+        let base = crate::Config::new("/x".into()).guest_config().unwrap();
+        let dir = std::env::temp_dir().join(format!("canald-vmbell-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let name = format!("unit-bell-{}", std::process::id());
+        let body = VmRegion {
+            file_size: 4 << 20,
+            flags: vm_flag::DOORBELL,
+            name: name.clone(),
+            publish: vec![],
+        }
+        .encode()
+        .unwrap();
+        let ep = Epoll::new().unwrap();
+        let mut vms = Vms::default();
+        let c = vms.create(&ep, 3, 9, 0, &base, &body, &dir).unwrap();
+        let h = c.guest.region().header();
+        assert_ne!(h.features & feature::DOORBELL, 0);
+        assert_eq!(h.features & feature::PORT_EVENTFD, 0);
+        assert_eq!(h.doorbell_peer, crate::ivshmem_server::HOST_PEER as u32);
+        assert_eq!(h.doorbell_vectors, c.guest.region().layout().slot_count);
+        assert!(c.guest.doorbell.is_some() && c.host_vector.is_some());
+        // VM_REGION_OK: vectors at 4, the file path, NUL, the socket path.
+        let r = &c.reply;
+        assert_eq!(u32::from_le_bytes(r[4..8].try_into().unwrap()), VM_SLOTS);
+        let tail = &r[canal_abi::control::VM_REGION_OK_BODY..];
+        let nul = tail.iter().position(|&b| b == 0).unwrap();
+        assert_eq!(tail[..nul], *format!("/dev/shm/canal-{name}").as_bytes());
+        let sock = PathBuf::from(std::str::from_utf8(&tail[nul + 1..]).unwrap());
+        assert_eq!(sock, dir.join(format!("ivshmem-{name}.sock")));
+        let client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        assert!(!vms.doorbell_attached(3));
+        let line = vms.ivshmem_event(&ep, 3, 0).unwrap();
+        assert!(line.contains("QEMU attached"), "{line}");
+        assert!(vms.doorbell_attached(3));
+        assert!(!sock.exists(), "one VM per server");
+        drop(client);
+        assert!(vms.ivshmem_event(&ep, 3, 1).is_some(), "EOF of the client");
+        assert!(vms.ivshmem_event(&ep, 4, 0).is_none(), "unknown VM");
+        vms.forget(&ep, 3);
+        assert!(!std::path::Path::new(&format!("/dev/shm/canal-{name}")).exists());
+        // Without the flag: no server, vectors 0, no second path.
+        let plain = VmRegion {
+            flags: 0,
+            ..VmRegion::decode(&body).unwrap()
+        }
+        .encode()
+        .unwrap();
+        let c = vms.create(&ep, 5, 10, 0, &base, &plain, &dir).unwrap();
+        assert_eq!(c.reply[4..8], [0; 4]);
+        assert!(!c.reply[canal_abi::control::VM_REGION_OK_BODY..].contains(&0));
+        assert!(c.guest.doorbell.is_none() && c.host_vector.is_none());
+        vms.forget(&ep, 5);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn vm_region_body_layout() {
         use super::VmRegion;
         use canal_abi::control::*;
         let r = VmRegion {
             file_size: 64 << 20,
+            flags: 0,
             name: "web-1".into(),
             publish: vec![(8080, 80), (2222, 22)],
         };
@@ -645,14 +866,21 @@ mod tests {
         assert_eq!(b.len(), VM_REGION_BODY + 8);
         assert_eq!(&b[0..8], &(64u64 << 20).to_le_bytes(), "file_size at 0");
         assert_eq!(&b[8..12], &2u32.to_le_bytes(), "npublish at 8");
-        assert_eq!(&b[12..16], &[0; 4], "reserved at 12");
+        assert_eq!(&b[12..16], &[0; 4], "flags at 12");
         assert_eq!(&b[16..21], b"web-1", "name at 16, NUL padded to 48");
         assert!(b[21..48].iter().all(|&c| c == 0));
         assert_eq!(&b[48..52], &[0x90, 0x1f, 80, 0], "host port, guest port");
         assert_eq!(VmRegion::decode(&b), Some(r));
+        let mut bell = b.clone();
+        bell[12] = 1;
+        assert_eq!(
+            VmRegion::decode(&bell).map(|r| r.flags),
+            Some(vm_flag::DOORBELL),
+            "flags bit 0: doorbell"
+        );
         let mut bad = b.clone();
-        bad[12] = 1;
-        assert_eq!(VmRegion::decode(&bad), None, "reserved must be zero");
+        bad[12] = 2;
+        assert_eq!(VmRegion::decode(&bad), None, "unknown flags are refused");
         let mut bad = b.clone();
         bad[16] = b'/';
         assert_eq!(VmRegion::decode(&bad), None, "no path separators in names");

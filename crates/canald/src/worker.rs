@@ -36,6 +36,9 @@ pub const SPIN_MAX: Duration = Duration::from_micros(200);
 /// A spinning poller yields the core every this many empty rounds (2-core machines:
 /// guests and pollers may outnumber cores).
 const YIELD_EVERY: u32 = 64;
+/// Longest sleep while a doorbell VM exists (ms): notices a process of that VM that
+/// attached without doorbell access (the region's `backoff_kickers`; protocol §9.5).
+const DOORBELL_TICK_MS: i32 = 100;
 /// How often the coalescing split is recomputed.
 const SPLIT_EVERY: Duration = Duration::from_millis(50);
 /// A guest counts as active (n in the split) this long after it last did work.
@@ -203,8 +206,23 @@ impl Poller {
         let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
         let (timeout, has_vm) = if sleeping {
             let sh = w.lock();
-            let has_vm = sh.guests.values().any(|g| g.is_vm() && g.gone.is_none());
-            (prepare_sleep(&sh, &w.shortcut, extra_deadline), has_vm)
+            let has_vm = sh.guests.values().any(|g| g.needs_bounded_sleep());
+            let mut t = prepare_sleep(&sh, &w.shortcut, extra_deadline);
+            // A doorbell VM kicks us through its eventfd; the tick only notices a guest
+            // process that attached without access to the doorbell (§9.5).
+            if t != 0
+                && sh
+                    .guests
+                    .values()
+                    .any(|g| g.doorbell.is_some() && g.gone.is_none())
+            {
+                t = if t < 0 {
+                    DOORBELL_TICK_MS
+                } else {
+                    t.min(DOORBELL_TICK_MS)
+                };
+            }
+            (t, has_vm)
         } else {
             (0, false)
         };
@@ -233,9 +251,17 @@ impl Poller {
             let (tok, bits) = (ev.u64, ev.events);
             match token::ty(tok) {
                 token::DOORBELL => {
-                    if let Some(d) = sh.doorbells.get(&token::conn(tok)) {
+                    let shard = &mut *sh;
+                    let key = token::conn(tok);
+                    if let Some(d) = shard.doorbells.get(&key) {
                         let k = sys::eventfd_read(d).unwrap_or(0);
                         WorkerStats::add(&w.stats.kicks, k);
+                        // A doorbell VM's kicks arrive here too (its ivshmem vector).
+                        if let Some(b) =
+                            shard.guests.get_mut(&key).and_then(|g| g.doorbell.as_mut())
+                        {
+                            b.kicks += k;
+                        }
                     }
                 }
                 token::SOCKET => {

@@ -548,13 +548,25 @@ fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
         .clamp(0, 1_000_000);
     YIELD_NS.store(poll_us * 1000, Ordering::Relaxed);
     PID.store(sys::getpid(), Ordering::Relaxed);
+    // ivshmem doorbells (protocol §9.5): kicks through the device's Doorbell register,
+    // wake-ups as MSI-X interrupts on per-slot eventfds (in the one process family that
+    // owns the VFIO device; the others back off).
+    let mut bell = None;
+    let mut why = (0, "");
+    if region.header().features & feature::DOORBELL != 0 {
+        let group = env(c"CANAL_IVSHMEM_VFIO_GROUP").filter(|g| !g.is_empty());
+        bell = Some(crate::ivshmem::setup_doorbell(
+            &region, dev, group, &mut why,
+        ));
+    }
     let g = Guest {
         region,
         ctl: -1,
         doorbell: -1,
         ctl_lock,
-        // Even if the header offered it: there is no control socket to register on.
-        ports: false,
+        // Slots sleep on eventfds only with doorbell interrupts (no PORT: the eventfds
+        // are the MSI-X vectors canald already knows).
+        ports: bell.is_some_and(|b| b.irqs > 0),
         spin,
         fixed_spin,
         notify,
@@ -572,6 +584,33 @@ fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
         g.region.layout().socket_count,
         spin
     );
+    match bell {
+        None => debug!(g, "canal: no ivshmem doorbell: waits back off\n"),
+        Some(b) => {
+            debug!(
+                g,
+                "canal: ivshmem doorbell: kicks {}, wake-ups {}\n",
+                if b.ring {
+                    "ring the doorbell"
+                } else {
+                    "cannot ring (canald polls)"
+                },
+                if b.irqs > 0 {
+                    "by interrupt"
+                } else {
+                    "by backoff"
+                }
+            );
+            if why.0 != 0 {
+                debug!(
+                    g,
+                    "canal: ivshmem doorbell: {} ({})\n",
+                    why.1,
+                    errno_name(why.0)
+                );
+            }
+        }
+    }
     Ok(g)
 }
 
@@ -754,6 +793,9 @@ fn release_slot(g: &Guest, idx: u32, efd: c_int) {
         if let Some(a) = SLOT_EFD.get(idx as usize) {
             a.store(-1, Ordering::Relaxed);
         }
+        if crate::ivshmem::is_irq_efd(efd) {
+            return; // an interrupt vector's eventfd: the next holder of the slot uses it
+        }
         TABLE.take(efd);
         let _ = sys::close(efd);
     }
@@ -892,6 +934,16 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
     if !g.ports {
         return Ok((idx, -1));
     }
+    if g.ctl < 0 {
+        // ivshmem with doorbell interrupts: slot idx's port is MSI-X vector idx's
+        // eventfd, shared by this process family and never closed (-1 beyond the
+        // routed vectors: that slot backs off).
+        let efd = crate::ivshmem::irq_efd(idx);
+        if let Some(a) = SLOT_EFD.get(idx as usize) {
+            a.store(efd, Ordering::Relaxed);
+        }
+        return Ok((idx, efd));
+    }
     let efd = match sys::eventfd() {
         Ok(f) => f,
         Err(e) => {
@@ -950,9 +1002,14 @@ pub fn kick(g: &Guest) {
     if h.host_sleeping.load(Ordering::Relaxed) != 0
         && h.host_sleeping.swap(0, Ordering::AcqRel) == 1
     {
-        // Over ivshmem there is no doorbell: canald's sleep is bounded (vm.rs).
-        if g.doorbell >= 0 && sys::eventfd_signal(g.doorbell).is_err() {
-            mark_dead();
+        if g.doorbell >= 0 {
+            if sys::eventfd_signal(g.doorbell).is_err() {
+                mark_dead();
+            }
+        } else {
+            // Over ivshmem: the device's Doorbell register if the region has one and
+            // this process mapped it (§9.5); else canald's sleep is bounded (§9.4).
+            crate::ivshmem::ring();
         }
         h.kicks.fetch_add(1, Ordering::Relaxed);
     }
@@ -1062,17 +1119,21 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
             mark_dead();
             return Err(libc::EIO);
         }
-        if s.efd < 0 {
-            // No wake-up port (ivshmem): yield for a while, then back off (§6).
+        if s.efd < 0 || g.ctl < 0 {
+            // In a VM (ivshmem): yield for a while first (a sleeping thread wakes late,
+            // by timer or by interrupt); then back off without a wake-up port (§9.4),
+            // or sleep on the slot's interrupt eventfd (§9.5).
             let now = sys::now_ns();
             let start = *yield_start.get_or_insert(now);
             if now - start < YIELD_NS.load(Ordering::Relaxed) {
                 sys::sched_yield();
-            } else {
+                continue;
+            }
+            if s.efd < 0 {
                 sys::sleep_ns(backoff);
                 backoff = (backoff * 2).min(1_000_000);
+                continue;
             }
-            continue;
         }
         slot.sleep.store(sleep_kind::COMPLETION, Ordering::Relaxed);
         // W1: SeqCst fence between publishing `sleep` and re-checking the state; pairs
@@ -1403,6 +1464,25 @@ pub fn sleep_events(
         }
         return Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize));
     }
+    if g.ctl < 0 {
+        // A VM guest with interrupt wake-ups (§9.5): the same polling phase as above
+        // before the first sleep of a wait (an interrupt under emulation arrives
+        // ~150 µs late), then sleep on the slot's interrupt eventfd.
+        if cond() {
+            return Ok(0);
+        }
+        let now = sys::now_ns();
+        let polling = BACKOFF.with(|b| {
+            let (start, step) = b.get();
+            let start = if start == 0 { now } else { start };
+            b.set((start, step));
+            now - start < YIELD_NS.load(Ordering::Relaxed)
+        });
+        if polling {
+            sys::sched_yield();
+            return Ok(0);
+        }
+    }
     // §8: count ourselves as a sleeper of every short-circuited connection we wait
     // on, so its peer raises attention (and canald wakes us) after changing it.
     let mut seg_sleepers = SegSleepers::new();
@@ -1598,14 +1678,17 @@ extern "C" fn fork_child() {
     let _ = SLOT.try_with(|s| {
         let efd = s.efd.replace(-1);
         s.idx.set(NO_SLOT);
-        if efd >= 0 {
+        if efd >= 0 && !crate::ivshmem::is_irq_efd(efd) {
             TABLE.take(efd);
             let _ = sys::close(efd);
         }
     });
     for a in SLOT_EFD.iter() {
         let efd = a.swap(-1, Ordering::Relaxed);
-        if efd >= 0 && TABLE.get(efd) == Some(crate::fdtable::Entry::Internal) {
+        if efd >= 0
+            && !crate::ivshmem::is_irq_efd(efd)
+            && TABLE.get(efd) == Some(crate::fdtable::Entry::Internal)
+        {
             // Other threads' eventfds: those threads do not exist in the child.
             TABLE.take(efd);
             let _ = sys::close(efd);
