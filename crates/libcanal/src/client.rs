@@ -1159,10 +1159,16 @@ pub fn wait_until(
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
                 sys::sched_yield();
                 spins = 0; // poll mode: the budget never runs out
-            } else if seg_wait && spins > budget / 8 && spins.is_multiple_of(YIELD_EVERY) {
+            } else if seg_wait
+                && spins > budget / 8
+                && spins.is_multiple_of(YIELD_EVERY)
+                && peer_yield::worth_trying()
+            {
                 // Not a quick answer: the peer is another process that may share our
                 // core (or wait for one), let it run.
+                let t = sys::now_ns();
                 sys::sched_yield();
+                peer_yield::note(sys::now_ns() - t);
             }
             continue;
         }
@@ -1298,6 +1304,49 @@ fn all_handlers_restart() -> bool {
 /// (a few µs: a request-response peer answers well within it), yield the CPU every
 /// this many spins.
 const YIELD_EVERY: u32 = 64;
+
+/// Whether the short-circuit wait's sched_yield gives the core to anyone. A yield
+/// that comes back within FUTILE_NS ran nobody (the peer is on another core, or not
+/// runnable): after FUTILE_MAX such yields in a row the thread stops yielding, except
+/// at one chance in PROBE_EVERY (the peer may have moved to our core), so a peer on
+/// another core no longer costs a system call per round trip (B7). A yield that ran
+/// someone (or while the count is low) keeps the old behaviour.
+mod peer_yield {
+    use core::cell::Cell;
+    const FUTILE_NS: i64 = 3_000;
+    const FUTILE_MAX: u32 = 4;
+    const PROBE_EVERY: u32 = 64;
+    thread_local! {
+        /// (futile yields in a row, yields skipped since the last probe)
+        static STATE: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
+    }
+    pub fn worth_trying() -> bool {
+        STATE
+            .try_with(|s| {
+                let (futile, skipped) = s.get();
+                if futile < FUTILE_MAX {
+                    return true;
+                }
+                if skipped + 1 >= PROBE_EVERY {
+                    s.set((futile, 0));
+                    return true;
+                }
+                s.set((futile, skipped + 1));
+                false
+            })
+            .unwrap_or(true)
+    }
+    pub fn note(took_ns: i64) {
+        let _ = STATE.try_with(|s| {
+            let (futile, skipped) = s.get();
+            s.set(if took_ns < FUTILE_NS {
+                (futile.saturating_add(1), skipped)
+            } else {
+                (0, 0)
+            });
+        });
+    }
+}
 
 /// The pair segment and side of socket `index`, if it is short-circuited and mapped.
 fn seg_of(g: &Guest, index: u32) -> Option<(crate::seg::Seg, u32)> {
