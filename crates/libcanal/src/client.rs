@@ -1689,6 +1689,24 @@ mod tests {
     }
 
     #[test]
+    fn futile_yields_stop_and_probe() {
+        // A fresh thread: its own thread-local state.
+        std::thread::spawn(|| {
+            for _ in 0..4 {
+                assert!(peer_yield::worth_trying());
+                peer_yield::note(500); // came back at once: nobody ran
+            }
+            let tries: Vec<bool> = (0..128).map(|_| peer_yield::worth_trying()).collect();
+            assert_eq!(tries.iter().filter(|&&t| t).count(), 2, "one probe per 64");
+            assert!(tries[63] && tries[127]);
+            peer_yield::note(50_000); // this one ran the peer: yield again
+            assert!(peer_yield::worth_trying());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn spin_lock_excludes() {
         static W: AtomicU32 = AtomicU32::new(0);
         static mut COUNT: u64 = 0;
