@@ -1486,6 +1486,16 @@ pub fn sleep_events(
     r.map(|c| c.saturating_sub(own_events))
 }
 
+/// Set once this process mapped a pair segment (`seg::get` succeeded): until then no
+/// socket can have a sleeper word for `SegSleepers` to count.
+static SEGMENT_MAPPED: AtomicBool = AtomicBool::new(false);
+
+pub fn note_segment_mapped() {
+    if !SEGMENT_MAPPED.load(Ordering::Relaxed) {
+        SEGMENT_MAPPED.store(true, Ordering::Release);
+    }
+}
+
 /// The sleeper counters (protocol §8.4) a sleeping thread incremented, so it
 /// decrements exactly those.
 struct SegSleepers {
@@ -1525,6 +1535,12 @@ impl SegSleepers {
     /// Before the sleeper's fence: one socket, or (WAIT_ANY) every mapped one.
     fn enter(&mut self, g: &Guest, index: u32) {
         if g.region.header().features & feature::SHORTCUT == 0 {
+            return;
+        }
+        // A process that never mapped a pair segment has no sleeper word to count
+        // (`add` skips unmapped ones): spare the WAIT_ANY walk over the whole socket
+        // table (one cache line per entry: ~10 % of an epoll event loop's time).
+        if index == WAIT_ANY && !SEGMENT_MAPPED.load(Ordering::Acquire) {
             return;
         }
         self.active = true;
