@@ -391,6 +391,41 @@ fn tx_drain_is_an_event_only_after_a_full_ring() {
 }
 
 #[test]
+fn fin_before_connect_completes_still_reads_eof() {
+    // The peer sends and closes before canald has seen the connect complete: the data
+    // and then the EOF must both arrive (the HUP an unconnected socket reports is
+    // not taken for a FIN, and a real FIN already pending is not lost).
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "earlyfin");
+    for round in 0..5u8 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = g.socket(AF_INET, STREAM);
+        let r = g.connect(h, &localhost(port));
+        assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
+        let (mut peer, _) = l.accept().unwrap();
+        peer.write_all(&[round; 3]).unwrap();
+        drop(peer);
+        let f = g.wait_flags(h, sock_flag::RX_EOF | sock_flag::ERROR);
+        assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
+        assert_eq!(g.recv_exact(h, 3), [round; 3]);
+        // A second exchange on a connection that stays open: one reply, read once.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h2 = g.socket(AF_INET, STREAM);
+        let r = g.connect(h2, &localhost(port));
+        assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
+        let (mut peer, _) = l.accept().unwrap();
+        g.wait_flags(h2, sock_flag::CONNECTED);
+        peer.write_all(b"reply").unwrap();
+        assert_eq!(g.recv_exact(h2, 5), b"reply");
+        drop(peer);
+        let f = g.wait_flags(h2, sock_flag::RX_EOF | sock_flag::ERROR);
+        assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
+    }
+}
+
+#[test]
 fn stat_lists_guest_and_sockets() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach(&d.path, "statguest");
