@@ -1523,10 +1523,8 @@ impl Guest {
                     return Ok(());
                 }
                 Ok(n) => {
-                    // Fewer bytes than offered (whether the offer was bounded by the
-                    // ring's room or by the deficit): the queue is empty. A read that
-                    // filled the offer says nothing and reads again.
-                    let drained = (n as u64) < free && !s.rdhup;
+                    // A read cut short by our own limit says nothing about the queue.
+                    let drained = (n as u64) < free && free < limit && !s.rdhup;
                     if drained {
                         // epoll(7): a short read on a stream means the queue is empty;
                         // a new edge comes with new data (or the FIN, with RDHUP).
