@@ -1370,12 +1370,25 @@ impl Guest {
 
     fn publish_tx_tail(&mut self, index: u32, n: u64) {
         let s = self.sockets[index as usize].as_mut().expect("live socket");
+        let old = s.tx.idx;
+        let size = s.tx.size;
         s.tx.idx = s.tx.idx.wrapping_add(n);
         s.tx_bytes = s.tx_bytes.wrapping_add(n);
         let t = s.tx.idx;
         // R4: our reads of the bytes are done before the guest may reuse the space.
         self.entry(index).tx_tail.store(t, Ordering::Release);
-        self.mark_changed(index);
+        // A drain changes a stream's readiness only if the guest may have found the
+        // ring full (POLLOUT is "tx_free > 0"; a blocked send waits for exactly that):
+        // the kernel's write-space wake-up likewise needs SOCK_NOSPACE. Otherwise it is
+        // no event, so a thread sleeping for the reply is not woken by its own request
+        // leaving (protocol §6). Same fence pairing as the sleep words: we store the
+        // tail, fence, read the head; a guest that stores its head, fences and re-reads
+        // the tail either sees our tail or we see its head at `old + size`.
+        fence(Ordering::SeqCst);
+        let head = self.entry(index).tx_head.load(Ordering::Relaxed);
+        if head.wrapping_sub(old) >= size {
+            self.mark_changed(index);
+        }
     }
 
     fn publish_rx_head(&mut self, index: u32, new_head: u64, payload: u64) {

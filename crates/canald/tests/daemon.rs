@@ -336,6 +336,96 @@ fn wakes_sleeping_guest_on_events() {
 }
 
 #[test]
+fn tx_drain_is_an_event_only_after_a_full_ring() {
+    // Protocol §6: draining a stream's tx ring is a readiness change (event_seq, and a
+    // wake-up of its sleepers) only if the guest may have found the ring full.
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "drain");
+    let (h, mut peer) = connected_pair(&mut g);
+    let seq = |g: &TestGuest| g.entry(h).event_seq.load(Ordering::SeqCst);
+    let drained = |g: &TestGuest| {
+        let e = g.entry(h);
+        e.tx_tail.load(Ordering::SeqCst) == e.tx_head.load(Ordering::SeqCst)
+    };
+    // Let the connect's own change settle.
+    g.wait_until("event_seq settled", || {
+        let a = seq(&g);
+        std::thread::sleep(Duration::from_millis(20));
+        seq(&g) == a
+    });
+    let before = seq(&g);
+    for i in 0..20u8 {
+        g.send_all(h, &[i; 64]);
+        let mut buf = [0u8; 64];
+        peer.read_exact(&mut buf).unwrap();
+        assert_eq!(buf, [i; 64]);
+        g.wait_until("tx drained", || drained(&g));
+    }
+    assert_eq!(
+        seq(&g),
+        before,
+        "a drain of a ring that never filled was an event"
+    );
+    // Fill the ring while the peer does not read, until canald cannot drain it.
+    let chunk = vec![7u8; 64 << 10];
+    let mut sent = 0usize;
+    g.wait_until("tx ring full", || {
+        sent += g.send_some(h, &chunk);
+        let e = g.entry(h);
+        let used = e.tx_head.load(Ordering::SeqCst) - e.tx_tail.load(Ordering::SeqCst);
+        used == e.tx_size.load(Ordering::SeqCst) as u64
+    });
+    let full = seq(&g);
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0usize;
+        while got < sent {
+            got += peer.read(&mut buf).unwrap();
+        }
+        peer
+    });
+    g.wait_until("an event for the drain of the full ring", || {
+        seq(&g) != full
+    });
+    let _peer = reader.join().unwrap();
+}
+
+#[test]
+fn fin_before_connect_completes_still_reads_eof() {
+    // The peer sends and closes before canald has seen the connect complete: the data
+    // and then the EOF must both arrive (the HUP an unconnected socket reports is
+    // not taken for a FIN, and a real FIN already pending is not lost).
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "earlyfin");
+    for round in 0..5u8 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = g.socket(AF_INET, STREAM);
+        let r = g.connect(h, &localhost(port));
+        assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
+        let (mut peer, _) = l.accept().unwrap();
+        peer.write_all(&[round; 3]).unwrap();
+        drop(peer);
+        let f = g.wait_flags(h, sock_flag::RX_EOF | sock_flag::ERROR);
+        assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
+        assert_eq!(g.recv_exact(h, 3), [round; 3]);
+        // A second exchange on a connection that stays open: one reply, read once.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h2 = g.socket(AF_INET, STREAM);
+        let r = g.connect(h2, &localhost(port));
+        assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
+        let (mut peer, _) = l.accept().unwrap();
+        g.wait_flags(h2, sock_flag::CONNECTED);
+        peer.write_all(b"reply").unwrap();
+        assert_eq!(g.recv_exact(h2, 5), b"reply");
+        drop(peer);
+        let f = g.wait_flags(h2, sock_flag::RX_EOF | sock_flag::ERROR);
+        assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
+    }
+}
+
+#[test]
 fn stat_lists_guest_and_sockets() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach(&d.path, "statguest");

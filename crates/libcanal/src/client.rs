@@ -1233,10 +1233,16 @@ pub fn wait_until(
                     Err(_) if deadline.is_none() && all_handlers_restart() => {}
                     Err(_) => return Wait::Interrupted,
                 }
-            } else if seg_wait && spins > budget / 8 && spins.is_multiple_of(YIELD_EVERY) {
+            } else if seg_wait
+                && spins > budget / 8
+                && spins.is_multiple_of(YIELD_EVERY)
+                && peer_yield::worth_trying()
+            {
                 // Not a quick answer: the peer is another process that may share our
                 // core (or wait for one), let it run.
+                let t = sys::now_ns();
                 sys::sched_yield();
+                peer_yield::note(sys::now_ns() - t);
             }
             continue;
         }
@@ -1372,6 +1378,49 @@ fn all_handlers_restart() -> bool {
 /// (a few µs: a request-response peer answers well within it), yield the CPU every
 /// this many spins.
 const YIELD_EVERY: u32 = 64;
+
+/// Whether the short-circuit wait's sched_yield gives the core to anyone. A yield
+/// that comes back within FUTILE_NS ran nobody (the peer is on another core, or not
+/// runnable): after FUTILE_MAX such yields in a row the thread stops yielding, except
+/// at one chance in PROBE_EVERY (the peer may have moved to our core), so a peer on
+/// another core no longer costs a system call per round trip (B7). A yield that ran
+/// someone (or while the count is low) keeps the old behaviour.
+mod peer_yield {
+    use core::cell::Cell;
+    const FUTILE_NS: i64 = 3_000;
+    const FUTILE_MAX: u32 = 4;
+    const PROBE_EVERY: u32 = 64;
+    thread_local! {
+        /// (futile yields in a row, yields skipped since the last probe)
+        static STATE: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
+    }
+    pub fn worth_trying() -> bool {
+        STATE
+            .try_with(|s| {
+                let (futile, skipped) = s.get();
+                if futile < FUTILE_MAX {
+                    return true;
+                }
+                if skipped + 1 >= PROBE_EVERY {
+                    s.set((futile, 0));
+                    return true;
+                }
+                s.set((futile, skipped + 1));
+                false
+            })
+            .unwrap_or(true)
+    }
+    pub fn note(took_ns: i64) {
+        let _ = STATE.try_with(|s| {
+            let (futile, skipped) = s.get();
+            s.set(if took_ns < FUTILE_NS {
+                (futile.saturating_add(1), skipped)
+            } else {
+                (0, 0)
+            });
+        });
+    }
+}
 
 /// The pair segment and side of socket `index`, if it is short-circuited and mapped.
 fn seg_of(g: &Guest, index: u32) -> Option<(crate::seg::Seg, u32)> {
@@ -1530,6 +1579,16 @@ pub fn sleep_events(
     r.map(|c| c.saturating_sub(own_events))
 }
 
+/// Set once this process mapped a pair segment (`seg::get` succeeded): until then no
+/// socket can have a sleeper word for `SegSleepers` to count.
+static SEGMENT_MAPPED: AtomicBool = AtomicBool::new(false);
+
+pub fn note_segment_mapped() {
+    if !SEGMENT_MAPPED.load(Ordering::Relaxed) {
+        SEGMENT_MAPPED.store(true, Ordering::Release);
+    }
+}
+
 /// The sleeper counters (protocol §8.4) a sleeping thread incremented, so it
 /// decrements exactly those.
 struct SegSleepers {
@@ -1569,6 +1628,12 @@ impl SegSleepers {
     /// Before the sleeper's fence: one socket, or (WAIT_ANY) every mapped one.
     fn enter(&mut self, g: &Guest, index: u32) {
         if g.region.header().features & feature::SHORTCUT == 0 {
+            return;
+        }
+        // A process that never mapped a pair segment has no sleeper word to count
+        // (`add` skips unmapped ones): spare the WAIT_ANY walk over the whole socket
+        // table (one cache line per entry: ~10 % of an epoll event loop's time).
+        if index == WAIT_ANY && !SEGMENT_MAPPED.load(Ordering::Acquire) {
             return;
         }
         self.active = true;
@@ -1733,6 +1798,24 @@ mod tests {
         );
         assert_eq!(path(None, None, 0).unwrap(), "/tmp/canal-0/canald.sock");
         assert!(path(Some(&"a".repeat(200)), None, 0).is_none());
+    }
+
+    #[test]
+    fn futile_yields_stop_and_probe() {
+        // A fresh thread: its own thread-local state.
+        std::thread::spawn(|| {
+            for _ in 0..4 {
+                assert!(peer_yield::worth_trying());
+                peer_yield::note(500); // came back at once: nobody ran
+            }
+            let tries: Vec<bool> = (0..128).map(|_| peer_yield::worth_trying()).collect();
+            assert_eq!(tries.iter().filter(|&&t| t).count(), 2, "one probe per 64");
+            assert!(tries[63] && tries[127]);
+            peer_yield::note(50_000); // this one ran the peer: yield again
+            assert!(peer_yield::worth_trying());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -522,11 +522,21 @@ pub fn wait(
     timeout_ns: Option<i64>,
     sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
-    let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
+    let t0 = sys::now_ns();
+    let deadline = timeout_ns.map(|t| t0.saturating_add(t));
+    // Hybrid mode bounds the spin phase by time with the thread's adaptive budget (a
+    // round scans every watched socket, so counted rounds calibrated on a bare spin
+    // would spin many times longer with a few dozen sockets); otherwise `g.spin` rounds.
+    // Poll-only mode never sleeps (it yields, and sees signals, at every yield point:
+    // pollwait.rs); sleep-only mode does not spin.
+    let spin_ns = crate::notify::adaptive_ns(g);
+    let mode = g.notify;
+    let mut signals = crate::pollwait::SignalWindow::new();
+    let mut spinning = mode != crate::notify::Mode::Sleep;
     let mut round = 0u32;
     let mut canal_first = true;
     loop {
-        let check_real = round.is_multiple_of(ORDINARY_EVERY) || round >= g.spin;
+        let check_real = round.is_multiple_of(ORDINARY_EVERY) || !spinning;
         // Alternate which side fills the buffer first, so neither starves the other.
         let n = if canal_first {
             let c = scan(g, epfd, out);
@@ -544,16 +554,32 @@ pub fn wait(
             r + scan(g, epfd, &mut out[r..])
         };
         canal_first = !canal_first;
-        if n > 0 || timeout_ns == Some(0) {
+        if timeout_ns == Some(0) {
             return Ok(n);
         }
         let now = sys::now_ns();
+        if n > 0 {
+            // The wait's gap feeds the thread's budget (as `client::wait_until`).
+            crate::notify::record(g, now - t0);
+            return Ok(n);
+        }
         if deadline.is_some_and(|d| now >= d) {
             return Ok(0);
         }
-        if round < g.spin {
-            round += 1;
+        if spinning && mode != crate::notify::Mode::Poll {
+            spinning = match spin_ns {
+                Some(ns) => ((now - t0) as u64) < ns,
+                None => round < g.spin,
+            };
+        }
+        if spinning {
+            round = round.wrapping_add(1);
             canal_abi::sync::spin_hint();
+            if mode == crate::notify::Mode::Poll
+                && round.is_multiple_of(crate::notify::POLL_YIELD_EVERY)
+            {
+                signals.yield_point(sigmask)?;
+            }
             continue;
         }
         // Sleep on [real epfd, nested epoll fds, slot eventfd, control socket].
@@ -578,7 +604,7 @@ pub fn wait(
         let r = client::sleep_events(&s, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
         drop(s);
         r?;
-        // Re-check everything (round stays past the spin budget: real checks each time).
+        // Re-check everything (past the spin phase: real checks each time).
     }
 }
 

@@ -112,6 +112,21 @@ pub fn spin_iters(g: &Guest) -> u32 {
     }
 }
 
+/// The calling thread's adaptive budget in nanoseconds, for waits that bound their
+/// spinning by time rather than by counted iterations (an epoll wait's round scans
+/// every watched socket, so its cost per round depends on the interest list); None
+/// when the budget is not adaptive (poll, sleep, or a fixed `CANAL_SPIN`).
+pub fn adaptive_ns(g: &Guest) -> Option<u64> {
+    if !adaptive(g) {
+        return None;
+    }
+    Some(
+        BUDGET
+            .try_with(|b| b.try_borrow().map(|b| b.ns).unwrap_or(INITIAL_NS))
+            .unwrap_or(INITIAL_NS),
+    )
+}
+
 /// Records one wait's gap (ns) for the calling thread's budget.
 pub fn record(g: &Guest, gap_ns: i64) {
     if !adaptive(g) {

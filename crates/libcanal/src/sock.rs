@@ -112,6 +112,7 @@ impl Sock {
             });
         }
         let seg = crate::seg::get(self.g, id)?;
+        client::note_segment_mapped();
         let side = self.e.segment_side.load(Ordering::Relaxed).min(1);
         let (tx, rx) = (seg.dir(side), seg.dir(1 - side));
         Ok(Rings {
