@@ -47,6 +47,11 @@ pub mod kind {
     /// of it in SCM_RIGHTS. Reply: VM_PID_OK (empty) or ERROR.
     pub const VM_PID: u16 = 13;
     pub const VM_PID_OK: u16 = 14;
+    /// guest → host, only with `feature::VRSS`: empty body. Reply: DOORBELLS_OK with
+    /// body `count: u32` and SCM_RIGHTS [one doorbell eventfd per worker, in worker
+    /// order], or ERROR. Sent after HELLO_OK and again by an exec'd image (rejoin).
+    pub const DOORBELLS: u16 = 15;
+    pub const DOORBELLS_OK: u16 = 16;
 }
 
 /// VM_REGION body: `file_size u64, npublish u32, reserved u32, name [u8; 32]` (NUL
@@ -72,6 +77,8 @@ pub mod hello_flag {
     /// The guest can use pair segments (protocol §8); canald may then set
     /// `feature::SHORTCUT` and short-circuit its connections to other canal guests.
     pub const SHORTCUT: u32 = 1 << 0;
+    /// The guest understands virtual RSS (`feature::VRSS`, protocol §6.3).
+    pub const VRSS: u32 = 1 << 1;
 }
 
 /// SEGMENT_OK body bytes.

@@ -27,7 +27,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 2;
 
 /// Feature bits in the header. A guest must not use a feature the host did not set.
 pub mod feature {
@@ -46,8 +46,13 @@ pub mod feature {
     /// by a pair segment (`SocketEntry::segment` ≠ 0). Set only for guests that
     /// announced `hello_flag::SHORTCUT`.
     pub const SHORTCUT: u64 = 1 << 4;
+    /// Virtual RSS (protocol §6.3, minor 2): the guest's sockets may be owned by
+    /// different canald workers (`SocketEntry::owner`); attention kicks go to the
+    /// owner's `worker_sleeping` word and doorbell (DOORBELLS). Set only for guests
+    /// that announced `hello_flag::VRSS`, when canald runs more than one worker.
+    pub const VRSS: u64 = 1 << 5;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

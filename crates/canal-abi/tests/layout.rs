@@ -31,6 +31,8 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, queue_tail), 192);
     assert_eq!(offset_of!(RegionHeader, event_waiters), 256);
     assert_eq!(offset_of!(RegionHeader, kicks), 260);
+    assert_eq!(offset_of!(RegionHeader, worker_sleeping), 320);
+    assert_eq!(MAX_WORKERS, 16);
     assert_eq!(size_of::<RegionHeader>(), HEADER_USED);
 }
 
@@ -72,6 +74,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, tx_tail), 72);
     assert_eq!(offset_of!(SocketEntry, rx_head), 80);
     assert_eq!(offset_of!(SocketEntry, event_seq), 88);
+    assert_eq!(offset_of!(SocketEntry, owner), 92);
+    assert_eq!(offset_of!(SocketEntry, reserved2), 96);
     assert_eq!(offset_of!(SocketEntry, tx_head), 128);
     assert_eq!(offset_of!(SocketEntry, rx_tail), 136);
     assert_eq!(offset_of!(SocketEntry, refs), 144);
@@ -122,7 +126,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0100 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0200 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -179,8 +183,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 5,
-        HeaderError::UnknownFeatures(1 << 5),
+        &|h| h.features |= 1 << 8,
+        HeaderError::UnknownFeatures(1 << 8),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -294,12 +298,23 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111);
+    assert_eq!(feature::KNOWN, 0b11_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
         "optional, not part of v1's set"
     );
+}
+
+#[test]
+fn vrss_wire_values() {
+    // protocol.md §2 (kinds 15-16, hello flag 1), §3 (features bit 5), §6.3.
+    assert_eq!(feature::VRSS, 1 << 5);
+    assert_eq!(control::kind::DOORBELLS, 15);
+    assert_eq!(control::kind::DOORBELLS_OK, 16);
+    assert_eq!(control::hello_flag::VRSS, 2);
+    assert_eq!(canal_abi::VERSION_MINOR, 2);
+    assert_eq!(feature::ALL_V1 & feature::VRSS, 0, "optional");
 }
 
 #[test]
