@@ -3,6 +3,7 @@ fixtures and by tests directly)."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import signal
@@ -245,8 +246,13 @@ class Canald:
         self.proc = None
         self.pid = None
 
-    def start(self, timeout=15):
-        self.proc = self.procs.spawn([self.canal_bin, "daemon", "--socket", self.socket], name="canald")
+    def start(self, timeout=15, args=None):
+        """Starts canald; `args` (a list) or else the environment's CANAL_TEST_DAEMON_ARGS
+        (shell words, e.g. "--workers 2") are extra daemon flags."""
+        if args is None:
+            args = shlex.split(os.environ.get("CANAL_TEST_DAEMON_ARGS", ""))
+        argv = [self.canal_bin, "daemon", "--socket", self.socket] + [str(a) for a in args]
+        self.proc = self.procs.spawn(argv, name="canald")
         deadline = time.monotonic() + timeout
         last = None
         while True:

@@ -15,6 +15,8 @@ pub struct SockStat {
     pub peer: String,
     pub tx_bytes: u64,
     pub rx_bytes: u64,
+    /// The worker that owns this socket (virtual RSS; else the guest's worker).
+    pub worker: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +51,8 @@ pub struct WorkerStat {
     pub c_p_ns: u64,
     pub c_v_ns: u64,
     pub active: u64,
+    /// Sockets this worker owns.
+    pub sockets: u64,
 }
 
 impl WorkerStat {
@@ -71,6 +75,7 @@ impl WorkerStat {
             c_p_ns: W::get(&st.c_p_ns),
             c_v_ns: W::get(&st.c_v_ns),
             active: W::get(&st.active),
+            sockets: W::get(&st.sockets),
         }
     }
 }
@@ -168,6 +173,7 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
             peer: fmt_addr(s.peer()),
             tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
             rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
+            worker: 0,
         })
         .collect();
     sockets.sort_by_key(|s| s.handle & 0xffff);
@@ -233,7 +239,7 @@ pub fn render_json(s: &Snapshot) -> String {
             o,
             ",\"guests\":{},\"rounds\":{},\"sleeps\":{},\"wakes\":{},\"kicks\":{},\
              \"holds\":{},\"spin_ns\":{},\"t_worst_ns\":{},\"t_p_ns\":{},\"t_v_ns\":{},\
-             \"c_p_ns\":{},\"c_v_ns\":{},\"active\":{}}}",
+             \"c_p_ns\":{},\"c_v_ns\":{},\"active\":{},\"sockets\":{}}}",
             w.guests,
             w.rounds,
             w.sleeps,
@@ -246,7 +252,8 @@ pub fn render_json(s: &Snapshot) -> String {
             w.t_v_ns,
             w.c_p_ns,
             w.c_v_ns,
-            w.active
+            w.active,
+            w.sockets
         );
     }
     o.push_str("]},\"guests\":[");
@@ -275,8 +282,8 @@ pub fn render_json(s: &Snapshot) -> String {
             json_str(&mut o, &k.peer);
             let _ = write!(
                 o,
-                ",\"tx_bytes\":{},\"rx_bytes\":{}}}",
-                k.tx_bytes, k.rx_bytes
+                ",\"tx_bytes\":{},\"rx_bytes\":{},\"worker\":{}}}",
+                k.tx_bytes, k.rx_bytes, k.worker
             );
         }
         o.push_str("]}");
@@ -375,6 +382,7 @@ mod tests {
                         local: "127.0.0.1:80".into(),
                         peer: "127.0.0.1:5555".into(),
                         tx_bytes: 10,
+                        worker: 0,
                         rx_bytes: 20,
                     },
                     SockStat {
@@ -385,6 +393,7 @@ mod tests {
                         peer: String::new(),
                         tx_bytes: 0,
                         rx_bytes: 0,
+                        worker: 0,
                     },
                 ],
                 wakes: 3,

@@ -16,6 +16,7 @@
 
 use crate::daemon::Config;
 use crate::engine::{NotifyMode, SpinBudget, Split, WorkerStats};
+use crate::guest::vrss::{self, Mailbox};
 use crate::guest::{shortcut, token, Guest, ShortcutRef};
 use crate::sys::{self, Epoll};
 use canal_abi::sync::{fence, Ordering};
@@ -70,6 +71,10 @@ pub struct Shard {
     pub guests: BTreeMap<u32, Guest>,
     /// Doorbell eventfds by connection key.
     pub doorbells: BTreeMap<u32, OwnedFd>,
+    /// Virtual RSS: this worker's share of guests homed elsewhere (the sockets it
+    /// owns), and its doorbell for each of those guests (DOORBELLS).
+    pub shadows: BTreeMap<u32, Guest>,
+    pub vrss_doorbells: BTreeMap<u32, OwnedFd>,
     rr: usize,
     keys: Vec<u32>,
 }
@@ -82,8 +87,9 @@ pub struct Worker {
     pub stats: Arc<WorkerStats>,
     /// Short-circuit hand-offs (pairings, peer events); shared by the daemon.
     pub shortcut: ShortcutRef,
-    /// Pokes the worker out of its sleep (a new guest, shutdown).
-    poke: OwnedFd,
+    /// Pokes the worker out of its sleep (a new guest, shutdown) and carries the
+    /// other workers' messages (virtual RSS).
+    pub mbox: Arc<Mailbox>,
     pub stop: AtomicBool,
 }
 
@@ -102,7 +108,7 @@ impl Worker {
             shard: Mutex::new(Shard::default()),
             stats: Arc::new(WorkerStats::default()),
             shortcut,
-            poke,
+            mbox: Arc::new(Mailbox::new(poke)),
             stop: AtomicBool::new(false),
         })
     }
@@ -114,7 +120,7 @@ impl Worker {
     }
 
     pub fn poke(&self) {
-        let _ = sys::eventfd_write(self.poke.as_raw_fd());
+        let _ = sys::eventfd_write(self.mbox.poke.as_raw_fd());
     }
 }
 
@@ -204,7 +210,7 @@ impl Poller {
         let (timeout, has_vm) = if sleeping {
             let sh = w.lock();
             let has_vm = sh.guests.values().any(|g| g.is_vm() && g.gone.is_none());
-            (prepare_sleep(&sh, &w.shortcut, extra_deadline), has_vm)
+            (prepare_sleep(&sh, &w, extra_deadline), has_vm)
         } else {
             (0, false)
         };
@@ -217,7 +223,7 @@ impl Poller {
         };
         let mut sh = w.lock();
         if sleeping {
-            for g in sh.guests.values() {
+            for g in sh.guests.values().chain(sh.shadows.values()) {
                 g.set_host_sleeping(0);
             }
             if timeout != 0 {
@@ -238,16 +244,34 @@ impl Poller {
                         WorkerStats::add(&w.stats.kicks, k);
                     }
                 }
-                token::SOCKET => {
+                token::SOCKET if sh.guests.contains_key(&token::conn(tok)) => {
                     if let Some(g) = sh.guests.get_mut(&token::conn(tok)) {
                         g.socket_event(tok, bits);
                     }
                 }
+                token::VRSS_DOORBELL => {
+                    if let Some(d) = sh.vrss_doorbells.get(&token::conn(tok)) {
+                        let k = sys::eventfd_read(d).unwrap_or(0);
+                        WorkerStats::add(&w.stats.kicks, k);
+                    }
+                }
+                token::SOCKET => {
+                    if let Some(g) = sh.shadows.get_mut(&token::conn(tok)) {
+                        g.socket_event(tok, bits);
+                    }
+                }
                 token::POKE => {
-                    let _ = sys::eventfd_read(&w.poke);
+                    let _ = sys::eventfd_read(&w.mbox.poke);
                 }
                 _ => other.push((tok, bits)),
             }
+        }
+        // Virtual RSS hand-offs, forwarded requests, freed entries.
+        for m in w.mbox.take() {
+            let Shard {
+                guests, shadows, ..
+            } = &mut *sh;
+            work |= vrss::deliver(guests, shadows, &w.ep, w.id, m);
         }
         let now = Instant::now();
         if now.saturating_duration_since(self.split_at) >= SPLIT_EVERY {
@@ -265,9 +289,17 @@ impl Poller {
         }
         let window = Duration::from_nanos(self.split.t_v_ns);
         work |= serve_guests(&mut sh, &w, now, window);
+        work |= serve_shadows(&mut sh, &w, now, window);
         work |= shortcut::run(&w.shortcut, &mut sh.guests, &w.ep);
         reap(&mut sh, &w, &self.cfg);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
+        let socks: usize = sh
+            .guests
+            .values()
+            .chain(sh.shadows.values())
+            .map(|g| g.socket_count())
+            .sum();
+        WorkerStats::set(&w.stats.sockets, socks as u64);
         drop(sh);
         self.end_round(work, now);
         Ok(())
@@ -323,31 +355,25 @@ impl Poller {
 
 /// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
 /// the epoll timeout: 0 if work showed up, else until the next deadline (or -1).
-fn prepare_sleep(sh: &Shard, sc: &ShortcutRef, extra: Option<Instant>) -> i32 {
-    for g in sh.guests.values() {
+fn prepare_sleep(sh: &Shard, w: &Worker, extra: Option<Instant>) -> i32 {
+    let all = || sh.guests.values().chain(sh.shadows.values());
+    for g in all() {
         if g.gone.is_none() {
             g.set_host_sleeping(1);
         }
     }
     fence(Ordering::SeqCst);
-    if shortcut::has_work(sc)
-        || sh
-            .guests
-            .values()
-            .any(|g| g.gone.is_none() && g.has_pending())
+    if shortcut::has_work(&w.shortcut)
+        || !w.mbox.is_empty()
+        || all().any(|g| g.gone.is_none() && g.has_pending())
     {
-        for g in sh.guests.values() {
+        for g in all() {
             g.set_host_sleeping(0);
         }
         return 0;
     }
     let now = Instant::now();
-    let until = sh
-        .guests
-        .values()
-        .filter_map(|g| g.next_deadline())
-        .chain(extra)
-        .min();
+    let until = all().filter_map(|g| g.next_deadline()).chain(extra).min();
     match until {
         None => -1,
         Some(t) => {
@@ -389,6 +415,35 @@ fn serve_guests(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration)
         }
     }
     WorkerStats::add(&w.stats.wakes, wakes);
+    work
+}
+
+/// A round over the guests' sockets this worker owns for other home workers
+/// (virtual RSS): their data classes only — their requests reach the home.
+fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration) -> bool {
+    let mut work = false;
+    let mut wakes = 0;
+    for g in sh.shadows.values_mut() {
+        g.wake_window = wake_window;
+        let before = g.wakes;
+        work |= g.service_data(&w.ep, now).did_work();
+        wakes += g.wakes - before;
+    }
+    WorkerStats::add(&w.stats.wakes, wakes);
+    let mut done = Vec::new();
+    for (k, g) in sh.shadows.iter_mut() {
+        if let Some(deadline) = g.gone {
+            if deadline <= now {
+                g.close_all(&w.ep);
+            }
+            if g.finished() {
+                done.push(*k);
+            }
+        }
+    }
+    for k in done {
+        sh.shadows.remove(&k);
+    }
     work
 }
 
