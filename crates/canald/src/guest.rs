@@ -611,7 +611,8 @@ impl Guest {
     /// re-check before sleeping, protocol §6).
     pub fn has_pending(&self) -> bool {
         let r = &self.region;
-        self.queue.has_next(r.queue_cells())
+        // A shadow (virtual RSS) never pops the queue: requests are its home's.
+        (!self.is_shadow() && self.queue.has_next(r.queue_cells()))
             || r.attention()
                 .iter()
                 .zip(&self.owned)

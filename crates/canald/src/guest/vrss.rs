@@ -57,7 +57,10 @@ pub fn owner_of(local: &CanalAddr, peer: &CanalAddr, workers: u32) -> u32 {
 /// What one worker tells another about a guest's sockets.
 pub enum Msg {
     /// Take over a socket (home → owner): create the guest's shadow if needed.
-    Adopt { seed: Box<Seed>, sock: HostSocket },
+    Adopt {
+        seed: Box<Seed>,
+        sock: Box<HostSocket>,
+    },
     /// Execute a request on a socket this worker owns and complete slot `slot`.
     Request {
         conn: u32,
@@ -319,7 +322,10 @@ impl Guest {
         }
         vr.moved += 1;
         if let Some(mb) = vr.boxes.get(to as usize) {
-            mb.send(Msg::Adopt { seed, sock: s });
+            mb.send(Msg::Adopt {
+                seed,
+                sock: Box::new(s),
+            });
         }
     }
 
@@ -480,7 +486,7 @@ pub fn deliver(
             let g = shadows
                 .entry(seed.conn)
                 .or_insert_with(|| Guest::shadow(&seed, me));
-            g.adopt(ep, sock);
+            g.adopt(ep, *sock);
         }
         Msg::Request { conn, slot, req } => {
             if let Some(g) = shadows.get_mut(&conn) {
@@ -533,6 +539,7 @@ mod tests {
         let (l, p) = (a([127, 0, 0, 1], 40000), a([127, 0, 0, 1], 7));
         // Fixed key: the same flow, the same value, in every run and every canald.
         assert_eq!(flow_hash(&l, &p), flow_hash(&l, &p));
+        const GOLDEN: u32 = 1_845_638_679;
         assert_eq!(flow_hash(&l, &p), GOLDEN);
         // Direction matters (host view: local, then peer).
         assert_ne!(flow_hash(&l, &p), flow_hash(&p, &l));
