@@ -304,12 +304,13 @@ pub fn render_text(s: &Snapshot) -> String {
     for w in &s.workers {
         let _ = writeln!(
             o,
-            "worker {}  notify {}  guests {}  rounds {}  sleeps {}  wakes {}  kicks {}  \
+            "worker {}  notify {}  guests {}  sockets {}  rounds {}  sleeps {}  wakes {}  kicks {}  \
              spin {} ns  split T_p {} us / T_v {} us (T_worst {} us, C_p {} ns, C_v {} ns, \
              n {})  holds {}",
             w.id,
             w.notify,
             w.guests,
+            w.sockets,
             w.rounds,
             w.sleeps,
             w.wakes,
@@ -341,20 +342,21 @@ pub fn render_text(s: &Snapshot) -> String {
         }
         let _ = writeln!(
             o,
-            "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}",
-            "HANDLE", "KIND", "STATE", "LOCAL", "PEER", "TX_BYTES", "RX_BYTES"
+            "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}  {:>6}",
+            "HANDLE", "KIND", "STATE", "LOCAL", "PEER", "TX_BYTES", "RX_BYTES", "WORKER"
         );
         for k in &g.sockets {
             let _ = writeln!(
                 o,
-                "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}",
+                "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}  {:>6}",
                 k.handle,
                 k.kind,
                 k.state,
                 if k.local.is_empty() { "-" } else { &k.local },
                 if k.peer.is_empty() { "-" } else { &k.peer },
                 k.tx_bytes,
-                k.rx_bytes
+                k.rx_bytes,
+                k.worker
             );
         }
     }
@@ -393,7 +395,7 @@ mod tests {
                         peer: String::new(),
                         tx_bytes: 0,
                         rx_bytes: 0,
-                        worker: 0,
+                        worker: 1,
                     },
                 ],
                 wakes: 3,
@@ -407,6 +409,7 @@ mod tests {
                 t_p_ns: 20_000,
                 t_v_ns: 30_000,
                 t_worst_ns: 50_000,
+                sockets: 2,
                 ..Default::default()
             }],
         }
@@ -420,13 +423,14 @@ mod tests {
             "{\"daemon\":{\"pid\":42,\"socket\":\"/tmp/x/canald.sock\",\"workers\":[\
              {\"id\":0,\"notify\":\"hybrid\",\"guests\":0,\"rounds\":10,\"sleeps\":0,\
              \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"t_worst_ns\":50000,\
-             \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0}]},\
+             \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0,\
+             \"sockets\":2}]},\
              \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\
              \"wakes\":3,\"deferred_wakes\":1,\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
-             \"tx_bytes\":10,\"rx_bytes\":20},{\"handle\":65538,\"kind\":\"tcp-listener\",\
+             \"tx_bytes\":10,\"rx_bytes\":20,\"worker\":0},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\
-             \"rx_bytes\":0}]}]}"
+             \"rx_bytes\":0,\"worker\":1}]}]}"
         );
         let empty = Snapshot {
             pid: 1,

@@ -1,12 +1,13 @@
-//! Pollers ("virtual RSS"): `canald --workers N` runs N pollers, each owning a
-//! disjoint set of guests with their doorbells and host sockets on its own epoll.
+//! Pollers: `canald --workers N` runs N pollers, each with its own epoll.
 //!
-//! Guests, not flows, are the unit of distribution: a guest's region has one request
-//! queue, one socket table and one data-area allocator, all kept host-private in its
-//! `Guest`; giving each guest to exactly one poller keeps the data path free of locks
-//! and cross-thread hand-offs (no request ever has to travel to another worker to
-//! reach the socket it names). The price: one guest's sockets never spread over
-//! several workers. New guests go to the worker with the fewest guests.
+//! Each guest has a *home* worker (new guests go to the worker with the fewest): it
+//! serves the guest's request queue and owns its allocator and entry indices. With
+//! virtual RSS (`guest::vrss`, protocol §6.3) a guest's connected streams are owned by
+//! the worker their flow hash names; a worker keeps the sockets it owns for guests
+//! homed elsewhere in *shadow* guests (`Shard::shadows`), and workers pass sockets,
+//! forwarded requests and freed entries through their mailboxes (`Worker::mbox`).
+//! Without it (one worker, an older guest library, a VM guest) all of a guest's
+//! sockets stay on its home worker.
 //!
 //! Worker 0 runs on the daemon's thread and also serves the control socket; the
 //! others run in their own threads. A worker's guests sit behind a mutex that the
