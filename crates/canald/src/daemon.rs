@@ -783,8 +783,8 @@ impl Daemon {
     }
 
     /// DOORBELLS (virtual RSS): one doorbell per worker for this guest (its home's is
-    /// the HELLO doorbell; the others are made now, or again for an exec'd image), then
-    /// the home starts spreading the guest's sockets.
+    /// the HELLO doorbell; the others are made on the first DOORBELLS and sent again to
+    /// an exec'd image), then the home starts spreading the guest's sockets.
     fn doorbells(&mut self, key: u32) -> bool {
         let Some(conn) = self.conns.get(&key) else {
             return false;
@@ -812,6 +812,10 @@ impl Daemon {
                     Some(Ok(d)) => d,
                     _ => return fail(errno::EINVAL, "no doorbell"),
                 }
+            } else if let Some(Ok(d)) = w.lock().vrss_doorbells.get(&key).map(|d| d.try_clone()) {
+                // Asked again (an exec'd image): the same eventfd, since the guest's
+                // other processes still kick the one they hold.
+                d
             } else {
                 let d = match sys::eventfd() {
                     Ok(d) => d,
