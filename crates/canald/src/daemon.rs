@@ -812,7 +812,7 @@ impl Daemon {
                     Some(Ok(d)) => d,
                     _ => return fail(errno::EINVAL, "no doorbell"),
                 }
-            } else if let Some(Ok(d)) = w.lock().vrss_doorbells.get(&key).map(|d| d.try_clone()) {
+            } else if let Some(d) = existing_doorbell(w, key) {
                 // Asked again (an exec'd image): the same eventfd, since the guest's
                 // other processes still kick the one they hold.
                 d
@@ -956,6 +956,13 @@ impl Daemon {
         // We hold the lock: the socket file is ours.
         let _ = std::fs::remove_file(&self.cfg.socket);
     }
+}
+
+/// A copy of worker `w`'s doorbell for guest `key`, if it made one (the shard lock is
+/// released before the caller goes on).
+fn existing_doorbell(w: &Worker, key: u32) -> Option<OwnedFd> {
+    let sh = w.lock();
+    sh.vrss_doorbells.get(&key).and_then(|d| d.try_clone().ok())
 }
 
 fn send_msg(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32]) -> io::Result<()> {
