@@ -247,12 +247,14 @@ class Canald:
         self.proc = None
         self.pid = None
 
-    def start(self, timeout=15):
-        # CANAL_TEST_DAEMON_ARGS: extra canald switches for the whole run (scripts/test's
-        # "modes" stage reruns tests under each notification mode this way); a test's own
-        # switches (args=) come last and win.
+    def start(self, timeout=15, args=None):
+        """Starts canald with the environment's CANAL_TEST_DAEMON_ARGS (shell words, e.g.
+        "--workers 2": scripts/test's "modes" stage reruns tests under each notification
+        mode this way), then the constructor's `args`, then `args` given here: later
+        switches win."""
         extra = shlex.split(os.environ.get("CANAL_TEST_DAEMON_ARGS", ""))
         argv = [self.canal_bin, "daemon", "--socket", self.socket, *extra, *self.args]
+        argv += [str(a) for a in (args or [])]
         self.proc = self.procs.spawn(argv, name="canald")
         deadline = time.monotonic() + timeout
         last = None

@@ -35,7 +35,7 @@ def _client(request, mode, python, progs, args, timeout, kind, conns):
     client.wait_line("CONNECTED", 30)
     if under_canal:
         port = int(args[args.index("--port") + 1])
-        if kind == "tcp" and mode == "canal-both":
+        if kind == "tcp" and mode == "canal-both" and run.stat()["daemon"]["config"]["shortcut"]:
             # Both ends are canal guests: canald short-circuits the connection (no
             # kernel TCP; protocol §8), and canal stat says so.
             kind = "tcp-shortcut"

@@ -18,6 +18,16 @@ import e2e_util
 from canal_harness import Canald, need_tool
 
 
+@pytest.fixture(autouse=True)
+def _needs_shortcut(request):
+    """The short-circuit needs one canald worker (docs/architecture.md "Threads"):
+    under CANAL_TEST_DAEMON_ARGS with more workers these tests do not apply."""
+    if "canald" in request.fixturenames:
+        st = request.getfixturevalue("canald").stat()
+        if not st["daemon"].get("config", {}).get("shortcut", True):
+            pytest.skip("canald runs without the short-circuit (--workers > 1)")
+
+
 def _established(port):
     """Kernel TCP connections in state ESTABLISHED with `port` at either end."""
     out = []

@@ -49,6 +49,11 @@ pub mod kind {
     /// of it in SCM_RIGHTS. Reply: VM_PID_OK (empty) or ERROR.
     pub const VM_PID: u16 = 13;
     pub const VM_PID_OK: u16 = 14;
+    /// guest → host, only with `feature::VRSS`: empty body. Reply: DOORBELLS_OK with
+    /// body `count: u32` and SCM_RIGHTS [one doorbell eventfd per worker, in worker
+    /// order], or ERROR. Sent after HELLO_OK and again by an exec'd image (rejoin).
+    pub const DOORBELLS: u16 = 15;
+    pub const DOORBELLS_OK: u16 = 16;
 }
 
 /// VM_REGION `flags` bits (the u32 at body offset 12; zero before minor 2).
@@ -84,6 +89,8 @@ pub mod hello_flag {
     /// The guest understands pair segments with buffer zones (protocol §10); canald
     /// may then set `feature::ZONES`. (Bit 6, as the feature bit.)
     pub const ZONES: u32 = 1 << 6;
+    /// The guest understands virtual RSS (`feature::VRSS`, protocol §6.3).
+    pub const VRSS: u32 = 1 << 1;
 }
 
 /// SEGMENT_OK body bytes.

@@ -51,6 +51,11 @@ pub mod feature {
     /// by a pair segment (`SocketEntry::segment` ≠ 0). Set only for guests that
     /// announced `hello_flag::SHORTCUT`.
     pub const SHORTCUT: u64 = 1 << 4;
+    /// Virtual RSS (protocol §6.3, minor 2): the guest's sockets may be owned by
+    /// different canald workers (`SocketEntry::owner`); attention kicks go to the
+    /// owner's `worker_sleeping` word and doorbell (DOORBELLS). Set only for guests
+    /// that announced `hello_flag::VRSS`, when canald runs more than one worker.
+    pub const VRSS: u64 = 1 << 5;
     /// Buffer zones (protocol §10, minor 2): a pair segment given to this guest may
     /// carry zones (`segment::SEG_FLAG_ZONES`). Set only with `canald --zones on` and
     /// for guests that announced `hello_flag::ZONES`.
@@ -62,7 +67,7 @@ pub mod feature {
     /// `backoff_kickers`. Old guests refuse such a region (unknown bit).
     pub const DOORBELL: u64 = 1 << 7;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | ZONES | DOORBELL;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -84,10 +84,18 @@ pub struct RegionHeader {
     /// this guest as for a VM without doorbells (protocol §9.5).
     pub backoff_kickers: AtomicU32,
     pub reserved4: [u32; 13],
+    // --- 320: host-written, only with feature::VRSS (protocol §6.3)
+    /// `worker_sleeping[w]` is 1 while canald's worker `w` sleeps. A guest that raised
+    /// the attention bit of a socket owned by worker `w` (`SocketEntry::owner`) swaps
+    /// it to 0 and, if it read 1, kicks worker `w`'s doorbell (DOORBELLS_OK).
+    pub worker_sleeping: [AtomicU32; MAX_WORKERS],
 }
 
+/// Most canald workers a region describes (feature::VRSS).
+pub const MAX_WORKERS: usize = 16;
+
 /// Bytes of the header actually defined; the rest of the page is reserved.
-pub const HEADER_USED: usize = 320;
+pub const HEADER_USED: usize = 384;
 
 /// A request slot: the *intermediate network request* (INR) of the vCanal design.
 /// Each guest thread owns one slot while it lives; it is also that thread's wake-up
@@ -153,7 +161,11 @@ pub struct SocketEntry {
     pub rx_head: AtomicU64,
     /// Incremented on every readiness change of this socket.
     pub event_seq: AtomicU32,
-    pub reserved2: [u32; 9],
+    /// feature::VRSS: the canald worker that owns this socket (serves its rings and
+    /// takes its attention bit); the guest kicks that worker's doorbell. Written
+    /// before the handle is published and changed at most once (protocol §6.3).
+    pub owner: AtomicU32,
+    pub reserved2: [u32; 8],
     // --- 128: guest
     /// Transmit ring producer index (guest).
     pub tx_head: AtomicU64,

@@ -34,6 +34,8 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, doorbell_peer), 140);
     assert_eq!(offset_of!(RegionHeader, doorbell_vectors), 144);
     assert_eq!(offset_of!(RegionHeader, backoff_kickers), 264);
+    assert_eq!(offset_of!(RegionHeader, worker_sleeping), 320);
+    assert_eq!(MAX_WORKERS, 16);
     assert_eq!(size_of::<RegionHeader>(), HEADER_USED);
 }
 
@@ -75,6 +77,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, tx_tail), 72);
     assert_eq!(offset_of!(SocketEntry, rx_head), 80);
     assert_eq!(offset_of!(SocketEntry, event_seq), 88);
+    assert_eq!(offset_of!(SocketEntry, owner), 92);
+    assert_eq!(offset_of!(SocketEntry, reserved2), 96);
     assert_eq!(offset_of!(SocketEntry, tx_head), 128);
     assert_eq!(offset_of!(SocketEntry, rx_tail), 136);
     assert_eq!(offset_of!(SocketEntry, refs), 144);
@@ -182,8 +186,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 5,
-        HeaderError::UnknownFeatures(1 << 5),
+        &|h| h.features |= 1 << 8,
+        HeaderError::UnknownFeatures(1 << 8),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -297,12 +301,23 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1101_1111);
+    assert_eq!(feature::KNOWN, 0b1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
         "optional, not part of v1's set"
     );
+}
+
+#[test]
+fn vrss_wire_values() {
+    // protocol.md §2 (kinds 15-16, hello flag 1), §3 (features bit 5), §6.3.
+    assert_eq!(feature::VRSS, 1 << 5);
+    assert_eq!(control::kind::DOORBELLS, 15);
+    assert_eq!(control::kind::DOORBELLS_OK, 16);
+    assert_eq!(control::hello_flag::VRSS, 2);
+    assert_eq!(canal_abi::VERSION_MINOR, 2);
+    assert_eq!(feature::ALL_V1 & feature::VRSS, 0, "optional");
 }
 
 #[test]

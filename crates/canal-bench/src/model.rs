@@ -153,6 +153,11 @@ impl Variant {
                 &[],
                 &[("zones", if m == "on" { "true" } else { "false" })],
             )),
+            // canald pollers; with 2..16 a guest's connections spread over them
+            // (virtual RSS) and the short-circuit is off (it needs one worker).
+            Some(("workers", n)) if n.parse::<u32>().is_ok_and(|n| (1..=16).contains(&n)) => {
+                Ok(v(&["--workers", n], &[], &[("workers", n)]))
+            }
             Some(("split", "adaptive")) => Ok(v(
                 &["--t-worst-us", &t],
                 &[],
@@ -171,7 +176,8 @@ impl Variant {
             }
             _ => Err(format!(
                 "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
-                 disable=poll|batch|coalesce|shortcut|zerocopy, zones=on|off, split=adaptive|0.0..1.0)"
+                 disable=poll|batch|coalesce|shortcut|zerocopy, zones=on|off, \
+                 split=adaptive|0.0..1.0, workers=1..16)"
             )),
         }
     }
@@ -347,8 +353,11 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
         }
         "B4" => {
             let pairs = pick(&[1, 2], &[1, 2, 4, 8]);
-            let mut c = cells(plan, &[Stream], &[16384], &pairs, &["default"], &[Tcp, Uds, CanalGG]);
-            c.extend(cells(plan, &[Rr], &[64], &pairs, &["default"], &[Tcp, Uds, CanalGG]));
+            // workers=2 (virtual RSS; host TCP, no short-circuit) against
+            // disable=shortcut (one worker, host TCP): what a second poller adds.
+            let vs = ["default", "disable=shortcut", "workers=2"];
+            let mut c = cells(plan, &[Stream], &[16384], &pairs, &vs, &[Tcp, Uds, CanalGG]);
+            c.extend(cells(plan, &[Rr], &[64], &pairs, &vs, &[Tcp, Uds, CanalGG]));
             Experiment {
                 id: "B4",
                 title: "scaling with 1 … 8 concurrent client/server pairs (2 … 16 guests on one canald)",

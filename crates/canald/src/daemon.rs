@@ -178,6 +178,8 @@ pub struct Daemon {
     shortcut: ShortcutRef,
     /// VM guests (`vm.rs`): region files, VM processes, the bounded sleep.
     vm: crate::vm::Vms,
+    /// Every worker's mailbox (virtual RSS), once all workers exist.
+    boxes: Option<crate::guest::vrss::Boxes>,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -288,6 +290,7 @@ impl Daemon {
             stop: false,
             watches: Default::default(),
             vm: Default::default(),
+            boxes: None,
         })))
     }
 
@@ -348,6 +351,7 @@ impl Daemon {
                 eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
             }
         }
+        self.boxes = Some(self.workers.iter().map(|w| w.mbox.clone()).collect());
         let mut p = Poller::new(self.workers[0].clone(), &self.cfg, c_p, c_v);
         log(
             &self.cfg,
@@ -456,10 +460,10 @@ impl Daemon {
             let k = self.next_conn;
             self.next_conn = if k >= 0xff_ffff { 1 } else { k + 1 };
             if !self.conns.contains_key(&k)
-                && !self
-                    .workers
-                    .iter()
-                    .any(|w| w.lock().guests.contains_key(&k))
+                && !self.workers.iter().any(|w| {
+                    let sh = w.lock();
+                    sh.guests.contains_key(&k) || sh.shadows.contains_key(&k)
+                })
             {
                 return k;
             }
@@ -559,6 +563,18 @@ impl Daemon {
         let Some(w) = c.worker.and_then(|i| self.workers.get(i)) else {
             return;
         };
+        // Virtual RSS: the sockets other workers own for this guest go too.
+        for o in &self.workers {
+            let mut sh = o.lock();
+            if let Some(d) = sh.vrss_doorbells.remove(&key) {
+                o.ep.delete(d.as_raw_fd());
+            }
+            if let Some(g) = sh.shadows.get_mut(&key) {
+                g.depart(&o.ep, Instant::now());
+            }
+            drop(sh);
+            o.poke();
+        }
         let mut sh = w.lock();
         if let Some(d) = sh.doorbells.remove(&key) {
             w.ep.delete(d.as_raw_fd());
@@ -601,10 +617,14 @@ impl Daemon {
                     && self.cfg.workers <= 1
                     && hello_flags & control::hello_flag::SHORTCUT != 0;
                 let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
+                // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
+                let vrss = (2..=canal_abi::MAX_WORKERS).contains(&self.workers.len())
+                    && hello_flags & control::hello_flag::VRSS != 0;
                 let features = canal_abi::feature::ALL_V1
                     | canal_abi::feature::WATCH
                     | if sc { canal_abi::feature::SHORTCUT } else { 0 }
-                    | if zones { canal_abi::feature::ZONES } else { 0 };
+                    | if zones { canal_abi::feature::ZONES } else { 0 }
+                    | if vrss { canal_abi::feature::VRSS } else { 0 };
                 let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
                 let (mut g, memfd) = match made {
                     Ok(x) => x,
@@ -682,6 +702,7 @@ impl Daemon {
                     Err(e) => send_error(&conn.fd, e, "bad PORT").is_ok(),
                 }
             }
+            kind::DOORBELLS => self.doorbells(key),
             kind::STAT => {
                 let format = if body.len() >= 4 {
                     u32::from_le_bytes([body[0], body[1], body[2], body[3]])
@@ -825,6 +846,75 @@ impl Daemon {
         }
     }
 
+    /// DOORBELLS (virtual RSS): one doorbell per worker for this guest (its home's is
+    /// the HELLO doorbell; the others are made on the first DOORBELLS and sent again to
+    /// an exec'd image), then the home starts spreading the guest's sockets.
+    fn doorbells(&mut self, key: u32) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let fail = |e: i32, t: &str| send_error(&conn.fd, e, t).is_ok();
+        let (Some(home), Some(boxes)) = (conn.worker, self.boxes.clone()) else {
+            return fail(errno::EINVAL, "DOORBELLS before HELLO");
+        };
+        let Some(hw) = self.workers.get(home) else {
+            return fail(errno::EINVAL, "DOORBELLS before HELLO");
+        };
+        let offered = hw
+            .lock()
+            .guests
+            .get(&key)
+            .is_some_and(|g| g.region().header().features & canal_abi::feature::VRSS != 0);
+        if !offered {
+            return fail(errno::EOPNOTSUPP, "virtual RSS not offered");
+        }
+        let mut fds = Vec::new();
+        for w in &self.workers {
+            let d = if w.id as usize == home {
+                let sh = w.lock();
+                match sh.doorbells.get(&key).map(|d| d.try_clone()) {
+                    Some(Ok(d)) => d,
+                    _ => return fail(errno::EINVAL, "no doorbell"),
+                }
+            } else if let Some(d) = existing_doorbell(w, key) {
+                // Asked again (an exec'd image): the same eventfd, since the guest's
+                // other processes still kick the one they hold.
+                d
+            } else {
+                let d = match sys::eventfd() {
+                    Ok(d) => d,
+                    Err(e) => return fail(sys::errno_of(&e), "eventfd"),
+                };
+                let tok = token::make(token::VRSS_DOORBELL, key, 0, 0);
+                if w.ep.add(d.as_raw_fd(), sys::EP_IN, tok).is_err() {
+                    return fail(errno::ENOMEM, "epoll");
+                }
+                let mine = match d.try_clone() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        w.ep.delete(d.as_raw_fd());
+                        return fail(sys::errno_of(&e), "dup");
+                    }
+                };
+                let mut sh = w.lock();
+                if let Some(old) = sh.vrss_doorbells.insert(key, d) {
+                    w.ep.delete(old.as_raw_fd());
+                }
+                mine
+            };
+            fds.push(d);
+        }
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let body = (raw.len() as u32).to_le_bytes();
+        let sent = send_msg(&conn.fd, kind::DOORBELLS_OK, &body, &raw).is_ok();
+        if sent {
+            if let Some(g) = hw.lock().guests.get_mut(&key) {
+                g.enable_vrss(home as u32, boxes);
+            }
+        }
+        sent
+    }
+
     /// Sends queued replies until done or the socket is full (then waits for
     /// EPOLLOUT). False: the connection failed.
     fn flush_out(&mut self, key: u32) -> bool {
@@ -864,6 +954,9 @@ impl Daemon {
             for g in sh.guests.values() {
                 let mut gs = stat::guest_stat(g);
                 gs.worker = w.id;
+                for k in &mut gs.sockets {
+                    k.worker = w.id;
+                }
                 guests.push(gs);
             }
             drop(sh);
@@ -872,6 +965,24 @@ impl Daemon {
                 self.cfg.notify.name(),
                 &w.stats,
             ));
+        }
+        // Virtual RSS: sockets owned by other workers join their guest's list.
+        for w in &self.workers {
+            let sh = w.lock();
+            for g in sh.shadows.values() {
+                let Some(gs) = guests.iter_mut().find(|x| x.id == g.id) else {
+                    continue;
+                };
+                for mut k in stat::guest_stat(g).sockets {
+                    k.worker = w.id;
+                    gs.sockets.push(k);
+                }
+                gs.wakes += g.wakes;
+                gs.deferred_wakes += g.deferred_wakes;
+            }
+        }
+        for g in &mut guests {
+            g.sockets.sort_by_key(|s| s.handle & 0xffff);
         }
         guests.sort_by_key(|g| g.id);
         Snapshot {
@@ -896,14 +1007,26 @@ impl Daemon {
             for g in sh.guests.values_mut() {
                 g.close_all(&w.ep);
             }
+            for g in sh.shadows.values_mut() {
+                g.close_all(&w.ep);
+            }
             sh.guests.clear();
+            sh.shadows.clear();
             sh.doorbells.clear();
+            sh.vrss_doorbells.clear();
         }
         self.conns.clear();
         self.vm.forget_all(&self.workers[0].ep);
         // We hold the lock: the socket file is ours.
         let _ = std::fs::remove_file(&self.cfg.socket);
     }
+}
+
+/// A copy of worker `w`'s doorbell for guest `key`, if it made one (the shard lock is
+/// released before the caller goes on).
+fn existing_doorbell(w: &Worker, key: u32) -> Option<OwnedFd> {
+    let sh = w.lock();
+    sh.vrss_doorbells.get(&key).and_then(|d| d.try_clone().ok())
 }
 
 fn send_msg(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32]) -> io::Result<()> {

@@ -214,6 +214,8 @@ pub struct WorkerStats {
     pub c_v_ns: AtomicU64,
     pub active: AtomicU64,
     pub guests: AtomicU64,
+    /// Sockets this worker owns (its guests' and, with virtual RSS, its shadows').
+    pub sockets: AtomicU64,
 }
 
 impl WorkerStats {

@@ -18,7 +18,12 @@ use canal_abi::{
 };
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Per-slot wake-up eventfds (PORT), shared by a guest's home and shadow instances
+/// (virtual RSS): each slot's own mutex is only ever taken to register or to wake.
+pub type Ports = Arc<Vec<Mutex<Option<OwnedFd>>>>;
 
 /// Drain limit for a closed socket's transmit ring while its guest still lives.
 pub const CLOSE_DRAIN: Duration = Duration::from_secs(10);
@@ -28,6 +33,7 @@ pub const GONE_DRAIN: Duration = Duration::from_millis(500);
 const DGRAM_MAX: usize = 65536;
 
 pub mod shortcut;
+pub mod vrss;
 pub use shortcut::{SegLink, Shared as ShortcutShared, SharedRef as ShortcutRef};
 
 /// Per-guest limits and sizes (from the command line).
@@ -82,6 +88,8 @@ pub mod token {
     pub const WATCH: u64 = 6;
     /// The pidfd of a VM guest's VM process (`vm.rs`).
     pub const VM_PROCESS: u64 = 7;
+    /// A guest's doorbell on a worker that is not its home (virtual RSS).
+    pub const VRSS_DOORBELL: u64 = 8;
     /// A doorbell VM's ivshmem server (`ivshmem_server.rs`): index 0 its listener,
     /// 1 the QEMU client.
     pub const IVSHMEM: u64 = 9;
@@ -340,7 +348,7 @@ pub struct Guest {
     cfg: GuestConfig,
     queue: canal_abi::queue::QueueConsumer,
     /// Per-slot wake-up eventfds registered with PORT.
-    ports: Vec<Option<OwnedFd>>,
+    ports: Ports,
     sockets: Vec<Option<HostSocket>>,
     /// Next generation per entry index (1..=0xffff; handles are never 0).
     generations: Vec<u16>,
@@ -370,8 +378,13 @@ pub struct Guest {
     sc: Option<ShortcutRef>,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     earliest_close: Option<Instant>,
+    /// Sockets this instance owns, one bit per entry index: it takes only their
+    /// attention bits (virtual RSS: other workers own the rest).
+    owned: Vec<u64>,
+    /// Virtual RSS state (None: every socket of the guest stays here).
+    vr: Option<Box<vrss::State>>,
     // The mapping must outlive every use of `region`; it is dropped last.
-    map: sys::Mapping,
+    map: Arc<sys::Mapping>,
 }
 
 impl Guest {
@@ -420,6 +433,19 @@ impl Guest {
         map: sys::Mapping,
         region: Region,
     ) -> Guest {
+        Guest::from_parts(id, conn, pid, comm, cfg, Arc::new(map), region)
+    }
+
+    /// A guest instance over a shared mapping (a home, or a virtual-RSS shadow).
+    fn from_parts(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        map: Arc<sys::Mapping>,
+        region: Region,
+    ) -> Guest {
         let n = cfg.layout.socket_count as usize;
         Guest {
             id,
@@ -428,7 +454,11 @@ impl Guest {
             conn,
             region,
             queue: Default::default(),
-            ports: (0..cfg.layout.slot_count).map(|_| None).collect(),
+            ports: Arc::new(
+                (0..cfg.layout.slot_count)
+                    .map(|_| Mutex::new(None))
+                    .collect(),
+            ),
             sockets: (0..n).map(|_| None).collect(),
             generations: vec![1; n],
             alloc: DataAlloc::new(cfg.layout.data_size),
@@ -448,6 +478,8 @@ impl Guest {
             out_of_budget: false,
             sc: None,
             earliest_close: None,
+            owned: vec![0; n.div_ceil(64)],
+            vr: None,
             cfg,
             map,
         }
@@ -491,13 +523,18 @@ impl Guest {
     /// Stores the wake-up eventfd of `slot` (PORT). The fd must be an eventfd; it is
     /// made non-blocking so a wake-up can never block the poller.
     pub fn set_port(&mut self, slot: u32, fd: OwnedFd) -> Result<(), i32> {
-        let p = self.ports.get_mut(slot as usize).ok_or(errno::EINVAL)?;
+        let p = self.ports.get(slot as usize).ok_or(errno::EINVAL)?;
         if !sys::is_eventfd(&fd) {
             return Err(errno::EINVAL);
         }
         sys::set_nonblocking(&fd).map_err(|e| sys::errno_of(&e))?;
-        *p = Some(fd);
+        *p.lock().unwrap_or_else(|e| e.into_inner()) = Some(fd);
         Ok(())
+    }
+
+    /// No entry is free here (held, or served by another worker).
+    fn table_full(&self) -> bool {
+        (0..self.sockets.len()).all(|i| self.sockets[i].is_some() || self.is_away(i as u32))
     }
 
     pub fn sockets(&self) -> impl Iterator<Item = &HostSocket> {
@@ -523,6 +560,7 @@ impl Guest {
     pub fn depart(&mut self, ep: &Epoll, now: Instant) {
         let deadline = now + GONE_DRAIN;
         self.gone = Some(deadline);
+        self.mark_departed();
         self.region.header().host_state.store(2, Ordering::Release);
         for i in 0..self.sockets.len() {
             if let Some(s) = &mut self.sockets[i] {
@@ -537,7 +575,7 @@ impl Guest {
 
     /// Whether a departed guest has finished (no sockets left).
     pub fn finished(&self) -> bool {
-        self.gone.is_some() && self.sockets.iter().all(|s| s.is_none())
+        self.gone.is_some() && self.sockets.iter().all(|s| s.is_none()) && !self.any_away()
     }
 
     /// Closes every host socket at once (daemon exit, or a departed guest whose drain
@@ -598,17 +636,27 @@ impl Guest {
     /// re-check before sleeping, protocol §6).
     pub fn has_pending(&self) -> bool {
         let r = &self.region;
-        self.queue.has_next(r.queue_cells())
-            || r.attention().iter().any(|w| w.load(Ordering::Relaxed) != 0)
+        // A shadow (virtual RSS) never pops the queue: requests are its home's.
+        (!self.is_shadow() && self.queue.has_next(r.queue_cells()))
+            || r.attention()
+                .iter()
+                .zip(&self.owned)
+                .any(|(w, m)| w.load(Ordering::Relaxed) & m != 0)
             || !self.dirty.is_empty()
             || !self.wake.deferred.is_empty()
     }
 
     pub fn set_host_sleeping(&self, v: u32) {
-        self.region
-            .header()
-            .host_sleeping
-            .store(v, Ordering::Relaxed);
+        let h = self.region.header();
+        if let Some(vr) = &self.vr {
+            if let Some(word) = h.worker_sleeping.get(vr.me as usize) {
+                word.store(v, Ordering::Relaxed);
+            }
+            if vr.is_shadow() {
+                return; // the request doorbell's word belongs to the home worker
+            }
+        }
+        h.host_sleeping.store(v, Ordering::Relaxed);
     }
 
     /// One service round: requests (bounded), attention bits, dirty sockets, then the
@@ -687,32 +735,65 @@ impl Guest {
                 continue; // not a request: ignore the entry
             }
             let req = Request::copy_from(slot);
-            let mut out = [0u8; SLOT_PAYLOAD];
-            let (result, out_len) = match self.execute(ep, &req, &mut out) {
-                Ok(v) => v,
-                Err(e) => (-(e as i64), 0),
-            };
-            if out_len > 0 {
-                slot.write_payload(0, &out[..out_len.min(SLOT_PAYLOAD)]);
+            if self.forward(idx, &req) {
+                continue; // the owning worker completes the slot
             }
-            slot.out_len.store(out_len as u32, Ordering::Relaxed);
-            slot.result.store(result, Ordering::Relaxed);
-            slot.done_seq.store(req.seq, Ordering::Relaxed);
-            // Publishes result/payload; pairs with the guest's Acquire load of DONE.
-            slot.state.store(slot_state::DONE, Ordering::Release);
-            // §6 wake: the guest stores `sleep`, fences, re-checks `state`; we store
-            // `state`, fence, read `sleep` — one of us sees the other.
-            fence(Ordering::SeqCst);
-            if slot.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE {
-                self.wake_slot(idx);
+            self.run_request(ep, idx, &req);
+        }
+    }
+
+    /// Executes a request taken from slot `idx` and completes the slot (DONE, then
+    /// the §6 wake-up of its thread if it sleeps).
+    fn run_request(&mut self, ep: &Epoll, idx: u32, req: &Request) {
+        let region = self.region;
+        let Some(slot) = region.slot(idx) else {
+            return;
+        };
+        let mut out = [0u8; SLOT_PAYLOAD];
+        let (result, out_len) = match self.execute(ep, req, &mut out) {
+            Ok(v) => v,
+            Err(e) => (-(e as i64), 0),
+        };
+        if out_len > 0 {
+            slot.write_payload(0, &out[..out_len.min(SLOT_PAYLOAD)]);
+        }
+        slot.out_len.store(out_len as u32, Ordering::Relaxed);
+        slot.result.store(result, Ordering::Relaxed);
+        slot.done_seq.store(req.seq, Ordering::Relaxed);
+        // Publishes result/payload; pairs with the guest's Acquire load of DONE.
+        slot.state.store(slot_state::DONE, Ordering::Release);
+        // §6 wake: the guest stores `sleep`, fences, re-checks `state`; we store
+        // `state`, fence, read `sleep` — one of us sees the other.
+        fence(Ordering::SeqCst);
+        if slot.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE {
+            self.wake_slot(idx);
+        }
+    }
+
+    fn has_port(&self, slot: u32) -> bool {
+        self.ports
+            .get(slot as usize)
+            .is_some_and(|p| p.lock().unwrap_or_else(|e| e.into_inner()).is_some())
+    }
+
+    /// Writes slot `slot`'s wake-up eventfd; false if it has none.
+    fn signal_port(&self, slot: u32) -> bool {
+        let Some(p) = self.ports.get(slot as usize) else {
+            return false;
+        };
+        match &*p.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(fd) => {
+                let _ = sys::eventfd_write(fd.as_raw_fd());
+                true
             }
+            None => false,
         }
     }
 
     /// Wakes a sleeping slot, at most one wake-up round per `wake_window` per guest
     /// (later ones are deferred to the window's end, see `flush_deferred_wakes`).
     fn wake_slot(&mut self, slot: u32) {
-        if self.ports.get(slot as usize).is_none_or(|p| p.is_none()) {
+        if !self.has_port(slot) {
             return;
         }
         if !self.wake.may_wake(self.wake_window) {
@@ -724,8 +805,7 @@ impl Guest {
         if self.wake.mark.get(slot as usize) == Some(&true) {
             return; // already deferred: this round's flush wakes it (once)
         }
-        if let Some(Some(fd)) = self.ports.get(slot as usize) {
-            let _ = sys::eventfd_write(fd.as_raw_fd());
+        if self.signal_port(slot) {
             self.wakes += 1;
             self.wake.woke_now();
         }
@@ -748,11 +828,8 @@ impl Guest {
                 .region
                 .slot(i)
                 .is_some_and(|s| s.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE);
-            if asleep {
-                if let Some(Some(fd)) = self.ports.get(i as usize) {
-                    let _ = sys::eventfd_write(fd.as_raw_fd());
-                    self.wakes += 1;
-                }
+            if asleep && self.signal_port(i) {
+                self.wakes += 1;
             }
         }
         let mut list = list;
@@ -764,11 +841,14 @@ impl Guest {
     fn serve_attention(&mut self) {
         let region = self.region;
         for (w, word) in region.attention().iter().enumerate() {
-            if word.load(Ordering::Relaxed) == 0 {
+            // Only the bits of sockets this instance owns (virtual RSS: the others
+            // belong to other workers and stay set for them).
+            let mask = self.owned.get(w).copied().unwrap_or(0);
+            if word.load(Ordering::Relaxed) & mask == 0 {
                 continue;
             }
             // A2: Acquire pairs with the guest's Release fetch_or (A1).
-            let mut bits = word.swap(0, Ordering::Acquire);
+            let mut bits = word.fetch_and(!mask, Ordering::Acquire) & mask;
             while bits != 0 {
                 let b = bits.trailing_zeros();
                 bits &= bits - 1;
@@ -857,7 +937,12 @@ impl Guest {
                 if let Some(r) = self.sc_try_connect(index, &a) {
                     return r;
                 }
-                self.op_connect(index, &a)
+                let r = self.op_connect(index, &a);
+                if r.is_ok() {
+                    // The flow is known: its owner serves it from now on.
+                    self.place_stream(ep, index, &a);
+                }
+                r
             }
             Cmd::Disconnect => self.op_disconnect(index),
             Cmd::Close => {
@@ -943,10 +1028,8 @@ impl Guest {
         family: u16,
         phase: Phase,
     ) -> Result<u32, i32> {
-        let index = self
-            .sockets
-            .iter()
-            .position(|s| s.is_none())
+        let index = (0..self.sockets.len())
+            .position(|i| self.sockets[i].is_none() && !self.is_away(i as u32))
             .ok_or(errno::EMFILE)? as u32;
         let size = self.cfg.ring_size;
         let tx_off = self.alloc.alloc(size).ok_or(errno::ENOBUFS)?;
@@ -981,6 +1064,7 @@ impl Guest {
         e.tx_size.store(size as u32, Ordering::Relaxed);
         e.rx_offset.store(rx_off, Ordering::Relaxed);
         e.rx_size.store(size as u32, Ordering::Relaxed);
+        e.owner.store(self.self_owner(), Ordering::Relaxed);
         let k = match kind {
             Kind::Stream => sock_kind::STREAM,
             Kind::Dgram => sock_kind::DGRAM,
@@ -1016,12 +1100,13 @@ impl Guest {
             pending_dgram: None,
             seg: None,
         });
+        self.set_owned(index, true);
         Ok(handle)
     }
 
     fn op_socket(&mut self, ep: &Epoll, domain: i32, ty: i32, protocol: i32) -> Result<u32, i32> {
         // Check the caps before creating a host socket.
-        if self.sockets.iter().all(|s| s.is_some()) {
+        if self.table_full() {
             return Err(errno::EMFILE);
         }
         if self.alloc.free_bytes() < 2 * self.cfg.ring_size {
@@ -1128,11 +1213,15 @@ impl Guest {
     /// Whether socket `index` exists with this generation (a WATCH target).
     pub fn has_live_socket(&self, index: u32, gen: u16) -> bool {
         matches!(self.sockets.get(index as usize), Some(Some(s)) if s.generation() == gen)
+            || self.has_away(index, gen)
     }
 
     /// The guest's last descriptor of socket (index, gen) is gone (its WATCH fired):
     /// close it as a CLOSE request would, unless it is already closing.
     pub fn close_unreferenced(&mut self, index: u32, gen: u16) {
+        if self.close_away(index, gen) {
+            return; // served by another worker: forwarded there
+        }
         if matches!(self.sockets.get(index as usize),
             Some(Some(s)) if s.generation() == gen && !s.is_closing())
         {
@@ -1223,33 +1312,36 @@ impl Guest {
             let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
             for &(end, h) in &s.unclaimed {
                 if (end.wrapping_sub(tail) as i64) > 0 {
-                    let i = canal_abi::handle_index(h);
-                    if self
-                        .sockets
-                        .get(i as usize)
-                        .is_some_and(|x| x.as_ref().is_some_and(|x| x.handle == h))
-                    {
-                        self.free_socket(ep, i);
-                    }
+                    self.release(ep, canal_abi::handle_index(h), h);
                 }
             }
         }
+        let g = s.generation();
         drop(s.fd);
-        self.alloc.free(s.tx.off, s.tx.size);
-        self.alloc.free(s.rx.off, s.rx.size);
-        let g = &mut self.generations[index as usize];
-        *g = if *g == u16::MAX { 1 } else { *g + 1 };
-        let next = *g;
+        self.set_owned(index, false);
+        let next = if g == u16::MAX { 1 } else { g + 1 };
         let e = self.entry(index);
         e.segment.store(0, Ordering::Relaxed);
         e.kind.store(sock_kind::FREE, Ordering::Release);
         e.generation.store(next as u32, Ordering::Release);
         e.flags.store(0, Ordering::Release);
         self.mark_changed(index);
+        let rings = [(s.tx.off, s.tx.size), (s.rx.off, s.rx.size)];
+        if self.give_back(index, next, rings) {
+            return; // a shadow: the home reuses the entry and the rings
+        }
+        self.alloc.free(s.tx.off, s.tx.size);
+        self.alloc.free(s.rx.off, s.rx.size);
+        self.generations[index as usize] = next;
         // A listener that stopped accepting for lack of entries can go on.
         if self.gone.is_some() {
             return;
         }
+        self.rearm_listeners();
+    }
+
+    /// Listeners that stopped accepting for lack of entries or rings look again.
+    fn rearm_listeners(&mut self) {
         for i in 0..self.sockets.len() {
             if let Some(l) = &self.sockets[i] {
                 if l.kind == Kind::Listener && l.readable {
@@ -1631,9 +1723,7 @@ impl Guest {
             if free == 0 {
                 return Ok(());
             }
-            if self.sockets.iter().all(|s| s.is_some())
-                || self.alloc.free_bytes() < 2 * self.cfg.ring_size
-            {
+            if self.table_full() || self.alloc.free_bytes() < 2 * self.cfg.ring_size {
                 return Ok(()); // retried when an entry is freed
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
@@ -1663,6 +1753,13 @@ impl Guest {
                 ns.readable = true;
             }
             self.mark_dirty(new_index);
+            // Owner chosen (and written to the entry) before the handle is published.
+            let host_peer = self.sockets[new_index as usize]
+                .as_ref()
+                .and_then(|s| s.peer());
+            if let Some(hp) = host_peer {
+                self.place_stream(ep, new_index, &hp);
+            }
             let mut payload = [0u8; ACCEPT_PAYLOAD];
             payload[..4].copy_from_slice(&handle.to_le_bytes());
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
@@ -1680,7 +1777,7 @@ impl Guest {
             if !pushed {
                 // We checked the space; only a guest moving its tail backwards (caught
                 // on the next check) gets here. Drop the connection.
-                self.free_socket(ep, new_index);
+                self.release(ep, new_index, handle);
                 return Err(Corrupt);
             }
             let head = p.head;

@@ -63,8 +63,9 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --no-batch        each host send/receive call moves at most 4 KiB (ablation)
   --rx-quantum-kib N, --tx-quantum-kib N
                     bytes a guest may receive / transmit per round (default 256 / 1024)
-  --workers N       pollers, each serving a disjoint set of guests (default 1 on <= 2
-                    cores, else cores/4 up to 4)
+  --workers N       pollers (default 1 on <= 2 cores, else cores/4 up to 4); each
+                    guest has a home worker, and with 2..16 workers its connected
+                    streams are spread over all of them by a flow hash (virtual RSS)
   --pin CPU,CPU..   pin worker i to the i-th CPU of the list (cycled)
   --loopback-only   policy: guests may only bind, connect and send to loopback addresses
   --no-shortcut     never short-circuit connections between canal guests (also:

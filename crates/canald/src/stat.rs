@@ -18,6 +18,8 @@ pub struct SockStat {
     /// A short-circuited socket with zones: the zone buffers it has posted
     /// (guest-written index, a statistic only; JSON `zone_sends`, absent otherwise).
     pub zone_sends: Option<u64>,
+    /// The worker that owns this socket (virtual RSS; else the guest's worker).
+    pub worker: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +56,8 @@ pub struct WorkerStat {
     pub c_p_ns: u64,
     pub c_v_ns: u64,
     pub active: u64,
+    /// Sockets this worker owns.
+    pub sockets: u64,
 }
 
 impl WorkerStat {
@@ -76,6 +80,7 @@ impl WorkerStat {
             c_p_ns: W::get(&st.c_p_ns),
             c_v_ns: W::get(&st.c_v_ns),
             active: W::get(&st.active),
+            sockets: W::get(&st.sockets),
         }
     }
 }
@@ -178,6 +183,7 @@ pub fn guest_stat(g: &Guest) -> GuestStat {
             tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
             rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
             zone_sends: g.sc_zone_sends(s),
+            worker: 0,
         })
         .collect();
     sockets.sort_by_key(|s| s.handle & 0xffff);
@@ -244,7 +250,7 @@ pub fn render_json(s: &Snapshot) -> String {
             o,
             ",\"guests\":{},\"rounds\":{},\"sleeps\":{},\"wakes\":{},\"kicks\":{},\
              \"holds\":{},\"spin_ns\":{},\"t_worst_ns\":{},\"t_p_ns\":{},\"t_v_ns\":{},\
-             \"c_p_ns\":{},\"c_v_ns\":{},\"active\":{}}}",
+             \"c_p_ns\":{},\"c_v_ns\":{},\"active\":{},\"sockets\":{}}}",
             w.guests,
             w.rounds,
             w.sleeps,
@@ -257,7 +263,8 @@ pub fn render_json(s: &Snapshot) -> String {
             w.t_v_ns,
             w.c_p_ns,
             w.c_v_ns,
-            w.active
+            w.active,
+            w.sockets
         );
     }
     o.push_str("]},\"guests\":[");
@@ -295,8 +302,8 @@ pub fn render_json(s: &Snapshot) -> String {
             json_str(&mut o, &k.peer);
             let _ = write!(
                 o,
-                ",\"tx_bytes\":{},\"rx_bytes\":{}",
-                k.tx_bytes, k.rx_bytes
+                ",\"tx_bytes\":{},\"rx_bytes\":{},\"worker\":{}",
+                k.tx_bytes, k.rx_bytes, k.worker
             );
             if let Some(z) = k.zone_sends {
                 let _ = write!(o, ",\"zone_sends\":{z}");
@@ -321,12 +328,13 @@ pub fn render_text(s: &Snapshot) -> String {
     for w in &s.workers {
         let _ = writeln!(
             o,
-            "worker {}  notify {}  guests {}  rounds {}  sleeps {}  wakes {}  kicks {}  \
+            "worker {}  notify {}  guests {}  sockets {}  rounds {}  sleeps {}  wakes {}  kicks {}  \
              spin {} ns  split T_p {} us / T_v {} us (T_worst {} us, C_p {} ns, C_v {} ns, \
              n {})  holds {}",
             w.id,
             w.notify,
             w.guests,
+            w.sockets,
             w.rounds,
             w.sleeps,
             w.wakes,
@@ -358,20 +366,21 @@ pub fn render_text(s: &Snapshot) -> String {
         }
         let _ = writeln!(
             o,
-            "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}",
-            "HANDLE", "KIND", "STATE", "LOCAL", "PEER", "TX_BYTES", "RX_BYTES"
+            "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}  {:>6}",
+            "HANDLE", "KIND", "STATE", "LOCAL", "PEER", "TX_BYTES", "RX_BYTES", "WORKER"
         );
         for k in &g.sockets {
             let _ = writeln!(
                 o,
-                "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}",
+                "  {:>8}  {:<12}  {:<10}  {:<22}  {:<22}  {:>12}  {:>12}  {:>6}",
                 k.handle,
                 k.kind,
                 k.state,
                 if k.local.is_empty() { "-" } else { &k.local },
                 if k.peer.is_empty() { "-" } else { &k.peer },
                 k.tx_bytes,
-                k.rx_bytes
+                k.rx_bytes,
+                k.worker
             );
         }
     }
@@ -399,6 +408,7 @@ mod tests {
                         local: "127.0.0.1:80".into(),
                         peer: "127.0.0.1:5555".into(),
                         tx_bytes: 10,
+                        worker: 0,
                         rx_bytes: 20,
                         zone_sends: None,
                     },
@@ -411,6 +421,7 @@ mod tests {
                         tx_bytes: 0,
                         rx_bytes: 0,
                         zone_sends: None,
+                        worker: 1,
                     },
                 ],
                 wakes: 3,
@@ -425,6 +436,7 @@ mod tests {
                 t_p_ns: 20_000,
                 t_v_ns: 30_000,
                 t_worst_ns: 50_000,
+                sockets: 2,
                 ..Default::default()
             }],
         }
@@ -438,13 +450,14 @@ mod tests {
             "{\"daemon\":{\"pid\":42,\"socket\":\"/tmp/x/canald.sock\",\"workers\":[\
              {\"id\":0,\"notify\":\"hybrid\",\"guests\":0,\"rounds\":10,\"sleeps\":0,\
              \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"t_worst_ns\":50000,\
-             \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0}]},\
+             \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0,\
+             \"sockets\":2}]},\
              \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\
              \"wakes\":3,\"deferred_wakes\":1,\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
-             \"tx_bytes\":10,\"rx_bytes\":20},{\"handle\":65538,\"kind\":\"tcp-listener\",\
+             \"tx_bytes\":10,\"rx_bytes\":20,\"worker\":0},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\
-             \"rx_bytes\":0}]}]}"
+             \"rx_bytes\":0,\"worker\":1}]}]}"
         );
         let empty = Snapshot {
             pid: 1,

@@ -54,6 +54,10 @@ pub struct Mapping {
 // SAFETY: the mapping is plain shared memory; all accesses go through `Region`, whose
 // accessors are atomics or byte copies.
 unsafe impl Send for Mapping {}
+// SAFETY: `Mapping` itself is only the base and length (never mutated after creation);
+// a guest's home and virtual-RSS shadow instances on different workers share it
+// through an Arc and access the memory only through `Region` (atomics, byte copies).
+unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Creates a sealed memfd of `layout.region_size` bytes, maps it and writes the

@@ -100,6 +100,7 @@ mod tests {
             token::SIGNAL,
             token::POKE,
             token::VM_PROCESS,
+            token::VRSS_DOORBELL,
             token::IVSHMEM,
             super::TOKEN,
         ];

@@ -1,12 +1,13 @@
-//! Pollers ("virtual RSS"): `canald --workers N` runs N pollers, each owning a
-//! disjoint set of guests with their doorbells and host sockets on its own epoll.
+//! Pollers: `canald --workers N` runs N pollers, each with its own epoll.
 //!
-//! Guests, not flows, are the unit of distribution: a guest's region has one request
-//! queue, one socket table and one data-area allocator, all kept host-private in its
-//! `Guest`; giving each guest to exactly one poller keeps the data path free of locks
-//! and cross-thread hand-offs (no request ever has to travel to another worker to
-//! reach the socket it names). The price: one guest's sockets never spread over
-//! several workers. New guests go to the worker with the fewest guests.
+//! Each guest has a *home* worker (new guests go to the worker with the fewest): it
+//! serves the guest's request queue and owns its allocator and entry indices. With
+//! virtual RSS (`guest::vrss`, protocol §6.3) a guest's connected streams are owned by
+//! the worker their flow hash names; a worker keeps the sockets it owns for guests
+//! homed elsewhere in *shadow* guests (`Shard::shadows`), and workers pass sockets,
+//! forwarded requests and freed entries through their mailboxes (`Worker::mbox`).
+//! Without it (one worker, an older guest library, a VM guest) all of a guest's
+//! sockets stay on its home worker.
 //!
 //! Worker 0 runs on the daemon's thread and also serves the control socket; the
 //! others run in their own threads. A worker's guests sit behind a mutex that the
@@ -16,6 +17,7 @@
 
 use crate::daemon::Config;
 use crate::engine::{NotifyMode, SpinBudget, Split, WorkerStats};
+use crate::guest::vrss::{self, Mailbox};
 use crate::guest::{shortcut, token, Guest, ShortcutRef};
 use crate::sys::{self, Epoll};
 use canal_abi::sync::{fence, Ordering};
@@ -73,6 +75,10 @@ pub struct Shard {
     pub guests: BTreeMap<u32, Guest>,
     /// Doorbell eventfds by connection key.
     pub doorbells: BTreeMap<u32, OwnedFd>,
+    /// Virtual RSS: this worker's share of guests homed elsewhere (the sockets it
+    /// owns), and its doorbell for each of those guests (DOORBELLS).
+    pub shadows: BTreeMap<u32, Guest>,
+    pub vrss_doorbells: BTreeMap<u32, OwnedFd>,
     rr: usize,
     keys: Vec<u32>,
 }
@@ -85,8 +91,9 @@ pub struct Worker {
     pub stats: Arc<WorkerStats>,
     /// Short-circuit hand-offs (pairings, peer events); shared by the daemon.
     pub shortcut: ShortcutRef,
-    /// Pokes the worker out of its sleep (a new guest, shutdown).
-    poke: OwnedFd,
+    /// Pokes the worker out of its sleep (a new guest, shutdown) and carries the
+    /// other workers' messages (virtual RSS).
+    pub mbox: Arc<Mailbox>,
     pub stop: AtomicBool,
 }
 
@@ -105,7 +112,7 @@ impl Worker {
             shard: Mutex::new(Shard::default()),
             stats: Arc::new(WorkerStats::default()),
             shortcut,
-            poke,
+            mbox: Arc::new(Mailbox::new(poke)),
             stop: AtomicBool::new(false),
         })
     }
@@ -117,7 +124,7 @@ impl Worker {
     }
 
     pub fn poke(&self) {
-        let _ = sys::eventfd_write(self.poke.as_raw_fd());
+        let _ = sys::eventfd_write(self.mbox.poke.as_raw_fd());
     }
 }
 
@@ -207,7 +214,7 @@ impl Poller {
         let (timeout, has_vm) = if sleeping {
             let sh = w.lock();
             let has_vm = sh.guests.values().any(|g| g.needs_bounded_sleep());
-            let mut t = prepare_sleep(&sh, &w.shortcut, extra_deadline);
+            let mut t = prepare_sleep(&sh, &w, extra_deadline);
             // A doorbell VM kicks us through its eventfd; the tick only notices a guest
             // process that attached without access to the doorbell (§9.5).
             if t != 0
@@ -235,7 +242,7 @@ impl Poller {
         };
         let mut sh = w.lock();
         if sleeping {
-            for g in sh.guests.values() {
+            for g in sh.guests.values().chain(sh.shadows.values()) {
                 g.set_host_sleeping(0);
             }
             if timeout != 0 {
@@ -264,16 +271,34 @@ impl Poller {
                         }
                     }
                 }
-                token::SOCKET => {
+                token::SOCKET if sh.guests.contains_key(&token::conn(tok)) => {
                     if let Some(g) = sh.guests.get_mut(&token::conn(tok)) {
                         g.socket_event(tok, bits);
                     }
                 }
+                token::VRSS_DOORBELL => {
+                    if let Some(d) = sh.vrss_doorbells.get(&token::conn(tok)) {
+                        let k = sys::eventfd_read(d).unwrap_or(0);
+                        WorkerStats::add(&w.stats.kicks, k);
+                    }
+                }
+                token::SOCKET => {
+                    if let Some(g) = sh.shadows.get_mut(&token::conn(tok)) {
+                        g.socket_event(tok, bits);
+                    }
+                }
                 token::POKE => {
-                    let _ = sys::eventfd_read(&w.poke);
+                    let _ = sys::eventfd_read(&w.mbox.poke);
                 }
                 _ => other.push((tok, bits)),
             }
+        }
+        // Virtual RSS hand-offs, forwarded requests, freed entries.
+        for m in w.mbox.take() {
+            let Shard {
+                guests, shadows, ..
+            } = &mut *sh;
+            work |= vrss::deliver(guests, shadows, &w.ep, w.id, m);
         }
         let now = Instant::now();
         if now.saturating_duration_since(self.split_at) >= SPLIT_EVERY {
@@ -291,9 +316,17 @@ impl Poller {
         }
         let window = Duration::from_nanos(self.split.t_v_ns);
         work |= serve_guests(&mut sh, &w, now, window);
+        work |= serve_shadows(&mut sh, &w, now, window);
         work |= shortcut::run(&w.shortcut, &mut sh.guests, &w.ep);
         reap(&mut sh, &w, &self.cfg);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
+        let socks: usize = sh
+            .guests
+            .values()
+            .chain(sh.shadows.values())
+            .map(|g| g.socket_count())
+            .sum();
+        WorkerStats::set(&w.stats.sockets, socks as u64);
         drop(sh);
         self.end_round(work, now);
         Ok(())
@@ -349,31 +382,25 @@ impl Poller {
 
 /// Protocol §6, host side: publish "sleeping", fence, re-check every guest. Returns
 /// the epoll timeout: 0 if work showed up, else until the next deadline (or -1).
-fn prepare_sleep(sh: &Shard, sc: &ShortcutRef, extra: Option<Instant>) -> i32 {
-    for g in sh.guests.values() {
+fn prepare_sleep(sh: &Shard, w: &Worker, extra: Option<Instant>) -> i32 {
+    let all = || sh.guests.values().chain(sh.shadows.values());
+    for g in all() {
         if g.gone.is_none() {
             g.set_host_sleeping(1);
         }
     }
     fence(Ordering::SeqCst);
-    if shortcut::has_work(sc)
-        || sh
-            .guests
-            .values()
-            .any(|g| g.gone.is_none() && g.has_pending())
+    if shortcut::has_work(&w.shortcut)
+        || !w.mbox.is_empty()
+        || all().any(|g| g.gone.is_none() && g.has_pending())
     {
-        for g in sh.guests.values() {
+        for g in all() {
             g.set_host_sleeping(0);
         }
         return 0;
     }
     let now = Instant::now();
-    let until = sh
-        .guests
-        .values()
-        .filter_map(|g| g.next_deadline())
-        .chain(extra)
-        .min();
+    let until = all().filter_map(|g| g.next_deadline()).chain(extra).min();
     match until {
         None => -1,
         Some(t) => {
@@ -415,6 +442,35 @@ fn serve_guests(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration)
         }
     }
     WorkerStats::add(&w.stats.wakes, wakes);
+    work
+}
+
+/// A round over the guests' sockets this worker owns for other home workers
+/// (virtual RSS): their data classes only — their requests reach the home.
+fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration) -> bool {
+    let mut work = false;
+    let mut wakes = 0;
+    for g in sh.shadows.values_mut() {
+        g.wake_window = wake_window;
+        let before = g.wakes;
+        work |= g.service_data(&w.ep, now).did_work();
+        wakes += g.wakes - before;
+    }
+    WorkerStats::add(&w.stats.wakes, wakes);
+    let mut done = Vec::new();
+    for (k, g) in sh.shadows.iter_mut() {
+        if let Some(deadline) = g.gone {
+            if deadline <= now {
+                g.close_all(&w.ep);
+            }
+            if g.finished() {
+                done.push(*k);
+            }
+        }
+    }
+    for k in done {
+        sh.shadows.remove(&k);
+    }
     work
 }
 

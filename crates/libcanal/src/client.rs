@@ -8,7 +8,7 @@ use canal_abi::control::{self, kind as ck, CTL_HEADER};
 use canal_abi::queue::QueueProducer;
 use canal_abi::sync::{fence, AtomicU32, Ordering};
 use canal_abi::{
-    feature, sleep_kind, slot_state, Region, Slot, SocketEntry, SLOT_PAYLOAD, WAIT_ANY,
+    feature, sleep_kind, slot_state, Region, Slot, SocketEntry, MAX_WORKERS, SLOT_PAYLOAD, WAIT_ANY,
 };
 use core::cell::Cell;
 use core::sync::atomic::{AtomicBool, AtomicI32};
@@ -40,6 +40,10 @@ pub struct Guest {
     memfd: c_int,
     region_size: u64,
     lockfd: c_int,
+    /// Virtual RSS (feature::VRSS): canald's doorbell per worker (DOORBELLS), and
+    /// how many; 0 until received (then every kick goes to the home doorbell).
+    wdoor: [AtomicI32; MAX_WORKERS],
+    nworkers: AtomicU32,
 }
 
 /// (ctl, memfd, doorbell, lockfd, region_size) for an exec'd image (rejoin.rs).
@@ -132,6 +136,8 @@ pub fn rejoin(p: &crate::rejoin::Parsed) -> Option<&'static Guest> {
         memfd: p.memfd,
         region_size: p.region_size,
         lockfd: p.lockfd,
+        wdoor: Default::default(),
+        nworkers: AtomicU32::new(0),
     };
     lock(&ATTACH_LOCK);
     let ok = GUEST.set(g).is_ok();
@@ -140,6 +146,8 @@ pub fn rejoin(p: &crate::rejoin::Parsed) -> Option<&'static Guest> {
     if !ok {
         return Some(g);
     }
+    // The doorbells are not inherited over exec: ask canald again.
+    vrss_setup(g);
     // The exec'ing thread's slot: idle, and nobody in this image owns it.
     if p.old_slot != u32::MAX {
         release_slot(g, p.old_slot, -1);
@@ -349,7 +357,11 @@ pub fn ensure_attached() -> Option<&'static Guest> {
         match r {
             Ok(g) => {
                 let _ = GUEST.set(g);
-                GUEST.get()
+                let g = GUEST.get();
+                if let Some(g) = g {
+                    vrss_setup(g);
+                }
+                g
             }
             Err((e, what)) => {
                 let n = path.iter().position(|&c| c == 0).unwrap_or(0);
@@ -436,9 +448,9 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     // HELLO: pid, flags, comm.
     let mut body = [0u8; control::HELLO_BODY];
     body[0..4].copy_from_slice(&(sys::getpid() as u32).to_le_bytes());
-    body[4..8].copy_from_slice(
-        &(control::hello_flag::SHORTCUT | control::hello_flag::ZONES).to_le_bytes(),
-    );
+    let flags =
+        control::hello_flag::SHORTCUT | control::hello_flag::ZONES | control::hello_flag::VRSS;
+    body[4..8].copy_from_slice(&flags.to_le_bytes());
     let mut comm = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes into comm.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
@@ -508,6 +520,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         memfd,
         region_size,
         lockfd,
+        wdoor: Default::default(),
+        nworkers: AtomicU32::new(0),
     };
     debug!(
         g,
@@ -575,6 +589,8 @@ fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
         memfd: -1,
         region_size: g_region_size,
         lockfd: -1,
+        wdoor: Default::default(),
+        nworkers: AtomicU32::new(0),
     };
     debug!(
         g,
@@ -685,12 +701,13 @@ fn send_msg(fd: c_int, kind: u16, body: &[u8], pass: c_int) -> Result<(), i32> {
 }
 
 /// Receives one control message; returns (kind, total bytes, descriptors received).
-fn recv_msg(fd: c_int, buf: &mut [u8], fds: &mut [c_int; 2]) -> Result<(u16, usize, usize), i32> {
+fn recv_msg(fd: c_int, buf: &mut [u8], fds: &mut [c_int]) -> Result<(u16, usize, usize), i32> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr() as *mut _,
         iov_len: buf.len(),
     };
-    let mut cbuf = [0u64; 8];
+    // Room for MAX_WORKERS descriptors (DOORBELLS_OK).
+    let mut cbuf = [0u64; 16];
     // SAFETY: msghdr is plain data.
     let mut mh: libc::msghdr = unsafe { core::mem::zeroed() };
     mh.msg_iov = &mut iov;
@@ -876,7 +893,7 @@ fn ctl_exchange<T>(
     let r = (|| {
         send_msg(g.ctl, kind, body, fd)?;
         let mut buf = [0u8; 256];
-        let mut fds = [-1; 2];
+        let mut fds = [-1; MAX_WORKERS];
         loop {
             let (k, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
             let reply = &buf[CTL_HEADER..n];
@@ -1015,10 +1032,74 @@ pub fn kick(g: &Guest) {
     }
 }
 
-/// Marks socket `index` for the host's attention (A1) and kicks.
+/// Marks socket `index` for the host's attention (A1) and kicks the worker that owns
+/// it (virtual RSS, protocol §6.3), or the home worker.
 pub fn attention(g: &Guest, index: u32) {
     g.region.raise_attention(index);
-    kick(g);
+    let n = g.nworkers.load(Ordering::Acquire);
+    if n == 0 {
+        return kick(g);
+    }
+    // K1 as in kick: the bit before the owner and sleep words.
+    fence(Ordering::SeqCst);
+    let w = g
+        .region
+        .socket(index)
+        .map_or(u32::MAX, |e| e.owner.load(Ordering::Relaxed));
+    let h = g.region.header();
+    let (Some(word), Some(door)) = (h.worker_sleeping.get(w as usize), g.wdoor.get(w as usize))
+    else {
+        return kick(g);
+    };
+    if w >= n {
+        return kick(g);
+    }
+    if word.load(Ordering::Relaxed) != 0 && word.swap(0, Ordering::AcqRel) == 1 {
+        if sys::eventfd_signal(door.load(Ordering::Relaxed)).is_err() {
+            mark_dead();
+        }
+        h.kicks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Virtual RSS: with feature::VRSS, fetch one doorbell per canald worker (DOORBELLS).
+/// Without them every kick goes to the home worker, and canald keeps this guest's
+/// sockets there (it spreads them only once it has answered DOORBELLS).
+fn vrss_setup(g: &'static Guest) {
+    if g.region.header().features & feature::VRSS == 0 || g.ctl < 0 {
+        return;
+    }
+    let mut got = [-1; MAX_WORKERS];
+    let r = ctl_exchange(g, ck::DOORBELLS, &[], -1, |k, body, fds| {
+        if k != ck::DOORBELLS_OK {
+            return None;
+        }
+        let n = body
+            .get(..4)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        if n != fds.len() || n > MAX_WORKERS {
+            // Malformed: drop what came and keep kicking the home worker.
+            for &f in fds {
+                let _ = sys::close(f);
+            }
+            return Some(0);
+        }
+        got[..n].copy_from_slice(fds);
+        Some(n)
+    });
+    let n = match r {
+        Ok(n) if n > 0 => n,
+        _ => return,
+    };
+    for (i, &fd) in got[..n].iter().enumerate() {
+        let old = g.wdoor[i].swap(fd, Ordering::Relaxed);
+        let _ = TABLE.set_internal(fd);
+        if old > 0 {
+            let _ = sys::close(old);
+        }
+    }
+    // Release: the descriptors before the count.
+    g.nworkers.store(n as u32, Ordering::Release);
 }
 
 /// Runs one request on the calling thread's slot. `out` receives the payload the host

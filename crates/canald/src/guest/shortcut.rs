@@ -355,6 +355,7 @@ impl Guest {
             if let Some(s) = self.sockets.get_mut(ni as usize) {
                 *s = None; // never published; nothing else refers to it
             }
+            self.set_owned(ni, false);
             self.release_entry(ni);
             return Ok(None);
         }
@@ -414,6 +415,8 @@ impl Guest {
             pending_dgram: None,
             seg: Some(link),
         });
+        // Its attention bit is this guest instance's to take.
+        self.set_owned(index, true);
         Ok(handle)
     }
 

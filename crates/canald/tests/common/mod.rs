@@ -90,6 +90,8 @@ pub struct TestGuest {
     pub slot: u32,
     pub port: OwnedFd,
     seq: u32,
+    /// Virtual RSS: one doorbell per canald worker (`doorbells`); empty: none.
+    pub wdoors: Vec<OwnedFd>,
 }
 
 impl TestGuest {
@@ -141,6 +143,7 @@ impl TestGuest {
             slot,
             port,
             seq: 0,
+            wdoors: Vec::new(),
         };
         g.register_port();
         g
@@ -164,6 +167,41 @@ impl TestGuest {
         if h.host_sleeping.swap(0, Ordering::SeqCst) == 1 {
             sys::eventfd_write(self.doorbell.as_raw_fd()).unwrap();
             h.kicks.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Virtual RSS: asks for the per-worker doorbells (DOORBELLS); from then on data
+    /// kicks go to the owner of the socket (protocol §6.3).
+    pub fn doorbells(&mut self) -> Result<(), Vec<u8>> {
+        send_ctl(&self.ctl, kind::DOORBELLS, &[], &[]);
+        let (k, body, fds) = recv_ctl(&self.ctl);
+        if k != kind::DOORBELLS_OK {
+            return Err(body);
+        }
+        assert_eq!(
+            u32::from_le_bytes(body[..4].try_into().unwrap()) as usize,
+            fds.len()
+        );
+        self.wdoors = fds;
+        Ok(())
+    }
+
+    /// The kick after raising socket `index`'s attention bit: to the owning worker
+    /// (virtual RSS) if it sleeps, else the §6 kick.
+    pub fn kick_socket(&self, index: u32) {
+        if self.wdoors.is_empty() {
+            return self.kick();
+        }
+        fence(Ordering::SeqCst);
+        let w = self
+            .region
+            .socket(index)
+            .unwrap()
+            .owner
+            .load(Ordering::Relaxed) as usize;
+        let word = &self.region.header().worker_sleeping[w];
+        if word.swap(0, Ordering::SeqCst) == 1 {
+            sys::eventfd_write(self.wdoors[w].as_raw_fd()).unwrap();
         }
     }
 
@@ -304,7 +342,7 @@ impl TestGuest {
         let n = p.push(data).expect("tx ring sane");
         if n > 0 {
             self.region.raise_attention(canal_abi::handle_index(h));
-            self.kick();
+            self.kick_socket(canal_abi::handle_index(h));
         }
         n
     }
@@ -337,7 +375,7 @@ impl TestGuest {
             fence(Ordering::SeqCst);
             if e.flags.load(Ordering::Relaxed) & sock_flag::RX_WANT_SPACE != 0 {
                 self.region.raise_attention(canal_abi::handle_index(h));
-                self.kick();
+                self.kick_socket(canal_abi::handle_index(h));
             }
         }
         n

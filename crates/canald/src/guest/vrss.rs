@@ -1,0 +1,582 @@
+//! Virtual RSS (protocol §6.3, docs/architecture.md "Threads"): with `--workers N`
+//! a guest's connected stream sockets are spread over the workers by a flow hash.
+//!
+//! A guest keeps a *home* worker: it pops the request queue, owns the data-area
+//! allocator and the entry indices, and serves listeners, datagram sockets and
+//! unconnected streams. A stream socket whose flow is known (connect issued, or
+//! accepted) goes to worker `flow_hash(local, peer) % N`; if that is not the home, the
+//! home hands the socket's host state (fd, ring positions, phase) over once, through
+//! the owner's mailbox, and the owner keeps it in a *shadow* `Guest` (the same region
+//! mapping, the same slot ports, its own socket table, wake-up coalescing and
+//! deficits). From then on only the owner touches that socket's host line, rings and
+//! attention bit: the data path takes no locks. Requests naming the socket are
+//! forwarded to the owner, which completes the guest's slot itself; when it frees the
+//! socket it gives the entry and the rings back to the home (`Msg::Freed`).
+#![forbid(unsafe_code)]
+
+use super::{Guest, GuestConfig, HostSocket, Ports};
+use crate::request::{self, Request};
+use crate::sys::{self, Epoll};
+use canal_abi::sync::Ordering;
+use canal_abi::{CanalAddr, Region};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A fixed-key hash of a flow (host view): the same flow always maps to the same
+/// value, in every canald. 64-bit multiply-xorshift mixing over the address family,
+/// both addresses and both ports.
+pub fn flow_hash(local: &CanalAddr, peer: &CanalAddr) -> u32 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    fn mix(h: u64, v: u64) -> u64 {
+        let x = (h ^ v).wrapping_mul(K);
+        x ^ (x >> 29)
+    }
+    let mut h = mix(0x6361_6e61_6c72_7373, local.family as u64);
+    for a in [local, peer] {
+        h = mix(
+            h,
+            u64::from_le_bytes(a.addr[..8].try_into().unwrap_or([0; 8])),
+        );
+        h = mix(
+            h,
+            u64::from_le_bytes(a.addr[8..].try_into().unwrap_or([0; 8])),
+        );
+        h = mix(h, a.port as u64);
+    }
+    let h = h.wrapping_mul(K);
+    (h ^ (h >> 32)) as u32
+}
+
+/// The worker owning a flow among `workers` (≥ 1).
+pub fn owner_of(local: &CanalAddr, peer: &CanalAddr, workers: u32) -> u32 {
+    flow_hash(local, peer) % workers.max(1)
+}
+
+/// What one worker tells another about a guest's sockets.
+pub enum Msg {
+    /// Take over a socket (home → owner): create the guest's shadow if needed.
+    Adopt {
+        seed: Box<Seed>,
+        sock: Box<HostSocket>,
+    },
+    /// Execute a request on a socket this worker owns and complete slot `slot`.
+    Request {
+        conn: u32,
+        slot: u32,
+        req: Box<Request>,
+    },
+    /// The guest's last descriptor of (index, gen) is gone (WATCH): close it.
+    Close { conn: u32, index: u32, gen: u16 },
+    /// The owner freed a socket (owner → home): the entry index may be reused with
+    /// `next_gen`; the rings go back to the allocator.
+    Freed {
+        conn: u32,
+        index: u32,
+        next_gen: u16,
+        rings: [(u64, u64); 2],
+    },
+}
+
+/// A worker's inbox; `send` pokes the worker out of its sleep.
+pub struct Mailbox {
+    q: Mutex<Vec<Msg>>,
+    pub poke: OwnedFd,
+}
+
+impl Mailbox {
+    pub fn new(poke: OwnedFd) -> Mailbox {
+        Mailbox {
+            q: Mutex::new(Vec::new()),
+            poke,
+        }
+    }
+    pub fn send(&self, m: Msg) {
+        self.q.lock().unwrap_or_else(|e| e.into_inner()).push(m);
+        let _ = sys::eventfd_write(self.poke.as_raw_fd());
+    }
+    pub fn take(&self) -> Vec<Msg> {
+        std::mem::take(&mut *self.q.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+    pub fn is_empty(&self) -> bool {
+        self.q.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+}
+
+/// Every worker's mailbox, by worker id.
+pub type Boxes = Arc<[Arc<Mailbox>]>;
+
+/// What a worker needs to serve a guest's sockets without its home.
+pub struct Seed {
+    id: u32,
+    conn: u32,
+    pid: u32,
+    comm: String,
+    cfg: GuestConfig,
+    map: Arc<sys::Mapping>,
+    region: Region,
+    ports: Ports,
+    home: u32,
+    boxes: Boxes,
+    departed: Arc<AtomicBool>,
+}
+
+/// Per-instance virtual RSS state.
+pub struct State {
+    /// The worker this instance runs on, and the guest's home worker.
+    pub me: u32,
+    pub home: u32,
+    boxes: Boxes,
+    /// Home only: entry index → (owner worker, handle) of sockets served elsewhere.
+    away: Vec<Option<(u32, u32)>>,
+    /// Set by the home when the guest's control connection closed.
+    departed: Arc<AtomicBool>,
+    /// Home only: sockets handed over so far.
+    pub moved: u64,
+}
+
+impl State {
+    pub fn is_shadow(&self) -> bool {
+        self.me != self.home
+    }
+}
+
+impl Guest {
+    /// Turns virtual RSS on for a home guest on worker `me` (DOORBELLS answered).
+    /// Idempotent: an exec'd image asks again.
+    pub fn enable_vrss(&mut self, me: u32, boxes: Boxes) {
+        if self.vr.is_some() || boxes.len() < 2 {
+            return;
+        }
+        for i in 0..self.sockets.len() {
+            if self.sockets[i].is_some() {
+                self.entry(i as u32).owner.store(me, Ordering::Release);
+            }
+        }
+        self.vr = Some(Box::new(State {
+            me,
+            home: me,
+            boxes,
+            away: vec![None; self.sockets.len()],
+            departed: Arc::new(AtomicBool::new(false)),
+            moved: 0,
+        }));
+    }
+
+    /// This instance serves sockets of a guest whose home is another worker.
+    pub fn is_shadow(&self) -> bool {
+        self.vr.as_ref().is_some_and(|v| v.is_shadow())
+    }
+
+    /// Sockets handed to other workers so far (home), for `canal stat`.
+    pub fn vrss_moved(&self) -> u64 {
+        self.vr.as_ref().map_or(0, |v| v.moved)
+    }
+
+    /// The worker a new socket's entry names as owner (before it is published).
+    pub(super) fn self_owner(&self) -> u32 {
+        self.vr.as_ref().map_or(0, |v| v.me)
+    }
+
+    fn seed(&self) -> Option<Box<Seed>> {
+        let vr = self.vr.as_ref()?;
+        Some(Box::new(Seed {
+            id: self.id,
+            conn: self.conn,
+            pid: self.pid,
+            comm: self.comm.clone(),
+            cfg: self.cfg.clone(),
+            map: self.map.clone(),
+            region: self.region,
+            ports: self.ports.clone(),
+            home: vr.home,
+            boxes: vr.boxes.clone(),
+            departed: vr.departed.clone(),
+        }))
+    }
+
+    /// A shadow instance on worker `me` from a home's seed.
+    pub fn shadow(seed: &Seed, me: u32) -> Guest {
+        let n = seed.cfg.layout.socket_count as usize;
+        let mut g = Guest::from_parts(
+            seed.id,
+            seed.conn,
+            seed.pid,
+            seed.comm.clone(),
+            seed.cfg.clone(),
+            seed.map.clone(),
+            seed.region,
+        );
+        g.ports = seed.ports.clone();
+        g.vr = Some(Box::new(State {
+            me,
+            home: seed.home,
+            boxes: seed.boxes.clone(),
+            away: Vec::new(),
+            departed: seed.departed.clone(),
+            moved: 0,
+        }));
+        debug_assert_eq!(g.sockets.len(), n);
+        g
+    }
+
+    pub(super) fn set_owned(&mut self, index: u32, on: bool) {
+        if let Some(w) = self.owned.get_mut((index / 64) as usize) {
+            if on {
+                *w |= 1 << (index % 64);
+            } else {
+                *w &= !(1 << (index % 64));
+            }
+        }
+    }
+
+    /// Home: the socket at `index` lives on another worker (true: not free here).
+    pub(super) fn is_away(&self, index: u32) -> bool {
+        self.vr
+            .as_ref()
+            .and_then(|v| v.away.get(index as usize))
+            .is_some_and(|a| a.is_some())
+    }
+
+    /// The owner of an away socket named by exactly `handle`.
+    fn away_owner(&self, handle: u32) -> Option<u32> {
+        let vr = self.vr.as_ref()?;
+        match vr.away.get(canal_abi::handle_index(handle) as usize) {
+            Some(Some((w, h))) if *h == handle => Some(*w),
+            _ => None,
+        }
+    }
+
+    /// Home: a request naming a socket served by another worker goes there; the
+    /// owner completes the slot. True if forwarded.
+    pub(super) fn forward(&mut self, slot: u32, req: &Request) -> bool {
+        if !request::needs_handle(req.op) {
+            return false;
+        }
+        let Some(w) = self.away_owner(req.socket) else {
+            return false;
+        };
+        let Some(vr) = self.vr.as_ref() else {
+            return false;
+        };
+        let Some(mb) = vr.boxes.get(w as usize) else {
+            return false;
+        };
+        mb.send(Msg::Request {
+            conn: self.conn,
+            slot,
+            req: Box::new(req.clone()),
+        });
+        true
+    }
+
+    /// Home: a stream socket's flow is now known (connect issued, or accepted):
+    /// hand it to its owner by the flow hash if that is another worker.
+    pub(super) fn place_stream(&mut self, ep: &Epoll, index: u32, peer: &CanalAddr) {
+        let Some(vr) = self.vr.as_ref() else {
+            return;
+        };
+        if vr.is_shadow() || self.gone.is_some() {
+            return;
+        }
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        if s.kind != super::Kind::Stream || s.seg.is_some() || s.closing.is_some() {
+            return;
+        }
+        let Some(fd) = &s.fd else {
+            return;
+        };
+        let Ok(local) = sys::sockname(fd) else {
+            return;
+        };
+        let to = owner_of(&local, peer, vr.boxes.len() as u32);
+        if to != vr.me {
+            self.hand_off(ep, index, to);
+        }
+    }
+
+    /// Moves socket `index` to worker `to`: off this epoll, out of this table, owner
+    /// word updated (before the owner can see it), then into the owner's mailbox.
+    fn hand_off(&mut self, ep: &Epoll, index: u32, to: u32) {
+        let Some(seed) = self.seed() else {
+            return;
+        };
+        let Some(mut s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        if let Some(fd) = &s.fd {
+            ep.delete(fd.as_raw_fd());
+        }
+        s.dirty = false;
+        self.set_owned(index, false);
+        self.entry(index).owner.store(to, Ordering::Release);
+        let handle = s.handle;
+        let Some(vr) = self.vr.as_mut() else {
+            return;
+        };
+        if let Some(a) = vr.away.get_mut(index as usize) {
+            *a = Some((to, handle));
+        }
+        vr.moved += 1;
+        if let Some(mb) = vr.boxes.get(to as usize) {
+            mb.send(Msg::Adopt {
+                seed,
+                sock: Box::new(s),
+            });
+        }
+    }
+
+    /// Owner: takes over a socket handed over by the home.
+    pub fn adopt(&mut self, ep: &Epoll, mut s: HostSocket) {
+        let index = s.index();
+        let tok = super::token::make(
+            super::token::SOCKET,
+            self.conn,
+            s.generation(),
+            index as u16,
+        );
+        if let Some(fd) = &s.fd {
+            let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
+            if ep.add(fd.as_raw_fd(), ev, tok).is_err() {
+                // Out of epoll memory: the socket cannot be served; report it broken.
+                s.fd = None;
+                s.phase = super::Phase::Broken;
+            }
+        }
+        if let Some(d) = self.gone {
+            s.closing = Some(s.closing.map_or(d, |c| c.min(d)));
+            self.note_deadline(d);
+        } else if self
+            .vr
+            .as_ref()
+            .is_some_and(|v| v.departed.load(std::sync::atomic::Ordering::Acquire))
+        {
+            // The guest left while the socket was on its way.
+            let now = Instant::now();
+            self.sockets[index as usize] = Some(s);
+            self.set_owned(index, true);
+            self.depart(ep, now);
+            return;
+        }
+        // The fresh registration reports the current readiness again (edge state is
+        // per epoll); service the socket once in any case.
+        s.readable = true;
+        s.writable = true;
+        if let Some(slot) = self.sockets.get_mut(index as usize) {
+            *slot = Some(s);
+        }
+        self.set_owned(index, true);
+        self.mark_dirty(index);
+    }
+
+    /// Home: the guest left; shadows learn it from this flag (sockets in flight).
+    pub(super) fn mark_departed(&self) {
+        if let Some(vr) = &self.vr {
+            vr.departed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Frees or, if it lives elsewhere, closes the socket (index, handle).
+    pub(super) fn release(&mut self, ep: &Epoll, index: u32, handle: u32) {
+        if let Some(w) = self.away_owner(handle) {
+            if let Some(mb) = self.vr.as_ref().and_then(|v| v.boxes.get(w as usize)) {
+                mb.send(Msg::Close {
+                    conn: self.conn,
+                    index,
+                    gen: canal_abi::handle_generation(handle) as u16,
+                });
+            }
+            return;
+        }
+        if self
+            .sockets
+            .get(index as usize)
+            .is_some_and(|x| x.as_ref().is_some_and(|x| x.handle == handle))
+        {
+            self.free_socket(ep, index);
+        }
+    }
+
+    /// WATCH for a socket served by another worker: forwarded. True if it was away.
+    pub(super) fn close_away(&mut self, index: u32, gen: u16) -> bool {
+        let handle = canal_abi::make_handle(index, gen as u32);
+        if self.away_owner(handle).is_none() {
+            return false;
+        }
+        if let Some(w) = self.away_owner(handle) {
+            if let Some(mb) = self.vr.as_ref().and_then(|v| v.boxes.get(w as usize)) {
+                mb.send(Msg::Close {
+                    conn: self.conn,
+                    index,
+                    gen,
+                });
+            }
+        }
+        true
+    }
+
+    /// Whether (index, gen) is a socket of this guest served by another worker.
+    pub(super) fn has_away(&self, index: u32, gen: u16) -> bool {
+        self.away_owner(canal_abi::make_handle(index, gen as u32))
+            .is_some()
+    }
+
+    /// Owner: a freed socket's entry and rings go back to the home's allocator.
+    /// Returns true if this instance is a shadow (the home reclaims them).
+    pub(super) fn give_back(&mut self, index: u32, next_gen: u16, rings: [(u64, u64); 2]) -> bool {
+        let Some(vr) = self.vr.as_ref() else {
+            return false;
+        };
+        if !vr.is_shadow() {
+            return false;
+        }
+        if let Some(mb) = vr.boxes.get(vr.home as usize) {
+            mb.send(Msg::Freed {
+                conn: self.conn,
+                index,
+                next_gen,
+                rings,
+            });
+        }
+        true
+    }
+
+    /// Home: an owner freed a socket.
+    pub fn reclaim(&mut self, index: u32, next_gen: u16, rings: [(u64, u64); 2]) {
+        let Some(vr) = self.vr.as_mut() else {
+            return;
+        };
+        match vr.away.get_mut(index as usize) {
+            Some(a @ Some(_)) => *a = None,
+            _ => return,
+        }
+        for (off, size) in rings {
+            self.alloc.free(off, size);
+        }
+        if let Some(g) = self.generations.get_mut(index as usize) {
+            *g = next_gen;
+        }
+        if self.gone.is_none() {
+            self.rearm_listeners();
+        }
+    }
+
+    /// Home: sockets away (for `finished`).
+    pub(super) fn any_away(&self) -> bool {
+        self.vr
+            .as_ref()
+            .is_some_and(|v| v.away.iter().any(|a| a.is_some()))
+    }
+}
+
+/// Delivers one message to worker `me`'s shard.
+pub fn deliver(
+    guests: &mut std::collections::BTreeMap<u32, Guest>,
+    shadows: &mut std::collections::BTreeMap<u32, Guest>,
+    ep: &Epoll,
+    me: u32,
+    m: Msg,
+) -> bool {
+    match m {
+        Msg::Adopt { seed, sock } => {
+            let g = shadows
+                .entry(seed.conn)
+                .or_insert_with(|| Guest::shadow(&seed, me));
+            g.adopt(ep, *sock);
+        }
+        Msg::Request { conn, slot, req } => {
+            if let Some(g) = shadows.get_mut(&conn) {
+                g.wake.begin_round(Instant::now());
+                g.run_request(ep, slot, &req);
+            } else {
+                // No shadow (it was reaped: the guest left): answer EBADF so no
+                // thread waits forever.
+                let any = guests.get(&conn).map(|g| g.region);
+                if let Some(slot_ref) = any.as_ref().and_then(|r| r.slot(slot)) {
+                    slot_ref
+                        .result
+                        .store(-(canal_abi::errno::EBADF as i64), Ordering::Relaxed);
+                    slot_ref.done_seq.store(req.seq, Ordering::Relaxed);
+                    slot_ref
+                        .state
+                        .store(canal_abi::slot_state::DONE, Ordering::Release);
+                }
+            }
+        }
+        Msg::Close { conn, index, gen } => {
+            if let Some(g) = shadows.get_mut(&conn) {
+                g.close_unreferenced(index, gen);
+            }
+        }
+        Msg::Freed {
+            conn,
+            index,
+            next_gen,
+            rings,
+        } => {
+            if let Some(g) = guests.get_mut(&conn) {
+                g.reclaim(index, next_gen, rings);
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(ip: [u8; 4], port: u16) -> CanalAddr {
+        CanalAddr::v4(ip, port)
+    }
+
+    #[test]
+    fn flow_hash_is_stable() {
+        let (l, p) = (a([127, 0, 0, 1], 40000), a([127, 0, 0, 1], 7));
+        // Fixed key: the same flow, the same value, in every run and every canald.
+        assert_eq!(flow_hash(&l, &p), flow_hash(&l, &p));
+        const GOLDEN: u32 = 1_845_638_679;
+        assert_eq!(flow_hash(&l, &p), GOLDEN);
+        // Direction matters (host view: local, then peer).
+        assert_ne!(flow_hash(&l, &p), flow_hash(&p, &l));
+    }
+
+    #[test]
+    fn owners_are_disjoint_and_spread() {
+        for n in [1u32, 2, 3, 4, 16] {
+            let mut count = vec![0u32; n as usize];
+            for port in 32768..(32768 + 4000u16) {
+                let o = owner_of(&a([127, 0, 0, 1], port), &a([127, 0, 0, 1], 8080), n);
+                assert!(o < n, "owner in range");
+                // One owner per flow (disjoint sets): asking again gives the same one.
+                assert_eq!(
+                    o,
+                    owner_of(&a([127, 0, 0, 1], port), &a([127, 0, 0, 1], 8080), n)
+                );
+                count[o as usize] += 1;
+            }
+            // Consecutive ephemeral ports spread over every worker, none starved.
+            let fair = 4000 / n;
+            for c in &count {
+                assert!(*c > fair / 2 && *c < fair * 3 / 2, "n={n}: {count:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn ipv6_and_ports_count() {
+        let l6 = CanalAddr::v6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 5000, 0, 0);
+        let p6 = CanalAddr::v6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 6000, 0, 0);
+        let mut seen = std::collections::BTreeSet::new();
+        for port in 5000..5064 {
+            let mut l = l6;
+            l.port = port;
+            seen.insert(owner_of(&l, &p6, 2));
+        }
+        assert_eq!(seen.len(), 2, "IPv6 flows spread too");
+    }
+}
