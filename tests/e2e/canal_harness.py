@@ -9,6 +9,7 @@ import subprocess
 import signal
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -351,3 +352,21 @@ def runner(request, mode):
     if mode == "native":
         return request.getfixturevalue("procs")
     return request.getfixturevalue("canald")
+
+
+@contextmanager
+def serving_canald(canal_bin, procs, args=()):
+    """A private canald (extra switches `args`) for the body of the `with`; afterwards
+    the test's other processes stop first, so the daemon sees its guests leave, then the
+    daemon, and the test fails if the daemon crashed. The body of every canald fixture."""
+    d = Canald(canal_bin, procs, args=list(args))
+    try:
+        d.start()
+        yield d
+    finally:
+        for p in reversed(procs.all):
+            if p is not d.proc:
+                p.stop(grace=2.0)
+        crashed = d.stop()
+    if crashed:
+        pytest.fail(crashed)

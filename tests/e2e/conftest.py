@@ -31,7 +31,7 @@ import sys
 
 import pytest
 
-from canal_harness import PROGS, Canald, Procs, bin_path
+from canal_harness import PROGS, Procs, bin_path, serving_canald
 
 DEFAULT_DEADLINE = 150
 
@@ -97,15 +97,5 @@ def procs(tmp_path):
 
 @pytest.fixture
 def canald(canal_bin, libcanal_so, canald_bin, procs):
-    d = Canald(canal_bin, procs)
-    try:
-        d.start()
+    with serving_canald(canal_bin, procs) as d:
         yield d
-    finally:
-        # guests first, so the daemon sees them leave; then the daemon
-        for p in reversed(procs.all):
-            if p is not d.proc:
-                p.stop(grace=2.0)
-        crashed = d.stop()
-    if crashed:
-        pytest.fail(crashed)

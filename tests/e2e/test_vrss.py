@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from canal_harness import Canald
+from canal_harness import serving_canald
 import e2e_util
 
 CONNS = 16
@@ -18,17 +18,8 @@ CONNS = 16
 
 @pytest.fixture
 def canald2(canal_bin, libcanal_so, canald_bin, procs):
-    d = Canald(canal_bin, procs)
-    try:
-        d.start(args=["--workers", "2"])
+    with serving_canald(canal_bin, procs, ["--workers", "2"]) as d:
         yield d
-    finally:
-        for p in reversed(procs.all):
-            if p is not d.proc:
-                p.stop(grace=2.0)
-        crashed = d.stop()
-    if crashed:
-        pytest.fail(crashed)
 
 
 def _setup(canald2, procs, python, progs):

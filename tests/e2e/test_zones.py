@@ -12,7 +12,7 @@ import signal
 import pytest
 
 import test_shortcut
-from canal_harness import Canald
+from canal_harness import serving_canald
 
 ZONE_ARGS = ["--zones", "on", "--shortcut-ring-kib", "64"]
 MSG = 3 << 20
@@ -20,17 +20,8 @@ MSG = 3 << 20
 
 @pytest.fixture
 def zcanald(canal_bin, libcanal_so, canald_bin, procs):
-    d = Canald(canal_bin, procs, args=ZONE_ARGS)
-    try:
-        d.start()
+    with serving_canald(canal_bin, procs, ZONE_ARGS) as d:
         yield d
-    finally:
-        for p in reversed(procs.all):
-            if p is not d.proc:
-                p.stop(grace=2.0)
-        crashed = d.stop()
-    if crashed:
-        pytest.fail(crashed)
 
 
 # The receiving end: accepts one connection, waits for a line on stdin, then reads

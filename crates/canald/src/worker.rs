@@ -457,38 +457,33 @@ fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration
         wakes += g.wakes - before;
     }
     WorkerStats::add(&w.stats.wakes, wakes);
-    let mut done = Vec::new();
-    for (k, g) in sh.shadows.iter_mut() {
-        if let Some(deadline) = g.gone {
-            if deadline <= now {
-                g.close_all(&w.ep);
-            }
-            if g.finished() {
-                done.push(*k);
-            }
-        }
-    }
-    for k in done {
+    for k in departed_and_done(&mut sh.shadows, &w.ep, now) {
         sh.shadows.remove(&k);
     }
     work
 }
 
-/// Drops departed guests whose sockets are all closed (or whose drain time ran out).
-fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) {
-    let now = Instant::now();
+/// Closes what is left of departed guests whose drain time ran out and returns the keys
+/// of those whose sockets are all closed (to be dropped).
+fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, ep: &Epoll, now: Instant) -> Vec<u32> {
     let mut done = Vec::new();
-    for (k, g) in sh.guests.iter_mut() {
+    for (k, g) in guests.iter_mut() {
         if let Some(deadline) = g.gone {
             if deadline <= now {
-                g.close_all(&w.ep);
+                g.close_all(ep);
             }
             if g.finished() {
                 done.push(*k);
             }
         }
     }
-    for k in done {
+    done
+}
+
+/// Drops departed guests whose sockets are all closed (or whose drain time ran out).
+fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) {
+    let now = Instant::now();
+    for k in departed_and_done(&mut sh.guests, &w.ep, now) {
         if let Some(g) = sh.guests.remove(&k) {
             if cfg.verbose {
                 eprintln!("canald: guest {} freed (worker {})", g.id, w.id);
