@@ -414,10 +414,17 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             if !q {
                 c.extend(cells(plan, &[Rr], &[64], &[1], &v, &[Tcp, CanalGG]));
             }
+            // Guest↔guest traffic is short-circuited past canald, where batching and
+            // coalescing act: their share shows on guest→native connections.
+            let gn = ["default", "disable=poll", "disable=batch", "disable=coalesce"];
+            c.extend(cells(plan, &[Stream], &[16384], &[1], &gn, &[CanalGN]));
+            if !q {
+                c.extend(cells(plan, &[Rr], &[64], &[1], &gn, &[CanalGN]));
+            }
             Experiment {
                 id: "B8",
                 title: "ablation: each canal mechanism switched off in turn",
-                measures: "stream throughput at 16 KiB (and RR p50 at 64 B in full mode) with one mechanism disabled",
+                measures: "stream throughput at 16 KiB (and RR p50 at 64 B in full mode) with one mechanism disabled, guest↔guest and guest→native",
                 target: "each mechanism's share shown; each one pays for itself",
                 cells: c,
                 unavailable: None,

@@ -689,6 +689,34 @@ pub fn experiment_section(e: &Experiment, aggs: &[CellAgg], notes: &mut Vec<Stri
                         &size_rows(cells, Rr, "rtt_p50_us"),
                         &cols,
                     );
+                    // Guest→native: the path through canald (batching, coalescing).
+                    let gn: Vec<Col> = variants_in(cells)
+                        .iter()
+                        .filter(|v| {
+                            cells
+                                .iter()
+                                .any(|c| c.system == CanalGN && c.variant == **v)
+                        })
+                        .map(|v| {
+                            let mut c = var_col(CanalGN, v);
+                            c.label = format!("guest→native {v}");
+                            c
+                        })
+                        .collect();
+                    if !gn.is_empty() {
+                        s += &t.render(
+                            "Guest→native stream throughput with one mechanism disabled",
+                            "Gbit/s",
+                            &size_rows(cells, Stream, "gbit_s"),
+                            &gn,
+                        );
+                        s += &t.render(
+                            "Guest→native RR p50 with one mechanism disabled",
+                            "µs",
+                            &size_rows(cells, Rr, "rtt_p50_us"),
+                            &gn,
+                        );
+                    }
                 }
                 _ => {
                     s += &t.render(
