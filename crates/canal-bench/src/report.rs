@@ -281,6 +281,7 @@ pub fn write_summary_csv(aggs: &[CellAgg]) -> String {
     out
 }
 
+#[derive(Clone)]
 struct Col {
     label: String,
     system: System,
@@ -646,7 +647,9 @@ pub fn experiment_section(e: &Experiment, aggs: &[CellAgg], notes: &mut Vec<Stri
             if cells.iter().any(|c| c.system == Tcp) {
                 cols.push(sys_col(Tcp));
             }
-            cols.extend(vs.iter().map(|v| var_col(CanalGG, v)));
+            // B9 runs on guest→native pairs (the split acts in canald).
+            let sys = if e.id == "B9" { CanalGN } else { CanalGG };
+            cols.extend(vs.iter().map(|v| var_col(sys, v)));
             match e.id {
                 "B5" => {
                     s += &t.render(
@@ -748,11 +751,22 @@ pub fn experiment_section(e: &Experiment, aggs: &[CellAgg], notes: &mut Vec<Stri
             st.iter_mut()
                 .for_each(|r| r.label = format!("stream {}: per send", r.label));
             rows.extend(st);
+            let mut cols = sys.clone();
+            for (system, who) in [(CanalGG, "g↔g"), (CanalGN, "g→n")] {
+                if cells
+                    .iter()
+                    .any(|c| c.system == system && c.variant == "notify=poll")
+                {
+                    let mut c = var_col(system, "notify=poll");
+                    c.label = format!("canal {who}, all polling");
+                    cols.push(c);
+                }
+            }
             s += &t.render(
                 "Client system calls per message, steady state",
                 "calls",
                 &rows,
-                &sys,
+                &cols,
             );
             let mut d = String::new();
             for a in aggs
@@ -762,8 +776,13 @@ pub fn experiment_section(e: &Experiment, aggs: &[CellAgg], notes: &mut Vec<Stri
                 if let Some(r) = a.rows.iter().find(|r| r.outcome.status == Status::Ok) {
                     let _ = writeln!(
                         d,
-                        "- {} {}: {}",
+                        "- {}{} {}: {}",
                         a.cell.system.label(),
+                        if a.cell.variant == "default" {
+                            String::new()
+                        } else {
+                            format!(" ({})", a.cell.variant)
+                        },
                         a.cell.workload.id(),
                         if r.outcome.detail.is_empty() {
                             "none"
@@ -815,7 +834,7 @@ pub fn experiment_section(e: &Experiment, aggs: &[CellAgg], notes: &mut Vec<Stri
 pub fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
     use System::*;
     use Workload::*;
-    let med = |sys: System, w: Workload, size: usize, m: &str| -> Result<f64, String> {
+    let med_of = |sys: System, w: Workload, size: usize, m: &str, v: &str| -> Result<f64, String> {
         let a = aggs
             .iter()
             .find(|a| {
@@ -823,7 +842,7 @@ pub fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
                     && a.cell.workload == w
                     && a.cell.size == size
                     && a.cell.pairs == 1
-                    && a.cell.variant == "default"
+                    && a.cell.variant == v
             })
             .ok_or_else(|| "not run".to_string())?;
         match a.summary(m) {
@@ -831,6 +850,7 @@ pub fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
             None => Err(format!("{}: {}", a.status().word(), a.status().reason())),
         }
     };
+    let med = |sys: System, w: Workload, size: usize, m: &str| med_of(sys, w, size, m, "default");
     let short = |e: String| -> String {
         let e: String = e.chars().take(90).collect();
         format!("not measured ({e})")
@@ -924,6 +944,17 @@ pub fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
         (|| {
             let g = med(CanalGG, SysRr, 64, "syscalls_per_msg")?;
             Ok((g < 0.05, format!("{} per round trip", fmt_num(g))))
+        })(),
+    );
+    judge(
+        "B7 … while the other side polls (all in notify=poll), g↔g and g→n",
+        (|| {
+            let g = med_of(CanalGG, SysRr, 64, "syscalls_per_msg", "notify=poll")?;
+            let n = med_of(CanalGN, SysRr, 64, "syscalls_per_msg", "notify=poll")?;
+            Ok((
+                g < 0.05 && n < 0.05,
+                format!("g↔g {}, g→n {} per round trip", fmt_num(g), fmt_num(n)),
+            ))
         })(),
     );
     for (m, label) in [("get_rps", "redis GET"), ("set_rps", "redis SET")] {

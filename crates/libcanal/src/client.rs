@@ -1302,17 +1302,18 @@ pub fn wait_until(
             spins += 1;
             canal_abi::sync::spin_hint();
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
-                spins = 0; // poll mode: the budget never runs out
-                           // Past its first yield point a poll-only wait is a blocked call: it holds
-                           // the socket (as a sleep does, below) and sees signals (pollwait.rs).
-                if !signals.active() && PINNED.with(|p| p.get().is_none()) {
-                    let h = pin(g, index);
-                    PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
-                }
+                // Poll mode: the budget never runs out.
+                spins = 0;
                 match signals.yield_point(sys::SigMask::NONE) {
                     Ok(()) => {}
                     Err(_) if deadline.is_none() && all_handlers_restart() => {}
                     Err(_) => return Wait::Interrupted,
+                }
+                // A poll-only wait that spun this long is a blocked call: it holds the
+                // socket (as a sleep does, below) and sees signals (pollwait.rs).
+                if signals.active() && PINNED.with(|p| p.get().is_none()) {
+                    let h = pin(g, index);
+                    PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
                 }
             } else if seg_wait
                 && spins > budget / 8

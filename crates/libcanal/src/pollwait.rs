@@ -7,25 +7,34 @@
 //! only for their short spin, like the native race of a signal arriving just before a
 //! call blocks; a poll-only wait has it forever.
 //!
-//! So from its first yield point on, a poll-only wait runs with signals blocked and opens
-//! a zero-length window at every yield point: `ppoll(no fds, timeout 0, mask)` with the
+//! So once it has spun as long as a hybrid wait may (`BLOCK_AFTER` yield points, about
+//! the hybrid budget's 100 µs maximum), a poll-only wait runs with signals blocked and
+//! opens a zero-length window at every further yield point: `ppoll(no fds, timeout 0, mask)` with the
 //! thread's own mask (or the one the program gave to ppoll/pselect/epoll_pwait). A
 //! pending signal is delivered inside that call, which then fails with EINTR, and the
 //! wait reports it exactly as an interrupted sleep would. The mask is restored when the
-//! wait ends. Two system calls per yield point (every `notify::POLL_YIELD_EVERY` spins);
-//! none while the awaited change comes within the first yield period.
+//! wait ends. Before that point a yield point costs one `sched_yield` (as before); after
+//! it two calls (`sched_yield`, the window) plus one each to block and restore the mask
+//! per wait — only waits that already spun that long pay them.
 use crate::sys;
+
+/// Yield points a poll-only wait passes before it counts as a blocked call.
+pub const BLOCK_AFTER: u32 = 16;
 
 pub struct SignalWindow {
     saved: Option<libc::sigset_t>,
+    yields: u32,
 }
 
 impl SignalWindow {
     pub const fn new() -> SignalWindow {
-        SignalWindow { saved: None }
+        SignalWindow {
+            saved: None,
+            yields: 0,
+        }
     }
 
-    /// Whether this wait has reached its first yield point (signals are blocked).
+    /// Whether this wait counts as a blocked call yet (signals are blocked).
     pub fn active(&self) -> bool {
         self.saved.is_some()
     }
@@ -33,8 +42,12 @@ impl SignalWindow {
     /// At a poll-only yield point: yields the core, and returns Err(EINTR) if a signal
     /// handler ran. `mask` is the program's ppoll/pselect mask, if it gave one.
     pub fn yield_point(&mut self, mask: sys::SigMask) -> Result<(), i32> {
-        let saved = *self.saved.get_or_insert_with(sys::block_signals);
         sys::sched_yield();
+        if self.yields < BLOCK_AFTER {
+            self.yields += 1;
+            return Ok(());
+        }
+        let saved = *self.saved.get_or_insert_with(sys::block_signals);
         let window = if mask.0.is_null() {
             sys::SigMask(&saved as *const libc::sigset_t)
         } else {
