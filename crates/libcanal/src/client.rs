@@ -1266,11 +1266,11 @@ pub fn wait_until(
 ) -> Wait {
     let mut spins = 0u32;
     let budget = notify::spin_iters(g);
-    let t0 = if notify::adaptive(g) {
-        sys::now_ns()
-    } else {
-        0
-    };
+    // The adaptive budget needs each wait's gap, but a wait answered within its first
+    // CLOCK_AFTER spins (the common case under request/response load) estimates it
+    // from the spin count instead of reading the clock twice (notify::spins_ns).
+    let adaptive = notify::adaptive(g);
+    let mut t0 = 0i64;
     let mut seg_wait = false;
     let mut signals = crate::pollwait::SignalWindow::new();
     new_wait();
@@ -1280,10 +1280,18 @@ pub fn wait_until(
             return Wait::Dead;
         }
         if cond() {
-            if t0 != 0 {
-                notify::record(g, sys::now_ns() - t0);
+            if adaptive {
+                let gap = if t0 != 0 {
+                    sys::now_ns() - t0
+                } else {
+                    notify::spins_ns(g, spins)
+                };
+                notify::record(g, gap);
             }
             return Wait::Ready;
+        }
+        if adaptive && t0 == 0 && (spins >= notify::CLOCK_AFTER || spins >= budget) {
+            t0 = sys::now_ns() - notify::spins_ns(g, spins);
         }
         let now = if deadline.is_some() || spins >= budget {
             sys::now_ns()

@@ -127,6 +127,16 @@ pub fn adaptive_ns(g: &Guest) -> Option<u64> {
     )
 }
 
+/// About how long `spins` spin iterations take (`g.spin` iterations ≈ 30 µs, calibrated
+/// at attach): a wait answered within its first spins records its gap from this instead
+/// of reading the clock twice.
+pub fn spins_ns(g: &Guest, spins: u32) -> i64 {
+    (spins as i64 * 30_000) / (g.spin.max(1) as i64)
+}
+
+/// Spins after which a hybrid wait starts its clock (`spins_ns` covers the spins before).
+pub const CLOCK_AFTER: u32 = 128;
+
 /// Records one wait's gap (ns) for the calling thread's budget.
 pub fn record(g: &Guest, gap_ns: i64) {
     if !adaptive(g) {
