@@ -85,7 +85,12 @@ pub fn readiness(s: &SockState) -> c_short {
             }
         }
         sock_kind::STREAM => {
-            let closed = s.flags & (f::ERROR | f::HUP | f::BROKEN) != 0;
+            // A reset (the peer's RST, or a short-circuited peer's abortive close) is the
+            // kernel's tcp_reset: the error and the closed state appear together. canald
+            // or the peer stores the error just before the flags; seen in between, the
+            // error alone already means closed.
+            let reset = s.pending_error == libc::ECONNRESET as u32;
+            let closed = s.flags & (f::ERROR | f::HUP | f::BROKEN) != 0 || reset;
             let connected = s.flags & f::CONNECTED != 0;
             let connecting = s.flags & f::CONNECTING != 0 && !connected && !closed;
             let fresh = !connected && !connecting && !closed && s.flags & f::LISTENING == 0;
@@ -172,6 +177,17 @@ mod tests {
             tx_size: 1024,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn reset_error_reads_as_closed_before_its_flags() {
+        let mut s = stream(f::CONNECTED);
+        s.pending_error = libc::ECONNRESET as u32;
+        let r = readiness(&s);
+        assert_eq!(
+            r & (POLLERR | POLLHUP | POLLIN | POLLRDHUP),
+            POLLERR | POLLHUP | POLLIN | POLLRDHUP
+        );
     }
 
     #[test]
