@@ -718,9 +718,13 @@ static void check_epoll_edge_mixed(void)
     uint32_t ev = epoll_for(ep, 1, 3000);
     EXPECT(ev & EPOLLIN, "first edge: %s", evstr(ev));
     EXPECT(wait_bytes(s, 100, 2000), "all 100 bytes arrived");
+    int n;
+    /* The echo may come back in more than one piece; each later piece is a new edge
+     * (natively too). Take those before the partial read, whose point is that it makes
+     * none. */
+    epoll_tags(ep, 0, &n);
     char buf[200];
     ssize_t r1 = recv(s, buf, 10, 0);
-    int n;
     epoll_tags(ep, 200, &n);
     EXPECT(r1 == 10 && n == 0, "after a partial read (10 of 100) edge-triggered epoll reports nothing (%d events)", n);
     send_all(s, out, 5);
