@@ -54,7 +54,13 @@ pub struct SegSide {
     /// The futex word: incremented by whoever wakes this side's futex sleepers (the
     /// peer, or canald after changing this side's entry flags).
     pub wake_seq: AtomicU32,
-    pub reserved: [u32; 13],
+    /// 1 once this side's sleepers follow the deferred-barrier rule (§8.4: after
+    /// counting themselves they sleep at most 500 µs, then issue a global
+    /// `membarrier` and re-check before sleeping longer), so that the other side may
+    /// publish without a fence. Written (once, 0 → 1) by a sleeper of this side
+    /// before it counts itself; 0 from an older guest library.
+    pub deferred_barrier: AtomicU32,
+    pub reserved: [u32; 12],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest

@@ -129,7 +129,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0200 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0300 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -316,7 +316,6 @@ fn vrss_wire_values() {
     assert_eq!(control::kind::DOORBELLS, 15);
     assert_eq!(control::kind::DOORBELLS_OK, 16);
     assert_eq!(control::hello_flag::VRSS, 2);
-    assert_eq!(canal_abi::VERSION_MINOR, 2);
     assert_eq!(feature::ALL_V1 & feature::VRSS, 0, "optional");
 }
 
@@ -354,6 +353,9 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, sleepers), 0);
     assert_eq!(offset_of!(SegSide, futex_sleepers), 4);
     assert_eq!(offset_of!(SegSide, wake_seq), 8);
+    assert_eq!(offset_of!(SegSide, deferred_barrier), 12);
+    // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.
+    assert_eq!(canal_abi::VERSION_MINOR, 3);
     assert_eq!(wake_seq_offset(0), 384 + 8);
     assert_eq!(wake_seq_offset(1), 448 + 8);
     assert_eq!(size_of::<SegHeader>(), SEG_HEADER_USED);
@@ -544,5 +546,4 @@ fn doorbell_wire_values() {
     // protocol.md §2 (VM_REGION flags, VM_REGION_OK) and §3/§9.5 (feature bit 7).
     assert_eq!(feature::DOORBELL, 1 << 7);
     assert_eq!(canal_abi::control::vm_flag::DOORBELL, 1);
-    assert_eq!(canal_abi::VERSION_MINOR, 2);
 }

@@ -1652,7 +1652,13 @@ pub fn sleep_events(
         } else {
             timeout_ns
         };
-        sys::ppoll(fds, t, sigmask)
+        if seg_sleepers.n > 0 {
+            // Counted on a connection whose peer may publish without a fence: the
+            // deferred barrier (barrier.rs) before sleeping longer than DEFER_NS.
+            deferred_ppoll(fds, n, t, sigmask, cond)
+        } else {
+            sys::ppoll(fds, t, sigmask)
+        }
     };
     s.slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
     h.event_waiters.fetch_sub(1, Ordering::Relaxed);
@@ -1667,6 +1673,43 @@ pub fn sleep_events(
         own_events += 1;
     }
     r.map(|c| c.saturating_sub(own_events))
+}
+
+/// `ppoll` for a sleeper counted on short-circuited connections (§8.4, barrier.rs):
+/// at most DEFER_NS, then the global barrier and a re-check (`cond` true: returns 0
+/// with no descriptor ready, as a wake-up would), then the rest of `timeout`.
+fn deferred_ppoll(
+    fds: &mut [libc::pollfd],
+    n: usize,
+    timeout: Option<i64>,
+    sigmask: sys::SigMask,
+    cond: &mut dyn FnMut() -> bool,
+) -> Result<usize, i32> {
+    let step = timeout.map_or(crate::barrier::DEFER_NS, |t| {
+        t.min(crate::barrier::DEFER_NS)
+    });
+    let t0 = sys::now_ns();
+    let r = sys::ppoll(fds, Some(step), sigmask)?;
+    if r > 0 || timeout.is_some_and(|t| t <= step) {
+        return Ok(r);
+    }
+    let barrier = crate::barrier::global();
+    if cond() {
+        return Ok(0);
+    }
+    let rest = timeout.map(|t| (t - (sys::now_ns() - t0)).max(0));
+    // Without the barrier (the kernel refused it) re-check every DEFER_NS.
+    let rest = if barrier {
+        rest
+    } else {
+        Some(rest.map_or(crate::barrier::DEFER_NS, |r| {
+            r.min(crate::barrier::DEFER_NS)
+        }))
+    };
+    for f in fds.iter_mut().take(n + 2) {
+        f.revents = 0;
+    }
+    sys::ppoll(fds, rest, sigmask)
 }
 
 /// Set once this process mapped a pair segment (`seg::get` succeeded): until then no
@@ -1709,7 +1752,9 @@ impl SegSleepers {
             self.overflow = true;
             return;
         }
-        let w = seg.sleepers(e.segment_side.load(Ordering::Relaxed));
+        let side = e.segment_side.load(Ordering::Relaxed);
+        crate::barrier::announce(seg.deferred_barrier(side));
+        let w = seg.sleepers(side);
         w.fetch_add(1, Ordering::Relaxed);
         self.words[self.n] = w;
         self.n += 1;
@@ -1863,6 +1908,42 @@ pub fn register_fork_handlers() {
 
 #[cfg(test)]
 mod tests {
+
+    /// The eventfd sleep of a poll/epoll counted on short-circuited connections
+    /// (§8.4): a publish its re-check missed, with no wake-up, is found DEFER_NS into
+    /// the sleep by the global barrier and re-check, not at the timeout.
+    #[test]
+    fn deferred_ppoll_rechecks_after_the_barrier() {
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; 2];
+        let mut checks = 0;
+        let mut cond = || {
+            checks += 1;
+            true
+        };
+        let t0 = sys::now_ns();
+        let r = deferred_ppoll(
+            &mut fds,
+            0,
+            Some(10_000_000_000),
+            sys::SigMask::NONE,
+            &mut cond,
+        );
+        let waited = sys::now_ns() - t0;
+        assert_eq!(r, Ok(0));
+        assert_eq!(checks, 1);
+        assert!(waited >= crate::barrier::DEFER_NS, "{waited}");
+        assert!(waited < 5_000_000_000, "{waited}");
+        // A short timeout ends within its first step, without a re-check.
+        let mut never = || false;
+        assert_eq!(
+            deferred_ppoll(&mut fds, 0, Some(1_000_000), sys::SigMask::NONE, &mut never),
+            Ok(0)
+        );
+    }
     use super::*;
 
     fn path(cs: Option<&str>, xdg: Option<&str>, uid: u32) -> Option<String> {

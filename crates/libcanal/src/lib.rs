@@ -17,6 +17,7 @@
 //! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
 //!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
 
+pub mod barrier;
 pub mod client;
 pub mod cmd;
 pub mod epoll;

@@ -36,6 +36,10 @@ static TABLE: [Cached; CACHE] = [const {
     }
 }; CACHE];
 
+/// This process registered for global barriers (barrier.rs) when it mapped its first
+/// segment.
+static REGISTERED_ONCE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
 /// Serialises filling and emptying table entries in this process.
 static LOCK: AtomicU32 = AtomicU32::new(0);
 
@@ -80,6 +84,10 @@ impl Seg {
     }
     pub fn futex_sleepers(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].futex_sleepers
+    }
+    /// The side's deferred-barrier announcement (§8.4, barrier.rs).
+    pub fn deferred_barrier(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].deferred_barrier
     }
     pub fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].wake_seq
@@ -224,6 +232,10 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     slot.ring_size.store(ring_size as usize, Ordering::Relaxed);
     slot.zone_size.store(zone_size as usize, Ordering::Relaxed);
     slot.id.store(id, Ordering::Release);
+    // Before any publish on the segment: publishing without a fence needs it.
+    if !REGISTERED_ONCE.swap(true, Ordering::Relaxed) {
+        crate::barrier::register();
+    }
     client::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
     Ok(Seg {
         base,
@@ -295,17 +307,34 @@ pub fn futex_sleep(
 ) -> Result<bool, i32> {
     let fs = seg.futex_sleepers(side);
     let w = seg.wake_seq(side);
+    crate::barrier::announce(seg.deferred_barrier(side));
     fs.fetch_add(1, Ordering::Relaxed);
     let seq = w.load(Ordering::Relaxed);
     // F1: SeqCst fence between counting ourselves and re-checking; pairs with the
-    // waker's fence between publishing its index and reading futex_sleepers.
+    // waker's fence between publishing its index and reading futex_sleepers, or,
+    // for a waker that skips it, with the global barrier below (barrier.rs).
     canal_abi::sync::fence(Ordering::SeqCst);
-    let ready = cond();
-    let r = if ready {
-        Ok(())
-    } else {
-        sys::futex_wait(w, seq, timeout_ns.max(1))
-    };
+    let mut ready = cond();
+    let mut r = Ok(());
+    let mut left = timeout_ns.max(1);
+    let mut barrier_done = false;
+    while !ready && left > 0 {
+        let step = if barrier_done {
+            left
+        } else {
+            left.min(crate::barrier::DEFER_NS)
+        };
+        let t = sys::now_ns();
+        r = sys::futex_wait(w, seq, step);
+        if r.is_err() || w.load(Ordering::Relaxed) != seq {
+            break; // a signal, or a wake-up (or a spurious return: the caller loops)
+        }
+        left -= sys::now_ns() - t;
+        // Slept DEFER_NS without a wake-up: make any fence-less publish visible, then
+        // re-check before sleeping on (or, without the barrier, re-check each step).
+        barrier_done = !barrier_done && crate::barrier::global();
+        ready = cond();
+    }
     fs.fetch_sub(1, Ordering::Relaxed);
     r.map(|_| ready)
 }
@@ -320,4 +349,82 @@ pub fn fork_done() {
 }
 pub fn fork_child() {
     LOCK.store(0, Ordering::Relaxed);
+    crate::barrier::fork_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canal_abi::segment::side;
+    use canal_abi::sync::AtomicU64;
+
+    /// A sleeper whose re-check missed a fence-less publish (the publisher's index
+    /// store still in its store buffer, its read of the sleeper count too early: no
+    /// wake-up comes, §8.4) still sees the bytes: DEFER_NS into the sleep it issues
+    /// the global barrier and re-checks, instead of sleeping the whole timeout.
+    #[test]
+    fn a_wake_up_lost_to_a_fence_less_publish_is_found_by_the_deferred_check() {
+        let ring = 4096u64;
+        let words = (segment::SEG_HEADER_SIZE + 2 * ring) as usize / 8;
+        let mut mem = vec![0u64; words];
+        // SAFETY: mem is zeroed, 8-byte aligned, large enough, and outlives `seg`.
+        let seg = unsafe { Seg::from_raw(mem.as_mut_ptr() as *mut u8, ring, 0) };
+        crate::barrier::register();
+        // The publish is invisible to the first check and visible from then on; the
+        // publisher never bumps wake_seq.
+        let checks = AtomicU64::new(0);
+        let mut cond = || checks.fetch_add(1, Ordering::Relaxed) >= 1;
+        let t0 = sys::now_ns();
+        let r = futex_sleep(seg, side::CONNECTOR, 10_000_000_000, &mut cond);
+        assert_eq!(r, Ok(true));
+        assert_eq!(checks.load(Ordering::Relaxed), 2);
+        // Found by the deferred re-check, long before the timeout (a generous bound
+        // on where it comes, not a performance figure).
+        let waited = sys::now_ns() - t0;
+        assert!(waited >= crate::barrier::DEFER_NS, "{waited}");
+        assert!(waited < 5_000_000_000, "{waited}");
+        assert_eq!(
+            seg.deferred_barrier(side::CONNECTOR)
+                .load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(
+            seg.futex_sleepers(side::CONNECTOR).load(Ordering::Relaxed),
+            0
+        );
+        drop(mem);
+    }
+
+    /// A real wake-up (the peer bumps wake_seq) ends the sleep at once, and a sleep
+    /// with nothing published lasts its timeout.
+    #[test]
+    fn futex_sleep_wakes_on_wake_seq_and_times_out_otherwise() {
+        let ring = 4096u64;
+        let words = (segment::SEG_HEADER_SIZE + 2 * ring) as usize / 8;
+        let mut mem = vec![0u64; words];
+        // SAFETY: as above.
+        let seg = unsafe { Seg::from_raw(mem.as_mut_ptr() as *mut u8, ring, 0) };
+        let mut never = || false;
+        let t0 = sys::now_ns();
+        assert_eq!(
+            futex_sleep(seg, side::ACCEPTOR, 30_000_000, &mut never),
+            Ok(false)
+        );
+        assert!(sys::now_ns() - t0 >= 30_000_000);
+        let addr = mem.as_mut_ptr() as usize;
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            // SAFETY: the same mapping, alive until the join below.
+            let s = unsafe { Seg::from_raw(addr as *mut u8, 4096, 0) };
+            s.futex_wake(side::ACCEPTOR);
+        });
+        let t0 = sys::now_ns();
+        assert_eq!(
+            futex_sleep(seg, side::ACCEPTOR, 10_000_000_000, &mut never),
+            Ok(false)
+        );
+        assert!(sys::now_ns() - t0 < 5_000_000_000);
+        waker.join().unwrap();
+        drop(mem);
+    }
 }

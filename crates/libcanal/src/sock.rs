@@ -44,8 +44,12 @@ impl Rings {
             Some((seg, side)) => {
                 // P1: SeqCst fence between our index store and the sleeper counts;
                 // pairs with the sleeper's fence between counting itself and
-                // re-checking.
-                fence(Ordering::SeqCst);
+                // re-checking. Skipped when the peer's sleepers issue the global
+                // barrier instead (barrier.rs: the fence waits for our index line to
+                // leave the peer's cache, a third of a small message's cost).
+                if !crate::barrier::may_skip_fence(seg.deferred_barrier(side)) {
+                    fence(Ordering::SeqCst);
+                }
                 if seg.futex_sleepers(side).load(Ordering::Relaxed) != 0 {
                     seg.futex_wake(side);
                 }
@@ -114,6 +118,8 @@ impl Sock {
         let seg = crate::seg::get(self.g, id)?;
         client::note_segment_mapped();
         let side = self.e.segment_side.load(Ordering::Relaxed).min(1);
+        // Our sleepers follow the deferred rule: the peer may publish fence-less.
+        crate::barrier::announce(seg.deferred_barrier(side));
         let (tx, rx) = (seg.dir(side), seg.dir(1 - side));
         Ok(Rings {
             tx: seg.ring(side),

@@ -207,6 +207,20 @@ pub fn raise_sigpipe() {
     }
 }
 
+/// membarrier(2) with no flags; the command's result (a bit mask for QUERY).
+pub fn membarrier(cmd: c_int) -> Result<i64, i32> {
+    // SAFETY: membarrier takes two integers and touches no user memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd as c_long,
+            0 as c_long,
+            0 as c_long,
+        )
+    };
+    check(r).map(|v| v as i64)
+}
+
 pub fn sched_yield() {
     // SAFETY: no arguments.
     unsafe {
