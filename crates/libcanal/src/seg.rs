@@ -358,17 +358,27 @@ mod tests {
     use canal_abi::segment::side;
     use canal_abi::sync::AtomicU64;
 
+    const RING: u64 = 4096;
+
+    /// Zeroed, 8-byte aligned memory for a segment with two RING-byte rings.
+    fn segment_memory() -> Vec<u64> {
+        vec![0u64; (segment::SEG_HEADER_SIZE + 2 * RING) as usize / 8]
+    }
+
+    /// The segment over `mem`; the caller keeps `mem` alive while it is used.
+    fn over(mem: &mut [u64]) -> Seg {
+        // SAFETY: mem is zeroed, aligned, SEG_HEADER_SIZE + 2 * RING bytes long.
+        unsafe { Seg::from_raw(mem.as_mut_ptr() as *mut u8, RING, 0) }
+    }
+
     /// A sleeper whose re-check missed a fence-less publish (the publisher's index
     /// store still in its store buffer, its read of the sleeper count too early: no
     /// wake-up comes, §8.4) still sees the bytes: DEFER_NS into the sleep it issues
     /// the global barrier and re-checks, instead of sleeping the whole timeout.
     #[test]
     fn a_wake_up_lost_to_a_fence_less_publish_is_found_by_the_deferred_check() {
-        let ring = 4096u64;
-        let words = (segment::SEG_HEADER_SIZE + 2 * ring) as usize / 8;
-        let mut mem = vec![0u64; words];
-        // SAFETY: mem is zeroed, 8-byte aligned, large enough, and outlives `seg`.
-        let seg = unsafe { Seg::from_raw(mem.as_mut_ptr() as *mut u8, ring, 0) };
+        let mut mem = segment_memory();
+        let seg = over(&mut mem);
         crate::barrier::register();
         // The publish is invisible to the first check and visible from then on; the
         // publisher never bumps wake_seq.
@@ -399,11 +409,8 @@ mod tests {
     /// with nothing published lasts its timeout.
     #[test]
     fn futex_sleep_wakes_on_wake_seq_and_times_out_otherwise() {
-        let ring = 4096u64;
-        let words = (segment::SEG_HEADER_SIZE + 2 * ring) as usize / 8;
-        let mut mem = vec![0u64; words];
-        // SAFETY: as above.
-        let seg = unsafe { Seg::from_raw(mem.as_mut_ptr() as *mut u8, ring, 0) };
+        let mut mem = segment_memory();
+        let seg = over(&mut mem);
         let mut never = || false;
         let t0 = sys::now_ns();
         assert_eq!(
@@ -415,7 +422,7 @@ mod tests {
         let waker = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(50));
             // SAFETY: the same mapping, alive until the join below.
-            let s = unsafe { Seg::from_raw(addr as *mut u8, 4096, 0) };
+            let s = unsafe { Seg::from_raw(addr as *mut u8, RING, 0) };
             s.futex_wake(side::ACCEPTOR);
         });
         let t0 = sys::now_ns();
