@@ -88,6 +88,10 @@ pub struct Runner {
     pub knobs: Knobs,
     pub daemon: Option<Daemon>,
     seq: u64,
+    /// Every port handed to a server in this run: never handed out twice (the kernel
+    /// may offer a port again that a server started a moment ago has not bound yet;
+    /// 8 pairs' servers then collided with EADDRINUSE).
+    ports: std::collections::HashSet<u16>,
 }
 
 pub fn metric_unit(m: &str) -> &'static str {
@@ -116,7 +120,19 @@ impl Runner {
             knobs,
             daemon: None,
             seq: 0,
+            ports: std::collections::HashSet::new(),
         }
+    }
+
+    /// A free loopback port not handed out before in this run.
+    fn port(&mut self) -> Result<u16, String> {
+        for _ in 0..1000 {
+            let p = free_port()?;
+            if self.ports.insert(p) {
+                return Ok(p);
+            }
+        }
+        Err("no free port that this run has not used".into())
     }
 
     fn next_id(&mut self) -> u64 {
@@ -367,7 +383,7 @@ impl Runner {
                 .to_string_lossy()
                 .into_owned())
         } else {
-            Ok(format!("127.0.0.1:{}", free_port()?))
+            Ok(format!("127.0.0.1:{}", self.port()?))
         }
     }
 
@@ -764,7 +780,7 @@ impl Runner {
         if let Some(o) = self.tool_missing(&["sockperf"]) {
             return o;
         }
-        let port = match free_port() {
+        let port = match self.port() {
             Ok(p) => p,
             Err(e) => return Outcome::fail(e, String::new()),
         };
@@ -792,7 +808,7 @@ impl Runner {
         if let Some(o) = self.tool_missing(&["iperf3"]) {
             return o;
         }
-        let port = match free_port() {
+        let port = match self.port() {
             Ok(p) => p,
             Err(e) => return Outcome::fail(e, String::new()),
         };
@@ -869,7 +885,7 @@ impl Runner {
                 sv(&["-s", &ps]),
             )
         } else {
-            let port = match free_port() {
+            let port = match self.port() {
                 Ok(p) => p,
                 Err(e) => return Outcome::fail(e, String::new()),
             };
@@ -903,7 +919,7 @@ impl Runner {
         if let Some(o) = self.tool_missing(&["nginx", "wrk"]) {
             return o;
         }
-        let port = match free_port() {
+        let port = match self.port() {
             Ok(p) => p,
             Err(e) => return Outcome::fail(e, String::new()),
         };
