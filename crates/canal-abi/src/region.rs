@@ -181,7 +181,15 @@ pub struct SocketEntry {
     /// Guest-only: SO_RCVTIMEO / SO_SNDTIMEO in nanoseconds (0 = none).
     pub rcvtimeo_ns: AtomicU64,
     pub sndtimeo_ns: AtomicU64,
-    pub reserved3: [u64; 2],
+    /// Guest-only (minor 3): the transmit ring's consumer index as a sender last read
+    /// it, under `tx_lock`. Indices only grow, so it is a lower bound and the space it
+    /// implies is free: a sender reads the consumer's (other core's) line only when
+    /// that space is not enough for its call.
+    pub tx_tail_seen: AtomicU64,
+    /// Guest-only (minor 3): the receive ring's producer index as a receiver last read
+    /// it, under `rx_lock`; a lower bound, so the bytes it implies are there: a receiver
+    /// reads the producer's line only when they do not fill its buffer.
+    pub rx_head_seen: AtomicU64,
     // --- 192
     pub reserved4: [u64; 8],
 }
@@ -222,6 +230,8 @@ impl SocketEntry {
         self.rx_lock.store(0, Ordering::Relaxed);
         self.rcvtimeo_ns.store(0, Ordering::Relaxed);
         self.sndtimeo_ns.store(0, Ordering::Relaxed);
+        self.tx_tail_seen.store(0, Ordering::Relaxed);
+        self.rx_head_seen.store(0, Ordering::Relaxed);
     }
 }
 

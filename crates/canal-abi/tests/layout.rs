@@ -87,6 +87,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, rx_lock), 156);
     assert_eq!(offset_of!(SocketEntry, rcvtimeo_ns), 160);
     assert_eq!(offset_of!(SocketEntry, sndtimeo_ns), 168);
+    assert_eq!(offset_of!(SocketEntry, tx_tail_seen), 176);
+    assert_eq!(offset_of!(SocketEntry, rx_head_seen), 184);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
     assert_eq!(size_of::<QueueCell>(), 8);
 }
@@ -241,6 +243,8 @@ fn reset_guest_line_empties_only_the_guest_line() {
         &e.rx_tail,
         &e.rcvtimeo_ns,
         &e.sndtimeo_ns,
+        &e.tx_tail_seen,
+        &e.rx_head_seen,
         &e.tx_tail,
     ] {
         a.store(7, sync::Ordering::Relaxed);
@@ -249,7 +253,14 @@ fn reset_guest_line_empties_only_the_guest_line() {
         a.store(7, sync::Ordering::Relaxed);
     }
     e.reset_guest_line();
-    for a in [&e.tx_head, &e.rx_tail, &e.rcvtimeo_ns, &e.sndtimeo_ns] {
+    for a in [
+        &e.tx_head,
+        &e.rx_tail,
+        &e.rcvtimeo_ns,
+        &e.sndtimeo_ns,
+        &e.tx_tail_seen,
+        &e.rx_head_seen,
+    ] {
         assert_eq!(a.load(sync::Ordering::Relaxed), 0);
     }
     for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock] {

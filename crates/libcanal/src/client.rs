@@ -1834,6 +1834,9 @@ pub fn wake_local(g: &Guest, index: u32) {
 /// Initialises the guest line of a fresh entry (new socket or accepted connection).
 pub fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo: u64) {
     e.refs.store(1, Ordering::Relaxed);
+    // Also here, not only by the host: a canald before minor 3 does not clear them.
+    e.tx_tail_seen.store(0, Ordering::Relaxed);
+    e.rx_head_seen.store(0, Ordering::Relaxed);
     e.guest_flags.store(
         if nonblock {
             canal_abi::guest_flag::NONBLOCK

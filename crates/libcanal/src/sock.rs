@@ -761,14 +761,27 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             let size = RingStorage::size(&ring);
             client::lock(&s.e.tx_lock);
             let head = r.tx_head.load(Ordering::Relaxed);
-            // R1: Acquire pairs with the consumer's Release of tail: it has finished
-            // reading the bytes whose space we reuse.
-            let tail = r.tx_tail.load(Ordering::Acquire);
-            let used = match check_indices(head, tail, size) {
-                Ok(u) => u,
-                Err(_) => {
-                    client::unlock(&s.e.tx_lock);
-                    return Err(libc::EIO);
+            // The consumer's index as last read (a lower bound, §3.4): reading the real
+            // one moves the consumer's cache line here, so only when the space known
+            // to be free is not enough for the rest of this call.
+            let seen = s.e.tx_tail_seen.load(Ordering::Relaxed);
+            let used = match check_indices(head, seen, size) {
+                Ok(u) if size - u >= (total - sent) as u64 => u,
+                _ => {
+                    // R1: Acquire pairs with the consumer's Release of tail: it has
+                    // finished reading the bytes whose space we reuse (`seen` was
+                    // read the same way by an earlier holder of tx_lock).
+                    let tail = r.tx_tail.load(Ordering::Acquire);
+                    match check_indices(head, tail, size) {
+                        Ok(u) => {
+                            s.e.tx_tail_seen.store(tail, Ordering::Relaxed);
+                            u
+                        }
+                        Err(_) => {
+                            client::unlock(&s.e.tx_lock);
+                            return Err(libc::EIO);
+                        }
+                    }
                 }
             };
             let mut n = ((size - used) as usize).min(total - sent);
@@ -980,17 +993,35 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
         let size = RingStorage::size(&ring);
         client::lock(&s.e.rx_lock);
         let tail = r.rx_tail.load(Ordering::Relaxed);
-        // R3: Acquire pairs with the producer's Release of head: the bytes are there.
-        let head = r.rx_head.load(Ordering::Acquire);
-        let used = match check_indices(head, tail, size) {
-            Ok(u) => u,
-            Err(_) => {
-                client::unlock(&s.e.rx_lock);
-                return Err(libc::EIO);
-            }
-        };
         // A short-circuit with zones: zone-sent pieces sit between ring bytes.
         let zone = r.peer.filter(|(g, _)| g.has_zones());
+        // The producer's index as last read (a lower bound, §3.4): reading the real
+        // one moves the producer's cache line here, so only when the bytes known to
+        // be queued do not fill the rest of the caller's buffer.
+        let seen = s.e.rx_head_seen.load(Ordering::Relaxed);
+        let known = match check_indices(seen, tail, size) {
+            Ok(u) if zone.is_none() && u >= (total - got) as u64 => Some(u),
+            _ => None,
+        };
+        let used = match known {
+            Some(u) => u,
+            None => {
+                // R3: Acquire pairs with the producer's Release of head: the bytes are
+                // there (`seen` was read the same way by an earlier holder of rx_lock).
+                let head = r.rx_head.load(Ordering::Acquire);
+                match check_indices(head, tail, size) {
+                    Ok(u) => {
+                        s.e.rx_head_seen.store(head, Ordering::Relaxed);
+                        u
+                    }
+                    Err(_) => {
+                        client::unlock(&s.e.rx_lock);
+                        return Err(libc::EIO);
+                    }
+                }
+            }
+        };
+        let head = tail.wrapping_add(used);
         let limit = match zone {
             Some((seg, dir)) => match crate::zones::ring_limit(seg, dir, tail, head) {
                 Ok(l) => l,
