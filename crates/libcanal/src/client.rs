@@ -1272,6 +1272,7 @@ pub fn wait_until(
     let adaptive = notify::adaptive(g);
     let mut t0 = 0i64;
     let mut seg_wait = false;
+    let mut slept = false;
     let mut signals = crate::pollwait::SignalWindow::new();
     new_wait();
     loop {
@@ -1286,7 +1287,7 @@ pub fn wait_until(
                 } else {
                     notify::spins_ns(g, spins)
                 };
-                notify::record(g, gap);
+                notify::record_wait(g, gap, slept);
             }
             return Wait::Ready;
         }
@@ -1349,6 +1350,7 @@ pub fn wait_until(
         }
         // A short-circuited socket: sleep on its segment's futex (§8.4), at most 1 s
         // at a time so a vanished canald is noticed.
+        slept = true;
         if let Some((seg, side)) = seg_of(g, index) {
             let t = remaining.map_or(1_000_000_000, |r| r.min(1_000_000_000));
             match crate::seg::futex_sleep(seg, side, t, &mut cond) {
@@ -1509,6 +1511,17 @@ mod peer_yield {
                 (0, 0)
             });
         });
+    }
+}
+
+/// Yields the CPU from a spinning wait unless recent yields ran nobody (`peer_yield`):
+/// on a 2-core machine the event a spinning event loop waits for may come from a
+/// process queued behind it on its own core.
+pub fn yield_while_spinning() {
+    if peer_yield::worth_trying() {
+        let t = sys::now_ns();
+        sys::sched_yield();
+        peer_yield::note(sys::now_ns() - t);
     }
 }
 
@@ -1715,6 +1728,11 @@ fn deferred_ppoll(
 /// Set once this process mapped a pair segment (`seg::get` succeeded): until then no
 /// socket can have a sleeper word for `SegSleepers` to count.
 static SEGMENT_MAPPED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process has short-circuited connections (another guest is its peer).
+pub fn segment_mapped() -> bool {
+    SEGMENT_MAPPED.load(Ordering::Relaxed)
+}
 
 pub fn note_segment_mapped() {
     if !SEGMENT_MAPPED.load(Ordering::Relaxed) {

@@ -52,6 +52,8 @@ const CONTROL: u32 = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
 /// Ordinary descriptors are checked for real on the first round and then every
 /// ORDINARY_EVERY rounds of the spin phase (each check is a system call).
 const ORDINARY_EVERY: u32 = 64;
+/// A hybrid wait's spin yields the CPU every this many rounds (see the loop).
+const YIELD_EVERY: u32 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -535,6 +537,7 @@ pub fn wait(
     let mut spinning = mode != crate::notify::Mode::Sleep;
     let mut round = 0u32;
     let mut canal_first = true;
+    let mut slept = false;
     loop {
         let check_real = round.is_multiple_of(ORDINARY_EVERY) || !spinning;
         // Alternate which side fills the buffer first, so neither starves the other.
@@ -560,7 +563,7 @@ pub fn wait(
         let now = sys::now_ns();
         if n > 0 {
             // The wait's gap feeds the thread's budget (as `client::wait_until`).
-            crate::notify::record(g, now - t0);
+            crate::notify::record_wait(g, now - t0, slept);
             return Ok(n);
         }
         if deadline.is_some_and(|d| now >= d) {
@@ -579,6 +582,10 @@ pub fn wait(
                 && round.is_multiple_of(crate::notify::POLL_YIELD_EVERY)
             {
                 signals.yield_point(sigmask)?;
+            } else if mode == crate::notify::Mode::Hybrid && round.is_multiple_of(YIELD_EVERY) {
+                // A spin that holds the core for its whole budget can keep the peer
+                // it waits for off the CPU (2 cores, several busy processes).
+                client::yield_while_spinning();
             }
             continue;
         }
@@ -603,6 +610,7 @@ pub fn wait(
         let mut cond = || any_canal(g, epfd);
         let r = client::sleep_events(&s, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
         drop(s);
+        slept = true;
         r?;
         // Re-check everything (past the spin phase: real checks each time).
     }

@@ -149,6 +149,32 @@ pub fn record(g: &Guest, gap_ns: i64) {
     });
 }
 
+/// Records a wait's gap. In a process with short-circuited connections a slept wait
+/// records its gap less the wake-up's own latency: its end is the wake-up, which comes
+/// WAKE_COST_NS or more after the event, and charging that to the gap makes sleeping
+/// look right because it was chosen — two guests in a request/response exchange then
+/// each wait out the other's wake-up and settle on sleeping (nginx guest↔guest: 0.97×
+/// native with the raw gap, 1.67× with this; redis 1.8× → 2.6×). Not for a process
+/// whose peers are all behind canald: there the extra spinning takes the core from
+/// canald or the native peer (nginx guest→native 0.72× → 0.65×).
+pub fn record_wait(g: &Guest, gap_ns: i64, slept: bool) {
+    let floor = adaptive_ns(g).unwrap_or(0) as i64;
+    record(
+        g,
+        slept_gap(gap_ns, slept && crate::client::segment_mapped(), floor),
+    );
+}
+
+/// The gap to record: less WAKE_COST_NS if `discount` (a slept wait), but never below
+/// `floor` (the spin budget it waited out before sleeping).
+fn slept_gap(gap_ns: i64, discount: bool, floor: i64) -> i64 {
+    if discount {
+        (gap_ns - WAKE_COST_NS as i64).max(floor)
+    } else {
+        gap_ns
+    }
+}
+
 /// Spinning in poll mode yields the core this often (iterations), so a guest and the
 /// poller can share one core without livelock, and checks that canald still lives.
 pub const POLL_YIELD_EVERY: u32 = 1024;
@@ -156,6 +182,25 @@ pub const POLL_YIELD_EVERY: u32 = 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slept_gap_is_discounted_by_the_wake_up_but_not_below_the_spin() {
+        assert_eq!(slept_gap(80_000, false, 10_000), 80_000);
+        assert_eq!(slept_gap(80_000, true, 10_000), 50_000);
+        assert_eq!(slept_gap(35_000, true, 10_000), 10_000);
+        // A pair that sleeps because the other sleeps: 20 µs of work behind a 40 µs
+        // wake-up each time. The raw gaps keep the budget at the minimum (sleep); the
+        // discounted ones bring it up to spinning through the work.
+        let (mut raw, mut fixed) = (Budget::INIT, Budget::INIT);
+        raw.ns = MIN_NS;
+        fixed.ns = MIN_NS;
+        for _ in 0..16 {
+            raw.record(slept_gap(60_000, false, MIN_NS as i64) as u64);
+            fixed.record(slept_gap(60_000, true, MIN_NS as i64) as u64);
+        }
+        assert_eq!(raw.ns, MIN_NS);
+        assert_eq!(fixed.ns, 30_000);
+    }
 
     #[test]
     fn grows_for_near_misses_and_shrinks_for_long_gaps() {

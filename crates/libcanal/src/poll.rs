@@ -166,7 +166,7 @@ pub fn poll(
         let canal_ready = scan_canal(g, fds);
         if ord_ready + canal_ready > 0 {
             if t0 != 0 {
-                crate::notify::record(g, sys::now_ns() - t0);
+                crate::notify::record_wait(g, sys::now_ns() - t0, true);
             }
             copy_ordinary(fds, work, n);
             return Ok(count(fds));
