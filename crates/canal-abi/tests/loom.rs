@@ -164,6 +164,71 @@ fn byte_ring_spsc_with_wrap() {
     });
 }
 
+/// The guest's stream path (libcanal `sock.rs`, protocol §3.4 minor 3): the sender
+/// keeps the consumer's index as last read (`tx_tail_seen`) and reads the real one only
+/// when the space it implies is short of the call; the receiver keeps the producer's
+/// (`rx_head_seen`) and reads the real one only when the bytes it implies do not fill
+/// its buffer. Stale values are lower bounds: loom checks that no byte is overwritten
+/// before it was read nor read before it was written, in every interleaving.
+#[test]
+fn byte_ring_with_cached_indices() {
+    use canal_abi::ring::{check_indices, copy_in, copy_out};
+    // Both sides wait for each other: bound preemptions so the model stays finite.
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let r = Arc::new(R {
+            s: LoomStorage::new(4),
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(0),
+        });
+        let r2 = r.clone();
+        let p = thread::spawn(move || {
+            let data = [1u8, 2, 3, 4, 5, 6];
+            let (mut head, mut tail_seen, mut sent) = (0u64, 0u64, 0usize);
+            while sent < data.len() {
+                let want = (data.len() - sent).min(3);
+                let mut used = check_indices(head, tail_seen, 4).unwrap();
+                if 4 - used < want as u64 {
+                    tail_seen = r2.tail.load(Ordering::Acquire);
+                    used = check_indices(head, tail_seen, 4).unwrap();
+                }
+                let n = ((4 - used) as usize).min(want);
+                if n == 0 {
+                    thread::yield_now();
+                    continue;
+                }
+                copy_in(&r2.s, head, &data[sent..sent + n]);
+                head += n as u64;
+                r2.head.store(head, Ordering::Release);
+                sent += n;
+            }
+        });
+        let (mut tail, mut head_seen) = (0u64, 0u64);
+        let mut got = vec![];
+        while got.len() < 6 {
+            let want = 2u64;
+            let mut avail = check_indices(head_seen, tail, 4).unwrap();
+            if avail < want {
+                head_seen = r.head.load(Ordering::Acquire);
+                avail = check_indices(head_seen, tail, 4).unwrap();
+            }
+            let n = avail.min(want) as usize;
+            if n == 0 {
+                thread::yield_now();
+                continue;
+            }
+            let mut b = [0u8; 2];
+            copy_out(&r.s, tail, &mut b[..n]);
+            tail += n as u64;
+            r.tail.store(tail, Ordering::Release);
+            got.extend_from_slice(&b[..n]);
+        }
+        p.join().unwrap();
+        assert_eq!(got, vec![1, 2, 3, 4, 5, 6]);
+    });
+}
+
 #[test]
 fn message_ring_records_with_padding() {
     loom::model(|| {
