@@ -238,29 +238,22 @@ fn reset_guest_line_empties_only_the_guest_line() {
     // SAFETY: zeroed buffer of region_size bytes that outlives r.
     let r = unsafe { Region::init(b.ptr(), l, 1, feature::ALL_V1) };
     let e = r.socket(1).unwrap();
-    for a in [
+    let guest_u64 = [
         &e.tx_head,
         &e.rx_tail,
         &e.rcvtimeo_ns,
         &e.sndtimeo_ns,
         &e.tx_tail_seen,
         &e.rx_head_seen,
-        &e.tx_tail,
-    ] {
+    ];
+    for a in guest_u64.iter().chain([&&e.tx_tail]) {
         a.store(7, sync::Ordering::Relaxed);
     }
     for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock, &e.flags] {
         a.store(7, sync::Ordering::Relaxed);
     }
     e.reset_guest_line();
-    for a in [
-        &e.tx_head,
-        &e.rx_tail,
-        &e.rcvtimeo_ns,
-        &e.sndtimeo_ns,
-        &e.tx_tail_seen,
-        &e.rx_head_seen,
-    ] {
+    for a in guest_u64 {
         assert_eq!(a.load(sync::Ordering::Relaxed), 0);
     }
     for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock] {

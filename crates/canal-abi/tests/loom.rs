@@ -82,9 +82,7 @@ fn queue_two_producers_one_consumer() {
 fn queue_reuses_cells_after_a_lap() {
     // The producer spins while the single cell is full; bound preemptions so the
     // model stays finite (loom's advice for algorithms that wait for progress).
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(|| {
+    bounded().check(|| {
         let q = Arc::new(Q {
             cells: (0..2).map(|_| QueueCell::new(0)).collect(),
             tail: AtomicU32::new(0),
@@ -118,14 +116,27 @@ struct R {
     tail: AtomicU64,
 }
 
+/// An empty 4-byte ring.
+fn ring4() -> Arc<R> {
+    Arc::new(R {
+        s: LoomStorage::new(4),
+        head: AtomicU64::new(0),
+        tail: AtomicU64::new(0),
+    })
+}
+
+/// A model whose threads wait for each other's progress: preemptions are bounded so it
+/// stays finite (loom's advice for such algorithms).
+fn bounded() -> loom::model::Builder {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b
+}
+
 #[test]
 fn byte_ring_spsc_with_wrap() {
     loom::model(|| {
-        let r = Arc::new(R {
-            s: LoomStorage::new(4),
-            head: AtomicU64::new(0),
-            tail: AtomicU64::new(0),
-        });
+        let r = ring4();
         let r2 = r.clone();
         let p = thread::spawn(move || {
             let mut pr = Producer {
@@ -174,14 +185,8 @@ fn byte_ring_spsc_with_wrap() {
 fn byte_ring_with_cached_indices() {
     use canal_abi::ring::{check_indices, copy_in, copy_out};
     // Both sides wait for each other: bound preemptions so the model stays finite.
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(|| {
-        let r = Arc::new(R {
-            s: LoomStorage::new(4),
-            head: AtomicU64::new(0),
-            tail: AtomicU64::new(0),
-        });
+    bounded().check(|| {
+        let r = ring4();
         let r2 = r.clone();
         let p = thread::spawn(move || {
             let data = [1u8, 2, 3, 4, 5, 6];
@@ -419,9 +424,7 @@ fn zone_refcount_recycle_orders_reuse_after_last_reader() {
             meta: &z.meta,
         }
     }
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(|| {
+    bounded().check(|| {
         let z = Arc::new(Z {
             head: AtomicU64::new(0),
             meta: vec![BufMeta::new()],

@@ -764,25 +764,17 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             // The consumer's index as last read (a lower bound, §3.4): reading the real
             // one moves the consumer's cache line here, so only when the space known
             // to be free is not enough for the rest of this call.
-            let seen = s.e.tx_tail_seen.load(Ordering::Relaxed);
-            let used = match check_indices(head, seen, size) {
-                Ok(u) if size - u >= (total - sent) as u64 => u,
-                _ => {
-                    // R1: Acquire pairs with the consumer's Release of tail: it has
-                    // finished reading the bytes whose space we reuse (`seen` was
-                    // read the same way by an earlier holder of tx_lock).
-                    let tail = r.tx_tail.load(Ordering::Acquire);
-                    match check_indices(head, tail, size) {
-                        Ok(u) => {
-                            s.e.tx_tail_seen.store(tail, Ordering::Relaxed);
-                            u
-                        }
-                        Err(_) => {
-                            client::unlock(&s.e.tx_lock);
-                            return Err(libc::EIO);
-                        }
-                    }
-                }
+            // R1 (in `other_index`): the consumer has finished reading the bytes whose
+            // space we reuse.
+            let want = (total - sent) as u64;
+            let Ok(used) = other_index(
+                &s.e.tx_tail_seen,
+                r.tx_tail,
+                |used| size - used >= want,
+                |tail| check_indices(head, tail, size),
+            ) else {
+                client::unlock(&s.e.tx_lock);
+                return Err(libc::EIO);
             };
             let mut n = ((size - used) as usize).min(total - sent);
             if n > 0 {
@@ -857,6 +849,28 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             };
         }
     }
+}
+
+/// The ring's used bytes from the other side's index: from `seen`, its value as this
+/// side last read it (a lower bound, §3.4), when `enough` accepts what that implies;
+/// else from the real index `real`, read with Acquire (R1/R3: pairs with the other
+/// side's Release, so what it implies is published or freed) and remembered in `seen`.
+/// Called with the side's ring lock held (an earlier holder read `seen` the same way).
+fn other_index(
+    seen: &AtomicU64,
+    real: &AtomicU64,
+    enough: impl Fn(u64) -> bool,
+    used_at: impl Fn(u64) -> Result<u64, canal_abi::ring::RingCorrupt>,
+) -> Result<u64, canal_abi::ring::RingCorrupt> {
+    if let Ok(used) = used_at(seen.load(Ordering::Relaxed)) {
+        if enough(used) {
+            return Ok(used);
+        }
+    }
+    let now = real.load(Ordering::Acquire);
+    let used = used_at(now)?;
+    seen.store(now, Ordering::Relaxed);
+    Ok(used)
 }
 
 /// Largest UDP payload the kernel would take.
@@ -998,28 +1012,16 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
         // The producer's index as last read (a lower bound, §3.4): reading the real
         // one moves the producer's cache line here, so only when the bytes known to
         // be queued do not fill the rest of the caller's buffer.
-        let seen = s.e.rx_head_seen.load(Ordering::Relaxed);
-        let known = match check_indices(seen, tail, size) {
-            Ok(u) if zone.is_none() && u >= (total - got) as u64 => Some(u),
-            _ => None,
-        };
-        let used = match known {
-            Some(u) => u,
-            None => {
-                // R3: Acquire pairs with the producer's Release of head: the bytes are
-                // there (`seen` was read the same way by an earlier holder of rx_lock).
-                let head = r.rx_head.load(Ordering::Acquire);
-                match check_indices(head, tail, size) {
-                    Ok(u) => {
-                        s.e.rx_head_seen.store(head, Ordering::Relaxed);
-                        u
-                    }
-                    Err(_) => {
-                        client::unlock(&s.e.rx_lock);
-                        return Err(libc::EIO);
-                    }
-                }
-            }
+        // R3 (in `other_index`): the bytes are there. Zones: always the real head.
+        let want = (total - got) as u64;
+        let Ok(used) = other_index(
+            &s.e.rx_head_seen,
+            r.rx_head,
+            |used| zone.is_none() && used >= want,
+            |head| check_indices(head, tail, size),
+        ) else {
+            client::unlock(&s.e.rx_lock);
+            return Err(libc::EIO);
         };
         let head = tail.wrapping_add(used);
         let limit = match zone {
