@@ -222,6 +222,11 @@ impl Poller {
         let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
         let (timeout, has_vm) = if sleeping {
             let sh = w.lock();
+            // A sleep-mode worker goes to sleep straight after a round with work: the
+            // counts that round changed are published before, not after, the sleep.
+            if self.stats_dirty {
+                self.publish_socket_count(&sh, Instant::now());
+            }
             let has_vm = sh.guests.values().any(|g| g.needs_bounded_sleep());
             let mut t = prepare_sleep(&sh, &w, extra_deadline);
             // A doorbell VM kicks us through its eventfd; the tick only notices a guest
@@ -324,6 +329,13 @@ impl Poller {
             self.publish_split();
         }
         let window = Duration::from_nanos(self.split.t_v_ns);
+        // A departing guest's sockets close and the guest is dropped in rounds that may
+        // have no other work (a drain deadline's timeout): its counts must still change.
+        let departing = sh
+            .guests
+            .values()
+            .chain(sh.shadows.values())
+            .any(|g| g.gone.is_some());
         work |= serve_guests(&mut sh, &w, now, window);
         work |= serve_shadows(&mut sh, &w, now, window);
         work |= shortcut::run(&w.shortcut, &mut sh.guests, &w.ep);
@@ -332,23 +344,28 @@ impl Poller {
         // Counting the sockets walks every guest's table: not on every round of a spin
         // (it was 8% of canald's CPU under nginx+wrk), but on the first round without
         // work after rounds with work, and at most every STATS_EVERY while busy.
-        self.stats_dirty |= work;
+        self.stats_dirty |= work || departing;
         if self.stats_dirty
             && (!work || now.saturating_duration_since(self.stats_at) >= STATS_EVERY)
         {
-            self.stats_dirty = false;
-            self.stats_at = now;
-            let socks: usize = sh
-                .guests
-                .values()
-                .chain(sh.shadows.values())
-                .map(|g| g.socket_count())
-                .sum();
-            WorkerStats::set(&w.stats.sockets, socks as u64);
+            self.publish_socket_count(&sh, now);
         }
         drop(sh);
         self.end_round(work, now);
         Ok(())
+    }
+
+    /// Publishes the number of sockets this worker serves (`canal stat`).
+    fn publish_socket_count(&mut self, sh: &Shard, now: Instant) {
+        self.stats_dirty = false;
+        self.stats_at = now;
+        let socks: usize = sh
+            .guests
+            .values()
+            .chain(sh.shadows.values())
+            .map(|g| g.socket_count())
+            .sum();
+        WorkerStats::set(&self.w.stats.sockets, socks as u64);
     }
 
     /// Layer-1 coalescing: a wake-up from sleep caused only by host sockets (no
