@@ -253,17 +253,7 @@ impl Daemon {
         let listener = sys::seqpacket_listen(&path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
         let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
-        // A short-circuit pairs two guests that may sit on different workers; its
-        // hand-offs are served by one poller, so it needs --workers 1 (the default on
-        // machines of up to 2 cores). With more workers, canal↔canal uses host TCP.
-        if cfg.shortcut && cfg.workers > 1 {
-            eprintln!(
-                "canald: note: the co-resident short-circuit needs --workers 1; \
-                 with --workers {} guest-to-guest connections use host TCP",
-                cfg.workers
-            );
-        }
-        let shortcut = ShortcutShared::new(cfg.shortcut && cfg.workers <= 1, seg_ring);
+        let shortcut = ShortcutShared::new(cfg.shortcut, seg_ring);
         shortcut.lock().unwrap_or_else(|e| e.into_inner()).zones = cfg.zones;
         let w0 = Worker::new(0, shortcut.clone()).map_err(|e| e.to_string())?;
         w0.ep
@@ -351,7 +341,13 @@ impl Daemon {
                 eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
             }
         }
-        self.boxes = Some(self.workers.iter().map(|w| w.mbox.clone()).collect());
+        let boxes: crate::guest::vrss::Boxes = self.workers.iter().map(|w| w.mbox.clone()).collect();
+        // Short-circuit jobs for a guest homed on another worker poke that worker.
+        self.shortcut
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_boxes(boxes.clone());
+        self.boxes = Some(boxes);
         let mut p = Poller::new(self.workers[0].clone(), &self.cfg, c_p, c_v);
         log(
             &self.cfg,
@@ -614,7 +610,6 @@ impl Daemon {
                 let id = self.next_guest;
                 let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
                 let sc = self.cfg.shortcut
-                    && self.cfg.workers <= 1
                     && hello_flags & control::hello_flag::SHORTCUT != 0;
                 let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
                 // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
@@ -673,7 +668,7 @@ impl Daemon {
                     c.worker = Some(wi);
                 }
                 if sc {
-                    g.enable_shortcut(self.shortcut.clone());
+                    g.enable_shortcut(self.shortcut.clone(), wi as u32);
                 }
                 let mut sh = w.lock();
                 sh.doorbells.insert(key, doorbell);

@@ -241,6 +241,8 @@ pub struct HostSocket {
     pending_dgram: Option<(Vec<u8>, Option<CanalAddr>)>,
     /// Short-circuited to another canal socket through a pair segment (§8).
     pub seg: Option<SegLink>,
+    /// Its local address was seen bound (virtual RSS placement done once for it).
+    named: bool,
 }
 
 impl HostSocket {
@@ -929,6 +931,8 @@ impl Guest {
                 let a = translate_guest_bind(&view, &a)?;
                 let s = self.live(index)?;
                 sys::bind(fd_of(s)?, &a).map_err(|e| sys::errno_of(&e))?;
+                // A datagram socket's local address is known: its owner serves it.
+                self.place(ep, index, None);
                 Ok((0, 0))
             }
             Cmd::Listen(backlog) => self.op_listen(index, backlog),
@@ -940,7 +944,7 @@ impl Guest {
                 let r = self.op_connect(index, &a);
                 if r.is_ok() {
                     // The flow is known: its owner serves it from now on.
-                    self.place_stream(ep, index, &a);
+                    self.place(ep, index, Some(&a));
                 }
                 r
             }
@@ -1099,6 +1103,7 @@ impl Guest {
             unclaimed: Default::default(),
             pending_dgram: None,
             seg: None,
+            named: false,
         });
         self.set_owned(index, true);
         Ok(handle)
@@ -1401,6 +1406,7 @@ impl Guest {
                 self.mark_dirty(index);
             }
             self.finish_if_closed(ep, index, now);
+            self.place_if_autobound(ep, index);
         }
         // Keep the allocation for the next round.
         let mut list = list;
@@ -1758,7 +1764,7 @@ impl Guest {
                 .as_ref()
                 .and_then(|s| s.peer());
             if let Some(hp) = host_peer {
-                self.place_stream(ep, new_index, &hp);
+                self.place(ep, new_index, Some(&hp));
             }
             let mut payload = [0u8; ACCEPT_PAYLOAD];
             payload[..4].copy_from_slice(&handle.to_le_bytes());

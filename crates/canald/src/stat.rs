@@ -101,7 +101,7 @@ pub struct ConfigStat {
     pub split_us: Option<u64>,
     pub workers: u64,
     /// Whether the co-resident short-circuit is in force: false with `--no-shortcut` /
-    /// CANAL_NO_SHORTCUT, and with more than one worker (it needs `--workers 1`).
+    /// CANAL_NO_SHORTCUT.
     pub shortcut: bool,
     /// Buffer zones on short-circuited connections (`--zones on`, and the shortcut in
     /// force).
@@ -124,8 +124,8 @@ impl ConfigStat {
             t_worst_us,
             split_us,
             workers: c.workers as u64,
-            shortcut: c.shortcut && c.workers <= 1,
-            zones: c.zones && c.shortcut && c.workers <= 1,
+            shortcut: c.shortcut,
+            zones: c.zones && c.shortcut,
         }
     }
 }
@@ -501,8 +501,9 @@ mod tests {
         assert_eq!((cs.coalesce, cs.t_worst_us, cs.split_us), ("off", 0, None));
         c.shortcut = true;
         assert!(ConfigStat::from_config(&c).shortcut);
+        // The short-circuit works with any number of workers (protocol §8.6).
         c.workers = 2;
-        assert!(!ConfigStat::from_config(&c).shortcut);
+        assert!(ConfigStat::from_config(&c).shortcut);
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub struct Worker {
     pub ep: Epoll,
     pub shard: Mutex<Shard>,
     pub stats: Arc<WorkerStats>,
-    /// Short-circuit hand-offs (pairings, peer events); shared by the daemon.
+    /// Short-circuit jobs (pairings, peer events), queued per worker; shared by all.
     pub shortcut: ShortcutRef,
     /// Pokes the worker out of its sleep (a new guest, shutdown) and carries the
     /// other workers' messages (virtual RSS).
@@ -338,7 +338,7 @@ impl Poller {
             .any(|g| g.gone.is_some());
         work |= serve_guests(&mut sh, &w, now, window);
         work |= serve_shadows(&mut sh, &w, now, window);
-        work |= shortcut::run(&w.shortcut, &mut sh.guests, &w.ep);
+        work |= shortcut::run(&w.shortcut, w.id, &mut sh.guests, &w.ep);
         reap(&mut sh, &w, &self.cfg);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
         // Counting the sockets walks every guest's table: not on every round of a spin
@@ -426,7 +426,7 @@ fn prepare_sleep(sh: &Shard, w: &Worker, extra: Option<Instant>) -> i32 {
         }
     }
     fence(Ordering::SeqCst);
-    if shortcut::has_work(&w.shortcut)
+    if shortcut::has_work(&w.shortcut, w.id)
         || !w.mbox.is_empty()
         || all().any(|g| g.gone.is_none() && g.has_pending())
     {
@@ -521,6 +521,7 @@ fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) {
     let now = Instant::now();
     for k in departed_and_done(&mut sh.guests, &w.ep, now) {
         if let Some(g) = sh.guests.remove(&k) {
+            shortcut::forget(&w.shortcut, k);
             if cfg.verbose {
                 eprintln!("canald: guest {} freed (worker {})", g.id, w.id);
             }

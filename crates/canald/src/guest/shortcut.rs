@@ -11,6 +11,14 @@
 //! (a side raises its own attention bit when its peer sleeps) and state changes
 //! (SHUT_WR → the peer's RX_EOF; close or guest death → the peer's RX_EOF/TX_CLOSED,
 //! or ECONNRESET when the closer left unread bytes).
+//!
+//! With several workers (protocol §8.6) a short-circuited socket always lives on its
+//! guest's home worker (it has no host data path to spread), and every piece of work
+//! is a [`Job`] queued for the worker that serves the guest it touches: the pairing
+//! runs in two steps (the listener's home installs the accepted end, then the
+//! connector's home completes the connect), and peer events go to the peer's home.
+//! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
+//! follows.
 
 use super::{Guest, HostSocket, Kind, Phase};
 use crate::sys::{self, Epoll};
@@ -19,6 +27,7 @@ use canal_abi::segment::{self, side};
 use canal_abi::sync::Ordering;
 use canal_abi::{errno, sock_flag, sock_kind, CanalAddr, ACCEPT_PAYLOAD};
 use std::collections::{BTreeMap, HashMap};
+use super::vrss::Boxes;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
@@ -51,8 +60,40 @@ struct Pending {
     conn: u32,
     handle: u32,
     dst: CanalAddr,
+    /// The connector's reserved local address, and whether its guest has zones.
+    local: CanalAddr,
+    zones: bool,
     lconn: u32,
     lhandle: u32,
+}
+
+/// Work for the worker serving one guest's short-circuited sockets.
+#[derive(Clone, Copy, Debug)]
+enum Job {
+    /// Listener's home: create the segment and install the accepted end.
+    Pair(Pending),
+    /// Connector's home: the accepted end exists; complete the connect.
+    Connected { conn: u32, handle: u32, link: SegLink },
+    /// Connector's home: no short-circuit after all (the listener went away).
+    Fallback {
+        conn: u32,
+        handle: u32,
+        dst: CanalAddr,
+    },
+    Event(Event),
+}
+
+impl Job {
+    /// The guest this job is for (its home worker runs it).
+    fn conn(&self) -> u32 {
+        match *self {
+            Job::Pair(p) => p.lconn,
+            Job::Connected { conn, .. } | Job::Fallback { conn, .. } => conn,
+            Job::Event(Event::Wake { conn, .. })
+            | Job::Event(Event::Fin { conn, .. })
+            | Job::Event(Event::Closed { conn, .. }) => conn,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -90,8 +131,12 @@ pub struct Shared {
     pub zones: bool,
     ring_size: u64,
     listeners: Vec<ListenerReg>,
-    pending: Vec<Pending>,
-    events: Vec<Event>,
+    /// Jobs by worker, each queue in the order they were posted.
+    jobs: Vec<Vec<Job>>,
+    /// The home worker of every guest that may short-circuit (by connection key).
+    homes: HashMap<u32, u32>,
+    /// Every worker's mailbox, to poke a worker that has jobs (several workers).
+    boxes: Option<Boxes>,
     segments: HashMap<u32, SegmentRec>,
     next_id: u32,
 }
@@ -105,8 +150,9 @@ impl Shared {
             zones: false,
             ring_size,
             listeners: Vec::new(),
-            pending: Vec::new(),
-            events: Vec::new(),
+            jobs: Vec::new(),
+            homes: HashMap::new(),
+            boxes: None,
             segments: HashMap::new(),
             next_id: 1,
         }))
@@ -124,8 +170,38 @@ impl Shared {
         self.segments.len()
     }
 
-    fn has_work(&self) -> bool {
-        !self.pending.is_empty() || !self.events.is_empty()
+    /// Lets jobs for other workers poke them (the daemon, once every worker exists).
+    pub fn set_boxes(&mut self, boxes: Boxes) {
+        self.boxes = Some(boxes);
+    }
+
+    fn home(&self, conn: u32) -> u32 {
+        self.homes.get(&conn).copied().unwrap_or(0)
+    }
+
+    /// Queues `job` for its guest's home worker; `from` (the posting worker) is not
+    /// poked, any other is.
+    fn post(&mut self, from: u32, job: Job) {
+        let w = self.home(job.conn());
+        if self.jobs.len() <= w as usize {
+            self.jobs.resize_with(w as usize + 1, Vec::new);
+        }
+        self.jobs[w as usize].push(job);
+        if w != from {
+            if let Some(mb) = self.boxes.as_ref().and_then(|b| b.get(w as usize)) {
+                let _ = sys::eventfd_write(mb.poke.as_raw_fd());
+            }
+        }
+    }
+
+    /// Queues a job posted by guest `from_conn` (running on its home).
+    fn post_from(&mut self, from_conn: u32, job: Job) {
+        let from = self.home(from_conn);
+        self.post(from, job);
+    }
+
+    fn has_work(&self, me: u32) -> bool {
+        self.jobs.get(me as usize).is_some_and(|q| !q.is_empty())
     }
 
     /// The listener a connect from `src` to `dst` reaches, if it is a canal listener.
@@ -200,8 +276,10 @@ impl HostSocket {
 }
 
 impl Guest {
-    /// Lets this guest take part in short-circuits (it announced SHORTCUT in HELLO).
-    pub fn enable_shortcut(&mut self, shared: SharedRef) {
+    /// Lets this guest take part in short-circuits (it announced SHORTCUT in HELLO);
+    /// `home` is the worker serving its requests (and all its short-circuited sockets).
+    pub fn enable_shortcut(&mut self, shared: SharedRef, home: u32) {
+        lock(&shared).homes.insert(self.conn, home);
         self.sc = Some(shared);
     }
 
@@ -237,6 +315,12 @@ impl Guest {
         dst: &CanalAddr,
     ) -> Option<Result<(i64, usize), i32>> {
         let sc = self.sc.clone()?;
+        // Short-circuited sockets live on the home (virtual RSS: a socket served by a
+        // shadow had its flow placed already; a retried connect goes to the kernel).
+        if self.is_shadow() {
+            return None;
+        }
+        let zones = self.region.header().features & canal_abi::feature::ZONES != 0;
         let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         if s.kind != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
             return None;
@@ -275,13 +359,19 @@ impl Guest {
             sock_flag::CONNECTING,
             sock_flag::ERROR | sock_flag::HUP,
         );
-        lock(&sc).pending.push(Pending {
-            conn: self.conn,
-            handle,
-            dst: *dst,
-            lconn: l.conn,
-            lhandle: l.handle,
-        });
+        let conn = self.conn;
+        lock(&sc).post_from(
+            conn,
+            Job::Pair(Pending {
+                conn,
+                handle,
+                dst: *dst,
+                local,
+                zones,
+                lconn: l.conn,
+                lhandle: l.handle,
+            }),
+        );
         Some(Ok((-(errno::EINPROGRESS as i64), 0)))
     }
 
@@ -327,7 +417,7 @@ impl Guest {
         if free == 0 {
             return Ok(None);
         }
-        if self.sockets.iter().all(|s| s.is_some()) {
+        if self.table_full() {
             return Ok(None);
         }
         // A plain socket for socket options (never bound or connected).
@@ -370,10 +460,9 @@ impl Guest {
 
     /// Allocates an entry backed by segment `link.id` (no data-area rings).
     fn sc_install(&mut self, fd: OwnedFd, family: u16, link: SegLink) -> Result<u32, i32> {
-        let index = self
-            .sockets
-            .iter()
-            .position(|s| s.is_none())
+        // Virtual RSS: an index whose socket another worker serves is not free.
+        let index = (0..self.sockets.len())
+            .position(|i| self.sockets[i].is_none() && !self.is_away(i as u32))
             .ok_or(errno::EMFILE)? as u32;
         let gen = self.generations[index as usize];
         let handle = canal_abi::make_handle(index, gen as u32);
@@ -384,6 +473,9 @@ impl Guest {
         e.rx_head.store(0, Ordering::Relaxed);
         e.generation.store(gen as u32, Ordering::Relaxed);
         e.family.store(family as u32, Ordering::Relaxed);
+        // Virtual RSS: the entry may name the worker of a previous socket; this one's
+        // attention bit is the home's (guest kicks go where `owner` says).
+        e.owner.store(self.self_owner(), Ordering::Relaxed);
         self.sc_publish_link(index, &link);
         let e = self.entry(index);
         e.flags.store(sock_flag::CONNECTED, Ordering::Relaxed);
@@ -414,6 +506,7 @@ impl Guest {
             unclaimed: Default::default(),
             pending_dgram: None,
             seg: Some(link),
+            named: true,
         });
         // Its attention bit is this guest instance's to take.
         self.set_owned(index, true);
@@ -484,7 +577,7 @@ impl Guest {
     }
 
     /// The short-circuit cannot happen (the listener went away): connect for real.
-    fn sc_fallback(&mut self, handle: u32, dst: &CanalAddr) {
+    fn sc_fallback(&mut self, ep: &Epoll, handle: u32, dst: &CanalAddr) {
         let Some(index) = self.sc_index(handle) else {
             return;
         };
@@ -495,7 +588,12 @@ impl Guest {
             s.phase = Phase::Open;
         }
         match self.op_connect(index, dst) {
-            Ok(_) => {}
+            Ok(_) => {
+                self.wake_event_sleepers();
+                // A kernel connection after all: its flow's owner serves it.
+                self.place(ep, index, Some(dst));
+                return;
+            }
             Err(e) => {
                 if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
                     s.phase = Phase::Failed;
@@ -515,10 +613,13 @@ impl Guest {
         let (Some(link), Some(sc)) = (s.seg, self.sc.as_ref()) else {
             return;
         };
-        lock(sc).events.push(Event::Wake {
-            conn: link.peer_conn,
-            handle: link.peer_handle,
-        });
+        lock(sc).post_from(
+            self.conn,
+            Job::Event(Event::Wake {
+                conn: link.peer_conn,
+                handle: link.peer_handle,
+            }),
+        );
     }
 
     /// SHUTDOWN on a short-circuited socket.
@@ -534,10 +635,13 @@ impl Guest {
                 l.shut_wr = true;
             }
             if let Some(sc) = &self.sc {
-                lock(sc).events.push(Event::Fin {
-                    conn: link.peer_conn,
-                    handle: link.peer_handle,
-                });
+                lock(sc).post_from(
+                    self.conn,
+                    Job::Event(Event::Fin {
+                        conn: link.peer_conn,
+                        handle: link.peer_handle,
+                    }),
+                );
             }
             self.set_flags(index, sock_flag::TX_CLOSED, 0);
             self.sc_futex_wake(index);
@@ -621,13 +725,16 @@ impl Guest {
             ring || zone
         });
         let reset = unread || s.fd.as_ref().is_some_and(linger_zero);
-        sh.events.push(Event::Closed {
-            id: link.id,
-            side: link.side,
-            conn: link.peer_conn,
-            handle: link.peer_handle,
-            reset,
-        });
+        sh.post_from(
+            self.conn,
+            Job::Event(Event::Closed {
+                id: link.id,
+                side: link.side,
+                conn: link.peer_conn,
+                handle: link.peer_handle,
+                reset,
+            }),
+        );
     }
 
     /// Bytes sent and received on a short-circuited socket (from the segment's
@@ -733,53 +840,84 @@ fn loopback(family: u16) -> CanalAddr {
     a
 }
 
-/// Whether the daemon has short-circuit work queued (it must not sleep).
-pub fn has_work(shared: &SharedRef) -> bool {
-    lock(shared).has_work()
+/// Whether worker `me` has short-circuit jobs queued (it must not sleep).
+pub fn has_work(shared: &SharedRef, me: u32) -> bool {
+    lock(shared).has_work(me)
 }
 
-/// Completes pending short-circuits and relays events between guests. Called by the
-/// daemon after every service round.
-pub fn run(shared: &SharedRef, guests: &mut BTreeMap<u32, Guest>, ep: &Epoll) -> bool {
+/// Drops a guest that left (its home reaped it) from the routing table.
+pub fn forget(shared: &SharedRef, conn: u32) {
+    lock(shared).homes.remove(&conn);
+}
+
+/// Runs worker `me`'s jobs: pairings, completions and peer events for the guests it
+/// is home to (`guests`). Called by each worker after every service round.
+pub fn run(shared: &SharedRef, me: u32, guests: &mut BTreeMap<u32, Guest>, ep: &Epoll) -> bool {
     let mut work = false;
     let mut retry = Vec::new();
     for _ in 0..4 {
-        let (pending, events) = {
+        let jobs = {
             let mut sh = lock(shared);
-            (
-                std::mem::take(&mut sh.pending),
-                std::mem::take(&mut sh.events),
-            )
-        };
-        if pending.is_empty() && events.is_empty() {
-            break;
-        }
-        work = true;
-        for p in pending {
-            if let Some(p) = complete(shared, guests, ep, p) {
-                retry.push(p);
+            match sh.jobs.get_mut(me as usize) {
+                Some(q) if !q.is_empty() => std::mem::take(q),
+                _ => break,
             }
-        }
-        for ev in events {
-            let conn = match ev {
-                Event::Wake { conn, .. } | Event::Fin { conn, .. } => conn,
-                Event::Closed { id, side, conn, .. } => {
-                    let mut sh = lock(shared);
-                    if let Some(r) = sh.segments.get_mut(&id) {
-                        r.open[side.min(1) as usize] = false;
-                        if r.open == [false, false] {
-                            sh.segments.remove(&id);
+        };
+        work = true;
+        for job in jobs {
+            match job {
+                Job::Pair(p) => {
+                    if let Some(p) = pair(shared, me, guests, p) {
+                        retry.push(Job::Pair(p));
+                    }
+                }
+                Job::Connected { conn, handle, link } => {
+                    let ok = guests
+                        .get_mut(&conn)
+                        .is_some_and(|c| c.sc_connected(ep, handle, link));
+                    if !ok {
+                        // The connector vanished meanwhile: the accepted end sees a
+                        // closed peer.
+                        lock(shared).post(
+                            me,
+                            Job::Event(Event::Closed {
+                                id: link.id,
+                                side: side::CONNECTOR,
+                                conn: link.peer_conn,
+                                handle: link.peer_handle,
+                                reset: false,
+                            }),
+                        );
+                    }
+                }
+                Job::Fallback { conn, handle, dst } => {
+                    if let Some(c) = guests.get_mut(&conn) {
+                        c.sc_fallback(ep, handle, &dst);
+                    }
+                }
+                Job::Event(ev) => {
+                    if let Event::Closed { id, side, .. } = ev {
+                        let mut sh = lock(shared);
+                        if let Some(r) = sh.segments.get_mut(&id) {
+                            r.open[side.min(1) as usize] = false;
+                            if r.open == [false, false] {
+                                sh.segments.remove(&id);
+                            }
                         }
                     }
-                    conn
+                    if let Some(g) = guests.get_mut(&job.conn()) {
+                        g.sc_event(ev);
+                    }
                 }
-            };
-            if let Some(g) = guests.get_mut(&conn) {
-                g.sc_event(ev);
             }
         }
     }
-    lock(shared).pending.extend(retry);
+    if !retry.is_empty() {
+        let mut sh = lock(shared);
+        for j in retry {
+            sh.post(me, j);
+        }
+    }
     work
 }
 
@@ -790,29 +928,34 @@ pub fn zone_classes(ring_size: u64) -> [(u32, u32); 1] {
     [(65536, count)]
 }
 
-/// One pending short-circuit. Some(p): retry later (the accept queue is full).
-fn complete(
+/// The listener's half of a pending short-circuit (on the listener guest's home):
+/// creates the segment, installs the accepted end, then queues the connector's half
+/// for its home. Some(p): retry later (the accept queue is full).
+fn pair(
     shared: &SharedRef,
+    me: u32,
     guests: &mut BTreeMap<u32, Guest>,
-    ep: &Epoll,
     p: Pending,
 ) -> Option<Pending> {
-    let conn_local = {
-        let c = guests.get(&p.conn)?;
-        let i = c.sc_index(p.handle)?;
-        let s = c.sockets[i as usize].as_ref()?;
-        if s.phase != Phase::Connecting || s.closing.is_some() || c.gone.is_some() {
+    // A connector served by this worker too that closed or left meanwhile: nothing
+    // to pair (one on another worker is checked by its home, in `Connected`).
+    if let Some(c) = guests.get(&p.conn) {
+        let live = c.sc_index(p.handle).is_some_and(|i| {
+            c.sockets[i as usize]
+                .as_ref()
+                .is_some_and(|s| s.phase == Phase::Connecting && s.closing.is_none())
+        });
+        if !live || c.gone.is_some() {
             return None;
         }
-        sys::sockname(s.fd.as_ref()?).ok()?
-    };
-    // Zones only between two guests that both have the ZONES feature (§10.4).
+    }
     let has_zones = |c: u32| {
         guests
             .get(&c)
             .is_some_and(|g| g.region.header().features & canal_abi::feature::ZONES != 0)
     };
-    let want_zones = has_zones(p.conn) && has_zones(p.lconn);
+    // Zones only between two guests that both have the ZONES feature (§10.4).
+    let want_zones = p.zones && has_zones(p.lconn);
     let (id, ring_size, backlog, zones) = {
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
@@ -835,9 +978,9 @@ fn complete(
         id,
         side: side::ACCEPTOR,
         peer_conn: p.conn,
-        peer_handle: 0,
+        peer_handle: p.handle,
         local: dst,
-        peer: conn_local,
+        peer: p.local,
         shut_wr: false,
     };
     let zone_layout = zones
@@ -882,43 +1025,26 @@ fn complete(
         }
         _ => None,
     };
-    let Some(ah) = accepted else {
-        if let Some(c) = guests.get_mut(&p.conn) {
-            c.sc_fallback(p.handle, &p.dst);
-        }
-        return None;
+    let job = match accepted {
+        Some(ah) => Job::Connected {
+            conn: p.conn,
+            handle: p.handle,
+            link: SegLink {
+                id,
+                side: side::CONNECTOR,
+                peer_conn: p.lconn,
+                peer_handle: ah,
+                local: p.local,
+                peer: dst,
+                shut_wr: false,
+            },
+        },
+        None => Job::Fallback {
+            conn: p.conn,
+            handle: p.handle,
+            dst: p.dst,
+        },
     };
-    // The accepted end knows its peer's handle now.
-    if let Some(l) = guests.get_mut(&p.lconn) {
-        if let Some(i) = l.sc_index(ah) {
-            if let Some(Some(s)) = l.sockets.get_mut(i as usize) {
-                if let Some(link) = &mut s.seg {
-                    link.peer_handle = p.handle;
-                }
-            }
-        }
-    }
-    let link = SegLink {
-        id,
-        side: side::CONNECTOR,
-        peer_conn: p.lconn,
-        peer_handle: ah,
-        local: conn_local,
-        peer: dst,
-        shut_wr: false,
-    };
-    let ok = guests
-        .get_mut(&p.conn)
-        .is_some_and(|c| c.sc_connected(ep, p.handle, link));
-    if !ok {
-        // The connector vanished meanwhile: the accepted end sees a closed peer.
-        lock(shared).events.push(Event::Closed {
-            id,
-            side: side::CONNECTOR,
-            conn: p.lconn,
-            handle: ah,
-            reset: false,
-        });
-    }
+    lock(shared).post(me, job);
     None
 }

@@ -1,10 +1,13 @@
 //! Virtual RSS (protocol §6.3, docs/architecture.md "Threads"): with `--workers N`
-//! a guest's connected stream sockets are spread over the workers by a flow hash.
+//! a guest's connected stream and datagram sockets are spread over the workers by a
+//! flow hash, its bound datagram sockets by a hash of their local address.
 //!
 //! A guest keeps a *home* worker: it pops the request queue, owns the data-area
-//! allocator and the entry indices, and serves listeners, datagram sockets and
+//! allocator and the entry indices, and serves listeners (an accept allocates an
+//! entry), short-circuited sockets (protocol §8.6), unbound datagram sockets and
 //! unconnected streams. A stream socket whose flow is known (connect issued, or
-//! accepted) goes to worker `flow_hash(local, peer) % N`; if that is not the home, the
+//! accepted) or a connected datagram socket goes to worker `flow_hash(local, peer) %
+//! N`, a bound unconnected datagram socket to `local_owner(local) % N`; if that is not the home, the
 //! home hands the socket's host state (fd, ring positions, phase) over once, through
 //! the owner's mailbox, and the owner keeps it in a *shadow* `Guest` (the same region
 //! mapping, the same slot ports, its own socket table, wake-up coalescing and
@@ -52,6 +55,16 @@ pub fn flow_hash(local: &CanalAddr, peer: &CanalAddr) -> u32 {
 /// The worker owning a flow among `workers` (≥ 1).
 pub fn owner_of(local: &CanalAddr, peer: &CanalAddr, workers: u32) -> u32 {
     flow_hash(local, peer) % workers.max(1)
+}
+
+/// The worker owning an unconnected socket bound to `local` (its address and port;
+/// the peer half of the flow hash is the unspecified address of its family).
+pub fn local_owner(local: &CanalAddr, workers: u32) -> u32 {
+    let none = CanalAddr {
+        family: local.family,
+        ..Default::default()
+    };
+    owner_of(local, &none, workers)
 }
 
 /// What one worker tells another about a guest's sockets.
@@ -271,20 +284,28 @@ impl Guest {
         true
     }
 
-    /// Home: a stream socket's flow is now known (connect issued, or accepted):
-    /// hand it to its owner by the flow hash if that is another worker.
-    pub(super) fn place_stream(&mut self, ep: &Epoll, index: u32, peer: &CanalAddr) {
+    /// Home: a socket's address became known; hands it to its owner if that is
+    /// another worker. Streams and connected datagram sockets (`peer`): by the flow
+    /// hash, once connect is issued or the stream accepted. Unconnected datagram
+    /// sockets: by their local address, once bound (explicitly or by their first
+    /// send). Listeners and short-circuited sockets stay home.
+    pub(super) fn place(&mut self, ep: &Epoll, index: u32, peer: Option<&CanalAddr>) {
         let Some(vr) = self.vr.as_ref() else {
             return;
         };
         if vr.is_shadow() || self.gone.is_some() {
             return;
         }
-        let Some(Some(s)) = self.sockets.get(index as usize) else {
+        let (me, n) = (vr.me, vr.boxes.len() as u32);
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
             return;
         };
-        if s.kind != super::Kind::Stream || s.seg.is_some() || s.closing.is_some() {
+        if s.seg.is_some() || s.closing.is_some() {
             return;
+        }
+        match (s.kind, peer) {
+            (super::Kind::Stream, Some(_)) | (super::Kind::Dgram, _) => {}
+            _ => return,
         }
         let Some(fd) = &s.fd else {
             return;
@@ -292,9 +313,29 @@ impl Guest {
         let Ok(local) = sys::sockname(fd) else {
             return;
         };
-        let to = owner_of(&local, peer, vr.boxes.len() as u32);
-        if to != vr.me {
+        if local.port == 0 {
+            return; // an unbound datagram socket: placed after its first send
+        }
+        s.named = true;
+        let to = match peer {
+            Some(p) => owner_of(&local, p, n),
+            None => local_owner(&local, n),
+        };
+        if to != me {
             self.hand_off(ep, index, to);
+        }
+    }
+
+    /// Home, after serving datagram socket `index`: if the first send bound it (the
+    /// kernel's autobind), place it by its local address now.
+    pub(super) fn place_if_autobound(&mut self, ep: &Epoll, index: u32) {
+        if self.vr.as_ref().is_none_or(|v| v.is_shadow()) {
+            return;
+        }
+        let unnamed = matches!(self.sockets.get(index as usize),
+            Some(Some(s)) if s.kind == super::Kind::Dgram && !s.named);
+        if unnamed {
+            self.place(ep, index, None);
         }
     }
 
