@@ -20,12 +20,12 @@ from canal_harness import Canald, need_tool
 
 @pytest.fixture(autouse=True)
 def _needs_shortcut(request):
-    """The short-circuit needs one canald worker (docs/architecture.md "Threads"):
-    under CANAL_TEST_DAEMON_ARGS with more workers these tests do not apply."""
+    """Under CANAL_TEST_DAEMON_ARGS that turn the short-circuit off (--no-shortcut)
+    these tests do not apply; with any number of workers they do."""
     if "canald" in request.fixturenames:
         st = request.getfixturevalue("canald").stat()
         if not st["daemon"].get("config", {}).get("shortcut", True):
-            pytest.skip("canald runs without the short-circuit (--workers > 1)")
+            pytest.skip("canald runs without the short-circuit (--no-shortcut)")
 
 
 def _established(port):

@@ -341,7 +341,8 @@ impl Daemon {
                 eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
             }
         }
-        let boxes: crate::guest::vrss::Boxes = self.workers.iter().map(|w| w.mbox.clone()).collect();
+        let boxes: crate::guest::vrss::Boxes =
+            self.workers.iter().map(|w| w.mbox.clone()).collect();
         // Short-circuit jobs for a guest homed on another worker poke that worker.
         self.shortcut
             .lock()
@@ -609,8 +610,7 @@ impl Daemon {
                 let comm = String::from_utf8_lossy(&comm_raw[..end]).into_owned();
                 let id = self.next_guest;
                 let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
-                let sc = self.cfg.shortcut
-                    && hello_flags & control::hello_flag::SHORTCUT != 0;
+                let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
                 let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
                 // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
                 let vrss = (2..=canal_abi::MAX_WORKERS).contains(&self.workers.len())

@@ -7,7 +7,7 @@ use canal_abi::control::{hello_flag, kind};
 use canal_abi::ring::{record_kind, Consumer, Producer};
 use canal_abi::segment::{side, SegHeader};
 use canal_abi::sync::Ordering;
-use canal_abi::{errno, op, sock_flag, CanalAddr};
+use canal_abi::{errno, handle_index, op, sock_flag, CanalAddr};
 use canald::sys::Mapping;
 use common::*;
 use std::time::{Duration, Instant};
@@ -112,8 +112,82 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn shortcut_connection_lifecycle() {
     let d = TestDaemon::start(&[]);
-    let mut srv = guest(&d, "srv");
-    let mut cli = guest(&d, "cli");
+    let srv = guest(&d, "srv");
+    let cli = guest(&d, "cli");
+    lifecycle(&d, srv, cli);
+}
+
+/// The guest's home worker, as STAT lists it.
+fn home_of(d: &TestDaemon, id: u32) -> u32 {
+    let st = d.stat();
+    let at = st
+        .find(&format!("{{\"id\":{id},"))
+        .unwrap_or_else(|| panic!("guest {id} listed: {st}"));
+    let w = st[at..].find("\"worker\":").expect("guest worker") + at + 9;
+    st[w..w + 1].parse().unwrap()
+}
+
+/// With two workers, the two guests of a short-circuit sit on different workers:
+/// pairing, the wake-up of a sleeping side, half-close, reset and guest death cross
+/// between them (protocol §8.6). The daemon sleeps as soon as a round is idle, so a
+/// job left on the wrong worker would hang the test.
+#[test]
+fn shortcut_across_workers() {
+    let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
+    let both = hello_flag::SHORTCUT | hello_flag::VRSS;
+    let mut srv = TestGuest::attach_with(&d.path, "srv", both);
+    let mut cli = TestGuest::attach_with(&d.path, "cli", both);
+    srv.doorbells().expect("DOORBELLS");
+    cli.doorbells().expect("DOORBELLS");
+    assert_ne!(
+        home_of(&d, srv.id),
+        home_of(&d, cli.id),
+        "the guests share a worker"
+    );
+    let (l, port) = listen(&mut srv);
+    let (c, a) = connect(&mut cli, &srv, l, port);
+    // Short-circuited entries are served by their guest's home (owner word).
+    assert_eq!(
+        cli.entry(c).owner.load(Ordering::Acquire),
+        home_of(&d, cli.id)
+    );
+    assert_eq!(
+        srv.entry(a).owner.load(Ordering::Acquire),
+        home_of(&d, srv.id)
+    );
+
+    // The server sleeps on its connection; the client sends, raises its own
+    // attention bit (its peer sleeps) and kicks its home: the client's worker relays
+    // the wake-up to the server's worker, which writes the server's eventfd.
+    let (cm, am) = (map_segment(&cli, c), map_segment(&srv, a));
+    let (ce, ae) = (End::new(&cm, &cli, c), End::new(&am, &srv, a));
+    let mut buf = vec![0u8; 64];
+    let woke = srv.sleep_on_events(Some(a), 10_000, || {
+        assert_eq!(ce.send(b"wake up"), 7);
+        cli.region.raise_attention(handle_index(c));
+        cli.kick_socket(handle_index(c));
+        false
+    });
+    assert!(woke, "the sleeping server was never woken across workers");
+    assert_eq!(ae.recv(&mut buf), 7);
+    // And the other way round.
+    let woke = cli.sleep_on_events(Some(c), 10_000, || {
+        assert_eq!(ae.send(b"back"), 4);
+        srv.region.raise_attention(handle_index(a));
+        srv.kick_socket(handle_index(a));
+        false
+    });
+    assert!(woke, "the sleeping client was never woken across workers");
+    assert_eq!(ce.recv(&mut buf), 4);
+    drop((cm, am));
+    assert_eq!(cli.request(op::CLOSE, c, [0; 4], &[]).0, 0);
+    srv.wait_flags(a, sock_flag::RX_EOF);
+    assert_eq!(srv.request(op::CLOSE, a, [0; 4], &[]).0, 0);
+    lifecycle(&d, srv, cli);
+}
+
+/// Connection, data both ways, half-close, reset, then a guest's death.
+fn lifecycle(d: &TestDaemon, mut srv: TestGuest, mut cli: TestGuest) {
     let (l, port) = listen(&mut srv);
     let (c, a) = connect(&mut cli, &srv, l, port);
 
@@ -130,6 +204,7 @@ fn shortcut_connection_lifecycle() {
     );
     let stat = d.stat();
     assert_eq!(stat.matches("tcp-shortcut").count(), 2, "{stat}");
+    let other = guest(d, "other");
     // Names agree across the ends.
     let name =
         |g: &mut TestGuest, h, o| CanalAddr::decode(&g.request(o, h, [0; 4], &[]).1).unwrap();
@@ -144,7 +219,6 @@ fn shortcut_connection_lifecycle() {
     assert_eq!(name(&mut cli, c, op::GETPEERNAME).port, port);
 
     // A guest outside the connection cannot have its segment.
-    let other = guest(&d, "other");
     send_ctl(&other.ctl, kind::SEGMENT, &id.to_le_bytes(), &[]);
     let (k, body, fds) = recv_ctl(&other.ctl);
     assert_eq!(k, kind::ERROR);

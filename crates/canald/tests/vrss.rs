@@ -259,3 +259,140 @@ fn old_guest_stays_home() {
         "an old guest's socket left home: {st}"
     );
 }
+
+/// A guest with virtual RSS and a 10 s timeout on its control socket (a hung canald
+/// fails the test instead of hanging it).
+fn vrss_guest(d: &TestDaemon, comm: &str) -> TestGuest {
+    let mut g = TestGuest::attach_with(&d.path, comm, hello_flag::VRSS);
+    let s = socket2_timeout(&g.ctl);
+    assert_eq!(s, 0);
+    g.doorbells().expect("DOORBELLS answered");
+    g
+}
+
+fn socket2_timeout(fd: &std::os::fd::OwnedFd) -> i32 {
+    let tv = libc::timeval {
+        tv_sec: 10,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt with a valid descriptor and a timeval of the right size.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    }
+}
+
+fn local_of(g: &mut TestGuest, h: u32) -> CanalAddr {
+    let (r, out) = g.request(op::GETSOCKNAME, h, [0; 4], &[]);
+    assert_eq!(r, 0);
+    CanalAddr::decode(&out).unwrap()
+}
+
+/// Datagram sockets spread too: bound ones by their local address, connected ones by
+/// the flow hash, an unbound one once its first send bound it; each owner serves the
+/// socket's data both ways (kicks to the owner, received datagrams on its epoll).
+#[test]
+fn vrss_spreads_datagram_sockets() {
+    use canald::guest::vrss::{local_owner, owner_of};
+    use std::net::UdpSocket;
+    let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
+    let mut g = vrss_guest(&d, "udp");
+    let home = owner_home(&d);
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let pport = peer.local_addr().unwrap().port();
+    let udp = |g: &mut TestGuest| g.socket(libc::AF_INET as u64, libc::SOCK_DGRAM as u64);
+
+    // Bound, unconnected: by the local address.
+    let mut bound = Vec::new();
+    for _ in 0..CONNS {
+        let h = udp(&mut g);
+        assert_eq!(owner(&g, h), home, "a fresh socket lives at home");
+        let (r, _) = g.request(op::BIND, h, [0; 4], &localhost(0).encode());
+        assert_eq!(r, 0);
+        let local = local_of(&mut g, h);
+        assert_eq!(owner(&g, h), local_owner(&local, 2), "bound {local:?}");
+        bound.push((h, local));
+    }
+    // Connected: by the flow hash.
+    let mut connected = Vec::new();
+    for _ in 0..CONNS {
+        let h = udp(&mut g);
+        assert_eq!(g.connect(h, &localhost(pport)), 0);
+        let local = local_of(&mut g, h);
+        assert_eq!(owner(&g, h), owner_of(&local, &localhost(pport), 2));
+        connected.push((h, local));
+    }
+    let owners: Vec<u32> = bound
+        .iter()
+        .chain(&connected)
+        .map(|&(h, _)| owner(&g, h))
+        .collect();
+    assert!(
+        owners.contains(&0) && owners.contains(&1),
+        "one guest's datagram sockets on both workers: {owners:?}"
+    );
+    let stat = d.stat();
+    assert!(
+        stat.contains("\"worker\":0") && stat.contains("\"worker\":1"),
+        "{stat}"
+    );
+
+    // Data both ways through every owner.
+    let mut buf = [0u8; 2048];
+    for (i, &(h, local)) in bound.iter().chain(&connected).enumerate() {
+        let msg = format!("to peer {i}");
+        let to = (i < CONNS).then(|| localhost(pport));
+        assert!(g.send_dgram(h, to.as_ref(), msg.as_bytes()));
+        let (n, from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], msg.as_bytes(), "socket {i}");
+        assert_eq!(from.port(), local.port);
+        let back = format!("from peer {i}");
+        peer.send_to(back.as_bytes(), from).unwrap();
+        let (k, src, data) = g.wait_record(h);
+        assert_eq!(k, canal_abi::ring::record_kind::DATAGRAM);
+        assert_eq!(src.port, pport);
+        assert_eq!(data, back.as_bytes(), "socket {i}");
+    }
+
+    // Unbound: stays home until its first send binds it, then moves by its address.
+    let placed = loop {
+        let h = udp(&mut g);
+        assert!(g.send_dgram(h, Some(&localhost(pport)), b"autobind"));
+        let (n, from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"autobind");
+        let local = local_of(&mut g, h);
+        assert_eq!(local.port, from.port());
+        let want = local_owner(&local, 2);
+        g.wait_until("placement after autobind", || owner(&g, h) == want);
+        if want != home {
+            break h;
+        }
+        assert_eq!(g.request(op::CLOSE, h, [0; 4], &[]).0, 0);
+    };
+    peer.send_to(b"moved", ("127.0.0.1", local_of(&mut g, placed).port))
+        .unwrap();
+    assert_eq!(g.wait_record(placed).2, b"moved");
+
+    // Closing an away datagram socket frees its entry (given back to the home).
+    let &(away, _) = bound
+        .iter()
+        .find(|&&(h, _)| owner(&g, h) != home)
+        .expect("a bound socket away from home");
+    assert_eq!(g.request(op::CLOSE, away, [0; 4], &[]).0, 0);
+    g.wait_until("entry freed", || {
+        g.entry(away).kind.load(Ordering::Acquire) == sock_kind::FREE
+    });
+
+    // Listeners stay home (an accept allocates the entry there).
+    let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(g.request(op::LISTEN, l, [8, 0, 0, 0], &[]).0, 0);
+    assert_eq!(owner(&g, l), home);
+}

@@ -20,6 +20,7 @@
 //! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
 //! follows.
 
+use super::vrss::Boxes;
 use super::{Guest, HostSocket, Kind, Phase};
 use crate::sys::{self, Epoll};
 use canal_abi::ring::{record_kind, Producer};
@@ -27,7 +28,6 @@ use canal_abi::segment::{self, side};
 use canal_abi::sync::Ordering;
 use canal_abi::{errno, sock_flag, sock_kind, CanalAddr, ACCEPT_PAYLOAD};
 use std::collections::{BTreeMap, HashMap};
-use super::vrss::Boxes;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
@@ -73,7 +73,11 @@ enum Job {
     /// Listener's home: create the segment and install the accepted end.
     Pair(Pending),
     /// Connector's home: the accepted end exists; complete the connect.
-    Connected { conn: u32, handle: u32, link: SegLink },
+    Connected {
+        conn: u32,
+        handle: u32,
+        link: SegLink,
+    },
     /// Connector's home: no short-circuit after all (the listener went away).
     Fallback {
         conn: u32,

@@ -465,8 +465,9 @@ impl TestGuest {
             )
             .expect("tx sane");
         if ok {
-            self.region.raise_attention(canal_abi::handle_index(h));
-            self.kick();
+            let i = canal_abi::handle_index(h);
+            self.region.raise_attention(i);
+            self.kick_socket(i);
         }
         ok
     }
