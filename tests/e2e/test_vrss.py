@@ -4,14 +4,18 @@ server; a Python client under canal opens 16 connections; `canal stat --json` mu
 its sockets owned by both workers; then data (SHA-256 checked), sockopts, names,
 shutdown and close on every connection — those on the non-home worker go through
 forwarded requests — must behave as natively. A second test ends the client with every
-connection open: canald must close the host sockets on both workers."""
+connection open: canald must close the host sockets on both workers. Then datagram
+sockets spread too, and two guests homed on different workers are short-circuited
+(protocol §8.6) with TCP's semantics intact."""
 
+import signal
 import subprocess
 
 import pytest
 
 from canal_harness import serving_canald
 import e2e_util
+import test_shortcut
 
 CONNS = 16
 
@@ -63,3 +67,121 @@ def test_vrss_guest_exit_closes_both_workers(canald2, procs, python, progs):
         return st if not st["guests"] and all(w["sockets"] == 0 for w in ws) else None
 
     e2e_util.wait_for(gone, 20, interval=0.05, what="canald to drop the guest on both workers")
+
+
+# ---- datagram sockets and listeners -------------------------------------------------
+
+UDP_SOCKS = 8
+
+
+def test_vrss_spreads_datagram_sockets(canald2, procs, python, progs):
+    """Bound datagram sockets spread by their local address, connected ones by the flow
+    hash: one program's UDP sockets are served by both workers (canal stat), and every
+    datagram is echoed intact (SHA-256). Its listeners stay on the guest's home worker
+    (an accept allocates the new entry there; docs/architecture.md "Threads")."""
+    server = procs.spawn([python, progs / "vrss_udp.py", "serve"], name="udp-echo")
+    port = int(server.wait_line("READY", 30).split()[1])
+    client = canald2.spawn([python, progs / "vrss_udp.py", "client", "--port", port, "--socks", UDP_SOCKS],
+                           name="udp-client", stdin=subprocess.PIPE)
+    client.wait_line("READY", 30)
+    udp = canald2.wait_served(client, kind="udp", count=2 * UDP_SOCKS)
+    assert {s["worker"] for s in udp} == {0, 1}, f"datagram sockets not spread over both workers: {udp}"
+    listeners = canald2.wait_served(client, kind="tcp-listener", count=UDP_SOCKS)
+    home = canald2.guest(client)["worker"]
+    assert {s["worker"] for s in listeners} == {home}, listeners
+    client.send_line("go")
+    r = client.finish(120)
+    assert r.returncode == 0, r.describe()
+    assert f"OK {2 * UDP_SOCKS * 20}" in r.stdout, r.describe()
+
+
+# ---- the short-circuit across workers ---------------------------------------------
+
+
+def _homes(canald, *procs_):
+    """The home worker of each guest program, from canal stat."""
+    st = canald.stat()
+    return [canald.guest(p, st)["worker"] for p in procs_]
+
+
+def test_shortcut_bulk_across_workers(canald2, python, progs):
+    """Two guests homed on different workers are short-circuited (both ends listed as
+    tcp-shortcut, no kernel TCP connection): 4 concurrent 8 MiB echoes, SHA-256
+    checked."""
+    server = canald2.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")
+    port = int(server.wait_line("READY", 30).split()[1])
+    canald2.wait_served(server, kind="tcp-listener")
+    client = canald2.spawn(
+        [python, progs / "echo.py", "tcp-bulk", "--port", port, "--conns", "4", "--bytes", str(8 << 20),
+         "--go-after-connect"],
+        name="echo-bulk", stdin=subprocess.PIPE)
+    client.wait_line("CONNECTED", 30)
+    test_shortcut._assert_shortcut(canald2, client, server, port, count=4)
+    s, c = _homes(canald2, server, client)
+    assert s != c, f"both guests on worker {s}"
+    client.send_line("go")
+    r = client.finish(60)
+    assert r.returncode == 0 and "OK tcp-bulk" in r.stdout, r.describe()
+
+
+def _hold(canald, python, progs, port, code=None):
+    argv = [python, "-c", code] if code else [python, progs / "shortcut.py", "hold", "--port", port]
+    hold = canald.spawn(argv, name="hold")
+    hold.wait_line("CONNECTED", 30)
+    return hold
+
+
+def test_shortcut_semantics_across_workers(canald2, python, progs):
+    """Names, half-close, reset, FIN and a non-blocking connect (progs/shortcut.py
+    check) between guests on different workers, after proving such a pair is
+    short-circuited."""
+    server, port = test_shortcut._start_server(canald2, python, progs)
+    hold = _hold(canald2, python, progs, port)
+    server.wait_line("HOLDING", 30)
+    test_shortcut._assert_shortcut(canald2, hold, server, port)
+    s, h = _homes(canald2, server, hold)
+    assert s != h, f"both guests on worker {s}"
+    # The holder exits abruptly; once it is gone the next guest goes to the worker
+    # with fewer guests: not the server's.
+    hold.signal_group(signal.SIGKILL)
+    hold.finish(10)
+
+    def settled():
+        st = canald2.stat()
+        counts = {w["id"]: w["guests"] for w in st["daemon"]["workers"]}
+        return counts if counts[s] == 1 and counts[1 - s] == 0 else None
+
+    e2e_util.wait_for(settled, 20, interval=0.05, what="canald to drop the killed guest")
+    r = canald2.run([python, progs / "shortcut.py", "check", "--port", port], timeout=60)
+    assert r.returncode == 0 and "OK all" in r.stdout, r.describe()
+
+
+@pytest.mark.parametrize("unread", [False, True], ids=["eof", "reset"])
+def test_shortcut_peer_death_across_workers(canald2, python, progs, unread):
+    """A guest killed with a short-circuited connection open to a guest on the other
+    worker: the peer sees EOF, or ECONNRESET if the dead guest left bytes unread."""
+    server, port = test_shortcut._start_server(canald2, python, progs)
+    code = None
+    if unread:
+        # The server's connection thread reads only the command byte 'B'.
+        code = (
+            "import socket\n"
+            f"s=socket.create_connection(('127.0.0.1',{port}))\n"
+            "s.settimeout(20)\n"
+            "s.sendall(b'B'+b'z'*5000)\n"
+            "print('CONNECTED',flush=True)\n"
+            "try:\n"
+            "    b=s.recv(10)\n"
+            "    print('PEER-GONE eof' if not b else 'DATA', flush=True)\n"
+            "except ConnectionResetError:\n"
+            "    print('PEER-GONE reset', flush=True)\n"
+        )
+    hold = _hold(canald2, python, progs, port, code)
+    server.wait_line("HOLDING", 30)
+    test_shortcut._assert_shortcut(canald2, hold, server, port)
+    s, h = _homes(canald2, server, hold)
+    assert s != h, f"both guests on worker {s}"
+    server.signal_group(signal.SIGKILL)
+    line = hold.wait_line("PEER-GONE", 10)
+    assert line == ("PEER-GONE reset" if unread else "PEER-GONE eof"), hold.describe()
+    assert hold.finish(10).returncode == 0, hold.describe()
