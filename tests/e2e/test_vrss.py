@@ -6,7 +6,7 @@ shutdown and close on every connection — those on the non-home worker go throu
 forwarded requests — must behave as natively. A second test ends the client with every
 connection open: canald must close the host sockets on both workers. Then datagram
 sockets spread too, and two guests homed on different workers are short-circuited
-(protocol §8.6) with TCP's semantics intact."""
+(protocol §8.5) with TCP's semantics intact."""
 
 import signal
 import subprocess

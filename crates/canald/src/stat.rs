@@ -501,7 +501,7 @@ mod tests {
         assert_eq!((cs.coalesce, cs.t_worst_us, cs.split_us), ("off", 0, None));
         c.shortcut = true;
         assert!(ConfigStat::from_config(&c).shortcut);
-        // The short-circuit works with any number of workers (protocol §8.6).
+        // The short-circuit works with any number of workers (protocol §8.5).
         c.workers = 2;
         assert!(ConfigStat::from_config(&c).shortcut);
     }

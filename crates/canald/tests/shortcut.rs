@@ -129,7 +129,7 @@ fn home_of(d: &TestDaemon, id: u32) -> u32 {
 
 /// With two workers, the two guests of a short-circuit sit on different workers:
 /// pairing, the wake-up of a sleeping side, half-close, reset and guest death cross
-/// between them (protocol §8.6). The daemon sleeps as soon as a round is idle, so a
+/// between them (protocol §8.5). The daemon sleeps as soon as a round is idle, so a
 /// job left on the wrong worker would hang the test.
 #[test]
 fn shortcut_across_workers() {

@@ -12,7 +12,7 @@
 //! (SHUT_WR → the peer's RX_EOF; close or guest death → the peer's RX_EOF/TX_CLOSED,
 //! or ECONNRESET when the closer left unread bytes).
 //!
-//! With several workers (protocol §8.6) a short-circuited socket always lives on its
+//! With several workers (protocol §8.5) a short-circuited socket always lives on its
 //! guest's home worker (it has no host data path to spread), and every piece of work
 //! is a [`Job`] queued for the worker that serves the guest it touches: the pairing
 //! runs in two steps (the listener's home installs the accepted end, then the

@@ -4,7 +4,7 @@
 //!
 //! A guest keeps a *home* worker: it pops the request queue, owns the data-area
 //! allocator and the entry indices, and serves listeners (an accept allocates an
-//! entry), short-circuited sockets (protocol §8.6), unbound datagram sockets and
+//! entry), short-circuited sockets (protocol §8.5), unbound datagram sockets and
 //! unconnected streams. A stream socket whose flow is known (connect issued, or
 //! accepted) or a connected datagram socket goes to worker `flow_hash(local, peer) %
 //! N`, a bound unconnected datagram socket to `local_owner(local) % N`; if that is not the home, the
