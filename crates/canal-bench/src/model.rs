@@ -153,8 +153,8 @@ impl Variant {
                 &[],
                 &[("zones", if m == "on" { "true" } else { "false" })],
             )),
-            // canald pollers; with 2..16 a guest's connections spread over them
-            // (virtual RSS) and the short-circuit is off (it needs one worker).
+            // canald pollers; with 2..16 a guest's connections and datagram sockets
+            // spread over them (virtual RSS); guest-to-guest stays short-circuited.
             Some(("workers", n)) if n.parse::<u32>().is_ok_and(|n| (1..=16).contains(&n)) => {
                 Ok(v(&["--workers", n], &[], &[("workers", n)]))
             }
@@ -353,8 +353,8 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
         }
         "B4" => {
             let pairs = pick(&[1, 2], &[1, 2, 4, 8]);
-            // workers=2 (virtual RSS; host TCP, no short-circuit) against
-            // disable=shortcut (one worker, host TCP): what a second poller adds.
+            // workers=2 (virtual RSS, short-circuit on) against default (one worker):
+            // what a second poller adds; disable=shortcut: the same pairs on host TCP.
             let vs = ["default", "disable=shortcut", "workers=2"];
             let mut c = cells(plan, &[Stream], &[16384], &pairs, &vs, &[Tcp, Uds, CanalGG]);
             c.extend(cells(plan, &[Rr], &[64], &pairs, &vs, &[Tcp, Uds, CanalGG]));
