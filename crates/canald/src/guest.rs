@@ -601,15 +601,21 @@ impl Guest {
     }
 
     fn mark_changed(&mut self, index: u32) {
+        self.mark_to_wake(index);
+        if let Some(e) = self.region.socket(index) {
+            e.event_seq.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Wakes the socket's event sleepers at the round's end without counting an event
+    /// (its `event_seq` stays: an edge-triggered epoll reports nothing new).
+    fn mark_to_wake(&mut self, index: u32) {
         let (w, b) = ((index / 64) as usize, index % 64);
         if let Some(word) = self.changed_mark.get_mut(w) {
             if *word & (1 << b) == 0 {
                 *word |= 1 << b;
                 self.changed.push(index);
             }
-        }
-        if let Some(e) = self.region.socket(index) {
-            e.event_seq.fetch_add(1, Ordering::Release);
         }
     }
 

@@ -787,7 +787,11 @@ impl Guest {
         } else if add != 0 {
             self.set_flags(index, add, 0);
         } else {
-            self.mark_changed(index);
+            // A relayed wake-up is no event of its own: the bytes that caused it moved
+            // the ring head, which is the edge (libcanal's `edge_seq`). Counting it too
+            // made an edge-triggered epoll report a second edge for one arrival when
+            // the relay landed after the reader had looked (likelier across workers).
+            self.mark_to_wake(index);
         }
         self.wake_event_sleepers();
         if add != 0 {
