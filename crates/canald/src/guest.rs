@@ -243,6 +243,9 @@ pub struct HostSocket {
     pub seg: Option<SegLink>,
     /// Its local address was seen bound (virtual RSS placement done once for it).
     named: bool,
+    /// Listener served away from its guest's home: connections accepted and sent to
+    /// the home for their entries, whose ACCEPT records are not written yet.
+    accepting: u32,
 }
 
 impl HostSocket {
@@ -563,6 +566,7 @@ impl Guest {
         let deadline = now + GONE_DRAIN;
         self.gone = Some(deadline);
         self.mark_departed();
+        self.retry_accepts(ep); // answers every waiting accept: no entry
         self.region.header().host_state.store(2, Ordering::Release);
         for i in 0..self.sockets.len() {
             if let Some(s) = &mut self.sockets[i] {
@@ -941,7 +945,14 @@ impl Guest {
                 self.place(ep, index, None);
                 Ok((0, 0))
             }
-            Cmd::Listen(backlog) => self.op_listen(index, backlog),
+            Cmd::Listen(backlog) => {
+                let r = self.op_listen(index, backlog);
+                if r.is_ok() {
+                    // Listeners spread by their local address (virtual RSS).
+                    self.place(ep, index, None);
+                }
+                r
+            }
             Cmd::Connect(a) => {
                 let a = translate_guest_addr(&view, &a)?;
                 if let Some(r) = self.sc_try_connect(index, &a) {
@@ -1110,6 +1121,7 @@ impl Guest {
             pending_dgram: None,
             seg: None,
             named: false,
+            accepting: 0,
         });
         self.set_owned(index, true);
         Ok(handle)
@@ -1344,11 +1356,13 @@ impl Guest {
         self.alloc.free(s.tx.off, s.tx.size);
         self.alloc.free(s.rx.off, s.rx.size);
         self.generations[index as usize] = next;
-        // A listener that stopped accepting for lack of entries can go on.
+        // A listener that stopped accepting for lack of entries can go on, and so can
+        // connections an away listener accepted.
         if self.gone.is_some() {
             return;
         }
         self.rearm_listeners();
+        self.retry_accepts(ep);
     }
 
     /// Listeners that stopped accepting for lack of entries or rings look again.
@@ -1714,6 +1728,9 @@ impl Guest {
     }
 
     fn service_listener(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
+        if self.is_shadow() {
+            return self.accept_away(index); // the home allocates the entries
+        }
         let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;

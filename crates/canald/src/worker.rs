@@ -338,7 +338,12 @@ impl Poller {
             .any(|g| g.gone.is_some());
         work |= serve_guests(&mut sh, &w, now, window);
         work |= serve_shadows(&mut sh, &w, now, window);
-        work |= shortcut::run(&w.shortcut, w.id, &mut sh.guests, &w.ep);
+        {
+            let Shard {
+                guests, shadows, ..
+            } = &mut *sh;
+            work |= shortcut::run(&w.shortcut, w.id, guests, shadows, &w.ep);
+        }
         reap(&mut sh, &w, &self.cfg);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
         // Counting the sockets walks every guest's table: not on every round of a spin

@@ -112,9 +112,10 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn shortcut_connection_lifecycle() {
     let d = TestDaemon::start(&[]);
-    let srv = guest(&d, "srv");
+    let mut srv = guest(&d, "srv");
     let cli = guest(&d, "cli");
-    lifecycle(&d, srv, cli);
+    let l = listen(&mut srv);
+    lifecycle(&d, srv, cli, l);
 }
 
 /// The guest's home worker, as STAT lists it.
@@ -144,7 +145,22 @@ fn shortcut_across_workers() {
         home_of(&d, cli.id),
         "the guests share a worker"
     );
-    let (l, port) = listen(&mut srv);
+    // Listeners spread by their local address: one served by the server's home and
+    // one by the other worker (the pairing then goes through the listener's owner).
+    let shome = home_of(&d, srv.id);
+    let (mut at_home, mut away) = (None, None);
+    while at_home.is_none() || away.is_none() {
+        let (l, port) = listen(&mut srv);
+        let slot = if srv.entry(l).owner.load(Ordering::Acquire) == shome {
+            &mut at_home
+        } else {
+            &mut away
+        };
+        if slot.is_none() {
+            *slot = Some((l, port));
+        }
+    }
+    let (l, port) = away.unwrap();
     let (c, a) = connect(&mut cli, &srv, l, port);
     // Short-circuited entries are served by their guest's home (owner word).
     assert_eq!(
@@ -183,12 +199,12 @@ fn shortcut_across_workers() {
     assert_eq!(cli.request(op::CLOSE, c, [0; 4], &[]).0, 0);
     srv.wait_flags(a, sock_flag::RX_EOF);
     assert_eq!(srv.request(op::CLOSE, a, [0; 4], &[]).0, 0);
-    lifecycle(&d, srv, cli);
+    lifecycle(&d, srv, cli, at_home.unwrap());
 }
 
-/// Connection, data both ways, half-close, reset, then a guest's death.
-fn lifecycle(d: &TestDaemon, mut srv: TestGuest, mut cli: TestGuest) {
-    let (l, port) = listen(&mut srv);
+/// Connection to listener `l` (handle, port), data both ways, half-close, reset, then
+/// a guest's death.
+fn lifecycle(d: &TestDaemon, mut srv: TestGuest, mut cli: TestGuest, (l, port): (u32, u16)) {
     let (c, a) = connect(&mut cli, &srv, l, port);
 
     // Both entries name the same segment, from opposite sides.

@@ -389,10 +389,101 @@ fn vrss_spreads_datagram_sockets() {
     g.wait_until("entry freed", || {
         g.entry(away).kind.load(Ordering::Acquire) == sock_kind::FREE
     });
+}
 
-    // Listeners stay home (an accept allocates the entry there).
-    let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
-    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
-    assert_eq!(g.request(op::LISTEN, l, [8, 0, 0, 0], &[]).0, 0);
-    assert_eq!(owner(&g, l), home);
+/// Listeners spread by their local address. A listener away from home accepts on its
+/// owner, which sends each connection to the home for its entry and writes the ACCEPT
+/// record when the home answers; the accepted streams are placed by their flow hash
+/// like any. Closing such a listener releases the connections the guest never took.
+#[test]
+fn vrss_spreads_listeners() {
+    use canald::guest::vrss::local_owner;
+    let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
+    let mut g = vrss_guest(&d, "listen");
+    let home = owner_home(&d);
+    let mut ls = Vec::new();
+    for _ in 0..CONNS {
+        let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+        assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+        assert_eq!(g.request(op::LISTEN, l, [64, 0, 0, 0], &[]).0, 0);
+        let local = local_of(&mut g, l);
+        assert_eq!(owner(&g, l), local_owner(&local, 2), "listener {local:?}");
+        assert_eq!(g.entry(l).kind.load(Ordering::Acquire), sock_kind::LISTENER);
+        ls.push((l, local.port));
+    }
+    assert!(
+        ls.iter().any(|&(l, _)| owner(&g, l) != home)
+            && ls.iter().any(|&(l, _)| owner(&g, l) == home),
+        "listeners on both workers"
+    );
+    // Every listener accepts (24 connections each, more than the records an owner
+    // keeps in flight), and every accepted connection carries data both ways.
+    let mut accepted_owners = std::collections::BTreeSet::new();
+    for (i, &(l, port)) in ls.iter().enumerate() {
+        let mut clients: Vec<TcpStream> = (0..24)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        let mut handles = Vec::new();
+        while handles.len() < clients.len() {
+            let (k, peer, p) = g.wait_record(l);
+            assert_eq!(k, canal_abi::ring::record_kind::ACCEPT);
+            let h = u32::from_le_bytes(p[..4].try_into().unwrap());
+            assert_eq!(g.entry(h).kind.load(Ordering::Acquire), sock_kind::STREAM);
+            handles.push((h, peer.port));
+        }
+        for (h, cport) in handles {
+            accepted_owners.insert(owner(&g, h));
+            let c = clients
+                .iter_mut()
+                .find(|c| c.local_addr().unwrap().port() == cport)
+                .expect("the accepted peer is one of ours");
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let data = pattern(i as u64, 3000);
+            c.write_all(&data).unwrap();
+            assert_eq!(g.recv_exact(h, data.len()), data);
+            g.send_all(h, b"back");
+            let mut b = [0u8; 4];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"back");
+            assert_eq!(g.request(op::CLOSE, h, [0; 4], &[]).0, 0);
+        }
+    }
+    assert_eq!(accepted_owners.len(), 2, "accepted streams spread too");
+
+    // An away listener closed with connections it never handed out: their sockets
+    // are released (the clients see the end), and so is the listener's entry.
+    let &(away, port) = ls
+        .iter()
+        .find(|&&(l, _)| owner(&g, l) != home)
+        .expect("an away listener");
+    let mut waiting: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let mut records = 0;
+    g.wait_until("4 ACCEPT records", || {
+        records = g.rx_queued(away);
+        records
+            >= 4 * canal_abi::ring::record_size(
+                canal_abi::addr::ADDR_SIZE as u64,
+                canal_abi::ACCEPT_PAYLOAD as u64,
+            )
+    });
+    let stat = d.stat();
+    let streams = stat.matches("\"kind\":\"tcp\"").count();
+    assert_eq!(streams, 4, "{stat}");
+    assert_eq!(g.request(op::CLOSE, away, [0; 4], &[]).0, 0);
+    for c in &mut waiting {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 1];
+        assert!(
+            matches!(c.read(&mut b), Ok(0) | Err(_)),
+            "an unclaimed connection stays open"
+        );
+    }
+    g.wait_until("listener entry freed", || {
+        g.entry(away).kind.load(Ordering::Acquire) == sock_kind::FREE
+    });
+    g.wait_until("unclaimed sockets freed", || {
+        !d.stat().contains("\"kind\":\"tcp\"")
+    });
 }

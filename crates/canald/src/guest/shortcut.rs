@@ -23,10 +23,9 @@
 use super::vrss::Boxes;
 use super::{Guest, HostSocket, Kind, Phase};
 use crate::sys::{self, Epoll};
-use canal_abi::ring::{record_kind, Producer};
 use canal_abi::segment::{self, side};
 use canal_abi::sync::Ordering;
-use canal_abi::{errno, sock_flag, sock_kind, CanalAddr, ACCEPT_PAYLOAD};
+use canal_abi::{errno, sock_flag, sock_kind, CanalAddr};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -183,10 +182,8 @@ impl Shared {
         self.homes.get(&conn).copied().unwrap_or(0)
     }
 
-    /// Queues `job` for its guest's home worker; `from` (the posting worker) is not
-    /// poked, any other is.
-    fn post(&mut self, from: u32, job: Job) {
-        let w = self.home(job.conn());
+    /// Queues `job` for worker `w` (a listener's owner, not its guest's home).
+    fn post_to(&mut self, from: u32, w: u32, job: Job) {
         if self.jobs.len() <= w as usize {
             self.jobs.resize_with(w as usize + 1, Vec::new);
         }
@@ -196,6 +193,13 @@ impl Shared {
                 let _ = sys::eventfd_write(mb.poke.as_raw_fd());
             }
         }
+    }
+
+    /// Queues `job` for its guest's home worker; `from` (the posting worker) is not
+    /// poked, any other is.
+    fn post(&mut self, from: u32, job: Job) {
+        let w = self.home(job.conn());
+        self.post_to(from, w, job);
     }
 
     /// Queues a job posted by guest `from_conn` (running on its home).
@@ -271,6 +275,72 @@ fn is_local(a: &CanalAddr) -> bool {
     sys::local_addrs()
         .iter()
         .any(|x| x.family == a.family && x.addr == a.addr)
+}
+
+/// A pairing whose listener is served by another worker than its guest's home
+/// (protocol §8.5): the listener's owner checked the backlog and reserved the record,
+/// the home installs the accepted end, the owner publishes it and completes the pair.
+pub struct ScAccept {
+    shared: SharedRef,
+    p: Pending,
+    id: u32,
+    /// The connector's destination (loopback for an unspecified one).
+    dst: CanalAddr,
+    /// The accepted end's link.
+    link: SegLink,
+}
+
+impl ScAccept {
+    pub fn link(&self) -> SegLink {
+        self.link
+    }
+
+    /// The accepted end `ah` is in the listener's ring: the connector's home completes
+    /// the connect. `me`: the worker posting.
+    pub fn published(&self, me: u32, ah: u32) {
+        let link = SegLink {
+            id: self.id,
+            side: side::CONNECTOR,
+            peer_conn: self.p.lconn,
+            peer_handle: ah,
+            local: self.p.local,
+            peer: self.dst,
+            shut_wr: false,
+        };
+        lock(&self.shared).post(
+            me,
+            Job::Connected {
+                conn: self.p.conn,
+                handle: self.p.handle,
+                link,
+            },
+        );
+    }
+
+    /// No accepted end after all (the listener or its guest went away): the segment
+    /// goes, the connector connects for real.
+    pub fn failed(&self, me: u32) {
+        let mut sh = lock(&self.shared);
+        sh.segments.remove(&self.id);
+        sh.post(
+            me,
+            Job::Fallback {
+                conn: self.p.conn,
+                handle: self.p.handle,
+                dst: self.p.dst,
+            },
+        );
+    }
+}
+
+/// What the listener's side of a pairing did.
+enum Accepted {
+    /// The accepted end's handle, its ACCEPT record written.
+    Now(u32),
+    /// Sent to the guest's home for the entry (an away listener).
+    Forwarded,
+    /// The accept queue is full: retry later.
+    Full,
 }
 
 impl HostSocket {
@@ -387,83 +457,86 @@ impl Guest {
         }
     }
 
-    /// Listener side of a pending short-circuit. Ok(Some(handle)): accepted;
-    /// Ok(None): the accept queue is full (retry later); Err: no such listener.
-    fn sc_accept(&mut self, lhandle: u32, backlog: u32, link: SegLink) -> Result<Option<u32>, ()> {
+    /// Listener side of a pending short-circuit (on the worker serving the listener).
+    /// Err: no such listener. `away` makes the pairing to send to the home when this
+    /// instance is a shadow (it cannot allocate the entry).
+    fn sc_accept(
+        &mut self,
+        lhandle: u32,
+        backlog: u32,
+        link: SegLink,
+        away: impl FnOnce() -> ScAccept,
+    ) -> Result<Accepted, ()> {
         let index = self.sc_index(lhandle).ok_or(())?;
         let l = self.sockets[index as usize].as_ref().ok_or(())?;
         if l.kind != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
             return Err(());
         }
         let family = l.family;
+        // Accepts in flight to the home (an away listener) hold queue places and
+        // ring room too.
+        let inflight = l.accepting;
         let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
-        let free = self.want_rx_space(index, 2 * need).map_err(|_| ())?;
-        if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
-            let seen = l.rx.seen;
-            while l
-                .unclaimed
-                .front()
-                .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
-            {
-                l.unclaimed.pop_front();
-            }
-        }
+        let free = self
+            .want_rx_space(index, (inflight as u64 + 2) * need)
+            .map_err(|_| ())?;
+        self.drop_claimed(index);
         let full = self.sockets[index as usize]
             .as_ref()
-            .is_some_and(|l| l.unclaimed.len() as u32 >= backlog);
+            .is_some_and(|l| l.unclaimed.len() as u32 + inflight >= backlog);
         if full {
             // Full accept queue: the connector stays CONNECTING (the kernel drops the
             // SYN and retries). The guest's accept frees a record and, seeing
             // RX_WANT_SPACE, raises attention.
             self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
-            return Ok(None);
+            return Ok(Accepted::Full);
         }
         if free == 0 {
-            return Ok(None);
+            return Ok(Accepted::Full);
         }
-        if self.table_full() {
-            return Ok(None);
+        if !self.is_shadow() && self.table_full() {
+            return Ok(Accepted::Full);
         }
         // A plain socket for socket options (never bound or connected).
         let ty = libc::SOCK_STREAM;
         let fd = sys::socket(family as i32, ty, 0).map_err(|_| ())?;
+        if self.is_shadow() {
+            if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+                l.accepting += 1;
+            }
+            self.send_home_accepted(
+                lhandle,
+                super::vrss::Accept {
+                    family,
+                    peer: link.peer,
+                    fd,
+                    host_peer: None,
+                    sc: Some(Box::new(away())),
+                },
+            );
+            return Ok(Accepted::Forwarded);
+        }
         let handle = self.sc_install(fd, family, link).map_err(|_| ())?;
-        let mut payload = [0u8; ACCEPT_PAYLOAD];
-        payload[..4].copy_from_slice(&handle.to_le_bytes());
-        let l = self.sockets[index as usize].as_ref().ok_or(())?;
-        let Some(ring) = self.region.ring(l.rx.off, l.rx.size) else {
-            return Err(());
-        };
-        let e = self.entry(index);
-        let mut p = Producer {
-            storage: &ring,
-            head_shared: &e.rx_head,
-            tail_shared: &e.rx_tail,
-            head: l.rx.idx,
-        };
-        let pushed = p
-            .push_record(record_kind::ACCEPT, &link.peer.encode(), &[&payload])
-            .unwrap_or(false);
-        if !pushed {
+        if !self.push_accept(index, handle, &link.peer).unwrap_or(false) {
             let ni = canal_abi::handle_index(handle);
             if let Some(s) = self.sockets.get_mut(ni as usize) {
                 *s = None; // never published; nothing else refers to it
             }
             self.set_owned(ni, false);
             self.release_entry(ni);
-            return Ok(None);
-        }
-        let head = p.head;
-        self.publish_rx_head(index, head, 0);
-        if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
-            l.unclaimed.push_back((head, handle));
+            return Ok(Accepted::Full);
         }
         self.wake_event_sleepers();
-        Ok(Some(handle))
+        Ok(Accepted::Now(handle))
     }
 
     /// Allocates an entry backed by segment `link.id` (no data-area rings).
-    fn sc_install(&mut self, fd: OwnedFd, family: u16, link: SegLink) -> Result<u32, i32> {
+    pub(super) fn sc_install(
+        &mut self,
+        fd: OwnedFd,
+        family: u16,
+        link: SegLink,
+    ) -> Result<u32, i32> {
         // Virtual RSS: an index whose socket another worker serves is not free.
         let index = (0..self.sockets.len())
             .position(|i| self.sockets[i].is_none() && !self.is_away(i as u32))
@@ -511,6 +584,7 @@ impl Guest {
             pending_dgram: None,
             seg: Some(link),
             named: true,
+            accepting: 0,
         });
         // Its attention bit is this guest instance's to take.
         self.set_owned(index, true);
@@ -860,7 +934,14 @@ pub fn forget(shared: &SharedRef, conn: u32) {
 
 /// Runs worker `me`'s jobs: pairings, completions and peer events for the guests it
 /// is home to (`guests`). Called by each worker after every service round.
-pub fn run(shared: &SharedRef, me: u32, guests: &mut BTreeMap<u32, Guest>, ep: &Epoll) -> bool {
+/// `shadows`: the guests whose listeners this worker owns (virtual RSS).
+pub fn run(
+    shared: &SharedRef,
+    me: u32,
+    guests: &mut BTreeMap<u32, Guest>,
+    shadows: &mut BTreeMap<u32, Guest>,
+    ep: &Epoll,
+) -> bool {
     let mut work = false;
     let mut retry = Vec::new();
     for _ in 0..4 {
@@ -875,7 +956,7 @@ pub fn run(shared: &SharedRef, me: u32, guests: &mut BTreeMap<u32, Guest>, ep: &
         for job in jobs {
             match job {
                 Job::Pair(p) => {
-                    if let Some(p) = pair(shared, me, guests, p) {
+                    if let Some(p) = pair(shared, me, guests, shadows, p) {
                         retry.push(Job::Pair(p));
                     }
                 }
@@ -943,8 +1024,26 @@ fn pair(
     shared: &SharedRef,
     me: u32,
     guests: &mut BTreeMap<u32, Guest>,
+    shadows: &mut BTreeMap<u32, Guest>,
     p: Pending,
 ) -> Option<Pending> {
+    // A listener its home handed to another worker: the pairing goes there.
+    if let Some(w) = guests.get(&p.lconn).and_then(|g| g.away_owner(p.lhandle)) {
+        lock(shared).post_to(me, w, Job::Pair(p));
+        return None;
+    }
+    let has = |g: &Guest| g.sc_index(p.lhandle).is_some();
+    let at_home = guests.get(&p.lconn).is_some_and(has);
+    if !at_home && !shadows.get(&p.lconn).is_some_and(has) && !guests.contains_key(&p.lconn) {
+        // Forwarded here, but the listener is not (yet) here: its hand-off may still
+        // sit in this worker's mailbox, or it was freed and the home has not read
+        // that yet. The home decides again (both agree once those are read).
+        let mut sh = lock(shared);
+        if sh.homes.get(&p.lconn).is_some_and(|&h| h != me) {
+            sh.post(me, Job::Pair(p));
+            return None;
+        }
+    }
     // A connector served by this worker too that closed or left meanwhile: nothing
     // to pair (one on another worker is checked by its home, in `Connected`).
     if let Some(c) = guests.get(&p.conn) {
@@ -957,13 +1056,12 @@ fn pair(
             return None;
         }
     }
-    let has_zones = |c: u32| {
-        guests
-            .get(&c)
-            .is_some_and(|g| g.region.header().features & canal_abi::feature::ZONES != 0)
-    };
     // Zones only between two guests that both have the ZONES feature (§10.4).
-    let want_zones = p.zones && has_zones(p.lconn);
+    let want_zones = p.zones
+        && guests
+            .get(&p.lconn)
+            .or(shadows.get(&p.lconn))
+            .is_some_and(|g| g.region.header().features & canal_abi::feature::ZONES != 0);
     let (id, ring_size, backlog, zones) = {
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
@@ -1006,7 +1104,13 @@ fn pair(
         }
         Some((fd, map))
     });
-    let accepted = match (backlog, seg, guests.get_mut(&p.lconn)) {
+    // The listener's guest instance here: its home, or the shadow owning it.
+    let lg = if at_home {
+        guests.get_mut(&p.lconn)
+    } else {
+        shadows.get_mut(&p.lconn)
+    };
+    let accepted = match (backlog, seg, lg) {
         (Some(backlog), Some((fd, map)), Some(l)) => {
             // Register the segment first: the accepted entry names it.
             lock(shared).segments.insert(
@@ -1020,11 +1124,21 @@ fn pair(
                     zone_size,
                 },
             );
-            match l.sc_accept(p.lhandle, backlog, accepted_link) {
-                Ok(Some(h)) => Some(h),
+            let away = || ScAccept {
+                shared: shared.clone(),
+                p,
+                id,
+                dst,
+                link: accepted_link,
+            };
+            match l.sc_accept(p.lhandle, backlog, accepted_link, away) {
+                Ok(Accepted::Now(h)) => Some(h),
+                // The home installs the accepted end; then this worker publishes it
+                // and completes the pair (`vrss::Guest::accept_done`).
+                Ok(Accepted::Forwarded) => return None,
                 other => {
                     lock(shared).segments.remove(&id);
-                    if matches!(other, Ok(None)) {
+                    if matches!(other, Ok(Accepted::Full)) {
                         return Some(p); // accept queue full: retry
                     }
                     None

@@ -17,11 +17,14 @@
 //! socket it gives the entry and the rings back to the home (`Msg::Freed`).
 #![forbid(unsafe_code)]
 
-use super::{Guest, GuestConfig, HostSocket, Ports};
+use super::shortcut::ScAccept;
+use super::{Corrupt, Guest, GuestConfig, HostSocket, Kind, Ports, ShortcutRef};
 use crate::request::{self, Request};
 use crate::sys::{self, Epoll};
+use canal_abi::ring::{record_kind, Producer};
 use canal_abi::sync::Ordering;
 use canal_abi::{CanalAddr, Region};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -90,7 +93,42 @@ pub enum Msg {
         next_gen: u16,
         rings: [(u64, u64); 2],
     },
+    /// The owner of listener `listener` accepted a connection (owner `from` → home):
+    /// install its entry (only the home allocates) and answer `AcceptDone`.
+    Accepted {
+        conn: u32,
+        from: u32,
+        listener: u32,
+        acc: Box<Accept>,
+    },
+    /// The entry of an accepted connection (home → listener's owner; `handle` 0:
+    /// none, the connection is dropped): the owner writes the ACCEPT record.
+    AcceptDone {
+        conn: u32,
+        listener: u32,
+        handle: u32,
+        peer: CanalAddr,
+        sc: Option<Box<ScAccept>>,
+    },
+    /// An accepted socket no listener will hand out (owner → home): release it.
+    Release { conn: u32, index: u32, handle: u32 },
 }
+
+/// A connection accepted by an away listener's owner, on its way to the home.
+pub struct Accept {
+    pub family: u16,
+    /// The peer as the guest sees it (the ACCEPT record's address).
+    pub peer: CanalAddr,
+    pub fd: OwnedFd,
+    /// A kernel connection: its host peer (for the flow hash). A short-circuit: the
+    /// pairing (the fd is then a plain socket for the accepted end's options).
+    pub host_peer: Option<CanalAddr>,
+    pub sc: Option<Box<ScAccept>>,
+}
+
+/// Accepts an away listener's owner may have in flight (it reserves room for their
+/// records in the listener's ring).
+const ACCEPT_INFLIGHT: u32 = 16;
 
 /// A worker's inbox; `send` pokes the worker out of its sleep.
 pub struct Mailbox {
@@ -133,6 +171,7 @@ pub struct Seed {
     home: u32,
     boxes: Boxes,
     departed: Arc<AtomicBool>,
+    sc: Option<ShortcutRef>,
 }
 
 /// Per-instance virtual RSS state.
@@ -147,6 +186,9 @@ pub struct State {
     departed: Arc<AtomicBool>,
     /// Home only: sockets handed over so far.
     pub moved: u64,
+    /// Home only: connections accepted by away listeners that wait for a free entry
+    /// (owner worker, listener handle, connection).
+    waiting: VecDeque<(u32, u32, Box<Accept>)>,
 }
 
 impl State {
@@ -174,6 +216,7 @@ impl Guest {
             away: vec![None; self.sockets.len()],
             departed: Arc::new(AtomicBool::new(false)),
             moved: 0,
+            waiting: VecDeque::new(),
         }));
     }
 
@@ -206,6 +249,7 @@ impl Guest {
             home: vr.home,
             boxes: vr.boxes.clone(),
             departed: vr.departed.clone(),
+            sc: self.sc.clone(),
         }))
     }
 
@@ -229,7 +273,10 @@ impl Guest {
             away: Vec::new(),
             departed: seed.departed.clone(),
             moved: 0,
+            waiting: VecDeque::new(),
         }));
+        // Listeners it owns register and deregister short-circuit listeners.
+        g.sc = seed.sc.clone();
         debug_assert_eq!(g.sockets.len(), n);
         g
     }
@@ -253,7 +300,7 @@ impl Guest {
     }
 
     /// The owner of an away socket named by exactly `handle`.
-    fn away_owner(&self, handle: u32) -> Option<u32> {
+    pub(super) fn away_owner(&self, handle: u32) -> Option<u32> {
         let vr = self.vr.as_ref()?;
         match vr.away.get(canal_abi::handle_index(handle) as usize) {
             Some(Some((w, h))) if *h == handle => Some(*w),
@@ -287,8 +334,8 @@ impl Guest {
     /// Home: a socket's address became known; hands it to its owner if that is
     /// another worker. Streams and connected datagram sockets (`peer`): by the flow
     /// hash, once connect is issued or the stream accepted. Unconnected datagram
-    /// sockets: by their local address, once bound (explicitly or by their first
-    /// send). Listeners and short-circuited sockets stay home.
+    /// sockets and listeners: by their local address, once bound (explicitly or by
+    /// a datagram socket's first send) or listening. Short-circuited sockets stay.
     pub(super) fn place(&mut self, ep: &Epoll, index: u32, peer: Option<&CanalAddr>) {
         let Some(vr) = self.vr.as_ref() else {
             return;
@@ -304,7 +351,7 @@ impl Guest {
             return;
         }
         match (s.kind, peer) {
-            (super::Kind::Stream, Some(_)) | (super::Kind::Dgram, _) => {}
+            (Kind::Stream, Some(_)) | (Kind::Dgram, _) | (Kind::Listener, None) => {}
             _ => return,
         }
         let Some(fd) = &s.fd else {
@@ -333,7 +380,7 @@ impl Guest {
             return;
         }
         let unnamed = matches!(self.sockets.get(index as usize),
-            Some(Some(s)) if s.kind == super::Kind::Dgram && !s.named);
+            Some(Some(s)) if s.kind == Kind::Dgram && !s.named);
         if unnamed {
             self.place(ep, index, None);
         }
@@ -439,6 +486,16 @@ impl Guest {
             .is_some_and(|x| x.as_ref().is_some_and(|x| x.handle == handle))
         {
             self.free_socket(ep, index);
+        } else if let Some(vr) = self.vr.as_ref().filter(|v| v.is_shadow()) {
+            // An away listener's unclaimed connection lives elsewhere: the home knows
+            // where.
+            if let Some(mb) = vr.boxes.get(vr.home as usize) {
+                mb.send(Msg::Release {
+                    conn: self.conn,
+                    index,
+                    handle,
+                });
+            }
         }
     }
 
@@ -487,7 +544,7 @@ impl Guest {
     }
 
     /// Home: an owner freed a socket.
-    pub fn reclaim(&mut self, index: u32, next_gen: u16, rings: [(u64, u64); 2]) {
+    pub fn reclaim(&mut self, ep: &Epoll, index: u32, next_gen: u16, rings: [(u64, u64); 2]) {
         let Some(vr) = self.vr.as_mut() else {
             return;
         };
@@ -503,7 +560,227 @@ impl Guest {
         }
         if self.gone.is_none() {
             self.rearm_listeners();
+            self.retry_accepts(ep);
         }
+    }
+
+    /// Owner of an away listener: accepts connections and sends each to the home for
+    /// its entry, keeping room in the listener's ring for every record in flight.
+    pub(super) fn accept_away(&mut self, index: u32) -> Result<(), Corrupt> {
+        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if !s.readable || s.closing.is_some() || s.accepting >= ACCEPT_INFLIGHT {
+                return Ok(()); // an answer marks it dirty again
+            }
+            // Room for the records in flight and this one, padding included.
+            let free = self.want_rx_space(index, (s.accepting as u64 + 2) * need)?;
+            self.drop_claimed(index);
+            if free == 0 {
+                return Ok(());
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let Some(fd) = &s.fd else { return Ok(()) };
+            let (family, listener) = (s.family, s.handle);
+            let (conn, host_peer) = match sys::accept_inet(fd) {
+                Ok(Some(c)) => c,
+                Ok(None) => {
+                    s.readable = false;
+                    return Ok(());
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO) => continue,
+                    _ => return Ok(()), // out of host descriptors: retried next time
+                },
+            };
+            s.accepting += 1;
+            let host_peer = host_peer.unwrap_or_default();
+            let peer = super::translate_host_addr(&self.view(), &host_peer);
+            self.send_home_accepted(
+                listener,
+                Accept {
+                    family,
+                    peer,
+                    fd: conn,
+                    host_peer: Some(host_peer),
+                    sc: None,
+                },
+            );
+        }
+    }
+
+    /// Owner: posts a connection accepted for `listener` to the home.
+    pub(super) fn send_home_accepted(&self, listener: u32, acc: Accept) {
+        if let Some(vr) = &self.vr {
+            if let Some(mb) = vr.boxes.get(vr.home as usize) {
+                mb.send(Msg::Accepted {
+                    conn: self.conn,
+                    from: vr.me,
+                    listener,
+                    acc: Box::new(acc),
+                });
+            }
+        }
+    }
+
+    /// Listener: forgets the ACCEPT records the guest has consumed.
+    pub(super) fn drop_claimed(&mut self, index: u32) {
+        if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+            let seen = l.rx.seen;
+            while l
+                .unclaimed
+                .front()
+                .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
+            {
+                l.unclaimed.pop_front();
+            }
+        }
+    }
+
+    /// Home: installs the entry of a connection an away listener accepted (or keeps
+    /// it until an entry is free) and answers its owner `from`.
+    pub fn install_accepted(&mut self, ep: &Epoll, from: u32, listener: u32, acc: Box<Accept>) {
+        let full = self.table_full()
+            || (acc.sc.is_none() && self.alloc.free_bytes() < 2 * self.cfg.ring_size);
+        if self.gone.is_none() && full {
+            if let Some(vr) = self.vr.as_mut() {
+                vr.waiting.push_back((from, listener, acc));
+            }
+            return;
+        }
+        let Accept {
+            family,
+            peer,
+            fd,
+            host_peer,
+            sc,
+        } = *acc;
+        let handle = if self.gone.is_some() {
+            0 // the guest left: the connection is dropped
+        } else if let Some(sc) = &sc {
+            self.sc_install(fd, family, sc.link()).unwrap_or(0)
+        } else {
+            match self.install(ep, fd, Kind::Stream, family, super::Phase::Connected) {
+                Ok(h) => {
+                    let i = canal_abi::handle_index(h);
+                    if let Some(Some(s)) = self.sockets.get_mut(i as usize) {
+                        s.readable = true;
+                        s.writable = true;
+                    }
+                    self.mark_dirty(i);
+                    // Owner chosen (and written to the entry) before the owner of the
+                    // listener publishes the handle.
+                    if let Some(hp) = host_peer {
+                        self.place(ep, i, Some(&hp));
+                    }
+                    h
+                }
+                Err(_) => 0, // the connection is dropped (closed)
+            }
+        };
+        if let Some(mb) = self.vr.as_ref().and_then(|v| v.boxes.get(from as usize)) {
+            mb.send(Msg::AcceptDone {
+                conn: self.conn,
+                listener,
+                handle,
+                peer,
+                sc,
+            });
+        }
+    }
+
+    /// Home: connections waiting for an entry get one, in order, while entries last
+    /// (all are answered, with no entry, once the guest left).
+    pub(super) fn retry_accepts(&mut self, ep: &Epoll) {
+        let n = self.vr.as_ref().map_or(0, |v| v.waiting.len());
+        for _ in 0..n {
+            if self.gone.is_none() && self.table_full() {
+                return;
+            }
+            let Some((from, listener, acc)) = self.vr.as_mut().and_then(|v| v.waiting.pop_front())
+            else {
+                return;
+            };
+            self.install_accepted(ep, from, listener, acc);
+        }
+    }
+
+    /// Owner of an away listener: the home installed (or dropped) a connection it
+    /// accepted; writes the ACCEPT record. A listener gone meanwhile releases it.
+    pub fn accept_done(
+        &mut self,
+        ep: &Epoll,
+        listener: u32,
+        handle: u32,
+        peer: CanalAddr,
+        sc: Option<Box<ScAccept>>,
+    ) {
+        let li = canal_abi::handle_index(listener);
+        let live = match self.sockets.get_mut(li as usize) {
+            Some(Some(l)) if l.handle == listener => {
+                l.accepting = l.accepting.saturating_sub(1);
+                l.closing.is_none() && self.gone.is_none()
+            }
+            _ => false,
+        };
+        if live {
+            self.mark_dirty(li); // room for one more accept
+        }
+        if handle == 0 {
+            if let Some(sc) = sc {
+                sc.failed(self.self_owner());
+            }
+            return;
+        }
+        let pushed = live && self.push_accept(li, handle, &peer).is_ok_and(|p| p);
+        if !pushed {
+            if live {
+                // We reserved the room: only a guest moving its tail backwards gets
+                // here.
+                self.break_socket(ep, li);
+            }
+            self.release(ep, canal_abi::handle_index(handle), handle);
+            if let Some(sc) = sc {
+                sc.failed(self.self_owner());
+            }
+            return;
+        }
+        if let Some(sc) = sc {
+            sc.published(self.self_owner(), handle);
+        }
+    }
+
+    /// Appends an ACCEPT record for `handle` to listener `index`'s ring. Ok(false): no
+    /// room.
+    pub(super) fn push_accept(
+        &mut self,
+        index: u32,
+        handle: u32,
+        peer: &CanalAddr,
+    ) -> Result<bool, Corrupt> {
+        let mut payload = [0u8; canal_abi::ACCEPT_PAYLOAD];
+        payload[..4].copy_from_slice(&handle.to_le_bytes());
+        let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+        let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
+        let e = self.entry(index);
+        let mut p = Producer {
+            storage: &ring,
+            head_shared: &e.rx_head,
+            tail_shared: &e.rx_tail,
+            head: s.rx.idx,
+        };
+        if !p
+            .push_record(record_kind::ACCEPT, &peer.encode(), &[&payload])
+            .map_err(|_| Corrupt)?
+        {
+            return Ok(false);
+        }
+        let head = p.head;
+        self.publish_rx_head(index, head, 0);
+        if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
+            l.unclaimed.push_back((head, handle));
+        }
+        Ok(true)
     }
 
     /// Home: sockets away (for `finished`).
@@ -560,7 +837,43 @@ pub fn deliver(
             rings,
         } => {
             if let Some(g) = guests.get_mut(&conn) {
-                g.reclaim(index, next_gen, rings);
+                g.reclaim(ep, index, next_gen, rings);
+            }
+        }
+        Msg::Accepted {
+            conn,
+            from,
+            listener,
+            acc,
+        } => {
+            // A guest already reaped: the descriptor closes with the message.
+            if let Some(g) = guests.get_mut(&conn) {
+                g.install_accepted(ep, from, listener, acc);
+            }
+        }
+        Msg::AcceptDone {
+            conn,
+            listener,
+            handle,
+            peer,
+            sc,
+        } => match shadows.get_mut(&conn) {
+            Some(g) => g.accept_done(ep, listener, handle, peer, sc),
+            None => {
+                // The shadow is gone: the guest left, and its home's departure closes
+                // whatever it installed. A pairing falls back.
+                if let Some(sc) = sc {
+                    sc.failed(me);
+                }
+            }
+        },
+        Msg::Release {
+            conn,
+            index,
+            handle,
+        } => {
+            if let Some(g) = guests.get_mut(&conn) {
+                g.release(ep, index, handle);
             }
         }
     }
