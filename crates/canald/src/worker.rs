@@ -2,12 +2,15 @@
 //!
 //! Each guest has a *home* worker (new guests go to the worker with the fewest): it
 //! serves the guest's request queue and owns its allocator and entry indices. With
-//! virtual RSS (`guest::vrss`, protocol §6.3) a guest's connected streams are owned by
-//! the worker their flow hash names; a worker keeps the sockets it owns for guests
-//! homed elsewhere in *shadow* guests (`Shard::shadows`), and workers pass sockets,
-//! forwarded requests and freed entries through their mailboxes (`Worker::mbox`).
-//! Without it (one worker, an older guest library, a VM guest) all of a guest's
-//! sockets stay on its home worker.
+//! virtual RSS (`guest::vrss`, protocol §6.3) a guest's connected streams and datagram
+//! sockets are owned by the worker their flow hash names, its bound datagram sockets
+//! and listeners by the worker their local address names; a worker keeps the sockets
+//! it owns for guests homed elsewhere in *shadow* guests (`Shard::shadows`), and
+//! workers pass sockets, forwarded requests, freed entries and an away listener's
+//! accepts through their mailboxes (`Worker::mbox`). Without it (one worker, an older
+//! guest library, a VM guest) all of a guest's sockets stay on its home worker.
+//! Short-circuit jobs (`guest::shortcut`) run on the worker home to the guest they
+//! touch, whichever it is.
 //!
 //! Worker 0 runs on the daemon's thread and also serves the control socket; the
 //! others run in their own threads. A worker's guests sit behind a mutex that the
@@ -307,7 +310,7 @@ impl Poller {
                 _ => other.push((tok, bits)),
             }
         }
-        // Virtual RSS hand-offs, forwarded requests, freed entries.
+        // Virtual RSS hand-offs, forwarded requests, freed entries, accepts.
         for m in w.mbox.take() {
             let Shard {
                 guests, shadows, ..

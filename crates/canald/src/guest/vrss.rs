@@ -1,20 +1,23 @@
 //! Virtual RSS (protocol §6.3, docs/architecture.md "Threads"): with `--workers N`
 //! a guest's connected stream and datagram sockets are spread over the workers by a
-//! flow hash, its bound datagram sockets by a hash of their local address.
+//! flow hash, its bound datagram sockets and listeners by a hash of their local
+//! address.
 //!
 //! A guest keeps a *home* worker: it pops the request queue, owns the data-area
-//! allocator and the entry indices, and serves listeners (an accept allocates an
-//! entry), short-circuited sockets (protocol §8.5), unbound datagram sockets and
-//! unconnected streams. A stream socket whose flow is known (connect issued, or
-//! accepted) or a connected datagram socket goes to worker `flow_hash(local, peer) %
-//! N`, a bound unconnected datagram socket to `local_owner(local) % N`; if that is not the home, the
+//! allocator and the entry indices, and serves short-circuited sockets (protocol
+//! §8.5), unbound datagram sockets and unconnected streams. A stream socket whose flow
+//! is known (connect issued, or accepted) or a connected datagram socket goes to
+//! worker `flow_hash(local, peer) % N`, a bound unconnected datagram socket or a
+//! listener to `local_owner(local)`; if that is not the home, the
 //! home hands the socket's host state (fd, ring positions, phase) over once, through
 //! the owner's mailbox, and the owner keeps it in a *shadow* `Guest` (the same region
 //! mapping, the same slot ports, its own socket table, wake-up coalescing and
 //! deficits). From then on only the owner touches that socket's host line, rings and
 //! attention bit: the data path takes no locks. Requests naming the socket are
 //! forwarded to the owner, which completes the guest's slot itself; when it frees the
-//! socket it gives the entry and the rings back to the home (`Msg::Freed`).
+//! socket it gives the entry and the rings back to the home (`Msg::Freed`). An away
+//! listener's owner accepts and gets each connection's entry from the home
+//! (`Msg::Accepted` / `Msg::AcceptDone`) before it writes the ACCEPT record.
 #![forbid(unsafe_code)]
 
 use super::shortcut::ScAccept;
