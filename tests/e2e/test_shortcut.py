@@ -95,12 +95,11 @@ def test_peer_death_is_eof(canald, python, progs):
     assert hold.finish(10).returncode == 0, hold.describe()
 
 
-def test_peer_death_with_unread_data_is_reset(canald, python, progs):
-    """A guest killed with bytes it never read resets the connection: its peer's
-    recv fails with ECONNRESET (the kernel's rule for close)."""
-    srv, port = _start_server(canald, python, progs)
-    # The server's connection thread reads only the command byte 'B'.
-    hold_code = (
+def unread_holder_code(port):
+    """A guest program that connects to the test server, sends a command byte 'B' and
+    5000 bytes the server's connection thread never reads, then reports how its recv
+    ends: "PEER-GONE eof" or "PEER-GONE reset"."""
+    return (
         "import socket\n"
         f"s=socket.create_connection(('127.0.0.1',{port}))\n"
         "s.settimeout(20)\n"
@@ -112,6 +111,13 @@ def test_peer_death_with_unread_data_is_reset(canald, python, progs):
         "except ConnectionResetError:\n"
         "    print('PEER-GONE reset', flush=True)\n"
     )
+
+
+def test_peer_death_with_unread_data_is_reset(canald, python, progs):
+    """A guest killed with bytes it never read resets the connection: its peer's
+    recv fails with ECONNRESET (the kernel's rule for close)."""
+    srv, port = _start_server(canald, python, progs)
+    hold_code = unread_holder_code(port)
     hold = canald.spawn([python, "-c", hold_code], name="hold-unread")
     hold.wait_line("CONNECTED", 30)
     srv.wait_line("HOLDING", 30)
@@ -121,9 +127,9 @@ def test_peer_death_with_unread_data_is_reset(canald, python, progs):
     assert line == "PEER-GONE reset", hold.describe()
 
 
-def test_bulk_echo_and_proof(canald, python, progs):
-    """4 concurrent 8 MiB echoes between two guests, SHA-256 checked, while canal stat
-    shows them short-circuited and the kernel has no TCP connection for them."""
+def start_bulk_echo(canald, python, progs):
+    """An echo server and a client with 4 connections of 8 MiB each, both guests,
+    proven short-circuited; the client waits for `go_bulk_echo`."""
     server = canald.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")
     port = int(server.wait_line("READY", 30).split()[1])
     canald.wait_served(server, kind="tcp-listener")
@@ -133,9 +139,21 @@ def test_bulk_echo_and_proof(canald, python, progs):
         name="echo-bulk", stdin=subprocess.PIPE)
     client.wait_line("CONNECTED", 30)
     _assert_shortcut(canald, client, server, port, count=4)
+    return server, client
+
+
+def go_bulk_echo(client):
+    """Starts the echoes and checks every byte came back (SHA-256)."""
     client.send_line("go")
     r = client.finish(60)
     assert r.returncode == 0 and "OK tcp-bulk" in r.stdout, r.describe()
+
+
+def test_bulk_echo_and_proof(canald, python, progs):
+    """4 concurrent 8 MiB echoes between two guests, SHA-256 checked, while canal stat
+    shows them short-circuited and the kernel has no TCP connection for them."""
+    _, client = start_bulk_echo(canald, python, progs)
+    go_bulk_echo(client)
 
 
 def test_iperf3_both_under_canal(canald):

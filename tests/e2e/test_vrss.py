@@ -107,20 +107,10 @@ def test_shortcut_bulk_across_workers(canald2, python, progs):
     """Two guests homed on different workers are short-circuited (both ends listed as
     tcp-shortcut, no kernel TCP connection): 4 concurrent 8 MiB echoes, SHA-256
     checked."""
-    server = canald2.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")
-    port = int(server.wait_line("READY", 30).split()[1])
-    canald2.wait_served(server, kind="tcp-listener")
-    client = canald2.spawn(
-        [python, progs / "echo.py", "tcp-bulk", "--port", port, "--conns", "4", "--bytes", str(8 << 20),
-         "--go-after-connect"],
-        name="echo-bulk", stdin=subprocess.PIPE)
-    client.wait_line("CONNECTED", 30)
-    test_shortcut._assert_shortcut(canald2, client, server, port, count=4)
+    server, client = test_shortcut.start_bulk_echo(canald2, python, progs)
     s, c = _homes(canald2, server, client)
     assert s != c, f"both guests on worker {s}"
-    client.send_line("go")
-    r = client.finish(60)
-    assert r.returncode == 0 and "OK tcp-bulk" in r.stdout, r.describe()
+    test_shortcut.go_bulk_echo(client)
 
 
 def _hold(canald, python, progs, port, code=None):
@@ -160,21 +150,7 @@ def test_shortcut_peer_death_across_workers(canald2, python, progs, unread):
     """A guest killed with a short-circuited connection open to a guest on the other
     worker: the peer sees EOF, or ECONNRESET if the dead guest left bytes unread."""
     server, port = test_shortcut._start_server(canald2, python, progs)
-    code = None
-    if unread:
-        # The server's connection thread reads only the command byte 'B'.
-        code = (
-            "import socket\n"
-            f"s=socket.create_connection(('127.0.0.1',{port}))\n"
-            "s.settimeout(20)\n"
-            "s.sendall(b'B'+b'z'*5000)\n"
-            "print('CONNECTED',flush=True)\n"
-            "try:\n"
-            "    b=s.recv(10)\n"
-            "    print('PEER-GONE eof' if not b else 'DATA', flush=True)\n"
-            "except ConnectionResetError:\n"
-            "    print('PEER-GONE reset', flush=True)\n"
-        )
+    code = test_shortcut.unread_holder_code(port) if unread else None
     hold = _hold(canald2, python, progs, port, code)
     server.wait_line("HOLDING", 30)
     test_shortcut._assert_shortcut(canald2, hold, server, port)

@@ -14,7 +14,7 @@ use canal_abi::ring::{record_kind, Consumer, Producer};
 use canal_abi::sync::{fence, Ordering};
 use canal_abi::{
     errno, make_handle, op, sleep_kind, slot_state, sock_flag, sock_kind, CanalAddr, Layout,
-    Region, SocketEntry, ACCEPT_PAYLOAD, SLOT_PAYLOAD, WAIT_ANY,
+    Region, SocketEntry, SLOT_PAYLOAD, WAIT_ANY,
 };
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -1739,16 +1739,7 @@ impl Guest {
             }
             // Room for the record even if padding is needed first.
             let free = self.want_rx_space(index, 2 * need)?;
-            if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
-                let seen = l.rx.seen;
-                while l
-                    .unclaimed
-                    .front()
-                    .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
-                {
-                    l.unclaimed.pop_front();
-                }
-            }
+            self.drop_claimed(index);
             if free == 0 {
                 return Ok(());
             }
@@ -1756,19 +1747,11 @@ impl Guest {
                 return Ok(()); // retried when an entry is freed
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            let Some(fd) = &s.fd else { return Ok(()) };
             let family = s.family;
-            let (conn, peer) = match sys::accept_inet(fd) {
-                Ok(Some(c)) => c,
-                Ok(None) => {
-                    s.readable = false;
-                    return Ok(());
-                }
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO) => continue,
-                    // Out of host descriptors: stay readable, retry next time.
-                    _ => return Ok(()),
-                },
+            let (conn, peer) = match accept_one(s) {
+                Accepted::Conn(c, p) => (c, p),
+                Accepted::Again => continue,
+                Accepted::Later => return Ok(()),
             };
             let peer = peer.unwrap_or_default();
             let peer = translate_host_addr(&self.view(), &peer);
@@ -1789,30 +1772,11 @@ impl Guest {
             if let Some(hp) = host_peer {
                 self.place(ep, new_index, Some(&hp));
             }
-            let mut payload = [0u8; ACCEPT_PAYLOAD];
-            payload[..4].copy_from_slice(&handle.to_le_bytes());
-            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
-            let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
-            let e = self.entry(index);
-            let mut p = Producer {
-                storage: &ring,
-                head_shared: &e.rx_head,
-                tail_shared: &e.rx_tail,
-                head: s.rx.idx,
-            };
-            let pushed = p
-                .push_record(record_kind::ACCEPT, &peer.encode(), &[&payload])
-                .map_err(|_| Corrupt)?;
-            if !pushed {
+            if !self.push_accept(index, handle, &peer)? {
                 // We checked the space; only a guest moving its tail backwards (caught
                 // on the next check) gets here. Drop the connection.
                 self.release(ep, new_index, handle);
                 return Err(Corrupt);
-            }
-            let head = p.head;
-            self.publish_rx_head(index, head, 0);
-            if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
-                l.unclaimed.push_back((head, handle));
             }
         }
     }
@@ -2007,4 +1971,32 @@ fn fd_of(s: &HostSocket) -> Result<&OwnedFd, i32> {
         Phase::Broken => errno::EIO,
         _ => errno::EBADF,
     })
+}
+
+/// What one accept on a listener's host socket gave.
+enum Accepted {
+    Conn(OwnedFd, Option<CanalAddr>),
+    /// A connection that died in the queue, or a signal: accept again.
+    Again,
+    /// Nothing queued (the listener is no longer readable), out of host descriptors
+    /// (it stays readable) or no host socket: retried on a later round.
+    Later,
+}
+
+/// Accepts one connection on listener `s`'s host socket.
+fn accept_one(s: &mut HostSocket) -> Accepted {
+    let Some(fd) = &s.fd else {
+        return Accepted::Later;
+    };
+    match sys::accept_inet(fd) {
+        Ok(Some((c, p))) => Accepted::Conn(c, p),
+        Ok(None) => {
+            s.readable = false;
+            Accepted::Later
+        }
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO) => Accepted::Again,
+            _ => Accepted::Later,
+        },
+    }
 }

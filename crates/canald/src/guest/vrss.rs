@@ -583,18 +583,11 @@ impl Guest {
                 return Ok(());
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            let Some(fd) = &s.fd else { return Ok(()) };
             let (family, listener) = (s.family, s.handle);
-            let (conn, host_peer) = match sys::accept_inet(fd) {
-                Ok(Some(c)) => c,
-                Ok(None) => {
-                    s.readable = false;
-                    return Ok(());
-                }
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO) => continue,
-                    _ => return Ok(()), // out of host descriptors: retried next time
-                },
+            let (conn, host_peer) = match super::accept_one(s) {
+                super::Accepted::Conn(c, p) => (c, p),
+                super::Accepted::Again => continue,
+                super::Accepted::Later => return Ok(()),
             };
             s.accepting += 1;
             let host_peer = host_peer.unwrap_or_default();
