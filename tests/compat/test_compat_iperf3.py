@@ -24,11 +24,6 @@ NBYTES_BOTH = 16 << 30
 STREAMS = 4
 
 
-def _sysctl_max(name):
-    with open(f"/proc/sys/net/ipv4/{name}") as f:
-        return int(f.read().split()[-1])
-
-
 def _json(result, who):
     try:
         return json.loads(result.stdout)
@@ -72,7 +67,7 @@ def test_iperf3_parallel(request, mode, direction):
     f_sent, f_recv = fetched["end"]["sum_sent"]["bytes"], fetched["end"]["sum_received"]["bytes"]
     streams = cj["end"]["streams"]
     per_stream = [s["sender"]["bytes"] if "sender" in s else None for s in streams]
-    slack = STREAMS * (_sysctl_max("tcp_wmem") + _sysctl_max("tcp_rmem") + (16 << 20))
+    slack = STREAMS * e2e_util.iperf3_slack()
     counts = (f"{direction}: client sum_sent {sent} sum_received {received}; server sum_sent {s_sent} "
               f"sum_received {s_recv} (fetched: {f_sent}/{f_recv}); per-stream sender bytes {per_stream}; slack {slack}")
     print(f"iperf3 {mode} {counts}")

@@ -24,11 +24,6 @@ from canal_harness import need_tool, runner
 NBYTES = 1 << 30
 
 
-def _sysctl_max(name):
-    with open(f"/proc/sys/net/ipv4/{name}") as f:
-        return int(f.read().split()[-1])
-
-
 def _json(result, who):
     try:
         return json.loads(result.stdout)
@@ -74,7 +69,7 @@ def test_iperf3(request, mode):
     assert fetched, "client JSON lacks server_output_json (--get-server-output)"
     received_fetched = fetched["end"]["sum_received"]["bytes"]
     received = sj["end"]["sum_received"]["bytes"]
-    slack = _sysctl_max("tcp_wmem") + _sysctl_max("tcp_rmem") + (16 << 20)
+    slack = e2e_util.iperf3_slack()
     counts = (
         f"client sum_sent {sent}, server sum_received {received} (as fetched by the client: "
         f"{received_fetched}; client's sum_received {received_seen_by_client}), slack {slack}"

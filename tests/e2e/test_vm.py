@@ -483,7 +483,9 @@ def test_iperf3_via_canal_in_a_guest(canal_bin, canald, procs):
     assert s.returncode == 0, s.describe()
     cli, sv = json.loads(r.stdout), json.loads(s.stdout)
     sent = cli["end"]["sum_sent"]["bytes"]
-    assert sent > 0 and sent == sv["end"]["sum_received"]["bytes"], (sent, sv["end"]["sum_received"])
+    # Up to the bytes in flight when TEST_END overtook them go uncounted (e2e_util).
+    received = sv["end"]["sum_received"]["bytes"]
+    assert sent > 0 and sent - e2e_util.iperf3_slack() <= received <= sent, (sent, sv["end"]["sum_received"])
     # The server saw the guest connect from the host's loopback.
     assert sv["start"]["connected"][0]["remote_host"] == "127.0.0.1"
 
