@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), no_std)]
 
 pub mod addr;
+pub mod bias;
 pub mod control;
 pub mod queue;
 pub mod region;
@@ -28,7 +29,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).

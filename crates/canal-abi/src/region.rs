@@ -190,8 +190,17 @@ pub struct SocketEntry {
     /// it, under `rx_lock`; a lower bound, so the bytes it implies are there: a receiver
     /// reads the producer's line only when they do not fill its buffer.
     pub rx_head_seen: AtomicU64,
-    // --- 192
-    pub reserved4: [u64; 8],
+    // --- 192: guest-only (minor 4), the biased side locks (bias.rs)
+    /// The owner key of the thread that holds `tx_lock` biased (0: none yet;
+    /// bias::REVOKED: none ever).
+    pub tx_bias: AtomicU64,
+    /// As `tx_bias`, for `rx_lock`.
+    pub rx_bias: AtomicU64,
+    /// Set by the owner of `tx_bias` while it sends.
+    pub tx_busy: AtomicU32,
+    /// Set by the owner of `rx_bias` while it receives.
+    pub rx_busy: AtomicU32,
+    pub reserved4: [u64; 5],
 }
 
 // SAFETY: all three are repr(C) structs of integers, integer atomics and byte arrays;
@@ -232,6 +241,16 @@ impl SocketEntry {
         self.sndtimeo_ns.store(0, Ordering::Relaxed);
         self.tx_tail_seen.store(0, Ordering::Relaxed);
         self.rx_head_seen.store(0, Ordering::Relaxed);
+        self.clear_side_locks();
+    }
+
+    /// Empties the four biased-lock words (also done by libcanal when it takes an
+    /// entry: a canald before minor 4 does not).
+    pub fn clear_side_locks(&self) {
+        self.tx_bias.store(0, Ordering::Relaxed);
+        self.rx_bias.store(0, Ordering::Relaxed);
+        self.tx_busy.store(0, Ordering::Relaxed);
+        self.rx_busy.store(0, Ordering::Relaxed);
     }
 }
 

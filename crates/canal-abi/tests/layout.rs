@@ -89,6 +89,11 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, sndtimeo_ns), 168);
     assert_eq!(offset_of!(SocketEntry, tx_tail_seen), 176);
     assert_eq!(offset_of!(SocketEntry, rx_head_seen), 184);
+    assert_eq!(offset_of!(SocketEntry, tx_bias), 192);
+    assert_eq!(offset_of!(SocketEntry, rx_bias), 200);
+    assert_eq!(offset_of!(SocketEntry, tx_busy), 208);
+    assert_eq!(offset_of!(SocketEntry, rx_busy), 212);
+    assert_eq!(offset_of!(SocketEntry, reserved4), 216);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
     assert_eq!(size_of::<QueueCell>(), 8);
 }
@@ -131,7 +136,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0300 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0400 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -245,18 +250,28 @@ fn reset_guest_line_empties_only_the_guest_line() {
         &e.sndtimeo_ns,
         &e.tx_tail_seen,
         &e.rx_head_seen,
+        &e.tx_bias,
+        &e.rx_bias,
     ];
     for a in guest_u64.iter().chain([&&e.tx_tail]) {
         a.store(7, sync::Ordering::Relaxed);
     }
-    for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock, &e.flags] {
+    let guest_u32 = [
+        &e.refs,
+        &e.guest_flags,
+        &e.tx_lock,
+        &e.rx_lock,
+        &e.tx_busy,
+        &e.rx_busy,
+    ];
+    for a in guest_u32.iter().chain([&&e.flags]) {
         a.store(7, sync::Ordering::Relaxed);
     }
     e.reset_guest_line();
     for a in guest_u64 {
         assert_eq!(a.load(sync::Ordering::Relaxed), 0);
     }
-    for a in [&e.refs, &e.guest_flags, &e.tx_lock, &e.rx_lock] {
+    for a in guest_u32 {
         assert_eq!(a.load(sync::Ordering::Relaxed), 0);
     }
     assert_eq!(
@@ -359,7 +374,7 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, wake_seq), 8);
     assert_eq!(offset_of!(SegSide, deferred_barrier), 12);
     // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.
-    assert_eq!(canal_abi::VERSION_MINOR, 3);
+    const { assert!(canal_abi::VERSION_MINOR >= 3) };
     assert_eq!(wake_seq_offset(0), 384 + 8);
     assert_eq!(wake_seq_offset(1), 448 + 8);
     assert_eq!(size_of::<SegHeader>(), SEG_HEADER_USED);

@@ -67,6 +67,20 @@ pub fn register() {
     REGISTERED.store(if ok { YES } else { NO }, Ordering::Release);
 }
 
+/// Registers this process on first use; whether it is registered (a thread of a
+/// registered process may own a biased side lock, canal_abi::bias).
+#[inline]
+pub fn ensure_registered() -> bool {
+    match REGISTERED.load(Ordering::Relaxed) {
+        YES => true,
+        NO => false,
+        _ => {
+            register();
+            REGISTERED.load(Ordering::Relaxed) == YES
+        }
+    }
+}
+
 /// Fork: the child registers again if the parent had.
 pub fn fork_child() {
     if REGISTERED.load(Ordering::Relaxed) == YES {

@@ -1865,6 +1865,7 @@ pub fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo:
     );
     e.tx_lock.store(0, Ordering::Relaxed);
     e.rx_lock.store(0, Ordering::Relaxed);
+    e.clear_side_locks();
     e.rcvtimeo_ns.store(rcvtimeo, Ordering::Relaxed);
     e.sndtimeo_ns.store(sndtimeo, Ordering::Relaxed);
 }

@@ -32,6 +32,7 @@ pub mod pollwait;
 pub mod ready;
 pub mod rejoin;
 pub mod seg;
+pub mod sidelock;
 pub mod sock;
 pub mod sockaddr;
 pub mod sys;

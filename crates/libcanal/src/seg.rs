@@ -36,10 +36,6 @@ static TABLE: [Cached; CACHE] = [const {
     }
 }; CACHE];
 
-/// This process registered for global barriers (barrier.rs) when it mapped its first
-/// segment.
-static REGISTERED_ONCE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
 /// Serialises filling and emptying table entries in this process.
 static LOCK: AtomicU32 = AtomicU32::new(0);
 
@@ -233,9 +229,7 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     slot.zone_size.store(zone_size as usize, Ordering::Relaxed);
     slot.id.store(id, Ordering::Release);
     // Before any publish on the segment: publishing without a fence needs it.
-    if !REGISTERED_ONCE.swap(true, Ordering::Relaxed) {
-        crate::barrier::register();
-    }
+    crate::barrier::ensure_registered();
     client::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
     Ok(Seg {
         base,

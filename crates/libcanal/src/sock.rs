@@ -7,6 +7,7 @@ use crate::client::{self, attention, request, wait_until, Guest, Wait};
 use crate::fdtable::TABLE;
 use crate::iov;
 use crate::ready::{self, local, SockState};
+use crate::sidelock;
 use crate::sys;
 use canal_abi::addr::{CanalAddr, ADDR_SIZE};
 use canal_abi::ring::{check_indices, record_kind, Consumer, Producer, RawRing, RingStorage};
@@ -759,7 +760,7 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             let r = s.rings()?;
             let ring = r.tx;
             let size = RingStorage::size(&ring);
-            client::lock(&s.e.tx_lock);
+            let held = sidelock::enter_tx(s.e);
             let head = r.tx_head.load(Ordering::Relaxed);
             // The consumer's index as last read (a lower bound, §3.4): reading the real
             // one moves the consumer's cache line here, so only when the space known
@@ -773,7 +774,7 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                 |used| size - used >= want,
                 |tail| check_indices(head, tail, size),
             ) else {
-                client::unlock(&s.e.tx_lock);
+                sidelock::exit_tx(s.e, held);
                 return Err(libc::EIO);
             };
             let mut n = ((size - used) as usize).min(total - sent);
@@ -804,13 +805,13 @@ fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                     match z {
                         Ok(k) => n += k,
                         Err(e) => {
-                            client::unlock(&s.e.tx_lock);
+                            sidelock::exit_tx(s.e, held);
                             return if sent + n > 0 { Ok(sent + n) } else { Err(e) };
                         }
                     }
                 }
             }
-            client::unlock(&s.e.tx_lock);
+            sidelock::exit_tx(s.e, held);
             if n > 0 {
                 r.notify(&s, true);
                 sent += n;
@@ -927,7 +928,7 @@ fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> R
         if pe != 0 {
             return Err(pe as i32);
         }
-        client::lock(&s.e.tx_lock);
+        let held = sidelock::enter_tx(s.e);
         let mut p = Producer {
             storage: &ring,
             head_shared: &s.e.tx_head,
@@ -935,7 +936,7 @@ fn send_dgram(s: Sock, iov: &[iovec], flags: c_int, to: Option<&CanalAddr>) -> R
             head: s.e.tx_head.load(Ordering::Relaxed),
         };
         let r = p.push_record(record_kind::DATAGRAM, addr, parts);
-        client::unlock(&s.e.tx_lock);
+        sidelock::exit_tx(s.e, held);
         match r {
             Err(_) => return Err(libc::EIO),
             Ok(true) => {
@@ -1005,7 +1006,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
         let r = s.rings()?;
         let ring = r.rx;
         let size = RingStorage::size(&ring);
-        client::lock(&s.e.rx_lock);
+        let held = sidelock::enter_rx(s.e);
         let tail = r.rx_tail.load(Ordering::Relaxed);
         // A short-circuit with zones: zone-sent pieces sit between ring bytes.
         let zone = r.peer.filter(|(g, _)| g.has_zones());
@@ -1020,7 +1021,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             |used| zone.is_none() && used >= want,
             |head| check_indices(head, tail, size),
         ) else {
-            client::unlock(&s.e.rx_lock);
+            sidelock::exit_rx(s.e, held);
             return Err(libc::EIO);
         };
         let head = tail.wrapping_add(used);
@@ -1028,7 +1029,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             Some((seg, dir)) => match crate::zones::ring_limit(seg, dir, tail, head) {
                 Ok(l) => l,
                 Err(e) => {
-                    client::unlock(&s.e.rx_lock);
+                    sidelock::exit_rx(s.e, held);
                     return if got > 0 { Ok(got) } else { Err(e) };
                 }
             },
@@ -1040,7 +1041,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
             let z = unsafe {
                 crate::zones::recv_front(seg, dir, id, iov, got, total - got, peek, discard)
             };
-            client::unlock(&s.e.rx_lock);
+            sidelock::exit_rx(s.e, held);
             let n = match z {
                 Ok(n) => n,
                 Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
@@ -1070,7 +1071,7 @@ fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
                     .store(tail.wrapping_add(n as u64), Ordering::Release);
             }
         }
-        client::unlock(&s.e.rx_lock);
+        sidelock::exit_rx(s.e, held);
         if n > 0 && !peek {
             got += n;
             r.notify(&s, s.flags() & f::RX_WANT_SPACE != 0);
@@ -1136,7 +1137,7 @@ fn recv_dgram(s: Sock, iov: &[iovec], flags: c_int, meta: &mut RecvMeta) -> Resu
     loop {
         dead_err(s.g, true)?;
         s.live()?;
-        client::lock(&s.e.rx_lock);
+        let held = sidelock::enter_rx(s.e);
         let mut c = Consumer {
             storage: &ring,
             head_shared: &s.e.rx_head,
@@ -1171,7 +1172,7 @@ fn recv_dgram(s: Sock, iov: &[iovec], flags: c_int, meta: &mut RecvMeta) -> Resu
                 Some(Ok(if flags & libc::MSG_TRUNC != 0 { len } else { n }))
             }
         };
-        client::unlock(&s.e.rx_lock);
+        sidelock::exit_rx(s.e, held);
         match out {
             Some(r) => {
                 if !peek && s.flags() & f::RX_WANT_SPACE != 0 {
@@ -1224,7 +1225,7 @@ pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> 
     loop {
         dead_err(s.g, false)?;
         s.live()?;
-        client::lock(&s.e.rx_lock);
+        let held = sidelock::enter_rx(s.e);
         let mut c = Consumer {
             storage: &ring,
             head_shared: &s.e.rx_head,
@@ -1277,7 +1278,7 @@ pub fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> 
                 }
             },
         };
-        client::unlock(&s.e.rx_lock);
+        sidelock::exit_rx(s.e, held);
         if s.flags() & f::RX_WANT_SPACE != 0 {
             attention(s.g, s.idx);
         }
@@ -1325,7 +1326,7 @@ pub fn fionread(s: Sock) -> Result<c_int, i32> {
         return Ok(st.rx_used.min(i32::MAX as u64) as c_int);
     }
     let ring = s.rx_ring()?;
-    client::lock(&s.e.rx_lock);
+    let held = sidelock::enter_rx(s.e);
     let mut c = Consumer {
         storage: &ring,
         head_shared: &s.e.rx_head,
@@ -1337,7 +1338,7 @@ pub fn fionread(s: Sock) -> Result<c_int, i32> {
         Ok(None) => Ok(0),
         Err(_) => Err(libc::EIO),
     };
-    client::unlock(&s.e.rx_lock);
+    sidelock::exit_rx(s.e, held);
     r
 }
 
