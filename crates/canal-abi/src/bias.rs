@@ -159,18 +159,24 @@ impl LockEnv for FenceEnv {
 mod tests {
     use super::*;
 
-    fn side() -> (AtomicU32, AtomicU64, AtomicU32) {
+    type Words = (AtomicU32, AtomicU64, AtomicU32);
+
+    fn side() -> Words {
         (AtomicU32::new(0), AtomicU64::new(0), AtomicU32::new(0))
+    }
+
+    fn over(w: &Words) -> SideLock<'_> {
+        SideLock {
+            lock: &w.0,
+            bias: &w.1,
+            busy: &w.2,
+        }
     }
 
     #[test]
     fn first_taker_owns_then_enters_without_the_lock() {
         let w = side();
-        let s = SideLock {
-            lock: &w.0,
-            bias: &w.1,
-            busy: &w.2,
-        };
+        let s = over(&w);
         assert_eq!(s.enter(7, || true, &FenceEnv), Entered::Locked);
         assert_eq!(w.1.load(Ordering::Relaxed), 7);
         s.exit(Entered::Locked);
@@ -187,11 +193,7 @@ mod tests {
     #[test]
     fn another_thread_revokes_for_good() {
         let w = side();
-        let s = SideLock {
-            lock: &w.0,
-            bias: &w.1,
-            busy: &w.2,
-        };
+        let s = over(&w);
         s.exit(s.enter(7, || true, &FenceEnv));
         struct Count(core::cell::Cell<u32>);
         impl LockEnv for Count {
@@ -217,11 +219,7 @@ mod tests {
     #[test]
     fn without_may_bias_nobody_owns() {
         let w = side();
-        let s = SideLock {
-            lock: &w.0,
-            bias: &w.1,
-            busy: &w.2,
-        };
+        let s = over(&w);
         s.exit(s.enter(7, || false, &FenceEnv));
         assert_eq!(w.1.load(Ordering::Relaxed), 0);
         assert_eq!(s.enter(7, || false, &FenceEnv), Entered::Locked);
