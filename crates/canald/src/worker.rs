@@ -332,13 +332,6 @@ impl Poller {
             self.publish_split();
         }
         let window = Duration::from_nanos(self.split.t_v_ns);
-        // A departing guest's sockets close and the guest is dropped in rounds that may
-        // have no other work (a drain deadline's timeout): its counts must still change.
-        let departing = sh
-            .guests
-            .values()
-            .chain(sh.shadows.values())
-            .any(|g| g.gone.is_some());
         work |= serve_guests(&mut sh, &w, now, window);
         work |= serve_shadows(&mut sh, &w, now, window);
         {
@@ -347,7 +340,9 @@ impl Poller {
             } = &mut *sh;
             work |= shortcut::run(&w.shortcut, w.id, guests, shadows, &w.ep);
         }
-        reap(&mut sh, &w, &self.cfg);
+        // A departing guest's sockets close and the guest is dropped in rounds that may
+        // have no other work (a drain deadline's timeout): its counts must still change.
+        let departing = reap(&mut sh, &w, &self.cfg);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
         // Counting the sockets walks every guest's table: not on every round of a spin
         // (it was 8% of canald's CPU under nginx+wrk), but on the first round without
@@ -501,18 +496,22 @@ fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration
         wakes += g.wakes - before;
     }
     WorkerStats::add(&w.stats.wakes, wakes);
-    for k in departed_and_done(&mut sh.shadows, &w.ep, now) {
-        sh.shadows.remove(&k);
-    }
     work
 }
 
 /// Closes what is left of departed guests whose drain time ran out and returns the keys
-/// of those whose sockets are all closed (to be dropped).
-fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, ep: &Epoll, now: Instant) -> Vec<u32> {
+/// of those whose sockets are all closed (to be dropped); `departing` is set if any
+/// guest has departed.
+fn departed_and_done(
+    guests: &mut BTreeMap<u32, Guest>,
+    ep: &Epoll,
+    now: Instant,
+    departing: &mut bool,
+) -> Vec<u32> {
     let mut done = Vec::new();
     for (k, g) in guests.iter_mut() {
         if let Some(deadline) = g.gone {
+            *departing = true;
             if deadline <= now {
                 g.close_all(ep);
             }
@@ -524,10 +523,12 @@ fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, ep: &Epoll, now: Instant
     done
 }
 
-/// Drops departed guests whose sockets are all closed (or whose drain time ran out).
-fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) {
+/// Drops departed guests and vRSS shadows whose sockets are all closed (or whose drain
+/// time ran out); true if any guest or shadow has departed (its counts are changing).
+fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) -> bool {
     let now = Instant::now();
-    for k in departed_and_done(&mut sh.guests, &w.ep, now) {
+    let mut departing = false;
+    for k in departed_and_done(&mut sh.guests, &w.ep, now, &mut departing) {
         if let Some(g) = sh.guests.remove(&k) {
             shortcut::forget(&w.shortcut, k);
             if cfg.verbose {
@@ -535,6 +536,11 @@ fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) {
             }
         }
     }
+    // vRSS shadows of guests homed elsewhere, in the same sweep.
+    for k in departed_and_done(&mut sh.shadows, &w.ep, now, &mut departing) {
+        sh.shadows.remove(&k);
+    }
+    departing
 }
 
 /// Pins the calling thread to `cpu` (`--pin`).

@@ -135,7 +135,5 @@ if __name__ == "__main__":
 
     if a[1] == "serve":
         serve(opt("--readers", 1))
-    elif a[1] == "sum":
-        print(expected_sum(opt("--writers"), opt("--records")))
     else:
         send(opt("--port"), opt("--writers"), opt("--records"), "--fork" in a)
