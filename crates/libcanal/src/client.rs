@@ -233,11 +233,17 @@ pub fn lock(word: &AtomicU32) {
             return;
         }
         n += 1;
-        if n < 100 {
-            canal_abi::sync::spin_hint();
-        } else {
-            sys::sched_yield();
-        }
+        backoff(n);
+    }
+}
+
+/// The `n`th round of a wait for a lock held by a thread that does not block: spin
+/// briefly, then give the CPU away (the holder may be waiting for it on 2 cores).
+pub fn backoff(n: u32) {
+    if n < 100 {
+        canal_abi::sync::spin_hint();
+    } else {
+        sys::sched_yield();
     }
 }
 

@@ -2,7 +2,7 @@
 //! them (canal_abi::bias; protocol §3.4): the usual one-thread-per-side socket enters
 //! its side with two plain stores instead of a locked instruction.
 
-use crate::{barrier, client, sys};
+use crate::{barrier, client};
 use canal_abi::bias::{Entered, LockEnv, SideLock};
 use canal_abi::region::SocketEntry;
 use canal_abi::sync::Ordering;
@@ -38,7 +38,7 @@ fn thread_pointer() -> u64 {
     unsafe { libc::pthread_self() as u64 }
 }
 
-/// B2 is the kernel's global expedited barrier; waits spin, then yield the CPU.
+/// B2 is the kernel's global expedited barrier; waits back off as `client::lock` does.
 struct Env;
 
 impl LockEnv for Env {
@@ -46,11 +46,7 @@ impl LockEnv for Env {
         barrier::global()
     }
     fn wait(&self, n: u32) {
-        if n < 100 {
-            canal_abi::sync::spin_hint();
-        } else {
-            sys::sched_yield();
-        }
+        client::backoff(n);
     }
 }
 
