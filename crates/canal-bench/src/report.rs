@@ -722,10 +722,24 @@ pub fn experiment_section(e: &Experiment, aggs: &[CellAgg], notes: &mut Vec<Stri
                     }
                 }
                 _ => {
+                    // A split that delays wake-ups also lowers the round-trip rate:
+                    // compare the CPU per round trip, not only the cores busy.
+                    s += &t.render(
+                        "CPU per round trip (all processes) per split",
+                        "µs",
+                        &pair_rows(cells, Rr, "cpu_per_rt_us"),
+                        &cols,
+                    );
                     s += &t.render(
                         "Cores busy (all processes) per split",
                         "cores",
                         &pair_rows(cells, Rr, "cpu_cores"),
+                        &cols,
+                    );
+                    s += &t.render(
+                        "Mean RTT p50 per split",
+                        "µs",
+                        &pair_rows(cells, Rr, "rtt_p50_us"),
                         &cols,
                     );
                     s += &t.render(

@@ -567,16 +567,18 @@ impl Runner {
                 put("rtt_p99_us", max("p99_ns") / 1e3);
                 put("rtt_mean_us", mean("mean_ns") / 1e3);
                 put("rtt_max_us", max("max_ns") / 1e3);
-                put(
-                    "msgs_s",
-                    results
-                        .iter()
-                        .map(|kv| {
-                            getf(kv, "msgs").unwrap_or(0.0)
-                                / getf(kv, "elapsed_s").unwrap_or(f64::NAN)
-                        })
-                        .sum(),
-                );
+                let rate: f64 = results
+                    .iter()
+                    .map(|kv| {
+                        getf(kv, "msgs").unwrap_or(0.0) / getf(kv, "elapsed_s").unwrap_or(f64::NAN)
+                    })
+                    .sum();
+                put("msgs_s", rate);
+                // CPU of every process per round trip: what a variant that changes the
+                // round-trip rate (a coalescing split) costs per unit of work.
+                if rate > 0.0 {
+                    put("cpu_per_rt_us", cpu_total / elapsed / rate * 1e6);
+                }
             }
             Workload::Stream => {
                 let bps: f64 = sum("bytes_per_s");

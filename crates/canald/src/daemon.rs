@@ -74,7 +74,8 @@ pub fn default_workers() -> usize {
 
 /// What `--no-batch` allows per host call on a stream: one typical guest send.
 pub const NO_BATCH_CHUNK: u64 = 4096;
-/// The default worst-case added wake-up delay of the two-layer coalescing.
+/// The worst-case added wake-up delay of the two-layer coalescing when `--coalesce`
+/// turns it on without `--t-worst-us`.
 pub const DEFAULT_T_WORST: Duration = Duration::from_micros(50);
 
 impl Config {
@@ -94,9 +95,10 @@ impl Config {
             zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
             verbose: false,
             notify: NotifyMode::Hybrid,
-            coalesce: CoalesceCfg::Adaptive {
-                t_worst: DEFAULT_T_WORST,
-            },
+            // Off unless asked for: on this design a woken guest spins through the
+            // events that follow, so deferring wake-ups only added latency in every
+            // workload measured (docs/bench/coalescing).
+            coalesce: CoalesceCfg::Off,
             no_batch: false,
             rx_quantum: 256 << 10,
             tx_quantum: 1 << 20,

@@ -41,8 +41,8 @@ pub fn default_socket_path() -> PathBuf {
 
 const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N] [--sockets N]
               [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
-              [--notify poll|sleep|hybrid] [--t-worst-us T | --coalesce-us T] [--split-us P]
-              [--no-coalesce] [--no-batch] [--rx-quantum-kib N] [--tx-quantum-kib N]
+              [--notify poll|sleep|hybrid] [--coalesce] [--t-worst-us T | --coalesce-us T]
+              [--split-us P] [--no-coalesce] [--no-batch] [--rx-quantum-kib N] [--tx-quantum-kib N]
               [--workers N] [--pin CPU,CPU..] [--no-shortcut] [--shortcut-ring-kib N]
   --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
                     or /tmp/canal-$UID/canald.sock)
@@ -55,11 +55,14 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --budget N        requests served per guest per round (default 16)
   --notify MODE     poll (never sleeps; measurement only), sleep (never spins), or
                     hybrid (adaptive spin, then sleep; default)
-  --t-worst-us T    worst-case added wake-up delay of the two-layer coalescing, split
-                    adaptively between host holds and guest wake-ups (default 50)
+  --coalesce        coalesce wake-ups: the two-layer split of T_worst = 50 µs between
+                    host holds and guest wake-ups (default off: every wake-up goes out
+                    at once, which measured faster and no costlier here)
+  --t-worst-us T    coalesce with worst-case added wake-up delay T µs, split
+                    adaptively between host holds and guest wake-ups (0: off)
   --coalesce-us T   same as --t-worst-us
   --split-us P      fixed host share T_p of T_worst instead of the adaptive split
-  --no-coalesce     every wake-up goes out at once (ablation)
+  --no-coalesce     every wake-up goes out at once (the default)
   --no-batch        each host send/receive call moves at most 4 KiB (ablation)
   --rx-quantum-kib N, --tx-quantum-kib N
                     bytes a guest may receive / transmit per round (default 256 / 1024)
@@ -150,6 +153,13 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
                 i += 1;
             }
             "--no-coalesce" => cfg.coalesce = engine::CoalesceCfg::Off,
+            "--coalesce" => {
+                if cfg.coalesce == engine::CoalesceCfg::Off {
+                    cfg.coalesce = engine::CoalesceCfg::Adaptive {
+                        t_worst: daemon::DEFAULT_T_WORST,
+                    };
+                }
+            }
             "--no-batch" => cfg.no_batch = true,
             "--workers" => {
                 cfg.workers = num(a, v)?;
@@ -266,7 +276,27 @@ mod tests {
         assert_eq!((c.workers, c.pin.clone()), (2, vec![0, 1]));
         assert!(parse_args(&s(&["--workers", "0"])).is_err());
         assert!(parse_args(&s(&["--pin", "a,1"])).is_err());
-        let c = parse_args(&s(&["--coalesce-us", "0"])).unwrap();
+        let c = parse_args(&s(&["--coalesce", "--coalesce-us", "0"])).unwrap();
+        assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
+    }
+
+    #[test]
+    fn coalescing_is_off_unless_asked_for() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse_args(&[]).unwrap().coalesce, engine::CoalesceCfg::Off);
+        let on = engine::CoalesceCfg::Adaptive {
+            t_worst: daemon::DEFAULT_T_WORST,
+        };
+        assert_eq!(parse_args(&s(&["--coalesce"])).unwrap().coalesce, on);
+        // --coalesce keeps a window or split given before it.
+        let c = parse_args(&s(&["--t-worst-us", "80", "--coalesce"])).unwrap();
+        assert_eq!(
+            c.coalesce,
+            engine::CoalesceCfg::Adaptive {
+                t_worst: Duration::from_micros(80)
+            }
+        );
+        let c = parse_args(&s(&["--coalesce", "--no-coalesce"])).unwrap();
         assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
     }
 }
