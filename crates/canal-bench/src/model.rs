@@ -143,9 +143,11 @@ impl Variant {
             Some(("disable", "coalesce")) => Ok(v(&["--no-coalesce"], &[], &[("coalesce", "off")])),
             // Wake-up coalescing is off by default (docs/bench/coalescing): `coalesce=on`
             // measures the adaptive split at canald's default T_worst against it.
-            Some(("coalesce", "on")) => {
-                Ok(v(&["--coalesce"], &[], &[("coalesce", "adaptive"), ("t_worst_us", "50")]))
-            }
+            Some(("coalesce", "on")) => Ok(v(
+                &["--coalesce"],
+                &[],
+                &[("coalesce", "adaptive"), ("t_worst_us", "50")],
+            )),
             Some(("disable", "shortcut")) => {
                 Ok(v(&["--no-shortcut"], &[], &[("shortcut", "false")]))
             }
