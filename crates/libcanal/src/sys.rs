@@ -228,6 +228,16 @@ pub fn sched_yield() {
     }
 }
 
+/// How often the calling thread was preempted (involuntary context switches,
+/// getrusage(RUSAGE_THREAD)); None if the kernel refuses.
+pub fn thread_preemptions() -> Option<u64> {
+    // SAFETY: an all-zero rusage is a valid value; getrusage only writes into it.
+    let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
+    // SAFETY: ru is a valid out-pointer for the call's duration.
+    let r = unsafe { libc::syscall(libc::SYS_getrusage, libc::RUSAGE_THREAD, &mut ru) };
+    (r == 0).then_some(ru.ru_nivcsw as u64)
+}
+
 /// Blocks every signal the C library lets a program block in the calling thread and
 /// returns the mask it had before.
 pub fn block_signals() -> libc::sigset_t {
