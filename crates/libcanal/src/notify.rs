@@ -241,6 +241,18 @@ mod tests {
         assert_eq!(fixed.ns, 30_000);
     }
 
+    /// Pins the calling thread to CPU 0; false if the kernel refuses.
+    fn pin_to_cpu0() -> bool {
+        // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET and
+        // sched_setaffinity only read and write that local value and the calling
+        // thread's affinity.
+        unsafe {
+            let mut set: libc::cpu_set_t = core::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+
     #[test]
     fn a_preempted_thread_keeps_the_raw_gap() {
         assert!(uncontended(7, 7));
@@ -248,25 +260,11 @@ mod tests {
         // The kernel counts this thread's preemptions: a thread that spins on the
         // only core it may use while another thread wants it gets preempted.
         let before = crate::sys::thread_preemptions().expect("getrusage(RUSAGE_THREAD)");
-        let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-        // SAFETY: set is a valid cpu_set_t; CPU_SET/sched_setaffinity only touch it
-        // and the calling thread's affinity.
-        let pinned = unsafe {
-            libc::CPU_SET(0, &mut set);
-            libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-        };
-        if !pinned {
-            return;
-        }
+        assert!(pin_to_cpu0(), "sched_setaffinity(CPU 0)");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s2 = stop.clone();
         let rival = std::thread::spawn(move || {
-            // SAFETY: as above, for the rival thread.
-            unsafe {
-                let mut set: libc::cpu_set_t = core::mem::zeroed();
-                libc::CPU_SET(0, &mut set);
-                libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
+            pin_to_cpu0();
             while !s2.load(std::sync::atomic::Ordering::Relaxed) {
                 core::hint::spin_loop();
             }
