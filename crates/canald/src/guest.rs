@@ -37,6 +37,10 @@ pub mod vrss;
 pub use shortcut::{SegLink, Shared as ShortcutShared, SharedRef as ShortcutRef};
 
 /// Per-guest limits and sizes (from the command line).
+/// The smallest ring a socket is given when the data area is short of the configured
+/// size (one allocation chunk).
+pub const MIN_RING: u64 = canal_abi::DATA_CHUNK;
+
 #[derive(Clone, Debug)]
 pub struct GuestConfig {
     pub layout: Layout,
@@ -1039,6 +1043,37 @@ impl Guest {
             .expect("host socket indices are < socket_count")
     }
 
+    /// A socket's two rings: the configured size while the data area has room for it
+    /// and still for MIN_RING rings for every other free table entry; else the largest
+    /// smaller power of two that leaves that room (down to MIN_RING). So a guest with
+    /// few sockets gets large rings, and one with many still gets every table entry
+    /// (with smaller buffers, as the kernel's under memory pressure) rather than
+    /// ENOBUFS. Returns (tx offset, rx offset, ring size).
+    fn alloc_rings(&mut self) -> Result<(u64, u64, u64), i32> {
+        let free_entries = (0..self.sockets.len())
+            .filter(|&i| self.sockets[i].is_none() && !self.is_away(i as u32))
+            .count();
+        let others = free_entries.saturating_sub(1) as u64;
+        let reserve = others.saturating_mul(2 * MIN_RING);
+        let mut size = self.cfg.ring_size;
+        while size > MIN_RING && 2 * size + reserve > self.alloc.free_bytes() {
+            size /= 2;
+        }
+        // A fragmented area may still lack a block of this size: halve on.
+        loop {
+            if let Some(tx) = self.alloc.alloc(size) {
+                if let Some(rx) = self.alloc.alloc(size) {
+                    return Ok((tx, rx, size));
+                }
+                self.alloc.free(tx, size);
+            }
+            if size <= MIN_RING {
+                return Err(errno::ENOBUFS);
+            }
+            size /= 2;
+        }
+    }
+
     /// Allocates an entry, rings and epoll registration for `fd`. Publishes the entry
     /// (kind last). Err(errno) leaves nothing allocated.
     fn install(
@@ -1052,12 +1087,7 @@ impl Guest {
         let index = (0..self.sockets.len())
             .position(|i| self.sockets[i].is_none() && !self.is_away(i as u32))
             .ok_or(errno::EMFILE)? as u32;
-        let size = self.cfg.ring_size;
-        let tx_off = self.alloc.alloc(size).ok_or(errno::ENOBUFS)?;
-        let Some(rx_off) = self.alloc.alloc(size) else {
-            self.alloc.free(tx_off, size);
-            return Err(errno::ENOBUFS);
-        };
+        let (tx_off, rx_off, size) = self.alloc_rings()?;
         let gen = self.generations[index as usize];
         let handle = make_handle(index, gen as u32);
         let tok = token::make(token::SOCKET, self.conn, gen, index as u16);
@@ -1132,7 +1162,7 @@ impl Guest {
         if self.table_full() {
             return Err(errno::EMFILE);
         }
-        if self.alloc.free_bytes() < 2 * self.cfg.ring_size {
+        if self.alloc.free_bytes() < 2 * MIN_RING {
             return Err(errno::ENOBUFS);
         }
         let fd = sys::socket(domain, ty, protocol).map_err(|e| sys::errno_of(&e))?;
@@ -1743,7 +1773,7 @@ impl Guest {
             if free == 0 {
                 return Ok(());
             }
-            if self.table_full() || self.alloc.free_bytes() < 2 * self.cfg.ring_size {
+            if self.table_full() || self.alloc.free_bytes() < 2 * MIN_RING {
                 return Ok(()); // retried when an entry is freed
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;

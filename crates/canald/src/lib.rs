@@ -50,7 +50,9 @@ const USAGE: &str = "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N
   --slots N         request slots per guest (power of two, default 256)
   --sockets N       sockets per guest (default 1024)
   --data-mib N      ring memory per guest in MiB (default 256)
-  --ring-kib N      each socket's tx and rx ring in KiB (default 256)
+  --ring-kib N      each socket's tx and rx ring in KiB (default 1024); when the data
+                    area runs short, later sockets get smaller rings (down to 64 KiB)
+                    so that every socket table entry can still have some
   --spin N          fixed empty poller rounds before sleeping (default: adaptive budget)
   --budget N        requests served per guest per round (default 16)
   --notify MODE     poll (never sleeps; measurement only), sleep (never spins), or
@@ -113,7 +115,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
                 i += 1;
             }
             "--ring-kib" => {
-                cfg.ring_kib = num(a, v)?;
+                cfg.ring_kib = Some(num(a, v)?);
                 i += 1;
             }
             "--spin" => {

@@ -293,13 +293,67 @@ fn request_errors() {
 
 #[test]
 fn data_area_bounds_buffers() {
-    // 1 MiB of ring memory and 256 KiB rings: only two sockets fit.
-    let d = TestDaemon::start(&["--data-mib", "1"]);
+    // 1 MiB of ring memory and the smallest (64 KiB) rings: eight sockets fit.
+    let d = TestDaemon::start(&["--data-mib", "1", "--ring-kib", "64"]);
     let mut g = TestGuest::attach(&d.path, "bufcap");
-    g.socket(AF_INET, STREAM);
-    g.socket(AF_INET, STREAM);
+    for _ in 0..8 {
+        g.socket(AF_INET, STREAM);
+    }
     let (r, _) = g.request(op::SOCKET, 0, [2, 1, 0, 0], &[]);
     assert_eq!(r, -(errno::ENOBUFS as i64));
+    // A ring size the data area cannot hold twice is refused at start.
+    let mut bad = std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
+        .args([
+            "--socket",
+            "/nonexistent/x.sock",
+            "--data-mib",
+            "1",
+            "--ring-kib",
+            "1024",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = bad.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(bad.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        !status.success() && err.contains("--ring-kib too large"),
+        "{status}: {err}"
+    );
+}
+
+/// Sockets get the configured ring size while the data area can still give every
+/// other free table entry the smallest rings; later ones get smaller rings, so the
+/// table fills (EMFILE) before the data area refuses (ENOBUFS).
+#[test]
+fn rings_shrink_so_every_entry_fits() {
+    let d = TestDaemon::start(&["--data-mib", "1", "--ring-kib", "256", "--sockets", "4"]);
+    let mut g = TestGuest::attach(&d.path, "shrink");
+    let sizes: Vec<u32> = (0..4)
+        .map(|_| {
+            let h = g.socket(AF_INET, STREAM);
+            let e = g.region.socket(canal_abi::handle_index(h)).unwrap();
+            let (tx, rx) = (
+                e.tx_size.load(Ordering::Acquire),
+                e.rx_size.load(Ordering::Acquire),
+            );
+            assert_eq!(tx, rx);
+            tx
+        })
+        .collect();
+    // 1 MiB: 2×256 KiB leaving 3×128 KiB, then 2×128 leaving 2×128, then 2×64 twice.
+    assert_eq!(sizes, [256 << 10, 128 << 10, 64 << 10, 64 << 10]);
+    let (r, _) = g.request(op::SOCKET, 0, [2, 1, 0, 0], &[]);
+    assert_eq!(r, -(errno::EMFILE as i64));
+    // The default ring leaves room for four sockets in a small area.
+    drop(g);
+    let d2 = TestDaemon::start(&["--data-mib", "1", "--sockets", "4"]);
+    let mut g = TestGuest::attach(&d2.path, "small");
+    let h = g.socket(AF_INET, STREAM);
+    let e = g.region.socket(canal_abi::handle_index(h)).unwrap();
+    assert_eq!(e.tx_size.load(Ordering::Acquire), 128 << 10);
+    drop(d);
 }
 
 #[test]
