@@ -36,11 +36,20 @@ pub mod shortcut;
 pub mod vrss;
 pub use shortcut::{SegLink, Shared as ShortcutShared, SharedRef as ShortcutRef};
 
-/// Per-guest limits and sizes (from the command line).
 /// The smallest ring a socket is given when the data area is short of the configured
 /// size (one allocation chunk).
 pub const MIN_RING: u64 = canal_abi::DATA_CHUNK;
 
+/// `ring` halved (not below MIN_RING) until a data area of `data` bytes holds eight
+/// rings: four sockets' tx and rx.
+pub fn ring_for_four_sockets(mut ring: u64, data: u64) -> u64 {
+    while ring > MIN_RING && 8 * ring > data {
+        ring /= 2;
+    }
+    ring
+}
+
+/// Per-guest limits and sizes (from the command line).
 #[derive(Clone, Debug)]
 pub struct GuestConfig {
     pub layout: Layout,
@@ -1043,6 +1052,11 @@ impl Guest {
             .expect("host socket indices are < socket_count")
     }
 
+    /// Table entry `i` is neither in use here nor lent to another worker (vRSS).
+    fn is_free_entry(&self, i: usize) -> bool {
+        self.sockets[i].is_none() && !self.is_away(i as u32)
+    }
+
     /// A socket's two rings: the configured size while the data area has room for it
     /// and still for MIN_RING rings for every other free table entry; else the largest
     /// smaller power of two that leaves that room (down to MIN_RING). So a guest with
@@ -1051,7 +1065,7 @@ impl Guest {
     /// ENOBUFS. Returns (tx offset, rx offset, ring size).
     fn alloc_rings(&mut self) -> Result<(u64, u64, u64), i32> {
         let free_entries = (0..self.sockets.len())
-            .filter(|&i| self.sockets[i].is_none() && !self.is_away(i as u32))
+            .filter(|&i| self.is_free_entry(i))
             .count();
         let others = free_entries.saturating_sub(1) as u64;
         let reserve = others.saturating_mul(2 * MIN_RING);
@@ -1085,7 +1099,7 @@ impl Guest {
         phase: Phase,
     ) -> Result<u32, i32> {
         let index = (0..self.sockets.len())
-            .position(|i| self.sockets[i].is_none() && !self.is_away(i as u32))
+            .position(|i| self.is_free_entry(i))
             .ok_or(errno::EMFILE)? as u32;
         let (tx_off, rx_off, size) = self.alloc_rings()?;
         let gen = self.generations[index as usize];

@@ -188,10 +188,7 @@ pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result
         return Err(errno::EINVAL);
     }
     // Each socket takes a tx and an rx ring: keep at least 4 sockets' worth.
-    let mut ring = base.ring_size;
-    while ring > 64 * 1024 && 8 * ring > data {
-        ring /= 2;
-    }
+    let ring = crate::guest::ring_for_four_sockets(base.ring_size, data);
     if 2 * ring > data {
         return Err(errno::EINVAL);
     }
