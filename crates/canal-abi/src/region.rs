@@ -200,7 +200,12 @@ pub struct SocketEntry {
     pub tx_busy: AtomicU32,
     /// Set by the owner of `rx_bias` while it receives.
     pub rx_busy: AtomicU32,
-    pub reserved4: [u64; 5],
+    /// Guest-only: the socket's SO_LINGER as the program set it (0: off, else 1 +
+    /// seconds). canald emulates SO_LINGER; the guest's close of a lingering stream
+    /// waits here, up to that long, for its transmit ring to drain.
+    pub linger: AtomicU32,
+    pub reserved4a: u32,
+    pub reserved4: [u64; 4],
 }
 
 // SAFETY: all three are repr(C) structs of integers, integer atomics and byte arrays;
@@ -239,6 +244,7 @@ impl SocketEntry {
         self.rx_lock.store(0, Ordering::Relaxed);
         self.rcvtimeo_ns.store(0, Ordering::Relaxed);
         self.sndtimeo_ns.store(0, Ordering::Relaxed);
+        self.linger.store(0, Ordering::Relaxed);
         self.tx_tail_seen.store(0, Ordering::Relaxed);
         self.rx_head_seen.store(0, Ordering::Relaxed);
         self.clear_side_locks();

@@ -93,7 +93,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, rx_bias), 200);
     assert_eq!(offset_of!(SocketEntry, tx_busy), 208);
     assert_eq!(offset_of!(SocketEntry, rx_busy), 212);
-    assert_eq!(offset_of!(SocketEntry, reserved4), 216);
+    assert_eq!(offset_of!(SocketEntry, linger), 216);
+    assert_eq!(offset_of!(SocketEntry, reserved4), 224);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
     assert_eq!(size_of::<QueueCell>(), 8);
 }

@@ -25,10 +25,12 @@ use std::time::{Duration, Instant};
 /// (virtual RSS): each slot's own mutex is only ever taken to register or to wake.
 pub type Ports = Arc<Vec<Mutex<Option<OwnedFd>>>>;
 
-/// Drain limit for a closed socket's transmit ring while its guest still lives.
-pub const CLOSE_DRAIN: Duration = Duration::from_secs(10);
-/// Drain limit once the whole guest has gone.
-pub const GONE_DRAIN: Duration = Duration::from_millis(500);
+/// A closed stream keeps draining its transmit ring as long as the peer takes bytes:
+/// it is reset only after this long without progress (the kernel keeps an orphaned
+/// connection for as long; `tcp_fin_timeout`'s default). Bytes a guest's `send`
+/// accepted are thus delivered after `close` or `exit` as natively, and where they
+/// cannot be the peer sees a reset, never a clean end of stream.
+pub const DRAIN_STALL: Duration = Duration::from_secs(60);
 /// Largest datagram canald receives in one call.
 const DGRAM_MAX: usize = 65536;
 
@@ -224,6 +226,29 @@ struct RingPos {
     seen: u64,
 }
 
+fn is_linger(level: i32, name: i32) -> bool {
+    level == libc::SOL_SOCKET && name == libc::SO_LINGER
+}
+
+/// A guest's `struct linger` as the kernel reads it: EINVAL if short; on when
+/// `l_onoff` is non-zero (a negative time lingers "forever", as the kernel's
+/// MAX_SCHEDULE_TIMEOUT does).
+fn decode_linger(v: &[u8]) -> Result<Option<i32>, i32> {
+    if v.len() < 8 {
+        return Err(errno::EINVAL);
+    }
+    let on = i32::from_ne_bytes([v[0], v[1], v[2], v[3]]);
+    let secs = i32::from_ne_bytes([v[4], v[5], v[6], v[7]]);
+    Ok((on != 0).then_some(if secs < 0 { i32::MAX } else { secs }))
+}
+
+fn encode_linger(l: Option<i32>) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..4].copy_from_slice(&(l.is_some() as i32).to_ne_bytes());
+    v[4..].copy_from_slice(&l.unwrap_or(0).to_ne_bytes());
+    v
+}
+
 /// The guest broke a ring's rules.
 #[derive(Debug)]
 struct Corrupt;
@@ -242,8 +267,14 @@ pub struct HostSocket {
     writable: bool,
     rdhup: bool,
     shut_wr_pending: bool,
-    /// Some(deadline): the guest closed it; the host drains tx until the deadline.
+    /// Some(deadline): the guest closed it; the host drains tx and resets the
+    /// connection if the deadline passes with bytes queued. Every drained byte moves
+    /// the deadline DRAIN_STALL ahead.
     closing: Option<Instant>,
+    /// The guest's SO_LINGER (emulated: the host socket's own is canald's, see
+    /// `sys::set_abortive_close`): None off, Some(seconds) on. Some(0) makes close
+    /// reset the connection.
+    pub linger: Option<i32>,
     dirty: bool,
     pub tx_bytes: u64,
     pub rx_bytes: u64,
@@ -375,7 +406,7 @@ pub struct Guest {
     changed: Vec<u32>,
     changed_mark: Vec<u64>,
     scratch: Vec<u8>,
-    /// Some(deadline): the guest's control connection closed.
+    /// Some(when): the guest's control connection closed.
     pub gone: Option<Instant>,
     /// Eventfd wake-ups written to this guest's slots, and those deferred.
     pub wakes: u64,
@@ -574,10 +605,10 @@ impl Guest {
     }
 
     /// The control connection closed: the guest is gone. Sockets with nothing queued
-    /// close now; the others get GONE_DRAIN to flush their tx rings.
+    /// close now; the others drain their tx rings as long as the peer takes bytes.
     pub fn depart(&mut self, ep: &Epoll, now: Instant) {
-        let deadline = now + GONE_DRAIN;
-        self.gone = Some(deadline);
+        let deadline = now + DRAIN_STALL;
+        self.gone = Some(now);
         self.mark_departed();
         self.retry_accepts(ep); // answers every waiting accept: no entry
         self.region.header().host_state.store(2, Ordering::Release);
@@ -988,6 +1019,18 @@ impl Guest {
                 Ok((0, 0))
             }
             Cmd::Shutdown(how) => self.op_shutdown(index, how),
+            Cmd::SetOpt { level, name, value } if is_linger(level, name) => {
+                let l = decode_linger(&value)?;
+                self.live(index)?.linger = l;
+                Ok((0, 0))
+            }
+            Cmd::GetOpt { level, name, len } if is_linger(level, name) => {
+                let l = self.live(index)?.linger;
+                let v = encode_linger(l);
+                let n = len.min(v.len());
+                out[..n].copy_from_slice(&v[..n]);
+                Ok((0, n))
+            }
             Cmd::SetOpt { level, name, value } => {
                 let s = self.live(index)?;
                 sys::setsockopt_bytes(fd_of(s)?, level, name, &value)
@@ -1115,6 +1158,11 @@ impl Guest {
             Phase::Connected => sock_flag::CONNECTED,
             _ => 0,
         };
+        if kind == Kind::Stream {
+            // Until an orderly close clears it: canald's death must reset the
+            // connection, not end it cleanly with the guest's bytes still in the ring.
+            let _ = sys::set_abortive_close(&fd, true);
+        }
         let e = self.entry(index);
         // Guest line: a fresh entry starts with empty rings and no guest state.
         e.reset_guest_line();
@@ -1158,6 +1206,7 @@ impl Guest {
             rdhup: false,
             shut_wr_pending: false,
             closing: None,
+            linger: None,
             dirty: false,
             tx_bytes: 0,
             rx_bytes: 0,
@@ -1269,7 +1318,7 @@ impl Guest {
 
     fn op_close(&mut self, index: u32) {
         if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
-            let d = Instant::now() + CLOSE_DRAIN;
+            let d = Instant::now() + DRAIN_STALL;
             s.closing = Some(d);
             self.note_deadline(d);
             self.set_flags(index, sock_flag::CLOSING, 0);
@@ -1366,11 +1415,17 @@ impl Guest {
 
     /// Releases an entry: host socket, rings, then kind FREE and a new generation.
     fn free_socket(&mut self, ep: &Epoll, index: u32) {
+        let reset = self.close_must_reset(index);
         let Some(s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
             return;
         };
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
+            // Host streams are abortive ({1, 0}) while canald drives them, so canald's
+            // death resets them; an orderly close clears that first. Neither blocks.
+            if s.kind == Kind::Stream && !reset {
+                let _ = sys::set_abortive_close(fd, false);
+            }
         }
         self.sc_freed(&s);
         if !s.unclaimed.is_empty() {
@@ -1503,6 +1558,23 @@ impl Guest {
         }
     }
 
+    /// Whether closing socket `index` now must reset its connection: the guest asked
+    /// for it (SO_LINGER {1, 0}), or bytes its sends accepted are still queued, which
+    /// can no longer be delivered (the peer must not take the stream as complete).
+    fn close_must_reset(&mut self, index: u32) -> bool {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return false;
+        };
+        if s.kind != Kind::Stream || s.fd.is_none() || s.seg.is_some() {
+            return false;
+        }
+        if s.linger == Some(0) {
+            return true;
+        }
+        let sending = s.phase == Phase::Connected && s.flags & sock_flag::TX_CLOSED == 0;
+        sending && self.tx_avail(index).map_or(true, |q| q > 0)
+    }
+
     /// Bytes the guest has queued on tx, checked: head - tail ≤ size and the guest's
     /// head never moves backwards.
     fn tx_avail(&mut self, index: u32) -> Result<u64, Corrupt> {
@@ -1536,6 +1608,10 @@ impl Guest {
         let size = s.tx.size;
         s.tx.idx = s.tx.idx.wrapping_add(n);
         s.tx_bytes = s.tx_bytes.wrapping_add(n);
+        if s.closing.is_some() && n > 0 {
+            // A closed socket whose peer still takes bytes keeps draining.
+            s.closing = Some(Instant::now() + DRAIN_STALL);
+        }
         let t = s.tx.idx;
         // R4: our reads of the bytes are done before the guest may reuse the space.
         self.entry(index).tx_tail.store(t, Ordering::Release);

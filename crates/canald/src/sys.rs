@@ -864,6 +864,29 @@ pub fn getsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, out: &mut [u8]) -> 
     Ok((len as usize).min(out.len()))
 }
 
+/// Sets SO_LINGER on a host socket canald drives: `abort` = {1, 0}, so the socket's
+/// close (canald's own, or the kernel's when canald dies) resets the connection
+/// instead of ending it with a FIN; else {0, 0}, a close that never blocks and lets the
+/// kernel deliver what is queued. canald never sets a lingering timeout (it would block
+/// the poller in close); a guest's SO_LINGER is emulated (`guest::Linger`).
+pub fn set_abortive_close(fd: &OwnedFd, abort: bool) -> io::Result<()> {
+    let l = libc::linger {
+        l_onoff: abort as libc::c_int,
+        l_linger: 0,
+    };
+    // SAFETY: `l` is a live linger struct of the size passed.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
 pub fn so_error(fd: &OwnedFd) -> i32 {
     let mut b = [0u8; 4];
     match getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut b) {

@@ -499,22 +499,14 @@ fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration
     work
 }
 
-/// Closes what is left of departed guests whose drain time ran out and returns the keys
-/// of those whose sockets are all closed (to be dropped); `departing` is set if any
-/// guest has departed.
-fn departed_and_done(
-    guests: &mut BTreeMap<u32, Guest>,
-    ep: &Epoll,
-    now: Instant,
-    departing: &mut bool,
-) -> Vec<u32> {
+/// The keys of departed guests whose sockets are all closed (to be dropped; each
+/// closing socket drains while its peer takes bytes, `guest::DRAIN_STALL`);
+/// `departing` is set if any guest has departed.
+fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, departing: &mut bool) -> Vec<u32> {
     let mut done = Vec::new();
     for (k, g) in guests.iter_mut() {
-        if let Some(deadline) = g.gone {
+        if g.gone.is_some() {
             *departing = true;
-            if deadline <= now {
-                g.close_all(ep);
-            }
             if g.finished() {
                 done.push(*k);
             }
@@ -526,9 +518,8 @@ fn departed_and_done(
 /// Drops departed guests and vRSS shadows whose sockets are all closed (or whose drain
 /// time ran out); true if any guest or shadow has departed (its counts are changing).
 fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) -> bool {
-    let now = Instant::now();
     let mut departing = false;
-    for k in departed_and_done(&mut sh.guests, &w.ep, now, &mut departing) {
+    for k in departed_and_done(&mut sh.guests, &mut departing) {
         if let Some(g) = sh.guests.remove(&k) {
             shortcut::forget(&w.shortcut, k);
             if cfg.verbose {
@@ -537,7 +528,7 @@ fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) -> bool {
         }
     }
     // vRSS shadows of guests homed elsewhere, in the same sweep.
-    for k in departed_and_done(&mut sh.shadows, &w.ep, now, &mut departing) {
+    for k in departed_and_done(&mut sh.shadows, &mut departing) {
         sh.shadows.remove(&k);
     }
     departing

@@ -1874,6 +1874,7 @@ pub fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo:
     e.clear_side_locks();
     e.rcvtimeo_ns.store(rcvtimeo, Ordering::Relaxed);
     e.sndtimeo_ns.store(sndtimeo, Ordering::Relaxed);
+    e.linger.store(0, Ordering::Relaxed);
 }
 
 // ---- fork ---------------------------------------------------------------------------------

@@ -597,9 +597,65 @@ pub fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Result<(), 
         [level as u64, name as u64, 0, 0],
         val,
         &mut [],
-    )
-    .map(|_| ())
+    )?;
+    if level == libc::SOL_SOCKET && name == libc::SO_LINGER && val.len() >= 8 {
+        // canald accepted it (it emulates SO_LINGER): remember it for close.
+        let on = i32::from_ne_bytes([val[0], val[1], val[2], val[3]]) != 0;
+        let secs = i32::from_ne_bytes([val[4], val[5], val[6], val[7]]);
+        let word = if on {
+            1u32.saturating_add(if secs < 0 { u32::MAX } else { secs as u32 })
+        } else {
+            0
+        };
+        s.e.linger.store(word, Ordering::Relaxed);
+    }
+    Ok(())
 }
+
+/// SO_LINGER {1, N > 0}: a close blocks until the transmit ring has drained (canald
+/// has handed every byte to the host socket) or N seconds passed, as a lingering
+/// close blocks natively (regardless of O_NONBLOCK). canald itself never lingers.
+/// Short-circuited streams (rings in a pair segment) do not wait.
+fn linger_before_close(s: &Sock) {
+    let word = s.e.linger.load(Ordering::Relaxed);
+    if word <= 1 || s.kind() != sock_kind::STREAM || s.e.segment.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let secs = i64::from(word - 1).min(i64::MAX / 1_000_000_000);
+    let deadline = sys::now_ns().saturating_add(secs * 1_000_000_000);
+    let e = s.e;
+    let over = || {
+        let flags = e.flags.load(Ordering::Acquire);
+        let done = canal_abi::sock_flag::TX_CLOSED | canal_abi::sock_flag::ERROR;
+        flags & done != 0
+    };
+    let r = client::wait_until(s.g, s.idx, Some(deadline), || {
+        over() || e.tx_tail.load(Ordering::Acquire) == e.tx_head.load(Ordering::Relaxed)
+    });
+    if !matches!(r, Wait::Ready) {
+        return;
+    }
+    // The ring is empty; natively the close waits until the peer has acknowledged
+    // every byte: ask the host socket (TCP_INFO: unacked segments, bytes not sent).
+    let mut info = [0u8; 160];
+    while sys::now_ns() < deadline && !over() {
+        match getsockopt(*s, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info) {
+            Ok(n) if n >= 148 => {
+                let word =
+                    |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
+                if word(TCPI_UNACKED) == 0 && word(TCPI_NOTSENT_BYTES) == 0 {
+                    return;
+                }
+            }
+            _ => return,
+        }
+        sys::sleep_ns(2_000_000);
+    }
+}
+
+/// Offsets in Linux's `struct tcp_info` (include/uapi/linux/tcp.h).
+const TCPI_UNACKED: usize = 24;
+const TCPI_NOTSENT_BYTES: usize = 144;
 
 /// getsockopt: writes up to `out.len()` bytes, returns the option's real length.
 pub fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> Result<usize, i32> {
@@ -680,6 +736,7 @@ pub fn release(g: &'static Guest, handle: u32) {
         client::wake_local(g, s.idx);
         let seg = s.e.segment.load(Ordering::Acquire);
         if !client::is_dead(g) {
+            linger_before_close(&s);
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
         }
         crate::seg::forget(g, seg);

@@ -577,6 +577,7 @@ impl Guest {
             rdhup: false,
             shut_wr_pending: false,
             closing: None,
+            linger: None,
             dirty: false,
             tx_bytes: 0,
             rx_bytes: 0,
@@ -802,7 +803,7 @@ impl Guest {
             };
             ring || zone
         });
-        let reset = unread || s.fd.as_ref().is_some_and(linger_zero);
+        let reset = unread || s.linger == Some(0);
         sh.post_from(
             self.conn,
             Job::Event(Event::Closed {
@@ -894,16 +895,6 @@ const TCP_ESTABLISHED: u8 = 1;
 const TCP_FIN_WAIT2: u8 = 5;
 const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
-
-/// SO_LINGER on with a zero timeout (set by the guest on the host socket behind the
-/// entry): close aborts the connection, the peer sees a reset.
-fn linger_zero(fd: &OwnedFd) -> bool {
-    let mut b = [0u8; 8];
-    matches!(
-        sys::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_LINGER, &mut b),
-        Ok(8) if b[..4] != [0; 4] && b[4..] == [0; 4]
-    )
-}
 
 fn lock_ring_size(g: &Guest) -> u64 {
     g.sc.as_ref().map_or(0, |s| lock(s).ring_size)

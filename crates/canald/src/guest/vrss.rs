@@ -437,7 +437,8 @@ impl Guest {
                 s.phase = super::Phase::Broken;
             }
         }
-        if let Some(d) = self.gone {
+        if self.gone.is_some() {
+            let d = Instant::now() + super::DRAIN_STALL;
             s.closing = Some(s.closing.map_or(d, |c| c.min(d)));
             self.note_deadline(d);
         } else if self
