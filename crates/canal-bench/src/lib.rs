@@ -351,7 +351,10 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     // Short paths: Unix socket addresses are limited to 108 bytes.
     let tmp = std::env::temp_dir().join(format!("canal-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    // Private (0700): canald and the guests refuse a control directory others can use.
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     let knobs = Knobs {
         duration: o.duration.unwrap_or(if o.quick { 0.25 } else { 1.0 }),
         idle_secs: if o.quick { 0.5 } else { 3.0 },

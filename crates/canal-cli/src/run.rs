@@ -20,37 +20,11 @@ fn usage() -> &'static str {
      (a shell shows 128+N)."
 }
 
-/// Whether something accepts connections on the control socket. canald's socket is
-/// SOCK_SEQPACKET; std has no such type, so probe with a raw socket.
-fn answers(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: plain socket(2); the descriptor is closed below on every path.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: sockaddr_un is plain data; all-zero is valid.
-    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let ok = if bytes.len() < sa.sun_path.len() {
-        for (d, s) in sa.sun_path.iter_mut().zip(bytes) {
-            *d = *s as libc::c_char;
-        }
-        // SAFETY: sa is a valid sockaddr_un of the given size; fd is ours.
-        unsafe {
-            libc::connect(
-                fd,
-                &sa as *const libc::sockaddr_un as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            ) == 0
-        }
-    } else {
-        false
-    };
-    // SAFETY: fd is ours and not used after.
-    unsafe { libc::close(fd) };
-    ok
+/// Whether a daemon canal may trust answers on the control socket: Ok(false) if
+/// nobody does; Err with the reason if the directory or the daemon is not to be
+/// trusted (canald::ctldir).
+fn answers(path: &Path) -> Result<bool, String> {
+    canald::ctldir::connect_trusted(path).map(|fd| fd.is_some())
 }
 
 /// Where libcanal.so is: $CANAL_LIB, next to this binary (a cargo target dir), or
@@ -68,27 +42,54 @@ fn find_library(exe: &Path) -> Option<PathBuf> {
     .find(|p| p.is_file())
 }
 
-/// Makes sure a canald answers on `path`: starts a private one if not (`canal vm` uses
-/// this too).
+/// Makes sure a canald canal may trust answers on `path`: checks (or creates, 0700)
+/// its directory and starts a private daemon if nobody answers (`canal vm` uses this
+/// too).
 pub fn ensure_daemon(path: &Path) -> Result<(), String> {
-    if answers(path) {
+    use canald::ctldir::{dir_of, ensure_dir, Role};
+    ensure_dir(dir_of(path), Role::Client)?;
+    if answers(path)? {
         return Ok(());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
     start_private_daemon(&exe, path)
 }
 
-fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
-    let log = path.with_extension("log");
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let stderr = std::fs::OpenOptions::new()
+/// `<socket>.log`, opened for appending without following a symlink (the directory was
+/// checked: only this user can write it).
+fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log)
-        .map(Stdio::from)
-        .unwrap_or_else(|_| Stdio::null());
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(log)
+}
+
+/// The last lines of the daemon's log, to quote when it failed to start.
+fn log_tail(log: &Path, start: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text[(start as usize).min(text.len())..]).into_owned();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
+    let mut log = path.as_os_str().to_owned();
+    log.push(".log");
+    let log = PathBuf::from(log);
+    let (stderr, start, log_note) = match open_log(&log) {
+        Ok(f) => {
+            let start = f.metadata().map(|m| m.len()).unwrap_or(0);
+            (Stdio::from(f), start, format!("see {}", log.display()))
+        }
+        Err(e) => (
+            Stdio::null(),
+            0,
+            format!("its log {} could not be opened: {e}", log.display()),
+        ),
+    };
     let mut cmd = Command::new(exe);
     cmd.arg("daemon")
         .arg("--socket")
@@ -112,25 +113,26 @@ fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot start canald ({}): {e}", exe.display()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        if answers(path) {
+        if answers(path)? {
             return Ok(());
         }
         if let Ok(Some(st)) = child.try_wait() {
             // Another canal run may have won the race for the same path.
-            if answers(path) {
+            if answers(path)? {
                 return Ok(());
             }
-            return Err(format!(
-                "canald exited at start ({st}); see {}",
-                log.display()
-            ));
+            let tail = log_tail(&log, start);
+            return Err(if tail.is_empty() {
+                format!("canald exited at start ({st}); {log_note}")
+            } else {
+                format!("canald exited at start ({st}): {tail}")
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     Err(format!(
-        "canald did not answer on {} within 10 s; see {}",
-        path.display(),
-        log.display()
+        "canald did not answer on {} within 10 s; {log_note}",
+        path.display()
     ))
 }
 
@@ -185,11 +187,9 @@ pub fn run(args: Vec<String>) -> i32 {
         );
         return 1;
     };
-    if !answers(&path) {
-        if let Err(e) = start_private_daemon(&exe, &path) {
-            eprintln!("canal run: {e}");
-            return 1;
-        }
+    if let Err(e) = ensure_daemon(&path) {
+        eprintln!("canal run: {e}");
+        return 1;
     }
     if let Some(w) = crate::elfcheck::warning(&prog[0]) {
         eprintln!("{w}");

@@ -218,16 +218,9 @@ impl Daemon {
     pub fn bind(cfg: Config) -> Result<Bound, String> {
         let gcfg = cfg.guest_config()?;
         let path = cfg.socket.clone();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            use std::os::unix::fs::DirBuilderExt;
-            if !dir.exists() {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            }
-        }
+        // Created 0700 if missing; refused if another user could have planted
+        // anything in it (the lock file, the socket).
+        crate::ctldir::ensure_dir(crate::ctldir::dir_of(&path), crate::ctldir::Role::Daemon)?;
         let mut lock_path = path.clone().into_os_string();
         lock_path.push(".lock");
         let lock_path = PathBuf::from(lock_path);
@@ -1082,6 +1075,13 @@ fn error_reply(body: &[u8]) -> io::Error {
 /// Asks the canald at `path` for its listing: JSON, or the text table if `text`.
 pub fn fetch_stat(path: &Path, text: bool) -> io::Result<String> {
     let fd = sys::seqpacket_connect(path)?;
+    let (pid, uid) = sys::peer_cred(&fd)?;
+    if !crate::ctldir::trusted_daemon(uid, sys::getuid()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the canald there (pid {pid}) runs as uid {uid}, not as you or root"),
+        ));
+    }
     let format: u32 = if text { 1 } else { 0 };
     let mut m = control::encode_header(kind::STAT, 4).to_vec();
     m.extend_from_slice(&format.to_le_bytes());

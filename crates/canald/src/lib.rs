@@ -11,6 +11,7 @@
 #![deny(unsafe_code)]
 
 pub mod alloc;
+pub mod ctldir;
 pub mod daemon;
 pub mod engine;
 pub mod fuzz;

@@ -650,7 +650,7 @@ pub fn try_lock_file(path: &Path) -> io::Result<Option<std::fs::File>> {
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(path)?;
     // SAFETY: plain call on a descriptor we own.
     let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };

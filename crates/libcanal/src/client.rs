@@ -416,7 +416,45 @@ fn attach(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
     r
 }
 
+/// Whether the control directory of `path` may be trusted (canald's `ctldir` rule for
+/// clients): a real directory, owned by us and 0700, or owned by root and writable by
+/// nobody else. A directory another user made could hold an impostor daemon.
+fn check_dir(path: &[u8], uid: u32) -> Result<(), AttachErr> {
+    let mut dir = [0u8; 109];
+    let d: &[u8] = match path.iter().rposition(|&c| c == b'/') {
+        Some(0) => b"/",
+        Some(i) => &path[..i],
+        None => b".",
+    };
+    let n = d.len().min(dir.len() - 1);
+    dir[..n].copy_from_slice(&d[..n]);
+    let (is_dir, owner, mode) =
+        sys::lstat_dir(&dir[..=n]).map_err(|e| (e, "cannot inspect the control directory"))?;
+    if !is_dir {
+        return Err((
+            libc::EACCES,
+            "the control directory is a symlink or not a directory",
+        ));
+    }
+    if owner != uid && owner != 0 {
+        return Err((
+            libc::EACCES,
+            "the control directory belongs to another user",
+        ));
+    }
+    if mode & 0o022 != 0 || (owner == uid && mode & 0o077 != 0) {
+        return Err((
+            libc::EACCES,
+            "the control directory is open to other users (not 0700)",
+        ));
+    }
+    Ok(())
+}
+
 fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    check_dir(path, uid)?;
     // SAFETY: sockaddr_un is plain data.
     let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
     sa.sun_family = libc::AF_UNIX as u16;
@@ -434,6 +472,17 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         )
     })
     .map_err(|e| (e, "no canald answers"))?;
+    // Nothing is sent to a daemon of another user (it would get our payload bytes).
+    match sys::peer_uid(fd) {
+        Ok(u) if u == uid || u == 0 => {}
+        Ok(_) => {
+            return Err((
+                libc::EACCES,
+                "the canald there runs as another user; refusing it",
+            ))
+        }
+        Err(e) => return Err((e, "cannot learn who serves the control socket")),
+    }
     let tv = libc::timeval {
         tv_sec: 5,
         tv_usec: 0,

@@ -322,6 +322,53 @@ pub fn file_size(fd: c_int) -> Result<u64, i32> {
     Ok(st.st_size as u64)
 }
 
+/// (is a directory, owner uid, mode) of `path` (NUL-terminated), not following a
+/// symlink at its last component (a symlink reports "not a directory").
+pub fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
+    // SAFETY: stat is plain data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    if path.last() != Some(&0) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: path is NUL-terminated; st is a valid out-pointer.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_newfstatat,
+            libc::AT_FDCWD as c_long,
+            path.as_ptr(),
+            &mut st as *mut libc::stat,
+            libc::AT_SYMLINK_NOFOLLOW as c_long,
+        )
+    })?;
+    Ok((
+        st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        st.st_uid,
+        st.st_mode & 0o7777,
+    ))
+}
+
+/// The uid of the process at the other end of a connected Unix socket (SO_PEERCRED).
+pub fn peer_uid(fd: c_int) -> Result<u32, i32> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `c`.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd as c_long,
+            libc::SOL_SOCKET as c_long,
+            libc::SO_PEERCRED as c_long,
+            &mut c as *mut libc::ucred,
+            &mut len as *mut libc::socklen_t,
+        )
+    })?;
+    Ok(c.uid)
+}
+
 // ---- logging ------------------------------------------------------------------------
 
 /// A fixed stack buffer for formatting log lines without allocating.

@@ -61,8 +61,13 @@ fn setup(tag: &str) -> Option<(Daemon, PathBuf, PathBuf)> {
         eprintln!("skipped: canald or libcanal.so not built (run `cargo build --release`)");
         return None;
     };
-    let sock = std::env::temp_dir().join(format!("libcanal-{tag}-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&sock);
+    // canald and the library want a private directory (0700) for the control socket.
+    let dir = std::env::temp_dir().join(format!("libcanal-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&dir)
+        .expect("make the socket directory");
+    let sock = dir.join("canald.sock");
     let d = Daemon(
         Command::new(&canald)
             .arg("--socket")
