@@ -1,8 +1,10 @@
 """Safe and faithful at the edges (issue 12): no byte lost at close, a killed canald
 resets its peers, a lingering close never stalls canald."""
 
+import errno
 import hashlib
 import os
+import shutil
 import subprocess
 import signal
 import socket
@@ -152,3 +154,69 @@ def test_lingering_close_does_not_stall_other_guests(canald, python, progs):
         assert 4.0 <= took <= 8.0, f"the lingering close took {took:.2f} s (natively about 5 s)"
         assert lg.finish(30).returncode == 0
         reader.close()
+
+
+GREEDY = """
+import socket, sys
+held = []
+try:
+    while True:
+        s = socket.socket()
+        held.append(s)
+        s.connect(("127.0.0.1", int(sys.argv[1])))
+except OSError as e:
+    print(f"OPENED {len(held) - 1} {e.errno}", flush=True)
+sys.stdin.readline()
+"""
+
+ECHO_ONCE = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"ECHO\\n" + b"ping")
+got = b""
+while len(got) < 4:
+    got += s.recv(4)
+print("ECHOED", got.decode(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.deadline(120)
+def test_descriptor_exhaustion_locks_nobody_out(canal_bin, procs, python):
+    """canald under `ulimit -n 1024`: one guest opens sockets until it gets EMFILE; a
+    second guest still attaches and is served, `canal stat` answers, canald stays
+    (nearly) idle."""
+    if not shutil.which("prlimit"):
+        pytest.skip("prlimit (util-linux) is not installed")
+    d = Canald(canal_bin, procs)
+    d.canal_bin = canal_bin
+    real_spawn = procs.spawn
+
+    def spawn_limited(argv, name=None, **kw):
+        if name == "canald":
+            argv = ["prlimit", "--nofile=1024:1024", "--"] + list(argv)
+        return real_spawn(argv, name=name, **kw)
+
+    procs.spawn = spawn_limited
+    d.start()
+    procs.spawn = real_spawn
+    try:
+        with e2e_util.HoldServer() as hold, e2e_util.PeerServer() as echo:
+            greedy = d.spawn([python, "-c", GREEDY, hold.port], name="greedy", stdin=subprocess.PIPE)
+            _, n, err = greedy.wait_line("OPENED ", 60).split()
+            assert int(err) == errno.EMFILE, f"the greedy guest stopped after {n} sockets with errno {err}"
+            assert int(n) >= 100, f"the greedy guest got only {n} sockets"
+            second = d.spawn([python, "-c", ECHO_ONCE, echo.port], name="second", stdin=subprocess.PIPE)
+            assert second.wait_line("ECHOED", 30).split()[1] == "ping"
+            d.wait_served(second, kind="tcp", peer_port=echo.port)
+            t0 = e2e_util.cpu_seconds(d.pid)
+            time.sleep(2)
+            used = e2e_util.cpu_seconds(d.pid) - t0
+            assert used < 0.2, f"canald used {used:.2f} s of CPU in 2 s with one guest at its cap"
+            greedy.send_line()
+            second.send_line()
+            assert greedy.finish(30).returncode == 0
+            assert second.finish(30).returncode == 0
+    finally:
+        crashed = d.stop()
+    assert not crashed, crashed

@@ -181,6 +181,8 @@ pub struct Daemon {
     listener: OwnedFd,
     signals: Option<OwnedFd>,
     _lock: std::fs::File,
+    /// A spare descriptor for accepting when out of descriptors (`fdbudget`).
+    reserve: crate::fdbudget::Reserve,
     conns: BTreeMap<u32, Conn>,
     next_conn: u32,
     next_guest: u32,
@@ -215,7 +217,21 @@ fn answers(path: &Path) -> bool {
 impl Daemon {
     /// Creates the control socket (parent dir 0700, a lock file so that two daemons
     /// racing for one path cannot both serve, stale socket removal).
-    pub fn bind(cfg: Config) -> Result<Bound, String> {
+    pub fn bind(mut cfg: Config) -> Result<Bound, String> {
+        let nofile = crate::fdbudget::raise_nofile();
+        let cap = crate::fdbudget::per_guest_cap(nofile);
+        if (cfg.sockets as u64) > cap {
+            // One guest must not be able to take every descriptor (issue: one guest
+            // opening sockets locked every other guest out).
+            log(
+                &cfg,
+                format_args!(
+                    "{nofile} descriptors: --sockets {} lowered to {cap}",
+                    cfg.sockets
+                ),
+            );
+            cfg.sockets = cap as _;
+        }
         let gcfg = cfg.guest_config()?;
         let path = cfg.socket.clone();
         // Created 0700 if missing; refused if another user could have planted
@@ -279,6 +295,7 @@ impl Daemon {
             listener,
             signals: None,
             _lock: lock,
+            reserve: crate::fdbudget::Reserve::new(),
             conns: BTreeMap::new(),
             next_conn: 1,
             next_guest: 1,
@@ -478,6 +495,22 @@ impl Daemon {
             let fd = match sys::accept_unix(&self.listener) {
                 Ok(Some(fd)) => fd,
                 Ok(None) => return,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
+                    // Out of descriptors: the connection stays queued and the
+                    // listener readable (a busy loop). Take it with the reserve
+                    // descriptor and tell the peer why.
+                    let listener = &self.listener;
+                    self.reserve.with_spare(|| {
+                        if let Ok(Some(c)) = sys::accept_unix(listener) {
+                            let _ = send_error(&c, errno::EMFILE, "canald is out of descriptors");
+                        }
+                    });
+                    log(
+                        &self.cfg,
+                        format_args!("accept: {e}; a connection was refused"),
+                    );
+                    continue;
+                }
                 Err(e) => {
                     log(&self.cfg, format_args!("accept: {e}"));
                     return;

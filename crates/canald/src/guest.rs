@@ -1228,7 +1228,11 @@ impl Guest {
         if self.alloc.free_bytes() < 2 * MIN_RING {
             return Err(errno::ENOBUFS);
         }
-        let fd = sys::socket(domain, ty, protocol).map_err(|e| sys::errno_of(&e))?;
+        // canald out of descriptors is the whole system's table for the guest.
+        let fd = sys::socket(domain, ty, protocol).map_err(|e| match sys::errno_of(&e) {
+            libc::EMFILE => libc::ENFILE,
+            e => e,
+        })?;
         let kind = if ty == SOCK_STREAM {
             Kind::Stream
         } else {

@@ -14,6 +14,7 @@ pub mod alloc;
 pub mod ctldir;
 pub mod daemon;
 pub mod engine;
+pub mod fdbudget;
 pub mod fuzz;
 pub mod guest;
 pub mod ivshmem_server;

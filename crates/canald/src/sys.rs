@@ -887,6 +887,37 @@ pub fn set_abortive_close(fd: &OwnedFd, abort: bool) -> io::Result<()> {
     .map(|_| ())
 }
 
+/// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force.
+pub fn raise_nofile() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid out-pointer for getrlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: `want` is a valid rlimit; raising the soft limit up to the hard
+        // one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            return want.rlim_cur;
+        }
+    }
+    r.rlim_cur
+}
+
+/// /dev/null, read-only, close-on-exec (a placeholder descriptor).
+pub fn open_dev_null() -> io::Result<OwnedFd> {
+    // SAFETY: open(2) with a static NUL-terminated path; the result is checked.
+    let fd = cvt(unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    Ok(owned(fd))
+}
+
 pub fn so_error(fd: &OwnedFd) -> i32 {
     let mut b = [0u8; 4];
     match getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut b) {

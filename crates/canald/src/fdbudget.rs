@@ -1,0 +1,75 @@
+//! canald's descriptor budget. Every guest socket costs canald two descriptors (the
+//! host socket and the guest's WATCH descriptor), all guests share canald's
+//! RLIMIT_NOFILE, and the control socket must keep accepting (new guests, `canal
+//! stat`) whatever one guest does. So canald raises its soft limit to the hard one at
+//! start, keeps a share of it for control connections and wake-up eventfds, caps each
+//! guest's socket table so that no guest can take more than three quarters of the
+//! rest, and keeps a reserve descriptor with which the control listener can still
+//! accept and answer when the process is out of descriptors anyway (libev's and
+//! nginx's EMFILE trick), instead of spinning on a listener that stays readable.
+#![forbid(unsafe_code)]
+
+use std::os::fd::OwnedFd;
+
+/// Descriptors kept out of the sockets' budget: control connections, doorbells, wake-up
+/// ports, regions, logs.
+pub fn headroom(nofile: u64) -> u64 {
+    (nofile / 8).max(64)
+}
+
+/// The most sockets one guest may have with `nofile` descriptors for canald: three
+/// quarters of what the headroom leaves (two descriptors each), at least one.
+pub fn per_guest_cap(nofile: u64) -> u64 {
+    let sockets = nofile.saturating_sub(headroom(nofile)) / 2;
+    (sockets * 3 / 4).max(1)
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force.
+pub fn raise_nofile() -> u64 {
+    crate::sys::raise_nofile()
+}
+
+/// A descriptor held in reserve (on /dev/null) for the moment accept(2) fails with
+/// EMFILE/ENFILE.
+pub struct Reserve(Option<OwnedFd>);
+
+impl Reserve {
+    pub fn new() -> Reserve {
+        Reserve(crate::sys::open_dev_null().ok())
+    }
+
+    /// Frees the reserve, runs `f` (which can now get one descriptor), then takes the
+    /// reserve back (if `f`'s descriptor is closed by then, it gets that one).
+    pub fn with_spare<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        self.0 = None;
+        let r = f();
+        self.0 = crate::sys::open_dev_null().ok();
+        r
+    }
+}
+
+impl Default for Reserve {
+    fn default() -> Self {
+        Reserve::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_leave_room_for_others() {
+        // ulimit -n 1024: 64..128 descriptors kept, each guest at most 3/4 of the rest.
+        assert_eq!(headroom(1024), 128);
+        assert_eq!(per_guest_cap(1024), 336);
+        // Two greedy guests together still leave the control socket its headroom.
+        assert!(2 * 2 * per_guest_cap(1024) > 1024 - headroom(1024));
+        assert!(2 * per_guest_cap(1024) + headroom(1024) < 1024);
+        assert_eq!(
+            per_guest_cap(1 << 20),
+            ((1u64 << 20) - (1 << 17)) / 2 * 3 / 4
+        );
+        assert_eq!(per_guest_cap(10), 1);
+    }
+}
