@@ -63,7 +63,9 @@ class _ThreadedServer:
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind((HOST, 0))
-        self.lsock.listen(64)
+        # A deep backlog: hundreds of clients connecting at once must not wait for
+        # SYN retransmissions (seconds) before the accept thread catches up.
+        self.lsock.listen(1024)
         self.port = self.lsock.getsockname()[1]
         self._closed = False
         self.conns = []

@@ -814,7 +814,13 @@ const NO_SLOT: u32 = u32::MAX;
 struct ThreadSlot {
     idx: Cell<u32>,
     efd: Cell<c_int>,
+    /// A thread that found every keepable slot kept (it borrows instead) looks again
+    /// only after this (monotonic ns): a look scans them all.
+    retry_at: Cell<i64>,
 }
+
+/// How long a thread that could not keep a slot borrows before it looks again.
+const BIND_RETRY_NS: i64 = 50_000_000;
 
 impl Drop for ThreadSlot {
     fn drop(&mut self) {
@@ -828,7 +834,9 @@ impl Drop for ThreadSlot {
 }
 
 thread_local! {
-    static SLOT: ThreadSlot = const { ThreadSlot { idx: Cell::new(NO_SLOT), efd: Cell::new(-1) } };
+    static SLOT: ThreadSlot = const {
+        ThreadSlot { idx: Cell::new(NO_SLOT), efd: Cell::new(-1), retry_at: Cell::new(0) }
+    };
 }
 
 /// A slot in use by the calling thread. Temporary slots (a thread whose thread-locals
@@ -873,26 +881,45 @@ fn release_slot(g: &Guest, idx: u32, efd: c_int) {
     }
 }
 
-fn claim_slot(g: &Guest) -> Result<u32, i32> {
-    let n = g.region.layout().slot_count;
+/// Slots a thread may keep for its lifetime: all but a quarter (at least one when
+/// there are two or more), which stay for threads beyond that number to borrow one
+/// request at a time (`claim_temp`), so any number of threads can make requests.
+fn bindable(n: u32) -> u32 {
+    match n {
+        0 | 1 => n,
+        2..=7 => n - 1,
+        _ => n - n / 4,
+    }
+}
+
+/// A free slot among the first `limit`; with `takeover`, also an idle one whose owner
+/// thread is gone (one liveness check per idle slot: not for every borrow).
+fn claim_slot(g: &Guest, limit: u32, takeover: bool) -> Result<u32, i32> {
+    let n = g.region.layout().slot_count.min(limit);
+    if n == 0 {
+        return Err(libc::EAGAIN);
+    }
     let tid = sys::gettid() as u32;
     let start = tid % n;
-    for pass in 0..2 {
+    for pass in 0..(1 + takeover as u32) {
         for i in 0..n {
             let idx = (start + i) % n;
             let Some(s) = g.region.slot(idx) else {
                 continue;
             };
             let claimed = if pass == 0 {
+                // A plain load first: most slots are kept by threads, and a failing
+                // CAS would still take each one's line from the core using it.
                 // Acquire pairs with the Release in release_slot.
-                s.state
-                    .compare_exchange(
-                        slot_state::FREE,
-                        slot_state::IDLE,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
+                s.state.load(Ordering::Relaxed) == slot_state::FREE
+                    && s.state
+                        .compare_exchange(
+                            slot_state::FREE,
+                            slot_state::IDLE,
+                            Ordering::Acquire,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
             } else {
                 // Second pass: take over IDLE slots whose owner thread is gone (a
                 // process that died without releasing them). The CAS on `owner` makes
@@ -1001,8 +1028,27 @@ pub fn ctl_segment(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
     })
 }
 
+/// A slot for one request of a thread that has none of its own: any free slot, waited
+/// for if all are busy (borrowed slots are released after each request, so one frees).
+fn claim_temp(g: &Guest) -> Result<u32, i32> {
+    let n = g.region.layout().slot_count;
+    let mut tries = 0u32;
+    loop {
+        // A dead owner's slot is taken over by threads that keep slots, not here.
+        match claim_slot(g, n, false) {
+            Ok(i) => return Ok(i),
+            Err(_) if !is_dead(g) => {
+                // Sleep, not yield: on few cores the holders need the CPU.
+                tries = tries.saturating_add(1);
+                sys::sleep_ns(20_000 * i64::from(tries.min(50)));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
-    let idx = claim_slot(g)?;
+    let idx = claim_slot(g, bindable(g.region.layout().slot_count), true)?;
     if !g.ports {
         return Ok((idx, -1));
     }
@@ -1034,23 +1080,70 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
     Ok((idx, efd))
 }
 
+/// The thread's kept slot, claimed (and its port registered) on first use; EAGAIN
+/// while every keepable slot is kept (looked at again after BIND_RETRY_NS).
+fn bind_thread_slot(g: &Guest, s: &ThreadSlot) -> Result<(u32, c_int), i32> {
+    if s.idx.get() == NO_SLOT {
+        let now = sys::now_ns();
+        if now < s.retry_at.get() {
+            return Err(libc::EAGAIN);
+        }
+        match claim_for_thread(g) {
+            Ok((idx, efd)) => {
+                s.idx.set(idx);
+                s.efd.set(efd);
+            }
+            Err(e) => {
+                if e == libc::EAGAIN {
+                    s.retry_at.set(now + BIND_RETRY_NS);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok((s.idx.get(), s.efd.get()))
+}
+
+/// The calling thread's own slot, claimed (and its port registered) on first use;
+/// None for a thread beyond the slots threads may keep (or past its thread-locals):
+/// such a thread sleeps with `sleep_backoff` instead of holding a borrowed slot.
+pub fn own_slot(g: &'static Guest) -> Option<SlotRef<'static>> {
+    let (idx, efd) = SLOT.try_with(|s| bind_thread_slot(g, s)).ok()?.ok()?;
+    Some(SlotRef {
+        g,
+        idx,
+        slot: g.region.slot(idx)?,
+        efd,
+        temp: false,
+    })
+}
+
+/// Sleeps once on readiness: on the thread's own slot (`sleep_events`), or, for a
+/// thread without one, in backoff (`sleep_backoff`).
+pub fn sleep_ready(
+    g: &'static Guest,
+    index: u32,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    match own_slot(g) {
+        Some(s) => sleep_events(&s, index, timeout_ns, cond, extra, sigmask),
+        None => sleep_backoff(g, timeout_ns, cond, extra, sigmask),
+    }
+}
+
 /// The calling thread's slot, claimed (and its port registered) on first use.
 pub fn my_slot(g: &'static Guest) -> Result<SlotRef<'static>, i32> {
-    let r = SLOT.try_with(|s| -> Result<(u32, c_int), i32> {
-        if s.idx.get() == NO_SLOT {
-            let (idx, efd) = claim_for_thread(g)?;
-            s.idx.set(idx);
-            s.efd.set(efd);
-        }
-        Ok((s.idx.get(), s.efd.get()))
-    });
+    let r = SLOT.try_with(|s| bind_thread_slot(g, s));
     let (idx, efd, temp) = match r {
-        Ok(v) => {
-            let (i, e) = v?;
-            (i, e, false)
-        }
+        Ok(Ok((i, e))) => (i, e, false),
+        // Every slot a thread may keep is kept by another thread: borrow one.
+        Ok(Err(libc::EAGAIN)) => (claim_temp(g)?, -1, true),
+        Ok(Err(e)) => return Err(e),
         // Thread-locals already destroyed (a late destructor): use a temporary slot.
-        Err(_) => (claim_slot(g)?, -1, true),
+        Err(_) => (claim_temp(g)?, -1, true),
     };
     let slot = g.region.slot(idx).ok_or(libc::EIO)?;
     Ok(SlotRef {
@@ -1222,7 +1315,8 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     let slot = s.slot;
     let mut spins = 0u32;
     let mut backoff = 1_000i64;
-    let budget = notify::spin_iters(g);
+    let crowd = Waiting::enter();
+    let budget = crowd.spin_budget(g);
     let t0 = if notify::adaptive(g) {
         sys::now_ns()
     } else {
@@ -1302,6 +1396,48 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     }
 }
 
+/// Threads of this process inside `wait_until`.
+static WAITING: AtomicU32 = AtomicU32::new(0);
+/// Online CPUs (0: not read yet).
+static CPUS: AtomicU32 = AtomicU32::new(0);
+
+/// A thread counted in WAITING for the length of one wait (socket call, poll,
+/// epoll_wait): beyond one waiting thread per CPU, waits do not spin.
+pub struct Waiting {
+    crowded: bool,
+}
+
+impl Waiting {
+    /// The wait's spin budget: the adaptive one, or 0 when crowded (except in
+    /// poll-only mode, a measurement mode that never sleeps).
+    pub fn spin_budget(&self, g: &Guest) -> u32 {
+        if self.crowded && g.notify != notify::Mode::Poll {
+            0
+        } else {
+            notify::spin_iters(g)
+        }
+    }
+
+    pub fn enter() -> Waiting {
+        let mut cpus = CPUS.load(Ordering::Relaxed);
+        if cpus == 0 {
+            // SAFETY: sysconf has no preconditions.
+            let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+            cpus = n.clamp(1, 1 << 16) as u32;
+            CPUS.store(cpus, Ordering::Relaxed);
+        }
+        Waiting {
+            crowded: WAITING.fetch_add(1, Ordering::Relaxed) >= cpus,
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// How an event wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
@@ -1320,7 +1456,10 @@ pub fn wait_until(
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
-    let budget = notify::spin_iters(g);
+    // More threads of this process waiting than there are CPUs: spinning would only
+    // take the core a peer (or canald) needs to answer; sleep at once.
+    let crowd = Waiting::enter();
+    let budget = crowd.spin_budget(g);
     // The adaptive budget needs each wait's gap, but a wait answered within its first
     // CLOCK_AFTER spins (the common case under request/response load) estimates it
     // from the spin count instead of reading the clock twice (notify::spins_ns).
@@ -1416,16 +1555,8 @@ pub fn wait_until(
                 Err(_) => return Wait::Interrupted,
             }
         }
-        let s = match my_slot(g) {
-            Ok(s) => s,
-            Err(_) => {
-                sys::sleep_ns(100_000);
-                continue;
-            }
-        };
         let remaining = deadline.map(|d| d - now);
-        let r = sleep_events(&s, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
-        drop(s);
+        let r = sleep_ready(g, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
         match r {
             Ok(_) => {}
             // A handler with SA_RESTART restarts a socket call without a timeout (the
@@ -1607,6 +1738,64 @@ pub fn new_wait() {
     let _ = BACKOFF.try_with(|b| b.set((0, BACKOFF_MIN_NS)));
 }
 
+/// A sleep without a wake-up port: a VM guest over ivshmem without interrupts, or a
+/// thread beyond the slots threads may keep (it has no slot to sleep on). A sleeping
+/// thread in a VM wakes late (the VM's timer), so a wait first keeps checking, yielding
+/// the CPU between checks, for YIELD_NS (0 for process guests); then it sleeps in
+/// exponential backoff, 1 µs doubling to 1 ms (§6), polling `extra`'s descriptors.
+pub fn sleep_backoff(
+    g: &Guest,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    let mut own = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; 2];
+    let fds: &mut [libc::pollfd] = if extra.is_empty() { &mut own } else { extra };
+    let n = fds.len() - 2;
+    fds[n].revents = 0;
+    fds[n + 1].revents = 0;
+    if cond() {
+        return Ok(0);
+    }
+    let now = sys::now_ns();
+    let step = BACKOFF.with(|b| {
+        let (start, step) = b.get();
+        // The first sleep of a wait (new_wait() cleared the start).
+        let (start, step) = if start == 0 {
+            (now, BACKOFF_MIN_NS)
+        } else {
+            (start, step)
+        };
+        if now - start < YIELD_NS.load(Ordering::Relaxed) {
+            b.set((start, step));
+            return 0;
+        }
+        b.set((start, (step * 2).min(BACKOFF_MAX_NS)));
+        step
+    });
+    if step == 0 {
+        canal_abi::sync::spin_hint();
+        return Ok(0);
+    }
+    let t = timeout_ns.map_or(step, |t| t.min(step));
+    fds[n].fd = -1;
+    fds[n + 1] = libc::pollfd {
+        fd: g.ctl,
+        events: 0,
+        revents: 0,
+    };
+    let r = sys::ppoll(fds, Some(t), sigmask)?;
+    if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+        mark_dead();
+    }
+    Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize))
+}
+
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
 /// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
 /// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
@@ -1620,6 +1809,9 @@ pub fn sleep_events(
     sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
     let g = s.g;
+    if s.efd < 0 {
+        return sleep_backoff(g, timeout_ns, cond, extra, sigmask);
+    }
     let h = g.region.header();
     let mut own = [libc::pollfd {
         fd: -1,
@@ -1630,47 +1822,6 @@ pub fn sleep_events(
     let n = fds.len() - 2;
     fds[n].revents = 0;
     fds[n + 1].revents = 0;
-    if s.efd < 0 {
-        // No wake-up port (a VM guest over ivshmem). A sleeping thread in a VM wakes
-        // late (the VM's timer), so a wait first keeps checking, yielding the CPU between
-        // checks, for YIELD_NS; then it sleeps in exponential backoff, 1 µs doubling to
-        // 1 ms (§6).
-        if cond() {
-            return Ok(0);
-        }
-        let now = sys::now_ns();
-        let step = BACKOFF.with(|b| {
-            let (start, step) = b.get();
-            // The first sleep of a wait (new_wait() cleared the start).
-            let (start, step) = if start == 0 {
-                (now, BACKOFF_MIN_NS)
-            } else {
-                (start, step)
-            };
-            if now - start < YIELD_NS.load(Ordering::Relaxed) {
-                b.set((start, step));
-                return 0;
-            }
-            b.set((start, (step * 2).min(BACKOFF_MAX_NS)));
-            step
-        });
-        if step == 0 {
-            canal_abi::sync::spin_hint();
-            return Ok(0);
-        }
-        let t = timeout_ns.map_or(step, |t| t.min(step));
-        fds[n].fd = -1;
-        fds[n + 1] = libc::pollfd {
-            fd: g.ctl,
-            events: 0,
-            revents: 0,
-        };
-        let r = sys::ppoll(fds, Some(t), sigmask)?;
-        if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-            mark_dead();
-        }
-        return Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize));
-    }
     if g.ctl < 0 {
         // A VM guest with interrupt wake-ups (§9.5): the same polling phase as above
         // before the first sleep of a wait (an interrupt under emulation arrives

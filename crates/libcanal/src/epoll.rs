@@ -534,7 +534,8 @@ pub fn wait(
     let spin_ns = crate::notify::adaptive_ns(g);
     let mode = g.notify;
     let mut signals = crate::pollwait::SignalWindow::new();
-    let mut spinning = mode != crate::notify::Mode::Sleep;
+    let crowd = client::Waiting::enter();
+    let mut spinning = mode != crate::notify::Mode::Sleep && crowd.spin_budget(g) > 0;
     let mut round = 0u32;
     let mut canal_first = true;
     let mut slept = false;
@@ -590,7 +591,6 @@ pub fn wait(
             continue;
         }
         // Sleep on [real epfd, nested epoll fds, slot eventfd, control socket].
-        let s = client::my_slot(g)?;
         let mut fds: Vec<libc::pollfd> = core::iter::once(epfd)
             .chain(nested_fds(epfd))
             .map(|fd| libc::pollfd {
@@ -608,8 +608,7 @@ pub fn wait(
         );
         let remaining = deadline.map(|d| d - now);
         let mut cond = || any_canal(g, epfd);
-        let r = client::sleep_events(&s, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
-        drop(s);
+        let r = client::sleep_ready(g, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
         slept = true;
         r?;
         // Re-check everything (past the spin phase: real checks each time).

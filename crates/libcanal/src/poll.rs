@@ -94,6 +94,27 @@ pub fn poll(
     // epoll fd watching canal sockets stays (its real part wakes the sleep) and is
     // also evaluated by scan_canal.
     let mut ordinary = 0;
+    // One canal socket and no epoll set among the descriptors (a blocking call with a
+    // timeout, as Python's and Go's runtimes make): sleep on that socket alone, so
+    // canald wakes this thread for its changes only, not for every socket's (WAIT_ANY
+    // wakes every such sleeper on any change: hundreds of threads each polling its
+    // own socket would all wake for each one's reply).
+    let mut wait_on: Option<u32> = None;
+    let mut any = false;
+    for p in fds.iter().filter(|p| p.fd >= 0) {
+        match TABLE.get(p.fd) {
+            Some(Entry::Canal(h)) if wait_on.is_none_or(|w| w == canal_abi::handle_index(h)) => {
+                wait_on = Some(canal_abi::handle_index(h));
+            }
+            Some(Entry::Canal(_)) | Some(Entry::Epoll) => any = true,
+            _ => {}
+        }
+    }
+    let wait_on = if any {
+        WAIT_ANY
+    } else {
+        wait_on.unwrap_or(WAIT_ANY)
+    };
     for (w, p) in work.iter_mut().zip(fds.iter()) {
         let canal = p.fd >= 0 && TABLE.handle(p.fd).is_some();
         *w = pollfd {
@@ -107,7 +128,8 @@ pub fn poll(
     }
     let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
     let mut round = 0u32;
-    let budget = crate::notify::spin_iters(g);
+    let crowd = client::Waiting::enter();
+    let budget = crowd.spin_budget(g);
     let t0 = if crate::notify::adaptive(g) {
         sys::now_ns()
     } else {
@@ -146,14 +168,12 @@ pub fn poll(
             continue;
         }
         // Sleep.
-        let s = client::my_slot(g)?;
         let remaining = deadline.map(|d| d - now);
         let mut cond = || scan_canal(g, fds) > 0;
         for w in work[..n].iter_mut() {
             w.revents = 0;
         }
-        let r = client::sleep_events(&s, WAIT_ANY, remaining, &mut cond, work, sigmask);
-        drop(s);
+        let r = client::sleep_ready(g, wait_on, remaining, &mut cond, work, sigmask);
         match r {
             Err(libc::EINTR) => return Err(libc::EINTR),
             Err(e) => return Err(e),
