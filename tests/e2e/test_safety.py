@@ -14,7 +14,7 @@ import time
 import pytest
 
 import e2e_util
-from canal_harness import Canald
+from canal_harness import Canald, clean_env
 
 MiB = 1 << 20
 
@@ -220,3 +220,51 @@ def test_descriptor_exhaustion_locks_nobody_out(canal_bin, procs, python):
     finally:
         crashed = d.stop()
     assert not crashed, crashed
+
+
+AFTER_RESTART = """
+import errno, socket, sys
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+print("CONNECTED", flush=True)
+sys.stdin.readline()
+try:
+    t = socket.create_connection(("127.0.0.1", port), timeout=5)
+    print("NEW-SOCKET-WORKED", flush=True)
+except OSError as e:
+    print("NEW-SOCKET", errno.errorcode.get(e.errno, e.errno), flush=True)
+"""
+
+
+@pytest.mark.deadline(90)
+def test_restarted_canald_is_not_bypassed(canal_bin, procs, python):
+    """canald restarts under a running guest: the guest's new sockets fail (ENETDOWN,
+    with one line on stderr) instead of silently becoming kernel sockets outside
+    canald's policy."""
+    d = Canald(canal_bin, procs).start()
+    try:
+        with e2e_util.HoldServer() as hold:
+            p = d.spawn([python, "-c", AFTER_RESTART, hold.port], stdin=subprocess.PIPE)
+            p.wait_line("CONNECTED", 30)
+            d.wait_served(p, kind="tcp", peer_port=hold.port)
+            os.kill(d.pid, signal.SIGKILL)
+            d.proc.popen.wait(10)
+            d.start()  # a new canald on the same socket
+            before = len(hold.conns)
+            p.send_line()
+            line = p.wait_line("NEW-SOCKET", 30)
+            assert line == "NEW-SOCKET ENETDOWN", f"after the restart: {line}\n{p.describe()}"
+            assert "canald went away" in p.stderr(), p.describe()
+            assert len(hold.conns) == before, "a kernel socket reached the listener behind canald's back"
+            p.finish(30)
+    finally:
+        d.stop()
+
+
+def test_garbage_rejoin_changes_nothing(python, libcanal_so):
+    """A malformed or forged CANAL_REJOIN (descriptors 0-2) is refused before it can
+    mark the program's own descriptors close-on-exec: its children keep stdout."""
+    env = clean_env({"LD_PRELOAD": str(libcanal_so), "CANAL_REJOIN": "0,1,2,3,4096,0;5:65537"})
+    cp = subprocess.run(["sh", "-c", "/bin/echo still-here"], env=env, capture_output=True, timeout=30)
+    assert cp.stdout.strip() == b"still-here", cp
+    assert b"cannot rejoin" in cp.stderr, cp.stderr

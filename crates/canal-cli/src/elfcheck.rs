@@ -94,8 +94,28 @@ fn classify_file(f: &File) -> Option<Verdict> {
 }
 
 /// The warning line for `prog`, if any.
+/// Whether running `path` changes the process's credentials (set-user-ID to another
+/// user, set-group-ID to another group): the kernel then starts it in secure-execution
+/// mode (AT_SECURE) and the dynamic loader ignores LD_PRELOAD.
+pub fn secure_exec(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return false;
+    };
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    (m.mode() & libc::S_ISUID != 0 && m.uid() != uid)
+        || (m.mode() & libc::S_ISGID != 0 && m.gid() != gid)
+}
+
 pub fn warning(prog: &str) -> Option<String> {
     let path = resolve(prog)?;
+    if secure_exec(&path) {
+        return Some(format!(
+            "canal: {} is set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it, so its sockets use the kernel, not canal",
+            path.display()
+        ));
+    }
     match classify(&path) {
         Verdict::Fine => None,
         Verdict::Static => Some(format!(
@@ -112,6 +132,28 @@ pub fn warning(prog: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setuid_programs_are_reported() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("canal-setuid-{}", std::process::id()));
+        std::fs::copy(resolve("true").expect("true on PATH"), &d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        // Set-user-ID to ourselves changes nothing: no warning.
+        assert!(!secure_exec(&d));
+        if uid == 0 {
+            // Owned by another user: the loader would drop LD_PRELOAD.
+            std::os::unix::fs::chown(&d, Some(65534), None).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o4755)).unwrap();
+            assert!(secure_exec(&d));
+            assert!(warning(d.to_str().unwrap())
+                .unwrap()
+                .contains("set-user-ID"));
+        }
+        let _ = std::fs::remove_file(&d);
+    }
 
     #[test]
     fn dynamic_binaries_are_fine() {

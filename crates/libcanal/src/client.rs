@@ -95,6 +95,34 @@ fn lock_page() -> Result<(*mut u8, c_int), AttachErr> {
     Ok((p, -1))
 }
 
+/// The inherited descriptors are what rejoin.rs says: four distinct ones, a control
+/// socket served by a daemon we trust, the region memfd of the announced size, an
+/// eventfd, and the one-page lock memfd.
+fn check_rejoin_fds(p: &crate::rejoin::Parsed) -> Result<(), &'static str> {
+    let fds = [p.ctl, p.memfd, p.doorbell, p.lockfd];
+    if (0..4).any(|i| (i + 1..4).any(|j| fds[i] == fds[j])) {
+        return Err("descriptors repeat");
+    }
+    let kind = |fd| sys::fd_kind(fd).map_err(|_| "a descriptor is missing");
+    if kind(p.ctl)?.0 != libc::S_IFSOCK {
+        return Err("the control descriptor is not a socket");
+    }
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    match sys::peer_uid(p.ctl) {
+        Ok(u) if u == me || u == 0 => {}
+        _ => return Err("the control socket's daemon is not ours"),
+    }
+    if kind(p.memfd)? != (libc::S_IFREG, p.region_size) || kind(p.lockfd)? != (libc::S_IFREG, 4096)
+    {
+        return Err("the region or lock page does not match");
+    }
+    if !sys::is_eventfd(p.doorbell) {
+        return Err("the doorbell is not an eventfd");
+    }
+    Ok(())
+}
+
 /// The exec'd image's side of rejoin.rs: the same guest, from inherited descriptors.
 pub fn rejoin(p: &crate::rejoin::Parsed) -> Option<&'static Guest> {
     let fail = |what: &str| {
@@ -103,6 +131,11 @@ pub fn rejoin(p: &crate::rejoin::Parsed) -> Option<&'static Guest> {
         ));
         None
     };
+    // Validate everything before changing anything (a garbage CANAL_REJOIN must not
+    // mark the program's own descriptors, e.g. 0-2, close-on-exec).
+    if let Err(what) = check_rejoin_fds(p) {
+        return fail(what);
+    }
     for fd in [p.ctl, p.memfd, p.doorbell, p.lockfd] {
         if sys::fcntl_int(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long).is_err() {
             return fail("a descriptor is missing");
@@ -213,7 +246,7 @@ pub fn is_dead(g: &Guest) -> bool {
 pub fn mark_dead() {
     if !DEAD.swap(true, Ordering::Relaxed) {
         sys::log_fmt(format_args!(
-            "canal: canald went away; calls on canal sockets now fail (ECONNRESET on data calls, EIO otherwise)\n"
+            "canal: canald went away; calls on canal sockets now fail (ECONNRESET on data calls, EIO otherwise) and new sockets fail with ENETDOWN (kernel sockets would escape canald's policy): restart the program under canal run\n"
         ));
     }
 }

@@ -271,10 +271,28 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     } else {
         canal_abi::feature::DGRAM
     };
-    if client::is_dead(g) || g.region.header().features & need == 0 {
+    if client::is_dead(g) {
+        // canald went away (or restarted): a kernel socket would escape its policy
+        // unnoticed. New sockets fail until the program restarts under canal.
+        client::mark_dead();
+        sys::set_errno(libc::ENETDOWN);
+        return -1;
+    }
+    if g.region.header().features & need == 0 {
         return real();
     }
-    run(|| sock::socket(g, domain, base, proto, nonblock, cloexec).map(|fd| fd as isize)) as c_int
+    run(|| {
+        sock::socket(g, domain, base, proto, nonblock, cloexec)
+            .map(|fd| fd as isize)
+            // canald vanished during the call: the same answer as after it.
+            .map_err(|e| {
+                if client::is_dead(g) {
+                    libc::ENETDOWN
+                } else {
+                    e
+                }
+            })
+    }) as c_int
 }
 
 #[cfg_attr(not(test), no_mangle)]

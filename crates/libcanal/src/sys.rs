@@ -347,6 +347,33 @@ pub fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
     ))
 }
 
+/// (file type bits, size) of an open descriptor.
+pub fn fd_kind(fd: c_int) -> Result<(u32, u64), i32> {
+    // SAFETY: stat is plain data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer.
+    check(unsafe { libc::syscall(libc::SYS_fstat, fd as c_long, &mut st as *mut libc::stat) })?;
+    Ok((st.st_mode & libc::S_IFMT, st.st_size as u64))
+}
+
+/// Whether `fd` is an eventfd (its /proc link reads "anon_inode:[eventfd]").
+pub fn is_eventfd(fd: c_int) -> bool {
+    let mut path = LineBuf::new();
+    let _ = fmt::Write::write_fmt(&mut path, format_args!("/proc/self/fd/{fd}\0"));
+    let mut link = [0u8; 64];
+    // SAFETY: path is NUL-terminated (LineBuf holds it); link is a live buffer.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_readlinkat,
+            libc::AT_FDCWD as c_long,
+            path.as_bytes().as_ptr(),
+            link.as_mut_ptr(),
+            link.len(),
+        )
+    };
+    n > 0 && &link[..n as usize] == b"anon_inode:[eventfd]"
+}
+
 /// The uid of the process at the other end of a connected Unix socket (SO_PEERCRED).
 pub fn peer_uid(fd: c_int) -> Result<u32, i32> {
     let mut c = libc::ucred {
