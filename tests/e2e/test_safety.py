@@ -268,3 +268,45 @@ def test_garbage_rejoin_changes_nothing(python, libcanal_so):
     cp = subprocess.run(["sh", "-c", "/bin/echo still-here"], env=env, capture_output=True, timeout=30)
     assert cp.stdout.strip() == b"still-here", cp
     assert b"cannot rejoin" in cp.stderr, cp.stderr
+
+
+MANY_GUESTS = """
+import os, sys, time
+kids = []
+for i in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        os.execvp(sys.executable, [sys.executable, "-c",
+                  "import socket, sys; s = socket.socket(); print('UP', flush=True); sys.stdin.readline()"])
+    kids.append(pid)
+print("FORKED", flush=True)
+for k in kids:
+    os.waitpid(k, 0)
+"""
+
+
+def _rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.deadline(120)
+def test_canald_returns_memory_when_guests_leave(canald, python):
+    """150 guests attach at once (each its own region and socket table), then leave:
+    canald's resident memory falls back instead of keeping the peak."""
+    n = 150
+    p = canald.spawn([python, "-c", MANY_GUESTS, n], stdin=subprocess.PIPE)
+    p.wait_line("FORKED", 60)
+    e2e_util.wait_for(lambda: p.stdout().count("UP") >= n, 60, interval=0.2, what=f"{n} guests up")
+    e2e_util.wait_for(lambda: len(canald.stat().get("guests", [])) >= n, 30, interval=0.2,
+                      what=f"canald to list {n} guests")
+    peak = _rss_kib(canald.pid)
+    p.send_line("\n" * n)  # one line each (they share the pipe); closes stdin too
+    assert p.finish(60).returncode == 0, p.describe()
+    e2e_util.wait_for(lambda: not canald.stat().get("guests"), 30, interval=0.2, what="every guest to leave")
+    after = e2e_util.wait_for(lambda: (lambda r: r if r < peak / 2 else None)(_rss_kib(canald.pid)), 10,
+                              interval=0.2, what=f"canald's RSS to fall below half its peak ({peak} KiB)")
+    print(f"canald RSS: {peak} KiB with {n} guests, {after} KiB after they left")

@@ -911,6 +911,23 @@ pub fn raise_nofile() -> u64 {
     r.rlim_cur
 }
 
+/// Returns free heap memory to the system (glibc's malloc_trim).
+pub fn malloc_trim() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// CLOCK_MONOTONIC in milliseconds.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// /dev/null, read-only, close-on-exec (a placeholder descriptor).
 pub fn open_dev_null() -> io::Result<OwnedFd> {
     // SAFETY: open(2) with a static NUL-terminated path; the result is checked.

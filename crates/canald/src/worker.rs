@@ -519,9 +519,11 @@ fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, departing: &mut bool) ->
 /// time ran out); true if any guest or shadow has departed (its counts are changing).
 fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) -> bool {
     let mut departing = false;
+    let mut freed = false;
     for k in departed_and_done(&mut sh.guests, &mut departing) {
         if let Some(g) = sh.guests.remove(&k) {
             shortcut::forget(&w.shortcut, k);
+            freed = true;
             if cfg.verbose {
                 eprintln!("canald: guest {} freed (worker {})", g.id, w.id);
             }
@@ -530,8 +532,26 @@ fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) -> bool {
     // vRSS shadows of guests homed elsewhere, in the same sweep.
     for k in departed_and_done(&mut sh.shadows, &mut departing) {
         sh.shadows.remove(&k);
+        freed = true;
+    }
+    if freed {
+        return_memory(sh.guests.is_empty());
     }
     departing
+}
+
+/// Gives the heap that departed guests' tables used back to the system (glibc keeps
+/// freed memory otherwise: 200 guests that came and went left canald at ~70 MB). At
+/// once when no guest is left, else at most once a second.
+fn return_memory(idle: bool) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_MS: AtomicU64 = AtomicU64::new(0);
+    let now = crate::sys::monotonic_ms();
+    let last = LAST_MS.load(Ordering::Relaxed);
+    if idle || now.saturating_sub(last) >= 1000 {
+        LAST_MS.store(now, Ordering::Relaxed);
+        crate::sys::malloc_trim();
+    }
 }
 
 /// Pins the calling thread to `cpu` (`--pin`).
