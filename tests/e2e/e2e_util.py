@@ -315,6 +315,12 @@ def pid_alive(pid):
     return data[data.rindex(")") + 2] != "Z"
 
 
+def poll_only():
+    """Whether the tests run with canald in poll-only notification mode (scripts/test-modes):
+    a measurement mode that never sleeps, so idle-CPU checks do not apply."""
+    return "poll" in (os.environ.get("CANAL_NOTIFY", ""), *os.environ.get("CANAL_TEST_DAEMON_ARGS", "").split())
+
+
 def iperf3_slack():
     """How many bytes an iperf3 receiver may count fewer than its sender, per stream:
     iperf3 stops the receiver's count when TEST_END arrives on the control connection,

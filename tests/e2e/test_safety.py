@@ -212,7 +212,9 @@ def test_descriptor_exhaustion_locks_nobody_out(canal_bin, procs, python):
             t0 = e2e_util.cpu_seconds(d.pid)
             time.sleep(2)
             used = e2e_util.cpu_seconds(d.pid) - t0
-            assert used < 0.2, f"canald used {used:.2f} s of CPU in 2 s with one guest at its cap"
+            print(f"canald CPU over 2 s with one guest at its cap: {used:.2f} s")
+            if not e2e_util.poll_only():  # poll-only canald spins by design
+                assert used < 0.2, f"canald used {used:.2f} s of CPU in 2 s with one guest at its cap"
             greedy.send_line()
             second.send_line()
             assert greedy.finish(30).returncode == 0
