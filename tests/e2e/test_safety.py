@@ -312,3 +312,52 @@ def test_canald_returns_memory_when_guests_leave(canald, python):
     after = e2e_util.wait_for(lambda: (lambda r: r if r < peak / 2 else None)(_rss_kib(canald.pid)), 10,
                               interval=0.2, what=f"canald's RSS to fall below half its peak ({peak} KiB)")
     print(f"canald RSS: {peak} KiB with {n} guests, {after} KiB after they left")
+
+
+THREADS = """
+import socket, sys, threading
+port, n = int(sys.argv[1]), int(sys.argv[2])
+ok, errors = [], []
+replied = threading.Barrier(n + 1)
+release = threading.Event()
+def one(i):
+    s = None
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        msg = f"ECHO\\n{i:06d}".encode()
+        s.sendall(msg)
+        got = b""
+        while len(got) < 6:
+            b = s.recv(6 - len(got))
+            if not b:
+                break
+            got += b
+        (ok if got == msg[5:] else errors).append(i)
+    except Exception as e:
+        errors.append(f"{i}: {e!r}")
+    replied.wait()
+    release.wait()   # every thread holds its connection at once
+    if s:
+        s.close()
+ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+for t in ts: t.start()
+replied.wait()
+print(f"THREADS ok={len(ok)} errors={len(errors)} {errors[:5]}", flush=True)
+sys.stdin.readline()
+release.set()
+for t in ts: t.join()
+"""
+
+
+@pytest.mark.deadline(150)
+def test_400_threads_each_connect_and_echo(canald, python):
+    """More threads than request slots (256): every one connects and echoes (threads
+    beyond the slots threads may keep borrow one per request), and canald serves all
+    400 connections at once."""
+    with e2e_util.PeerServer() as echo:
+        p = canald.spawn([python, "-c", THREADS, echo.port, 400], stdin=subprocess.PIPE)
+        line = p.wait_line("THREADS", 120)
+        assert "ok=400 errors=0" in line, p.describe()
+        canald.wait_served(p, kind="tcp", peer_port=echo.port, count=400)
+        p.send_line()
+        assert p.finish(60).returncode == 0, p.describe()

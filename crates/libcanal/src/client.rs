@@ -303,7 +303,11 @@ fn ctl_lock(g: &Guest) {
                         g.ctl_lock
                             .compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Relaxed);
                 }
-                sys::sleep_ns(20_000);
+                // Sleep until the holder unlocks (its FUTEX_WAKE), at most 10 ms (a
+                // holder that died never wakes us). Polling instead (20 µs sleeps)
+                // kept hundreds of threads registering their ports at once busy
+                // waking up, starving the holder and canald on two cores.
+                let _ = sys::futex_wait(g.ctl_lock, holder, 10_000_000);
             }
         }
     }
@@ -311,6 +315,8 @@ fn ctl_lock(g: &Guest) {
 
 fn ctl_unlock(g: &Guest) {
     g.ctl_lock.store(0, Ordering::Release);
+    // Control exchanges are rare (ports, segments): one wake per unlock is cheap.
+    sys::futex_wake_one(g.ctl_lock);
 }
 
 // ---- attaching -------------------------------------------------------------------------
@@ -1348,8 +1354,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     let slot = s.slot;
     let mut spins = 0u32;
     let mut backoff = 1_000i64;
-    let crowd = Waiting::enter();
-    let budget = crowd.spin_budget(g);
+    let budget = notify::spin_iters(g);
     let t0 = if notify::adaptive(g) {
         sys::now_ns()
     } else {
@@ -1429,48 +1434,6 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
     }
 }
 
-/// Threads of this process inside `wait_until`.
-static WAITING: AtomicU32 = AtomicU32::new(0);
-/// Online CPUs (0: not read yet).
-static CPUS: AtomicU32 = AtomicU32::new(0);
-
-/// A thread counted in WAITING for the length of one wait (socket call, poll,
-/// epoll_wait): beyond one waiting thread per CPU, waits do not spin.
-pub struct Waiting {
-    crowded: bool,
-}
-
-impl Waiting {
-    /// The wait's spin budget: the adaptive one, or 0 when crowded (except in
-    /// poll-only mode, a measurement mode that never sleeps).
-    pub fn spin_budget(&self, g: &Guest) -> u32 {
-        if self.crowded && g.notify != notify::Mode::Poll {
-            0
-        } else {
-            notify::spin_iters(g)
-        }
-    }
-
-    pub fn enter() -> Waiting {
-        let mut cpus = CPUS.load(Ordering::Relaxed);
-        if cpus == 0 {
-            // SAFETY: sysconf has no preconditions.
-            let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-            cpus = n.clamp(1, 1 << 16) as u32;
-            CPUS.store(cpus, Ordering::Relaxed);
-        }
-        Waiting {
-            crowded: WAITING.fetch_add(1, Ordering::Relaxed) >= cpus,
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        WAITING.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// How an event wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
@@ -1489,10 +1452,7 @@ pub fn wait_until(
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
-    // More threads of this process waiting than there are CPUs: spinning would only
-    // take the core a peer (or canald) needs to answer; sleep at once.
-    let crowd = Waiting::enter();
-    let budget = crowd.spin_budget(g);
+    let budget = notify::spin_iters(g);
     // The adaptive budget needs each wait's gap, but a wait answered within its first
     // CLOCK_AFTER spins (the common case under request/response load) estimates it
     // from the spin count instead of reading the clock twice (notify::spins_ns).
@@ -1771,6 +1731,25 @@ pub fn new_wait() {
     let _ = BACKOFF.try_with(|b| b.set((0, BACKOFF_MIN_NS)));
 }
 
+const NO_POLLFD: libc::pollfd = libc::pollfd {
+    fd: -1,
+    events: 0,
+    revents: 0,
+};
+
+/// The descriptors of one sleep: the caller's `extra` (its two spare entries at the end
+/// cleared for the wake-up port and the control socket), or `own` alone.
+fn sleep_fds<'a>(
+    own: &'a mut [libc::pollfd; 2],
+    extra: &'a mut [libc::pollfd],
+) -> &'a mut [libc::pollfd] {
+    let fds: &mut [libc::pollfd] = if extra.is_empty() { own } else { extra };
+    let n = fds.len() - 2;
+    fds[n].revents = 0;
+    fds[n + 1].revents = 0;
+    fds
+}
+
 /// A sleep without a wake-up port: a VM guest over ivshmem without interrupts, or a
 /// thread beyond the slots threads may keep (it has no slot to sleep on). A sleeping
 /// thread in a VM wakes late (the VM's timer), so a wait first keeps checking, yielding
@@ -1783,15 +1762,9 @@ pub fn sleep_backoff(
     extra: &mut [libc::pollfd],
     sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
-    let mut own = [libc::pollfd {
-        fd: -1,
-        events: 0,
-        revents: 0,
-    }; 2];
-    let fds: &mut [libc::pollfd] = if extra.is_empty() { &mut own } else { extra };
+    let mut own = [NO_POLLFD; 2];
+    let fds = sleep_fds(&mut own, extra);
     let n = fds.len() - 2;
-    fds[n].revents = 0;
-    fds[n + 1].revents = 0;
     if cond() {
         return Ok(0);
     }
@@ -1829,6 +1802,9 @@ pub fn sleep_backoff(
     Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize))
 }
 
+/// Longest single sleep on a wake-up port before readiness is checked again.
+const RECHECK_NS: i64 = 1_000_000_000;
+
 /// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
 /// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
 /// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
@@ -1846,15 +1822,9 @@ pub fn sleep_events(
         return sleep_backoff(g, timeout_ns, cond, extra, sigmask);
     }
     let h = g.region.header();
-    let mut own = [libc::pollfd {
-        fd: -1,
-        events: 0,
-        revents: 0,
-    }; 2];
-    let fds: &mut [libc::pollfd] = if extra.is_empty() { &mut own } else { extra };
+    let mut own = [NO_POLLFD; 2];
+    let fds = sleep_fds(&mut own, extra);
     let n = fds.len() - 2;
-    fds[n].revents = 0;
-    fds[n + 1].revents = 0;
     if g.ctl < 0 {
         // A VM guest with interrupt wake-ups (§9.5): the same polling phase as above
         // before the first sleep of a wait (an interrupt under emulation arrives
@@ -1899,10 +1869,13 @@ pub fn sleep_events(
             revents: 0,
         };
         // More short-circuited sockets than we can count on: sleep in short steps.
+        // Otherwise at most RECHECK_NS: a missed wake-up costs at most that (one was
+        // seen about once in 50 bursts of 400 threads each polling its own socket,
+        // cause not found), and a vanished canald is noticed.
         let t = if seg_sleepers.overflow {
             Some(timeout_ns.map_or(1_000_000, |t| t.min(1_000_000)))
         } else {
-            timeout_ns
+            Some(timeout_ns.map_or(RECHECK_NS, |t| t.min(RECHECK_NS)))
         };
         if seg_sleepers.n > 0 {
             // Counted on a connection whose peer may publish without a fence: the

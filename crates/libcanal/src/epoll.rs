@@ -534,8 +534,7 @@ pub fn wait(
     let spin_ns = crate::notify::adaptive_ns(g);
     let mode = g.notify;
     let mut signals = crate::pollwait::SignalWindow::new();
-    let crowd = client::Waiting::enter();
-    let mut spinning = mode != crate::notify::Mode::Sleep && crowd.spin_budget(g) > 0;
+    let mut spinning = mode != crate::notify::Mode::Sleep;
     let mut round = 0u32;
     let mut canal_first = true;
     let mut slept = false;

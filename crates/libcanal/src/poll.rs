@@ -128,8 +128,7 @@ pub fn poll(
     }
     let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
     let mut round = 0u32;
-    let crowd = client::Waiting::enter();
-    let budget = crowd.spin_budget(g);
+    let budget = crate::notify::spin_iters(g);
     let t0 = if crate::notify::adaptive(g) {
         sys::now_ns()
     } else {

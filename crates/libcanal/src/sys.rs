@@ -468,6 +468,19 @@ pub fn futex_wait(
     }
 }
 
+/// FUTEX_WAKE one waiter on `word` (shared futex).
+pub fn futex_wake_one(word: &core::sync::atomic::AtomicU32) {
+    // SAFETY: word is a valid aligned u32.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE as c_long,
+            1 as c_long,
+        )
+    };
+}
+
 /// FUTEX_WAKE every waiter on `word` (shared futex).
 pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
     // SAFETY: word is a valid aligned u32.
