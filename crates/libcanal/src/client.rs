@@ -243,6 +243,22 @@ pub fn is_dead(g: &Guest) -> bool {
     DEAD.load(Ordering::Relaxed) || g.region.header().host_state.load(Ordering::Relaxed) == 2
 }
 
+/// Whether canald's end of the control connection is gone (a killed canald cannot
+/// mark its regions abandoned): a zero-timeout ppoll for POLLHUP, for waits that
+/// never sleep (poll-only mode), which would otherwise spin forever.
+fn control_hung_up(g: &Guest) -> bool {
+    if g.ctl < 0 {
+        return false;
+    }
+    let mut pf = [libc::pollfd {
+        fd: g.ctl,
+        events: 0,
+        revents: 0,
+    }];
+    matches!(sys::ppoll(&mut pf, Some(0), sys::SigMask::NONE), Ok(n) if n > 0)
+        && pf[0].revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
 pub fn mark_dead() {
     if !DEAD.swap(true, Ordering::Relaxed) {
         sys::log_fmt(format_args!(
@@ -1374,7 +1390,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
             spins += 1;
             canal_abi::sync::spin_hint();
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
-                if is_dead(g) {
+                if is_dead(g) || control_hung_up(g) {
                     mark_dead();
                     return Err(libc::EIO);
                 }
@@ -1500,6 +1516,10 @@ pub fn wait_until(
             if spins.is_multiple_of(notify::POLL_YIELD_EVERY) && g.notify == notify::Mode::Poll {
                 // Poll mode: the budget never runs out.
                 spins = 0;
+                if control_hung_up(g) {
+                    mark_dead();
+                    return Wait::Dead;
+                }
                 match signals.yield_point(sys::SigMask::NONE) {
                     Ok(()) => {}
                     Err(_) if deadline.is_none() && all_handlers_restart() => {}
