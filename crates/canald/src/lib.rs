@@ -7,7 +7,9 @@
 //! allocator), `request` (copy-then-validate of request slots), `guest` (one guest's
 //! sockets and its service round), `daemon` (control socket and the poller loop),
 //! `stat` (the listing), `vm` (VM guests: region files,
-//! address view), `fuzz` (the request consumer's fuzz entry point).
+//! address view), `fuzz` (the request consumer's fuzz entry point), `ctldir` (trust
+//! checks on the control directory and the daemon's uid), `fdbudget` (descriptor limit,
+//! per-guest socket cap, reserve descriptor).
 #![deny(unsafe_code)]
 
 pub mod alloc;
