@@ -239,10 +239,12 @@ def guest_pids(proc):
 
 
 class Canald:
-    def __init__(self, canal_bin, procs, args=()):
+    def __init__(self, canal_bin, procs, args=(), prefix=()):
+        """`prefix`: a command the daemon runs under (e.g. `prlimit --nofile=...`)."""
         self.canal_bin = canal_bin
         self.procs = procs
         self.args = [str(a) for a in args]
+        self.prefix = [str(a) for a in prefix]
         self.dir = short_tmpdir()
         self.socket = os.path.join(self.dir, "canald.sock")
         self.proc = None
@@ -254,7 +256,7 @@ class Canald:
         mode this way), then the constructor's `args`, then `args` given here: later
         switches win."""
         extra = shlex.split(os.environ.get("CANAL_TEST_DAEMON_ARGS", ""))
-        argv = [self.canal_bin, "daemon", "--socket", self.socket, *extra, *self.args]
+        argv = [*self.prefix, self.canal_bin, "daemon", "--socket", self.socket, *extra, *self.args]
         argv += [str(a) for a in (args or [])]
         self.proc = self.procs.spawn(argv, name="canald")
         deadline = time.monotonic() + timeout

@@ -188,18 +188,7 @@ def test_descriptor_exhaustion_locks_nobody_out(canal_bin, procs, python):
     (nearly) idle."""
     if not shutil.which("prlimit"):
         pytest.skip("prlimit (util-linux) is not installed")
-    d = Canald(canal_bin, procs)
-    d.canal_bin = canal_bin
-    real_spawn = procs.spawn
-
-    def spawn_limited(argv, name=None, **kw):
-        if name == "canald":
-            argv = ["prlimit", "--nofile=1024:1024", "--"] + list(argv)
-        return real_spawn(argv, name=name, **kw)
-
-    procs.spawn = spawn_limited
-    d.start()
-    procs.spawn = real_spawn
+    d = Canald(canal_bin, procs, prefix=["prlimit", "--nofile=1024:1024", "--"]).start()
     try:
         with e2e_util.HoldServer() as hold, e2e_util.PeerServer() as echo:
             greedy = d.spawn([python, "-c", GREEDY, hold.port], name="greedy", stdin=subprocess.PIPE)

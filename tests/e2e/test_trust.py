@@ -95,7 +95,7 @@ def _planted_base(att):
     return base, d, victim
 
 
-def test_planted_directory_is_refused(canal_bin, python):
+def test_planted_directory_is_refused(canal_bin, libcanal_so, python):
     att = _attacker()
     base, d, victim = _planted_base(att)
     fake = FakeDaemon(os.path.join(d, "canald.sock"), att.pw_uid, att.pw_gid)
@@ -114,9 +114,8 @@ def test_planted_directory_is_refused(canal_bin, python):
         cp = subprocess.run([canal_bin, "run", "--socket", sock, "--", "true"], env=clean_env(),
                             capture_output=True, timeout=30)
         assert cp.returncode != 0 and "belongs to uid" in cp.stderr.decode(), cp.stderr
-        lib = canal_bin.parent / "libcanal.so"
         code = "import socket; socket.socket().close(); print('ok')"
-        cp = subprocess.run([python, "-c", code], env=clean_env({"LD_PRELOAD": str(lib), "CANAL_SOCKET": sock}),
+        cp = subprocess.run([python, "-c", code], env=clean_env({"LD_PRELOAD": str(libcanal_so), "CANAL_SOCKET": sock}),
                             capture_output=True, timeout=30)
         assert b"another user" in cp.stderr, f"the library did not refuse the planted directory: {cp.stderr!r}"
         time.sleep(0.3)
@@ -128,7 +127,7 @@ def test_planted_directory_is_refused(canal_bin, python):
         shutil.rmtree(victim, ignore_errors=True)
 
 
-def test_daemon_of_another_user_is_refused(canal_bin, python):
+def test_daemon_of_another_user_is_refused(canal_bin, libcanal_so, python):
     """A socket in root's own 0700 directory, but served by another uid (SO_PEERCRED):
     neither canal run nor the guest library sends it anything."""
     att = _attacker()
@@ -140,9 +139,8 @@ def test_daemon_of_another_user_is_refused(canal_bin, python):
                             capture_output=True, timeout=30)
         err = cp.stderr.decode()
         assert cp.returncode != 0 and f"runs as uid {att.pw_uid}" in err, f"canal run did not refuse: {err!r}"
-        lib = canal_bin.parent / "libcanal.so"
         cp = subprocess.run([python, "-c", "import socket; socket.socket().close(); print('ok')"],
-                            env=clean_env({"LD_PRELOAD": str(lib), "CANAL_SOCKET": sock}),
+                            env=clean_env({"LD_PRELOAD": str(libcanal_so), "CANAL_SOCKET": sock}),
                             capture_output=True, timeout=30)
         assert b"another user" in cp.stderr, f"the library did not refuse the daemon: {cp.stderr!r}"
         time.sleep(0.3)

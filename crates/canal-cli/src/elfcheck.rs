@@ -93,7 +93,6 @@ fn classify_file(f: &File) -> Option<Verdict> {
     })
 }
 
-/// The warning line for `prog`, if any.
 /// Whether running `path` changes the process's credentials (set-user-ID to another
 /// user, set-group-ID to another group): the kernel then starts it in secure-execution
 /// mode (AT_SECURE) and the dynamic loader ignores LD_PRELOAD.
@@ -108,6 +107,7 @@ pub fn secure_exec(path: &Path) -> bool {
         || (m.mode() & libc::S_ISGID != 0 && m.gid() != gid)
 }
 
+/// The warning line for `prog`, if any.
 pub fn warning(prog: &str) -> Option<String> {
     let path = resolve(prog)?;
     if secure_exec(&path) {

@@ -1,7 +1,7 @@
 //! Trust checks on the control socket's directory and on the daemon behind it, for
 //! canald itself and for the clients that start or use it (`canal run`, `canal stat`,
 //! `canal vm`). The guest library makes the same checks with raw system calls
-//! (libcanal `client::check_trust`). See docs/threat-model.md, "Who a guest trusts".
+//! (libcanal `client::check_dir`, `client::daemon_trusted`). See docs/threat-model.md, "Who a guest trusts".
 //!
 //! A directory another user can write lets that user plant the socket (an impostor
 //! daemon), the lock file or the log as symlinks: so the directory must be a real
@@ -127,15 +127,23 @@ pub fn connect_trusted(socket: &Path) -> Result<Option<std::os::fd::OwnedFd>, St
             return match e.raw_os_error() {
                 Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => Ok(None),
                 Some(libc::EACCES) | Some(libc::EPERM) => Err(format!(
-                    "permission denied on {}: it belongs to another user's canald                      (use your own with --socket, or run as that user)",
+                    "permission denied on {}: it belongs to another user's canald \
+                     (use your own with --socket, or run as that user)",
                     socket.display()
                 )),
                 _ => Err(format!("cannot connect to {}: {e}", socket.display())),
             };
         }
     };
+    check_daemon(&fd, socket)?;
+    Ok(Some(fd))
+}
+
+/// Checks the uid of the daemon at the other end of `fd`, connected to `socket`
+/// (SO_PEERCRED): ours or root, else the reason.
+pub fn check_daemon(fd: &std::os::fd::OwnedFd, socket: &Path) -> Result<(), String> {
     let me = crate::sys::getuid();
-    let (pid, uid) = crate::sys::peer_cred(&fd)
+    let (pid, uid) = crate::sys::peer_cred(fd)
         .map_err(|e| format!("cannot learn who serves {}: {e}", socket.display()))?;
     if !trusted_daemon(uid, me) {
         return Err(format!(
@@ -144,7 +152,7 @@ pub fn connect_trusted(socket: &Path) -> Result<Option<std::os::fd::OwnedFd>, St
             socket.display()
         ));
     }
-    Ok(Some(fd))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -218,7 +218,7 @@ impl Daemon {
     /// Creates the control socket (parent dir 0700, a lock file so that two daemons
     /// racing for one path cannot both serve, stale socket removal).
     pub fn bind(mut cfg: Config) -> Result<Bound, String> {
-        let nofile = crate::fdbudget::raise_nofile();
+        let nofile = sys::raise_nofile();
         let cap = crate::fdbudget::per_guest_cap(nofile);
         if (cfg.sockets as u64) > cap {
             // One guest must not be able to take every descriptor (issue: one guest
@@ -1108,13 +1108,8 @@ fn error_reply(body: &[u8]) -> io::Error {
 /// Asks the canald at `path` for its listing: JSON, or the text table if `text`.
 pub fn fetch_stat(path: &Path, text: bool) -> io::Result<String> {
     let fd = sys::seqpacket_connect(path)?;
-    let (pid, uid) = sys::peer_cred(&fd)?;
-    if !crate::ctldir::trusted_daemon(uid, sys::getuid()) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("the canald there (pid {pid}) runs as uid {uid}, not as you or root"),
-        ));
-    }
+    crate::ctldir::check_daemon(&fd, path)
+        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
     let format: u32 = if text { 1 } else { 0 };
     let mut m = control::encode_header(kind::STAT, 4).to_vec();
     m.extend_from_slice(&format.to_le_bytes());

@@ -24,11 +24,6 @@ pub fn per_guest_cap(nofile: u64) -> u64 {
     (sockets * 3 / 4).max(1)
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force.
-pub fn raise_nofile() -> u64 {
-    crate::sys::raise_nofile()
-}
-
 /// A descriptor held in reserve (on /dev/null) for the moment accept(2) fails with
 /// EMFILE/ENFILE.
 pub struct Reserve(Option<OwnedFd>);

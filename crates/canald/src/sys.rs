@@ -868,7 +868,7 @@ pub fn getsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, out: &mut [u8]) -> 
 /// close (canald's own, or the kernel's when canald dies) resets the connection
 /// instead of ending it with a FIN; else {0, 0}, a close that never blocks and lets the
 /// kernel deliver what is queued. canald never sets a lingering timeout (it would block
-/// the poller in close); a guest's SO_LINGER is emulated (`guest::Linger`).
+/// the poller in close); a guest's SO_LINGER is emulated (`guest::HostSocket::linger`).
 pub fn set_abortive_close(fd: &OwnedFd, abort: bool) -> io::Result<()> {
     let l = libc::linger {
         l_onoff: abort as libc::c_int,

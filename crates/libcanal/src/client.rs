@@ -108,10 +108,8 @@ fn check_rejoin_fds(p: &crate::rejoin::Parsed) -> Result<(), &'static str> {
         return Err("the control descriptor is not a socket");
     }
     // SAFETY: getuid has no preconditions.
-    let me = unsafe { libc::getuid() };
-    match sys::peer_uid(p.ctl) {
-        Ok(u) if u == me || u == 0 => {}
-        _ => return Err("the control socket's daemon is not ours"),
+    if daemon_trusted(p.ctl, unsafe { libc::getuid() }) != Ok(true) {
+        return Err("the control socket's daemon is not ours");
     }
     if kind(p.memfd)? != (libc::S_IFREG, p.region_size) || kind(p.lockfd)? != (libc::S_IFREG, 4096)
     {
@@ -506,6 +504,12 @@ fn check_dir(path: &[u8], uid: u32) -> Result<(), AttachErr> {
     Ok(())
 }
 
+/// Whether the daemon at the other end of control socket `fd` runs as `uid` or root
+/// (SO_PEERCRED; canald's `ctldir::trusted_daemon` rule).
+fn daemon_trusted(fd: c_int, uid: u32) -> Result<bool, i32> {
+    sys::peer_uid(fd).map(|u| u == uid || u == 0)
+}
+
 fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -528,9 +532,9 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     })
     .map_err(|e| (e, "no canald answers"))?;
     // Nothing is sent to a daemon of another user (it would get our payload bytes).
-    match sys::peer_uid(fd) {
-        Ok(u) if u == uid || u == 0 => {}
-        Ok(_) => {
+    match daemon_trusted(fd, uid) {
+        Ok(true) => {}
+        Ok(false) => {
             return Err((
                 libc::EACCES,
                 "the canald there runs as another user; refusing it",

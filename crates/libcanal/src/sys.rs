@@ -315,11 +315,7 @@ pub fn munmap(base: *mut u8, len: usize) {
 }
 
 pub fn file_size(fd: c_int) -> Result<u64, i32> {
-    // SAFETY: stat is plain data; all-zero is a valid value.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: st is a valid out-pointer.
-    check(unsafe { libc::syscall(libc::SYS_fstat, fd as c_long, &mut st as *mut libc::stat) })?;
-    Ok(st.st_size as u64)
+    fd_kind(fd).map(|(_, size)| size)
 }
 
 /// (is a directory, owner uid, mode) of `path` (NUL-terminated), not following a
