@@ -1,4 +1,4 @@
-//! Variadic `fcntl`/`ioctl` arguments by command class (rsocket's preload.c idea).
+//! Variadic `fcntl`/`ioctl` arguments: what the library does with each fcntl command.
 //!
 //! Stable Rust cannot define C-variadic functions, so the hooks take the optional third
 //! argument as one machine word. On the Linux x86-64 and AArch64 calling conventions a
@@ -6,45 +6,9 @@
 //! the word holds it; for commands without an argument the word is garbage and is only
 //! passed through, never interpreted.
 
-/// How an fcntl command's third argument is to be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArgClass {
-    None,
-    Int,
-    Ptr,
-}
-
-const F_SETSIG: i32 = 10;
-const F_GETSIG: i32 = 11;
-
-pub fn fcntl_class(cmd: i32) -> ArgClass {
-    match cmd {
-        libc::F_GETFD
-        | libc::F_GETFL
-        | libc::F_GETOWN
-        | F_GETSIG
-        | libc::F_GETLEASE
-        | libc::F_GETPIPE_SZ
-        | libc::F_GET_SEALS => ArgClass::None,
-        libc::F_DUPFD
-        | libc::F_DUPFD_CLOEXEC
-        | libc::F_SETFD
-        | libc::F_SETFL
-        | libc::F_SETOWN
-        | F_SETSIG
-        | libc::F_SETLEASE
-        | libc::F_NOTIFY
-        | libc::F_SETPIPE_SZ
-        | libc::F_ADD_SEALS => ArgClass::Int,
-        // Locks, owner_ex, read/write hints, and anything unknown: a pointer-sized word
-        // passed through untouched.
-        _ => ArgClass::Ptr,
-    }
-}
-
 /// What the library does with an fcntl command on a canal descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FcntlAction {
+pub(crate) enum FcntlAction {
     /// F_GETFL: the dummy's flags with O_NONBLOCK taken from the socket entry.
     GetFl,
     /// F_SETFL: O_NONBLOCK into the socket entry, the rest to the dummy.
@@ -55,7 +19,7 @@ pub enum FcntlAction {
     PassThrough,
 }
 
-pub fn fcntl_action(cmd: i32, arg: u64) -> FcntlAction {
+pub(crate) fn fcntl_action(cmd: i32, arg: u64) -> FcntlAction {
     match cmd {
         libc::F_GETFL => FcntlAction::GetFl,
         libc::F_SETFL => FcntlAction::SetFl(arg as i32),
@@ -74,17 +38,6 @@ pub fn fcntl_action(cmd: i32, arg: u64) -> FcntlAction {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn classes() {
-        assert_eq!(fcntl_class(libc::F_GETFL), ArgClass::None);
-        assert_eq!(fcntl_class(libc::F_GETFD), ArgClass::None);
-        assert_eq!(fcntl_class(libc::F_SETFL), ArgClass::Int);
-        assert_eq!(fcntl_class(libc::F_DUPFD_CLOEXEC), ArgClass::Int);
-        assert_eq!(fcntl_class(libc::F_SETLK), ArgClass::Ptr);
-        assert_eq!(fcntl_class(libc::F_OFD_SETLKW), ArgClass::Ptr);
-        assert_eq!(fcntl_class(12345), ArgClass::Ptr);
-    }
 
     #[test]
     fn actions() {

@@ -16,7 +16,7 @@ const TAG_EPOLL: u64 = 3 << 32;
 const TAG_MASK: u64 = 0xff << 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
+pub(crate) enum Entry {
     /// A canal socket with this handle.
     Canal(u32),
     /// One of the library's own descriptors (control socket, eventfds).
@@ -25,27 +25,27 @@ pub enum Entry {
     Epoll,
 }
 
-pub struct FdTable<const N: usize> {
+pub(crate) struct FdTable<const N: usize> {
     words: [AtomicU64; N],
     /// One past the highest descriptor ever installed (bounds scans, e.g. at fork).
     high: AtomicUsize,
 }
 
 impl<const N: usize> FdTable<N> {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         FdTable {
             words: [const { AtomicU64::new(0) }; N],
             high: AtomicUsize::new(0),
         }
     }
 
-    pub const fn capacity(&self) -> usize {
+    pub(crate) const fn capacity(&self) -> usize {
         N
     }
 
     /// The fast path: one bounds check and one load.
     #[inline(always)]
-    pub fn raw(&self, fd: i32) -> u64 {
+    pub(crate) fn raw(&self, fd: i32) -> u64 {
         match self.words.get(fd as u32 as usize) {
             Some(w) => w.load(Ordering::Relaxed),
             None => 0,
@@ -53,7 +53,7 @@ impl<const N: usize> FdTable<N> {
     }
 
     #[inline]
-    pub fn decode(word: u64) -> Option<Entry> {
+    pub(crate) fn decode(word: u64) -> Option<Entry> {
         match word & TAG_MASK {
             TAG_CANAL => Some(Entry::Canal(word as u32)),
             TAG_INTERNAL => Some(Entry::Internal),
@@ -63,13 +63,13 @@ impl<const N: usize> FdTable<N> {
     }
 
     #[inline]
-    pub fn get(&self, fd: i32) -> Option<Entry> {
+    pub(crate) fn get(&self, fd: i32) -> Option<Entry> {
         Self::decode(self.raw(fd))
     }
 
     /// The handle if `fd` is a canal socket.
     #[inline]
-    pub fn handle(&self, fd: i32) -> Option<u32> {
+    pub(crate) fn handle(&self, fd: i32) -> Option<u32> {
         match self.get(fd) {
             Some(Entry::Canal(h)) => Some(h),
             _ => None,
@@ -84,32 +84,32 @@ impl<const N: usize> FdTable<N> {
     }
 
     /// Marks `fd` as a canal socket; returns what was there (normally nothing).
-    pub fn set_canal(&self, fd: i32, handle: u32) -> Result<Option<Entry>, i32> {
+    pub(crate) fn set_canal(&self, fd: i32, handle: u32) -> Result<Option<Entry>, i32> {
         self.store(fd, TAG_CANAL | handle as u64)
     }
 
-    pub fn set_internal(&self, fd: i32) -> Result<Option<Entry>, i32> {
+    pub(crate) fn set_internal(&self, fd: i32) -> Result<Option<Entry>, i32> {
         self.store(fd, TAG_INTERNAL)
     }
 
     /// Marks `fd` as an epoll instance watching canal sockets.
-    pub fn set_epoll(&self, fd: i32) -> Result<Option<Entry>, i32> {
+    pub(crate) fn set_epoll(&self, fd: i32) -> Result<Option<Entry>, i32> {
         self.store(fd, TAG_EPOLL)
     }
 
     /// Forgets `fd`; returns what was there.
-    pub fn take(&self, fd: i32) -> Option<Entry> {
+    pub(crate) fn take(&self, fd: i32) -> Option<Entry> {
         let w = self.words.get(fd as u32 as usize)?;
         Self::decode(w.swap(0, Ordering::AcqRel))
     }
 
     /// One past the highest descriptor ever installed.
-    pub fn high_water(&self) -> usize {
+    pub(crate) fn high_water(&self) -> usize {
         self.high.load(Ordering::Relaxed).min(N)
     }
 
     /// Calls `f(fd, handle)` for every canal descriptor.
-    pub fn for_each_canal(&self, mut f: impl FnMut(i32, u32)) {
+    pub(crate) fn for_each_canal(&self, mut f: impl FnMut(i32, u32)) {
         let high = self.high.load(Ordering::Relaxed).min(N);
         for (fd, w) in self.words[..high].iter().enumerate() {
             if let Some(Entry::Canal(h)) = Self::decode(w.load(Ordering::Relaxed)) {
@@ -127,9 +127,9 @@ impl<const N: usize> Default for FdTable<N> {
 
 /// Descriptor numbers the process table covers: the kernel's ceiling (`nr_open`
 /// default). The array is 8 MiB of zero pages in .bss; only touched pages cost memory.
-pub const TABLE_LEN: usize = 1 << 20;
+pub(crate) const TABLE_LEN: usize = 1 << 20;
 
-pub static TABLE: FdTable<TABLE_LEN> = FdTable::new();
+pub(crate) static TABLE: FdTable<TABLE_LEN> = FdTable::new();
 
 #[cfg(test)]
 mod tests {

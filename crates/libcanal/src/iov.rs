@@ -7,7 +7,7 @@ use canal_abi::ring::{copy_in, copy_out, RingStorage};
 use libc::iovec;
 
 /// Sum of the iovec lengths; EINVAL if it overflows ssize_t (as the kernel says).
-pub fn total_len(iov: &[iovec]) -> Result<usize, i32> {
+pub(crate) fn total_len(iov: &[iovec]) -> Result<usize, i32> {
     let mut t: usize = 0;
     for v in iov {
         t = t.checked_add(v.iov_len).ok_or(libc::EINVAL)?;
@@ -52,7 +52,7 @@ unsafe fn walk(
 ///
 /// # Safety
 /// As for `walk`: the iovecs describe readable memory.
-pub unsafe fn gather_into<S: RingStorage + ?Sized>(
+pub(crate) unsafe fn gather_into<S: RingStorage + ?Sized>(
     ring: &S,
     pos: u64,
     iov: &[iovec],
@@ -72,7 +72,7 @@ pub unsafe fn gather_into<S: RingStorage + ?Sized>(
 ///
 /// # Safety
 /// As for `walk`: the iovecs describe writable memory.
-pub unsafe fn scatter_from<S: RingStorage + ?Sized>(
+pub(crate) unsafe fn scatter_from<S: RingStorage + ?Sized>(
     ring: &S,
     pos: u64,
     iov: &[iovec],
@@ -92,7 +92,7 @@ pub unsafe fn scatter_from<S: RingStorage + ?Sized>(
 ///
 /// # Safety
 /// As for `walk`: the iovecs describe readable memory that outlives the call.
-pub unsafe fn for_each_slice<'a>(iov: &[iovec], n: usize, mut f: impl FnMut(&'a [u8])) {
+pub(crate) unsafe fn for_each_slice<'a>(iov: &[iovec], n: usize, mut f: impl FnMut(&'a [u8])) {
     // SAFETY: forwarded caller guarantee.
     unsafe {
         walk(iov, 0, n, |p, len, _| {
@@ -102,7 +102,7 @@ pub unsafe fn for_each_slice<'a>(iov: &[iovec], n: usize, mut f: impl FnMut(&'a 
 }
 
 /// Builds the iovec array for a contiguous buffer (send/recv on one buffer).
-pub fn single(buf: *mut libc::c_void, len: usize) -> iovec {
+pub(crate) fn single(buf: *mut libc::c_void, len: usize) -> iovec {
     iovec {
         iov_base: buf,
         iov_len: len,

@@ -3,45 +3,53 @@
 //! over shared memory to canald, which performs them on the host's network stack
 //! (`docs/protocol.md`). Everything else goes to libc unchanged.
 //!
-//! Code map:
-//! - `hooks`: the thin `extern "C"` trampolines (the only exported symbols), plus
-//!   the descriptor bookkeeping of close/close_range/dup*/exec.
-//! - `sock`: socket operations (data path over the rings, control ops as requests).
-//! - `poll`: poll/select over any mix of canal and ordinary descriptors.
-//! - `epoll`: epoll interest lists of canal sockets, waits over mixed descriptors.
-//! - `policy`: which sockets canal takes (CANAL_EXCLUDE) and the hand-off to the kernel.
-//! - `rejoin`: canal sockets inherited over exec keep working (CANAL_REJOIN).
-//! - `seg`: pair segments of short-circuited connections (protocol §8).
-//! - `ivshmem`: the VM transport (the region is the ivshmem PCI BAR).
-//! - `client`: attaching to canald, per-thread slots, requests, kicks, waits, fork.
-//! - `fdtable`: descriptor → socket handle; `ready`: readiness bits; `sockaddr`,
-//!   `iov`, `cmd`: pure conversions; `sys`: raw system calls and real libc functions.
+//! A preload library lives inside someone else's program, so the crate stays
+//! dependency-light (libc and canal-abi only): hooks do not allocate or take blocking
+//! locks on the data path, preserve errno on success, and never re-enter themselves.
+//! Nothing here is public: the only exported symbols are the hooks' `extern "C"` functions.
+//!
+//! Code map (each module uses only modules listed above it; `scripts/check-layout`):
+//! - `sys`: raw system calls and the real libc functions; `rt`: spin locks, pid,
+//!   debug logging, environment; `fdtable`, `ready`, `sockaddr`, `iov`, `cmd`: pure
+//!   bookkeeping and conversions.
+//! - `notify`: wait policy (poll/sleep/hybrid, adaptive spin budgets).
+//! - `conn/`: the connection to canald: `guest` state, `attach`, `inherit`
+//!   (CANAL_REJOIN), `ctl` messages, per-thread `slots`, `request`s, `sleep` and `wait`.
+//! - `shortcut/`: short-circuited connections: pair segments, zones, barrier, side locks.
+//! - `sock/`: socket operations (`core` is the socket; create, control, opts, data
+//!   over `stream`/`dgram` rings, accept, close).
+//! - `policy`: which sockets canal takes (CANAL_EXCLUDE); `handoff`: giving one to the kernel.
+//! - `mux/`: poll/select and epoll over mixed descriptors.
+//! - `rejoin`: canal sockets inherited over exec keep working.
+//! - `hooks/`: the `extern "C"` entry points, one file per family of calls.
+//! - `fork`: the one `pthread_atfork` registration.
 
-pub mod barrier;
-pub mod client;
-pub mod cmd;
-pub mod epoll;
-pub mod fdtable;
-pub mod hooks;
-pub mod iov;
-pub mod ivshmem;
-pub mod notify;
-pub mod policy;
-pub mod poll;
-pub mod pollwait;
-pub mod ready;
-pub mod rejoin;
-pub mod seg;
-pub mod sidelock;
-pub mod sock;
-pub mod sockaddr;
-pub mod sys;
-pub mod zones;
+// In unit-test builds the hooks are not exported (`cfg_attr(not(test), no_mangle)`), so
+// everything reached only from them looks unused.
+#![cfg_attr(test, allow(dead_code))]
 
-/// Library constructor: registers the fork handlers before the program can fork.
+mod cmd;
+mod conn;
+mod fdtable;
+mod fork;
+mod handoff;
+mod hooks;
+mod iov;
+mod mux;
+mod notify;
+mod policy;
+mod ready;
+mod rejoin;
+mod rt;
+mod shortcut;
+mod sock;
+mod sockaddr;
+mod sys;
+
+/// Library constructor: registers the fork handlers before the program can fork, and
+/// rejoins the guest of an exec'ing parent (CANAL_REJOIN).
 extern "C" fn init() {
-    client::register_fork_handlers();
-    epoll::register_fork_handlers();
+    fork::register_handlers();
     rejoin::at_start();
 }
 
@@ -52,7 +60,7 @@ static INIT: extern "C" fn() = init;
 
 /// Library destructor (runs at exit()).
 extern "C" fn fini() {
-    hooks::at_exit();
+    hooks::exec::at_exit();
 }
 
 #[cfg(not(test))]

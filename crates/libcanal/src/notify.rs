@@ -7,11 +7,12 @@
 //! every 4 gaps the budget T is re-chosen among {min, remembered gaps, max} to minimise
 //! Σ (gap if gap ≤ T, else T + WAKE_COST) over the last 16 gaps. `CANAL_SPIN=N` fixes
 //! the budget at N iterations instead.
-use crate::client::Guest;
+use canal_abi::sync::Ordering;
+use core::sync::atomic::AtomicBool;
 use std::cell::RefCell;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Never sleeps (measurement only: burns a core per waiting thread).
     Poll,
     /// Sleeps at once, no spinning.
@@ -21,7 +22,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn parse(v: &[u8]) -> Option<Mode> {
+    pub(crate) fn parse(v: &[u8]) -> Option<Mode> {
         match v {
             b"poll" => Some(Mode::Poll),
             b"sleep" => Some(Mode::Sleep),
@@ -33,11 +34,11 @@ impl Mode {
 
 /// Bounds of the hybrid budget and the cost charged for one sleep/wake-up (about what
 /// waking a blocked thread on another vCPU costs on the small machines canal targets).
-pub const MIN_NS: u64 = 1_000;
-pub const MAX_NS: u64 = 100_000;
-pub const WAKE_COST_NS: u64 = 30_000;
+pub(crate) const MIN_NS: u64 = 1_000;
+pub(crate) const MAX_NS: u64 = 100_000;
+pub(crate) const WAKE_COST_NS: u64 = 30_000;
 /// The budget a thread starts with.
-pub const INITIAL_NS: u64 = 30_000;
+pub(crate) const INITIAL_NS: u64 = 30_000;
 const HISTORY: usize = 16;
 
 struct Budget {
@@ -91,23 +92,34 @@ thread_local! {
     static BUDGET: RefCell<Budget> = const { RefCell::new(Budget::INIT) };
 }
 
+/// How one process's threads wait, read from the environment at attach time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaitSettings {
+    /// `CANAL_NOTIFY`.
+    pub(crate) mode: Mode,
+    /// Iterations of a poll loop worth about 30 µs (or the fixed `CANAL_SPIN`).
+    pub(crate) spin: u32,
+    /// `CANAL_SPIN` fixed the budget (no adaptation).
+    pub(crate) fixed_spin: bool,
+}
+
 /// Whether this guest's waits adapt (hybrid without a fixed `CANAL_SPIN`).
-pub fn adaptive(g: &Guest) -> bool {
-    g.notify == Mode::Hybrid && !g.fixed_spin
+pub(crate) fn adaptive(w: &WaitSettings) -> bool {
+    w.mode == Mode::Hybrid && !w.fixed_spin
 }
 
 /// Spin iterations before the calling thread sleeps.
-pub fn spin_iters(g: &Guest) -> u32 {
-    match g.notify {
+pub(crate) fn spin_iters(w: &WaitSettings) -> u32 {
+    match w.mode {
         Mode::Poll => u32::MAX,
         Mode::Sleep => 0,
-        Mode::Hybrid if g.fixed_spin => g.spin,
+        Mode::Hybrid if w.fixed_spin => w.spin,
         Mode::Hybrid => {
             let ns = BUDGET
                 .try_with(|b| b.try_borrow().map(|b| b.ns).unwrap_or(INITIAL_NS))
                 .unwrap_or(INITIAL_NS);
             // `spin` iterations take about 30 µs (calibrated at attach).
-            ((ns as u128 * g.spin as u128) / 30_000).clamp(1, u32::MAX as u128) as u32
+            ((ns as u128 * w.spin as u128) / 30_000).clamp(1, u32::MAX as u128) as u32
         }
     }
 }
@@ -116,8 +128,8 @@ pub fn spin_iters(g: &Guest) -> u32 {
 /// spinning by time rather than by counted iterations (an epoll wait's round scans
 /// every watched socket, so its cost per round depends on the interest list); None
 /// when the budget is not adaptive (poll, sleep, or a fixed `CANAL_SPIN`).
-pub fn adaptive_ns(g: &Guest) -> Option<u64> {
-    if !adaptive(g) {
+pub(crate) fn adaptive_ns(w: &WaitSettings) -> Option<u64> {
+    if !adaptive(w) {
         return None;
     }
     Some(
@@ -127,19 +139,19 @@ pub fn adaptive_ns(g: &Guest) -> Option<u64> {
     )
 }
 
-/// About how long `spins` spin iterations take (`g.spin` iterations ≈ 30 µs, calibrated
+/// About how long `spins` spin iterations take (`w.spin` iterations ≈ 30 µs, calibrated
 /// at attach): a wait answered within its first spins records its gap from this instead
 /// of reading the clock twice.
-pub fn spins_ns(g: &Guest, spins: u32) -> i64 {
-    (spins as i64 * 30_000) / (g.spin.max(1) as i64)
+pub(crate) fn spins_ns(w: &WaitSettings, spins: u32) -> i64 {
+    (spins as i64 * 30_000) / (w.spin.max(1) as i64)
 }
 
 /// Spins after which a hybrid wait starts its clock (`spins_ns` covers the spins before).
-pub const CLOCK_AFTER: u32 = 128;
+pub(crate) const CLOCK_AFTER: u32 = 128;
 
 /// Records one wait's gap (ns) for the calling thread's budget.
-pub fn record(g: &Guest, gap_ns: i64) {
-    if !adaptive(g) {
+pub(crate) fn record(w: &WaitSettings, gap_ns: i64) {
+    if !adaptive(w) {
         return;
     }
     let _ = BUDGET.try_with(|b| {
@@ -162,10 +174,10 @@ pub fn record(g: &Guest, gap_ns: i64) {
 /// peers are all behind canald gets it only while the thread is not being preempted
 /// (`core_free`): with canald and a native peer queued behind it on two cores, the
 /// extra spinning took the core they needed (nginx guest→native 0.72× → 0.65×).
-pub fn record_wait(g: &Guest, gap_ns: i64, slept: bool) {
-    let floor = adaptive_ns(g).unwrap_or(0) as i64;
-    let discount = slept && (crate::client::segment_mapped() || core_free::now());
-    record(g, slept_gap(gap_ns, discount, floor));
+pub(crate) fn record_wait(w: &WaitSettings, gap_ns: i64, slept: bool) {
+    let floor = adaptive_ns(w).unwrap_or(0) as i64;
+    let discount = slept && (crate::notify::segment_mapped() || core_free::now());
+    record(w, slept_gap(gap_ns, discount, floor));
 }
 
 /// Whether the calling thread's core is free of other work: it was not preempted
@@ -179,7 +191,7 @@ mod core_free {
         /// (when last asked, preemptions then, the verdict since)
         static STATE: Cell<(i64, u64, bool)> = const { Cell::new((0, 0, false)) };
     }
-    pub fn now() -> bool {
+    pub(crate) fn now() -> bool {
         STATE
             .try_with(|s| {
                 let (at, count, free) = s.get();
@@ -216,7 +228,7 @@ fn slept_gap(gap_ns: i64, discount: bool, floor: i64) -> i64 {
 
 /// Spinning in poll mode yields the core this often (iterations), so a guest and the
 /// poller can share one core without livelock, and checks that canald still lives.
-pub const POLL_YIELD_EVERY: u32 = 1024;
+pub(crate) const POLL_YIELD_EVERY: u32 = 1024;
 
 #[cfg(test)]
 mod tests {
@@ -298,5 +310,20 @@ mod tests {
             b.record(500_000); // beyond MAX: a wake-up each time is cheapest
         }
         assert_eq!(b.ns, MIN_NS);
+    }
+}
+
+/// Set once this process mapped a pair segment (`crate::shortcut::seg::get` succeeded): until then no
+/// socket can have a sleeper word for `SegSleepers` to count.
+pub(crate) static SEGMENT_MAPPED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process has short-circuited connections (another guest is its peer).
+pub(crate) fn segment_mapped() -> bool {
+    SEGMENT_MAPPED.load(Ordering::Relaxed)
+}
+
+pub(crate) fn note_segment_mapped() {
+    if !SEGMENT_MAPPED.load(Ordering::Relaxed) {
+        SEGMENT_MAPPED.store(true, Ordering::Release);
     }
 }

@@ -13,10 +13,8 @@
 //! dummy descriptor at the same number, and the call proceeds on it. After that first
 //! call a canal socket stays canal's.
 
-use crate::client::{self, Guest};
-use crate::fdtable::TABLE;
 use crate::ready::local;
-use crate::sock::{self, Sock};
+use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::addr::{CanalAddr, FAMILY_INET6};
 use canal_abi::sock_kind;
@@ -26,7 +24,7 @@ use core::sync::atomic::{AtomicU32, AtomicU8};
 use libc::c_int;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// (16-byte address, IPv4-mapped if `v4`, prefix bits within its family).
     net: Option<([u8; 16], bool, u8)>,
     port: Option<u16>,
@@ -41,7 +39,7 @@ fn mapped(ip: [u8; 4]) -> [u8; 16] {
 }
 
 /// Parses one rule; None if malformed.
-pub fn parse_rule(r: &str) -> Option<Rule> {
+pub(crate) fn parse_rule(r: &str) -> Option<Rule> {
     let r = r.trim();
     if r.is_empty() {
         return None;
@@ -106,7 +104,7 @@ fn prefix_eq(a: &[u8; 16], b: &[u8; 16], bits: u32) -> bool {
 }
 
 impl Rule {
-    pub fn matches(&self, a: &CanalAddr) -> bool {
+    pub(crate) fn matches(&self, a: &CanalAddr) -> bool {
         if self.port.is_some_and(|p| p != a.port) {
             return false;
         }
@@ -128,7 +126,7 @@ impl Rule {
 }
 
 /// Parses a whole CANAL_EXCLUDE value: (rules, malformed pieces).
-pub fn parse(v: &str) -> (Vec<Rule>, Vec<String>) {
+pub(crate) fn parse(v: &str) -> (Vec<Rule>, Vec<String>) {
     let mut rules = Vec::new();
     let mut bad = Vec::new();
     for piece in v.split(',').filter(|p| !p.trim().is_empty()) {
@@ -164,21 +162,21 @@ static SHARED: Shared = Shared {
     opts: UnsafeCell::new(Vec::new()),
 };
 
-fn with<R>(f: impl FnOnce(&mut Vec<Rule>, &mut Vec<SavedOpt>) -> R) -> R {
+pub(crate) fn with<R>(f: impl FnOnce(&mut Vec<Rule>, &mut Vec<SavedOpt>) -> R) -> R {
     struct Unlock;
     impl Drop for Unlock {
         fn drop(&mut self) {
-            client::unlock(&SHARED.lock);
+            crate::rt::unlock(&SHARED.lock);
         }
     }
-    client::lock(&SHARED.lock);
+    crate::rt::lock(&SHARED.lock);
     let _u = Unlock;
     // SAFETY: the lock is held.
     unsafe { f(&mut *SHARED.rules.get(), &mut *SHARED.opts.get()) }
 }
 
 /// Whether any exclusion rule is configured (reads CANAL_EXCLUDE once).
-pub fn active() -> bool {
+pub(crate) fn active() -> bool {
     match STATE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
@@ -199,19 +197,19 @@ pub fn active() -> bool {
 }
 
 /// Whether `a` is left to the kernel.
-pub fn excluded(a: &CanalAddr) -> bool {
+pub(crate) fn excluded(a: &CanalAddr) -> bool {
     active() && with(|r, _| r.iter().any(|x| x.matches(a)))
 }
 
 /// The socket has not been bound, connected or used yet.
-pub fn undecided(s: &Sock) -> bool {
+pub(crate) fn undecided(s: &Sock) -> bool {
     s.e.guest_flags.load(Ordering::Relaxed) & local::COMMITTED == 0
         && matches!(s.kind(), sock_kind::STREAM | sock_kind::DGRAM)
         && s.flags() == 0
 }
 
 /// The socket is canal's for good (its first bind/connect/send went to canal).
-pub fn commit(s: &Sock) {
+pub(crate) fn commit(s: &Sock) {
     if s.e.guest_flags.load(Ordering::Relaxed) & local::COMMITTED == 0 {
         s.e.guest_flags
             .fetch_or(local::COMMITTED, Ordering::Relaxed);
@@ -223,14 +221,14 @@ pub fn commit(s: &Sock) {
 }
 
 /// The socket is gone: forget its saved options.
-pub fn forget(handle: u32) {
+pub(crate) fn forget(handle: u32) {
     if STATE.load(Ordering::Relaxed) == 2 {
         with(|_, o| o.retain(|x| x.0 != handle));
     }
 }
 
 /// Remembers an option set on an undecided socket (only with rules configured).
-pub fn record_option(s: &Sock, level: c_int, name: c_int, val: &[u8]) {
+pub(crate) fn record_option(s: &Sock, level: c_int, name: c_int, val: &[u8]) {
     if active() && undecided(s) {
         let h = s.handle;
         with(|_, o| {
@@ -238,85 +236,6 @@ pub fn record_option(s: &Sock, level: c_int, name: c_int, val: &[u8]) {
             o.push((h, level, name, val.to_vec()));
         });
     }
-}
-
-/// Replaces canal socket `s` behind `fd` by a kernel socket of the same family and
-/// type with the options set so far, at the same descriptor number.
-pub fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> {
-    let domain = if s.e.family.load(Ordering::Relaxed) == FAMILY_INET6 as u32 {
-        libc::AF_INET6
-    } else {
-        libc::AF_INET
-    };
-    let ty = if s.kind() == sock_kind::DGRAM {
-        libc::SOCK_DGRAM
-    } else {
-        libc::SOCK_STREAM
-    };
-    let nb = if s.nonblocking() {
-        libc::SOCK_NONBLOCK
-    } else {
-        0
-    };
-    let nfd = sys::socket(domain, ty | nb | libc::SOCK_CLOEXEC, 0)?;
-    let h = s.handle;
-    let opts: Vec<(c_int, c_int, Vec<u8>)> = with(|_, o| {
-        let mine = o
-            .iter()
-            .filter(|x| x.0 == h)
-            .map(|x| (x.1, x.2, x.3.clone()))
-            .collect();
-        o.retain(|x| x.0 != h);
-        mine
-    });
-    let set = |level: c_int, name: c_int, v: &[u8]| {
-        // SAFETY: v is a readable buffer of v.len() bytes for the kernel to copy.
-        unsafe {
-            libc::syscall(
-                libc::SYS_setsockopt,
-                nfd as libc::c_long,
-                level as libc::c_long,
-                name as libc::c_long,
-                v.as_ptr(),
-                v.len() as libc::c_long,
-            )
-        }
-    };
-    for (level, name, v) in &opts {
-        set(*level, *name, v);
-    }
-    for (name, ns) in [
-        (libc::SO_RCVTIMEO, s.e.rcvtimeo_ns.load(Ordering::Relaxed)),
-        (libc::SO_SNDTIMEO, s.e.sndtimeo_ns.load(Ordering::Relaxed)),
-    ] {
-        if ns != 0 {
-            set(libc::SOL_SOCKET, name, &sock::ns_to_timeval(ns));
-        }
-    }
-    let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0).map_or(0, |f| f as c_int) & libc::FD_CLOEXEC;
-    // The number stops being canal's before the kernel socket takes it.
-    TABLE.take(fd);
-    // SAFETY: plain descriptor call.
-    let r = sys::check(unsafe {
-        libc::syscall(
-            libc::SYS_dup3,
-            nfd as libc::c_long,
-            fd as libc::c_long,
-            if cloexec != 0 { libc::O_CLOEXEC } else { 0 } as libc::c_long,
-        )
-    });
-    let _ = sys::close(nfd);
-    if let Err(e) = r {
-        let _ = TABLE.set_canal(fd, h);
-        return Err(e);
-    }
-    crate::epoll::move_to_kernel(fd);
-    sock::release(g, h);
-    client::debug!(
-        g,
-        "canal: fd {fd} (handle {h:#x}) left to the kernel by CANAL_EXCLUDE\n"
-    );
-    Ok(())
 }
 
 #[cfg(test)]

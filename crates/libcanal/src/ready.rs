@@ -8,63 +8,63 @@ use libc::c_short;
 
 /// libcanal-private bits of `SocketEntry::guest_flags` (the word is guest-only; bit 0
 /// is the ABI's O_NONBLOCK). Set by this process family's shutdown() calls.
-pub mod local {
-    pub const SHUT_RD: u32 = 1 << 1;
-    pub const SHUT_WR: u32 = 1 << 2;
+pub(crate) mod local {
+    pub(crate) const SHUT_RD: u32 = 1 << 1;
+    pub(crate) const SHUT_WR: u32 = 1 << 2;
     /// A connect returned EINPROGRESS (or timed out / was interrupted) and has not been
     /// collected by a later connect (the kernel's socket-layer SS_CONNECTING).
-    pub const CONNECT_PENDING: u32 = 1 << 3;
+    pub(crate) const CONNECT_PENDING: u32 = 1 << 3;
     /// The socket's first bind/connect/listen/sendto went to canal: the selection
     /// policy (`policy.rs`) no longer hands it to the kernel.
-    pub const COMMITTED: u32 = 1 << 4;
+    pub(crate) const COMMITTED: u32 = 1 << 4;
     /// A send on a short-circuited socket found its ring full (the kernel's
     /// SOCK_NOSPACE): until an edge-triggered epoll reports EPOLLOUT, the peer freeing
     /// space is an edge (`Sock::edge_seq`).
-    pub const NOSPACE: u32 = 1 << 5;
+    pub(crate) const NOSPACE: u32 = 1 << 5;
 }
 
-pub const POLLIN: c_short = libc::POLLIN;
-pub const POLLOUT: c_short = libc::POLLOUT;
-pub const POLLERR: c_short = libc::POLLERR;
-pub const POLLHUP: c_short = libc::POLLHUP;
-pub const POLLRDHUP: c_short = libc::POLLRDHUP;
-pub const POLLRDNORM: c_short = libc::POLLRDNORM;
-pub const POLLWRNORM: c_short = libc::POLLWRNORM;
-pub const POLLNVAL: c_short = libc::POLLNVAL;
-pub const POLLPRI: c_short = libc::POLLPRI;
+pub(crate) const POLLIN: c_short = libc::POLLIN;
+pub(crate) const POLLOUT: c_short = libc::POLLOUT;
+pub(crate) const POLLERR: c_short = libc::POLLERR;
+pub(crate) const POLLHUP: c_short = libc::POLLHUP;
+pub(crate) const POLLRDHUP: c_short = libc::POLLRDHUP;
+pub(crate) const POLLRDNORM: c_short = libc::POLLRDNORM;
+pub(crate) const POLLWRNORM: c_short = libc::POLLWRNORM;
+pub(crate) const POLLNVAL: c_short = libc::POLLNVAL;
+pub(crate) const POLLPRI: c_short = libc::POLLPRI;
 
 const IN: c_short = POLLIN | POLLRDNORM;
 const OUT: c_short = POLLOUT | POLLWRNORM;
 
 /// A snapshot of one socket entry.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SockState {
-    pub kind: u32,
-    pub flags: u32,
-    pub pending_error: u32,
+pub(crate) struct SockState {
+    pub(crate) kind: u32,
+    pub(crate) flags: u32,
+    pub(crate) pending_error: u32,
     /// Bytes queued in the tx ring, and its size.
-    pub tx_used: u64,
-    pub tx_size: u64,
+    pub(crate) tx_used: u64,
+    pub(crate) tx_size: u64,
     /// Bytes queued in the rx ring.
-    pub rx_used: u64,
+    pub(crate) rx_used: u64,
     /// guest_flags (for the `local` shutdown bits).
-    pub guest_flags: u32,
+    pub(crate) guest_flags: u32,
 }
 
 impl SockState {
-    pub fn tx_free(&self) -> u64 {
+    pub(crate) fn tx_free(&self) -> u64 {
         self.tx_size.saturating_sub(self.tx_used)
     }
 }
 
 /// Room a datagram socket needs to report POLLOUT: any record the ring accepts fits
 /// (half the ring plus a header; see `ring::max_record_payload`).
-pub fn dgram_writable(tx_free: u64, tx_size: u64) -> bool {
+pub(crate) fn dgram_writable(tx_free: u64, tx_size: u64) -> bool {
     tx_size > 0 && tx_free >= tx_size / 2 + RECORD_HEADER
 }
 
 /// All poll bits that are true now (before masking with the requested events).
-pub fn readiness(s: &SockState) -> c_short {
+pub(crate) fn readiness(s: &SockState) -> c_short {
     let shut_rd = s.guest_flags & local::SHUT_RD != 0;
     let shut_wr = s.guest_flags & local::SHUT_WR != 0;
     let mut m: c_short = 0;
@@ -133,17 +133,17 @@ pub fn readiness(s: &SockState) -> c_short {
 
 /// What poll() reports for requested `events`: the requested bits plus the ones
 /// always reported (POLLERR, POLLHUP, POLLNVAL).
-pub fn mask(ready: c_short, events: c_short) -> c_short {
+pub(crate) fn mask(ready: c_short, events: c_short) -> c_short {
     ready & (events | POLLERR | POLLHUP | POLLNVAL)
 }
 
 /// What a dead canald leaves: every call fails, so report everything.
-pub const DEAD: c_short = IN | OUT | POLLERR | POLLHUP;
+pub(crate) const DEAD: c_short = IN | OUT | POLLERR | POLLHUP;
 
 // ---- select() <-> poll() ---------------------------------------------------------------
 
 /// The poll events select() asks for, given set membership.
-pub fn select_events(r: bool, w: bool, e: bool) -> c_short {
+pub(crate) fn select_events(r: bool, w: bool, e: bool) -> c_short {
     let mut ev = 0;
     if r {
         ev |= IN;
@@ -159,7 +159,7 @@ pub fn select_events(r: bool, w: bool, e: bool) -> c_short {
 
 /// Which sets an fd ends up in for poll `revents` (the kernel's POLLIN_SET,
 /// POLLOUT_SET and POLLEX_SET).
-pub fn select_result(revents: c_short) -> (bool, bool, bool) {
+pub(crate) fn select_result(revents: c_short) -> (bool, bool, bool) {
     let r = revents & (IN | libc::POLLRDBAND | POLLHUP | POLLERR) != 0;
     let w = revents & (OUT | libc::POLLWRBAND | POLLERR) != 0;
     let e = revents & POLLPRI != 0;

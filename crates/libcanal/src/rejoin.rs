@@ -13,60 +13,13 @@
 //! descriptors then keep working exactly as before exec. Without sockets to carry, exec
 //! is left alone and the new image attaches as a new guest when it first needs to.
 
-use crate::client::{self, Guest};
+use crate::conn::guest::Guest;
+use crate::conn::inherit::VAR;
+use crate::conn::inherit::{encode, parse};
 use crate::fdtable::TABLE;
-use crate::sock::Sock;
+use crate::sock::core::Sock;
 use crate::sys;
 use libc::c_int;
-
-pub const VAR: &str = "CANAL_REJOIN";
-
-/// Encodes the rejoin value.
-pub fn encode(g: (c_int, c_int, c_int, c_int, u64), old_slot: u32, fds: &[(c_int, u32)]) -> String {
-    let mut s = format!("{},{},{},{},{},{};", g.0, g.1, g.2, g.3, g.4, old_slot);
-    for (i, (fd, h)) in fds.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&format!("{fd}:{h}"));
-    }
-    s
-}
-
-/// What `encode` wrote.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Parsed {
-    pub ctl: c_int,
-    pub memfd: c_int,
-    pub doorbell: c_int,
-    pub lockfd: c_int,
-    pub region_size: u64,
-    pub old_slot: u32,
-    pub fds: Vec<(c_int, u32)>,
-}
-
-pub fn parse(v: &str) -> Option<Parsed> {
-    let (head, tail) = v.split_once(';')?;
-    let h: Vec<&str> = head.split(',').collect();
-    if h.len() != 6 {
-        return None;
-    }
-    let fd = |s: &str| s.parse::<c_int>().ok().filter(|&f| f >= 0);
-    let mut fds = Vec::new();
-    for p in tail.split(',').filter(|p| !p.is_empty()) {
-        let (f, hd) = p.split_once(':')?;
-        fds.push((fd(f)?, hd.parse::<u32>().ok()?));
-    }
-    Some(Parsed {
-        ctl: fd(h[0])?,
-        memfd: fd(h[1])?,
-        doorbell: fd(h[2])?,
-        lockfd: fd(h[3])?,
-        region_size: h[4].parse().ok()?,
-        old_slot: h[5].parse().ok()?,
-        fds,
-    })
-}
 
 fn set_cloexec(fd: c_int, on: bool) {
     let _ = sys::fcntl_int(
@@ -83,20 +36,20 @@ fn set_cloexec(fd: c_int, on: bool) {
 /// Before exec: if `keep` (inherited canal sockets) is not empty, makes the guest's
 /// descriptors survive exec and returns the `CANAL_REJOIN=...` entry for the new
 /// environment. `undo` reverses it if exec fails.
-pub fn prepare(g: &Guest, keep: &[(c_int, u32)]) -> Option<String> {
+pub(crate) fn prepare(g: &Guest, keep: &[(c_int, u32)]) -> Option<String> {
     if keep.is_empty() {
         return None;
     }
-    let ids = client::rejoin_fds(g)?;
+    let ids = crate::conn::guest::rejoin_fds(g)?;
     for fd in [ids.0, ids.1, ids.2, ids.3] {
         set_cloexec(fd, false);
     }
-    let slot = client::my_slot_index().unwrap_or(u32::MAX);
+    let slot = crate::conn::slots::my_slot_index().unwrap_or(u32::MAX);
     Some(format!("{VAR}={}", encode(ids, slot, keep)))
 }
 
-pub fn undo(g: &Guest) {
-    if let Some(ids) = client::rejoin_fds(g) {
+pub(crate) fn undo(g: &Guest) {
+    if let Some(ids) = crate::conn::guest::rejoin_fds(g) {
         for fd in [ids.0, ids.1, ids.2, ids.3] {
             set_cloexec(fd, true);
         }
@@ -108,7 +61,7 @@ pub fn undo(g: &Guest) {
 ///
 /// # Safety
 /// `envp` is null or a NULL-terminated array of valid C strings (exec's contract).
-pub unsafe fn new_envp(
+pub(crate) unsafe fn new_envp(
     envp: *const *const libc::c_char,
     entry_c: &std::ffi::CString,
 ) -> Vec<*const libc::c_char> {
@@ -135,7 +88,7 @@ pub unsafe fn new_envp(
 }
 
 /// Library constructor: rejoin the guest if the exec'ing image asked for it.
-pub fn at_start() {
+pub(crate) fn at_start() {
     let Ok(v) = std::env::var(VAR) else { return };
     // The variable is for this image only.
     // SAFETY: called from the constructor, before the program's threads exist.
@@ -146,7 +99,7 @@ pub fn at_start() {
         ));
         return;
     };
-    let Some(g) = client::rejoin(&p) else {
+    let Some(g) = crate::conn::inherit::rejoin(&p) else {
         return;
     };
     for (fd, h) in &p.fds {
@@ -161,28 +114,6 @@ pub fn at_start() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn roundtrip() {
-        let s = encode((5, 6, 7, 8, 1 << 30), 3, &[(4, 0x1_0002), (9, 7)]);
-        let p = parse(&s).unwrap();
-        assert_eq!(
-            p,
-            Parsed {
-                ctl: 5,
-                memfd: 6,
-                doorbell: 7,
-                lockfd: 8,
-                region_size: 1 << 30,
-                old_slot: 3,
-                fds: vec![(4, 0x1_0002), (9, 7)],
-            }
-        );
-        assert!(parse("1,2,3;").is_none());
-        assert!(parse("1,2,3,4,5,6;x:1").is_none());
-        assert!(parse("-1,2,3,4,5,6;").is_none());
-        assert_eq!(parse("1,2,3,4,5,6;").unwrap().fds, vec![]);
-    }
 
     #[test]
     fn envp_rewrite() {

@@ -4,13 +4,13 @@
 
 use canal_abi::addr::{CanalAddr, FAMILY_INET, FAMILY_INET6};
 
-pub const SOCKADDR_IN_LEN: usize = 16;
-pub const SOCKADDR_IN6_LEN: usize = 28;
+pub(crate) const SOCKADDR_IN_LEN: usize = 16;
+pub(crate) const SOCKADDR_IN6_LEN: usize = 28;
 /// Linux accepts an IPv6 address without the trailing scope id (RFC 2133 length).
-pub const SOCKADDR_IN6_MIN: usize = 24;
+pub(crate) const SOCKADDR_IN6_MIN: usize = 24;
 
 /// Decodes the bytes of a `sockaddr_in`/`sockaddr_in6` given by an application.
-pub fn decode(b: &[u8]) -> Result<CanalAddr, i32> {
+pub(crate) fn decode(b: &[u8]) -> Result<CanalAddr, i32> {
     if b.len() < 2 {
         return Err(libc::EINVAL);
     }
@@ -43,7 +43,7 @@ pub fn decode(b: &[u8]) -> Result<CanalAddr, i32> {
 }
 
 /// Encodes a `CanalAddr` as the bytes of a sockaddr; returns the full length.
-pub fn encode(a: &CanalAddr, out: &mut [u8; SOCKADDR_IN6_LEN]) -> usize {
+pub(crate) fn encode(a: &CanalAddr, out: &mut [u8; SOCKADDR_IN6_LEN]) -> usize {
     *out = [0; SOCKADDR_IN6_LEN];
     match a.family {
         FAMILY_INET => {
@@ -69,7 +69,7 @@ pub fn encode(a: &CanalAddr, out: &mut [u8; SOCKADDR_IN6_LEN]) -> usize {
 }
 
 /// The addrlen rule: copies `min(full, cap)` bytes, returns (bytes to copy, full).
-pub fn out_len(full: usize, cap: usize) -> usize {
+pub(crate) fn out_len(full: usize, cap: usize) -> usize {
     full.min(cap)
 }
 
@@ -77,7 +77,7 @@ pub fn out_len(full: usize, cap: usize) -> usize {
 ///
 /// # Safety
 /// `addr` must be null or point to `len` readable bytes.
-pub unsafe fn read_sockaddr(
+pub(crate) unsafe fn read_sockaddr(
     addr: *const libc::sockaddr,
     len: libc::socklen_t,
 ) -> Result<CanalAddr, i32> {
@@ -98,7 +98,7 @@ pub unsafe fn read_sockaddr(
 ///
 /// # Safety
 /// `addrlen` must be null or valid; `addr` must be null or have `*addrlen` writable bytes.
-pub unsafe fn write_sockaddr(
+pub(crate) unsafe fn write_sockaddr(
     a: &CanalAddr,
     addr: *mut libc::sockaddr,
     addrlen: *mut libc::socklen_t,

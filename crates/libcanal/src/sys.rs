@@ -14,19 +14,19 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use libc::{c_int, c_long, c_void};
 
 /// The calling thread's errno.
-pub fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
     unsafe { *libc::__errno_location() }
 }
 
-pub fn set_errno(e: i32) {
+pub(crate) fn set_errno(e: i32) {
     // SAFETY: as in `errno`.
     unsafe { *libc::__errno_location() = e }
 }
 
 /// Turns a raw `syscall()` return into a result carrying the errno.
 #[inline]
-pub fn check(r: c_long) -> Result<usize, i32> {
+pub(crate) fn check(r: c_long) -> Result<usize, i32> {
     if r < 0 {
         Err(errno())
     } else {
@@ -36,7 +36,7 @@ pub fn check(r: c_long) -> Result<usize, i32> {
 
 /// Looks up the next definition of `name` after this library (glibc's).
 /// Aborts with a message if it does not exist: every symbol we hook exists in glibc.
-pub fn dlsym_next(name: &core::ffi::CStr) -> usize {
+pub(crate) fn dlsym_next(name: &core::ffi::CStr) -> usize {
     // SAFETY: RTLD_NEXT with a NUL-terminated name is dlsym's documented use.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
     if p.is_null() {
@@ -52,7 +52,6 @@ pub fn dlsym_next(name: &core::ffi::CStr) -> usize {
 
 /// Resolves the real libc function once per call site (a relaxed load afterwards).
 /// Usage: `real!("read", unsafe extern "C" fn(c_int, *mut c_void, size_t) -> ssize_t)`.
-#[macro_export]
 macro_rules! real {
     ($name:literal, $ty:ty) => {{
         static P: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
@@ -68,9 +67,10 @@ macro_rules! real {
             .unwrap()
     }};
 }
+pub(crate) use real;
 
 #[inline]
-pub fn real_ptr(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<usize> {
+pub(crate) fn real_ptr(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<usize> {
     let p = cache.load(Ordering::Relaxed);
     if p != 0 {
         return Some(p);
@@ -82,22 +82,22 @@ pub fn real_ptr(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<usize> {
 
 // ---- raw system calls -------------------------------------------------------------
 
-pub fn read(fd: c_int, buf: &mut [u8]) -> Result<usize, i32> {
+pub(crate) fn read(fd: c_int, buf: &mut [u8]) -> Result<usize, i32> {
     // SAFETY: buf is a valid writable buffer of buf.len() bytes.
     check(unsafe { libc::syscall(libc::SYS_read, fd as c_long, buf.as_mut_ptr(), buf.len()) })
 }
 
-pub fn write(fd: c_int, buf: &[u8]) -> Result<usize, i32> {
+pub(crate) fn write(fd: c_int, buf: &[u8]) -> Result<usize, i32> {
     // SAFETY: buf is a valid readable buffer of buf.len() bytes.
     check(unsafe { libc::syscall(libc::SYS_write, fd as c_long, buf.as_ptr(), buf.len()) })
 }
 
-pub fn close(fd: c_int) -> Result<usize, i32> {
+pub(crate) fn close(fd: c_int) -> Result<usize, i32> {
     // SAFETY: closing a descriptor has no memory-safety preconditions.
     check(unsafe { libc::syscall(libc::SYS_close, fd as c_long) })
 }
 
-pub fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i32> {
+pub(crate) fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i32> {
     // SAFETY: no pointers involved.
     check(unsafe {
         libc::syscall(
@@ -111,12 +111,12 @@ pub fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i32> {
 }
 
 /// fcntl with an integer argument.
-pub fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32> {
+pub(crate) fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32> {
     // SAFETY: callers only use commands whose argument is an integer.
     check(unsafe { libc::syscall(libc::SYS_fcntl, fd as c_long, cmd as c_long, arg) })
 }
 
-pub fn eventfd() -> Result<c_int, i32> {
+pub(crate) fn eventfd() -> Result<c_int, i32> {
     let flags = libc::EFD_CLOEXEC | libc::EFD_NONBLOCK;
     // SAFETY: no pointers involved.
     check(unsafe { libc::syscall(libc::SYS_eventfd2, 0 as c_long, flags as c_long) })
@@ -124,12 +124,12 @@ pub fn eventfd() -> Result<c_int, i32> {
 }
 
 /// Adds 1 to an eventfd (a wake-up / doorbell).
-pub fn eventfd_signal(fd: c_int) -> Result<usize, i32> {
+pub(crate) fn eventfd_signal(fd: c_int) -> Result<usize, i32> {
     write(fd, &1u64.to_ne_bytes())
 }
 
 /// Drains an eventfd (non-blocking).
-pub fn eventfd_drain(fd: c_int) {
+pub(crate) fn eventfd_drain(fd: c_int) {
     let mut b = [0u8; 8];
     let _ = read(fd, &mut b);
 }
@@ -137,14 +137,14 @@ pub fn eventfd_drain(fd: c_int) {
 /// A signal mask for ppoll: null (keep the thread's mask) or a sigset the application
 /// gave to ppoll/pselect, passed to the kernel untouched.
 #[derive(Clone, Copy)]
-pub struct SigMask(pub *const libc::sigset_t);
+pub(crate) struct SigMask(pub *const libc::sigset_t);
 
 impl SigMask {
-    pub const NONE: SigMask = SigMask(core::ptr::null());
+    pub(crate) const NONE: SigMask = SigMask(core::ptr::null());
 }
 
 /// ppoll with an optional relative timeout in nanoseconds and an optional signal mask.
-pub fn ppoll(
+pub(crate) fn ppoll(
     fds: &mut [libc::pollfd],
     timeout_ns: Option<i64>,
     sigmask: SigMask,
@@ -174,18 +174,18 @@ pub fn ppoll(
     })
 }
 
-pub fn gettid() -> i32 {
+pub(crate) fn gettid() -> i32 {
     // SAFETY: no arguments.
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
-pub fn getpid() -> i32 {
+pub(crate) fn getpid() -> i32 {
     // SAFETY: no arguments.
     unsafe { libc::syscall(libc::SYS_getpid) as i32 }
 }
 
 /// Whether a thread or process id is still alive (kill(pid, 0)).
-pub fn alive(tid: i32) -> bool {
+pub(crate) fn alive(tid: i32) -> bool {
     if tid <= 0 {
         return false;
     }
@@ -195,7 +195,7 @@ pub fn alive(tid: i32) -> bool {
 }
 
 /// Sends SIGPIPE to the calling thread (what the kernel does on EPIPE).
-pub fn raise_sigpipe() {
+pub(crate) fn raise_sigpipe() {
     // SAFETY: tgkill to ourselves with a valid signal number.
     unsafe {
         libc::syscall(
@@ -208,7 +208,7 @@ pub fn raise_sigpipe() {
 }
 
 /// membarrier(2) with no flags; the command's result (a bit mask for QUERY).
-pub fn membarrier(cmd: c_int) -> Result<i64, i32> {
+pub(crate) fn membarrier(cmd: c_int) -> Result<i64, i32> {
     // SAFETY: membarrier takes two integers and touches no user memory.
     let r = unsafe {
         libc::syscall(
@@ -221,7 +221,7 @@ pub fn membarrier(cmd: c_int) -> Result<i64, i32> {
     check(r).map(|v| v as i64)
 }
 
-pub fn sched_yield() {
+pub(crate) fn sched_yield() {
     // SAFETY: no arguments.
     unsafe {
         libc::syscall(libc::SYS_sched_yield);
@@ -230,7 +230,7 @@ pub fn sched_yield() {
 
 /// How often the calling thread was preempted (involuntary context switches,
 /// getrusage(RUSAGE_THREAD)); None if the kernel refuses.
-pub fn thread_preemptions() -> Option<u64> {
+pub(crate) fn thread_preemptions() -> Option<u64> {
     // SAFETY: an all-zero rusage is a valid value; getrusage only writes into it.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
     // SAFETY: ru is a valid out-pointer for the call's duration.
@@ -240,7 +240,7 @@ pub fn thread_preemptions() -> Option<u64> {
 
 /// Blocks every signal the C library lets a program block in the calling thread and
 /// returns the mask it had before.
-pub fn block_signals() -> libc::sigset_t {
+pub(crate) fn block_signals() -> libc::sigset_t {
     // SAFETY: both sigsets are plain values owned here; sigfillset/pthread_sigmask only
     // write them (glibc leaves its own internal signals unblocked).
     unsafe {
@@ -253,14 +253,14 @@ pub fn block_signals() -> libc::sigset_t {
 }
 
 /// Restores a mask `block_signals` returned.
-pub fn restore_signals(old: &libc::sigset_t) {
+pub(crate) fn restore_signals(old: &libc::sigset_t) {
     // SAFETY: `old` is a valid sigset; a null old-mask pointer is allowed.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, old, core::ptr::null_mut());
     }
 }
 
-pub fn sleep_ns(ns: i64) {
+pub(crate) fn sleep_ns(ns: i64) {
     let ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
@@ -276,7 +276,7 @@ pub fn sleep_ns(ns: i64) {
 }
 
 /// Monotonic clock in nanoseconds (vDSO, not hooked).
-pub fn now_ns() -> i64 {
+pub(crate) fn now_ns() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -287,7 +287,7 @@ pub fn now_ns() -> i64 {
 }
 
 /// mmap(MAP_SHARED) of `len` bytes of `fd` (or anonymous memory with fd = -1).
-pub fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
+pub(crate) fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
     let flags = if fd < 0 {
         libc::MAP_SHARED | libc::MAP_ANONYMOUS
     } else {
@@ -309,18 +309,18 @@ pub fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
 }
 
 /// munmap of a mapping this library made with `mmap_shared`.
-pub fn munmap(base: *mut u8, len: usize) {
+pub(crate) fn munmap(base: *mut u8, len: usize) {
     // SAFETY: the caller passes a mapping it made and no longer uses.
     let _ = unsafe { libc::syscall(libc::SYS_munmap, base as *mut c_void, len) };
 }
 
-pub fn file_size(fd: c_int) -> Result<u64, i32> {
+pub(crate) fn file_size(fd: c_int) -> Result<u64, i32> {
     fd_kind(fd).map(|(_, size)| size)
 }
 
 /// (is a directory, owner uid, mode) of `path` (NUL-terminated), not following a
 /// symlink at its last component (a symlink reports "not a directory").
-pub fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
+pub(crate) fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     if path.last() != Some(&0) {
@@ -344,7 +344,7 @@ pub fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
 }
 
 /// (file type bits, size) of an open descriptor.
-pub fn fd_kind(fd: c_int) -> Result<(u32, u64), i32> {
+pub(crate) fn fd_kind(fd: c_int) -> Result<(u32, u64), i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer.
@@ -353,7 +353,7 @@ pub fn fd_kind(fd: c_int) -> Result<(u32, u64), i32> {
 }
 
 /// Whether `fd` is an eventfd (its /proc link reads "anon_inode:[eventfd]").
-pub fn is_eventfd(fd: c_int) -> bool {
+pub(crate) fn is_eventfd(fd: c_int) -> bool {
     let mut path = LineBuf::new();
     let _ = fmt::Write::write_fmt(&mut path, format_args!("/proc/self/fd/{fd}\0"));
     let mut link = [0u8; 64];
@@ -371,7 +371,7 @@ pub fn is_eventfd(fd: c_int) -> bool {
 }
 
 /// The uid of the process at the other end of a connected Unix socket (SO_PEERCRED).
-pub fn peer_uid(fd: c_int) -> Result<u32, i32> {
+pub(crate) fn peer_uid(fd: c_int) -> Result<u32, i32> {
     let mut c = libc::ucred {
         pid: 0,
         uid: 0,
@@ -395,19 +395,19 @@ pub fn peer_uid(fd: c_int) -> Result<u32, i32> {
 // ---- logging ------------------------------------------------------------------------
 
 /// A fixed stack buffer for formatting log lines without allocating.
-pub struct LineBuf {
+pub(crate) struct LineBuf {
     buf: [u8; 512],
     len: usize,
 }
 
 impl LineBuf {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         LineBuf {
             buf: [0; 512],
             len: 0,
         }
     }
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
 }
@@ -428,7 +428,7 @@ impl Write for LineBuf {
 }
 
 /// Writes a formatted line to stderr with one raw write (errno preserved).
-pub fn log_fmt(args: fmt::Arguments) {
+pub(crate) fn log_fmt(args: fmt::Arguments) {
     let e = errno();
     let mut b = LineBuf::new();
     let _ = b.write_fmt(args);
@@ -439,7 +439,7 @@ pub fn log_fmt(args: fmt::Arguments) {
 /// FUTEX_WAIT (shared: the word may live in memory another process maps) while
 /// `*word == val`, at most `timeout_ns`. Returns when woken, on timeout, on a signal
 /// (Err(EINTR)), or at once if the value differs.
-pub fn futex_wait(
+pub(crate) fn futex_wait(
     word: &core::sync::atomic::AtomicU32,
     val: u32,
     timeout_ns: i64,
@@ -465,7 +465,7 @@ pub fn futex_wait(
 }
 
 /// FUTEX_WAKE one waiter on `word` (shared futex).
-pub fn futex_wake_one(word: &core::sync::atomic::AtomicU32) {
+pub(crate) fn futex_wake_one(word: &core::sync::atomic::AtomicU32) {
     // SAFETY: word is a valid aligned u32.
     let _ = unsafe {
         libc::syscall(
@@ -478,7 +478,7 @@ pub fn futex_wake_one(word: &core::sync::atomic::AtomicU32) {
 }
 
 /// FUTEX_WAKE every waiter on `word` (shared futex).
-pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
+pub(crate) fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
     // SAFETY: word is a valid aligned u32.
     let _ = unsafe {
         libc::syscall(

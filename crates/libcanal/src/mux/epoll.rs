@@ -10,7 +10,7 @@
 //!
 //! A wait loops { canal readiness from the socket entries (`ready.rs`); the real epoll
 //! fd with timeout 0 } for the spin budget, then sleeps in one ppoll on [the real epoll
-//! fd, nested epoll fds, the slot eventfd, the control socket] (`client::sleep_events`).
+//! fd, nested epoll fds, the slot eventfd, the control socket] (`crate::conn::sleep::sleep_events`).
 //!
 //! Semantics per item, as the kernel's `ep_poll_callback`/`ep_send_events`:
 //! - level-triggered: reported while `readiness & (events | ERR | HUP)` is non-zero;
@@ -28,9 +28,9 @@
 //! The interest lists are process memory: after fork the child has its own copy (the
 //! kernel's is shared), and they do not survive exec (docs/compat.md).
 
-use crate::client::{self, Guest};
+use crate::conn::guest::Guest;
 use crate::fdtable::{Entry, TABLE};
-use crate::sock::Sock;
+use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::sync::Ordering;
 use canal_abi::WAIT_ANY;
@@ -108,34 +108,27 @@ fn with<R>(f: impl FnOnce(&mut Vec<Set>) -> R) -> R {
     struct Unlock;
     impl Drop for Unlock {
         fn drop(&mut self) {
-            client::unlock(&SETS.lock);
+            crate::rt::unlock(&SETS.lock);
         }
     }
-    client::lock(&SETS.lock);
+    crate::rt::lock(&SETS.lock);
     let _u = Unlock;
     // SAFETY: the lock is held, so this is the only reference.
     f(unsafe { &mut *SETS.sets.get() })
 }
 
-extern "C" fn fork_prepare() {
-    client::lock(&SETS.lock);
+/// Fork prepare (`fork`): no thread may hold the sets across fork.
+pub(crate) fn fork_prepare() {
+    crate::rt::lock(&SETS.lock);
 }
 
-extern "C" fn fork_parent() {
-    client::unlock(&SETS.lock);
+pub(crate) fn fork_parent() {
+    crate::rt::unlock(&SETS.lock);
 }
 
-extern "C" fn fork_child() {
+pub(crate) fn fork_child() {
     // The child's only thread is the one that took the lock in fork_prepare.
     SETS.lock.store(0, Ordering::Relaxed);
-}
-
-/// Registered once from the library constructor.
-pub fn register_fork_handlers() {
-    // SAFETY: plain extern "C" functions that live as long as the process.
-    unsafe {
-        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-    }
 }
 
 /// Whether `fd` is an epoll instance: ours (tagged), or the kernel says so.
@@ -165,7 +158,7 @@ fn is_epoll(fd: c_int) -> Result<bool, i32> {
 
 /// epoll_ctl where `fd` is a canal socket or a canal-bearing epoll fd. `ev`: the
 /// caller's event, already read (None for a null pointer).
-pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result<(), i32> {
+pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result<(), i32> {
     if epfd == fd {
         return Err(libc::EINVAL);
     }
@@ -184,7 +177,7 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result
         Some((e.events, e.u64))
     };
     let seq = match target {
-        Target::Canal(h) => client::guest()
+        Target::Canal(h) => crate::conn::guest::guest()
             .and_then(|g| Sock::new(g, h).ok())
             .map_or((0, None), |s| s.edge_seq()),
         Target::Nested(_) => (0, None),
@@ -251,7 +244,7 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) -> Result
 
 /// A canal descriptor (or a canal-bearing epoll fd) was closed: it leaves every set.
 /// An epoll fd that was closed loses its interest list.
-pub fn forget_fd(fd: c_int) {
+pub(crate) fn forget_fd(fd: c_int) {
     with(|sets| {
         sets.retain(|s| s.epfd != fd);
         for s in sets.iter_mut() {
@@ -262,7 +255,7 @@ pub fn forget_fd(fd: c_int) {
 
 /// A canal socket at `fd` became a kernel socket (selection policy): its interest moves
 /// to the real epoll instances, with the same events and data.
-pub fn move_to_kernel(fd: c_int) {
+pub(crate) fn move_to_kernel(fd: c_int) {
     let moved: Vec<(c_int, u32, u64)> = with(|sets| {
         let mut v = Vec::new();
         for s in sets.iter_mut() {
@@ -302,7 +295,7 @@ fn eval(g: &'static Guest, it: &mut Item, commit: bool, depth: u32) -> u32 {
     let mut sock = None;
     let (seq, tx, bits) = match it.target {
         Target::Canal(h) => {
-            if client::is_dead(g) {
+            if crate::conn::guest::is_dead(g) {
                 (it.last_seq, None, crate::ready::DEAD as u16 as u32)
             } else {
                 match Sock::new(g, h) {
@@ -384,7 +377,7 @@ fn real_readable(epfd: c_int) -> bool {
 }
 
 /// poll()/select() readiness of a canal-bearing epoll fd.
-pub fn poll_revents(g: &'static Guest, epfd: c_int, events: libc::c_short) -> libc::c_short {
+pub(crate) fn poll_revents(g: &'static Guest, epfd: c_int, events: libc::c_short) -> libc::c_short {
     if peek_set(g, epfd, 0) {
         events & (libc::POLLIN | libc::POLLRDNORM)
     } else {
@@ -517,7 +510,7 @@ fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> 
 
 /// epoll_wait/epoll_pwait/epoll_pwait2 on a canal-bearing epoll fd. `timeout_ns`:
 /// None = forever.
-pub fn wait(
+pub(crate) fn wait(
     g: &'static Guest,
     epfd: c_int,
     out: &mut [epoll_event],
@@ -528,12 +521,12 @@ pub fn wait(
     let deadline = timeout_ns.map(|t| t0.saturating_add(t));
     // Hybrid mode bounds the spin phase by time with the thread's adaptive budget (a
     // round scans every watched socket, so counted rounds calibrated on a bare spin
-    // would spin many times longer with a few dozen sockets); otherwise `g.spin` rounds.
+    // would spin many times longer with a few dozen sockets); otherwise `g.wait.spin` rounds.
     // Poll-only mode never sleeps (it yields, and sees signals, at every yield point:
     // pollwait.rs); sleep-only mode does not spin.
-    let spin_ns = crate::notify::adaptive_ns(g);
-    let mode = g.notify;
-    let mut signals = crate::pollwait::SignalWindow::new();
+    let spin_ns = crate::notify::adaptive_ns(&g.wait);
+    let mode = g.wait.mode;
+    let mut signals = crate::mux::pollwait::SignalWindow::new();
     let mut spinning = mode != crate::notify::Mode::Sleep;
     let mut round = 0u32;
     let mut canal_first = true;
@@ -562,8 +555,8 @@ pub fn wait(
         }
         let now = sys::now_ns();
         if n > 0 {
-            // The wait's gap feeds the thread's budget (as `client::wait_until`).
-            crate::notify::record_wait(g, now - t0, slept);
+            // The wait's gap feeds the thread's budget (as `crate::conn::wait::wait_until`).
+            crate::notify::record_wait(&g.wait, now - t0, slept);
             return Ok(n);
         }
         if deadline.is_some_and(|d| now >= d) {
@@ -572,7 +565,7 @@ pub fn wait(
         if spinning && mode != crate::notify::Mode::Poll {
             spinning = match spin_ns {
                 Some(ns) => ((now - t0) as u64) < ns,
-                None => round < g.spin,
+                None => round < g.wait.spin,
             };
         }
         if spinning {
@@ -585,7 +578,7 @@ pub fn wait(
             } else if mode == crate::notify::Mode::Hybrid && round.is_multiple_of(YIELD_EVERY) {
                 // A spin that holds the core for its whole budget can keep the peer
                 // it waits for off the CPU (2 cores, several busy processes).
-                client::yield_while_spinning();
+                crate::conn::wait::yield_while_spinning();
             }
             continue;
         }
@@ -607,7 +600,8 @@ pub fn wait(
         );
         let remaining = deadline.map(|d| d - now);
         let mut cond = || any_canal(g, epfd);
-        let r = client::sleep_ready(g, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
+        let r =
+            crate::conn::sleep::sleep_ready(g, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
         slept = true;
         r?;
         // Re-check everything (past the spin phase: real checks each time).

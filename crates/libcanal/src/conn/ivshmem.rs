@@ -25,12 +25,8 @@ use core::sync::atomic::AtomicI32;
 use core::sync::atomic::AtomicPtr;
 use libc::{c_int, c_long};
 
-/// PCI ids of the ivshmem device.
-pub const VENDOR: u16 = 0x1af4;
-pub const DEVICE: u16 = 0x1110;
-
 /// Builds "`dev`/resource2" NUL-terminated in `out`; None if it does not fit.
-pub fn resource_path(dev: &[u8], out: &mut [u8; 256]) -> Option<usize> {
+pub(crate) fn resource_path(dev: &[u8], out: &mut [u8; 256]) -> Option<usize> {
     let suffix = b"/resource2";
     let n = dev.len() + suffix.len();
     if dev.is_empty() || n >= out.len() || dev.contains(&0) {
@@ -44,7 +40,7 @@ pub fn resource_path(dev: &[u8], out: &mut [u8; 256]) -> Option<usize> {
 
 /// Maps BAR 2 of the device at sysfs directory `dev` (the whole BAR, read/write,
 /// shared) and validates the region header in it. The mapping is never unmapped.
-pub fn map_region(dev: &[u8]) -> Result<Region, (i32, &'static str)> {
+pub(crate) fn map_region(dev: &[u8]) -> Result<Region, (i32, &'static str)> {
     let mut path = [0u8; 256];
     resource_path(dev, &mut path).ok_or((libc::ENAMETOOLONG, "bad CANAL_IVSHMEM_DEVICE"))?;
     // SAFETY: path is NUL-terminated; a non-negative result is a descriptor we own.
@@ -75,21 +71,20 @@ pub fn map_region(dev: &[u8]) -> Result<Region, (i32, &'static str)> {
 
 // ---- doorbell (protocol §9.5) ------------------------------------------------------------
 
-/// BAR 0 register offsets of the ivshmem device.
-pub const REG_IVPOSITION: usize = 8;
-pub const REG_DOORBELL: usize = 12;
+/// BAR 0 register offset of the ivshmem Doorbell.
+pub(crate) const REG_DOORBELL: usize = 12;
 
 /// The Doorbell register (in this process's mapping of BAR 0) and what a kick writes.
 static BELL: AtomicPtr<u32> = AtomicPtr::new(core::ptr::null_mut());
 static BELL_VALUE: AtomicU32 = AtomicU32::new(0);
 
 /// Most wake-up vectors this process routes (slots beyond wait by backoff).
-pub const MAX_IRQS: usize = 256;
+pub(crate) const MAX_IRQS: usize = 256;
 /// Eventfd of MSI-X vector i (= wake-up port of slot i), -1 if none.
 static IRQ_EFD: [AtomicI32; MAX_IRQS] = [const { AtomicI32::new(-1) }; MAX_IRQS];
 
 /// Rings canald's doorbell if this process can; false if it cannot.
-pub fn ring() -> bool {
+pub(crate) fn ring() -> bool {
     let p = BELL.load(Ordering::Relaxed);
     if p.is_null() {
         return false;
@@ -100,20 +95,15 @@ pub fn ring() -> bool {
     true
 }
 
-/// Whether this process can ring the doorbell.
-pub fn can_ring() -> bool {
-    !BELL.load(Ordering::Relaxed).is_null()
-}
-
 /// The interrupt eventfd that wakes slot `idx`, or -1.
-pub fn irq_efd(idx: u32) -> c_int {
+pub(crate) fn irq_efd(idx: u32) -> c_int {
     IRQ_EFD
         .get(idx as usize)
         .map_or(-1, |a| a.load(Ordering::Relaxed))
 }
 
 /// Whether `fd` is one of the interrupt eventfds (process-wide, never closed).
-pub fn is_irq_efd(fd: c_int) -> bool {
+pub(crate) fn is_irq_efd(fd: c_int) -> bool {
     fd >= 0 && IRQ_EFD.iter().any(|a| a.load(Ordering::Relaxed) == fd)
 }
 
@@ -145,7 +135,7 @@ fn join<'a>(dev: &[u8], suffix: &[u8], out: &'a mut [u8; 256]) -> Option<&'a [u8
 
 /// The start address of BAR `bar` from the text of a sysfs `resource` file (one line
 /// per resource: `0xSTART 0xEND 0xFLAGS`).
-pub fn bar_start(text: &[u8], bar: usize) -> Option<u64> {
+pub(crate) fn bar_start(text: &[u8], bar: usize) -> Option<u64> {
     let line = text.split(|&c| c == b'\n').nth(bar)?;
     let first = line.split(|&c| c == b' ').next()?;
     let hex = first.strip_prefix(b"0x")?;
@@ -192,47 +182,47 @@ fn map_bell(dev: &[u8], peer: u32) -> Result<(), i32> {
 
 /// VFIO ioctls and layouts (linux/vfio.h).
 mod vfio {
-    pub const GROUP_SET_CONTAINER: u64 = 0x3b68;
-    pub const SET_IOMMU: u64 = 0x3b66;
-    pub const GROUP_GET_DEVICE_FD: u64 = 0x3b6a;
-    pub const DEVICE_GET_REGION_INFO: u64 = 0x3b6c;
-    pub const DEVICE_GET_IRQ_INFO: u64 = 0x3b6d;
-    pub const DEVICE_SET_IRQS: u64 = 0x3b6e;
-    pub const TYPE1_IOMMU: u64 = 1;
-    pub const PCI_CONFIG_REGION_INDEX: u32 = 7;
-    pub const PCI_MSIX_IRQ_INDEX: u32 = 2;
-    pub const IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
-    pub const IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+    pub(crate) const GROUP_SET_CONTAINER: u64 = 0x3b68;
+    pub(crate) const SET_IOMMU: u64 = 0x3b66;
+    pub(crate) const GROUP_GET_DEVICE_FD: u64 = 0x3b6a;
+    pub(crate) const DEVICE_GET_REGION_INFO: u64 = 0x3b6c;
+    pub(crate) const DEVICE_GET_IRQ_INFO: u64 = 0x3b6d;
+    pub(crate) const DEVICE_SET_IRQS: u64 = 0x3b6e;
+    pub(crate) const TYPE1_IOMMU: u64 = 1;
+    pub(crate) const PCI_CONFIG_REGION_INDEX: u32 = 7;
+    pub(crate) const PCI_MSIX_IRQ_INDEX: u32 = 2;
+    pub(crate) const IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+    pub(crate) const IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
 
     #[repr(C)]
     #[derive(Default)]
-    pub struct RegionInfo {
-        pub argsz: u32,
-        pub flags: u32,
-        pub index: u32,
-        pub cap_offset: u32,
-        pub size: u64,
-        pub offset: u64,
+    pub(crate) struct RegionInfo {
+        pub(crate) argsz: u32,
+        pub(crate) flags: u32,
+        pub(crate) index: u32,
+        pub(crate) cap_offset: u32,
+        pub(crate) size: u64,
+        pub(crate) offset: u64,
     }
 
     #[repr(C)]
     #[derive(Default)]
-    pub struct IrqInfo {
-        pub argsz: u32,
-        pub flags: u32,
-        pub index: u32,
-        pub count: u32,
+    pub(crate) struct IrqInfo {
+        pub(crate) argsz: u32,
+        pub(crate) flags: u32,
+        pub(crate) index: u32,
+        pub(crate) count: u32,
     }
 
     /// `struct vfio_irq_set` with room for MAX_IRQS eventfds.
     #[repr(C)]
-    pub struct IrqSet {
-        pub argsz: u32,
-        pub flags: u32,
-        pub index: u32,
-        pub start: u32,
-        pub count: u32,
-        pub data: [i32; super::MAX_IRQS],
+    pub(crate) struct IrqSet {
+        pub(crate) argsz: u32,
+        pub(crate) flags: u32,
+        pub(crate) index: u32,
+        pub(crate) start: u32,
+        pub(crate) count: u32,
+        pub(crate) data: [i32; super::MAX_IRQS],
     }
 }
 
@@ -367,17 +357,17 @@ fn close_all(fds: &[c_int]) {
 
 /// How a doorbell region is served to this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Doorbell {
+pub(crate) struct Doorbell {
     /// Kicks ring the doorbell (else this process counts in `backoff_kickers`).
-    pub ring: bool,
+    pub(crate) ring: bool,
     /// Interrupt vectors routed to slots 0..irqs (0: waits back off).
-    pub irqs: u32,
+    pub(crate) irqs: u32,
 }
 
 /// Sets up the doorbell for a region with `feature::DOORBELL` (see the module doc).
 /// Never fails: what cannot be set up falls back to backoff (reported in the result and
 /// by `why`).
-pub fn setup_doorbell(
+pub(crate) fn setup_doorbell(
     region: &Region,
     dev: &[u8],
     group: Option<&[u8]>,
@@ -451,6 +441,6 @@ mod tests {
         assert_eq!(irq_efd(0), -1);
         assert_eq!(irq_efd(100_000), -1);
         assert!(!is_irq_efd(-1));
-        assert!(!can_ring());
+        assert!(BELL.load(Ordering::Relaxed).is_null(), "no doorbell mapped");
     }
 }

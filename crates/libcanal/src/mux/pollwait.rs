@@ -19,15 +19,15 @@
 use crate::sys;
 
 /// Yield points a poll-only wait passes before it counts as a blocked call.
-pub const BLOCK_AFTER: u32 = 16;
+pub(crate) const BLOCK_AFTER: u32 = 16;
 
-pub struct SignalWindow {
+pub(crate) struct SignalWindow {
     saved: Option<libc::sigset_t>,
     yields: u32,
 }
 
 impl SignalWindow {
-    pub const fn new() -> SignalWindow {
+    pub(crate) const fn new() -> SignalWindow {
         SignalWindow {
             saved: None,
             yields: 0,
@@ -35,13 +35,13 @@ impl SignalWindow {
     }
 
     /// Whether this wait counts as a blocked call yet (signals are blocked).
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.saved.is_some()
     }
 
     /// At a poll-only yield point: yields the core, and returns Err(EINTR) if a signal
     /// handler ran. `mask` is the program's ppoll/pselect mask, if it gave one.
-    pub fn yield_point(&mut self, mask: sys::SigMask) -> Result<(), i32> {
+    pub(crate) fn yield_point(&mut self, mask: sys::SigMask) -> Result<(), i32> {
         sys::sched_yield();
         if self.yields < BLOCK_AFTER {
             self.yields += 1;

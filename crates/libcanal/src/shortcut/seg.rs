@@ -6,7 +6,7 @@
 //! mapped on first use of a socket that names it (control message SEGMENT) and
 //! unmapped by the process that drops the socket's last reference.
 
-use crate::client::{self, Guest};
+use crate::conn::guest::Guest;
 use crate::sys;
 use canal_abi::ring::RawRing;
 use canal_abi::segment::{self, SegDir, SegHeader, ZoneQueue};
@@ -50,16 +50,16 @@ static DEFERRED: [(AtomicUsize, AtomicUsize); 64] =
 /// A thread is about to look up segments and keep pointers across a sleep. SeqCst
 /// pairs with `forget`: either its lookup misses the cleared id, or `forget` sees it
 /// and defers the unmap.
-pub fn sleep_enter() {
+pub(crate) fn sleep_enter() {
     SLEEPING.fetch_add(1, Ordering::SeqCst);
 }
-pub fn sleep_exit() {
+pub(crate) fn sleep_exit() {
     SLEEPING.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// A mapped pair segment.
 #[derive(Clone, Copy)]
-pub struct Seg {
+pub(crate) struct Seg {
     base: *mut u8,
     ring_size: u64,
     zone_size: u64,
@@ -72,25 +72,25 @@ impl Seg {
         // bit pattern and is used through shared references only.
         unsafe { &*(self.base as *const SegHeader) }
     }
-    pub fn dir(&self, d: u32) -> &'static SegDir {
+    pub(crate) fn dir(&self, d: u32) -> &'static SegDir {
         &self.header().dirs[d.min(1) as usize]
     }
-    pub fn sleepers(&self, side: u32) -> &'static AtomicU32 {
+    pub(crate) fn sleepers(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].sleepers
     }
-    pub fn futex_sleepers(&self, side: u32) -> &'static AtomicU32 {
+    pub(crate) fn futex_sleepers(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].futex_sleepers
     }
     /// The side's deferred-barrier announcement (§8.4, barrier.rs).
-    pub fn deferred_barrier(&self, side: u32) -> &'static AtomicU32 {
+    pub(crate) fn deferred_barrier(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].deferred_barrier
     }
-    pub fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
+    pub(crate) fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].wake_seq
     }
 
     /// Wakes `side`'s futex sleepers (after a change they wait for).
-    pub fn futex_wake(&self, side: u32) {
+    pub(crate) fn futex_wake(&self, side: u32) {
         let w = self.wake_seq(side);
         w.fetch_add(1, Ordering::SeqCst);
         sys::futex_wake_all(w);
@@ -101,22 +101,22 @@ impl Seg {
     /// `base` must map segment_size_zones(ring_size, zone_size) bytes, page-aligned,
     /// for as long as the value is used.
     #[cfg(test)]
-    pub unsafe fn from_raw(base: *mut u8, ring_size: u64, zone_size: u64) -> Seg {
+    pub(crate) unsafe fn from_raw(base: *mut u8, ring_size: u64, zone_size: u64) -> Seg {
         Seg {
             base,
             ring_size,
             zone_size,
         }
     }
-    pub fn ring_size(&self) -> u64 {
+    pub(crate) fn ring_size(&self) -> u64 {
         self.ring_size
     }
     /// The segment carries buffer zones (protocol §10.4).
-    pub fn has_zones(&self) -> bool {
+    pub(crate) fn has_zones(&self) -> bool {
         self.zone_size != 0
     }
     /// Direction `d`'s zone queue (page 0; meaningful only with zones).
-    pub fn zone_queue(&self, d: u32) -> &'static ZoneQueue {
+    pub(crate) fn zone_queue(&self, d: u32) -> &'static ZoneQueue {
         let off = segment::zone_queue_offset(d.min(1));
         // SAFETY: page 0 is mapped (4096 bytes); the queue (640 bytes at 1024 or 2048)
         // lies inside it, 8-aligned; ZoneQueue accepts any bit pattern.
@@ -124,7 +124,7 @@ impl Seg {
     }
     /// Direction `d`'s zone with its layout checked against the mapping (the header
     /// is peer-writable: checked at every use, and only the returned layout is used).
-    pub fn zone(&self, d: u32, id: u32) -> Result<MappedZone, i32> {
+    pub(crate) fn zone(&self, d: u32, id: u32) -> Result<MappedZone, i32> {
         if self.zone_size == 0 {
             return Err(libc::EIO);
         }
@@ -139,7 +139,7 @@ impl Seg {
         // layout lies inside this zone's part of the mapping.
         Ok(unsafe { MappedZone::new(base, l) })
     }
-    pub fn ring(&self, d: u32) -> RawRing {
+    pub(crate) fn ring(&self, d: u32) -> RawRing {
         let off = segment::ring_offset(d.min(1), self.ring_size);
         // SAFETY: the ring lies inside the mapping (segment_size = header + 2 rings,
         // checked at map time), and ring_size is a power of two (checked).
@@ -164,7 +164,7 @@ fn find(id: u32) -> Option<Seg> {
 }
 
 /// The segment if this process has it mapped already (no control traffic).
-pub fn mapped(id: u32) -> Option<Seg> {
+pub(crate) fn mapped(id: u32) -> Option<Seg> {
     if id == 0 {
         return None;
     }
@@ -173,16 +173,16 @@ pub fn mapped(id: u32) -> Option<Seg> {
 
 /// The segment `id`, mapping it on first use. EIO if canald does not give it to us
 /// or it is malformed.
-pub fn get(g: &Guest, id: u32) -> Result<Seg, i32> {
+pub(crate) fn get(g: &Guest, id: u32) -> Result<Seg, i32> {
     if id == 0 {
         return Err(libc::EIO);
     }
     if let Some(s) = find(id) {
         return Ok(s);
     }
-    client::lock(&LOCK);
+    crate::rt::lock(&LOCK);
     let r = map_locked(g, id);
-    client::unlock(&LOCK);
+    crate::rt::unlock(&LOCK);
     r
 }
 
@@ -195,7 +195,7 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
         .map(|k| &TABLE[(start + k) % CACHE])
         .find(|c| c.id.load(Ordering::Relaxed) == 0)
         .ok_or(libc::ENOBUFS)?;
-    let (fd, size) = client::ctl_segment(g, id)?;
+    let (fd, size) = crate::conn::ctl::ctl_segment(g, id)?;
     let actual = sys::file_size(fd);
     let ok = matches!(actual, Ok(a) if a >= size) && (4096..=(1 << 34)).contains(&size);
     let base = if ok {
@@ -229,8 +229,8 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     slot.zone_size.store(zone_size as usize, Ordering::Relaxed);
     slot.id.store(id, Ordering::Release);
     // Before any publish on the segment: publishing without a fence needs it.
-    crate::barrier::ensure_registered();
-    client::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
+    crate::shortcut::barrier::ensure_registered();
+    crate::rt::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
     Ok(Seg {
         base,
         ring_size,
@@ -244,7 +244,7 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
 /// (Another thread of the program still using the socket it closed would fault; the
 /// kernel would give it EBADF. Closing a socket under a concurrent call is a bug the
 /// program already has.)
-pub fn forget(g: &Guest, id: u32) {
+pub(crate) fn forget(g: &Guest, id: u32) {
     if id == 0 {
         return;
     }
@@ -256,7 +256,7 @@ pub fn forget(g: &Guest, id: u32) {
     if shared {
         return;
     }
-    client::lock(&LOCK);
+    crate::rt::lock(&LOCK);
     let start = id as usize % CACHE;
     for k in 0..CACHE {
         let c = &TABLE[(start + k) % CACHE];
@@ -285,7 +285,7 @@ pub fn forget(g: &Guest, id: u32) {
             break;
         }
     }
-    client::unlock(&LOCK);
+    crate::rt::unlock(&LOCK);
 }
 
 /// A blocking call's wait on one short-circuited socket (§8.4): count ourselves in
@@ -293,7 +293,7 @@ pub fn forget(g: &Guest, id: u32) {
 /// FUTEX_WAIT on `wake_seq` for at most `timeout_ns`. The peer (or canald, after a
 /// flag change) bumps `wake_seq` and wakes us. Ok(true): `cond` held on the re-check;
 /// Err(EINTR): a signal interrupted the sleep.
-pub fn futex_sleep(
+pub(crate) fn futex_sleep(
     seg: Seg,
     side: u32,
     timeout_ns: i64,
@@ -301,7 +301,7 @@ pub fn futex_sleep(
 ) -> Result<bool, i32> {
     let fs = seg.futex_sleepers(side);
     let w = seg.wake_seq(side);
-    crate::barrier::announce(seg.deferred_barrier(side));
+    crate::shortcut::barrier::announce(seg.deferred_barrier(side));
     fs.fetch_add(1, Ordering::Relaxed);
     let seq = w.load(Ordering::Relaxed);
     // F1: SeqCst fence between counting ourselves and re-checking; pairs with the
@@ -316,7 +316,7 @@ pub fn futex_sleep(
         let step = if barrier_done {
             left
         } else {
-            left.min(crate::barrier::DEFER_NS)
+            left.min(crate::shortcut::barrier::DEFER_NS)
         };
         let t = sys::now_ns();
         r = sys::futex_wait(w, seq, step);
@@ -326,7 +326,7 @@ pub fn futex_sleep(
         left -= sys::now_ns() - t;
         // Slept DEFER_NS without a wake-up: make any fence-less publish visible, then
         // re-check before sleeping on (or, without the barrier, re-check each step).
-        barrier_done = !barrier_done && crate::barrier::global();
+        barrier_done = !barrier_done && crate::shortcut::barrier::global();
         ready = cond();
     }
     fs.fetch_sub(1, Ordering::Relaxed);
@@ -335,15 +335,15 @@ pub fn futex_sleep(
 
 /// Fork: no thread may hold the table lock across fork (the child would inherit it
 /// held forever).
-pub fn fork_prepare() {
-    client::lock(&LOCK);
+pub(crate) fn fork_prepare() {
+    crate::rt::lock(&LOCK);
 }
-pub fn fork_done() {
-    client::unlock(&LOCK);
+pub(crate) fn fork_done() {
+    crate::rt::unlock(&LOCK);
 }
-pub fn fork_child() {
+pub(crate) fn fork_child() {
     LOCK.store(0, Ordering::Relaxed);
-    crate::barrier::fork_child();
+    crate::shortcut::barrier::fork_child();
 }
 
 #[cfg(test)]
@@ -373,7 +373,7 @@ mod tests {
     fn a_wake_up_lost_to_a_fence_less_publish_is_found_by_the_deferred_check() {
         let mut mem = segment_memory();
         let seg = over(&mut mem);
-        crate::barrier::register();
+        crate::shortcut::barrier::register();
         // The publish is invisible to the first check and visible from then on; the
         // publisher never bumps wake_seq.
         let checks = AtomicU64::new(0);
@@ -385,7 +385,7 @@ mod tests {
         // Found by the deferred re-check, long before the timeout (a generous bound
         // on where it comes, not a performance figure).
         let waited = sys::now_ns() - t0;
-        assert!(waited >= crate::barrier::DEFER_NS, "{waited}");
+        assert!(waited >= crate::shortcut::barrier::DEFER_NS, "{waited}");
         assert!(waited < 5_000_000_000, "{waited}");
         assert_eq!(
             seg.deferred_barrier(side::CONNECTOR)

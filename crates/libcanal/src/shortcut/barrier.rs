@@ -32,7 +32,7 @@ use core::sync::atomic::AtomicU8;
 /// global barrier (step 2). Sleeps longer than this pay one extra wake-up and one
 /// barrier (~10 µs with an IPI); the rare wake-up lost to a fence-less publisher is
 /// delayed by at most this.
-pub const DEFER_NS: i64 = 500_000;
+pub(crate) const DEFER_NS: i64 = 500_000;
 
 // membarrier(2) commands (linux/membarrier.h).
 const CMD_QUERY: i32 = 0;
@@ -59,7 +59,7 @@ fn query() -> i64 {
 
 /// Registers this process (idempotent; called when it maps its first pair segment and
 /// again in a forked child, whose new mm starts unregistered).
-pub fn register() {
+pub(crate) fn register() {
     let q = query();
     let ok = q & CMD_GLOBAL_EXPEDITED as i64 != 0
         && q & CMD_REGISTER_GLOBAL_EXPEDITED as i64 != 0
@@ -70,7 +70,7 @@ pub fn register() {
 /// Registers this process on first use; whether it is registered (a thread of a
 /// registered process may own a biased side lock, canal_abi::bias).
 #[inline]
-pub fn ensure_registered() -> bool {
+pub(crate) fn ensure_registered() -> bool {
     match REGISTERED.load(Ordering::Relaxed) {
         YES => true,
         NO => false,
@@ -82,7 +82,7 @@ pub fn ensure_registered() -> bool {
 }
 
 /// Fork: the child registers again if the parent had.
-pub fn fork_child() {
+pub(crate) fn fork_child() {
     if REGISTERED.load(Ordering::Relaxed) == YES {
         register();
     }
@@ -91,14 +91,14 @@ pub fn fork_child() {
 /// Whether a publish on a connection may go without the fence: we are registered
 /// and the peer side's sleepers follow the deferred rule.
 #[inline]
-pub fn may_skip_fence(peer_announced: &AtomicU32) -> bool {
+pub(crate) fn may_skip_fence(peer_announced: &AtomicU32) -> bool {
     REGISTERED.load(Ordering::Relaxed) == YES && peer_announced.load(Ordering::Relaxed) != 0
 }
 
 /// Announces, before a sleeper of this side counts itself, that this side's sleepers
 /// follow the deferred rule (written once: later sleepers only read it).
 #[inline]
-pub fn announce(side_word: &AtomicU32) {
+pub(crate) fn announce(side_word: &AtomicU32) {
     if side_word.load(Ordering::Relaxed) == 0 {
         side_word.store(1, Ordering::Relaxed);
     }
@@ -106,7 +106,7 @@ pub fn announce(side_word: &AtomicU32) {
 
 /// Step 2: makes every fence-less publish that happened before it visible. False if
 /// the kernel refuses (the caller then re-checks every DEFER_NS).
-pub fn global() -> bool {
+pub(crate) fn global() -> bool {
     if CAN_ISSUE.load(Ordering::Relaxed) == UNKNOWN {
         query();
     }

@@ -5,10 +5,10 @@
 //! ordinary descriptors + the slot's eventfd + the control socket] with the remaining
 //! timeout, after publishing sleep=EVENTS for any socket (§6).
 
-use crate::client::{self, Guest};
+use crate::conn::guest::Guest;
 use crate::fdtable::{Entry, TABLE};
 use crate::ready::{self, mask};
-use crate::sock::Sock;
+use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::WAIT_ANY;
 use libc::{c_short, pollfd};
@@ -24,10 +24,10 @@ fn canal_revents(g: &'static Guest, fd: i32, events: c_short) -> Option<c_short>
     let h = match TABLE.get(fd)? {
         Entry::Canal(h) => h,
         // An epoll fd watching canal sockets: readable when it has an event.
-        Entry::Epoll => return Some(crate::epoll::poll_revents(g, fd, events)),
+        Entry::Epoll => return Some(crate::mux::epoll::poll_revents(g, fd, events)),
         Entry::Internal => return None,
     };
-    if client::is_dead(g) {
+    if crate::conn::guest::is_dead(g) {
         return Some(mask(ready::DEAD, events));
     }
     Some(match Sock::new(g, h) {
@@ -54,7 +54,7 @@ fn scan_canal(g: &'static Guest, fds: &mut [pollfd]) -> usize {
 }
 
 /// Whether any entry is a canal descriptor.
-pub fn has_canal(fds: &[pollfd]) -> bool {
+pub(crate) fn has_canal(fds: &[pollfd]) -> bool {
     fds.iter().any(|p| p.fd >= 0 && special(p.fd))
 }
 
@@ -64,7 +64,7 @@ fn special(fd: i32) -> bool {
 }
 
 /// The poll core. `timeout_ns`: None = forever. Returns the number of ready entries.
-pub fn poll(
+pub(crate) fn poll(
     g: &'static Guest,
     fds: &mut [pollfd],
     timeout_ns: Option<i64>,
@@ -128,14 +128,14 @@ pub fn poll(
     }
     let deadline = timeout_ns.map(|t| sys::now_ns().saturating_add(t));
     let mut round = 0u32;
-    let budget = crate::notify::spin_iters(g);
-    let t0 = if crate::notify::adaptive(g) {
+    let budget = crate::notify::spin_iters(&g.wait);
+    let t0 = if crate::notify::adaptive(&g.wait) {
         sys::now_ns()
     } else {
         0
     };
-    let mut signals = crate::pollwait::SignalWindow::new();
-    client::new_wait();
+    let mut signals = crate::mux::pollwait::SignalWindow::new();
+    crate::conn::sleep::new_wait();
     loop {
         // Check everything without blocking.
         let mut ready = 0;
@@ -145,7 +145,7 @@ pub fn poll(
         ready += scan_canal(g, fds);
         if ready > 0 || timeout_ns == Some(0) {
             if ready > 0 && t0 != 0 {
-                crate::notify::record(g, sys::now_ns() - t0);
+                crate::notify::record(&g.wait, sys::now_ns() - t0);
             }
             copy_ordinary(fds, work, n);
             return Ok(count(fds));
@@ -159,7 +159,7 @@ pub fn poll(
             round += 1;
             canal_abi::sync::spin_hint();
             if round.is_multiple_of(crate::notify::POLL_YIELD_EVERY)
-                && g.notify == crate::notify::Mode::Poll
+                && g.wait.mode == crate::notify::Mode::Poll
             {
                 round = 0; // poll mode: the budget never runs out
                 signals.yield_point(sigmask)?;
@@ -172,7 +172,7 @@ pub fn poll(
         for w in work[..n].iter_mut() {
             w.revents = 0;
         }
-        let r = client::sleep_ready(g, wait_on, remaining, &mut cond, work, sigmask);
+        let r = crate::conn::sleep::sleep_ready(g, wait_on, remaining, &mut cond, work, sigmask);
         match r {
             Err(libc::EINTR) => return Err(libc::EINTR),
             Err(e) => return Err(e),
@@ -185,7 +185,7 @@ pub fn poll(
         let canal_ready = scan_canal(g, fds);
         if ord_ready + canal_ready > 0 {
             if t0 != 0 {
-                crate::notify::record_wait(g, sys::now_ns() - t0, true);
+                crate::notify::record_wait(&g.wait, sys::now_ns() - t0, true);
             }
             copy_ordinary(fds, work, n);
             return Ok(count(fds));
@@ -224,7 +224,7 @@ fn fd_isset(set: *const libc::fd_set, fd: i32) -> bool {
 }
 
 /// Whether any descriptor of the three sets (below nfds) is a canal socket.
-pub fn select_has_canal(
+pub(crate) fn select_has_canal(
     nfds: i32,
     r: *const libc::fd_set,
     w: *const libc::fd_set,
@@ -235,7 +235,7 @@ pub fn select_has_canal(
 }
 
 /// select/pselect through the poll core. Returns the number of bits set.
-pub fn select(
+pub(crate) fn select(
     g: &'static Guest,
     nfds: i32,
     r: *mut libc::fd_set,

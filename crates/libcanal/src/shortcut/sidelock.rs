@@ -2,7 +2,6 @@
 //! them (canal_abi::bias; protocol §3.4): the usual one-thread-per-side socket enters
 //! its side with two plain stores instead of a locked instruction.
 
-use crate::{barrier, client};
 use canal_abi::bias::{Entered, LockEnv, SideLock};
 use canal_abi::region::SocketEntry;
 use canal_abi::sync::Ordering;
@@ -15,7 +14,7 @@ use canal_abi::sync::Ordering;
 /// exact and never 0 or `REVOKED`.
 #[inline]
 fn me() -> u64 {
-    let pid = client::PID.load(Ordering::Relaxed) as u64;
+    let pid = crate::rt::PID.load(Ordering::Relaxed) as u64;
     (pid << 41) | (thread_pointer() >> 6)
 }
 
@@ -38,15 +37,15 @@ fn thread_pointer() -> u64 {
     unsafe { libc::pthread_self() as u64 }
 }
 
-/// B2 is the kernel's global expedited barrier; waits back off as `client::lock` does.
+/// B2 is the kernel's global expedited barrier; waits back off as `crate::rt::lock` does.
 struct Env;
 
 impl LockEnv for Env {
     fn barrier(&self) -> bool {
-        barrier::global()
+        crate::shortcut::barrier::global()
     }
     fn wait(&self, n: u32) {
-        client::backoff(n);
+        crate::rt::backoff(n);
     }
 }
 
@@ -68,23 +67,23 @@ fn rx(e: &SocketEntry) -> SideLock<'_> {
 
 /// Enters the senders' side of `e`.
 #[inline]
-pub fn enter_tx(e: &SocketEntry) -> Entered {
-    tx(e).enter(me(), barrier::ensure_registered, &Env)
+pub(crate) fn enter_tx(e: &SocketEntry) -> Entered {
+    tx(e).enter(me(), crate::shortcut::barrier::ensure_registered, &Env)
 }
 
 #[inline]
-pub fn exit_tx(e: &SocketEntry, how: Entered) {
+pub(crate) fn exit_tx(e: &SocketEntry, how: Entered) {
     tx(e).exit(how)
 }
 
 /// Enters the receivers' side of `e`.
 #[inline]
-pub fn enter_rx(e: &SocketEntry) -> Entered {
-    rx(e).enter(me(), barrier::ensure_registered, &Env)
+pub(crate) fn enter_rx(e: &SocketEntry) -> Entered {
+    rx(e).enter(me(), crate::shortcut::barrier::ensure_registered, &Env)
 }
 
 #[inline]
-pub fn exit_rx(e: &SocketEntry, how: Entered) {
+pub(crate) fn exit_rx(e: &SocketEntry, how: Entered) {
     rx(e).exit(how)
 }
 
@@ -119,7 +118,7 @@ mod tests {
         /// A read-modify-write made slow on purpose: two holders at once lose counts.
         fn bump(&self, me: u64) {
             let s = self.lock();
-            let how = s.enter(me, barrier::ensure_registered, &Env);
+            let how = s.enter(me, crate::shortcut::barrier::ensure_registered, &Env);
             // SAFETY: inside the side lock.
             unsafe {
                 let v = core::ptr::read_volatile(self.count.get());

@@ -11,7 +11,7 @@
 //! the segment.
 
 use crate::iov;
-use crate::seg::Seg;
+use crate::shortcut::seg::Seg;
 use canal_abi::ring::RawRing;
 use canal_abi::segment::{ZoneQueue, ZONE_QUEUE_ENTRIES};
 use canal_abi::sync::Ordering;
@@ -20,7 +20,7 @@ use libc::iovec;
 
 /// Sends smaller than this that do not fit the ring wait for ring space instead (a
 /// 64 KiB buffer for a few bytes is not worth a descriptor).
-pub const MIN_ZONE_SEND: usize = 4096;
+pub(crate) const MIN_ZONE_SEND: usize = 4096;
 
 fn queued(q: &ZoneQueue) -> Result<(u64, u64), i32> {
     let tail = q.tail.load(Ordering::Relaxed);
@@ -61,7 +61,7 @@ fn name(q: &ZoneQueue, i: u64) -> ZoneRef {
 
 /// Receiver: zone bytes queued in direction `dir` (a statistic for readiness and
 /// FIONREAD; bounded, never fails).
-pub fn pending(seg: Seg, dir: u32) -> u64 {
+pub(crate) fn pending(seg: Seg, dir: u32) -> u64 {
     let q = seg.zone_queue(dir);
     let Ok((tail, n)) = queued(q) else {
         return 1; // broken: make the socket readable so recv reports EIO
@@ -74,14 +74,14 @@ pub fn pending(seg: Seg, dir: u32) -> u64 {
 }
 
 /// Receiver: entries posted so far (moves with each zone send: an arrival edge).
-pub fn posted(seg: Seg, dir: u32) -> u64 {
+pub(crate) fn posted(seg: Seg, dir: u32) -> u64 {
     seg.zone_queue(dir).head.load(Ordering::Acquire)
 }
 
 /// Receiver, ring lock held, ring indices `tail`/`head` just read (head Acquire,
 /// before this call): the ring bytes that come before the next zone entry. None: no
 /// entry (all `head - tail` ring bytes may be read). Some(0): the front entry is next.
-pub fn ring_limit(seg: Seg, dir: u32, tail: u64, head: u64) -> Result<Option<u64>, i32> {
+pub(crate) fn ring_limit(seg: Seg, dir: u32, tail: u64, head: u64) -> Result<Option<u64>, i32> {
     let q = seg.zone_queue(dir);
     let (zt, n) = queued(q)?;
     if n == 0 {
@@ -109,7 +109,7 @@ pub fn ring_limit(seg: Seg, dir: u32, tail: u64, head: u64) -> Result<Option<u64
 /// # Safety
 /// The iovecs must be the caller's writable buffers for at least got + want bytes.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn recv_front(
+pub(crate) unsafe fn recv_front(
     seg: Seg,
     dir: u32,
     seg_id: u32,
@@ -164,7 +164,7 @@ pub unsafe fn recv_front(
 ///
 /// # Safety
 /// The iovecs must be the caller's readable buffers for at least skip + left bytes.
-pub unsafe fn send(
+pub(crate) unsafe fn send(
     seg: Seg,
     dir: u32,
     seg_id: u32,

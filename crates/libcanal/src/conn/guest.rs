@@ -1,0 +1,127 @@
+//! The attached guest: the `Guest` handle (region, control socket, doorbells, wait
+//! settings), the process-wide attach state, liveness of canald, and the control-socket
+//! lock shared by every process of one connection.
+use crate::sys;
+use canal_abi::sync::AtomicU32;
+use canal_abi::sync::Ordering;
+use canal_abi::Region;
+use canal_abi::MAX_WORKERS;
+use core::sync::atomic::AtomicBool;
+use core::sync::atomic::AtomicI32;
+use libc::c_int;
+use std::sync::OnceLock;
+
+/// A process attached to canald.
+pub(crate) struct Guest {
+    pub(crate) region: Region,
+    /// The control socket (SEQPACKET); polled while sleeping so a dead canald wakes us.
+    /// -1 over ivshmem (no control socket in a VM).
+    pub(crate) ctl: c_int,
+    /// canald's doorbell eventfd (kicks); -1 over ivshmem (canald polls instead).
+    pub(crate) doorbell: c_int,
+    /// Serialises control-socket use among all processes sharing the connection: a word
+    /// in a MAP_SHARED page made at attach time, so forked children share it.
+    pub(crate) ctl_lock: &'static AtomicU32,
+    /// Whether slots sleep on registered eventfds (else bounded backoff).
+    pub(crate) ports: bool,
+    /// How threads wait (`CANAL_NOTIFY`, `CANAL_SPIN`; see `notify`).
+    pub(crate) wait: crate::notify::WaitSettings,
+    pub(crate) debug: bool,
+    /// Kept for an exec'd image to rejoin (rejoin.rs): the region memfd and its size,
+    /// and the memfd behind the control-lock page (-1: anonymous, no rejoin).
+    pub(crate) memfd: c_int,
+    pub(crate) region_size: u64,
+    pub(crate) lockfd: c_int,
+    /// Virtual RSS (feature::VRSS): canald's doorbell per worker (DOORBELLS), and
+    /// how many; 0 until received (then every kick goes to the home doorbell).
+    pub(crate) wdoor: [AtomicI32; MAX_WORKERS],
+    pub(crate) nworkers: AtomicU32,
+}
+
+/// (ctl, memfd, doorbell, lockfd, region_size) for an exec'd image (rejoin.rs).
+pub(crate) fn rejoin_fds(g: &Guest) -> Option<(c_int, c_int, c_int, c_int, u64)> {
+    (g.memfd >= 0 && g.lockfd >= 0 && g.ctl >= 0 && g.doorbell >= 0).then_some((
+        g.ctl,
+        g.memfd,
+        g.doorbell,
+        g.lockfd,
+        g.region_size,
+    ))
+}
+
+pub(crate) static GUEST: OnceLock<Guest> = OnceLock::new();
+
+/// Set once attaching failed or was disabled: this process uses kernel sockets.
+pub(crate) static FALLBACK: AtomicBool = AtomicBool::new(false);
+
+/// Set once canald is known to be gone.
+static DEAD: AtomicBool = AtomicBool::new(false);
+
+/// Process-local lock around attaching (taken by the fork prepare handler).
+pub(crate) static ATTACH_LOCK: AtomicU32 = AtomicU32::new(0);
+
+pub(crate) fn guest() -> Option<&'static Guest> {
+    GUEST.get()
+}
+
+pub(crate) fn is_dead(g: &Guest) -> bool {
+    DEAD.load(Ordering::Relaxed) || g.region.header().host_state.load(Ordering::Relaxed) == 2
+}
+
+/// Whether canald's end of the control connection is gone (a killed canald cannot
+/// mark its regions abandoned): a zero-timeout ppoll for POLLHUP, for waits that
+/// never sleep (poll-only mode), which would otherwise spin forever.
+pub(crate) fn control_hung_up(g: &Guest) -> bool {
+    if g.ctl < 0 {
+        return false;
+    }
+    let mut pf = [libc::pollfd {
+        fd: g.ctl,
+        events: 0,
+        revents: 0,
+    }];
+    matches!(sys::ppoll(&mut pf, Some(0), sys::SigMask::NONE), Ok(n) if n > 0)
+        && pf[0].revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+pub(crate) fn mark_dead() {
+    if !DEAD.swap(true, Ordering::Relaxed) {
+        sys::log_fmt(format_args!(
+            "canal: canald went away; calls on canal sockets now fail (ECONNRESET on data calls, EIO otherwise) and new sockets fail with ENETDOWN (kernel sockets would escape canald's policy): restart the program under canal run\n"
+        ));
+    }
+}
+
+/// The control-socket lock holds the holder's tid, so a lock left by a dead process
+/// can be taken over.
+pub(crate) fn ctl_lock(g: &Guest) {
+    let me = sys::gettid() as u32;
+    let start = sys::now_ns();
+    loop {
+        // Acquire pairs with the Release store in ctl_unlock.
+        match g
+            .ctl_lock
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => return,
+            Err(holder) => {
+                if sys::now_ns() - start > 1_000_000_000 && !sys::alive(holder as i32) {
+                    let _ =
+                        g.ctl_lock
+                            .compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                // Sleep until the holder unlocks (its FUTEX_WAKE), at most 10 ms (a
+                // holder that died never wakes us). Polling instead (20 µs sleeps)
+                // kept hundreds of threads registering their ports at once busy
+                // waking up, starving the holder and canald on two cores.
+                let _ = sys::futex_wait(g.ctl_lock, holder, 10_000_000);
+            }
+        }
+    }
+}
+
+pub(crate) fn ctl_unlock(g: &Guest) {
+    g.ctl_lock.store(0, Ordering::Release);
+    // Control exchanges are rare (ports, segments): one wake per unlock is cheap.
+    sys::futex_wake_one(g.ctl_lock);
+}

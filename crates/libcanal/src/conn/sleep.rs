@@ -1,0 +1,417 @@
+//! How a waiting thread sleeps: eventfd ports, bounded backoff without one, the
+//! deferred re-check of short-circuited sockets, and waking local sleepers.
+use crate::conn::guest::mark_dead;
+use crate::conn::guest::Guest;
+use crate::conn::slots::own_slot;
+use crate::conn::slots::SlotRef;
+use crate::conn::slots::SLOT_EFD;
+use crate::notify::SEGMENT_MAPPED;
+use crate::sys;
+use canal_abi::feature;
+use canal_abi::sleep_kind;
+use canal_abi::sync::fence;
+use canal_abi::sync::AtomicU32;
+use canal_abi::sync::Ordering;
+use canal_abi::SocketEntry;
+use canal_abi::WAIT_ANY;
+use core::cell::Cell;
+
+/// Sleeps once on readiness: on the thread's own slot (`sleep_events`), or, for a
+/// thread without one, in backoff (`sleep_backoff`).
+pub(crate) fn sleep_ready(
+    g: &'static Guest,
+    index: u32,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    match own_slot(g) {
+        Some(s) => sleep_events(&s, index, timeout_ns, cond, extra, sigmask),
+        None => sleep_backoff(g, timeout_ns, cond, extra, sigmask),
+    }
+}
+
+/// Backoff of event waits without a wake-up port: (monotonic ns when the wait began, 0
+/// before its first sleep; next sleep step in ns).
+const BACKOFF_MIN_NS: i64 = 1_000;
+
+const BACKOFF_MAX_NS: i64 = 1_000_000;
+
+/// How long a wait without a wake-up port polls (yielding) before it sleeps: set at
+/// ivshmem attach ($CANAL_VM_POLL_US, default 200 µs).
+pub(crate) static YIELD_NS: core::sync::atomic::AtomicI64 = core::sync::atomic::AtomicI64::new(0);
+
+thread_local! {
+    static BACKOFF: Cell<(i64, i64)> = const { Cell::new((0, BACKOFF_MIN_NS)) };
+}
+
+/// Starts a new wait for `sleep_events`' backoff (no wake-up port): its polling phase
+/// and its backoff steps count from the wait's first sleep.
+pub(crate) fn new_wait() {
+    let _ = BACKOFF.try_with(|b| b.set((0, BACKOFF_MIN_NS)));
+}
+
+const NO_POLLFD: libc::pollfd = libc::pollfd {
+    fd: -1,
+    events: 0,
+    revents: 0,
+};
+
+/// The descriptors of one sleep: the caller's `extra` (its two spare entries at the end
+/// cleared for the wake-up port and the control socket), or `own` alone.
+fn sleep_fds<'a>(
+    own: &'a mut [libc::pollfd; 2],
+    extra: &'a mut [libc::pollfd],
+) -> &'a mut [libc::pollfd] {
+    let fds: &mut [libc::pollfd] = if extra.is_empty() { own } else { extra };
+    let n = fds.len() - 2;
+    fds[n].revents = 0;
+    fds[n + 1].revents = 0;
+    fds
+}
+
+/// A sleep without a wake-up port: a VM guest over ivshmem without interrupts, or a
+/// thread beyond the slots threads may keep (it has no slot to sleep on). A sleeping
+/// thread in a VM wakes late (the VM's timer), so a wait first keeps checking, yielding
+/// the CPU between checks, for YIELD_NS (0 for process guests); then it sleeps in
+/// exponential backoff, 1 µs doubling to 1 ms (§6), polling `extra`'s descriptors.
+pub(crate) fn sleep_backoff(
+    g: &Guest,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    let mut own = [NO_POLLFD; 2];
+    let fds = sleep_fds(&mut own, extra);
+    let n = fds.len() - 2;
+    if cond() {
+        return Ok(0);
+    }
+    let now = sys::now_ns();
+    let step = BACKOFF.with(|b| {
+        let (start, step) = b.get();
+        // The first sleep of a wait (new_wait() cleared the start).
+        let (start, step) = if start == 0 {
+            (now, BACKOFF_MIN_NS)
+        } else {
+            (start, step)
+        };
+        if now - start < YIELD_NS.load(Ordering::Relaxed) {
+            b.set((start, step));
+            return 0;
+        }
+        b.set((start, (step * 2).min(BACKOFF_MAX_NS)));
+        step
+    });
+    if step == 0 {
+        canal_abi::sync::spin_hint();
+        return Ok(0);
+    }
+    let t = timeout_ns.map_or(step, |t| t.min(step));
+    fds[n].fd = -1;
+    fds[n + 1] = libc::pollfd {
+        fd: g.ctl,
+        events: 0,
+        revents: 0,
+    };
+    let r = sys::ppoll(fds, Some(t), sigmask)?;
+    if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+        mark_dead();
+    }
+    Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize))
+}
+
+/// Longest single sleep on a wake-up port before readiness is checked again.
+const RECHECK_NS: i64 = 1_000_000_000;
+
+/// One sleep on readiness changes (§6): publish sleep=EVENTS, fence, re-check `cond`,
+/// then ppoll on [extra fds..., slot eventfd, control socket]. `extra` must have two
+/// spare entries at its end, which this fills. Returns the ppoll count of `extra`'s
+/// own entries with events (0 if `cond` already held).
+pub(crate) fn sleep_events(
+    s: &SlotRef,
+    index: u32,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    let g = s.g;
+    if s.efd < 0 {
+        return sleep_backoff(g, timeout_ns, cond, extra, sigmask);
+    }
+    let h = g.region.header();
+    let mut own = [NO_POLLFD; 2];
+    let fds = sleep_fds(&mut own, extra);
+    let n = fds.len() - 2;
+    if g.ctl < 0 {
+        // A VM guest with interrupt wake-ups (§9.5): the same polling phase as above
+        // before the first sleep of a wait (an interrupt under emulation arrives
+        // ~150 µs late), then sleep on the slot's interrupt eventfd.
+        if cond() {
+            return Ok(0);
+        }
+        let now = sys::now_ns();
+        let polling = BACKOFF.with(|b| {
+            let (start, step) = b.get();
+            let start = if start == 0 { now } else { start };
+            b.set((start, step));
+            now - start < YIELD_NS.load(Ordering::Relaxed)
+        });
+        if polling {
+            sys::sched_yield();
+            return Ok(0);
+        }
+    }
+    // §8: count ourselves as a sleeper of every short-circuited connection we wait
+    // on, so its peer raises attention (and canald wakes us) after changing it.
+    let mut seg_sleepers = SegSleepers::new();
+    seg_sleepers.enter(g, index);
+    s.slot.wait_socket.store(index, Ordering::Relaxed);
+    s.slot.sleep.store(sleep_kind::EVENTS, Ordering::Relaxed);
+    h.event_waiters.fetch_add(1, Ordering::Relaxed);
+    // W2: SeqCst fence between publishing sleep/event_waiters and re-checking the
+    // socket state; pairs with the host's fence between changing a socket and reading
+    // event_waiters / sleep (§6).
+    fence(Ordering::SeqCst);
+    let r = if cond() {
+        Ok(0)
+    } else {
+        fds[n] = libc::pollfd {
+            fd: s.efd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        fds[n + 1] = libc::pollfd {
+            fd: g.ctl,
+            events: 0,
+            revents: 0,
+        };
+        // More short-circuited sockets than we can count on: sleep in short steps.
+        // Otherwise at most RECHECK_NS: a missed wake-up costs at most that (one was
+        // seen about once in 50 bursts of 400 threads each polling its own socket,
+        // cause not found), and a vanished canald is noticed.
+        let t = if seg_sleepers.overflow {
+            Some(timeout_ns.map_or(1_000_000, |t| t.min(1_000_000)))
+        } else {
+            Some(timeout_ns.map_or(RECHECK_NS, |t| t.min(RECHECK_NS)))
+        };
+        if seg_sleepers.n > 0 {
+            // Counted on a connection whose peer may publish without a fence: the
+            // deferred barrier (barrier.rs) before sleeping longer than DEFER_NS.
+            deferred_ppoll(fds, n, t, sigmask, cond)
+        } else {
+            sys::ppoll(fds, t, sigmask)
+        }
+    };
+    s.slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+    h.event_waiters.fetch_sub(1, Ordering::Relaxed);
+    seg_sleepers.leave();
+    let mut own_events = 0;
+    if fds[n].revents != 0 && fds[n].fd >= 0 {
+        sys::eventfd_drain(s.efd);
+        own_events += 1;
+    }
+    if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+        mark_dead();
+        own_events += 1;
+    }
+    r.map(|c| c.saturating_sub(own_events))
+}
+
+/// `ppoll` for a sleeper counted on short-circuited connections (§8.4, barrier.rs):
+/// at most DEFER_NS, then the global barrier and a re-check (`cond` true: returns 0
+/// with no descriptor ready, as a wake-up would), then the rest of `timeout`.
+fn deferred_ppoll(
+    fds: &mut [libc::pollfd],
+    n: usize,
+    timeout: Option<i64>,
+    sigmask: sys::SigMask,
+    cond: &mut dyn FnMut() -> bool,
+) -> Result<usize, i32> {
+    let step = timeout.map_or(crate::shortcut::barrier::DEFER_NS, |t| {
+        t.min(crate::shortcut::barrier::DEFER_NS)
+    });
+    let t0 = sys::now_ns();
+    let r = sys::ppoll(fds, Some(step), sigmask)?;
+    if r > 0 || timeout.is_some_and(|t| t <= step) {
+        return Ok(r);
+    }
+    let barrier = crate::shortcut::barrier::global();
+    if cond() {
+        return Ok(0);
+    }
+    let rest = timeout.map(|t| (t - (sys::now_ns() - t0)).max(0));
+    // Without the barrier (the kernel refused it) re-check every DEFER_NS.
+    let rest = if barrier {
+        rest
+    } else {
+        Some(rest.map_or(crate::shortcut::barrier::DEFER_NS, |r| {
+            r.min(crate::shortcut::barrier::DEFER_NS)
+        }))
+    };
+    for f in fds.iter_mut().take(n + 2) {
+        f.revents = 0;
+    }
+    sys::ppoll(fds, rest, sigmask)
+}
+
+/// The sleeper counters (protocol §8.4) a sleeping thread incremented, so it
+/// decrements exactly those.
+struct SegSleepers {
+    words: [*const AtomicU32; 64],
+    n: usize,
+    overflow: bool,
+    active: bool,
+}
+
+impl SegSleepers {
+    fn new() -> Self {
+        SegSleepers {
+            words: [core::ptr::null(); 64],
+            n: 0,
+            overflow: false,
+            active: false,
+        }
+    }
+
+    fn add(&mut self, e: &SocketEntry) {
+        if e.kind.load(Ordering::Acquire) != canal_abi::sock_kind::STREAM {
+            return;
+        }
+        let Some(seg) = crate::shortcut::seg::mapped(e.segment.load(Ordering::Acquire)) else {
+            return;
+        };
+        if self.n == self.words.len() {
+            self.overflow = true;
+            return;
+        }
+        let side = e.segment_side.load(Ordering::Relaxed);
+        crate::shortcut::barrier::announce(seg.deferred_barrier(side));
+        let w = seg.sleepers(side);
+        w.fetch_add(1, Ordering::Relaxed);
+        self.words[self.n] = w;
+        self.n += 1;
+    }
+
+    /// Before the sleeper's fence: one socket, or (WAIT_ANY) every mapped one.
+    fn enter(&mut self, g: &Guest, index: u32) {
+        if g.region.header().features & feature::SHORTCUT == 0 {
+            return;
+        }
+        // A process that never mapped a pair segment has no sleeper word to count
+        // (`add` skips unmapped ones): spare the WAIT_ANY walk over the whole socket
+        // table (one cache line per entry: ~10 % of an epoll event loop's time).
+        if index == WAIT_ANY && !SEGMENT_MAPPED.load(Ordering::Acquire) {
+            return;
+        }
+        self.active = true;
+        crate::shortcut::seg::sleep_enter();
+        if index != WAIT_ANY {
+            if let Some(e) = g.region.socket(index) {
+                self.add(e);
+            }
+            return;
+        }
+        for i in 0..g.region.layout().socket_count {
+            if let Some(e) = g.region.socket(i) {
+                if e.segment.load(Ordering::Relaxed) != 0 {
+                    self.add(e);
+                }
+            }
+        }
+    }
+
+    fn leave(&mut self) {
+        for w in &self.words[..self.n] {
+            // SAFETY: each pointer names a sleeper word of a segment that was mapped
+            // when we counted ourselves; crate::shortcut::seg::forget defers every unmap while a
+            // thread is between sleep_enter and sleep_exit.
+            unsafe { &**w }.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.n = 0;
+        if self.active {
+            self.active = false;
+            crate::shortcut::seg::sleep_exit();
+        }
+    }
+}
+
+/// Wakes this process's own threads sleeping on `index` (local events the host does
+/// not see, e.g. shutdown(SHUT_RD) or close by another thread).
+pub(crate) fn wake_local(g: &Guest, index: u32) {
+    if let Some((seg, side)) = seg_of(g, index) {
+        seg.futex_wake(side);
+    }
+    for (i, a) in SLOT_EFD
+        .iter()
+        .enumerate()
+        .take(g.region.layout().slot_count as usize)
+    {
+        let efd = a.load(Ordering::Relaxed);
+        if efd < 0 {
+            continue;
+        }
+        if let Some(s) = g.region.slot(i as u32) {
+            if s.sleep.load(Ordering::Relaxed) == sleep_kind::EVENTS {
+                let w = s.wait_socket.load(Ordering::Relaxed);
+                if w == index || w == WAIT_ANY {
+                    let _ = sys::eventfd_signal(efd);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The eventfd sleep of a poll/epoll counted on short-circuited connections
+    /// (§8.4): a publish its re-check missed, with no wake-up, is found DEFER_NS into
+    /// the sleep by the global barrier and re-check, not at the timeout.
+    #[test]
+    fn deferred_ppoll_rechecks_after_the_barrier() {
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; 2];
+        let mut checks = 0;
+        let mut cond = || {
+            checks += 1;
+            true
+        };
+        let t0 = sys::now_ns();
+        let r = deferred_ppoll(
+            &mut fds,
+            0,
+            Some(10_000_000_000),
+            sys::SigMask::NONE,
+            &mut cond,
+        );
+        let waited = sys::now_ns() - t0;
+        assert_eq!(r, Ok(0));
+        assert_eq!(checks, 1);
+        assert!(waited >= crate::shortcut::barrier::DEFER_NS, "{waited}");
+        assert!(waited < 5_000_000_000, "{waited}");
+        // A short timeout ends within its first step, without a re-check.
+        let mut never = || false;
+        assert_eq!(
+            deferred_ppoll(&mut fds, 0, Some(1_000_000), sys::SigMask::NONE, &mut never),
+            Ok(0)
+        );
+    }
+}
+
+/// The pair segment and side of socket `index`, if it is short-circuited and mapped.
+pub(crate) fn seg_of(g: &Guest, index: u32) -> Option<(crate::shortcut::seg::Seg, u32)> {
+    if index == WAIT_ANY {
+        return None;
+    }
+    let e = g.region.socket(index)?;
+    let seg = crate::shortcut::seg::mapped(e.segment.load(Ordering::Acquire))?;
+    Some((seg, e.segment_side.load(Ordering::Relaxed).min(1)))
+}

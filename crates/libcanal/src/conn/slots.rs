@@ -1,0 +1,295 @@
+//! Per-thread request slots: a thread keeps one of the first three quarters, later
+//! threads borrow one per request; each owned slot has an eventfd wake-up port.
+use crate::conn::ctl::register_port;
+use crate::conn::guest::guest;
+use crate::conn::guest::is_dead;
+use crate::conn::guest::Guest;
+use crate::fdtable::TABLE;
+use crate::sys;
+use canal_abi::sleep_kind;
+use canal_abi::slot_state;
+use canal_abi::sync::Ordering;
+use canal_abi::Slot;
+use core::cell::Cell;
+use core::sync::atomic::AtomicI32;
+use libc::c_int;
+
+/// The calling thread's slot, if it holds one.
+pub(crate) fn my_slot_index() -> Option<u32> {
+    SLOT.try_with(|s| s.idx.get())
+        .ok()
+        .filter(|&i| i != NO_SLOT)
+}
+
+/// Eventfd of each slot this process owns (for waking local sleepers on local events).
+pub(crate) static SLOT_EFD: [AtomicI32; canal_abi::MAX_SLOTS as usize] =
+    [const { AtomicI32::new(-1) }; canal_abi::MAX_SLOTS as usize];
+
+const NO_SLOT: u32 = u32::MAX;
+
+struct ThreadSlot {
+    idx: Cell<u32>,
+    efd: Cell<c_int>,
+    /// A thread that found every keepable slot kept (it borrows instead) looks again
+    /// only after this (monotonic ns): a look scans them all.
+    retry_at: Cell<i64>,
+}
+
+/// How long a thread that could not keep a slot borrows before it looks again.
+const BIND_RETRY_NS: i64 = 50_000_000;
+
+impl Drop for ThreadSlot {
+    fn drop(&mut self) {
+        let idx = self.idx.replace(NO_SLOT);
+        if idx != NO_SLOT {
+            if let Some(g) = guest() {
+                release_slot(g, idx, self.efd.replace(-1));
+            }
+        }
+    }
+}
+
+thread_local! {
+    static SLOT: ThreadSlot = const {
+        ThreadSlot { idx: Cell::new(NO_SLOT), efd: Cell::new(-1), retry_at: Cell::new(0) }
+    };
+}
+
+/// A slot in use by the calling thread. Temporary slots (a thread whose thread-locals
+/// are already gone) are released on drop and wait by backoff.
+pub(crate) struct SlotRef<'g> {
+    pub(crate) g: &'g Guest,
+    pub(crate) idx: u32,
+    pub(crate) slot: &'g Slot,
+    pub(crate) efd: c_int,
+    temp: bool,
+}
+
+impl Drop for SlotRef<'_> {
+    fn drop(&mut self) {
+        if self.temp {
+            release_slot(self.g, self.idx, -1);
+        }
+    }
+}
+
+pub(crate) fn release_slot(g: &Guest, idx: u32, efd: c_int) {
+    if let Some(s) = g.region.slot(idx) {
+        s.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+        // A slot is only released IDLE (no request outstanding). Release pairs with
+        // the Acquire CAS of the next claimer.
+        let _ = s.state.compare_exchange(
+            slot_state::IDLE,
+            slot_state::FREE,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+    }
+    if efd >= 0 {
+        if let Some(a) = SLOT_EFD.get(idx as usize) {
+            a.store(-1, Ordering::Relaxed);
+        }
+        if crate::conn::ivshmem::is_irq_efd(efd) {
+            return; // an interrupt vector's eventfd: the next holder of the slot uses it
+        }
+        TABLE.take(efd);
+        let _ = sys::close(efd);
+    }
+}
+
+/// Slots a thread may keep for its lifetime: all but a quarter (at least one when
+/// there are two or more), which stay for threads beyond that number to borrow one
+/// request at a time (`claim_temp`), so any number of threads can make requests.
+fn bindable(n: u32) -> u32 {
+    match n {
+        0 | 1 => n,
+        2..=7 => n - 1,
+        _ => n - n / 4,
+    }
+}
+
+/// A free slot among the first `limit`; with `takeover`, also an idle one whose owner
+/// thread is gone (one liveness check per idle slot: not for every borrow).
+fn claim_slot(g: &Guest, limit: u32, takeover: bool) -> Result<u32, i32> {
+    let n = g.region.layout().slot_count.min(limit);
+    if n == 0 {
+        return Err(libc::EAGAIN);
+    }
+    let tid = sys::gettid() as u32;
+    let start = tid % n;
+    for pass in 0..(1 + takeover as u32) {
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let Some(s) = g.region.slot(idx) else {
+                continue;
+            };
+            let claimed = if pass == 0 {
+                // A plain load first: most slots are kept by threads, and a failing
+                // CAS would still take each one's line from the core using it.
+                // Acquire pairs with the Release in release_slot.
+                s.state.load(Ordering::Relaxed) == slot_state::FREE
+                    && s.state
+                        .compare_exchange(
+                            slot_state::FREE,
+                            slot_state::IDLE,
+                            Ordering::Acquire,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+            } else {
+                // Second pass: take over IDLE slots whose owner thread is gone (a
+                // process that died without releasing them). The CAS on `owner` makes
+                // exactly one claimer win.
+                let owner = s.owner.load(Ordering::Relaxed);
+                s.state.load(Ordering::Acquire) == slot_state::IDLE
+                    && owner != 0
+                    && !sys::alive(owner as i32)
+                    && s.owner
+                        .compare_exchange(owner, tid, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+            };
+            if claimed {
+                s.owner.store(tid, Ordering::Relaxed);
+                s.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
+                return Ok(idx);
+            }
+        }
+    }
+    Err(libc::EAGAIN)
+}
+
+/// A slot for one request of a thread that has none of its own: any free slot, waited
+/// for if all are busy (borrowed slots are released after each request, so one frees).
+fn claim_temp(g: &Guest) -> Result<u32, i32> {
+    let n = g.region.layout().slot_count;
+    let mut tries = 0u32;
+    loop {
+        // A dead owner's slot is taken over by threads that keep slots, not here.
+        match claim_slot(g, n, false) {
+            Ok(i) => return Ok(i),
+            Err(_) if !is_dead(g) => {
+                // Sleep, not yield: on few cores the holders need the CPU.
+                tries = tries.saturating_add(1);
+                sys::sleep_ns(20_000 * i64::from(tries.min(50)));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
+    let idx = claim_slot(g, bindable(g.region.layout().slot_count), true)?;
+    if !g.ports {
+        return Ok((idx, -1));
+    }
+    if g.ctl < 0 {
+        // ivshmem with doorbell interrupts: slot idx's port is MSI-X vector idx's
+        // eventfd, shared by this process family and never closed (-1 beyond the
+        // routed vectors: that slot backs off).
+        let efd = crate::conn::ivshmem::irq_efd(idx);
+        if let Some(a) = SLOT_EFD.get(idx as usize) {
+            a.store(efd, Ordering::Relaxed);
+        }
+        return Ok((idx, efd));
+    }
+    let efd = match sys::eventfd() {
+        Ok(f) => f,
+        Err(e) => {
+            release_slot(g, idx, -1);
+            return Err(e);
+        }
+    };
+    let _ = TABLE.set_internal(efd);
+    if let Err(e) = register_port(g, idx, efd) {
+        release_slot(g, idx, efd);
+        return Err(e);
+    }
+    if let Some(a) = SLOT_EFD.get(idx as usize) {
+        a.store(efd, Ordering::Relaxed);
+    }
+    Ok((idx, efd))
+}
+
+/// The thread's kept slot, claimed (and its port registered) on first use; EAGAIN
+/// while every keepable slot is kept (looked at again after BIND_RETRY_NS).
+fn bind_thread_slot(g: &Guest, s: &ThreadSlot) -> Result<(u32, c_int), i32> {
+    if s.idx.get() == NO_SLOT {
+        let now = sys::now_ns();
+        if now < s.retry_at.get() {
+            return Err(libc::EAGAIN);
+        }
+        match claim_for_thread(g) {
+            Ok((idx, efd)) => {
+                s.idx.set(idx);
+                s.efd.set(efd);
+            }
+            Err(e) => {
+                if e == libc::EAGAIN {
+                    s.retry_at.set(now + BIND_RETRY_NS);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok((s.idx.get(), s.efd.get()))
+}
+
+/// The calling thread's own slot, claimed (and its port registered) on first use;
+/// None for a thread beyond the slots threads may keep (or past its thread-locals):
+/// such a thread sleeps with `sleep_backoff` instead of holding a borrowed slot.
+pub(crate) fn own_slot(g: &'static Guest) -> Option<SlotRef<'static>> {
+    let (idx, efd) = SLOT.try_with(|s| bind_thread_slot(g, s)).ok()?.ok()?;
+    Some(SlotRef {
+        g,
+        idx,
+        slot: g.region.slot(idx)?,
+        efd,
+        temp: false,
+    })
+}
+
+/// The calling thread's slot, claimed (and its port registered) on first use.
+pub(crate) fn my_slot(g: &'static Guest) -> Result<SlotRef<'static>, i32> {
+    let r = SLOT.try_with(|s| bind_thread_slot(g, s));
+    let (idx, efd, temp) = match r {
+        Ok(Ok((i, e))) => (i, e, false),
+        // Every slot a thread may keep is kept by another thread: borrow one.
+        Ok(Err(libc::EAGAIN)) => (claim_temp(g)?, -1, true),
+        Ok(Err(e)) => return Err(e),
+        // Thread-locals already destroyed (a late destructor): use a temporary slot.
+        Err(_) => (claim_temp(g)?, -1, true),
+    };
+    let slot = g.region.slot(idx).ok_or(libc::EIO)?;
+    Ok(SlotRef {
+        g,
+        idx,
+        slot,
+        efd,
+        temp,
+    })
+}
+
+/// In a fork child: the slots this process held belong to the parent's threads.
+pub(crate) fn forget_in_child() {
+    // The forking thread's slot belongs to the parent's thread: forget it (the child
+    // claims its own on first use). The eventfd copy is closed; the region stays mapped.
+    let _ = SLOT.try_with(|s| {
+        let efd = s.efd.replace(-1);
+        s.idx.set(NO_SLOT);
+        if efd >= 0 && !crate::conn::ivshmem::is_irq_efd(efd) {
+            TABLE.take(efd);
+            let _ = sys::close(efd);
+        }
+    });
+    for a in SLOT_EFD.iter() {
+        let efd = a.swap(-1, Ordering::Relaxed);
+        if efd >= 0
+            && !crate::conn::ivshmem::is_irq_efd(efd)
+            && TABLE.get(efd) == Some(crate::fdtable::Entry::Internal)
+        {
+            // Other threads' eventfds: those threads do not exist in the child.
+            TABLE.take(efd);
+            let _ = sys::close(efd);
+        }
+    }
+}

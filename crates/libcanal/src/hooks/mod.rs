@@ -1,0 +1,15 @@
+//! The `extern "C"` entry points that shadow libc's when preloaded. Each is thin: one
+//! bounds check and one load in the descriptor table; an ordinary descriptor goes
+//! straight to the real libc function; a canal descriptor goes to `sock`/`mux`.
+//!
+//! `#[cfg_attr(not(test), no_mangle)]` keeps unit tests from interposing themselves.
+//!
+//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`; `common` holds what they share.
+#![allow(clippy::missing_safety_doc)]
+
+pub(crate) mod common;
+pub(crate) mod exec;
+pub(crate) mod fd;
+pub(crate) mod io;
+pub(crate) mod poll;
+pub(crate) mod socket;

@@ -1,0 +1,6 @@
+//! Readiness over many descriptors: poll/select (`poll`) and epoll (`epoll`) over any mix
+//! of canal and ordinary descriptors; `pollwait` is their shared kernel wait.
+
+pub(crate) mod epoll;
+pub(crate) mod poll;
+pub(crate) mod pollwait;

@@ -1,0 +1,8 @@
+//! Short-circuited connections between co-resident guests (protocol §8): pair segments
+//! (`seg`), their memory zones (`zones`), the cross-guest barrier (`barrier`) and the
+//! biased side locks (`sidelock`).
+
+pub(crate) mod barrier;
+pub(crate) mod seg;
+pub(crate) mod sidelock;
+pub(crate) mod zones;

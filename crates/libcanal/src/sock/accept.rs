@@ -1,0 +1,129 @@
+//! accept(): taking a connection canald (or a co-resident peer) queued on a listener.
+use crate::conn::request::attention;
+use crate::conn::wait::wait_until;
+use crate::conn::wait::Wait;
+use crate::fdtable::TABLE;
+use crate::sock::core::dead_err;
+use crate::sock::core::wait_err;
+use crate::sock::core::Sock;
+use crate::sock::create::arm;
+use crate::sock::create::dummy;
+use crate::sys;
+use canal_abi::addr::CanalAddr;
+use canal_abi::addr::ADDR_SIZE;
+use canal_abi::ring::record_kind;
+use canal_abi::ring::Consumer;
+use canal_abi::sock_flag as f;
+use canal_abi::sock_kind;
+use canal_abi::sync::Ordering;
+use libc::c_int;
+
+/// accept/accept4: returns the new descriptor and the peer address.
+pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> {
+    dead_err(s.g, false)?;
+    if s.kind() != sock_kind::LISTENER {
+        return Err(if s.kind() == sock_kind::DGRAM {
+            libc::EOPNOTSUPP
+        } else {
+            libc::EINVAL
+        });
+    }
+    let nonblock = s.nonblocking();
+    let ring = s.rx_ring()?;
+    let mut deadline = None;
+    loop {
+        dead_err(s.g, false)?;
+        s.live()?;
+        let held = crate::shortcut::sidelock::enter_rx(s.e);
+        let mut c = Consumer {
+            storage: &ring,
+            head_shared: &s.e.rx_head,
+            tail_shared: &s.e.rx_tail,
+            tail: s.e.rx_tail.load(Ordering::Relaxed),
+        };
+        let out: Option<Result<(c_int, Option<CanalAddr>), i32>> = match c.next_record() {
+            Err(_) => Some(Err(libc::EIO)),
+            Ok(None) => None,
+            Ok(Some(info))
+                if info.kind != record_kind::ACCEPT
+                    || (info.len as usize) < canal_abi::ACCEPT_PAYLOAD =>
+            {
+                c.consume_record(&info);
+                None
+            }
+            Ok(Some(info)) => match dummy(s.g, flags & libc::SOCK_CLOEXEC != 0) {
+                // No descriptor for it: leave the connection queued (as the kernel does).
+                Err(e) => Some(Err(e)),
+                Ok((fd, wend)) => {
+                    let mut p = [0u8; 8];
+                    c.record_payload(&info, 0, &mut p);
+                    let mut a = [0u8; ADDR_SIZE];
+                    let peer = if info.addr_len as usize >= ADDR_SIZE {
+                        c.record_addr(&info, &mut a);
+                        CanalAddr::decode(&a)
+                    } else {
+                        None
+                    };
+                    c.consume_record(&info);
+                    let h = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+                    match Sock::new(s.g, h) {
+                        Ok(ns) if ns.kind() == sock_kind::STREAM => {
+                            crate::sock::core::init_guest_line(
+                                ns.e,
+                                flags & libc::SOCK_NONBLOCK != 0,
+                                s.e.rcvtimeo_ns.load(Ordering::Relaxed),
+                                s.e.sndtimeo_ns.load(Ordering::Relaxed),
+                            );
+                            let _ = TABLE.set_canal(fd, h);
+                            arm(s.g, h, wend);
+                            Some(Ok((fd, peer)))
+                        }
+                        _ => {
+                            let _ = sys::close(fd);
+                            let _ = (wend >= 0).then(|| sys::close(wend));
+                            Some(Err(libc::ECONNABORTED))
+                        }
+                    }
+                }
+            },
+        };
+        crate::shortcut::sidelock::exit_rx(s.e, held);
+        if s.flags() & f::RX_WANT_SPACE != 0 {
+            attention(s.g, s.idx);
+        }
+        match out {
+            Some(Err(libc::ECONNABORTED)) => continue,
+            Some(r) => {
+                if let Ok((fd, _)) = &r {
+                    crate::rt::debug!(s.g, "canal: accept on handle {:#x} -> fd {fd}\n", s.handle);
+                }
+                return r;
+            }
+            None => {
+                if s.e.rx_head.load(Ordering::Acquire) != s.e.rx_tail.load(Ordering::Relaxed) {
+                    continue;
+                }
+            }
+        }
+        let pe = s.take_error();
+        if pe != 0 {
+            return Err(pe as i32);
+        }
+        if nonblock {
+            return Err(libc::EAGAIN);
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(true));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.rx_used > 0 || st.pending_error != 0 || st.kind != sock_kind::LISTENER
+        });
+        if w != Wait::Ready {
+            return Err(wait_err(w, false));
+        }
+        if s.kind() != sock_kind::LISTENER {
+            return Err(libc::EINVAL);
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Dropping references: the last one closes the socket (after SO_LINGER's wait, if set).
+use crate::conn::guest::Guest;
+use crate::conn::request::request;
+use crate::conn::wait::Wait;
+use crate::fdtable::TABLE;
+use crate::sock::core::Sock;
+use crate::sock::opts::getsockopt;
+use crate::sys;
+use canal_abi::op;
+use canal_abi::sock_kind;
+use canal_abi::sync::Ordering;
+
+/// SO_LINGER {1, N > 0}: a close blocks until the transmit ring has drained (canald
+/// has handed every byte to the host socket) or N seconds passed, as a lingering
+/// close blocks natively (regardless of O_NONBLOCK). canald itself never lingers.
+/// Short-circuited streams (rings in a pair segment) do not wait.
+fn linger_before_close(s: &Sock) {
+    let word = s.e.linger.load(Ordering::Relaxed);
+    if word <= 1 || s.kind() != sock_kind::STREAM || s.e.segment.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let secs = i64::from(word - 1).min(i64::MAX / 1_000_000_000);
+    let deadline = sys::now_ns().saturating_add(secs * 1_000_000_000);
+    let e = s.e;
+    let over = || {
+        let flags = e.flags.load(Ordering::Acquire);
+        let done = canal_abi::sock_flag::TX_CLOSED | canal_abi::sock_flag::ERROR;
+        flags & done != 0
+    };
+    let r = crate::conn::wait::wait_until(s.g, s.idx, Some(deadline), || {
+        over() || e.tx_tail.load(Ordering::Acquire) == e.tx_head.load(Ordering::Relaxed)
+    });
+    if !matches!(r, Wait::Ready) {
+        return;
+    }
+    // The ring is empty; natively the close waits until the peer has acknowledged
+    // every byte: ask the host socket (TCP_INFO: unacked segments, bytes not sent).
+    let mut info = [0u8; 160];
+    while sys::now_ns() < deadline && !over() {
+        match getsockopt(*s, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info) {
+            Ok(n) if n >= 148 => {
+                let word =
+                    |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
+                if word(TCPI_UNACKED) == 0 && word(TCPI_NOTSENT_BYTES) == 0 {
+                    return;
+                }
+            }
+            _ => return,
+        }
+        sys::sleep_ns(2_000_000);
+    }
+}
+
+/// Offsets in Linux's `struct tcp_info` (include/uapi/linux/tcp.h).
+const TCPI_UNACKED: usize = 24;
+
+const TCPI_NOTSENT_BYTES: usize = 144;
+
+/// Drops one descriptor's reference; the last one sends CLOSE.
+pub(crate) fn release(g: &'static Guest, handle: u32) {
+    let Ok(s) = Sock::new(g, handle) else { return };
+    let prev =
+        s.e.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+                Some(r.saturating_sub(1))
+            })
+            .unwrap_or(1);
+    if prev <= 1 {
+        crate::policy::forget(handle);
+        crate::conn::sleep::wake_local(g, s.idx);
+        let seg = s.e.segment.load(Ordering::Acquire);
+        if !crate::conn::guest::is_dead(g) {
+            linger_before_close(&s);
+            let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
+        }
+        crate::shortcut::seg::forget(g, seg);
+        crate::rt::debug!(g, "canal: close handle {handle:#x}\n");
+    }
+}
+
+/// One more descriptor refers to the socket (dup, fcntl F_DUPFD).
+pub(crate) fn add_ref(g: &'static Guest, handle: u32) {
+    if let Ok(s) = Sock::new(g, handle) {
+        s.e.refs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// ---- data path --------------------------------------------------------------------------
+
+/// Drops the reference the current call took while sleeping, if any (the last one
+/// closes the socket, as the kernel does when the in-flight call releases the file).
+pub(crate) fn unpin() {
+    if let Some((h, fd)) = crate::conn::wait::take_pinned() {
+        if let Some(g) = crate::conn::guest::guest() {
+            release(g, h);
+        }
+        if fd >= 0 {
+            TABLE.take(fd);
+            let _ = sys::close(fd);
+        }
+    }
+}

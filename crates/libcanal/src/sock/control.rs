@@ -1,0 +1,174 @@
+//! Control operations sent as requests: bind, listen, connect, shutdown, names, FIONREAD.
+use crate::conn::request::request;
+use crate::conn::wait::wait_until;
+use crate::conn::wait::Wait;
+use crate::ready::local;
+use crate::sock::core::dead_err;
+use crate::sock::core::wait_err;
+use crate::sock::core::Sock;
+use canal_abi::addr::CanalAddr;
+use canal_abi::addr::ADDR_SIZE;
+use canal_abi::op;
+use canal_abi::ring::Consumer;
+use canal_abi::sock_flag as f;
+use canal_abi::sock_kind;
+use canal_abi::sync::Ordering;
+use libc::c_int;
+
+pub(crate) fn bind(s: Sock, a: &CanalAddr) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(s.g, op::BIND, s.handle, [0; 4], &a.encode(), &mut []).map(|_| ())
+}
+
+pub(crate) fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(
+        s.g,
+        op::LISTEN,
+        s.handle,
+        [backlog.max(0) as u64, 0, 0, 0],
+        &[],
+        &mut [],
+    )
+    .map(|_| ())
+}
+
+/// connect(2) on a stream socket follows the kernel's two-level state: the socket
+/// layer stays "connecting" after a connect that returned EINPROGRESS (or timed out,
+/// or was interrupted) until connect is called again, so a second connect returns 0
+/// once the handshake is done, EALREADY while it runs, or the error; only then does
+/// EISCONN follow. `local::CONNECT_PENDING` is that socket-layer state.
+/// connect(AF_UNSPEC) on a datagram socket: the association is dissolved (the local
+/// address stays), datagrams from anyone arrive again.
+pub(crate) fn disconnect(s: Sock) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    request(s.g, op::CONNECT, s.handle, [1, 0, 0, 0], &[], &mut []).map(|_| ())
+}
+
+pub(crate) fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    if s.kind() == sock_kind::DGRAM {
+        return request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []).map(|_| ());
+    }
+    let fl = s.flags();
+    let pending = s.local() & local::CONNECT_PENDING != 0;
+    let closed = fl & (f::ERROR | f::HUP | f::BROKEN) != 0;
+    let connecting = fl & f::CONNECTING != 0 && fl & f::CONNECTED == 0 && !closed;
+    if pending {
+        if !connecting {
+            return finish_connect(s);
+        }
+        if s.nonblocking() {
+            return Err(libc::EALREADY);
+        }
+        return wait_connect(s, libc::EALREADY);
+    }
+    if fl & f::CONNECTED != 0 {
+        return Err(libc::EISCONN);
+    }
+    if connecting {
+        return Err(libc::EALREADY);
+    }
+    match request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []) {
+        Ok(_) => return Ok(()),
+        Err(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    s.e.guest_flags
+        .fetch_or(local::CONNECT_PENDING, Ordering::Relaxed);
+    if s.nonblocking() {
+        return Err(libc::EINPROGRESS);
+    }
+    wait_connect(s, libc::EINPROGRESS)
+}
+
+/// Waits for the handshake; `on_timeout` is what a timed-out wait reports.
+fn wait_connect(s: Sock, on_timeout: i32) -> Result<(), i32> {
+    let w = wait_until(s.g, s.idx, s.deadline(false), || {
+        let fl = s.flags();
+        fl & (f::CONNECTED | f::ERROR | f::HUP | f::BROKEN) != 0 || fl & f::CONNECTING == 0
+    });
+    match w {
+        Wait::Ready => finish_connect(s),
+        Wait::Timeout => Err(on_timeout),
+        other => Err(wait_err(other, false)),
+    }
+}
+
+/// The handshake is over: report its outcome once and leave the pending state.
+fn finish_connect(s: Sock) -> Result<(), i32> {
+    s.e.guest_flags
+        .fetch_and(!local::CONNECT_PENDING, Ordering::Relaxed);
+    let fl = s.flags();
+    let pe = s.take_error();
+    if pe != 0 {
+        return Err(pe as i32);
+    }
+    if fl & f::CONNECTED != 0 && fl & (f::ERROR | f::HUP | f::BROKEN) == 0 {
+        Ok(())
+    } else if fl & f::CONNECTED != 0 {
+        Err(libc::ECONNRESET)
+    } else {
+        // The error was already collected (SO_ERROR), as Linux says then.
+        Err(libc::ECONNABORTED)
+    }
+}
+
+pub(crate) fn shutdown(s: Sock, how: c_int) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    let bits = match how {
+        libc::SHUT_RD => local::SHUT_RD,
+        libc::SHUT_WR => local::SHUT_WR,
+        libc::SHUT_RDWR => local::SHUT_RD | local::SHUT_WR,
+        _ => return Err(libc::EINVAL),
+    };
+    request(
+        s.g,
+        op::SHUTDOWN,
+        s.handle,
+        [how as u64, 0, 0, 0],
+        &[],
+        &mut [],
+    )?;
+    s.e.guest_flags.fetch_or(bits, Ordering::Relaxed);
+    crate::conn::sleep::wake_local(s.g, s.idx);
+    Ok(())
+}
+
+pub(crate) fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
+    dead_err(s.g, false)?;
+    let mut out = [0u8; ADDR_SIZE];
+    let o = if peer {
+        op::GETPEERNAME
+    } else {
+        op::GETSOCKNAME
+    };
+    let (_, n) = request(s.g, o, s.handle, [0; 4], &[], &mut out)?;
+    if n < ADDR_SIZE {
+        return Err(libc::EIO);
+    }
+    CanalAddr::decode(&out).ok_or(libc::EIO)
+}
+
+/// Bytes FIONREAD reports: queued stream bytes, or the next datagram's size.
+pub(crate) fn fionread(s: Sock) -> Result<c_int, i32> {
+    let st = s.snapshot();
+    if st.kind != sock_kind::DGRAM {
+        return Ok(st.rx_used.min(i32::MAX as u64) as c_int);
+    }
+    let ring = s.rx_ring()?;
+    let held = crate::shortcut::sidelock::enter_rx(s.e);
+    let mut c = Consumer {
+        storage: &ring,
+        head_shared: &s.e.rx_head,
+        tail_shared: &s.e.rx_tail,
+        tail: s.e.rx_tail.load(Ordering::Relaxed),
+    };
+    let r = match c.next_record() {
+        Ok(Some(i)) => Ok(i.len as c_int),
+        Ok(None) => Ok(0),
+        Err(_) => Err(libc::EIO),
+    };
+    crate::shortcut::sidelock::exit_rx(s.e, held);
+    r
+}

@@ -1,0 +1,331 @@
+//! A canal socket as the library sees it: `Sock` (its table entry and rings), readiness,
+//! deadlines, and the errno rules shared by every operation.
+use crate::conn::guest::Guest;
+use crate::conn::request::attention;
+use crate::conn::wait::Wait;
+use crate::ready;
+use crate::ready::local;
+use crate::ready::SockState;
+use crate::sys;
+use canal_abi::addr::CanalAddr;
+use canal_abi::guest_flag;
+use canal_abi::handle_index;
+use canal_abi::make_handle;
+use canal_abi::ring::RawRing;
+use canal_abi::sync::fence;
+use canal_abi::sync::AtomicU64;
+use canal_abi::sync::Ordering;
+use canal_abi::SocketEntry;
+use libc::c_int;
+
+/// Initialises the guest line of a fresh entry (new socket or accepted connection).
+pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo: u64) {
+    e.refs.store(1, Ordering::Relaxed);
+    // Also here, not only by the host: a canald before minor 3 does not clear them.
+    e.tx_tail_seen.store(0, Ordering::Relaxed);
+    e.rx_head_seen.store(0, Ordering::Relaxed);
+    e.guest_flags.store(
+        if nonblock {
+            canal_abi::guest_flag::NONBLOCK
+        } else {
+            0
+        },
+        Ordering::Relaxed,
+    );
+    e.tx_lock.store(0, Ordering::Relaxed);
+    e.rx_lock.store(0, Ordering::Relaxed);
+    e.clear_side_locks();
+    e.rcvtimeo_ns.store(rcvtimeo, Ordering::Relaxed);
+    e.sndtimeo_ns.store(sndtimeo, Ordering::Relaxed);
+    e.linger.store(0, Ordering::Relaxed);
+}
+
+/// A stream socket's two rings and their index words: in the region, or (protocol
+/// §8) in a pair segment shared with the peer guest. One code path serves both.
+pub(crate) struct Rings {
+    pub(crate) tx: RawRing,
+    pub(crate) tx_head: &'static AtomicU64,
+    pub(crate) tx_tail: &'static AtomicU64,
+    pub(crate) rx: RawRing,
+    pub(crate) rx_head: &'static AtomicU64,
+    pub(crate) rx_tail: &'static AtomicU64,
+    /// Short-circuited: the segment and the peer's side.
+    pub(crate) peer: Option<(crate::shortcut::seg::Seg, u32)>,
+}
+
+impl Rings {
+    /// After publishing tx bytes (or freeing rx space when `freed` on a region
+    /// socket whose host asked for it): tell whoever must know. Region sockets: the
+    /// host (attention + kick). Short-circuited ones: nobody, unless the peer sleeps
+    /// (§8.4: fence, read its sleeper count, then attention + kick so canald wakes it).
+    pub(crate) fn notify(&self, s: &Sock, region_wants: bool) {
+        match self.peer {
+            None => {
+                if region_wants {
+                    attention(s.g, s.idx);
+                }
+            }
+            Some((seg, side)) => {
+                // P1: SeqCst fence between our index store and the sleeper counts;
+                // pairs with the sleeper's fence between counting itself and
+                // re-checking. Skipped when the peer's sleepers issue the global
+                // barrier instead (barrier.rs: the fence waits for our index line to
+                // leave the peer's cache, a third of a small message's cost).
+                if !crate::shortcut::barrier::may_skip_fence(seg.deferred_barrier(side)) {
+                    fence(Ordering::SeqCst);
+                }
+                if seg.futex_sleepers(side).load(Ordering::Relaxed) != 0 {
+                    seg.futex_wake(side);
+                }
+                if seg.sleepers(side).load(Ordering::Relaxed) != 0 {
+                    attention(s.g, s.idx);
+                }
+            }
+        }
+    }
+}
+
+/// A canal socket resolved from its handle.
+#[derive(Clone, Copy)]
+pub(crate) struct Sock {
+    pub(crate) g: &'static Guest,
+    pub(crate) handle: u32,
+    pub(crate) idx: u32,
+    pub(crate) e: &'static SocketEntry,
+}
+
+impl Sock {
+    pub(crate) fn new(g: &'static Guest, handle: u32) -> Result<Sock, i32> {
+        let idx = handle_index(handle);
+        let e = g.region.socket(idx).ok_or(libc::EBADF)?;
+        // Once canald is gone its entries may be freed: keep the socket so that every
+        // call reports the dead daemon (ECONNRESET/EIO), not EBADF.
+        if make_handle(idx, e.generation.load(Ordering::Acquire)) != handle
+            && !crate::conn::guest::is_dead(g)
+        {
+            return Err(libc::EBADF);
+        }
+        Ok(Sock { g, handle, idx, e })
+    }
+
+    /// The entry still belongs to this handle (another thread may have closed the
+    /// last descriptor while we waited, and the entry may now be someone else's).
+    pub(crate) fn live(&self) -> Result<(), i32> {
+        if make_handle(self.idx, self.e.generation.load(Ordering::Acquire)) != self.handle
+            && !crate::conn::guest::is_dead(self.g)
+        {
+            return Err(libc::EBADF);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn kind(&self) -> u32 {
+        self.e.kind.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn flags(&self) -> u32 {
+        self.e.flags.load(Ordering::Acquire)
+    }
+
+    /// The stream rings (mapping the pair segment on first use).
+    pub(crate) fn rings(&self) -> Result<Rings, i32> {
+        let id = self.e.segment.load(Ordering::Acquire);
+        if id == 0 {
+            return Ok(Rings {
+                tx: self.tx_ring()?,
+                tx_head: &self.e.tx_head,
+                tx_tail: &self.e.tx_tail,
+                rx: self.rx_ring()?,
+                rx_head: &self.e.rx_head,
+                rx_tail: &self.e.rx_tail,
+                peer: None,
+            });
+        }
+        let seg = crate::shortcut::seg::get(self.g, id)?;
+        crate::notify::note_segment_mapped();
+        let side = self.e.segment_side.load(Ordering::Relaxed).min(1);
+        // Our sleepers follow the deferred rule: the peer may publish fence-less.
+        crate::shortcut::barrier::announce(seg.deferred_barrier(side));
+        let (tx, rx) = (seg.dir(side), seg.dir(1 - side));
+        Ok(Rings {
+            tx: seg.ring(side),
+            tx_head: &tx.head,
+            tx_tail: &tx.tail,
+            rx: seg.ring(1 - side),
+            rx_head: &rx.head,
+            rx_tail: &rx.tail,
+            peer: Some((seg, 1 - side)),
+        })
+    }
+
+    pub(crate) fn tx_ring(&self) -> Result<RawRing, i32> {
+        let size = self.e.tx_size.load(Ordering::Acquire) as u64;
+        self.g
+            .region
+            .ring(self.e.tx_offset.load(Ordering::Acquire), size)
+            .ok_or(libc::EIO)
+    }
+
+    pub(crate) fn rx_ring(&self) -> Result<RawRing, i32> {
+        let size = self.e.rx_size.load(Ordering::Acquire) as u64;
+        self.g
+            .region
+            .ring(self.e.rx_offset.load(Ordering::Acquire), size)
+            .ok_or(libc::EIO)
+    }
+
+    pub(crate) fn nonblocking(&self) -> bool {
+        self.e.guest_flags.load(Ordering::Relaxed) & guest_flag::NONBLOCK != 0
+    }
+
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        if on {
+            self.e
+                .guest_flags
+                .fetch_or(guest_flag::NONBLOCK, Ordering::Relaxed);
+        } else {
+            self.e
+                .guest_flags
+                .fetch_and(!guest_flag::NONBLOCK, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn local(&self) -> u32 {
+        self.e.guest_flags.load(Ordering::Relaxed)
+    }
+
+    /// Takes the pending error, if any (reported once).
+    pub(crate) fn take_error(&self) -> u32 {
+        if self.e.pending_error.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.e.pending_error.swap(0, Ordering::AcqRel)
+    }
+
+    pub(crate) fn snapshot(&self) -> SockState {
+        let e = self.e;
+        // Flags first (Acquire): a short-circuit completing publishes the segment
+        // fields before CONNECTED.
+        let flags = e.flags.load(Ordering::Acquire);
+        let tx_size = e.tx_size.load(Ordering::Relaxed) as u64;
+        let rx_size = e.rx_size.load(Ordering::Relaxed) as u64;
+        let mut zone = None;
+        let (txh, txt, rxh, rxt) = match (e.segment.load(Ordering::Acquire), self.rings()) {
+            (0, _) | (_, Err(_)) => (&e.tx_head, &e.tx_tail, &e.rx_head, &e.rx_tail),
+            (_, Ok(r)) => {
+                zone = r.peer.filter(|(g, _)| g.has_zones());
+                (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail)
+            }
+        };
+        // R3-style Acquire loads of the other side's indices.
+        let tx_used = txh
+            .load(Ordering::Relaxed)
+            .wrapping_sub(txt.load(Ordering::Acquire))
+            .min(tx_size);
+        let rx_used = rxh
+            .load(Ordering::Acquire)
+            .wrapping_sub(rxt.load(Ordering::Relaxed))
+            .min(rx_size)
+            + zone.map_or(0, |(seg, dir)| crate::shortcut::zones::pending(seg, dir));
+        SockState {
+            kind: e.kind.load(Ordering::Acquire),
+            flags,
+            pending_error: e.pending_error.load(Ordering::Relaxed),
+            tx_used,
+            tx_size,
+            rx_used,
+            guest_flags: e.guest_flags.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn readiness(&self) -> libc::c_short {
+        ready::readiness(&self.snapshot())
+    }
+
+    /// Moves whenever the socket had an event an edge-triggered epoll reports: the
+    /// host's `event_seq`, plus, on a short-circuited socket, the incoming ring's head
+    /// (the peer publishes bytes without canald, so each arrival — an edge natively —
+    /// shows only there).
+    ///
+    /// Second value: the outgoing ring's tail while a send found that ring full
+    /// (`local::NOSPACE`), else None — the peer freeing space is then an edge too, as
+    /// the kernel's write-space wake-up is after SOCK_NOSPACE.
+    pub(crate) fn edge_seq(&self) -> (u32, Option<u32>) {
+        let seq = self.e.event_seq.load(Ordering::Acquire);
+        if self.e.segment.load(Ordering::Acquire) == 0 {
+            return (seq, None);
+        }
+        match self.rings() {
+            Ok(r) if r.peer.is_some() => {
+                let mut rx = seq.wrapping_add(r.rx_head.load(Ordering::Acquire) as u32);
+                if let Some((seg, dir)) = r.peer.filter(|(g, _)| g.has_zones()) {
+                    // A zone-sent piece arrives without moving the ring head.
+                    rx = rx.wrapping_add(crate::shortcut::zones::posted(seg, dir) as u32);
+                }
+                let nospace = self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0;
+                (
+                    rx,
+                    nospace.then(|| r.tx_tail.load(Ordering::Acquire) as u32),
+                )
+            }
+            _ => (seq, None),
+        }
+    }
+
+    /// An edge-triggered report carried EPOLLOUT: the write-space edge is consumed.
+    pub(crate) fn clear_nospace(&self) {
+        if self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0 {
+            self.e
+                .guest_flags
+                .fetch_and(!local::NOSPACE, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn deadline(&self, rcv: bool) -> Option<i64> {
+        let t = if rcv {
+            self.e.rcvtimeo_ns.load(Ordering::Relaxed)
+        } else {
+            self.e.sndtimeo_ns.load(Ordering::Relaxed)
+        };
+        (t != 0).then(|| sys::now_ns().saturating_add(t.min(i64::MAX as u64) as i64))
+    }
+}
+
+pub(crate) fn wait_err(w: Wait, data: bool) -> i32 {
+    match w {
+        Wait::Timeout => libc::EAGAIN,
+        Wait::Interrupted => libc::EINTR,
+        Wait::Dead => {
+            if data {
+                libc::ECONNRESET
+            } else {
+                libc::EIO
+            }
+        }
+        Wait::Ready => 0,
+    }
+}
+
+pub(crate) fn dead_err(g: &Guest, data: bool) -> Result<(), i32> {
+    if crate::conn::guest::is_dead(g) {
+        crate::conn::guest::mark_dead();
+        return Err(if data { libc::ECONNRESET } else { libc::EIO });
+    }
+    Ok(())
+}
+
+pub(crate) fn epipe(flags: c_int) -> i32 {
+    if flags & libc::MSG_NOSIGNAL == 0 {
+        sys::raise_sigpipe();
+    }
+    libc::EPIPE
+}
+
+// ---- creation ------------------------------------------------------------------------
+
+/// Source address and flags a receive reports back.
+#[derive(Default)]
+pub(crate) struct RecvMeta {
+    pub(crate) from: Option<CanalAddr>,
+    pub(crate) msg_flags: c_int,
+}

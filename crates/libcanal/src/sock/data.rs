@@ -1,0 +1,57 @@
+//! send/recv entry points: stream or datagram path by socket kind.
+use crate::sock::core::dead_err;
+use crate::sock::core::epipe;
+use crate::sock::core::RecvMeta;
+use crate::sock::core::Sock;
+use crate::sock::dgram::recv_dgram;
+use crate::sock::dgram::send_dgram;
+use crate::sock::stream::recv_stream;
+use crate::sock::stream::send_stream;
+use canal_abi::addr::CanalAddr;
+use canal_abi::sock_flag as f;
+use canal_abi::sock_kind;
+use libc::c_int;
+use libc::iovec;
+
+/// send/sendto/sendmsg/write/writev.
+pub(crate) fn send(
+    s: Sock,
+    iov: &[iovec],
+    flags: c_int,
+    to: Option<&CanalAddr>,
+) -> Result<usize, i32> {
+    dead_err(s.g, true)?;
+    if flags & libc::MSG_OOB != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    match s.kind() {
+        sock_kind::DGRAM => send_dgram(s, iov, flags, to),
+        sock_kind::STREAM => {
+            if to.is_some() && s.flags() & f::CONNECTED != 0 {
+                // Linux ignores the address on a connected TCP socket (EISCONN only
+                // for TCP Fast Open); we do the same.
+            }
+            send_stream(s, iov, flags)
+        }
+        // A listening socket: not connected.
+        _ => Err(epipe(flags)),
+    }
+}
+
+/// recv/recvfrom/recvmsg/read/readv.
+pub(crate) fn recv(
+    s: Sock,
+    iov: &[iovec],
+    flags: c_int,
+    meta: &mut RecvMeta,
+) -> Result<usize, i32> {
+    dead_err(s.g, true)?;
+    if flags & libc::MSG_OOB != 0 {
+        return Err(libc::EINVAL);
+    }
+    match s.kind() {
+        sock_kind::DGRAM => recv_dgram(s, iov, flags, meta),
+        sock_kind::STREAM => recv_stream(s, iov, flags),
+        _ => Err(libc::ENOTCONN),
+    }
+}

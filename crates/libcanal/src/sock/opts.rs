@@ -1,0 +1,181 @@
+//! Socket options: timeouts kept in the library, everything else as a request to canald.
+use crate::conn::request::request;
+use crate::sock::core::dead_err;
+use crate::sock::core::Sock;
+use canal_abi::op;
+use canal_abi::sock_kind;
+use canal_abi::sync::Ordering;
+use libc::c_int;
+
+// Option names answered by the library (x86-64/aarch64 values; the _NEW variants take
+// the same 64-bit timeval).
+const SO_RCVTIMEO_OLD: c_int = 20;
+
+const SO_SNDTIMEO_OLD: c_int = 21;
+
+const SO_RCVTIMEO_NEW: c_int = 66;
+
+const SO_SNDTIMEO_NEW: c_int = 67;
+
+/// Timeout option → (is_receive).
+fn timeo_opt(level: c_int, name: c_int) -> Option<bool> {
+    if level != libc::SOL_SOCKET {
+        return None;
+    }
+    match name {
+        SO_RCVTIMEO_OLD | SO_RCVTIMEO_NEW => Some(true),
+        SO_SNDTIMEO_OLD | SO_SNDTIMEO_NEW => Some(false),
+        _ => None,
+    }
+}
+
+/// timeval bytes → nanoseconds (0 = no timeout), with Linux's rules.
+pub(crate) fn timeval_to_ns(b: &[u8]) -> Result<u64, i32> {
+    if b.len() < 16 {
+        return Err(libc::EINVAL);
+    }
+    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap());
+    let usec = i64::from_ne_bytes(b[8..16].try_into().unwrap());
+    if !(0..1_000_000).contains(&usec) {
+        return Err(libc::EDOM);
+    }
+    if sec < 0 {
+        // Linux: a negative timeout means "do not wait".
+        return Ok(1);
+    }
+    Ok((sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(usec as u64 * 1000))
+}
+
+pub(crate) fn ns_to_timeval(ns: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&((ns / 1_000_000_000) as i64).to_ne_bytes());
+    b[8..16].copy_from_slice(&(((ns % 1_000_000_000) / 1000) as i64).to_ne_bytes());
+    b
+}
+
+pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Result<(), i32> {
+    dead_err(s.g, false)?;
+    if let Some(rcv) = timeo_opt(level, name) {
+        let ns = timeval_to_ns(val)?;
+        if rcv {
+            s.e.rcvtimeo_ns.store(ns, Ordering::Relaxed);
+        } else {
+            s.e.sndtimeo_ns.store(ns, Ordering::Relaxed);
+        }
+        return Ok(());
+    }
+    if val.len() > canal_abi::SLOT_PAYLOAD {
+        return Err(libc::EINVAL);
+    }
+    request(
+        s.g,
+        op::SETSOCKOPT,
+        s.handle,
+        [level as u64, name as u64, 0, 0],
+        val,
+        &mut [],
+    )?;
+    if level == libc::SOL_SOCKET && name == libc::SO_LINGER && val.len() >= 8 {
+        // canald accepted it (it emulates SO_LINGER): remember it for close.
+        let on = i32::from_ne_bytes([val[0], val[1], val[2], val[3]]) != 0;
+        let secs = i32::from_ne_bytes([val[4], val[5], val[6], val[7]]);
+        let word = if on {
+            1u32.saturating_add(if secs < 0 { u32::MAX } else { secs as u32 })
+        } else {
+            0
+        };
+        s.e.linger.store(word, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// getsockopt: writes up to `out.len()` bytes, returns the option's real length.
+pub(crate) fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> Result<usize, i32> {
+    dead_err(s.g, false)?;
+    let int = |v: i32, out: &mut [u8]| {
+        let b = v.to_ne_bytes();
+        let n = out.len().min(4);
+        out[..n].copy_from_slice(&b[..n]);
+        Ok(n)
+    };
+    if let Some(rcv) = timeo_opt(level, name) {
+        let ns = if rcv {
+            &s.e.rcvtimeo_ns
+        } else {
+            &s.e.sndtimeo_ns
+        }
+        .load(Ordering::Relaxed);
+        let b = ns_to_timeval(ns);
+        let n = out.len().min(16);
+        out[..n].copy_from_slice(&b[..n]);
+        return Ok(n);
+    }
+    if level == libc::SOL_SOCKET {
+        let kind = s.kind();
+        match name {
+            libc::SO_ERROR => return int(s.take_error() as i32, out),
+            libc::SO_TYPE => {
+                return int(
+                    if kind == sock_kind::DGRAM {
+                        libc::SOCK_DGRAM
+                    } else {
+                        libc::SOCK_STREAM
+                    },
+                    out,
+                )
+            }
+            libc::SO_PROTOCOL => {
+                return int(
+                    if kind == sock_kind::DGRAM {
+                        libc::IPPROTO_UDP
+                    } else {
+                        libc::IPPROTO_TCP
+                    },
+                    out,
+                )
+            }
+            libc::SO_DOMAIN => return int(s.e.family.load(Ordering::Relaxed) as i32, out),
+            libc::SO_ACCEPTCONN => return int((kind == sock_kind::LISTENER) as i32, out),
+            _ => {}
+        }
+    }
+    let mut buf = [0u8; canal_abi::SLOT_PAYLOAD];
+    let want = out.len().min(buf.len());
+    let (_, n) = request(
+        s.g,
+        op::GETSOCKOPT,
+        s.handle,
+        [level as u64, name as u64, want as u64, 0],
+        &[],
+        &mut buf,
+    )?;
+    let c = n.min(out.len());
+    out[..c].copy_from_slice(&buf[..c]);
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeval_rules() {
+        let tv = |s: i64, u: i64| {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&s.to_ne_bytes());
+            b[8..].copy_from_slice(&u.to_ne_bytes());
+            b
+        };
+        assert_eq!(timeval_to_ns(&tv(0, 0)), Ok(0));
+        assert_eq!(timeval_to_ns(&tv(1, 500_000)), Ok(1_500_000_000));
+        assert_eq!(timeval_to_ns(&tv(0, 1_000_000)), Err(libc::EDOM));
+        assert_eq!(timeval_to_ns(&tv(-1, 0)), Ok(1));
+        assert_eq!(timeval_to_ns(&tv(1, 0)[..8]), Err(libc::EINVAL));
+        assert_eq!(ns_to_timeval(1_500_000_000), tv(1, 500_000));
+        assert_eq!(timeo_opt(libc::SOL_SOCKET, libc::SO_RCVTIMEO), Some(true));
+        assert_eq!(timeo_opt(libc::SOL_SOCKET, libc::SO_SNDTIMEO), Some(false));
+        assert_eq!(timeo_opt(libc::IPPROTO_TCP, libc::SO_RCVTIMEO), None);
+    }
+}

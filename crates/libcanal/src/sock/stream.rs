@@ -1,0 +1,319 @@
+//! The stream data path: bytes through the rings with no round trip when data or room
+//! is there; waits otherwise.
+use crate::conn::wait::wait_until;
+use crate::conn::wait::Wait;
+use crate::iov;
+use crate::ready::local;
+use crate::sock::core::dead_err;
+use crate::sock::core::epipe;
+use crate::sock::core::wait_err;
+use crate::sock::core::Sock;
+use canal_abi::ring::check_indices;
+use canal_abi::ring::RingStorage;
+use canal_abi::sock_flag as f;
+use canal_abi::sync::AtomicU64;
+use canal_abi::sync::Ordering;
+use libc::c_int;
+use libc::iovec;
+
+pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
+    let total = iov::total_len(iov)?;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
+    let mut sent = 0usize;
+    let mut deadline = None;
+    loop {
+        dead_err(s.g, true)?;
+        s.live()?;
+        let fl = s.flags();
+        let pe = s.take_error();
+        if pe != 0 {
+            return if sent > 0 { Ok(sent) } else { Err(pe as i32) };
+        }
+        if fl & f::TX_CLOSED != 0
+            || s.local() & local::SHUT_WR != 0
+            || fl & (f::ERROR | f::HUP | f::BROKEN) != 0
+        {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(epipe(flags))
+            };
+        }
+        let connecting = fl & f::CONNECTING != 0 && fl & f::CONNECTED == 0;
+        if fl & f::CONNECTED == 0 && !connecting {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(epipe(flags))
+            };
+        }
+        if !connecting {
+            // Resolved here, not before a connect completed: a short-circuit moves
+            // the rings into a pair segment.
+            let r = s.rings()?;
+            let ring = r.tx;
+            let size = RingStorage::size(&ring);
+            let held = crate::shortcut::sidelock::enter_tx(s.e);
+            let head = r.tx_head.load(Ordering::Relaxed);
+            // The consumer's index as last read (a lower bound, §3.4): reading the real
+            // one moves the consumer's cache line here, so only when the space known
+            // to be free is not enough for the rest of this call.
+            // R1 (in `other_index`): the consumer has finished reading the bytes whose
+            // space we reuse.
+            let want = (total - sent) as u64;
+            let Ok(used) = other_index(
+                &s.e.tx_tail_seen,
+                r.tx_tail,
+                |used| size - used >= want,
+                |tail| check_indices(head, tail, size),
+            ) else {
+                crate::shortcut::sidelock::exit_tx(s.e, held);
+                return Err(libc::EIO);
+            };
+            let mut n = ((size - used) as usize).min(total - sent);
+            if n > 0 {
+                // SAFETY: the iovecs are the application's buffers (its promise, as
+                // with the kernel); the ring span head..head+n is free (checked).
+                unsafe { iov::gather_into(&ring, head, iov, sent, n) };
+                // R2: Release publishes the bytes; pairs with the consumer's Acquire.
+                r.tx_head
+                    .store(head.wrapping_add(n as u64), Ordering::Release);
+            }
+            // What does not fit the ring goes by zone buffers (protocol §10.4).
+            if let Some((seg, peer_side)) = r.peer.filter(|(g, _)| g.has_zones()) {
+                if sent + n < total {
+                    let id = s.e.segment.load(Ordering::Relaxed);
+                    // SAFETY: the iovecs are the application's buffers (as above).
+                    let z = unsafe {
+                        crate::shortcut::zones::send(
+                            seg,
+                            1 - peer_side,
+                            id,
+                            head.wrapping_add(n as u64),
+                            iov,
+                            sent + n,
+                            total - sent - n,
+                        )
+                    };
+                    match z {
+                        Ok(k) => n += k,
+                        Err(e) => {
+                            crate::shortcut::sidelock::exit_tx(s.e, held);
+                            return if sent + n > 0 { Ok(sent + n) } else { Err(e) };
+                        }
+                    }
+                }
+            }
+            crate::shortcut::sidelock::exit_tx(s.e, held);
+            if n > 0 {
+                r.notify(&s, true);
+                sent += n;
+            }
+            if sent == total {
+                return Ok(sent);
+            }
+        }
+        if nonblock {
+            if !connecting && s.e.segment.load(Ordering::Relaxed) != 0 {
+                s.e.guest_flags.fetch_or(local::NOSPACE, Ordering::Relaxed);
+            }
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(libc::EAGAIN)
+            };
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(false));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.tx_free() > 0
+                || st.pending_error != 0
+                || st.flags & (f::TX_CLOSED | f::ERROR | f::HUP | f::BROKEN) != 0
+                || (st.flags & f::CONNECTING == 0 && st.flags & f::CONNECTED == 0)
+                || st.guest_flags & local::SHUT_WR != 0
+                || (connecting && st.flags & f::CONNECTED != 0)
+        });
+        if w != Wait::Ready {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(wait_err(w, true))
+            };
+        }
+    }
+}
+
+/// The ring's used bytes from the other side's index: from `seen`, its value as this
+/// side last read it (a lower bound, §3.4), when `enough` accepts what that implies;
+/// else from the real index `real`, read with Acquire (R1/R3: pairs with the other
+/// side's Release, so what it implies is published or freed) and remembered in `seen`.
+/// Called with the side's ring lock held (an earlier holder read `seen` the same way).
+fn other_index(
+    seen: &AtomicU64,
+    real: &AtomicU64,
+    enough: impl Fn(u64) -> bool,
+    used_at: impl Fn(u64) -> Result<u64, canal_abi::ring::RingCorrupt>,
+) -> Result<u64, canal_abi::ring::RingCorrupt> {
+    if let Ok(used) = used_at(seen.load(Ordering::Relaxed)) {
+        if enough(used) {
+            return Ok(used);
+        }
+    }
+    let now = real.load(Ordering::Acquire);
+    let used = used_at(now)?;
+    seen.store(now, Ordering::Relaxed);
+    Ok(used)
+}
+
+pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
+    let total = iov::total_len(iov)?;
+    let peek = flags & libc::MSG_PEEK != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let discard = flags & libc::MSG_TRUNC != 0;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
+    let mut got = 0usize;
+    let mut deadline = None;
+    loop {
+        dead_err(s.g, true)?;
+        s.live()?;
+        if total == 0 {
+            return Ok(0);
+        }
+        // Flags before the indices (see snapshot); the rings are resolved each time
+        // round (a connect may have completed as a short-circuit meanwhile).
+        let r = s.rings()?;
+        let ring = r.rx;
+        let size = RingStorage::size(&ring);
+        let held = crate::shortcut::sidelock::enter_rx(s.e);
+        let tail = r.rx_tail.load(Ordering::Relaxed);
+        // A short-circuit with zones: zone-sent pieces sit between ring bytes.
+        let zone = r.peer.filter(|(g, _)| g.has_zones());
+        // The producer's index as last read (a lower bound, §3.4): reading the real
+        // one moves the producer's cache line here, so only when the bytes known to
+        // be queued do not fill the rest of the caller's buffer.
+        // R3 (in `other_index`): the bytes are there. Zones: always the real head.
+        let want = (total - got) as u64;
+        let Ok(used) = other_index(
+            &s.e.rx_head_seen,
+            r.rx_head,
+            |used| zone.is_none() && used >= want,
+            |head| check_indices(head, tail, size),
+        ) else {
+            crate::shortcut::sidelock::exit_rx(s.e, held);
+            return Err(libc::EIO);
+        };
+        let head = tail.wrapping_add(used);
+        let limit = match zone {
+            Some((seg, dir)) => match crate::shortcut::zones::ring_limit(seg, dir, tail, head) {
+                Ok(l) => l,
+                Err(e) => {
+                    crate::shortcut::sidelock::exit_rx(s.e, held);
+                    return if got > 0 { Ok(got) } else { Err(e) };
+                }
+            },
+            None => None,
+        };
+        if let (Some((seg, dir)), Some(0)) = (zone, limit) {
+            let id = s.e.segment.load(Ordering::Relaxed);
+            // SAFETY: the iovecs are the application's writable buffers.
+            let z = unsafe {
+                crate::shortcut::zones::recv_front(
+                    seg,
+                    dir,
+                    id,
+                    iov,
+                    got,
+                    total - got,
+                    peek,
+                    discard,
+                )
+            };
+            crate::shortcut::sidelock::exit_rx(s.e, held);
+            let n = match z {
+                Ok(n) => n,
+                Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
+            };
+            if peek {
+                return Ok(n);
+            }
+            got += n;
+            if n > 0 {
+                r.notify(&s, false);
+            }
+            if got > 0 && (!waitall || got == total) {
+                return Ok(got);
+            }
+            continue;
+        }
+        let n = (used.min(limit.unwrap_or(u64::MAX)) as usize).min(total - got);
+        if n > 0 {
+            if !discard {
+                // SAFETY: the iovecs are the application's writable buffers; the ring
+                // span tail..tail+n holds queued bytes (checked).
+                unsafe { iov::scatter_from(&ring, tail, iov, got, n) };
+            }
+            if !peek {
+                // R4: Release orders our reads before the producer may reuse the space.
+                r.rx_tail
+                    .store(tail.wrapping_add(n as u64), Ordering::Release);
+            }
+        }
+        crate::shortcut::sidelock::exit_rx(s.e, held);
+        if n > 0 && !peek {
+            got += n;
+            r.notify(&s, s.flags() & f::RX_WANT_SPACE != 0);
+        } else if n > 0 {
+            return Ok(n);
+        }
+        if got > 0 && (!waitall || got == total) {
+            return Ok(got);
+        }
+        let fl = s.flags();
+        // Nothing (more) queued: errors, then EOF.
+        let zone_left =
+            zone.is_some_and(|(seg, dir)| crate::shortcut::zones::pending(seg, dir) > 0);
+        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed) && !zone_left {
+            let pe = s.take_error();
+            if pe != 0 {
+                return if got > 0 { Ok(got) } else { Err(pe as i32) };
+            }
+            if fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
+                || s.local() & local::SHUT_RD != 0
+            {
+                return Ok(got);
+            }
+            if fl & (f::CONNECTED | f::CONNECTING) == 0 {
+                return if got > 0 {
+                    Ok(got)
+                } else {
+                    Err(libc::ENOTCONN)
+                };
+            }
+        } else {
+            continue;
+        }
+        if nonblock {
+            return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+        }
+        if deadline.is_none() {
+            deadline = Some(s.deadline(true));
+        }
+        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+            let st = s.snapshot();
+            st.rx_used > 0
+                || st.pending_error != 0
+                || st.flags & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
+                || st.guest_flags & local::SHUT_RD != 0
+                || st.flags & (f::CONNECTED | f::CONNECTING) == 0
+        });
+        if w != Wait::Ready {
+            return if got > 0 {
+                Ok(got)
+            } else {
+                Err(wait_err(w, true))
+            };
+        }
+    }
+}
