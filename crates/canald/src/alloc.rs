@@ -7,7 +7,7 @@
 
 use canal_abi::DATA_CHUNK;
 
-pub struct DataAlloc {
+pub(crate) struct DataAlloc {
     /// One bit per chunk, set = in use.
     used: Vec<u64>,
     chunks: u64,
@@ -17,7 +17,7 @@ pub struct DataAlloc {
 }
 
 impl DataAlloc {
-    pub fn new(data_size: u64) -> DataAlloc {
+    pub(crate) fn new(data_size: u64) -> DataAlloc {
         let chunks = data_size / DATA_CHUNK;
         DataAlloc {
             used: vec![0; chunks.div_ceil(64) as usize],
@@ -42,7 +42,7 @@ impl DataAlloc {
 
     /// Allocates `size` bytes (a power of two ≥ DATA_CHUNK); returns the offset into
     /// the data area.
-    pub fn alloc(&mut self, size: u64) -> Option<u64> {
+    pub(crate) fn alloc(&mut self, size: u64) -> Option<u64> {
         if size < DATA_CHUNK || !size.is_power_of_two() {
             return None;
         }
@@ -70,7 +70,7 @@ impl DataAlloc {
 
     /// Frees a block returned by `alloc`. Returns false (and changes nothing) if the
     /// block is not exactly an allocated one (a bug, never guest input).
-    pub fn free(&mut self, offset: u64, size: u64) -> bool {
+    pub(crate) fn free(&mut self, offset: u64, size: u64) -> bool {
         if self.blocks.get(&offset) != Some(&size) {
             return false;
         }
@@ -83,7 +83,7 @@ impl DataAlloc {
         true
     }
 
-    pub fn free_bytes(&self) -> u64 {
+    pub(crate) fn free_bytes(&self) -> u64 {
         self.free_chunks * DATA_CHUNK
     }
 }

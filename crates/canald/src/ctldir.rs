@@ -25,7 +25,7 @@ pub enum Role {
 }
 
 /// Checks `dir` without following a symlink at its last component.
-pub fn check_dir(dir: &Path, role: Role) -> Result<(), String> {
+pub(crate) fn check_dir(dir: &Path, role: Role) -> Result<(), String> {
     let me = crate::sys::getuid();
     let m = std::fs::symlink_metadata(dir).map_err(|e| {
         format!(
@@ -111,7 +111,7 @@ pub fn dir_of(socket: &Path) -> &Path {
 }
 
 /// Whether a daemon running as `uid` may be trusted by a process of uid `me`.
-pub fn trusted_daemon(uid: u32, me: u32) -> bool {
+pub(crate) fn trusted_daemon(uid: u32, me: u32) -> bool {
     uid == me || uid == 0
 }
 
@@ -141,7 +141,7 @@ pub fn connect_trusted(socket: &Path) -> Result<Option<std::os::fd::OwnedFd>, St
 
 /// Checks the uid of the daemon at the other end of `fd`, connected to `socket`
 /// (SO_PEERCRED): ours or root, else the reason.
-pub fn check_daemon(fd: &std::os::fd::OwnedFd, socket: &Path) -> Result<(), String> {
+pub(crate) fn check_daemon(fd: &std::os::fd::OwnedFd, socket: &Path) -> Result<(), String> {
     let me = crate::sys::getuid();
     let (pid, uid) = crate::sys::peer_cred(fd)
         .map_err(|e| format!("cannot learn who serves {}: {e}", socket.display()))?;

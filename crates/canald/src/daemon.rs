@@ -8,7 +8,11 @@
 #![forbid(unsafe_code)]
 
 use crate::engine::{self, CoalesceCfg, NotifyMode};
-use crate::guest::{token, Guest, GuestConfig, ShortcutRef, ShortcutShared};
+use crate::guest::config::GuestConfig;
+use crate::guest::shared::Shared as ShortcutShared;
+use crate::guest::shared::SharedRef as ShortcutRef;
+use crate::guest::socket::token;
+use crate::guest::state::Guest;
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
 use crate::worker::{Poller, Worker};
@@ -23,48 +27,48 @@ use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// Exit after this long without guests (None: never).
-    pub idle_exit: Option<Duration>,
-    pub slots: u32,
-    pub sockets: u32,
-    pub data_mib: u64,
+    pub(crate) idle_exit: Option<Duration>,
+    pub(crate) slots: u32,
+    pub(crate) sockets: u32,
+    pub(crate) data_mib: u64,
     /// `--ring-kib`; None: DEFAULT_RING_KIB, shrunk to fit a small `--data-mib`.
-    pub ring_kib: Option<u64>,
+    pub(crate) ring_kib: Option<u64>,
     /// Empty rounds before the poller sleeps; None: calibrated at start so the
     /// poller spins about SPIN_TARGET.
-    pub spin: Option<u32>,
+    pub(crate) spin: Option<u32>,
     /// Requests per guest per round.
-    pub budget: usize,
+    pub(crate) budget: usize,
     /// Policy: guests may only bind/connect/send to loopback addresses.
-    pub loopback_only: bool,
+    pub(crate) loopback_only: bool,
     /// Short-circuit connections between canal guests (§8). Off with `--no-shortcut`
     /// or a non-empty `CANAL_NO_SHORTCUT` in canald's environment.
-    pub shortcut: bool,
+    pub(crate) shortcut: bool,
     /// Each ring of a pair segment, in KiB (rounded up to a power of two, ≥ 64).
-    pub shortcut_ring_kib: u64,
+    pub(crate) shortcut_ring_kib: u64,
     /// `--zones on|off`: pair segments carry buffer zones for sends larger than the
     /// ring's free space (protocol §10). Off by default (docs/bench/README.md, B8);
     /// `CANAL_ZONES=on` in canald's environment turns them on (test suites).
-    pub zones: bool,
-    pub verbose: bool,
+    pub(crate) zones: bool,
+    pub(crate) verbose: bool,
     /// How the poller waits (`--notify`).
-    pub notify: NotifyMode,
+    pub(crate) notify: NotifyMode,
     /// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
-    pub coalesce: CoalesceCfg,
+    pub(crate) coalesce: CoalesceCfg,
     /// `--no-batch`: each host call moves at most one guest send's worth.
-    pub no_batch: bool,
+    pub(crate) no_batch: bool,
     /// Per-guest per-round byte quanta (receive, transmit).
-    pub rx_quantum: u64,
-    pub tx_quantum: u64,
+    pub(crate) rx_quantum: u64,
+    pub(crate) tx_quantum: u64,
     /// Pollers (`--workers`), and the CPUs to pin them to (`--pin`; empty: none).
-    pub workers: usize,
-    pub pin: Vec<usize>,
+    pub(crate) workers: usize,
+    pub(crate) pin: Vec<usize>,
 }
 
 /// Default pollers: one on small machines (≤ 2 cores: guests need the other core),
 /// else one per four cores, at most four.
-pub fn default_workers() -> usize {
+pub(crate) fn default_workers() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores <= 2 {
         1
@@ -77,16 +81,16 @@ pub fn default_workers() -> usize {
 /// 64 KiB guest→native stream moved 1.58× the bytes with 1 MiB rings than with 256 KiB
 /// (fewer ring-full waits and wake-ups; docs/bench/rings); sockets beyond what the area
 /// holds at this size get smaller rings (`Guest::alloc_rings`).
-pub const DEFAULT_RING_KIB: u64 = 1024;
+pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
 
 /// What `--no-batch` allows per host call on a stream: one typical guest send.
-pub const NO_BATCH_CHUNK: u64 = 4096;
+pub(crate) const NO_BATCH_CHUNK: u64 = 4096;
 /// The worst-case added wake-up delay of the two-layer coalescing when `--coalesce`
 /// turns it on without `--t-worst-us`.
-pub const DEFAULT_T_WORST: Duration = Duration::from_micros(50);
+pub(crate) const DEFAULT_T_WORST: Duration = Duration::from_micros(50);
 
 impl Config {
-    pub fn new(socket: PathBuf) -> Config {
+    pub(crate) fn new(socket: PathBuf) -> Config {
         Config {
             socket,
             idle_exit: None,
@@ -114,7 +118,7 @@ impl Config {
         }
     }
 
-    pub fn guest_config(&self) -> Result<GuestConfig, String> {
+    pub(crate) fn guest_config(&self) -> Result<GuestConfig, String> {
         let data = self
             .data_mib
             .checked_mul(1 << 20)
@@ -130,7 +134,7 @@ impl Config {
         let mut ring =
             (self.ring_kib.unwrap_or(DEFAULT_RING_KIB).max(64) * 1024).next_power_of_two();
         if self.ring_kib.is_none() {
-            ring = crate::guest::ring_for_four_sockets(ring, data);
+            ring = crate::guest::config::ring_for_four_sockets(ring, data);
         }
         if 2 * ring > data {
             return Err("--ring-kib too large for --data-mib".into());
@@ -194,7 +198,7 @@ pub struct Daemon {
     /// VM guests (`vm.rs`): region files, VM processes, the bounded sleep.
     vm: crate::vm::Vms,
     /// Every worker's mailbox (virtual RSS), once all workers exist.
-    boxes: Option<crate::guest::vrss::Boxes>,
+    boxes: Option<crate::guest::shared::Boxes>,
 }
 
 /// What `Daemon::bind` found at the socket path.
@@ -217,7 +221,7 @@ fn answers(path: &Path) -> bool {
 impl Daemon {
     /// Creates the control socket (parent dir 0700, a lock file so that two daemons
     /// racing for one path cannot both serve, stale socket removal).
-    pub fn bind(mut cfg: Config) -> Result<Bound, String> {
+    pub(crate) fn bind(mut cfg: Config) -> Result<Bound, String> {
         let nofile = sys::raise_nofile();
         let cap = crate::fdbudget::per_guest_cap(nofile);
         if (cfg.sockets as u64) > cap {
@@ -308,7 +312,7 @@ impl Daemon {
     }
 
     /// SIGINT/SIGTERM end the loop cleanly (regions marked abandoned, socket removed).
-    pub fn handle_signals(&mut self) -> io::Result<()> {
+    pub(crate) fn handle_signals(&mut self) -> io::Result<()> {
         let fd = sys::term_signalfd()?;
         self.ep().add(
             fd.as_raw_fd(),
@@ -317,10 +321,6 @@ impl Daemon {
         )?;
         self.signals = Some(fd);
         Ok(())
-    }
-
-    pub fn socket_path(&self) -> &Path {
-        &self.cfg.socket
     }
 
     /// Worker 0's epoll: control descriptors live there.
@@ -333,7 +333,7 @@ impl Daemon {
     }
 
     /// Runs until a signal or the idle timeout.
-    pub fn run(&mut self) -> io::Result<()> {
+    pub(crate) fn run(&mut self) -> io::Result<()> {
         let mode = self.cfg.notify;
         if mode == NotifyMode::Poll {
             eprintln!(
@@ -364,7 +364,7 @@ impl Daemon {
                 eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
             }
         }
-        let boxes: crate::guest::vrss::Boxes =
+        let boxes: crate::guest::shared::Boxes =
             self.workers.iter().map(|w| w.mbox.clone()).collect();
         // Short-circuit jobs for a guest homed on another worker poke that worker.
         self.shortcut
@@ -980,7 +980,7 @@ impl Daemon {
             .is_ok()
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         let mut guests = Vec::new();
         let mut workers = Vec::new();
         for w in &self.workers {

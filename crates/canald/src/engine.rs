@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// How a waiting side (the host poller, or a guest thread) waits for work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotifyMode {
+pub(crate) enum NotifyMode {
     /// Never sleeps: spins forever (measurement only — it burns a core).
     Poll,
     /// Sleeps as soon as there is nothing to do (no spinning).
@@ -23,7 +23,7 @@ pub enum NotifyMode {
 }
 
 impl NotifyMode {
-    pub fn parse(s: &str) -> Option<NotifyMode> {
+    pub(crate) fn parse(s: &str) -> Option<NotifyMode> {
         match s {
             "poll" => Some(NotifyMode::Poll),
             "sleep" => Some(NotifyMode::Sleep),
@@ -31,7 +31,7 @@ impl NotifyMode {
             _ => None,
         }
     }
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             NotifyMode::Poll => "poll",
             NotifyMode::Sleep => "sleep",
@@ -41,7 +41,7 @@ impl NotifyMode {
 }
 
 /// Waits remembered by the adaptive budget.
-pub const HISTORY: usize = 16;
+pub(crate) const HISTORY: usize = 16;
 
 /// The adaptive spin budget (a ski-rental rule over a short history).
 ///
@@ -61,19 +61,19 @@ pub const HISTORY: usize = 16;
 /// when spinning rarely pays (the gaps are much longer than `wake_cost`). Ties choose
 /// the smaller T. `libcanal` applies the same rule per guest thread.
 #[derive(Clone, Debug)]
-pub struct SpinBudget {
+pub(crate) struct SpinBudget {
     hist: [u64; HISTORY],
     len: usize,
     pos: usize,
     since: usize,
     budget_ns: u64,
-    pub min_ns: u64,
-    pub max_ns: u64,
-    pub wake_cost_ns: u64,
+    pub(crate) min_ns: u64,
+    pub(crate) max_ns: u64,
+    pub(crate) wake_cost_ns: u64,
 }
 
 impl SpinBudget {
-    pub fn new(initial_ns: u64, min_ns: u64, max_ns: u64, wake_cost_ns: u64) -> SpinBudget {
+    pub(crate) fn new(initial_ns: u64, min_ns: u64, max_ns: u64, wake_cost_ns: u64) -> SpinBudget {
         SpinBudget {
             hist: [0; HISTORY],
             len: 0,
@@ -86,12 +86,12 @@ impl SpinBudget {
         }
     }
 
-    pub fn budget_ns(&self) -> u64 {
+    pub(crate) fn budget_ns(&self) -> u64 {
         self.budget_ns
     }
 
     /// Records one idle period's gap; re-chooses the budget every 4 records.
-    pub fn record(&mut self, gap_ns: u64) {
+    pub(crate) fn record(&mut self, gap_ns: u64) {
         self.hist[self.pos] = gap_ns;
         self.pos = (self.pos + 1) % HISTORY;
         self.len = (self.len + 1).min(HISTORY);
@@ -134,7 +134,7 @@ impl SpinBudget {
 
 /// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum CoalesceCfg {
+pub(crate) enum CoalesceCfg {
     Off,
     /// Adaptive split of `t_worst`: T_p = T_worst / (1 + sqrt(C_v/C_p)·sqrt(n)).
     Adaptive {
@@ -159,17 +159,17 @@ pub enum CoalesceCfg {
 /// Cost per unit time ≈ C_p/T_p + n·C_v/T_v; minimising it under T_p + T_v = T_worst
 /// gives T_v/T_p = sqrt(n·C_v/C_p), the formula above.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Split {
-    pub t_worst_ns: u64,
-    pub t_p_ns: u64,
-    pub t_v_ns: u64,
-    pub c_p_ns: u64,
-    pub c_v_ns: u64,
-    pub n: u32,
+pub(crate) struct Split {
+    pub(crate) t_worst_ns: u64,
+    pub(crate) t_p_ns: u64,
+    pub(crate) t_v_ns: u64,
+    pub(crate) c_p_ns: u64,
+    pub(crate) c_v_ns: u64,
+    pub(crate) n: u32,
 }
 
 impl Split {
-    pub fn compute(cfg: CoalesceCfg, c_p_ns: u64, c_v_ns: u64, n: u32) -> Split {
+    pub(crate) fn compute(cfg: CoalesceCfg, c_p_ns: u64, c_v_ns: u64, n: u32) -> Split {
         let n = n.max(1);
         let (t_worst, t_p) = match cfg {
             CoalesceCfg::Off => (0, 0),
@@ -196,36 +196,34 @@ impl Split {
 
 /// Counters of one poller (worker), shared with the STAT handler.
 #[derive(Default, Debug)]
-pub struct WorkerStats {
-    pub rounds: AtomicU64,
-    pub sleeps: AtomicU64,
+pub(crate) struct WorkerStats {
+    pub(crate) rounds: AtomicU64,
+    pub(crate) sleeps: AtomicU64,
     /// Eventfd wake-ups written to guest slots.
-    pub wakes: AtomicU64,
-    /// Wake-ups deferred by coalescing (sent later, merged).
-    pub deferred: AtomicU64,
+    pub(crate) wakes: AtomicU64,
     /// Doorbell kicks received (eventfd counts read).
-    pub kicks: AtomicU64,
+    pub(crate) kicks: AtomicU64,
     /// Host-side holds (layer 1 coalescing).
-    pub holds: AtomicU64,
-    pub spin_ns: AtomicU64,
-    pub t_p_ns: AtomicU64,
-    pub t_v_ns: AtomicU64,
-    pub c_p_ns: AtomicU64,
-    pub c_v_ns: AtomicU64,
-    pub active: AtomicU64,
-    pub guests: AtomicU64,
+    pub(crate) holds: AtomicU64,
+    pub(crate) spin_ns: AtomicU64,
+    pub(crate) t_p_ns: AtomicU64,
+    pub(crate) t_v_ns: AtomicU64,
+    pub(crate) c_p_ns: AtomicU64,
+    pub(crate) c_v_ns: AtomicU64,
+    pub(crate) active: AtomicU64,
+    pub(crate) guests: AtomicU64,
     /// Sockets this worker owns (its guests' and, with virtual RSS, its shadows').
-    pub sockets: AtomicU64,
+    pub(crate) sockets: AtomicU64,
 }
 
 impl WorkerStats {
-    pub fn add(c: &AtomicU64, n: u64) {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
-    pub fn set(c: &AtomicU64, n: u64) {
+    pub(crate) fn set(c: &AtomicU64, n: u64) {
         c.store(n, Ordering::Relaxed);
     }
-    pub fn get(c: &AtomicU64) -> u64 {
+    pub(crate) fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }
 }
@@ -233,7 +231,7 @@ impl WorkerStats {
 /// Median time from an eventfd write to a thread blocked on it running again, in
 /// nanoseconds: with `epoll` true the thread waits in epoll_wait (how the poller
 /// sleeps: C_p), else in poll() (how a guest thread sleeps: C_v). Takes a few ms.
-pub fn measure_wake_ns(epoll: bool) -> u64 {
+pub(crate) fn measure_wake_ns(epoll: bool) -> u64 {
     let Ok(efd) = sys::eventfd() else {
         return 20_000;
     };

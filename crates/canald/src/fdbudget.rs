@@ -13,29 +13,29 @@ use std::os::fd::OwnedFd;
 
 /// Descriptors kept out of the sockets' budget: control connections, doorbells, wake-up
 /// ports, regions, logs.
-pub fn headroom(nofile: u64) -> u64 {
+pub(crate) fn headroom(nofile: u64) -> u64 {
     (nofile / 8).max(64)
 }
 
 /// The most sockets one guest may have with `nofile` descriptors for canald: three
 /// quarters of what the headroom leaves (two descriptors each), at least one.
-pub fn per_guest_cap(nofile: u64) -> u64 {
+pub(crate) fn per_guest_cap(nofile: u64) -> u64 {
     let sockets = nofile.saturating_sub(headroom(nofile)) / 2;
     (sockets * 3 / 4).max(1)
 }
 
 /// A descriptor held in reserve (on /dev/null) for the moment accept(2) fails with
 /// EMFILE/ENFILE.
-pub struct Reserve(Option<OwnedFd>);
+pub(crate) struct Reserve(Option<OwnedFd>);
 
 impl Reserve {
-    pub fn new() -> Reserve {
+    pub(crate) fn new() -> Reserve {
         Reserve(crate::sys::open_dev_null().ok())
     }
 
     /// Frees the reserve, runs `f` (which can now get one descriptor), then takes the
     /// reserve back (if `f`'s descriptor is closed by then, it gets that one).
-    pub fn with_spare<T>(&mut self, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn with_spare<T>(&mut self, f: impl FnOnce() -> T) -> T {
         self.0 = None;
         let r = f();
         self.0 = crate::sys::open_dev_null().ok();

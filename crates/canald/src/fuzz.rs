@@ -11,7 +11,8 @@
 //! the input asks for can only reach 127.0.0.0/8 or ::1.
 #![forbid(unsafe_code)]
 
-use crate::guest::{Guest, GuestConfig};
+use crate::guest::config::GuestConfig;
+use crate::guest::state::Guest;
 use crate::request::Request;
 use crate::sys::Epoll;
 use canal_abi::sync::Ordering;
@@ -38,9 +39,9 @@ fn config() -> GuestConfig {
 #[derive(Debug, Default)]
 pub struct Outcome {
     /// Queue entries popped.
-    pub popped: usize,
+    pub(crate) popped: usize,
     /// (slot, result) of slots left DONE.
-    pub done: Vec<(u32, i64)>,
+    pub(crate) done: Vec<(u32, i64)>,
 }
 
 /// Runs the request consumer over `data`. Panics only on a canald bug.

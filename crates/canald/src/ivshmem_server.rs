@@ -29,17 +29,17 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 /// The ivshmem server protocol version QEMU expects.
-pub const PROTOCOL_VERSION: i64 = 0;
+pub(crate) const PROTOCOL_VERSION: i64 = 0;
 /// canald's peer id (the region header's `doorbell_peer`).
-pub const HOST_PEER: u16 = canal_abi::DOORBELL_HOST_PEER as u16;
+pub(crate) const HOST_PEER: u16 = canal_abi::DOORBELL_HOST_PEER as u16;
 /// The VM's peer id (its IVPosition register).
-pub const GUEST_PEER: u16 = 2;
+pub(crate) const GUEST_PEER: u16 = 2;
 /// Most guest vectors (one per request slot of a VM region).
-pub const MAX_VECTORS: u32 = 1024;
+pub(crate) const MAX_VECTORS: u32 = 1024;
 
 /// Which descriptor, if any, travels with a setup message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MsgFd {
+pub(crate) enum MsgFd {
     None,
     Shm,
     /// canald's own (only) vector: the guest's kicks.
@@ -49,7 +49,7 @@ pub enum MsgFd {
 }
 
 /// The setup messages for a client with `vectors` vectors, in order.
-pub fn setup_messages(vectors: u32) -> Vec<(i64, MsgFd)> {
+pub(crate) fn setup_messages(vectors: u32) -> Vec<(i64, MsgFd)> {
     let mut m = vec![
         (PROTOCOL_VERSION, MsgFd::None),
         (GUEST_PEER as i64, MsgFd::None),
@@ -61,35 +61,35 @@ pub fn setup_messages(vectors: u32) -> Vec<(i64, MsgFd)> {
 }
 
 /// The wire form of one message.
-pub fn encode(v: i64) -> [u8; 8] {
+pub(crate) fn encode(v: i64) -> [u8; 8] {
     v.to_le_bytes()
 }
 
 /// The server of one VM.
-pub struct Server {
+pub(crate) struct Server {
     listener: Option<UnixListener>,
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     client: Option<OwnedFd>,
     /// The guest peer's vector eventfds (canald writes vector *i* to wake slot *i*).
     guest_vectors: Vec<OwnedFd>,
     /// canald's vector eventfd (a copy: the poller owns the one it reads).
     host_vector: OwnedFd,
     /// Set once a client got the setup (the server never serves another).
-    pub served: bool,
+    pub(crate) served: bool,
 }
 
 /// What `Server::create` hands back besides the server.
-pub struct Created {
-    pub server: Server,
+pub(crate) struct Created {
+    pub(crate) server: Server,
     /// canald's vector eventfd, for the poller's epoll: readable = a guest kick.
-    pub host_vector: OwnedFd,
+    pub(crate) host_vector: OwnedFd,
     /// One eventfd per guest vector (= request slot), for the guest's wake-up ports.
-    pub ports: Vec<OwnedFd>,
+    pub(crate) ports: Vec<OwnedFd>,
 }
 
 impl Server {
     /// Listens on `path` (which must not exist) for a VM with `vectors` vectors.
-    pub fn create(path: &Path, vectors: u32) -> io::Result<Created> {
+    pub(crate) fn create(path: &Path, vectors: u32) -> io::Result<Created> {
         if vectors == 0 || vectors > MAX_VECTORS {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
@@ -117,15 +117,15 @@ impl Server {
         })
     }
 
-    pub fn listener_fd(&self) -> Option<i32> {
+    pub(crate) fn listener_fd(&self) -> Option<i32> {
         self.listener.as_ref().map(|l| l.as_raw_fd())
     }
 
-    pub fn client_fd(&self) -> Option<i32> {
+    pub(crate) fn client_fd(&self) -> Option<i32> {
         self.client.as_ref().map(|c| c.as_raw_fd())
     }
 
-    pub fn vectors(&self) -> u32 {
+    pub(crate) fn vectors(&self) -> u32 {
         self.guest_vectors.len() as u32
     }
 
@@ -133,7 +133,7 @@ impl Server {
     /// the setup with `shm`. On success the listener is closed and its path removed
     /// (one VM per server). Returns the client's descriptor to poll (for EOF), or
     /// None if nobody acceptable was waiting. Unacceptable peers are closed.
-    pub fn accept(&mut self, shm: BorrowedFd<'_>, uid: u32) -> io::Result<Option<i32>> {
+    pub(crate) fn accept(&mut self, shm: BorrowedFd<'_>, uid: u32) -> io::Result<Option<i32>> {
         let Some(l) = &self.listener else {
             return Ok(None);
         };
@@ -182,7 +182,7 @@ impl Server {
     /// The client's descriptor is readable or hung up. A QEMU client never sends, so
     /// anything it sends (or EOF) ends the connection; the VM keeps its interrupts
     /// set up but gets no new peers (there are none). Returns true if it was closed.
-    pub fn client_event(&mut self) -> bool {
+    pub(crate) fn client_event(&mut self) -> bool {
         let Some(c) = &self.client else {
             return false;
         };

@@ -9,17 +9,17 @@ use canal_abi::{errno, op, CanalAddr, Slot, SLOT_PAYLOAD};
 /// guest that keeps writing the slot cannot change what was validated (no double
 /// fetch).
 #[derive(Clone)]
-pub struct Request {
-    pub op: u32,
-    pub socket: u32,
-    pub in_len: u32,
-    pub args: [u64; 4],
-    pub seq: u32,
-    pub payload: [u8; SLOT_PAYLOAD],
+pub(crate) struct Request {
+    pub(crate) op: u32,
+    pub(crate) socket: u32,
+    pub(crate) in_len: u32,
+    pub(crate) args: [u64; 4],
+    pub(crate) seq: u32,
+    pub(crate) payload: [u8; SLOT_PAYLOAD],
 }
 
 impl Request {
-    pub fn copy_from(slot: &Slot) -> Request {
+    pub(crate) fn copy_from(slot: &Slot) -> Request {
         let mut payload = [0u8; SLOT_PAYLOAD];
         slot.read_payload(0, &mut payload);
         Request {
@@ -38,7 +38,7 @@ impl Request {
     }
 
     /// A request built in host memory (tests, fuzzing).
-    pub fn new(op: u32, socket: u32, args: [u64; 4], input: &[u8]) -> Request {
+    pub(crate) fn new(op: u32, socket: u32, args: [u64; 4], input: &[u8]) -> Request {
         let mut payload = [0u8; SLOT_PAYLOAD];
         let n = input.len().min(SLOT_PAYLOAD);
         payload[..n].copy_from_slice(&input[..n]);
@@ -66,7 +66,7 @@ impl Request {
 /// `guest.rs`, before the command's own arguments are validated (EBADF first, as the
 /// kernel does).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cmd {
+pub(crate) enum Cmd {
     Socket {
         domain: i32,
         ty: i32,
@@ -96,7 +96,7 @@ pub enum Cmd {
 }
 
 /// Whether an opcode names a socket handle.
-pub fn needs_handle(opcode: u32) -> bool {
+pub(crate) fn needs_handle(opcode: u32) -> bool {
     !matches!(opcode, op::SOCKET | op::NOP) && opcode <= op::MAX && opcode != 0
 }
 
@@ -110,11 +110,11 @@ fn int_arg(v: u64) -> Result<i32, i32> {
     i32::try_from(v as i64).map_err(|_| errno::EINVAL)
 }
 
-pub const SOCK_STREAM: i32 = 1;
-pub const SOCK_DGRAM: i32 = 2;
+pub(crate) const SOCK_STREAM: i32 = 1;
+pub(crate) const SOCK_DGRAM: i32 = 2;
 
 /// Validates a request copy into a command. Errors are positive errno values.
-pub fn decode(req: &Request) -> Result<Cmd, i32> {
+pub(crate) fn decode(req: &Request) -> Result<Cmd, i32> {
     // Bound the supplied length first, whatever the opcode.
     req.input()?;
     match req.op {
@@ -193,7 +193,7 @@ pub fn decode(req: &Request) -> Result<Cmd, i32> {
 /// not on it. `set`: whether the guest wants to set the option; read-only options are
 /// allowed for get only (setting them gives the kernel's own error otherwise, but we
 /// keep the list explicit).
-pub fn option_allowed(level: i32, name: i32, set: bool) -> bool {
+pub(crate) fn option_allowed(level: i32, name: i32, set: bool) -> bool {
     match level {
         libc::SOL_SOCKET => match name {
             libc::SO_REUSEADDR

@@ -2,66 +2,72 @@
 //! the contract) or as a human-readable table.
 #![forbid(unsafe_code)]
 
-use crate::guest::{Guest, Kind, Phase};
+use crate::guest::socket::Kind;
+use crate::guest::socket::Phase;
+use crate::guest::state::Guest;
 use canal_abi::CanalAddr;
 use std::fmt::Write;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct SockStat {
-    pub handle: u32,
-    pub kind: &'static str,
-    pub state: &'static str,
-    pub local: String,
-    pub peer: String,
-    pub tx_bytes: u64,
-    pub rx_bytes: u64,
+pub(crate) struct SockStat {
+    pub(crate) handle: u32,
+    pub(crate) kind: &'static str,
+    pub(crate) state: &'static str,
+    pub(crate) local: String,
+    pub(crate) peer: String,
+    pub(crate) tx_bytes: u64,
+    pub(crate) rx_bytes: u64,
     /// A short-circuited socket with zones: the zone buffers it has posted
     /// (guest-written index, a statistic only; JSON `zone_sends`, absent otherwise).
-    pub zone_sends: Option<u64>,
+    pub(crate) zone_sends: Option<u64>,
     /// The worker that owns this socket (virtual RSS; else the guest's worker).
-    pub worker: u32,
+    pub(crate) worker: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct GuestStat {
-    pub id: u32,
-    pub pid: u32,
-    pub comm: String,
-    pub sockets: Vec<SockStat>,
+pub(crate) struct GuestStat {
+    pub(crate) id: u32,
+    pub(crate) pid: u32,
+    pub(crate) comm: String,
+    pub(crate) sockets: Vec<SockStat>,
     /// Eventfd wake-ups sent to this guest, and those deferred by coalescing.
-    pub wakes: u64,
-    pub deferred_wakes: u64,
+    pub(crate) wakes: u64,
+    pub(crate) deferred_wakes: u64,
     /// The worker (poller) serving this guest.
-    pub worker: u32,
+    pub(crate) worker: u32,
     /// A VM served with ivshmem doorbells: kicks received (interrupts sent = wakes).
-    pub doorbell_kicks: Option<u64>,
+    pub(crate) doorbell_kicks: Option<u64>,
 }
 
 /// One poller's engine state and counters.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct WorkerStat {
-    pub id: u32,
-    pub notify: &'static str,
-    pub guests: u64,
-    pub rounds: u64,
-    pub sleeps: u64,
-    pub wakes: u64,
-    pub kicks: u64,
-    pub holds: u64,
-    pub spin_ns: u64,
+pub(crate) struct WorkerStat {
+    pub(crate) id: u32,
+    pub(crate) notify: &'static str,
+    pub(crate) guests: u64,
+    pub(crate) rounds: u64,
+    pub(crate) sleeps: u64,
+    pub(crate) wakes: u64,
+    pub(crate) kicks: u64,
+    pub(crate) holds: u64,
+    pub(crate) spin_ns: u64,
     /// Coalescing split now in force (ns; all 0 when off) and its inputs.
-    pub t_worst_ns: u64,
-    pub t_p_ns: u64,
-    pub t_v_ns: u64,
-    pub c_p_ns: u64,
-    pub c_v_ns: u64,
-    pub active: u64,
+    pub(crate) t_worst_ns: u64,
+    pub(crate) t_p_ns: u64,
+    pub(crate) t_v_ns: u64,
+    pub(crate) c_p_ns: u64,
+    pub(crate) c_v_ns: u64,
+    pub(crate) active: u64,
     /// Sockets this worker owns.
-    pub sockets: u64,
+    pub(crate) sockets: u64,
 }
 
 impl WorkerStat {
-    pub fn from_stats(id: u32, notify: &'static str, st: &crate::engine::WorkerStats) -> Self {
+    pub(crate) fn from_stats(
+        id: u32,
+        notify: &'static str,
+        st: &crate::engine::WorkerStats,
+    ) -> Self {
         use crate::engine::WorkerStats as W;
         let (t_p, t_v) = (W::get(&st.t_p_ns), W::get(&st.t_v_ns));
         WorkerStat {
@@ -88,28 +94,28 @@ impl WorkerStat {
 /// The engine switches in force (`daemon.config` in the JSON), so a benchmark can
 /// confirm that the variant it asked for is the one it measured.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ConfigStat {
+pub(crate) struct ConfigStat {
     /// "poll", "sleep" or "hybrid" (`--notify`).
-    pub notify: &'static str,
+    pub(crate) notify: &'static str,
     /// false with `--no-batch`.
-    pub batch: bool,
+    pub(crate) batch: bool,
     /// "adaptive", "fixed" (`--split-us`) or "off" (`--no-coalesce`).
-    pub coalesce: &'static str,
+    pub(crate) coalesce: &'static str,
     /// T_worst in µs (0 when coalescing is off).
-    pub t_worst_us: u64,
+    pub(crate) t_worst_us: u64,
     /// The fixed host share T_p in µs; None unless `coalesce` is "fixed".
-    pub split_us: Option<u64>,
-    pub workers: u64,
+    pub(crate) split_us: Option<u64>,
+    pub(crate) workers: u64,
     /// Whether the co-resident short-circuit is in force: false with `--no-shortcut` /
     /// CANAL_NO_SHORTCUT.
-    pub shortcut: bool,
+    pub(crate) shortcut: bool,
     /// Buffer zones on short-circuited connections (`--zones on`, and the shortcut in
     /// force).
-    pub zones: bool,
+    pub(crate) zones: bool,
 }
 
 impl ConfigStat {
-    pub fn from_config(c: &crate::daemon::Config) -> Self {
+    pub(crate) fn from_config(c: &crate::daemon::Config) -> Self {
         use crate::engine::CoalesceCfg;
         let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let (coalesce, t_worst_us, split_us) = match c.coalesce {
@@ -131,17 +137,17 @@ impl ConfigStat {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    pub pid: u32,
-    pub socket: String,
+pub(crate) struct Snapshot {
+    pub(crate) pid: u32,
+    pub(crate) socket: String,
     /// None only in tests that predate it; the daemon always reports it.
-    pub config: Option<ConfigStat>,
-    pub guests: Vec<GuestStat>,
-    pub workers: Vec<WorkerStat>,
+    pub(crate) config: Option<ConfigStat>,
+    pub(crate) guests: Vec<GuestStat>,
+    pub(crate) workers: Vec<WorkerStat>,
 }
 
 /// "1.2.3.4:80", "[::1]:80", or "" when unknown.
-pub fn fmt_addr(a: Option<CanalAddr>) -> String {
+pub(crate) fn fmt_addr(a: Option<CanalAddr>) -> String {
     let Some(a) = a else {
         return String::new();
     };
@@ -154,7 +160,7 @@ pub fn fmt_addr(a: Option<CanalAddr>) -> String {
     }
 }
 
-pub fn guest_stat(g: &Guest) -> GuestStat {
+pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
     let mut sockets: Vec<SockStat> = g
         .sockets()
         .map(|s| SockStat {
@@ -217,7 +223,7 @@ fn json_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
-pub fn render_json(s: &Snapshot) -> String {
+pub(crate) fn render_json(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = write!(o, "{{\"daemon\":{{\"pid\":{},\"socket\":", s.pid);
     json_str(&mut o, &s.socket);
@@ -316,7 +322,7 @@ pub fn render_json(s: &Snapshot) -> String {
     o
 }
 
-pub fn render_text(s: &Snapshot) -> String {
+pub(crate) fn render_text(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,

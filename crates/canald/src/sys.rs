@@ -34,7 +34,7 @@ fn owned(fd: libc::c_int) -> OwnedFd {
 }
 
 /// The errno of an io::Error (EIO if it has none).
-pub fn errno_of(e: &io::Error) -> i32 {
+pub(crate) fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
@@ -63,7 +63,7 @@ impl Mapping {
     /// Creates a sealed memfd of `layout.region_size` bytes, maps it and writes the
     /// region header with `Region::init`. Returns the memfd (to send to the guest),
     /// the mapping and the region view.
-    pub fn create_region(
+    pub(crate) fn create_region(
         layout: Layout,
         guest_id: u32,
         features: u64,
@@ -96,7 +96,7 @@ impl Mapping {
 
     /// Maps the first `layout.region_size` bytes of a fresh (zero-filled) region file
     /// a hypervisor maps too (a VM guest's region) and writes the header.
-    pub fn init_file_region(
+    pub(crate) fn init_file_region(
         fd: &OwnedFd,
         layout: Layout,
         guest_id: u32,
@@ -144,14 +144,6 @@ impl Mapping {
         Ok((map, region))
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Fills the whole mapping with bytes from `f` (the hostile-guest test).
     pub fn scribble(&self, mut f: impl FnMut() -> u64) {
         let words = self.len / 8;
@@ -165,7 +157,7 @@ impl Mapping {
     }
 
     /// Overwrites bytes at `off` (clamped to the mapping).
-    pub fn write_at(&self, off: usize, src: &[u8]) {
+    pub(crate) fn write_at(&self, off: usize, src: &[u8]) {
         if off >= self.len {
             return;
         }
@@ -204,7 +196,7 @@ fn ring_iovecs(ring: &RawRing, pos: u64, len: u64) -> ([libc::iovec; 2], libc::c
 /// Reads from `fd` straight into ring bytes `pos..pos+len` (`len <= ring size`).
 ///
 /// The ring must come from a `Region` whose mapping the caller keeps alive.
-pub fn readv_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
+pub(crate) fn readv_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
     let (iov, n) = ring_iovecs(ring, pos, len);
     // SAFETY: the iovecs lie inside the ring (RawRing::segments keeps them within
     // base..base+size for len <= size), which Region::ring checked lies inside the
@@ -214,7 +206,7 @@ pub fn readv_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Resul
 }
 
 /// Writes ring bytes `pos..pos+len` (`len <= ring size`) to `fd` in one call.
-pub fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
+pub(crate) fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
     let (iov, n) = ring_iovecs(ring, pos, len);
     // SAFETY: as in readv_ring; the kernel only reads the bytes. MSG_NOSIGNAL is not
     // available to writev, so canald ignores SIGPIPE (see `ignore_sigpipe`).
@@ -223,7 +215,7 @@ pub fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Resu
 
 /// Sends ring bytes `pos..pos+len` (contiguous or wrapping) as one datagram, to `to`
 /// or to the connected peer.
-pub fn sendmsg_ring(
+pub(crate) fn sendmsg_ring(
     fd: &OwnedFd,
     ring: &RawRing,
     pos: u64,
@@ -245,7 +237,7 @@ pub fn sendmsg_ring(
     cvt_size(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })
 }
 
-pub fn ignore_sigpipe() {
+pub(crate) fn ignore_sigpipe() {
     // SAFETY: setting a signal's disposition to SIG_IGN has no memory-safety impact.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
@@ -253,7 +245,7 @@ pub fn ignore_sigpipe() {
 // ---- eventfd, epoll ---------------------------------------------------------------
 
 /// A pidfd for `pid` (readable once the process has exited).
-pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
     if r < 0 {
@@ -263,7 +255,7 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 }
 
 /// Whether `fd` is a pidfd (a VM_PID message's descriptor must be one).
-pub fn is_pidfd(fd: &OwnedFd) -> bool {
+pub(crate) fn is_pidfd(fd: &OwnedFd) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .is_ok_and(|l| l.as_os_str() == "anon_inode:[pidfd]")
 }
@@ -298,7 +290,7 @@ pub fn eventfd_read(fd: &OwnedFd) -> io::Result<u64> {
 
 /// poll() for readability of one descriptor, up to `ms` (-1: forever); whether it is
 /// readable. EINTR counts as not readable.
-pub fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
+pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
@@ -310,7 +302,7 @@ pub fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
 }
 
 /// Pins the calling thread to one CPU.
-pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+pub(crate) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -326,20 +318,20 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 }
 
 /// Gives the core to another runnable thread (a spinning poller on a busy machine).
-pub fn sched_yield() {
+pub(crate) fn sched_yield() {
     // SAFETY: plain call.
     unsafe { libc::sched_yield() };
 }
 
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
 /// a guest cannot hand it a pipe that blocks).
-pub fn is_eventfd(fd: &OwnedFd) -> bool {
+pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
         .unwrap_or(false)
 }
 
-pub fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: plain fcntl calls on a descriptor we own.
     let fl = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
     // SAFETY: as above.
@@ -350,11 +342,11 @@ pub fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
 pub use libc::epoll_event as EpollEvent;
 
 pub const EP_IN: u32 = libc::EPOLLIN as u32;
-pub const EP_OUT: u32 = libc::EPOLLOUT as u32;
-pub const EP_ERR: u32 = libc::EPOLLERR as u32;
-pub const EP_HUP: u32 = libc::EPOLLHUP as u32;
-pub const EP_RDHUP: u32 = libc::EPOLLRDHUP as u32;
-pub const EP_ET: u32 = libc::EPOLLET as u32;
+pub(crate) const EP_OUT: u32 = libc::EPOLLOUT as u32;
+pub(crate) const EP_ERR: u32 = libc::EPOLLERR as u32;
+pub(crate) const EP_HUP: u32 = libc::EPOLLHUP as u32;
+pub(crate) const EP_RDHUP: u32 = libc::EPOLLRDHUP as u32;
+pub(crate) const EP_ET: u32 = libc::EPOLLET as u32;
 
 pub struct Epoll {
     fd: OwnedFd,
@@ -374,14 +366,14 @@ impl Epoll {
             .map(|_| ())
     }
 
-    pub fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    pub(crate) fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
         let mut ev = libc::epoll_event { events, u64: token };
         // SAFETY: `ev` is a live local the kernel reads.
         cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) })
             .map(|_| ())
     }
 
-    pub fn delete(&self, fd: RawFd) {
+    pub(crate) fn delete(&self, fd: RawFd) {
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
         // SAFETY: as in add.
         unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
@@ -389,7 +381,7 @@ impl Epoll {
 
     /// Waits up to `timeout_ns` nanoseconds (epoll_pwait2: finer than a millisecond).
     /// EINTR counts as no events.
-    pub fn wait_ns(&self, events: &mut [EpollEvent], timeout_ns: u64) -> io::Result<usize> {
+    pub(crate) fn wait_ns(&self, events: &mut [EpollEvent], timeout_ns: u64) -> io::Result<usize> {
         let max = events.len().min(i32::MAX as usize) as libc::c_int;
         let ts = libc::timespec {
             tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
@@ -467,7 +459,7 @@ fn seqpacket() -> io::Result<OwnedFd> {
 }
 
 /// A listening SOCK_SEQPACKET socket at `path` (non-blocking).
-pub fn seqpacket_listen(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn seqpacket_listen(path: &Path) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
     let (sa, len) = unix_addr(path)?;
     // SAFETY: sa is a valid sockaddr_un of `len` bytes.
@@ -500,7 +492,7 @@ pub fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Accepts a connection (non-blocking, close-on-exec); Ok(None) when none is pending.
-pub fn accept_unix(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+pub(crate) fn accept_unix(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     // SAFETY: no address is requested.
     let r = unsafe {
         libc::accept4(
@@ -519,7 +511,7 @@ pub fn accept_unix(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
 }
 
 /// (pid, uid) of a Unix socket's peer.
-pub fn peer_cred(fd: &OwnedFd) -> io::Result<(u32, u32)> {
+pub(crate) fn peer_cred(fd: &OwnedFd) -> io::Result<(u32, u32)> {
     let mut c = libc::ucred {
         pid: 0,
         uid: 0,
@@ -590,7 +582,7 @@ pub fn send_with_fds(fd: &OwnedFd, data: &[u8], fds: &[RawFd], dontwait: bool) -
 /// One received control message.
 pub struct Received {
     pub len: usize,
-    pub truncated: bool,
+    pub(crate) truncated: bool,
     pub fds: Vec<OwnedFd>,
 }
 
@@ -643,7 +635,7 @@ pub fn recv_with_fds(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Received
 
 /// Takes an exclusive, non-blocking flock on `path` (created 0600). Ok(None) if another
 /// process holds it.
-pub fn try_lock_file(path: &Path) -> io::Result<Option<std::fs::File>> {
+pub(crate) fn try_lock_file(path: &Path) -> io::Result<Option<std::fs::File>> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -724,7 +716,7 @@ fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<CanalAddr> {
 }
 
 /// A non-blocking, close-on-exec inet socket.
-pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+pub(crate) fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
     // SAFETY: plain call.
     Ok(owned(cvt(unsafe {
         libc::socket(
@@ -735,7 +727,7 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
     })?))
 }
 
-pub fn bind(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
+pub(crate) fn bind(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
     let mut ss = zeroed_storage();
     let len = to_sockaddr(a, &mut ss);
     // SAFETY: ss holds a valid sockaddr of `len` bytes.
@@ -750,7 +742,7 @@ pub fn bind(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
 }
 
 /// connect(AF_UNSPEC): dissolves a datagram socket's association.
-pub fn disconnect(fd: &OwnedFd) -> io::Result<()> {
+pub(crate) fn disconnect(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: sockaddr is plain data; zeroed is AF_UNSPEC.
     let sa: libc::sockaddr = unsafe { core::mem::zeroed() };
     // SAFETY: sa is a valid sockaddr of the given size.
@@ -764,7 +756,7 @@ pub fn disconnect(fd: &OwnedFd) -> io::Result<()> {
     .map(|_| ())
 }
 
-pub fn connect(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
+pub(crate) fn connect(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
     let mut ss = zeroed_storage();
     let len = to_sockaddr(a, &mut ss);
     // SAFETY: ss holds a valid sockaddr of `len` bytes.
@@ -778,19 +770,19 @@ pub fn connect(fd: &OwnedFd, a: &CanalAddr) -> io::Result<()> {
     .map(|_| ())
 }
 
-pub fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
+pub(crate) fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
     // SAFETY: plain call.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map(|_| ())
 }
 
-pub fn shutdown(fd: &OwnedFd, how: i32) -> io::Result<()> {
+pub(crate) fn shutdown(fd: &OwnedFd, how: i32) -> io::Result<()> {
     // SAFETY: plain call.
     cvt(unsafe { libc::shutdown(fd.as_raw_fd(), how) }).map(|_| ())
 }
 
 /// Accepts one connection (non-blocking, close-on-exec) and its peer address.
 /// Ok(None): none pending.
-pub fn accept_inet(fd: &OwnedFd) -> io::Result<Option<(OwnedFd, Option<CanalAddr>)>> {
+pub(crate) fn accept_inet(fd: &OwnedFd) -> io::Result<Option<(OwnedFd, Option<CanalAddr>)>> {
     let mut ss = zeroed_storage();
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes of address into `ss`.
@@ -826,15 +818,15 @@ fn name_of(
     from_sockaddr(&ss).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
 }
 
-pub fn sockname(fd: &OwnedFd) -> io::Result<CanalAddr> {
+pub(crate) fn sockname(fd: &OwnedFd) -> io::Result<CanalAddr> {
     name_of(fd, libc::getsockname)
 }
 
-pub fn peername(fd: &OwnedFd) -> io::Result<CanalAddr> {
+pub(crate) fn peername(fd: &OwnedFd) -> io::Result<CanalAddr> {
     name_of(fd, libc::getpeername)
 }
 
-pub fn setsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, val: &[u8]) -> io::Result<()> {
+pub(crate) fn setsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, val: &[u8]) -> io::Result<()> {
     // SAFETY: the kernel reads val.len() bytes from a live slice.
     cvt(unsafe {
         libc::setsockopt(
@@ -849,7 +841,12 @@ pub fn setsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, val: &[u8]) -> io::
 }
 
 /// Returns the option's length as the kernel reports it.
-pub fn getsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn getsockopt_bytes(
+    fd: &OwnedFd,
+    level: i32,
+    name: i32,
+    out: &mut [u8],
+) -> io::Result<usize> {
     let mut len = out.len() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `out`.
     cvt(unsafe {
@@ -868,8 +865,8 @@ pub fn getsockopt_bytes(fd: &OwnedFd, level: i32, name: i32, out: &mut [u8]) -> 
 /// close (canald's own, or the kernel's when canald dies) resets the connection
 /// instead of ending it with a FIN; else {0, 0}, a close that never blocks and lets the
 /// kernel deliver what is queued. canald never sets a lingering timeout (it would block
-/// the poller in close); a guest's SO_LINGER is emulated (`guest::HostSocket::linger`).
-pub fn set_abortive_close(fd: &OwnedFd, abort: bool) -> io::Result<()> {
+/// the poller in close); a guest's SO_LINGER is emulated (`guest::socket::HostSocket::linger`).
+pub(crate) fn set_abortive_close(fd: &OwnedFd, abort: bool) -> io::Result<()> {
     let l = libc::linger {
         l_onoff: abort as libc::c_int,
         l_linger: 0,
@@ -888,7 +885,7 @@ pub fn set_abortive_close(fd: &OwnedFd, abort: bool) -> io::Result<()> {
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force.
-pub fn raise_nofile() -> u64 {
+pub(crate) fn raise_nofile() -> u64 {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -912,13 +909,13 @@ pub fn raise_nofile() -> u64 {
 }
 
 /// Returns free heap memory to the system (glibc's malloc_trim).
-pub fn malloc_trim() {
+pub(crate) fn malloc_trim() {
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe { libc::malloc_trim(0) };
 }
 
 /// CLOCK_MONOTONIC in milliseconds.
-pub fn monotonic_ms() -> u64 {
+pub(crate) fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -929,13 +926,13 @@ pub fn monotonic_ms() -> u64 {
 }
 
 /// /dev/null, read-only, close-on-exec (a placeholder descriptor).
-pub fn open_dev_null() -> io::Result<OwnedFd> {
+pub(crate) fn open_dev_null() -> io::Result<OwnedFd> {
     // SAFETY: open(2) with a static NUL-terminated path; the result is checked.
     let fd = cvt(unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
     Ok(owned(fd))
 }
 
-pub fn so_error(fd: &OwnedFd) -> i32 {
+pub(crate) fn so_error(fd: &OwnedFd) -> i32 {
     let mut b = [0u8; 4];
     match getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut b) {
         Ok(_) => i32::from_ne_bytes(b),
@@ -944,7 +941,10 @@ pub fn so_error(fd: &OwnedFd) -> i32 {
 }
 
 /// Receives one datagram into `buf`: (bytes, source). Ok(None) when none is pending.
-pub fn recvfrom(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<(usize, Option<CanalAddr>)>> {
+pub(crate) fn recvfrom(
+    fd: &OwnedFd,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Option<CanalAddr>)>> {
     let mut ss = zeroed_storage();
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: the kernel writes at most buf.len() bytes and `len` bytes of address.
@@ -967,7 +967,7 @@ pub fn recvfrom(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<(usize, Optio
 
 /// Blocks SIGINT and SIGTERM and returns a signalfd that reports them, so the poller
 /// sees a shutdown request as an ordinary epoll event.
-pub fn term_signalfd() -> io::Result<OwnedFd> {
+pub(crate) fn term_signalfd() -> io::Result<OwnedFd> {
     // SAFETY: sigset_t is plain data; sigemptyset initialises it.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a live local; these calls only edit it and the signal mask.
@@ -984,7 +984,7 @@ pub fn term_signalfd() -> io::Result<OwnedFd> {
 }
 
 /// Reads one pending signal number from a signalfd (None if none).
-pub fn read_signal(fd: &OwnedFd) -> Option<u32> {
+pub(crate) fn read_signal(fd: &OwnedFd) -> Option<u32> {
     // SAFETY: signalfd_siginfo is plain data.
     let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
     let len = std::mem::size_of::<libc::signalfd_siginfo>();
@@ -1001,17 +1001,10 @@ pub fn read_signal(fd: &OwnedFd) -> Option<u32> {
 
 // ---- pair segments (protocol §8) ---------------------------------------------------
 
-/// Creates a pair segment: a sealed memfd of `segment_size(ring_size)` zero bytes
-/// whose line 0 holds the header. canald never maps it: it only writes the header here
-/// and reads index words with `pread_u64`.
-pub fn create_segment(id: u32, ring_size: u64) -> io::Result<OwnedFd> {
-    create_segment_zones(id, ring_size, 0)
-}
-
 /// As `create_segment`, with one buffer zone of `zone_size` bytes per direction after
 /// the rings (protocol §10.4; 0: none). The zones' headers and free lists are written
 /// by `Mapping::init_zones` before either guest maps the segment.
-pub fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> io::Result<OwnedFd> {
+pub(crate) fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> io::Result<OwnedFd> {
     use canal_abi::segment;
     let name = CString::new("canal-segment").expect("static name");
     // SAFETY: `name` is a valid NUL-terminated string.
@@ -1046,7 +1039,7 @@ pub fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> io::Resu
 
 /// Reads the little-endian u64 at `off` of a file (a segment's index word). The value
 /// is guest-written: callers treat it as untrusted.
-pub fn pread_u64(fd: &OwnedFd, off: u64) -> Option<u64> {
+pub(crate) fn pread_u64(fd: &OwnedFd, off: u64) -> Option<u64> {
     let mut b = [0u8; 8];
     // SAFETY: b is a valid writable buffer of 8 bytes.
     let n = unsafe { libc::pread(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8, off as libc::off_t) };
@@ -1055,7 +1048,7 @@ pub fn pread_u64(fd: &OwnedFd, off: u64) -> Option<u64> {
 
 /// The host's own interface addresses (getifaddrs), for deciding whether a connect
 /// target is this host.
-pub fn local_addrs() -> Vec<CanalAddr> {
+pub(crate) fn local_addrs() -> Vec<CanalAddr> {
     let mut out = Vec::new();
     let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills ifa with a list we free below.
@@ -1102,7 +1095,7 @@ impl Mapping {
     /// every waiter on it (shared futex: the word lives in a memfd that guests map).
     /// Used on a pair segment's `wake_seq` words; a guest may scribble on the word,
     /// which only costs it spurious or missed wake-ups of its own threads.
-    pub fn futex_bump_wake(&self, off: usize) {
+    pub(crate) fn futex_bump_wake(&self, off: usize) {
         if !off.is_multiple_of(4) || off + 4 > self.len {
             return;
         }
@@ -1129,7 +1122,7 @@ impl Mapping {
     /// Writes both zones of a fresh segment with zones (`layout` from `zone::plan`,
     /// `layout.zone_size` bytes each): headers and full free lists. canald's own
     /// segment, before any guest has it; false if the mapping is too small.
-    pub fn init_zones(&self, ring_size: u64, layout: &canal_abi::zone::ZoneLayout) -> bool {
+    pub(crate) fn init_zones(&self, ring_size: u64, layout: &canal_abi::zone::ZoneLayout) -> bool {
         use canal_abi::segment;
         let zs = layout.zone_size;
         if segment::segment_size_zones(ring_size, zs) > self.len as u64 {

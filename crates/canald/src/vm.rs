@@ -16,163 +16,42 @@
 //!   loopback, on a published host port if configured ([`VmNet`]).
 #![forbid(unsafe_code)]
 
-use crate::guest::{token, Guest, GuestConfig};
+use crate::guest::addr_view::VmNet;
+use crate::guest::config::GuestConfig;
+use crate::guest::socket::token;
+use crate::guest::state::Guest;
 use crate::sys::{self, Epoll};
-use canal_abi::addr::{FAMILY_INET, FAMILY_INET6};
-use canal_abi::{errno, feature, CanalAddr, Layout};
+use canal_abi::{errno, feature, Layout};
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The host as the guest sees it (QEMU user networking's gateway).
-pub const GUEST_HOST_ADDR: [u8; 4] = [10, 0, 2, 2];
-/// The guest's own address.
-pub const GUEST_SELF_ADDR: [u8; 4] = [10, 0, 2, 15];
-const LOOPBACK4: [u8; 4] = [127, 0, 0, 1];
-
 /// Where region files go; libvirt's `<shmem name='canal-NAME'>` maps the same path.
-pub const SHM_DIR: &str = "/dev/shm";
+pub(crate) const SHM_DIR: &str = "/dev/shm";
 
 /// Request slots and sockets of a VM region (smaller than a process region: the
 /// region is a PCI BAR, sized by the VM's configuration).
-pub const VM_SLOTS: u32 = 64;
-pub const VM_SOCKETS: u32 = 256;
+pub(crate) const VM_SLOTS: u32 = 64;
+pub(crate) const VM_SOCKETS: u32 = 256;
 /// Largest VM region file (256 sockets × two 256 KiB rings need 128 MiB).
-pub const VM_MAX_FILE: u64 = 1 << 30;
+pub(crate) const VM_MAX_FILE: u64 = 1 << 30;
 
 /// Bounds of the poller's sleep while a VM guest exists: SLEEP_MIN_NS for the first
 /// FAST_SLEEPS sleeps after the last work (a guest in a request/response loop comes
 /// back within about a millisecond), then doubling up to SLEEP_MAX_NS.
-pub const SLEEP_MIN_NS: u64 = 50_000;
-pub const SLEEP_MAX_NS: u64 = 1_000_000;
-pub const FAST_SLEEPS: u32 = 20;
-
-/// A VM guest's address view.
-#[derive(Debug, Clone, Default)]
-pub struct VmNet {
-    /// (host port, guest port).
-    pub publish: Vec<(u16, u16)>,
-}
-
-fn is_v4(a: &CanalAddr, ip: [u8; 4]) -> bool {
-    match a.family {
-        FAMILY_INET => a.ip4() == ip,
-        FAMILY_INET6 => {
-            let mut m = [0u8; 16];
-            m[10] = 0xff;
-            m[11] = 0xff;
-            m[12..].copy_from_slice(&ip);
-            a.addr == m
-        }
-        _ => false,
-    }
-}
-
-fn with_v4(a: &CanalAddr, ip: [u8; 4]) -> CanalAddr {
-    let mut b = *a;
-    match a.family {
-        FAMILY_INET => b.addr[..4].copy_from_slice(&ip),
-        _ => b.addr[12..].copy_from_slice(&ip),
-    }
-    b
-}
-
-fn is_wildcard_or_self(a: &CanalAddr) -> bool {
-    match a.family {
-        FAMILY_INET => {
-            let ip = a.ip4();
-            ip == [0; 4] || ip == GUEST_SELF_ADDR || ip[0] == 127
-        }
-        _ => {
-            let v6 = std::net::Ipv6Addr::from(a.addr);
-            v6.is_unspecified()
-                || v6.is_loopback()
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| v4.is_loopback() || v4.octets() == GUEST_SELF_ADDR)
-        }
-    }
-}
-
-impl VmNet {
-    /// connect/sendto destination: 10.0.2.2 → 127.0.0.1 (also as ::ffff:10.0.2.2); the
-    /// guest itself (10.0.2.15, loopback) → the host's loopback, where its listeners
-    /// are, on the published host port if the port is published.
-    pub fn dest_to_host(&self, a: &CanalAddr) -> CanalAddr {
-        if is_v4(a, GUEST_HOST_ADDR) {
-            return with_v4(a, LOOPBACK4);
-        }
-        let own = is_v4(a, GUEST_SELF_ADDR)
-            || (a.family == FAMILY_INET && a.addr[0] == 127)
-            || (a.family == FAMILY_INET6 && std::net::Ipv6Addr::from(a.addr).is_loopback());
-        if !own {
-            return *a;
-        }
-        let mut b = if is_v4(a, GUEST_SELF_ADDR) {
-            with_v4(a, LOOPBACK4)
-        } else {
-            *a
-        };
-        if let Some(&(h, _)) = self.publish.iter().find(|&&(_, g)| g == a.port) {
-            b.port = h;
-        }
-        b
-    }
-
-    /// bind: a guest listener lives on the host's loopback (the wildcard, 10.0.2.15
-    /// and 127.x all become 127.0.0.1, :: becomes ::1), on the published host port if
-    /// the guest port is published. Other addresses are left alone (the bind fails as
-    /// it would on a host without them).
-    pub fn bind_to_host(&self, a: &CanalAddr) -> CanalAddr {
-        if !is_wildcard_or_self(a) {
-            return *a;
-        }
-        let mut b = *a;
-        if a.family == FAMILY_INET {
-            b.addr = [0; 16];
-            b.addr[..4].copy_from_slice(&LOOPBACK4);
-        } else if std::net::Ipv6Addr::from(a.addr).to_ipv4_mapped().is_some() {
-            b = with_v4(a, LOOPBACK4);
-        } else {
-            b.addr = std::net::Ipv6Addr::LOCALHOST.octets();
-        }
-        if a.port != 0 {
-            if let Some(&(h, _)) = self.publish.iter().find(|&&(_, g)| g == a.port) {
-                b.port = h;
-            }
-        }
-        b
-    }
-
-    /// getpeername/accept/recvfrom source: the host's 127.0.0.1 is 10.0.2.2.
-    pub fn peer_to_guest(&self, a: &CanalAddr) -> CanalAddr {
-        if is_v4(a, LOOPBACK4) {
-            with_v4(a, GUEST_HOST_ADDR)
-        } else {
-            *a
-        }
-    }
-
-    /// getsockname: the host's 127.0.0.1 is the guest's own 10.0.2.15, and a published
-    /// host port shows as the guest's port.
-    pub fn local_to_guest(&self, a: &CanalAddr) -> CanalAddr {
-        let mut b = if is_v4(a, LOOPBACK4) {
-            with_v4(a, GUEST_SELF_ADDR)
-        } else {
-            *a
-        };
-        if let Some(&(_, g)) = self.publish.iter().find(|&&(h, _)| h == a.port) {
-            b.port = g;
-        }
-        b
-    }
-}
+pub(crate) const SLEEP_MIN_NS: u64 = 50_000;
+pub(crate) const SLEEP_MAX_NS: u64 = 1_000_000;
+pub(crate) const FAST_SLEEPS: u32 = 20;
 
 /// The guest configuration of a VM region of `file_size` bytes (the region fills the
 /// file as far as whole 64 KiB data chunks allow).
-pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result<GuestConfig, i32> {
+pub(crate) fn vm_guest_config(
+    base: &GuestConfig,
+    file_size: u64,
+    net: VmNet,
+) -> Result<GuestConfig, i32> {
     if !file_size.is_power_of_two() || !(1 << 20..=VM_MAX_FILE).contains(&file_size) {
         return Err(errno::EINVAL);
     }
@@ -188,7 +67,7 @@ pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result
         return Err(errno::EINVAL);
     }
     // Each socket takes a tx and an rx ring: keep at least 4 sockets' worth.
-    let ring = crate::guest::ring_for_four_sockets(base.ring_size, data);
+    let ring = crate::guest::config::ring_for_four_sockets(base.ring_size, data);
     if 2 * ring > data {
         return Err(errno::EINVAL);
     }
@@ -202,17 +81,17 @@ pub fn vm_guest_config(base: &GuestConfig, file_size: u64, net: VmNet) -> Result
 
 /// A decoded VM_REGION request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VmRegion {
-    pub file_size: u64,
+pub(crate) struct VmRegion {
+    pub(crate) file_size: u64,
     /// `canal_abi::control::vm_flag` bits.
-    pub flags: u32,
-    pub name: String,
+    pub(crate) flags: u32,
+    pub(crate) name: String,
     /// (host port, guest port).
-    pub publish: Vec<(u16, u16)>,
+    pub(crate) publish: Vec<(u16, u16)>,
 }
 
 impl VmRegion {
-    pub fn encode(&self) -> Option<Vec<u8>> {
+    pub(crate) fn encode(&self) -> Option<Vec<u8>> {
         if !canal_abi::control::valid_vm_name(&self.name)
             || self.publish.len() > canal_abi::control::VM_MAX_PUBLISH
         {
@@ -231,7 +110,7 @@ impl VmRegion {
     }
 
     /// Decodes and validates a body (untrusted input).
-    pub fn decode(b: &[u8]) -> Option<VmRegion> {
+    pub(crate) fn decode(b: &[u8]) -> Option<VmRegion> {
         if b.len() < canal_abi::control::VM_REGION_BODY {
             return None;
         }
@@ -283,29 +162,29 @@ struct VmEntry {
 
 /// What VM_REGION made: the guest, the VM_REGION_OK body, and for a doorbell VM
 /// canald's vector eventfd (the poller reads it: a guest kick).
-pub struct Created {
-    pub guest: Guest,
-    pub reply: Vec<u8>,
-    pub host_vector: Option<OwnedFd>,
+pub(crate) struct Created {
+    pub(crate) guest: Guest,
+    pub(crate) reply: Vec<u8>,
+    pub(crate) host_vector: Option<OwnedFd>,
 }
 
 /// The VM guests' bookkeeping in the daemon.
 #[derive(Default)]
-pub struct Vms {
+pub(crate) struct Vms {
     entries: BTreeMap<u32, VmEntry>,
 }
 
 /// A poller's bounded sleep while it serves a VM guest (which cannot kick it): the
 /// backoff step grows with the sleeps since the poller last found work.
 #[derive(Default)]
-pub struct SleepBackoff {
+pub(crate) struct SleepBackoff {
     idle_sleeps: u32,
 }
 
 impl SleepBackoff {
     /// The bounded sleep for an epoll timeout of `timeout_ms` (-1: none): the current
     /// backoff step (see SLEEP_MIN_NS).
-    pub fn next_sleep_ns(&mut self, timeout_ms: i32) -> u64 {
+    pub(crate) fn next_sleep_ns(&mut self, timeout_ms: i32) -> u64 {
         let cap = if timeout_ms < 0 {
             u64::MAX
         } else {
@@ -317,26 +196,17 @@ impl SleepBackoff {
     }
 
     /// The poller found work: the next sleeps are short again.
-    pub fn note_work(&mut self) {
+    pub(crate) fn note_work(&mut self) {
         self.idle_sleeps = 0;
     }
 }
 
 impl Vms {
-    /// Whether the poller must bound its sleep (a VM guest cannot kick it).
-    pub fn active(&self) -> bool {
-        !self.entries.is_empty()
-    }
-
-    pub fn is_vm(&self, key: u32) -> bool {
-        self.entries.contains_key(&key)
-    }
-
     /// VM_REGION: creates the region file and the guest (and, with
     /// `vm_flag::DOORBELL`, the VM's ivshmem server in `bell_dir`, whose listener is
     /// added to `ep`). Errors are (errno, message) for an ERROR reply.
     #[allow(clippy::too_many_arguments)]
-    pub fn create(
+    pub(crate) fn create(
         &mut self,
         ep: &Epoll,
         key: u32,
@@ -444,7 +314,7 @@ impl Vms {
     }
 
     /// Whether the doorbell VM of `key` has had its QEMU attached to the server.
-    pub fn doorbell_attached(&self, key: u32) -> bool {
+    pub(crate) fn doorbell_attached(&self, key: u32) -> bool {
         self.entries
             .get(&key)
             .and_then(|e| e.bell.as_ref())
@@ -453,7 +323,7 @@ impl Vms {
 
     /// An event on a doorbell VM's ivshmem server (token IVSHMEM): index 0 the
     /// listener (QEMU connecting), 1 the client. Returns a line for the log.
-    pub fn ivshmem_event(&mut self, ep: &Epoll, key: u32, index: u16) -> Option<String> {
+    pub(crate) fn ivshmem_event(&mut self, ep: &Epoll, key: u32, index: u16) -> Option<String> {
         let e = self.entries.get_mut(&key)?;
         let (srv, shm) = e.bell.as_mut()?;
         if index == 0 {
@@ -497,7 +367,7 @@ impl Vms {
 
     /// VM_PID: ties the guest of connection `key` to a process; its exit ends the
     /// guest. Uses the pidfd passed along, else opens one for `pid`.
-    pub fn set_pid(
+    pub(crate) fn set_pid(
         &mut self,
         ep: &Epoll,
         key: u32,
@@ -528,7 +398,7 @@ impl Vms {
     }
 
     /// The guest of `key` is gone: its file goes (mappings stay valid until unmapped).
-    pub fn forget(&mut self, ep: &Epoll, key: u32) {
+    pub(crate) fn forget(&mut self, ep: &Epoll, key: u32) {
         if let Some(e) = self.entries.remove(&key) {
             if let Some(fd) = &e.pidfd {
                 ep.delete(fd.as_raw_fd());
@@ -543,7 +413,7 @@ impl Vms {
     }
 
     /// Daemon exit: removes every region file.
-    pub fn forget_all(&mut self, ep: &Epoll) {
+    pub(crate) fn forget_all(&mut self, ep: &Epoll) {
         let keys: Vec<u32> = self.entries.keys().copied().collect();
         for k in keys {
             self.forget(ep, k);
@@ -695,6 +565,7 @@ impl VmRegionHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use canal_abi::CanalAddr;
 
     fn v4(ip: [u8; 4], port: u16) -> CanalAddr {
         CanalAddr::v4(ip, port)

@@ -10,27 +10,27 @@
 //! Bounded: at most one watch per (guest connection, socket index) — a new WATCH for
 //! the same index replaces the old one — and only for a socket index the guest has.
 
-use crate::guest::Guest;
+use crate::guest::state::Guest;
 use crate::sys::Epoll;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// Epoll token type of a watch (the others are in `guest::token`).
-pub const TOKEN: u64 = crate::guest::token::WATCH;
+/// Epoll token type of a watch (the others are in `guest::socket::token`).
+pub(crate) const TOKEN: u64 = crate::guest::socket::token::WATCH;
 
 fn token(conn: u32, gen: u16, index: u16) -> u64 {
-    crate::guest::token::make(TOKEN, conn, gen, index)
+    crate::guest::socket::token::make(TOKEN, conn, gen, index)
 }
 
 #[derive(Default)]
-pub struct Watches {
+pub(crate) struct Watches {
     fds: HashMap<(u32, u32), (u16, OwnedFd)>,
 }
 
 impl Watches {
     /// WATCH from connection `conn` (guest `g`): watch `fd` for socket `handle`.
     /// Invalid requests are ignored (WATCH has no reply).
-    pub fn add(&mut self, ep: &Epoll, conn: u32, g: &Guest, handle: u32, fd: OwnedFd) {
+    pub(crate) fn add(&mut self, ep: &Epoll, conn: u32, g: &Guest, handle: u32, fd: OwnedFd) {
         let index = canal_abi::handle_index(handle);
         let gen = canal_abi::handle_generation(handle) as u16;
         if !g.has_live_socket(index, gen) {
@@ -51,10 +51,10 @@ impl Watches {
 
     /// A watch fired: the guest's last descriptor of that socket is gone. Returns the
     /// (index, generation) to close.
-    pub fn fired(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
-        let conn = crate::guest::token::conn(tok);
-        let index = crate::guest::token::index(tok) as u32;
-        let gen = crate::guest::token::gen(tok);
+    pub(crate) fn fired(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
+        let conn = crate::guest::socket::token::conn(tok);
+        let index = crate::guest::socket::token::index(tok) as u32;
+        let gen = crate::guest::socket::token::gen(tok);
         match self.fds.get(&(conn, index)) {
             Some((g, _)) if *g == gen => {}
             _ => return None,
@@ -65,7 +65,7 @@ impl Watches {
     }
 
     /// A guest connection ended: its watches go (its sockets are closed with it).
-    pub fn forget_conn(&mut self, ep: &Epoll, conn: u32) {
+    pub(crate) fn forget_conn(&mut self, ep: &Epoll, conn: u32) {
         self.fds.retain(|&(c, _), (_, fd)| {
             if c == conn {
                 ep.delete(fd.as_raw_fd());
@@ -75,19 +75,11 @@ impl Watches {
             }
         });
     }
-
-    pub fn len(&self) -> usize {
-        self.fds.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.fds.is_empty()
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::guest::token;
+    use crate::guest::socket::token;
 
     #[test]
     fn watch_token_type_is_distinct() {

@@ -20,8 +20,12 @@
 
 use crate::daemon::Config;
 use crate::engine::{NotifyMode, SpinBudget, Split, WorkerStats};
-use crate::guest::vrss::{self, Mailbox};
-use crate::guest::{shortcut, token, Guest, ShortcutRef};
+use crate::guest::shared::Mailbox;
+use crate::guest::shared::SharedRef as ShortcutRef;
+use crate::guest::shortcut;
+use crate::guest::socket::token;
+use crate::guest::state::Guest;
+use crate::guest::vrss;
 use crate::sys::{self, Epoll};
 use canal_abi::sync::{fence, Ordering};
 use std::collections::BTreeMap;
@@ -34,10 +38,10 @@ use std::time::{Duration, Instant};
 /// The hybrid poller's initial spin budget (then adapted, `engine::SpinBudget`): long
 /// enough to catch the next request of a guest in a request/response loop without a
 /// doorbell, short enough that an idle canald costs nothing measurable.
-pub const SPIN_TARGET: Duration = Duration::from_micros(30);
+pub(crate) const SPIN_TARGET: Duration = Duration::from_micros(30);
 /// Bounds of the adaptive host budget.
-pub const SPIN_MIN: Duration = Duration::from_micros(2);
-pub const SPIN_MAX: Duration = Duration::from_micros(200);
+pub(crate) const SPIN_MIN: Duration = Duration::from_micros(2);
+pub(crate) const SPIN_MAX: Duration = Duration::from_micros(200);
 /// A spinning poller yields the core every this many empty rounds (2-core machines:
 /// guests and pollers may outnumber cores). 8, not 64: nginx+wrk guest→native (three
 /// busy processes on two cores) served 6-12% more requests in alternating runs, 3 no
@@ -58,14 +62,14 @@ const ACTIVE_FOR: Duration = Duration::from_secs(1);
 /// machine, and never below SLEEP_COST_MIN — on a loaded 2-vCPU machine waking a
 /// blocked thread on the other vCPU costs ~30-35 µs (benchmarks.md), several times the
 /// idle figures.
-pub fn sleep_cost_ns(c_p: u64, c_v: u64) -> u64 {
+pub(crate) fn sleep_cost_ns(c_p: u64, c_v: u64) -> u64 {
     (c_p + c_v).max(SLEEP_COST_MIN.as_nanos() as u64)
 }
-pub const SLEEP_COST_MIN: Duration = Duration::from_micros(30);
+pub(crate) const SLEEP_COST_MIN: Duration = Duration::from_micros(30);
 
 /// Nanoseconds of one empty poller round: dominated by one epoll_wait(0), so time a
 /// few of those (the guests' scans add a little on top).
-pub fn round_cost_ns(ep: &Epoll) -> u64 {
+pub(crate) fn round_cost_ns(ep: &Epoll) -> u64 {
     let mut ev = sys::empty_events(8);
     let n = 200u32;
     let t0 = Instant::now();
@@ -77,35 +81,35 @@ pub fn round_cost_ns(ep: &Epoll) -> u64 {
 
 /// A worker's guests (behind its mutex).
 #[derive(Default)]
-pub struct Shard {
+pub(crate) struct Shard {
     /// Guests by control-connection key (departed ones stay until their sockets close).
-    pub guests: BTreeMap<u32, Guest>,
+    pub(crate) guests: BTreeMap<u32, Guest>,
     /// Doorbell eventfds by connection key.
-    pub doorbells: BTreeMap<u32, OwnedFd>,
+    pub(crate) doorbells: BTreeMap<u32, OwnedFd>,
     /// Virtual RSS: this worker's share of guests homed elsewhere (the sockets it
     /// owns), and its doorbell for each of those guests (DOORBELLS).
-    pub shadows: BTreeMap<u32, Guest>,
-    pub vrss_doorbells: BTreeMap<u32, OwnedFd>,
+    pub(crate) shadows: BTreeMap<u32, Guest>,
+    pub(crate) vrss_doorbells: BTreeMap<u32, OwnedFd>,
     rr: usize,
     keys: Vec<u32>,
 }
 
-pub struct Worker {
-    pub id: u32,
+pub(crate) struct Worker {
+    pub(crate) id: u32,
     /// Doorbells and host sockets of this worker's guests (worker 0: also control).
-    pub ep: Epoll,
-    pub shard: Mutex<Shard>,
-    pub stats: Arc<WorkerStats>,
+    pub(crate) ep: Epoll,
+    pub(crate) shard: Mutex<Shard>,
+    pub(crate) stats: Arc<WorkerStats>,
     /// Short-circuit jobs (pairings, peer events), queued per worker; shared by all.
-    pub shortcut: ShortcutRef,
+    pub(crate) shortcut: ShortcutRef,
     /// Pokes the worker out of its sleep (a new guest, shutdown) and carries the
     /// other workers' messages (virtual RSS).
-    pub mbox: Arc<Mailbox>,
-    pub stop: AtomicBool,
+    pub(crate) mbox: Arc<Mailbox>,
+    pub(crate) stop: AtomicBool,
 }
 
 impl Worker {
-    pub fn new(id: u32, shortcut: ShortcutRef) -> io::Result<Worker> {
+    pub(crate) fn new(id: u32, shortcut: ShortcutRef) -> io::Result<Worker> {
         let ep = Epoll::new()?;
         let poke = sys::eventfd()?;
         ep.add(
@@ -126,18 +130,18 @@ impl Worker {
 
     /// The shard, even if a panic poisoned the lock (guest state stays consistent
     /// per call; canald never panics on guest input by design).
-    pub fn lock(&self) -> MutexGuard<'_, Shard> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Shard> {
         self.shard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn poke(&self) {
+    pub(crate) fn poke(&self) {
         let _ = sys::eventfd_write(self.mbox.poke.as_raw_fd());
     }
 }
 
 /// One poller's loop state: its budget, its clock of idleness, its split.
-pub struct Poller {
-    pub w: Arc<Worker>,
+pub(crate) struct Poller {
+    pub(crate) w: Arc<Worker>,
     cfg: Config,
     mode: NotifyMode,
     spin: SpinBudget,
@@ -161,7 +165,7 @@ pub struct Poller {
 
 impl Poller {
     /// `c_p`, `c_v`: measured wake-up costs (ns) of a poller and of a guest thread.
-    pub fn new(w: Arc<Worker>, cfg: &Config, c_p: u64, c_v: u64) -> Poller {
+    pub(crate) fn new(w: Arc<Worker>, cfg: &Config, c_p: u64, c_v: u64) -> Poller {
         let round_ns = round_cost_ns(&w.ep);
         let spin = SpinBudget::new(
             SPIN_TARGET.as_nanos() as u64,
@@ -216,7 +220,7 @@ impl Poller {
     /// One round: wait (or sleep, per the mode and budget), take this worker's events,
     /// serve its guests. Events of other kinds (control, listener, signal) are pushed
     /// to `other` for the caller. `extra_deadline` bounds a sleep (idle exit).
-    pub fn round(
+    pub(crate) fn round(
         &mut self,
         other: &mut Vec<(u64, u32)>,
         extra_deadline: Option<Instant>,
@@ -500,7 +504,7 @@ fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration
 }
 
 /// The keys of departed guests whose sockets are all closed (to be dropped; each
-/// closing socket drains while its peer takes bytes, `guest::DRAIN_STALL`);
+/// closing socket drains while its peer takes bytes, `guest::config::DRAIN_STALL`);
 /// `departing` is set if any guest has departed.
 fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, departing: &mut bool) -> Vec<u32> {
     let mut done = Vec::new();
@@ -555,12 +559,12 @@ fn return_memory(idle: bool) {
 }
 
 /// Pins the calling thread to `cpu` (`--pin`).
-pub fn pin(cpu: usize) -> io::Result<()> {
+pub(crate) fn pin(cpu: usize) -> io::Result<()> {
     sys::pin_to_cpu(cpu)
 }
 
 /// The loop of workers 1..N (worker 0 is the daemon's own loop).
-pub fn run_worker(mut p: Poller, cpu: Option<usize>) {
+pub(crate) fn run_worker(mut p: Poller, cpu: Option<usize>) {
     if let Some(c) = cpu {
         if let Err(e) = pin(c) {
             eprintln!("canald: worker {}: cannot pin to CPU {c}: {e}", p.w.id);

@@ -298,7 +298,7 @@ fn local_of(g: &mut TestGuest, h: u32) -> CanalAddr {
 /// socket's data both ways (kicks to the owner, received datagrams on its epoll).
 #[test]
 fn vrss_spreads_datagram_sockets() {
-    use canald::guest::vrss::{local_owner, owner_of};
+    use canald::guest::shared::{local_owner, owner_of};
     use std::net::UdpSocket;
     let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
     let mut g = vrss_guest(&d, "udp");
@@ -397,7 +397,7 @@ fn vrss_spreads_datagram_sockets() {
 /// like any. Closing such a listener releases the connections the guest never took.
 #[test]
 fn vrss_spreads_listeners() {
-    use canald::guest::vrss::local_owner;
+    use canald::guest::shared::local_owner;
     let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
     let mut g = vrss_guest(&d, "listen");
     let home = owner_home(&d);

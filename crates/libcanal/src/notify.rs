@@ -230,6 +230,21 @@ fn slept_gap(gap_ns: i64, discount: bool, floor: i64) -> i64 {
 /// poller can share one core without livelock, and checks that canald still lives.
 pub(crate) const POLL_YIELD_EVERY: u32 = 1024;
 
+/// Set once this process mapped a pair segment (`crate::shortcut::seg::get` succeeded): until then no
+/// socket can have a sleeper word for `SegSleepers` to count.
+pub(crate) static SEGMENT_MAPPED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process has short-circuited connections (another guest is its peer).
+pub(crate) fn segment_mapped() -> bool {
+    SEGMENT_MAPPED.load(Ordering::Relaxed)
+}
+
+pub(crate) fn note_segment_mapped() {
+    if !SEGMENT_MAPPED.load(Ordering::Relaxed) {
+        SEGMENT_MAPPED.store(true, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,20 +325,5 @@ mod tests {
             b.record(500_000); // beyond MAX: a wake-up each time is cheapest
         }
         assert_eq!(b.ns, MIN_NS);
-    }
-}
-
-/// Set once this process mapped a pair segment (`crate::shortcut::seg::get` succeeded): until then no
-/// socket can have a sleeper word for `SegSleepers` to count.
-pub(crate) static SEGMENT_MAPPED: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process has short-circuited connections (another guest is its peer).
-pub(crate) fn segment_mapped() -> bool {
-    SEGMENT_MAPPED.load(Ordering::Relaxed)
-}
-
-pub(crate) fn note_segment_mapped() {
-    if !SEGMENT_MAPPED.load(Ordering::Relaxed) {
-        SEGMENT_MAPPED.store(true, Ordering::Release);
     }
 }

@@ -19,322 +19,36 @@
 //! connector's home completes the connect), and peer events go to the peer's home.
 //! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
 //! follows.
+use crate::guest::shared::is_unspecified;
+use crate::guest::shared::lock;
+use crate::guest::shared::loopback;
+use crate::guest::shared::zone_classes;
+use crate::guest::shared::Event;
+use crate::guest::shared::Job;
+use crate::guest::shared::ListenerReg;
+use crate::guest::shared::Pending;
+use crate::guest::shared::ScAccept;
+use crate::guest::shared::SegmentRec;
+use crate::guest::shared::SharedRef;
+use crate::guest::shared::TCP_CLOSE;
+use crate::guest::shared::TCP_CLOSE_WAIT;
+use crate::guest::shared::TCP_ESTABLISHED;
+use crate::guest::shared::TCP_FIN_WAIT2;
+use crate::guest::socket::SegLink;
 
-use super::vrss::Boxes;
-use super::{Guest, HostSocket, Kind, Phase};
+use crate::guest::socket::HostSocket;
+use crate::guest::socket::Kind;
+use crate::guest::socket::Phase;
+use crate::guest::state::Guest;
 use crate::sys::{self, Epoll};
 use canal_abi::segment::{self, side};
 use canal_abi::sync::Ordering;
 use canal_abi::{errno, sock_flag, sock_kind, CanalAddr};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
-
-/// One end of a short-circuited connection, as canald keeps it.
-#[derive(Clone, Copy, Debug)]
-pub struct SegLink {
-    pub id: u32,
-    /// segment::side::*
-    pub side: u32,
-    /// The other end: its guest's control-connection key and its handle.
-    pub peer_conn: u32,
-    pub peer_handle: u32,
-    /// Addresses reported by getsockname/getpeername.
-    pub local: CanalAddr,
-    pub peer: CanalAddr,
-    /// This end shut down its sending side (SHUTDOWN SHUT_WR / SHUT_RDWR).
-    pub shut_wr: bool,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct ListenerReg {
-    conn: u32,
-    handle: u32,
-    addr: CanalAddr,
-    backlog: u32,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    conn: u32,
-    handle: u32,
-    dst: CanalAddr,
-    /// The connector's reserved local address, and whether its guest has zones.
-    local: CanalAddr,
-    zones: bool,
-    lconn: u32,
-    lhandle: u32,
-}
-
-/// Work for the worker serving one guest's short-circuited sockets.
-#[derive(Clone, Copy, Debug)]
-enum Job {
-    /// Listener's home: create the segment and install the accepted end.
-    Pair(Pending),
-    /// Connector's home: the accepted end exists; complete the connect.
-    Connected {
-        conn: u32,
-        handle: u32,
-        link: SegLink,
-    },
-    /// Connector's home: no short-circuit after all (the listener went away).
-    Fallback {
-        conn: u32,
-        handle: u32,
-        dst: CanalAddr,
-    },
-    Event(Event),
-}
-
-impl Job {
-    /// The guest this job is for (its home worker runs it).
-    fn conn(&self) -> u32 {
-        match *self {
-            Job::Pair(p) => p.lconn,
-            Job::Connected { conn, .. } | Job::Fallback { conn, .. } => conn,
-            Job::Event(Event::Wake { conn, .. })
-            | Job::Event(Event::Fin { conn, .. })
-            | Job::Event(Event::Closed { conn, .. }) => conn,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Event {
-    /// The peer may sleep on the connection: wake its event sleepers.
-    Wake { conn: u32, handle: u32 },
-    /// The peer sent FIN (SHUT_WR).
-    Fin { conn: u32, handle: u32 },
-    /// One end closed (or its guest died): tell the other end, release the segment
-    /// once both are gone.
-    Closed {
-        id: u32,
-        side: u32,
-        conn: u32,
-        handle: u32,
-        reset: bool,
-    },
-}
-
-struct SegmentRec {
-    fd: OwnedFd,
-    /// canald's own mapping, only to wake futex sleepers after a state change.
-    map: sys::Mapping,
-    conns: [u32; 2],
-    open: [bool; 2],
-    ring_size: u64,
-    /// Bytes of each direction's zone (0: a segment without zones).
-    zone_size: u64,
-}
-
-/// State shared by the daemon and every guest that may short-circuit.
-pub struct Shared {
-    pub enabled: bool,
-    /// `--zones on`: segments between two guests that announced zones carry them.
-    pub zones: bool,
-    ring_size: u64,
-    listeners: Vec<ListenerReg>,
-    /// Jobs by worker, each queue in the order they were posted.
-    jobs: Vec<Vec<Job>>,
-    /// The home worker of every guest that may short-circuit (by connection key).
-    homes: HashMap<u32, u32>,
-    /// Every worker's mailbox, to poke a worker that has jobs (several workers).
-    boxes: Option<Boxes>,
-    segments: HashMap<u32, SegmentRec>,
-    next_id: u32,
-}
-
-pub type SharedRef = Arc<Mutex<Shared>>;
-
-impl Shared {
-    pub fn new(enabled: bool, ring_size: u64) -> SharedRef {
-        Arc::new(Mutex::new(Shared {
-            enabled,
-            zones: false,
-            ring_size,
-            listeners: Vec::new(),
-            jobs: Vec::new(),
-            homes: HashMap::new(),
-            boxes: None,
-            segments: HashMap::new(),
-            next_id: 1,
-        }))
-    }
-
-    /// The memfd of segment `id` if guest `conn` is one of its two ends.
-    pub fn segment_fd(&self, id: u32, conn: u32) -> Option<(&OwnedFd, u64)> {
-        let s = self.segments.get(&id)?;
-        s.conns
-            .contains(&conn)
-            .then(|| (&s.fd, segment::segment_size_zones(s.ring_size, s.zone_size)))
-    }
-
-    pub fn segment_count(&self) -> usize {
-        self.segments.len()
-    }
-
-    /// Lets jobs for other workers poke them (the daemon, once every worker exists).
-    pub fn set_boxes(&mut self, boxes: Boxes) {
-        self.boxes = Some(boxes);
-    }
-
-    fn home(&self, conn: u32) -> u32 {
-        self.homes.get(&conn).copied().unwrap_or(0)
-    }
-
-    /// Queues `job` for worker `w` (a listener's owner, not its guest's home).
-    fn post_to(&mut self, from: u32, w: u32, job: Job) {
-        if self.jobs.len() <= w as usize {
-            self.jobs.resize_with(w as usize + 1, Vec::new);
-        }
-        self.jobs[w as usize].push(job);
-        if w != from {
-            if let Some(mb) = self.boxes.as_ref().and_then(|b| b.get(w as usize)) {
-                let _ = sys::eventfd_write(mb.poke.as_raw_fd());
-            }
-        }
-    }
-
-    /// Queues `job` for its guest's home worker; `from` (the posting worker) is not
-    /// poked, any other is.
-    fn post(&mut self, from: u32, job: Job) {
-        let w = self.home(job.conn());
-        self.post_to(from, w, job);
-    }
-
-    /// Queues a job posted by guest `from_conn` (running on its home).
-    fn post_from(&mut self, from_conn: u32, job: Job) {
-        let from = self.home(from_conn);
-        self.post(from, job);
-    }
-
-    fn has_work(&self, me: u32) -> bool {
-        self.jobs.get(me as usize).is_some_and(|q| !q.is_empty())
-    }
-
-    /// The listener a connect from `src` to `dst` reaches, if it is a canal listener.
-    /// A listener bound to `dst`'s address beats a wildcard one (the kernel's score);
-    /// among equals — an SO_REUSEPORT group — the connection's addresses pick one, as
-    /// the kernel's reuseport hash spreads connections over the group.
-    fn find_listener(&self, dst: &CanalAddr, src: &CanalAddr) -> Option<ListenerReg> {
-        let same = |l: &&ListenerReg| l.addr.port == dst.port && l.addr.family == dst.family;
-        let exact: Vec<ListenerReg> = self
-            .listeners
-            .iter()
-            .filter(same)
-            .filter(|l| l.addr.addr == dst.addr)
-            .copied()
-            .collect();
-        let group = if !exact.is_empty() {
-            exact
-        } else if is_local(dst) {
-            self.listeners
-                .iter()
-                .filter(same)
-                .filter(|l| is_unspecified(&l.addr))
-                .copied()
-                .collect()
-        } else {
-            Vec::new()
-        };
-        if group.is_empty() {
-            return None;
-        }
-        Some(group[reuseport_pick(src, dst, group.len())])
-    }
-}
-
-/// Index in `0..n` from the connection's 4-tuple (FNV-1a; any fixed spread will do).
-fn reuseport_pick(src: &CanalAddr, dst: &CanalAddr, n: usize) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let (sp, dp) = (src.port.to_be_bytes(), dst.port.to_be_bytes());
-    for b in src.addr.iter().chain(&sp).chain(&dst.addr).chain(&dp) {
-        h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % n.max(1) as u64) as usize
-}
-
-fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn is_unspecified(a: &CanalAddr) -> bool {
-    a.addr == [0; 16]
-}
-
-/// Addresses that reach this host: loopback (127/8, ::1), the unspecified address
-/// (connect to 0.0.0.0 means the local host on Linux) and the host's own addresses.
-fn is_local(a: &CanalAddr) -> bool {
-    let v4 = a.family == libc::AF_INET as u16;
-    if is_unspecified(a) || (v4 && a.addr[0] == 127) {
-        return true;
-    }
-    if !v4 && a.addr[..15] == [0; 15] && a.addr[15] == 1 {
-        return true;
-    }
-    sys::local_addrs()
-        .iter()
-        .any(|x| x.family == a.family && x.addr == a.addr)
-}
-
-/// A pairing whose listener is served by another worker than its guest's home
-/// (protocol §8.5): the listener's owner checked the backlog and reserved the record,
-/// the home installs the accepted end, the owner publishes it and completes the pair.
-pub struct ScAccept {
-    shared: SharedRef,
-    p: Pending,
-    id: u32,
-    /// The connector's destination (loopback for an unspecified one).
-    dst: CanalAddr,
-    /// The accepted end's link.
-    link: SegLink,
-}
-
-impl ScAccept {
-    pub fn link(&self) -> SegLink {
-        self.link
-    }
-
-    /// The accepted end `ah` is in the listener's ring: the connector's home completes
-    /// the connect. `me`: the worker posting.
-    pub fn published(&self, me: u32, ah: u32) {
-        let link = SegLink {
-            id: self.id,
-            side: side::CONNECTOR,
-            peer_conn: self.p.lconn,
-            peer_handle: ah,
-            local: self.p.local,
-            peer: self.dst,
-            shut_wr: false,
-        };
-        lock(&self.shared).post(
-            me,
-            Job::Connected {
-                conn: self.p.conn,
-                handle: self.p.handle,
-                link,
-            },
-        );
-    }
-
-    /// No accepted end after all (the listener or its guest went away): the segment
-    /// goes, the connector connects for real.
-    pub fn failed(&self, me: u32) {
-        let mut sh = lock(&self.shared);
-        sh.segments.remove(&self.id);
-        sh.post(
-            me,
-            Job::Fallback {
-                conn: self.p.conn,
-                handle: self.p.handle,
-                dst: self.p.dst,
-            },
-        );
-    }
-}
 
 /// What the listener's side of a pairing did.
-enum Accepted {
+pub(crate) enum Accepted {
     /// The accepted end's handle, its ACCEPT record written.
     Now(u32),
     /// Sent to the guest's home for the entry (an away listener).
@@ -344,7 +58,7 @@ enum Accepted {
 }
 
 impl HostSocket {
-    pub fn is_shortcut(&self) -> bool {
+    pub(crate) fn is_shortcut(&self) -> bool {
         self.seg.is_some()
     }
 }
@@ -352,7 +66,7 @@ impl HostSocket {
 impl Guest {
     /// Lets this guest take part in short-circuits (it announced SHORTCUT in HELLO);
     /// `home` is the worker serving its requests (and all its short-circuited sockets).
-    pub fn enable_shortcut(&mut self, shared: SharedRef, home: u32) {
+    pub(crate) fn enable_shortcut(&mut self, shared: SharedRef, home: u32) {
         lock(&shared).homes.insert(self.conn, home);
         self.sc = Some(shared);
     }
@@ -449,7 +163,7 @@ impl Guest {
         Some(Ok((-(errno::EINPROGRESS as i64), 0)))
     }
 
-    fn sc_index(&self, handle: u32) -> Option<u32> {
+    pub(crate) fn sc_index(&self, handle: u32) -> Option<u32> {
         let i = canal_abi::handle_index(handle);
         match self.sockets.get(i as usize) {
             Some(Some(s)) if s.handle == handle => Some(i),
@@ -460,7 +174,7 @@ impl Guest {
     /// Listener side of a pending short-circuit (on the worker serving the listener).
     /// Err: no such listener. `away` makes the pairing to send to the home when this
     /// instance is a shadow (it cannot allocate the entry).
-    fn sc_accept(
+    pub(crate) fn sc_accept(
         &mut self,
         lhandle: u32,
         backlog: u32,
@@ -506,7 +220,7 @@ impl Guest {
             }
             self.send_home_accepted(
                 lhandle,
-                super::vrss::Accept {
+                crate::guest::shared::Accept {
                     family,
                     peer: link.peer,
                     fd,
@@ -557,7 +271,7 @@ impl Guest {
         let e = self.entry(index);
         e.flags.store(sock_flag::CONNECTED, Ordering::Relaxed);
         e.kind.store(sock_kind::STREAM, Ordering::Release);
-        let ring = super::RingPos {
+        let ring = crate::guest::socket::RingPos {
             off: 0,
             size: 0,
             idx: 0,
@@ -593,7 +307,7 @@ impl Guest {
     }
 
     /// Writes the segment fields of an entry (before its flags say CONNECTED).
-    fn sc_publish_link(&self, index: u32, link: &SegLink) {
+    pub(crate) fn sc_publish_link(&self, index: u32, link: &SegLink) {
         let rs = lock_ring_size(self);
         let e = self.entry(index);
         let (tx_dir, rx_dir) = if link.side == side::CONNECTOR {
@@ -612,7 +326,7 @@ impl Guest {
     }
 
     /// A freshly released entry that was never published (kind FREE, next generation).
-    fn release_entry(&mut self, index: u32) {
+    pub(crate) fn release_entry(&mut self, index: u32) {
         let g = &mut self.generations[index as usize];
         *g = if *g == u16::MAX { 1 } else { *g + 1 };
         let next = *g as u32;
@@ -623,7 +337,7 @@ impl Guest {
     }
 
     /// Connector side: the short-circuit is complete.
-    fn sc_connected(&mut self, ep: &Epoll, handle: u32, link: SegLink) -> bool {
+    pub(crate) fn sc_connected(&mut self, ep: &Epoll, handle: u32, link: SegLink) -> bool {
         let Some(index) = self.sc_index(handle) else {
             return false;
         };
@@ -656,7 +370,7 @@ impl Guest {
     }
 
     /// The short-circuit cannot happen (the listener went away): connect for real.
-    fn sc_fallback(&mut self, ep: &Epoll, handle: u32, dst: &CanalAddr) {
+    pub(crate) fn sc_fallback(&mut self, ep: &Epoll, handle: u32, dst: &CanalAddr) {
         let Some(index) = self.sc_index(handle) else {
             return;
         };
@@ -818,7 +532,7 @@ impl Guest {
 
     /// Bytes sent and received on a short-circuited socket (from the segment's
     /// indices; guest-written, so statistics only).
-    pub fn sc_bytes(&self, s: &HostSocket) -> Option<(u64, u64)> {
+    pub(crate) fn sc_bytes(&self, s: &HostSocket) -> Option<(u64, u64)> {
         let link = s.seg?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
@@ -828,7 +542,7 @@ impl Guest {
     }
 
     /// Zone buffers a short-circuited socket with zones has posted (statistics only).
-    pub fn sc_zone_sends(&self, s: &HostSocket) -> Option<u64> {
+    pub(crate) fn sc_zone_sends(&self, s: &HostSocket) -> Option<u64> {
         let link = s.seg?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
@@ -838,7 +552,7 @@ impl Guest {
         sys::pread_u64(&r.fd, segment::zone_head_offset(link.side.min(1)))
     }
 
-    fn sc_event(&mut self, ev: Event) {
+    pub(crate) fn sc_event(&mut self, ev: Event) {
         let (handle, add, err) = match ev {
             Event::Wake { handle, .. } => (handle, 0, 0),
             Event::Fin { handle, .. } => (handle, sock_flag::RX_EOF, 0),
@@ -876,7 +590,7 @@ impl Guest {
 
     /// After changing a short-circuited socket's flags: wake its threads that sleep
     /// in FUTEX_WAIT (they do not sleep on their slot eventfd).
-    fn sc_futex_wake(&self, index: u32) {
+    pub(crate) fn sc_futex_wake(&self, index: u32) {
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return;
         };
@@ -890,43 +604,20 @@ impl Guest {
     }
 }
 
-// tcpi_state values (include/net/tcp_states.h).
-const TCP_ESTABLISHED: u8 = 1;
-const TCP_FIN_WAIT2: u8 = 5;
-const TCP_CLOSE: u8 = 7;
-const TCP_CLOSE_WAIT: u8 = 8;
-
-fn lock_ring_size(g: &Guest) -> u64 {
-    g.sc.as_ref().map_or(0, |s| lock(s).ring_size)
-}
-
-fn loopback(family: u16) -> CanalAddr {
-    let mut a = CanalAddr {
-        family,
-        ..Default::default()
-    };
-    if family == libc::AF_INET as u16 {
-        a.addr[..4].copy_from_slice(&[127, 0, 0, 1]);
-    } else {
-        a.addr[15] = 1;
-    }
-    a
-}
-
 /// Whether worker `me` has short-circuit jobs queued (it must not sleep).
-pub fn has_work(shared: &SharedRef, me: u32) -> bool {
+pub(crate) fn has_work(shared: &SharedRef, me: u32) -> bool {
     lock(shared).has_work(me)
 }
 
 /// Drops a guest that left (its home reaped it) from the routing table.
-pub fn forget(shared: &SharedRef, conn: u32) {
+pub(crate) fn forget(shared: &SharedRef, conn: u32) {
     lock(shared).homes.remove(&conn);
 }
 
 /// Runs worker `me`'s jobs: pairings, completions and peer events for the guests it
 /// is home to (`guests`). Called by each worker after every service round.
 /// `shadows`: the guests whose listeners this worker owns (virtual RSS).
-pub fn run(
+pub(crate) fn run(
     shared: &SharedRef,
     me: u32,
     guests: &mut BTreeMap<u32, Guest>,
@@ -1001,17 +692,10 @@ pub fn run(
     work
 }
 
-/// The buffer classes of each direction's zone for rings of `ring_size` bytes: one
-/// class of 64 KiB buffers holding twice the ring (at least 4, at most 1024 buffers).
-pub fn zone_classes(ring_size: u64) -> [(u32, u32); 1] {
-    let count = (2 * ring_size / 65536).clamp(4, 1024) as u32;
-    [(65536, count)]
-}
-
 /// The listener's half of a pending short-circuit (on the listener guest's home):
 /// creates the segment, installs the accepted end, then queues the connector's half
 /// for its home. Some(p): retry later (the accept queue is full).
-fn pair(
+pub(crate) fn pair(
     shared: &SharedRef,
     me: u32,
     guests: &mut BTreeMap<u32, Guest>,
@@ -1160,4 +844,8 @@ fn pair(
     };
     lock(shared).post(me, job);
     None
+}
+
+pub(crate) fn lock_ring_size(g: &Guest) -> u64 {
+    g.sc.as_ref().map_or(0, |s| lock(s).ring_size)
 }

@@ -19,191 +19,35 @@
 //! listener's owner accepts and gets each connection's entry from the home
 //! (`Msg::Accepted` / `Msg::AcceptDone`) before it writes the ACCEPT record.
 #![forbid(unsafe_code)]
+use crate::guest::shared::local_owner;
+use crate::guest::shared::owner_of;
+use crate::guest::shared::Accept;
+use crate::guest::shared::Boxes;
+use crate::guest::shared::Msg;
+use crate::guest::shared::Seed;
+use crate::guest::shared::State;
+use crate::guest::shared::ACCEPT_INFLIGHT;
 
-use super::shortcut::ScAccept;
-use super::{Corrupt, Guest, GuestConfig, HostSocket, Kind, Ports, ShortcutRef};
+use crate::guest::shared::ScAccept;
+use crate::guest::socket::Corrupt;
+use crate::guest::socket::HostSocket;
+use crate::guest::socket::Kind;
+use crate::guest::state::Guest;
 use crate::request::{self, Request};
 use crate::sys::{self, Epoll};
 use canal_abi::ring::{record_kind, Producer};
 use canal_abi::sync::Ordering;
-use canal_abi::{CanalAddr, Region};
+use canal_abi::CanalAddr;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
-
-/// A fixed-key hash of a flow (host view): the same flow always maps to the same
-/// value, in every canald. 64-bit multiply-xorshift mixing over the address family,
-/// both addresses and both ports.
-pub fn flow_hash(local: &CanalAddr, peer: &CanalAddr) -> u32 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    fn mix(h: u64, v: u64) -> u64 {
-        let x = (h ^ v).wrapping_mul(K);
-        x ^ (x >> 29)
-    }
-    let mut h = mix(0x6361_6e61_6c72_7373, local.family as u64);
-    for a in [local, peer] {
-        h = mix(
-            h,
-            u64::from_le_bytes(a.addr[..8].try_into().unwrap_or([0; 8])),
-        );
-        h = mix(
-            h,
-            u64::from_le_bytes(a.addr[8..].try_into().unwrap_or([0; 8])),
-        );
-        h = mix(h, a.port as u64);
-    }
-    let h = h.wrapping_mul(K);
-    (h ^ (h >> 32)) as u32
-}
-
-/// The worker owning a flow among `workers` (≥ 1).
-pub fn owner_of(local: &CanalAddr, peer: &CanalAddr, workers: u32) -> u32 {
-    flow_hash(local, peer) % workers.max(1)
-}
-
-/// The worker owning an unconnected socket bound to `local` (its address and port;
-/// the peer half of the flow hash is the unspecified address of its family).
-pub fn local_owner(local: &CanalAddr, workers: u32) -> u32 {
-    let none = CanalAddr {
-        family: local.family,
-        ..Default::default()
-    };
-    owner_of(local, &none, workers)
-}
-
-/// What one worker tells another about a guest's sockets.
-pub enum Msg {
-    /// Take over a socket (home → owner): create the guest's shadow if needed.
-    Adopt {
-        seed: Box<Seed>,
-        sock: Box<HostSocket>,
-    },
-    /// Execute a request on a socket this worker owns and complete slot `slot`.
-    Request {
-        conn: u32,
-        slot: u32,
-        req: Box<Request>,
-    },
-    /// The guest's last descriptor of (index, gen) is gone (WATCH): close it.
-    Close { conn: u32, index: u32, gen: u16 },
-    /// The owner freed a socket (owner → home): the entry index may be reused with
-    /// `next_gen`; the rings go back to the allocator.
-    Freed {
-        conn: u32,
-        index: u32,
-        next_gen: u16,
-        rings: [(u64, u64); 2],
-    },
-    /// The owner of listener `listener` accepted a connection (owner `from` → home):
-    /// install its entry (only the home allocates) and answer `AcceptDone`.
-    Accepted {
-        conn: u32,
-        from: u32,
-        listener: u32,
-        acc: Box<Accept>,
-    },
-    /// The entry of an accepted connection (home → listener's owner; `handle` 0:
-    /// none, the connection is dropped): the owner writes the ACCEPT record.
-    AcceptDone {
-        conn: u32,
-        listener: u32,
-        handle: u32,
-        peer: CanalAddr,
-        sc: Option<Box<ScAccept>>,
-    },
-    /// An accepted socket no listener will hand out (owner → home): release it.
-    Release { conn: u32, index: u32, handle: u32 },
-}
-
-/// A connection accepted by an away listener's owner, on its way to the home.
-pub struct Accept {
-    pub family: u16,
-    /// The peer as the guest sees it (the ACCEPT record's address).
-    pub peer: CanalAddr,
-    pub fd: OwnedFd,
-    /// A kernel connection: its host peer (for the flow hash). A short-circuit: the
-    /// pairing (the fd is then a plain socket for the accepted end's options).
-    pub host_peer: Option<CanalAddr>,
-    pub sc: Option<Box<ScAccept>>,
-}
-
-/// Accepts an away listener's owner may have in flight (it reserves room for their
-/// records in the listener's ring).
-const ACCEPT_INFLIGHT: u32 = 16;
-
-/// A worker's inbox; `send` pokes the worker out of its sleep.
-pub struct Mailbox {
-    q: Mutex<Vec<Msg>>,
-    pub poke: OwnedFd,
-}
-
-impl Mailbox {
-    pub fn new(poke: OwnedFd) -> Mailbox {
-        Mailbox {
-            q: Mutex::new(Vec::new()),
-            poke,
-        }
-    }
-    pub fn send(&self, m: Msg) {
-        self.q.lock().unwrap_or_else(|e| e.into_inner()).push(m);
-        let _ = sys::eventfd_write(self.poke.as_raw_fd());
-    }
-    pub fn take(&self) -> Vec<Msg> {
-        std::mem::take(&mut *self.q.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-    pub fn is_empty(&self) -> bool {
-        self.q.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
-    }
-}
-
-/// Every worker's mailbox, by worker id.
-pub type Boxes = Arc<[Arc<Mailbox>]>;
-
-/// What a worker needs to serve a guest's sockets without its home.
-pub struct Seed {
-    id: u32,
-    conn: u32,
-    pid: u32,
-    comm: String,
-    cfg: GuestConfig,
-    map: Arc<sys::Mapping>,
-    region: Region,
-    ports: Ports,
-    home: u32,
-    boxes: Boxes,
-    departed: Arc<AtomicBool>,
-    sc: Option<ShortcutRef>,
-}
-
-/// Per-instance virtual RSS state.
-pub struct State {
-    /// The worker this instance runs on, and the guest's home worker.
-    pub me: u32,
-    pub home: u32,
-    boxes: Boxes,
-    /// Home only: entry index → (owner worker, handle) of sockets served elsewhere.
-    away: Vec<Option<(u32, u32)>>,
-    /// Set by the home when the guest's control connection closed.
-    departed: Arc<AtomicBool>,
-    /// Home only: sockets handed over so far.
-    pub moved: u64,
-    /// Home only: connections accepted by away listeners that wait for a free entry
-    /// (owner worker, listener handle, connection).
-    waiting: VecDeque<(u32, u32, Box<Accept>)>,
-}
-
-impl State {
-    pub fn is_shadow(&self) -> bool {
-        self.me != self.home
-    }
-}
 
 impl Guest {
     /// Turns virtual RSS on for a home guest on worker `me` (DOORBELLS answered).
     /// Idempotent: an exec'd image asks again.
-    pub fn enable_vrss(&mut self, me: u32, boxes: Boxes) {
+    pub(crate) fn enable_vrss(&mut self, me: u32, boxes: Boxes) {
         if self.vr.is_some() || boxes.len() < 2 {
             return;
         }
@@ -224,13 +68,8 @@ impl Guest {
     }
 
     /// This instance serves sockets of a guest whose home is another worker.
-    pub fn is_shadow(&self) -> bool {
+    pub(crate) fn is_shadow(&self) -> bool {
         self.vr.as_ref().is_some_and(|v| v.is_shadow())
-    }
-
-    /// Sockets handed to other workers so far (home), for `canal stat`.
-    pub fn vrss_moved(&self) -> u64 {
-        self.vr.as_ref().map_or(0, |v| v.moved)
     }
 
     /// The worker a new socket's entry names as owner (before it is published).
@@ -238,7 +77,7 @@ impl Guest {
         self.vr.as_ref().map_or(0, |v| v.me)
     }
 
-    fn seed(&self) -> Option<Box<Seed>> {
+    pub(crate) fn seed(&self) -> Option<Box<Seed>> {
         let vr = self.vr.as_ref()?;
         Some(Box::new(Seed {
             id: self.id,
@@ -257,7 +96,7 @@ impl Guest {
     }
 
     /// A shadow instance on worker `me` from a home's seed.
-    pub fn shadow(seed: &Seed, me: u32) -> Guest {
+    pub(crate) fn shadow(seed: &Seed, me: u32) -> Guest {
         let n = seed.cfg.layout.socket_count as usize;
         let mut g = Guest::from_parts(
             seed.id,
@@ -391,7 +230,7 @@ impl Guest {
 
     /// Moves socket `index` to worker `to`: off this epoll, out of this table, owner
     /// word updated (before the owner can see it), then into the owner's mailbox.
-    fn hand_off(&mut self, ep: &Epoll, index: u32, to: u32) {
+    pub(crate) fn hand_off(&mut self, ep: &Epoll, index: u32, to: u32) {
         let Some(seed) = self.seed() else {
             return;
         };
@@ -421,10 +260,10 @@ impl Guest {
     }
 
     /// Owner: takes over a socket handed over by the home.
-    pub fn adopt(&mut self, ep: &Epoll, mut s: HostSocket) {
+    pub(crate) fn adopt(&mut self, ep: &Epoll, mut s: HostSocket) {
         let index = s.index();
-        let tok = super::token::make(
-            super::token::SOCKET,
+        let tok = crate::guest::socket::token::make(
+            crate::guest::socket::token::SOCKET,
             self.conn,
             s.generation(),
             index as u16,
@@ -434,11 +273,11 @@ impl Guest {
             if ep.add(fd.as_raw_fd(), ev, tok).is_err() {
                 // Out of epoll memory: the socket cannot be served; report it broken.
                 s.fd = None;
-                s.phase = super::Phase::Broken;
+                s.phase = crate::guest::socket::Phase::Broken;
             }
         }
         if self.gone.is_some() {
-            let d = Instant::now() + super::DRAIN_STALL;
+            let d = Instant::now() + crate::guest::config::DRAIN_STALL;
             s.closing = Some(s.closing.map_or(d, |c| c.min(d)));
             self.note_deadline(d);
         } else if self
@@ -548,7 +387,13 @@ impl Guest {
     }
 
     /// Home: an owner freed a socket.
-    pub fn reclaim(&mut self, ep: &Epoll, index: u32, next_gen: u16, rings: [(u64, u64); 2]) {
+    pub(crate) fn reclaim(
+        &mut self,
+        ep: &Epoll,
+        index: u32,
+        next_gen: u16,
+        rings: [(u64, u64); 2],
+    ) {
         let Some(vr) = self.vr.as_mut() else {
             return;
         };
@@ -585,14 +430,14 @@ impl Guest {
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let (family, listener) = (s.family, s.handle);
-            let (conn, host_peer) = match super::accept_one(s) {
-                super::Accepted::Conn(c, p) => (c, p),
-                super::Accepted::Again => continue,
-                super::Accepted::Later => return Ok(()),
+            let (conn, host_peer) = match crate::guest::socket::accept_one(s) {
+                crate::guest::socket::Accepted::Conn(c, p) => (c, p),
+                crate::guest::socket::Accepted::Again => continue,
+                crate::guest::socket::Accepted::Later => return Ok(()),
             };
             s.accepting += 1;
             let host_peer = host_peer.unwrap_or_default();
-            let peer = super::translate_host_addr(&self.view(), &host_peer);
+            let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &host_peer);
             self.send_home_accepted(
                 listener,
                 Accept {
@@ -636,7 +481,13 @@ impl Guest {
 
     /// Home: installs the entry of a connection an away listener accepted (or keeps
     /// it until an entry is free) and answers its owner `from`.
-    pub fn install_accepted(&mut self, ep: &Epoll, from: u32, listener: u32, acc: Box<Accept>) {
+    pub(crate) fn install_accepted(
+        &mut self,
+        ep: &Epoll,
+        from: u32,
+        listener: u32,
+        acc: Box<Accept>,
+    ) {
         let full = self.table_full()
             || (acc.sc.is_none() && self.alloc.free_bytes() < 2 * self.cfg.ring_size);
         if self.gone.is_none() && full {
@@ -657,7 +508,13 @@ impl Guest {
         } else if let Some(sc) = &sc {
             self.sc_install(fd, family, sc.link()).unwrap_or(0)
         } else {
-            match self.install(ep, fd, Kind::Stream, family, super::Phase::Connected) {
+            match self.install(
+                ep,
+                fd,
+                Kind::Stream,
+                family,
+                crate::guest::socket::Phase::Connected,
+            ) {
                 Ok(h) => {
                     let i = canal_abi::handle_index(h);
                     if let Some(Some(s)) = self.sockets.get_mut(i as usize) {
@@ -704,7 +561,7 @@ impl Guest {
 
     /// Owner of an away listener: the home installed (or dropped) a connection it
     /// accepted; writes the ACCEPT record. A listener gone meanwhile releases it.
-    pub fn accept_done(
+    pub(crate) fn accept_done(
         &mut self,
         ep: &Epoll,
         listener: u32,
@@ -789,7 +646,7 @@ impl Guest {
 }
 
 /// Delivers one message to worker `me`'s shard.
-pub fn deliver(
+pub(crate) fn deliver(
     guests: &mut std::collections::BTreeMap<u32, Guest>,
     shadows: &mut std::collections::BTreeMap<u32, Guest>,
     ep: &Epoll,
@@ -880,6 +737,7 @@ pub fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest::shared::flow_hash;
 
     fn a(ip: [u8; 4], port: u16) -> CanalAddr {
         CanalAddr::v4(ip, port)

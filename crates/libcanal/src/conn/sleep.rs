@@ -365,6 +365,16 @@ pub(crate) fn wake_local(g: &Guest, index: u32) {
     }
 }
 
+/// The pair segment and side of socket `index`, if it is short-circuited and mapped.
+pub(crate) fn seg_of(g: &Guest, index: u32) -> Option<(crate::shortcut::seg::Seg, u32)> {
+    if index == WAIT_ANY {
+        return None;
+    }
+    let e = g.region.socket(index)?;
+    let seg = crate::shortcut::seg::mapped(e.segment.load(Ordering::Acquire))?;
+    Some((seg, e.segment_side.load(Ordering::Relaxed).min(1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,14 +414,4 @@ mod tests {
             Ok(0)
         );
     }
-}
-
-/// The pair segment and side of socket `index`, if it is short-circuited and mapped.
-pub(crate) fn seg_of(g: &Guest, index: u32) -> Option<(crate::shortcut::seg::Seg, u32)> {
-    if index == WAIT_ANY {
-        return None;
-    }
-    let e = g.region.socket(index)?;
-    let seg = crate::shortcut::seg::mapped(e.segment.load(Ordering::Acquire))?;
-    Some((seg, e.segment_side.load(Ordering::Relaxed).min(1)))
 }

@@ -1,0 +1,203 @@
+//! The datagram pump: one ring record per datagram, in both directions.
+use crate::guest::addr_view::translate_guest_addr;
+use crate::guest::addr_view::translate_host_addr;
+use crate::guest::socket::Corrupt;
+use crate::guest::socket::Phase;
+use crate::guest::state::Guest;
+use crate::guest::wake::RoundStats;
+use crate::sys;
+use canal_abi::ring::record_kind;
+use canal_abi::ring::Consumer;
+use canal_abi::ring::Producer;
+use canal_abi::sync::Ordering;
+use canal_abi::CanalAddr;
+
+impl Guest {
+    pub(crate) fn service_dgram(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        if self.sockets[index as usize].as_ref().ok_or(Corrupt)?.phase == Phase::Broken {
+            return Ok(());
+        }
+        self.flush_dgram_tx(index, st)?;
+        self.fill_dgram_rx(index, st)
+    }
+
+    pub(crate) fn flush_dgram_tx(
+        &mut self,
+        index: u32,
+        st: &mut RoundStats,
+    ) -> Result<(), Corrupt> {
+        let avail = self.tx_avail(index)?;
+        if avail == 0 {
+            return Ok(());
+        }
+        let view = self.view();
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        let ring = self.region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
+        let e = self.region.socket(index).ok_or(Corrupt)?;
+        let mut c = Consumer {
+            storage: &ring,
+            head_shared: &e.tx_head,
+            tail_shared: &e.tx_tail,
+            tail: s.tx.idx,
+        };
+        let mut sent = 0u64;
+        let mut err = None;
+        let start = c.tail;
+        let budget = if self.gone.is_some() {
+            i64::MAX
+        } else {
+            self.tx_deficit
+        };
+        while let Some(info) = c.next_record().map_err(|_| Corrupt)? {
+            if (sent as i64) >= budget {
+                self.out_of_budget = true;
+                break;
+            }
+            if info.kind != record_kind::DATAGRAM {
+                return Err(Corrupt);
+            }
+            let dest = match info.addr_len as usize {
+                0 => None,
+                canal_abi::addr::ADDR_SIZE => {
+                    let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
+                    c.record_addr(&info, &mut b);
+                    match CanalAddr::decode(&b).map(|a| translate_guest_addr(&view, &a)) {
+                        Some(Ok(a)) => Some(a),
+                        // An address the guest library should have refused: drop it.
+                        _ => {
+                            c.consume_record(&info);
+                            continue;
+                        }
+                    }
+                }
+                _ => return Err(Corrupt),
+            };
+            let Some(fd) = &s.fd else { break };
+            let pos = c.record_payload_pos(&info);
+            match sys::sendmsg_ring(fd, &ring, pos, info.len as u64, dest.as_ref()) {
+                Ok(_) => {
+                    sent += info.len as u64;
+                    c.consume_record(&info);
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                        s.writable = false;
+                        break;
+                    }
+                    Some(libc::EINTR) => {}
+                    // Like a datagram lost on the way; a refused peer is reported.
+                    Some(code) => {
+                        if code == libc::ECONNREFUSED {
+                            err = Some(code);
+                        }
+                        c.consume_record(&info);
+                    }
+                    None => c.consume_record(&info),
+                },
+            }
+        }
+        let moved = c.tail.wrapping_sub(start);
+        s.tx.idx = c.tail;
+        s.tx_bytes = s.tx_bytes.wrapping_add(sent);
+        st.bytes += sent;
+        self.tx_deficit -= sent as i64;
+        // The consumer may have read a newer head than tx_avail: remember the furthest.
+        let head_now = self.entry(index).tx_head.load(Ordering::Acquire);
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if head_now.wrapping_sub(s.tx.idx) <= s.tx.size {
+            s.tx.seen = head_now;
+        } else {
+            return Err(Corrupt);
+        }
+        if moved > 0 {
+            self.mark_changed(index);
+        }
+        if let Some(code) = err {
+            self.entry(index)
+                .pending_error
+                .store(code as u32, Ordering::Release);
+            self.mark_changed(index);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn fill_dgram_rx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
+        let view = self.view();
+        let mut errors = 0;
+        loop {
+            if self.gone.is_none() && self.rx_deficit <= 0 {
+                let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+                self.out_of_budget = s.readable || s.pending_dgram.is_some();
+                return Ok(());
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            if s.pending_dgram.is_none() {
+                if !s.readable {
+                    return Ok(());
+                }
+                let Some(fd) = &s.fd else { return Ok(()) };
+                match sys::recvfrom(fd, &mut self.scratch) {
+                    Ok(Some((n, src))) => {
+                        let src = src.map(|a| translate_host_addr(&view, &a));
+                        s.pending_dgram = Some((self.scratch[..n].to_vec(), src));
+                    }
+                    Ok(None) => {
+                        s.readable = false;
+                        return Ok(());
+                    }
+                    Err(e) => match e.raw_os_error() {
+                        Some(libc::EINTR) => continue,
+                        Some(_) if errors >= 8 => return Ok(()),
+                        Some(code) => {
+                            errors += 1;
+                            // ICMP errors (ECONNREFUSED on a connected socket).
+                            self.entry(index)
+                                .pending_error
+                                .store(code as u32, Ordering::Release);
+                            self.mark_changed(index);
+                            continue;
+                        }
+                        None => return Ok(()),
+                    },
+                }
+            }
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            let (data, src) = s.pending_dgram.as_ref().ok_or(Corrupt)?;
+            let src = *src;
+            let addr = src.unwrap_or_default().encode();
+            let max = canal_abi::ring::max_record_payload(s.rx.size, addr.len() as u64);
+            let len = (data.len() as u64).min(max) as usize;
+            let rec = canal_abi::ring::record_size(addr.len() as u64, len as u64);
+            let to_end = s.rx.size - (s.rx.idx & (s.rx.size - 1));
+            let need = if to_end < rec { to_end + rec } else { rec };
+            if self.want_rx_space(index, need)? == 0 {
+                return Ok(());
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
+            let (data, _) = s.pending_dgram.take().ok_or(Corrupt)?;
+            let e = self.region.socket(index).ok_or(Corrupt)?;
+            let mut p = Producer {
+                storage: &ring,
+                head_shared: &e.rx_head,
+                tail_shared: &e.rx_tail,
+                head: s.rx.idx,
+            };
+            match p.push_record(record_kind::DATAGRAM, &addr, &[&data[..len]]) {
+                Ok(true) => {
+                    let h = p.head;
+                    st.bytes += len as u64;
+                    self.rx_deficit -= len as i64;
+                    self.publish_rx_head(index, h, len as u64);
+                }
+                Ok(false) => {
+                    // Only a guest moving its tail backwards gets here (caught on the
+                    // next check); keep the datagram.
+                    s.pending_dgram = Some((data, src));
+                    return Ok(());
+                }
+                Err(_) => return Err(Corrupt),
+            }
+        }
+    }
+}

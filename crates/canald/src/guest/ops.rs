@@ -1,0 +1,445 @@
+//! Socket operations a guest requests: create, listen, connect, shutdown, close, and
+//! the table entries and rings behind them.
+use crate::guest::config::DRAIN_STALL;
+use crate::guest::config::MIN_RING;
+use crate::guest::socket::fd_of;
+use crate::guest::socket::token;
+use crate::guest::socket::HostSocket;
+use crate::guest::socket::Kind;
+use crate::guest::socket::Phase;
+use crate::guest::socket::RingPos;
+use crate::guest::state::Guest;
+use crate::request::SOCK_DGRAM;
+use crate::request::SOCK_STREAM;
+use crate::sys;
+use crate::sys::Epoll;
+use canal_abi::errno;
+use canal_abi::make_handle;
+use canal_abi::sock_flag;
+use canal_abi::sock_kind;
+use canal_abi::sync::Ordering;
+use canal_abi::CanalAddr;
+use canal_abi::SocketEntry;
+use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+impl Guest {
+    /// Index of a live (not closing) socket named by `handle`, else EBADF.
+    pub(crate) fn lookup(&self, handle: u32) -> Result<u32, i32> {
+        let index = canal_abi::handle_index(handle);
+        match self.sockets.get(index as usize) {
+            Some(Some(s)) if s.handle == handle && s.closing.is_none() => Ok(index),
+            _ => Err(errno::EBADF),
+        }
+    }
+
+    pub(crate) fn live(&mut self, index: u32) -> Result<&mut HostSocket, i32> {
+        match self.sockets.get_mut(index as usize) {
+            Some(Some(s)) => Ok(s),
+            _ => Err(errno::EBADF),
+        }
+    }
+
+    pub(crate) fn entry(&self, index: u32) -> &SocketEntry {
+        self.region
+            .socket(index)
+            .expect("host socket indices are < socket_count")
+    }
+
+    /// Table entry `i` is neither in use here nor lent to another worker (vRSS).
+    pub(crate) fn is_free_entry(&self, i: usize) -> bool {
+        self.sockets[i].is_none() && !self.is_away(i as u32)
+    }
+
+    /// A socket's two rings: the configured size while the data area has room for it
+    /// and still for MIN_RING rings for every other free table entry; else the largest
+    /// smaller power of two that leaves that room (down to MIN_RING). So a guest with
+    /// few sockets gets large rings, and one with many still gets every table entry
+    /// (with smaller buffers, as the kernel's under memory pressure) rather than
+    /// ENOBUFS. Returns (tx offset, rx offset, ring size).
+    pub(crate) fn alloc_rings(&mut self) -> Result<(u64, u64, u64), i32> {
+        let free_entries = (0..self.sockets.len())
+            .filter(|&i| self.is_free_entry(i))
+            .count();
+        let others = free_entries.saturating_sub(1) as u64;
+        let reserve = others.saturating_mul(2 * MIN_RING);
+        let mut size = self.cfg.ring_size;
+        while size > MIN_RING && 2 * size + reserve > self.alloc.free_bytes() {
+            size /= 2;
+        }
+        // A fragmented area may still lack a block of this size: halve on.
+        loop {
+            if let Some(tx) = self.alloc.alloc(size) {
+                if let Some(rx) = self.alloc.alloc(size) {
+                    return Ok((tx, rx, size));
+                }
+                self.alloc.free(tx, size);
+            }
+            if size <= MIN_RING {
+                return Err(errno::ENOBUFS);
+            }
+            size /= 2;
+        }
+    }
+
+    /// Allocates an entry, rings and epoll registration for `fd`. Publishes the entry
+    /// (kind last). Err(errno) leaves nothing allocated.
+    pub(crate) fn install(
+        &mut self,
+        ep: &Epoll,
+        fd: OwnedFd,
+        kind: Kind,
+        family: u16,
+        phase: Phase,
+    ) -> Result<u32, i32> {
+        let index = (0..self.sockets.len())
+            .position(|i| self.is_free_entry(i))
+            .ok_or(errno::EMFILE)? as u32;
+        let (tx_off, rx_off, size) = self.alloc_rings()?;
+        let gen = self.generations[index as usize];
+        let handle = make_handle(index, gen as u32);
+        let tok = token::make(token::SOCKET, self.conn, gen, index as u16);
+        let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
+        if let Err(e) = ep.add(fd.as_raw_fd(), ev, tok) {
+            self.alloc.free(tx_off, size);
+            self.alloc.free(rx_off, size);
+            return Err(sys::errno_of(&e));
+        }
+        let flags = match phase {
+            Phase::Connected => sock_flag::CONNECTED,
+            _ => 0,
+        };
+        if kind == Kind::Stream {
+            // Until an orderly close clears it: canald's death must reset the
+            // connection, not end it cleanly with the guest's bytes still in the ring.
+            let _ = sys::set_abortive_close(&fd, true);
+        }
+        let e = self.entry(index);
+        // Guest line: a fresh entry starts with empty rings and no guest state.
+        e.reset_guest_line();
+        // Host lines.
+        e.flags.store(flags, Ordering::Relaxed);
+        e.pending_error.store(0, Ordering::Relaxed);
+        e.tx_tail.store(0, Ordering::Relaxed);
+        e.rx_head.store(0, Ordering::Relaxed);
+        e.generation.store(gen as u32, Ordering::Relaxed);
+        e.family.store(family as u32, Ordering::Relaxed);
+        e.tx_offset.store(tx_off, Ordering::Relaxed);
+        e.tx_size.store(size as u32, Ordering::Relaxed);
+        e.rx_offset.store(rx_off, Ordering::Relaxed);
+        e.rx_size.store(size as u32, Ordering::Relaxed);
+        e.owner.store(self.self_owner(), Ordering::Relaxed);
+        let k = match kind {
+            Kind::Stream => sock_kind::STREAM,
+            Kind::Dgram => sock_kind::DGRAM,
+            Kind::Listener => sock_kind::LISTENER,
+        };
+        // Release: everything above is visible before the kind (and before the handle
+        // reaches the guest through a DONE result or an ACCEPT record).
+        e.kind.store(k, Ordering::Release);
+        let ring = |off| RingPos {
+            off,
+            size,
+            idx: 0,
+            seen: 0,
+        };
+        self.sockets[index as usize] = Some(HostSocket {
+            handle,
+            kind,
+            family,
+            fd: Some(fd),
+            phase,
+            tx: ring(tx_off),
+            rx: ring(rx_off),
+            flags,
+            readable: false,
+            writable: false,
+            rdhup: false,
+            shut_wr_pending: false,
+            closing: None,
+            linger: None,
+            dirty: false,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            unclaimed: Default::default(),
+            pending_dgram: None,
+            seg: None,
+            named: false,
+            accepting: 0,
+        });
+        self.set_owned(index, true);
+        Ok(handle)
+    }
+
+    pub(crate) fn op_socket(
+        &mut self,
+        ep: &Epoll,
+        domain: i32,
+        ty: i32,
+        protocol: i32,
+    ) -> Result<u32, i32> {
+        // Check the caps before creating a host socket.
+        if self.table_full() {
+            return Err(errno::EMFILE);
+        }
+        if self.alloc.free_bytes() < 2 * MIN_RING {
+            return Err(errno::ENOBUFS);
+        }
+        // canald out of descriptors is the whole system's table for the guest.
+        let fd = sys::socket(domain, ty, protocol).map_err(|e| match sys::errno_of(&e) {
+            libc::EMFILE => libc::ENFILE,
+            e => e,
+        })?;
+        let kind = if ty == SOCK_STREAM {
+            Kind::Stream
+        } else {
+            debug_assert_eq!(ty, SOCK_DGRAM);
+            Kind::Dgram
+        };
+        self.install(ep, fd, kind, domain as u16, Phase::Open)
+    }
+
+    pub(crate) fn op_listen(&mut self, index: u32, backlog: i32) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        if s.kind == Kind::Dgram {
+            return Err(errno::EOPNOTSUPP);
+        }
+        if !matches!(s.phase, Phase::Open | Phase::Listening) {
+            return Err(errno::EINVAL);
+        }
+        sys::listen(fd_of(s)?, backlog).map_err(|e| sys::errno_of(&e))?;
+        s.kind = Kind::Listener;
+        s.phase = Phase::Listening;
+        s.readable = true; // connections may already be queued
+        let e = self.entry(index);
+        e.kind.store(sock_kind::LISTENER, Ordering::Release);
+        self.set_flags(index, sock_flag::LISTENING, 0);
+        self.sc_listened(index, backlog);
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
+    /// connect(AF_UNSPEC) on a datagram socket: the kernel drops the default peer
+    /// (and keeps the local address); other kinds: EOPNOTSUPP.
+    pub(crate) fn op_disconnect(&mut self, index: u32) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        if s.kind != Kind::Dgram {
+            return Err(errno::EOPNOTSUPP);
+        }
+        sys::disconnect(fd_of(s)?).map_err(|e| sys::errno_of(&e))?;
+        if s.phase == Phase::Connected {
+            s.phase = Phase::Open;
+        }
+        self.set_flags(index, 0, sock_flag::CONNECTED);
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
+    pub(crate) fn op_connect(&mut self, index: u32, a: &CanalAddr) -> Result<(i64, usize), i32> {
+        let s = self.live(index)?;
+        match (s.kind, s.phase) {
+            (Kind::Listener, _) => return Err(errno::EISCONN),
+            (Kind::Stream, Phase::Connecting) => return Err(errno::EALREADY),
+            (Kind::Stream, Phase::Connected) => return Err(errno::EISCONN),
+            (_, Phase::Broken) => return Err(errno::EIO),
+            _ => {}
+        }
+        let kind = s.kind;
+        let r = sys::connect(fd_of(s)?, a);
+        match r {
+            Ok(()) => {
+                s.phase = Phase::Connected;
+                s.writable = true;
+                // A retry after a failed connect starts clean.
+                self.set_flags(
+                    index,
+                    sock_flag::CONNECTED,
+                    sock_flag::CONNECTING | sock_flag::ERROR | sock_flag::HUP,
+                );
+                self.mark_dirty(index);
+                Ok((0, 0))
+            }
+            Err(e) if kind == Kind::Stream && e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                s.phase = Phase::Connecting;
+                // Events before the connect (a fresh socket reports OUT|HUP) say nothing
+                // about its completion.
+                s.readable = false;
+                s.writable = false;
+                self.set_flags(
+                    index,
+                    sock_flag::CONNECTING,
+                    sock_flag::ERROR | sock_flag::HUP,
+                );
+                self.mark_dirty(index);
+                Ok((-(errno::EINPROGRESS as i64), 0))
+            }
+            Err(e) => Err(sys::errno_of(&e)),
+        }
+    }
+
+    pub(crate) fn op_close(&mut self, index: u32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            let d = Instant::now() + DRAIN_STALL;
+            s.closing = Some(d);
+            self.note_deadline(d);
+            self.set_flags(index, sock_flag::CLOSING, 0);
+            self.mark_dirty(index);
+        }
+    }
+
+    /// Whether socket `index` exists with this generation (a WATCH target).
+    pub(crate) fn has_live_socket(&self, index: u32, gen: u16) -> bool {
+        matches!(self.sockets.get(index as usize), Some(Some(s)) if s.generation() == gen)
+            || self.has_away(index, gen)
+    }
+
+    /// The guest's last descriptor of socket (index, gen) is gone (its WATCH fired):
+    /// close it as a CLOSE request would, unless it is already closing.
+    pub(crate) fn close_unreferenced(&mut self, index: u32, gen: u16) {
+        if self.close_away(index, gen) {
+            return; // served by another worker: forwarded there
+        }
+        if matches!(self.sockets.get(index as usize),
+            Some(Some(s)) if s.generation() == gen && !s.is_closing())
+        {
+            self.op_close(index);
+        }
+    }
+
+    pub(crate) fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
+        if let Some(r) = self.sc_shutdown(index, how) {
+            return r;
+        }
+        let s = self.live(index)?;
+        let fd = fd_of(s)?;
+        if !(s.kind == Kind::Stream && s.phase == Phase::Connected) {
+            // Listeners (wakes accept), datagram sockets, unconnected streams: the
+            // kernel's answer is the native one (ENOTCONN where it applies).
+            sys::shutdown(fd, how).map_err(|e| sys::errno_of(&e))?;
+            s.readable = true;
+            self.mark_dirty(index);
+            return Ok((0, 0));
+        }
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            sys::shutdown(fd, libc::SHUT_RD).map_err(|e| sys::errno_of(&e))?;
+            s.readable = true;
+        }
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            // Takes effect once the tx ring has drained (flush_stream_tx).
+            s.shut_wr_pending = true;
+        }
+        self.mark_dirty(index);
+        Ok((0, 0))
+    }
+
+    /// Publishes flag changes (adds HUP when both directions are over).
+    pub(crate) fn set_flags(&mut self, index: u32, add: u32, remove: u32) {
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        let mut f = (s.flags | add) & !remove;
+        let both = sock_flag::RX_EOF | sock_flag::TX_CLOSED;
+        if f & both == both {
+            f |= sock_flag::HUP;
+        }
+        if f != s.flags {
+            s.flags = f;
+            self.entry(index).flags.store(f, Ordering::Release);
+            self.mark_changed(index);
+        }
+    }
+
+    pub(crate) fn set_error(&mut self, index: u32, err: i32, add: u32, remove: u32) {
+        self.entry(index)
+            .pending_error
+            .store(err as u32, Ordering::Release);
+        self.set_flags(index, add | sock_flag::ERROR, remove);
+    }
+
+    /// The guest violated the ring protocol on this socket: close the host side.
+    pub(crate) fn break_socket(&mut self, ep: &Epoll, index: u32) {
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        s.phase = Phase::Broken;
+        s.pending_dgram = None;
+        if let Some(fd) = s.fd.take() {
+            ep.delete(fd.as_raw_fd());
+        }
+        self.set_error(
+            index,
+            errno::EIO,
+            sock_flag::BROKEN | sock_flag::HUP | sock_flag::RX_EOF | sock_flag::TX_CLOSED,
+            sock_flag::CONNECTING | sock_flag::RX_WANT_SPACE,
+        );
+    }
+
+    /// Releases an entry: host socket, rings, then kind FREE and a new generation.
+    pub(crate) fn free_socket(&mut self, ep: &Epoll, index: u32) {
+        let reset = self.close_must_reset(index);
+        let Some(s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        if let Some(fd) = &s.fd {
+            ep.delete(fd.as_raw_fd());
+            // Host streams are abortive ({1, 0}) while canald drives them, so canald's
+            // death resets them; an orderly close clears that first. Neither blocks.
+            if s.kind == Kind::Stream && !reset {
+                let _ = sys::set_abortive_close(fd, false);
+            }
+        }
+        self.sc_freed(&s);
+        if !s.unclaimed.is_empty() {
+            // Connections accepted for the guest but never taken by it go with the
+            // listener (the guest's tail says which records it consumed).
+            let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
+            for &(end, h) in &s.unclaimed {
+                if (end.wrapping_sub(tail) as i64) > 0 {
+                    self.release(ep, canal_abi::handle_index(h), h);
+                }
+            }
+        }
+        let g = s.generation();
+        drop(s.fd);
+        self.set_owned(index, false);
+        let next = if g == u16::MAX { 1 } else { g + 1 };
+        let e = self.entry(index);
+        e.segment.store(0, Ordering::Relaxed);
+        e.kind.store(sock_kind::FREE, Ordering::Release);
+        e.generation.store(next as u32, Ordering::Release);
+        e.flags.store(0, Ordering::Release);
+        self.mark_changed(index);
+        let rings = [(s.tx.off, s.tx.size), (s.rx.off, s.rx.size)];
+        if self.give_back(index, next, rings) {
+            return; // a shadow: the home reuses the entry and the rings
+        }
+        self.alloc.free(s.tx.off, s.tx.size);
+        self.alloc.free(s.rx.off, s.rx.size);
+        self.generations[index as usize] = next;
+        // A listener that stopped accepting for lack of entries can go on, and so can
+        // connections an away listener accepted.
+        if self.gone.is_some() {
+            return;
+        }
+        self.rearm_listeners();
+        self.retry_accepts(ep);
+    }
+
+    /// Whether closing socket `index` now must reset its connection: the guest asked
+    /// for it (SO_LINGER {1, 0}), or bytes its sends accepted are still queued, which
+    /// can no longer be delivered (the peer must not take the stream as complete).
+    pub(crate) fn close_must_reset(&mut self, index: u32) -> bool {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return false;
+        };
+        if s.kind != Kind::Stream || s.fd.is_none() || s.seg.is_some() {
+            return false;
+        }
+        if s.linger == Some(0) {
+            return true;
+        }
+        let sending = s.phase == Phase::Connected && s.flags & sock_flag::TX_CLOSED == 0;
+        sending && self.tx_avail(index).map_or(true, |q| q > 0)
+    }
+}

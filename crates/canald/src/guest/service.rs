@@ -1,0 +1,393 @@
+//! One service round: requests from the queue, their dispatch (`execute`), socket
+//! events, and the sockets marked dirty.
+use crate::guest::addr_view::translate_guest_addr;
+use crate::guest::addr_view::translate_guest_bind;
+use crate::guest::addr_view::translate_host_addr;
+use crate::guest::addr_view::translate_host_local;
+use crate::guest::socket::decode_linger;
+use crate::guest::socket::encode_linger;
+use crate::guest::socket::fd_of;
+use crate::guest::socket::is_linger;
+use crate::guest::socket::token;
+use crate::guest::socket::Kind;
+use crate::guest::socket::Phase;
+use crate::guest::state::Guest;
+use crate::guest::wake::RoundStats;
+use crate::request;
+use crate::request::Cmd;
+use crate::request::Request;
+use crate::sys;
+use crate::sys::Epoll;
+use canal_abi::errno;
+use canal_abi::op;
+use canal_abi::sleep_kind;
+use canal_abi::slot_state;
+use canal_abi::sock_flag;
+use canal_abi::sync::fence;
+use canal_abi::sync::Ordering;
+use canal_abi::SLOT_PAYLOAD;
+use std::time::Instant;
+
+impl Guest {
+    /// An epoll event for one of this guest's host sockets.
+    pub(crate) fn socket_event(&mut self, tok: u64, events: u32) {
+        let index = token::index(tok) as u32;
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        if s.generation() != token::gen(tok) {
+            return; // a stale event for a previous socket on this index
+        }
+        if events & (sys::EP_IN | sys::EP_HUP | sys::EP_ERR | sys::EP_RDHUP) != 0 {
+            s.readable = true;
+        }
+        if events & (sys::EP_OUT | sys::EP_HUP | sys::EP_ERR) != 0 {
+            s.writable = true;
+        }
+        if events & (sys::EP_RDHUP | sys::EP_HUP) != 0 {
+            s.rdhup = true;
+        }
+        self.mark_dirty(index);
+    }
+
+    /// Whether this guest has published work the host has not picked up yet (the
+    /// re-check before sleeping, protocol §6).
+    pub(crate) fn has_pending(&self) -> bool {
+        let r = &self.region;
+        // A shadow (virtual RSS) never pops the queue: requests are its home's.
+        (!self.is_shadow() && self.queue.has_next(r.queue_cells()))
+            || r.attention()
+                .iter()
+                .zip(&self.owned)
+                .any(|(w, m)| w.load(Ordering::Relaxed) & m != 0)
+            || !self.dirty.is_empty()
+            || !self.wake.deferred.is_empty()
+    }
+
+    /// One service round: requests (bounded), attention bits, dirty sockets, then the
+    /// wake-ups of sleepers whose sockets changed.
+    pub(crate) fn service_round(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
+        let mut st = self.service_requests(ep, now);
+        let d = self.service_data(ep, now);
+        st.sockets += d.sockets;
+        st.bytes += d.bytes;
+        st
+    }
+
+    /// The command class of a round: up to `budget` requests (a short slice).
+    pub(crate) fn service_requests(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
+        let mut st = RoundStats::default();
+        self.wake.begin_round(now);
+        if self.gone.is_none() {
+            self.serve_requests(ep, &mut st);
+        }
+        if st.did_work() {
+            self.last_active = Some(now);
+        }
+        st
+    }
+
+    /// The data classes of a round: attention bits, then each dirty socket's receive
+    /// work, then its transmit work, within this guest's byte deficits; then the
+    /// wake-ups of sleepers whose sockets changed (coalesced per `wake_window`).
+    pub(crate) fn service_data(&mut self, ep: &Epoll, now: Instant) -> RoundStats {
+        let mut st = RoundStats::default();
+        self.wake.begin_round(now);
+        if self.gone.is_none() {
+            self.serve_attention();
+        }
+        // DRR: a backlogged guest earns one quantum per round (at most two banked); an
+        // idle one starts from one quantum.
+        let (rq, tq) = (self.cfg.rx_quantum as i64, self.cfg.tx_quantum as i64);
+        if self.dirty.is_empty() {
+            self.rx_deficit = rq;
+            self.tx_deficit = tq;
+        } else {
+            self.rx_deficit = (self.rx_deficit.max(0) + rq).min(2 * rq);
+            self.tx_deficit = (self.tx_deficit.max(0) + tq).min(2 * tq);
+        }
+        self.service_dirty(ep, now, &mut st);
+        self.expire_closing(ep, now);
+        self.wake_event_sleepers();
+        self.flush_deferred_wakes(now);
+        if st.did_work() {
+            self.last_active = Some(now);
+        }
+        st
+    }
+
+    pub(crate) fn serve_requests(&mut self, ep: &Epoll, st: &mut RoundStats) {
+        let region = self.region;
+        let cells = region.queue_cells();
+        for _ in 0..self.cfg.budget {
+            let Some(idx) = self.queue.pop(cells) else {
+                break;
+            };
+            st.requests += 1;
+            let Some(slot) = region.slot(idx) else {
+                continue; // garbage index: ignore
+            };
+            if slot
+                .state
+                .compare_exchange(
+                    slot_state::REQUESTED,
+                    slot_state::BUSY,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue; // not a request: ignore the entry
+            }
+            let req = Request::copy_from(slot);
+            if self.forward(idx, &req) {
+                continue; // the owning worker completes the slot
+            }
+            self.run_request(ep, idx, &req);
+        }
+    }
+
+    /// Executes a request taken from slot `idx` and completes the slot (DONE, then
+    /// the §6 wake-up of its thread if it sleeps).
+    pub(crate) fn run_request(&mut self, ep: &Epoll, idx: u32, req: &Request) {
+        let region = self.region;
+        let Some(slot) = region.slot(idx) else {
+            return;
+        };
+        let mut out = [0u8; SLOT_PAYLOAD];
+        let (result, out_len) = match self.execute(ep, req, &mut out) {
+            Ok(v) => v,
+            Err(e) => (-(e as i64), 0),
+        };
+        if out_len > 0 {
+            slot.write_payload(0, &out[..out_len.min(SLOT_PAYLOAD)]);
+        }
+        slot.out_len.store(out_len as u32, Ordering::Relaxed);
+        slot.result.store(result, Ordering::Relaxed);
+        slot.done_seq.store(req.seq, Ordering::Relaxed);
+        // Publishes result/payload; pairs with the guest's Acquire load of DONE.
+        slot.state.store(slot_state::DONE, Ordering::Release);
+        // §6 wake: the guest stores `sleep`, fences, re-checks `state`; we store
+        // `state`, fence, read `sleep` — one of us sees the other.
+        fence(Ordering::SeqCst);
+        if slot.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE {
+            self.wake_slot(idx);
+        }
+    }
+
+    /// Executes a request copy. Ok((result, out_len)); Err(errno).
+    pub(crate) fn execute(
+        &mut self,
+        ep: &Epoll,
+        req: &Request,
+        out: &mut [u8; SLOT_PAYLOAD],
+    ) -> Result<(i64, usize), i32> {
+        if req.op == 0 || req.op > op::MAX {
+            return Err(errno::ENOSYS);
+        }
+        let index = if request::needs_handle(req.op) {
+            Some(self.lookup(req.socket)?)
+        } else {
+            None
+        };
+        let cmd = request::decode(req)?;
+        let Some(index) = index else {
+            return match cmd {
+                Cmd::Socket {
+                    domain,
+                    ty,
+                    protocol,
+                } => self
+                    .op_socket(ep, domain, ty, protocol)
+                    .map(|h| (h as i64, 0)),
+                _ => Ok((0, 0)),
+            };
+        };
+        let view = self.view();
+        match cmd {
+            Cmd::Bind(a) => {
+                let a = translate_guest_bind(&view, &a)?;
+                let s = self.live(index)?;
+                sys::bind(fd_of(s)?, &a).map_err(|e| sys::errno_of(&e))?;
+                // A datagram socket's local address is known: its owner serves it.
+                self.place(ep, index, None);
+                Ok((0, 0))
+            }
+            Cmd::Listen(backlog) => {
+                let r = self.op_listen(index, backlog);
+                if r.is_ok() {
+                    // Listeners spread by their local address (virtual RSS).
+                    self.place(ep, index, None);
+                }
+                r
+            }
+            Cmd::Connect(a) => {
+                let a = translate_guest_addr(&view, &a)?;
+                if let Some(r) = self.sc_try_connect(index, &a) {
+                    return r;
+                }
+                let r = self.op_connect(index, &a);
+                if r.is_ok() {
+                    // The flow is known: its owner serves it from now on.
+                    self.place(ep, index, Some(&a));
+                }
+                r
+            }
+            Cmd::Disconnect => self.op_disconnect(index),
+            Cmd::Close => {
+                self.op_close(index);
+                // Nothing left to send (a listener, an idle connection): free it now,
+                // so the port is released before the reply, as a native close does (a
+                // bind to it may be the guest's very next request, in this round).
+                self.finish_if_closed(ep, index, Instant::now());
+                Ok((0, 0))
+            }
+            Cmd::Shutdown(how) => self.op_shutdown(index, how),
+            Cmd::SetOpt { level, name, value } if is_linger(level, name) => {
+                let l = decode_linger(&value)?;
+                self.live(index)?.linger = l;
+                Ok((0, 0))
+            }
+            Cmd::GetOpt { level, name, len } if is_linger(level, name) => {
+                let l = self.live(index)?.linger;
+                let v = encode_linger(l);
+                let n = len.min(v.len());
+                out[..n].copy_from_slice(&v[..n]);
+                Ok((0, n))
+            }
+            Cmd::SetOpt { level, name, value } => {
+                let s = self.live(index)?;
+                sys::setsockopt_bytes(fd_of(s)?, level, name, &value)
+                    .map_err(|e| sys::errno_of(&e))?;
+                Ok((0, 0))
+            }
+            Cmd::GetOpt { level, name, len } => {
+                if let Some(r) = self.sc_tcp_info(index, level, name, &mut out[..len]) {
+                    return r;
+                }
+                let s = self.live(index)?;
+                let n = sys::getsockopt_bytes(fd_of(s)?, level, name, &mut out[..len])
+                    .map_err(|e| sys::errno_of(&e))?;
+                Ok((0, n))
+            }
+            Cmd::SockName | Cmd::PeerName => {
+                let s = self.live(index)?;
+                if let Some(l) = &s.seg {
+                    let a = if cmd == Cmd::SockName {
+                        l.local
+                    } else {
+                        l.peer
+                    };
+                    let a = translate_host_addr(&view, &a).encode();
+                    out[..a.len()].copy_from_slice(&a);
+                    return Ok((0, a.len()));
+                }
+                let fd = fd_of(s)?;
+                let a = if cmd == Cmd::SockName {
+                    sys::sockname(fd).map(|a| translate_host_local(&view, &a))
+                } else {
+                    sys::peername(fd).map(|a| translate_host_addr(&view, &a))
+                }
+                .map_err(|e| sys::errno_of(&e))?
+                .encode();
+                out[..a.len()].copy_from_slice(&a);
+                Ok((0, a.len()))
+            }
+            Cmd::Socket { .. } | Cmd::Nop => Ok((0, 0)),
+        }
+    }
+
+    /// Listeners that stopped accepting for lack of entries or rings look again.
+    pub(crate) fn rearm_listeners(&mut self) {
+        for i in 0..self.sockets.len() {
+            if let Some(l) = &self.sockets[i] {
+                if l.kind == Kind::Listener && l.readable {
+                    self.mark_dirty(i as u32);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn expire_closing(&mut self, ep: &Epoll, now: Instant) {
+        if self.earliest_close.is_none_or(|d| d > now) {
+            return;
+        }
+        let mut next: Option<Instant> = None;
+        for i in 0..self.sockets.len() {
+            let Some(d) = self.sockets[i].as_ref().and_then(|s| s.closing) else {
+                continue;
+            };
+            if d <= now {
+                self.free_socket(ep, i as u32);
+            } else {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        self.earliest_close = next;
+    }
+
+    // ---- data path ------------------------------------------------------------
+
+    pub(crate) fn service_dirty(&mut self, ep: &Epoll, now: Instant, st: &mut RoundStats) {
+        let list = std::mem::take(&mut self.dirty);
+        for (k, &index) in list.iter().enumerate() {
+            if self.gone.is_none() && (self.rx_deficit <= 0 || self.tx_deficit <= 0) {
+                // Out of budget: the rest stays dirty for the next round, in order.
+                self.dirty.extend_from_slice(&list[k..]);
+                break;
+            }
+            let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+                continue;
+            };
+            s.dirty = false;
+            self.out_of_budget = false;
+            st.sockets += 1;
+            if s.seg.is_some() {
+                self.sc_service(index);
+                self.finish_if_closed(ep, index, now);
+                continue;
+            }
+            let r = match s.kind {
+                Kind::Stream => self.service_stream(index, st),
+                Kind::Dgram => self.service_dgram(index, st),
+                Kind::Listener => self.service_listener(ep, index),
+            };
+            if r.is_err() {
+                self.break_socket(ep, index);
+            } else if self.out_of_budget {
+                self.mark_dirty(index);
+            }
+            self.finish_if_closed(ep, index, now);
+            self.place_if_autobound(ep, index);
+        }
+        // Keep the allocation for the next round.
+        let mut list = list;
+        list.clear();
+        if self.dirty.is_empty() {
+            self.dirty = list;
+        }
+    }
+
+    /// A closing socket whose tx ring drained (or that can send no more) is freed.
+    pub(crate) fn finish_if_closed(&mut self, ep: &Epoll, index: u32, now: Instant) {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let Some(deadline) = s.closing else {
+            return;
+        };
+        let can_send = s.kind != Kind::Listener
+            && s.fd.is_some()
+            && s.phase == Phase::Connected
+            && s.flags & sock_flag::TX_CLOSED == 0;
+        // A corrupt index counts as "nothing more to send".
+        let queued = if can_send {
+            self.tx_avail(index).unwrap_or(0)
+        } else {
+            0
+        };
+        if queued == 0 || deadline <= now {
+            self.free_socket(ep, index);
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! One host socket driven for a guest: its kind, phase, ring positions, linger, and
+//! the epoll token that names it.
+use crate::sys;
+use canal_abi::errno;
+use canal_abi::CanalAddr;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+/// Epoll token layout: `type:8 | conn:24 | generation:16 | index:16`.
+pub(crate) mod token {
+    pub(crate) const LISTENER: u64 = 0;
+    pub(crate) const CONTROL: u64 = 1;
+    pub(crate) const DOORBELL: u64 = 2;
+    pub(crate) const SOCKET: u64 = 3;
+    pub(crate) const SIGNAL: u64 = 4;
+    /// A worker's own eventfd (new guest, shutdown).
+    pub(crate) const POKE: u64 = 5;
+    /// A WATCH descriptor (`crate::watch`); distinct from every type above, since
+    /// worker 0's poller consumes its own types before the daemon sees the rest.
+    pub(crate) const WATCH: u64 = 6;
+    /// The pidfd of a VM guest's VM process (`vm.rs`).
+    pub(crate) const VM_PROCESS: u64 = 7;
+    /// A guest's doorbell on a worker that is not its home (virtual RSS).
+    pub(crate) const VRSS_DOORBELL: u64 = 8;
+    /// A doorbell VM's ivshmem server (`ivshmem_server.rs`): index 0 its listener,
+    /// 1 the QEMU client.
+    pub(crate) const IVSHMEM: u64 = 9;
+
+    pub(crate) fn make(ty: u64, conn: u32, gen: u16, index: u16) -> u64 {
+        (ty << 56) | ((conn as u64 & 0xff_ffff) << 32) | ((gen as u64) << 16) | index as u64
+    }
+    pub(crate) fn ty(t: u64) -> u64 {
+        t >> 56
+    }
+    pub(crate) fn conn(t: u64) -> u32 {
+        ((t >> 32) & 0xff_ffff) as u32
+    }
+    pub(crate) fn gen(t: u64) -> u16 {
+        (t >> 16) as u16
+    }
+    pub(crate) fn index(t: u64) -> u16 {
+        t as u16
+    }
+}
+
+// ---- address view -----------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Stream,
+    Dgram,
+    Listener,
+}
+
+/// The connection state machine of a host socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Created (maybe bound), neither connected nor listening.
+    Open,
+    Connecting,
+    /// Connected (stream) or with a default peer (datagram).
+    Connected,
+    Listening,
+    /// The connect failed or the connection was reset; the host socket may remain
+    /// until the guest closes (so getsockname still works).
+    Failed,
+    /// The guest broke the protocol on this socket; the host socket is closed.
+    Broken,
+}
+
+/// A ring as the host sees it: where it lives (host copy), the host's own index and
+/// the last index the guest published.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RingPos {
+    pub(crate) off: u64,
+    pub(crate) size: u64,
+    /// Host index: tx tail (consumer) or rx head (producer).
+    pub(crate) idx: u64,
+    /// Last guest index seen: tx head or rx tail.
+    pub(crate) seen: u64,
+}
+
+pub(crate) fn is_linger(level: i32, name: i32) -> bool {
+    level == libc::SOL_SOCKET && name == libc::SO_LINGER
+}
+
+/// A guest's `struct linger` as the kernel reads it: EINVAL if short; on when
+/// `l_onoff` is non-zero (a negative time lingers "forever", as the kernel's
+/// MAX_SCHEDULE_TIMEOUT does).
+pub(crate) fn decode_linger(v: &[u8]) -> Result<Option<i32>, i32> {
+    if v.len() < 8 {
+        return Err(errno::EINVAL);
+    }
+    let on = i32::from_ne_bytes([v[0], v[1], v[2], v[3]]);
+    let secs = i32::from_ne_bytes([v[4], v[5], v[6], v[7]]);
+    Ok((on != 0).then_some(if secs < 0 { i32::MAX } else { secs }))
+}
+
+pub(crate) fn encode_linger(l: Option<i32>) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..4].copy_from_slice(&(l.is_some() as i32).to_ne_bytes());
+    v[4..].copy_from_slice(&l.unwrap_or(0).to_ne_bytes());
+    v
+}
+
+/// The guest broke a ring's rules.
+#[derive(Debug)]
+pub(crate) struct Corrupt;
+
+pub(crate) struct HostSocket {
+    pub(crate) handle: u32,
+    pub(crate) kind: Kind,
+    pub(crate) family: u16,
+    pub(crate) fd: Option<OwnedFd>,
+    pub(crate) phase: Phase,
+    pub(crate) tx: RingPos,
+    pub(crate) rx: RingPos,
+    /// Flags as last published to the entry.
+    pub(crate) flags: u32,
+    pub(crate) readable: bool,
+    pub(crate) writable: bool,
+    pub(crate) rdhup: bool,
+    pub(crate) shut_wr_pending: bool,
+    /// Some(deadline): the guest closed it; the host drains tx and resets the
+    /// connection if the deadline passes with bytes queued. Every drained byte moves
+    /// the deadline DRAIN_STALL ahead.
+    pub(crate) closing: Option<Instant>,
+    /// The guest's SO_LINGER (emulated: the host socket's own is canald's, see
+    /// `sys::set_abortive_close`): None off, Some(seconds) on. Some(0) makes close
+    /// reset the connection.
+    pub(crate) linger: Option<i32>,
+    pub(crate) dirty: bool,
+    pub(crate) tx_bytes: u64,
+    pub(crate) rx_bytes: u64,
+    /// Listener: (record end index, handle) of ACCEPT records the guest has not
+    /// consumed yet. Their sockets are freed with the listener.
+    pub(crate) unclaimed: std::collections::VecDeque<(u64, u32)>,
+    /// A datagram received but not yet fitting in the rx ring.
+    pub(crate) pending_dgram: Option<(Vec<u8>, Option<CanalAddr>)>,
+    /// Short-circuited to another canal socket through a pair segment (§8).
+    pub(crate) seg: Option<SegLink>,
+    /// Its local address was seen bound (virtual RSS placement done once for it).
+    pub(crate) named: bool,
+    /// Listener served away from its guest's home: connections accepted and sent to
+    /// the home for their entries, whose ACCEPT records are not written yet.
+    pub(crate) accepting: u32,
+}
+
+impl HostSocket {
+    pub(crate) fn index(&self) -> u32 {
+        canal_abi::handle_index(self.handle)
+    }
+    pub(crate) fn generation(&self) -> u16 {
+        canal_abi::handle_generation(self.handle) as u16
+    }
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.is_some()
+    }
+    pub(crate) fn local(&self) -> Option<CanalAddr> {
+        if let Some(l) = &self.seg {
+            return Some(l.local);
+        }
+        self.fd.as_ref().and_then(|f| sys::sockname(f).ok())
+    }
+    pub(crate) fn peer(&self) -> Option<CanalAddr> {
+        if let Some(l) = &self.seg {
+            return Some(l.peer);
+        }
+        self.fd.as_ref().and_then(|f| sys::peername(f).ok())
+    }
+}
+
+pub(crate) fn fd_of(s: &HostSocket) -> Result<&OwnedFd, i32> {
+    s.fd.as_ref().ok_or(match s.phase {
+        Phase::Broken => errno::EIO,
+        _ => errno::EBADF,
+    })
+}
+
+/// What one accept on a listener's host socket gave.
+pub(crate) enum Accepted {
+    Conn(OwnedFd, Option<CanalAddr>),
+    /// A connection that died in the queue, or a signal: accept again.
+    Again,
+    /// Nothing queued (the listener is no longer readable), out of host descriptors
+    /// (it stays readable) or no host socket: retried on a later round.
+    Later,
+}
+
+/// Accepts one connection on listener `s`'s host socket.
+pub(crate) fn accept_one(s: &mut HostSocket) -> Accepted {
+    let Some(fd) = &s.fd else {
+        return Accepted::Later;
+    };
+    match sys::accept_inet(fd) {
+        Ok(Some((c, p))) => Accepted::Conn(c, p),
+        Ok(None) => {
+            s.readable = false;
+            Accepted::Later
+        }
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO) => Accepted::Again,
+            _ => Accepted::Later,
+        },
+    }
+}
+
+/// One end of a short-circuited connection, as canald keeps it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SegLink {
+    pub(crate) id: u32,
+    /// segment::side::*
+    pub(crate) side: u32,
+    /// The other end: its guest's control-connection key and its handle.
+    pub(crate) peer_conn: u32,
+    pub(crate) peer_handle: u32,
+    /// Addresses reported by getsockname/getpeername.
+    pub(crate) local: CanalAddr,
+    pub(crate) peer: CanalAddr,
+    /// This end shut down its sending side (SHUTDOWN SHUT_WR / SHUT_RDWR).
+    pub(crate) shut_wr: bool,
+}

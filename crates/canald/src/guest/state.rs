@@ -1,0 +1,261 @@
+//! The `Guest` itself: what one guest owns (region, request queue consumer, host
+//! sockets, wake-up state), how it is made, and its lifecycle (departure, close-all).
+
+use crate::alloc::DataAlloc;
+use crate::guest::addr_view::GuestView;
+use crate::guest::config::GuestConfig;
+use crate::guest::config::DGRAM_MAX;
+use crate::guest::config::DRAIN_STALL;
+use crate::guest::shared::SharedRef as ShortcutRef;
+use crate::guest::socket::HostSocket;
+use crate::guest::wake::DoorbellStats;
+use crate::guest::wake::Ports;
+use crate::guest::wake::RoundStats;
+use crate::guest::wake::WakeState;
+use crate::sys::{self, Epoll};
+use canal_abi::sync::Ordering;
+use canal_abi::Region;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub(crate) struct Guest {
+    pub(crate) id: u32,
+    pub(crate) pid: u32,
+    pub(crate) comm: String,
+    /// Control-connection key (epoll tokens).
+    pub(crate) conn: u32,
+    pub(crate) region: Region,
+    pub(crate) cfg: GuestConfig,
+    pub(crate) queue: canal_abi::queue::QueueConsumer,
+    /// Per-slot wake-up eventfds registered with PORT.
+    pub(crate) ports: Ports,
+    pub(crate) sockets: Vec<Option<HostSocket>>,
+    /// Next generation per entry index (1..=0xffff; handles are never 0).
+    pub(crate) generations: Vec<u16>,
+    pub(crate) alloc: DataAlloc,
+    pub(crate) dirty: Vec<u32>,
+    pub(crate) changed: Vec<u32>,
+    pub(crate) changed_mark: Vec<u64>,
+    pub(crate) scratch: Vec<u8>,
+    /// Some(when): the guest's control connection closed.
+    pub(crate) gone: Option<Instant>,
+    /// Eventfd wake-ups written to this guest's slots, and those deferred.
+    pub(crate) wakes: u64,
+    pub(crate) deferred_wakes: u64,
+    /// Guest-side coalescing window T_v (0: off), set by the poller each round.
+    pub(crate) wake_window: Duration,
+    /// When this guest last did work (the poller counts active guests).
+    pub(crate) last_active: Option<Instant>,
+    /// A VM served with ivshmem doorbells (protocol §9.5): its counters.
+    pub(crate) doorbell: Option<DoorbellStats>,
+    pub(crate) wake: WakeState,
+    /// Deficit round robin: bytes this guest may still receive / transmit.
+    pub(crate) rx_deficit: i64,
+    pub(crate) tx_deficit: i64,
+    /// Set when a socket stopped for lack of budget (it stays dirty).
+    pub(crate) out_of_budget: bool,
+    /// Set when this guest may short-circuit connections (§8).
+    pub(crate) sc: Option<ShortcutRef>,
+    /// No closing socket has a deadline before this (a lower bound; None: none).
+    pub(crate) earliest_close: Option<Instant>,
+    /// Sockets this instance owns, one bit per entry index: it takes only their
+    /// attention bits (virtual RSS: other workers own the rest).
+    pub(crate) owned: Vec<u64>,
+    /// Virtual RSS state (None: every socket of the guest stays here).
+    pub(crate) vr: Option<Box<crate::guest::shared::State>>,
+    // The mapping must outlive every use of `region`; it is dropped last.
+    pub(crate) map: Arc<sys::Mapping>,
+}
+
+impl Guest {
+    /// Creates a guest with a fresh region. Returns the guest and the region memfd.
+    pub(crate) fn new(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+    ) -> io::Result<(Guest, OwnedFd)> {
+        Guest::with_features(
+            id,
+            conn,
+            pid,
+            comm,
+            cfg,
+            canal_abi::feature::ALL_V1 | canal_abi::feature::WATCH,
+        )
+    }
+
+    /// As `new`, with the region's feature bits chosen by the caller (SHORTCUT for a
+    /// guest that announced it).
+    pub(crate) fn with_features(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        features: u64,
+    ) -> io::Result<(Guest, OwnedFd)> {
+        let (memfd, map, region) = sys::Mapping::create_region(cfg.layout, id, features)?;
+        Ok((
+            Guest::with_region(id, conn, pid, comm, cfg, map, region),
+            memfd,
+        ))
+    }
+
+    /// A guest on a region already created and mapped (`map` holds `region`).
+    pub(crate) fn with_region(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        map: sys::Mapping,
+        region: Region,
+    ) -> Guest {
+        Guest::from_parts(id, conn, pid, comm, cfg, Arc::new(map), region)
+    }
+
+    /// A guest instance over a shared mapping (a home, or a virtual-RSS shadow).
+    pub(crate) fn from_parts(
+        id: u32,
+        conn: u32,
+        pid: u32,
+        comm: String,
+        cfg: GuestConfig,
+        map: Arc<sys::Mapping>,
+        region: Region,
+    ) -> Guest {
+        let n = cfg.layout.socket_count as usize;
+        Guest {
+            id,
+            pid,
+            comm,
+            conn,
+            region,
+            queue: Default::default(),
+            ports: Arc::new(
+                (0..cfg.layout.slot_count)
+                    .map(|_| Mutex::new(None))
+                    .collect(),
+            ),
+            sockets: (0..n).map(|_| None).collect(),
+            generations: vec![1; n],
+            alloc: DataAlloc::new(cfg.layout.data_size),
+            dirty: Vec::new(),
+            changed: Vec::new(),
+            changed_mark: vec![0; n.div_ceil(64)],
+            scratch: vec![0; DGRAM_MAX],
+            gone: None,
+            wakes: 0,
+            deferred_wakes: 0,
+            wake_window: Duration::ZERO,
+            last_active: None,
+            doorbell: None,
+            wake: WakeState::new(cfg.layout.slot_count as usize),
+            rx_deficit: 0,
+            tx_deficit: 0,
+            out_of_budget: false,
+            sc: None,
+            earliest_close: None,
+            owned: vec![0; n.div_ceil(64)],
+            vr: None,
+            cfg,
+            map,
+        }
+    }
+
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// A VM guest (ivshmem region).
+    pub(crate) fn is_vm(&self) -> bool {
+        self.cfg.vm.is_some()
+    }
+
+    /// Whether the poller must bound its sleep for this guest (protocol §9.4): a live
+    /// VM guest without doorbells, or a doorbell VM with a process that cannot ring.
+    pub(crate) fn needs_bounded_sleep(&self) -> bool {
+        self.is_vm()
+            && self.gone.is_none()
+            && (self.doorbell.is_none_or(|d| !d.attached)
+                || self.region.header().backoff_kickers.load(Ordering::Relaxed) != 0)
+    }
+
+    /// The region's mapping (tests and fuzzing write guest bytes through it).
+    pub(crate) fn mapping(&self) -> &sys::Mapping {
+        &self.map
+    }
+
+    pub(crate) fn region_size(&self) -> u64 {
+        self.cfg.layout.region_size
+    }
+
+    pub(crate) fn view(&self) -> GuestView {
+        GuestView {
+            loopback_only: self.cfg.loopback_only,
+            vm: self.cfg.vm.clone(),
+        }
+    }
+
+    /// No entry is free here (held, or served by another worker).
+    pub(crate) fn table_full(&self) -> bool {
+        (0..self.sockets.len()).all(|i| self.sockets[i].is_some() || self.is_away(i as u32))
+    }
+
+    pub(crate) fn sockets(&self) -> impl Iterator<Item = &HostSocket> {
+        self.sockets.iter().flatten()
+    }
+
+    pub(crate) fn socket_count(&self) -> usize {
+        self.sockets.iter().flatten().count()
+    }
+
+    /// Earliest drain deadline of a closing socket (possibly earlier than any still
+    /// pending: then the poller wakes once more than needed).
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.earliest_close
+    }
+
+    pub(crate) fn note_deadline(&mut self, d: Instant) {
+        self.earliest_close = Some(self.earliest_close.map_or(d, |e| e.min(d)));
+    }
+
+    /// The control connection closed: the guest is gone. Sockets with nothing queued
+    /// close now; the others drain their tx rings as long as the peer takes bytes.
+    pub(crate) fn depart(&mut self, ep: &Epoll, now: Instant) {
+        let deadline = now + DRAIN_STALL;
+        self.gone = Some(now);
+        self.mark_departed();
+        self.retry_accepts(ep); // answers every waiting accept: no entry
+        self.region.header().host_state.store(2, Ordering::Release);
+        for i in 0..self.sockets.len() {
+            if let Some(s) = &mut self.sockets[i] {
+                s.closing = Some(s.closing.map_or(deadline, |d| d.min(deadline)));
+                s.shut_wr_pending = false;
+                self.mark_dirty(i as u32);
+                self.note_deadline(deadline);
+            }
+        }
+        self.service_dirty(ep, now, &mut RoundStats::default());
+    }
+
+    /// Whether a departed guest has finished (no sockets left).
+    pub(crate) fn finished(&self) -> bool {
+        self.gone.is_some() && self.sockets.iter().all(|s| s.is_none()) && !self.any_away()
+    }
+
+    /// Closes every host socket at once (daemon exit, or a departed guest whose drain
+    /// time ran out).
+    pub(crate) fn close_all(&mut self, ep: &Epoll) {
+        for i in 0..self.sockets.len() {
+            if self.sockets[i].is_some() {
+                self.free_socket(ep, i as u32);
+            }
+        }
+        self.region.header().host_state.store(2, Ordering::Release);
+    }
+}

@@ -1,0 +1,357 @@
+//! The stream pump: guest tx ring to the host socket, host socket to the rx ring.
+use crate::guest::addr_view::translate_host_addr;
+use crate::guest::config::DRAIN_STALL;
+use crate::guest::config::MIN_RING;
+use crate::guest::socket::accept_one;
+use crate::guest::socket::Accepted;
+use crate::guest::socket::Corrupt;
+use crate::guest::socket::Kind;
+use crate::guest::socket::Phase;
+use crate::guest::state::Guest;
+use crate::guest::wake::RoundStats;
+use crate::sys;
+use crate::sys::Epoll;
+use canal_abi::sock_flag;
+use canal_abi::sync::fence;
+use canal_abi::sync::Ordering;
+use std::time::Instant;
+
+impl Guest {
+    /// Bytes the guest has queued on tx, checked: head - tail ≤ size and the guest's
+    /// head never moves backwards.
+    pub(crate) fn tx_avail(&mut self, index: u32) -> Result<u64, Corrupt> {
+        let head = self.entry(index).tx_head.load(Ordering::Acquire); // R3
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        let used = head.wrapping_sub(s.tx.idx);
+        let before = s.tx.seen.wrapping_sub(s.tx.idx);
+        if used > s.tx.size || used < before {
+            return Err(Corrupt);
+        }
+        s.tx.seen = head;
+        Ok(used)
+    }
+
+    /// Free rx space, checked: the guest's tail lies between its last value and our head.
+    pub(crate) fn rx_free(&mut self, index: u32) -> Result<u64, Corrupt> {
+        let tail = self.entry(index).rx_tail.load(Ordering::Acquire); // R1
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        let adv = tail.wrapping_sub(s.rx.seen);
+        let unread = s.rx.idx.wrapping_sub(s.rx.seen);
+        if adv > unread {
+            return Err(Corrupt);
+        }
+        s.rx.seen = tail;
+        Ok(s.rx.size - s.rx.idx.wrapping_sub(tail))
+    }
+
+    pub(crate) fn publish_tx_tail(&mut self, index: u32, n: u64) {
+        let s = self.sockets[index as usize].as_mut().expect("live socket");
+        let old = s.tx.idx;
+        let size = s.tx.size;
+        s.tx.idx = s.tx.idx.wrapping_add(n);
+        s.tx_bytes = s.tx_bytes.wrapping_add(n);
+        if s.closing.is_some() && n > 0 {
+            // A closed socket whose peer still takes bytes keeps draining.
+            s.closing = Some(Instant::now() + DRAIN_STALL);
+        }
+        let t = s.tx.idx;
+        // R4: our reads of the bytes are done before the guest may reuse the space.
+        self.entry(index).tx_tail.store(t, Ordering::Release);
+        // A drain changes a stream's readiness only if the guest may have found the
+        // ring full (POLLOUT is "tx_free > 0"; a blocked send waits for exactly that):
+        // the kernel's write-space wake-up likewise needs SOCK_NOSPACE. Otherwise it is
+        // no event, so a thread sleeping for the reply is not woken by its own request
+        // leaving (protocol §6). Same fence pairing as the sleep words: we store the
+        // tail, fence, read the head; a guest that stores its head, fences and re-reads
+        // the tail either sees our tail or we see its head at `old + size`.
+        fence(Ordering::SeqCst);
+        let head = self.entry(index).tx_head.load(Ordering::Relaxed);
+        if head.wrapping_sub(old) >= size {
+            self.mark_changed(index);
+        }
+    }
+
+    pub(crate) fn publish_rx_head(&mut self, index: u32, new_head: u64, payload: u64) {
+        let s = self.sockets[index as usize].as_mut().expect("live socket");
+        s.rx.idx = new_head;
+        s.rx_bytes = s.rx_bytes.wrapping_add(payload);
+        // R2: the bytes are written before the guest sees the new head.
+        self.entry(index).rx_head.store(new_head, Ordering::Release);
+        self.mark_changed(index);
+    }
+
+    /// Discards whatever the guest queued on tx (after a reset or EPIPE).
+    pub(crate) fn discard_tx(&mut self, index: u32) -> Result<(), Corrupt> {
+        let n = self.tx_avail(index)?;
+        if n > 0 {
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            s.tx.idx = s.tx.idx.wrapping_add(n);
+            let t = s.tx.idx;
+            self.entry(index).tx_tail.store(t, Ordering::Release);
+            self.mark_changed(index);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn reset(&mut self, index: u32, err: i32) -> Result<(), Corrupt> {
+        if let Some(s) = self.sockets[index as usize].as_mut() {
+            s.phase = Phase::Failed;
+            s.readable = false;
+            s.writable = false;
+        }
+        self.set_error(
+            index,
+            err,
+            sock_flag::RX_EOF | sock_flag::TX_CLOSED | sock_flag::HUP,
+            sock_flag::RX_WANT_SPACE | sock_flag::CONNECTING,
+        );
+        self.discard_tx(index)
+    }
+
+    pub(crate) fn service_stream(
+        &mut self,
+        index: u32,
+        st: &mut RoundStats,
+    ) -> Result<(), Corrupt> {
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if s.phase == Phase::Connecting {
+            if !s.writable && !s.readable {
+                return Ok(());
+            }
+            let Some(fd) = &s.fd else { return Ok(()) };
+            match sys::so_error(fd) {
+                // No error yet: connected only if the peer name is known (a stale event
+                // may arrive while the handshake is still under way).
+                0 if sys::peername(fd).is_err() => {
+                    s.readable = false;
+                    s.writable = false;
+                    return Ok(());
+                }
+                0 => {
+                    // The writable edge that completed the connect is consumed here.
+                    s.phase = Phase::Connected;
+                    s.writable = true;
+                    s.readable = true;
+                    self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+                }
+                e if e == libc::EINPROGRESS || e == libc::EALREADY => return Ok(()),
+                e => {
+                    s.phase = Phase::Failed;
+                    self.set_error(index, e, sock_flag::HUP, sock_flag::CONNECTING);
+                    return Ok(());
+                }
+            }
+        }
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if s.phase == Phase::Failed {
+            return self.discard_tx(index);
+        }
+        if s.phase != Phase::Connected {
+            return Ok(());
+        }
+        // Receive work first, then transmit work (the channel scheduler's classes).
+        self.fill_stream_rx(index, st)?;
+        self.flush_stream_tx(index, st)?;
+        Ok(())
+    }
+
+    pub(crate) fn flush_stream_tx(
+        &mut self,
+        index: u32,
+        st: &mut RoundStats,
+    ) -> Result<(), Corrupt> {
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if s.flags & sock_flag::TX_CLOSED != 0 {
+                return self.discard_tx(index);
+            }
+            if !s.writable {
+                return Ok(());
+            }
+            let queued = self.tx_avail(index)?;
+            if queued > 0 && self.gone.is_none() && self.tx_deficit <= 0 {
+                self.out_of_budget = true;
+                return Ok(());
+            }
+            let avail = queued.min(self.call_limit(self.tx_deficit));
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            if avail == 0 {
+                if s.shut_wr_pending {
+                    s.shut_wr_pending = false;
+                    if let Some(fd) = &s.fd {
+                        let _ = sys::shutdown(fd, libc::SHUT_WR);
+                    }
+                    self.set_flags(index, sock_flag::TX_CLOSED, 0);
+                }
+                return Ok(());
+            }
+            let ring = self.region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
+            let Some(fd) = &s.fd else { return Ok(()) };
+            match sys::writev_ring(fd, &ring, s.tx.idx, avail) {
+                Ok(n) => {
+                    st.bytes += n as u64;
+                    self.tx_deficit -= n as i64;
+                    self.publish_tx_tail(index, n as u64);
+                    if (n as u64) < avail {
+                        continue; // the next call tells EAGAIN or takes more
+                    }
+                    // Everything queued went out: look once more for new bytes.
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) => s.writable = false,
+                    Some(libc::EINTR) => {}
+                    Some(libc::EPIPE) => {
+                        self.set_flags(index, sock_flag::TX_CLOSED, 0);
+                    }
+                    Some(libc::ECONNRESET) => return self.reset(index, libc::ECONNRESET),
+                    _ => return self.reset(index, sys::errno_of(&e)),
+                },
+            }
+        }
+    }
+
+    pub(crate) fn fill_stream_rx(
+        &mut self,
+        index: u32,
+        st: &mut RoundStats,
+    ) -> Result<(), Corrupt> {
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if !s.readable || s.flags & sock_flag::RX_EOF != 0 {
+                return Ok(());
+            }
+            let free = self.want_rx_space(index, 1)?;
+            if free == 0 {
+                return Ok(());
+            }
+            if self.gone.is_none() && self.rx_deficit <= 0 {
+                self.out_of_budget = true;
+                return Ok(());
+            }
+            let limit = self.call_limit(self.rx_deficit);
+            let free = free.min(limit);
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
+            let Some(fd) = &s.fd else { return Ok(()) };
+            match sys::readv_ring(fd, &ring, s.rx.idx, free) {
+                Ok(0) => {
+                    s.readable = false;
+                    self.set_flags(index, sock_flag::RX_EOF, 0);
+                    return Ok(());
+                }
+                Ok(n) => {
+                    // A read cut short by our own limit says nothing about the queue.
+                    let drained = (n as u64) < free && free < limit && !s.rdhup;
+                    if drained {
+                        // epoll(7): a short read on a stream means the queue is empty;
+                        // a new edge comes with new data (or the FIN, with RDHUP).
+                        s.readable = false;
+                    }
+                    let head = s.rx.idx.wrapping_add(n as u64);
+                    st.bytes += n as u64;
+                    self.rx_deficit -= n as i64;
+                    self.publish_rx_head(index, head, n as u64);
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) => {
+                        s.readable = false;
+                        return Ok(());
+                    }
+                    Some(libc::EINTR) => {}
+                    Some(libc::ECONNRESET) => return self.reset(index, libc::ECONNRESET),
+                    _ => return self.reset(index, sys::errno_of(&e)),
+                },
+            }
+        }
+    }
+
+    /// Largest byte count for one host call: the `--no-batch` chunk, and no more than
+    /// the guest's remaining deficit (at least one byte: the caller checked > 0).
+    pub(crate) fn call_limit(&self, deficit: i64) -> u64 {
+        let d = if self.gone.is_some() {
+            u64::MAX
+        } else {
+            deficit.max(1) as u64
+        };
+        self.cfg.chunk.min(d).max(1)
+    }
+
+    /// Free rx space, at least `need` bytes, or 0 after setting RX_WANT_SPACE (with the
+    /// §6-style re-check, so a guest that freed space meanwhile is not missed).
+    pub(crate) fn want_rx_space(&mut self, index: u32, need: u64) -> Result<u64, Corrupt> {
+        let free = self.rx_free(index)?;
+        let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+        if free >= need {
+            if s.flags & sock_flag::RX_WANT_SPACE != 0 {
+                self.set_flags(index, 0, sock_flag::RX_WANT_SPACE);
+            }
+            return Ok(free);
+        }
+        if s.flags & sock_flag::RX_WANT_SPACE == 0 {
+            self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
+        }
+        // Dekker with the guest: we store the flag, fence, re-read its tail; the guest
+        // stores its tail, fences, reads the flag (then raises attention).
+        fence(Ordering::SeqCst);
+        let free = self.rx_free(index)?;
+        if free >= need {
+            self.set_flags(index, 0, sock_flag::RX_WANT_SPACE);
+            return Ok(free);
+        }
+        Ok(0)
+    }
+
+    pub(crate) fn service_listener(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
+        if self.is_shadow() {
+            return self.accept_away(index); // the home allocates the entries
+        }
+        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        loop {
+            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
+            if !s.readable || s.closing.is_some() {
+                return Ok(());
+            }
+            // Room for the record even if padding is needed first.
+            let free = self.want_rx_space(index, 2 * need)?;
+            self.drop_claimed(index);
+            if free == 0 {
+                return Ok(());
+            }
+            if self.table_full() || self.alloc.free_bytes() < 2 * MIN_RING {
+                return Ok(()); // retried when an entry is freed
+            }
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let family = s.family;
+            let (conn, peer) = match accept_one(s) {
+                Accepted::Conn(c, p) => (c, p),
+                Accepted::Again => continue,
+                Accepted::Later => return Ok(()),
+            };
+            let peer = peer.unwrap_or_default();
+            let peer = translate_host_addr(&self.view(), &peer);
+            let handle = match self.install(ep, conn, Kind::Stream, family, Phase::Connected) {
+                Ok(h) => h,
+                Err(_) => continue, // the connection is dropped (closed)
+            };
+            let new_index = canal_abi::handle_index(handle);
+            if let Some(Some(ns)) = self.sockets.get_mut(new_index as usize) {
+                ns.writable = true;
+                ns.readable = true;
+            }
+            self.mark_dirty(new_index);
+            // Owner chosen (and written to the entry) before the handle is published.
+            let host_peer = self.sockets[new_index as usize]
+                .as_ref()
+                .and_then(|s| s.peer());
+            if let Some(hp) = host_peer {
+                self.place(ep, new_index, Some(&hp));
+            }
+            if !self.push_accept(index, handle, &peer)? {
+                // We checked the space; only a guest moving its tail backwards (caught
+                // on the next check) gets here. Drop the connection.
+                self.release(ep, new_index, handle);
+                return Err(Corrupt);
+            }
+        }
+    }
+}

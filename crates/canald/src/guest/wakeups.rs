@@ -1,0 +1,191 @@
+//! Waking a guest's sleeping threads: ports, deferred wakes, attention bits.
+use crate::guest::state::Guest;
+use crate::sys;
+use canal_abi::errno;
+use canal_abi::sleep_kind;
+use canal_abi::sync::fence;
+use canal_abi::sync::Ordering;
+use canal_abi::WAIT_ANY;
+use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+impl Guest {
+    /// Stores the wake-up eventfd of `slot` (PORT). The fd must be an eventfd; it is
+    /// made non-blocking so a wake-up can never block the poller.
+    pub(crate) fn set_port(&mut self, slot: u32, fd: OwnedFd) -> Result<(), i32> {
+        let p = self.ports.get(slot as usize).ok_or(errno::EINVAL)?;
+        if !sys::is_eventfd(&fd) {
+            return Err(errno::EINVAL);
+        }
+        sys::set_nonblocking(&fd).map_err(|e| sys::errno_of(&e))?;
+        *p.lock().unwrap_or_else(|e| e.into_inner()) = Some(fd);
+        Ok(())
+    }
+
+    pub(crate) fn mark_dirty(&mut self, index: u32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            if !s.dirty {
+                s.dirty = true;
+                self.dirty.push(index);
+            }
+        }
+    }
+
+    pub(crate) fn mark_changed(&mut self, index: u32) {
+        self.mark_to_wake(index);
+        if let Some(e) = self.region.socket(index) {
+            e.event_seq.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Wakes the socket's event sleepers at the round's end without counting an event
+    /// (its `event_seq` stays: an edge-triggered epoll reports nothing new).
+    pub(crate) fn mark_to_wake(&mut self, index: u32) {
+        let (w, b) = ((index / 64) as usize, index % 64);
+        if let Some(word) = self.changed_mark.get_mut(w) {
+            if *word & (1 << b) == 0 {
+                *word |= 1 << b;
+                self.changed.push(index);
+            }
+        }
+    }
+
+    pub(crate) fn set_host_sleeping(&self, v: u32) {
+        let h = self.region.header();
+        if let Some(vr) = &self.vr {
+            if let Some(word) = h.worker_sleeping.get(vr.me as usize) {
+                word.store(v, Ordering::Relaxed);
+            }
+            if vr.is_shadow() {
+                return; // the request doorbell's word belongs to the home worker
+            }
+        }
+        h.host_sleeping.store(v, Ordering::Relaxed);
+    }
+
+    pub(crate) fn has_port(&self, slot: u32) -> bool {
+        self.ports
+            .get(slot as usize)
+            .is_some_and(|p| p.lock().unwrap_or_else(|e| e.into_inner()).is_some())
+    }
+
+    /// Writes slot `slot`'s wake-up eventfd; false if it has none.
+    pub(crate) fn signal_port(&self, slot: u32) -> bool {
+        let Some(p) = self.ports.get(slot as usize) else {
+            return false;
+        };
+        match &*p.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(fd) => {
+                let _ = sys::eventfd_write(fd.as_raw_fd());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wakes a sleeping slot, at most one wake-up round per `wake_window` per guest
+    /// (later ones are deferred to the window's end, see `flush_deferred_wakes`).
+    pub(crate) fn wake_slot(&mut self, slot: u32) {
+        if !self.has_port(slot) {
+            return;
+        }
+        if !self.wake.may_wake(self.wake_window) {
+            if self.wake.defer(slot) {
+                self.deferred_wakes += 1;
+            }
+            return;
+        }
+        if self.wake.mark.get(slot as usize) == Some(&true) {
+            return; // already deferred: this round's flush wakes it (once)
+        }
+        if self.signal_port(slot) {
+            self.wakes += 1;
+            self.wake.woke_now();
+        }
+    }
+
+    /// Once the window is over, wakes the deferred slots that still sleep (§6: a slot
+    /// that went to sleep after our change re-checked and saw it; one still asleep
+    /// needs the wake-up; a spurious one costs it a look).
+    pub(crate) fn flush_deferred_wakes(&mut self, _now: Instant) {
+        if self.wake.deferred.is_empty() || !self.wake.may_wake(self.wake_window) {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        let list = std::mem::take(&mut self.wake.deferred);
+        for &i in &list {
+            if let Some(m) = self.wake.mark.get_mut(i as usize) {
+                *m = false;
+            }
+            let asleep = self
+                .region
+                .slot(i)
+                .is_some_and(|s| s.sleep.load(Ordering::Relaxed) != sleep_kind::AWAKE);
+            if asleep && self.signal_port(i) {
+                self.wakes += 1;
+            }
+        }
+        let mut list = list;
+        list.clear();
+        self.wake.deferred = list;
+        self.wake.woke_now();
+    }
+
+    pub(crate) fn serve_attention(&mut self) {
+        let region = self.region;
+        for (w, word) in region.attention().iter().enumerate() {
+            // Only the bits of sockets this instance owns (virtual RSS: the others
+            // belong to other workers and stay set for them).
+            let mask = self.owned.get(w).copied().unwrap_or(0);
+            if word.load(Ordering::Relaxed) & mask == 0 {
+                continue;
+            }
+            // A2: Acquire pairs with the guest's Release fetch_or (A1).
+            let mut bits = word.fetch_and(!mask, Ordering::Acquire) & mask;
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                self.mark_dirty(w as u32 * 64 + b);
+            }
+        }
+    }
+
+    pub(crate) fn wake_event_sleepers(&mut self) {
+        if self.changed.is_empty() {
+            return;
+        }
+        self.last_active = Some(self.wake.now);
+        let h = self.region.header();
+        h.event_seq.fetch_add(1, Ordering::Release);
+        // §6: we stored indices/flags/event_seq, fence, then read the sleep words; the
+        // guest stores sleep, fences, re-checks readiness.
+        fence(Ordering::SeqCst);
+        if h.event_waiters.load(Ordering::Relaxed) > 0 {
+            for i in 0..self.cfg.layout.slot_count {
+                let Some(slot) = self.region.slot(i) else {
+                    break;
+                };
+                if slot.sleep.load(Ordering::Relaxed) != sleep_kind::EVENTS {
+                    continue;
+                }
+                let ws = slot.wait_socket.load(Ordering::Relaxed);
+                let hit = ws == WAIT_ANY
+                    || self
+                        .changed_mark
+                        .get((ws / 64) as usize)
+                        .is_some_and(|w| w & (1 << (ws % 64)) != 0);
+                if hit {
+                    self.wake_slot(i);
+                }
+            }
+        }
+        for i in self.changed.drain(..) {
+            if let Some(w) = self.changed_mark.get_mut((i / 64) as usize) {
+                *w = 0;
+            }
+        }
+    }
+
+    // ---- requests -------------------------------------------------------------
+}
