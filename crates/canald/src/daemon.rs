@@ -6,8 +6,9 @@
 //! a poller serves its guests (channel scheduler: requests, then receive, then
 //! transmit work), then, after its adaptive spin budget, sleeps per protocol §6.
 #![forbid(unsafe_code)]
+use crate::config::Config;
 
-use crate::engine::{self, CoalesceCfg, NotifyMode};
+use crate::engine::{self, NotifyMode};
 use crate::guest::config::GuestConfig;
 use crate::guest::shared::Shared as ShortcutShared;
 use crate::guest::shared::SharedRef as ShortcutRef;
@@ -17,142 +18,13 @@ use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
 use crate::worker::{Poller, Worker};
 use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX, HELLO_BODY, HELLO_OK_BODY};
-use canal_abi::{errno, Layout};
+use canal_abi::errno;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub(crate) socket: PathBuf,
-    /// Exit after this long without guests (None: never).
-    pub(crate) idle_exit: Option<Duration>,
-    pub(crate) slots: u32,
-    pub(crate) sockets: u32,
-    pub(crate) data_mib: u64,
-    /// `--ring-kib`; None: DEFAULT_RING_KIB, shrunk to fit a small `--data-mib`.
-    pub(crate) ring_kib: Option<u64>,
-    /// Empty rounds before the poller sleeps; None: calibrated at start so the
-    /// poller spins about SPIN_TARGET.
-    pub(crate) spin: Option<u32>,
-    /// Requests per guest per round.
-    pub(crate) budget: usize,
-    /// Policy: guests may only bind/connect/send to loopback addresses.
-    pub(crate) loopback_only: bool,
-    /// Short-circuit connections between canal guests (§8). Off with `--no-shortcut`
-    /// or a non-empty `CANAL_NO_SHORTCUT` in canald's environment.
-    pub(crate) shortcut: bool,
-    /// Each ring of a pair segment, in KiB (rounded up to a power of two, ≥ 64).
-    pub(crate) shortcut_ring_kib: u64,
-    /// `--zones on|off`: pair segments carry buffer zones for sends larger than the
-    /// ring's free space (protocol §10). Off by default (docs/bench/README.md, B8);
-    /// `CANAL_ZONES=on` in canald's environment turns them on (test suites).
-    pub(crate) zones: bool,
-    pub(crate) verbose: bool,
-    /// How the poller waits (`--notify`).
-    pub(crate) notify: NotifyMode,
-    /// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
-    pub(crate) coalesce: CoalesceCfg,
-    /// `--no-batch`: each host call moves at most one guest send's worth.
-    pub(crate) no_batch: bool,
-    /// Per-guest per-round byte quanta (receive, transmit).
-    pub(crate) rx_quantum: u64,
-    pub(crate) tx_quantum: u64,
-    /// Pollers (`--workers`), and the CPUs to pin them to (`--pin`; empty: none).
-    pub(crate) workers: usize,
-    pub(crate) pin: Vec<usize>,
-}
-
-/// Default pollers: one on small machines (≤ 2 cores: guests need the other core),
-/// else one per four cores, at most four.
-pub(crate) fn default_workers() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores <= 2 {
-        1
-    } else {
-        (cores / 4).clamp(1, 4)
-    }
-}
-
-/// A socket's tx and rx rings, each (`--ring-kib`): while the data area has room. A
-/// 64 KiB guest→native stream moved 1.58× the bytes with 1 MiB rings than with 256 KiB
-/// (fewer ring-full waits and wake-ups; docs/bench/rings); sockets beyond what the area
-/// holds at this size get smaller rings (`Guest::alloc_rings`).
-pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
-
-/// What `--no-batch` allows per host call on a stream: one typical guest send.
-pub(crate) const NO_BATCH_CHUNK: u64 = 4096;
-/// The worst-case added wake-up delay of the two-layer coalescing when `--coalesce`
-/// turns it on without `--t-worst-us`.
-pub(crate) const DEFAULT_T_WORST: Duration = Duration::from_micros(50);
-
-impl Config {
-    pub(crate) fn new(socket: PathBuf) -> Config {
-        Config {
-            socket,
-            idle_exit: None,
-            slots: 256,
-            sockets: 1024,
-            data_mib: 256,
-            ring_kib: None,
-            spin: None,
-            budget: 16,
-            loopback_only: false,
-            shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
-            shortcut_ring_kib: 1024,
-            zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
-            verbose: false,
-            notify: NotifyMode::Hybrid,
-            // Off unless asked for: on this design a woken guest spins through the
-            // events that follow, so deferring wake-ups only added latency in every
-            // workload measured (docs/bench/coalescing).
-            coalesce: CoalesceCfg::Off,
-            no_batch: false,
-            rx_quantum: 256 << 10,
-            tx_quantum: 1 << 20,
-            workers: default_workers(),
-            pin: Vec::new(),
-        }
-    }
-
-    pub(crate) fn guest_config(&self) -> Result<GuestConfig, String> {
-        let data = self
-            .data_mib
-            .checked_mul(1 << 20)
-            .ok_or("--data-mib too large")?;
-        let layout = Layout::new(self.slots, self.sockets, data).ok_or_else(|| {
-            format!(
-                "bad region size: --slots must be a power of two <= {}, --sockets 1..={}, \
-                 --data-mib >= 1",
-                canal_abi::MAX_SLOTS,
-                canal_abi::MAX_SOCKETS
-            )
-        })?;
-        let mut ring =
-            (self.ring_kib.unwrap_or(DEFAULT_RING_KIB).max(64) * 1024).next_power_of_two();
-        if self.ring_kib.is_none() {
-            ring = crate::guest::config::ring_for_four_sockets(ring, data);
-        }
-        if 2 * ring > data {
-            return Err("--ring-kib too large for --data-mib".into());
-        }
-        Ok(GuestConfig {
-            budget: self.budget.max(1),
-            loopback_only: self.loopback_only,
-            chunk: if self.no_batch {
-                NO_BATCH_CHUNK
-            } else {
-                u64::MAX
-            },
-            rx_quantum: self.rx_quantum.max(4096),
-            tx_quantum: self.tx_quantum.max(4096),
-            ..GuestConfig::with_layout(layout, ring)
-        })
-    }
-}
 
 struct Conn {
     fd: OwnedFd,

@@ -115,7 +115,7 @@ pub(crate) struct ConfigStat {
 }
 
 impl ConfigStat {
-    pub(crate) fn from_config(c: &crate::daemon::Config) -> Self {
+    pub(crate) fn from_config(c: &crate::config::Config) -> Self {
         use crate::engine::CoalesceCfg;
         let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let (coalesce, t_worst_us, split_us) = match c.coalesce {
@@ -480,7 +480,7 @@ mod tests {
 
     #[test]
     fn config_json() {
-        let mut c = crate::daemon::Config::new("/s".into());
+        let mut c = crate::config::Config::new("/s".into());
         c.no_batch = true;
         c.shortcut = false;
         c.workers = 1;

@@ -648,7 +648,9 @@ mod tests {
 
     #[test]
     fn layouts_fit_their_file() {
-        let base = crate::Config::new("/x".into()).guest_config().unwrap();
+        let base = crate::config::Config::new("/x".into())
+            .guest_config()
+            .unwrap();
         for mib in [1u64, 2, 16, 64, 256] {
             let c = vm_guest_config(&base, mib << 20, VmNet::default()).unwrap();
             assert!(c.layout.region_size <= mib << 20, "{mib} MiB");
@@ -664,7 +666,9 @@ mod tests {
     #[test]
     fn doorbell_region_and_its_ivshmem_server() {
         use canal_abi::control::vm_flag;
-        let base = crate::Config::new("/x".into()).guest_config().unwrap();
+        let base = crate::config::Config::new("/x".into())
+            .guest_config()
+            .unwrap();
         let dir = std::env::temp_dir().join(format!("canald-vmbell-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).unwrap();

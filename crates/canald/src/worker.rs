@@ -18,7 +18,7 @@
 //! briefly to add a guest, register a port, list, or mark a guest gone.
 #![forbid(unsafe_code)]
 
-use crate::daemon::Config;
+use crate::config::Config;
 use crate::engine::{NotifyMode, SpinBudget, Split, WorkerStats};
 use crate::guest::shared::Mailbox;
 use crate::guest::shared::SharedRef as ShortcutRef;
