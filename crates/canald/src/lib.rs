@@ -3,13 +3,16 @@
 //! ports, listing) and a shared-memory region each (requests, rings), as described in
 //! `docs/protocol.md`; guest memory is treated as hostile (`docs/threat-model.md`).
 //!
-//! Code map: `sys` (the only unsafe code: small syscall wrappers), `alloc` (data-area
-//! allocator), `request` (copy-then-validate of request slots), `guest` (one guest's
-//! sockets and its service round), `daemon` (control socket and the poller loop),
-//! `stat` (the listing), `vm` (VM guests: region files,
-//! address view), `fuzz` (the request consumer's fuzz entry point), `ctldir` (trust
-//! checks on the control directory and the daemon's uid), `fdbudget` (descriptor limit,
-//! per-guest socket cap, reserve descriptor).
+//! Code map (each file uses no file that uses it; `scripts/check-layout`): `sys` (the
+//! only unsafe code: small syscall wrappers), `alloc` (data-area allocator), `request`
+//! (copy-then-validate of request slots), `config` (`Config`, defaults, the command
+//! line), `cli` (the `canald` entry point), `guest/` (one guest: settings, address view,
+//! host sockets, wake-ups, operations, data pumps, service round, short-circuit, vRSS),
+//! `engine` (notification and coalescing), `worker` (pollers), `daemon` (control socket,
+//! guest registry, worker 0), `watch` (WATCH), `stat` (the listing), `vm` (VM guests:
+//! region files, lifetime), `ivshmem_server` (doorbell VMs), `fuzz` (the request
+//! consumer's fuzz entry point), `ctldir` (trust checks on the control directory and
+//! the daemon's uid), `fdbudget` (descriptor limit, per-guest socket cap, reserve).
 #![deny(unsafe_code)]
 
 pub mod alloc;
