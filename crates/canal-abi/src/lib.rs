@@ -18,6 +18,7 @@ pub mod region;
 pub mod ring;
 pub mod segment;
 pub mod sync;
+pub mod wait;
 pub mod zone;
 
 pub use addr::CanalAddr;

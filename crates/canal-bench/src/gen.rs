@@ -23,110 +23,78 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Net {
     Tcp,
     Unix,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     Rr,
     Stream,
     Idle,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Role {
     Server,
     Client,
 }
 
-#[derive(Clone, Debug)]
+/// canal-bench-gen: one end of a blocking-socket ping-pong (rr), one-way stream, or
+/// idle connection. The server serves one connection and exits when the client closes it.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "canal-bench-gen", version)]
 pub struct GenArgs {
+    /// Which end
+    #[arg(value_enum)]
     pub role: Role,
+    #[arg(long, value_enum, default_value = "tcp")]
     pub net: Net,
+    /// HOST:PORT for tcp, a filesystem path for unix
+    #[arg(long)]
     pub addr: String,
+    #[arg(long, value_enum, default_value = "rr")]
     pub mode: Mode,
+    /// Message size in bytes (1 .. 64 MiB)
+    #[arg(long, value_name = "BYTES", default_value_t = 64, value_parser = parse_size)]
     pub size: usize,
+    /// Client: run this many seconds
+    #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
+    /// Client: this many messages
+    #[arg(long, value_name = "N")]
     pub count: Option<u64>,
+    /// Client: round trips before measuring
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub warmup: u64,
+    /// Pin this process to CPU N
+    #[arg(long, value_name = "N")]
     pub cpu: Option<usize>,
+    /// Client: give up connecting after SECS
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub connect_timeout: f64,
 }
 
-pub const USAGE: &str = "usage: canal-bench-gen server|client --net tcp|unix --addr ADDR \
---mode rr|stream|idle --size BYTES [--duration SECS | --count N] [--warmup N] [--cpu N] \
-[--connect-timeout SECS]\n  ADDR is HOST:PORT for tcp, a filesystem path for unix.\n  \
-The server serves one connection and exits when the client closes it.";
-
-pub fn parse_args(args: &[String]) -> Result<GenArgs, String> {
-    let mut it = args.iter();
-    let role = match it.next().map(String::as_str) {
-        Some("server") => Role::Server,
-        Some("client") => Role::Client,
-        Some(o) => return Err(format!("unknown role '{o}'")),
-        None => return Err("missing role".into()),
-    };
-    let mut g = GenArgs {
-        role,
-        net: Net::Tcp,
-        addr: String::new(),
-        mode: Mode::Rr,
-        size: 64,
-        duration: None,
-        count: None,
-        warmup: 0,
-        cpu: None,
-        connect_timeout: 5.0,
-    };
-    while let Some(flag) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--net" => {
-                g.net = match val()?.as_str() {
-                    "tcp" => Net::Tcp,
-                    "unix" => Net::Unix,
-                    o => return Err(format!("unknown --net '{o}'")),
-                }
-            }
-            "--addr" => g.addr = val()?,
-            "--mode" => {
-                g.mode = match val()?.as_str() {
-                    "rr" => Mode::Rr,
-                    "stream" => Mode::Stream,
-                    "idle" => Mode::Idle,
-                    o => return Err(format!("unknown --mode '{o}'")),
-                }
-            }
-            "--size" => g.size = num(&val()?)?,
-            "--duration" => g.duration = Some(num(&val()?)?),
-            "--count" => g.count = Some(num(&val()?)?),
-            "--warmup" => g.warmup = num(&val()?)?,
-            "--cpu" => g.cpu = Some(num(&val()?)?),
-            "--connect-timeout" => g.connect_timeout = num(&val()?)?,
-            o => return Err(format!("unknown option '{o}'")),
-        }
-    }
-    if g.addr.is_empty() {
-        return Err("--addr is required".into());
-    }
-    if g.size == 0 || g.size > 64 << 20 {
-        return Err("--size must be 1 .. 64 MiB".into());
-    }
-    if g.role == Role::Client && g.duration.is_none() && g.count.is_none() {
-        return Err("client needs --duration or --count".into());
-    }
-    Ok(g)
+fn parse_size(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=64 << 20).contains(n))
+        .ok_or_else(|| format!("'{s}' is not 1 .. 64 MiB"))
 }
 
-fn num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
-    s.parse().map_err(|_| format!("bad number '{s}'"))
+/// Parses a generator command line (without the program name).
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<GenArgs, clap::Error> {
+    use clap::{CommandFactory, Parser};
+    let g = GenArgs::try_parse_from(std::iter::once("canal-bench-gen".to_string()).chain(args))?;
+    if g.role == Role::Client && g.duration.is_none() && g.count.is_none() {
+        return Err(GenArgs::command().error(
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "a client needs --duration or --count",
+        ));
+    }
+    Ok(g)
 }
 
 enum Conn {
@@ -454,7 +422,7 @@ mod tests {
 
     #[test]
     fn parses_client_args() {
-        let g = parse_args(&s(&[
+        let g = parse_args(s(&[
             "client", "--net", "unix", "--addr", "/tmp/x", "--mode", "stream", "--size", "1024",
             "--count", "10",
         ]))
@@ -463,8 +431,10 @@ mod tests {
             (g.net, g.mode, g.size, g.count),
             (Net::Unix, Mode::Stream, 1024, Some(10))
         );
-        assert!(parse_args(&s(&["client", "--addr", "x"])).is_err());
-        assert!(parse_args(&s(&["server", "--addr", "x", "--size", "0"])).is_err());
+        assert!(parse_args(s(&["client", "--addr", "x"])).is_err());
+        assert!(parse_args(s(&["server", "--addr", "x", "--size", "0"])).is_err());
+        assert!(parse_args(s(&["server", "--addr=x", "--net=udp"])).is_err());
+        assert!(parse_args(s(&["server", "--addr=x"])).is_ok());
     }
 
     #[test]
@@ -476,11 +446,11 @@ mod tests {
                 .join(format!("{mode}.sock"))
                 .to_string_lossy()
                 .into_owned();
-            let srv = parse_args(&s(&[
+            let srv = parse_args(s(&[
                 "server", "--net", "unix", "--addr", &path, "--mode", mode, "--size", size,
             ]))
             .unwrap();
-            let cli = parse_args(&s(&[
+            let cli = parse_args(s(&[
                 "client", "--net", "unix", "--addr", &path, "--mode", mode, "--size", size,
                 "--count", "200",
             ]))

@@ -3,6 +3,7 @@
 //! writes CSV, Markdown and PNG plots. The traffic generator it drives is
 //! `canal-bench-gen` (src/bin), run natively and under `canal run`.
 
+pub mod cli;
 pub mod gen;
 pub mod json;
 pub mod model;
@@ -11,7 +12,8 @@ pub mod report;
 pub mod runner;
 pub mod stats;
 
-use model::{Cell, Experiment, Plan, System, Variant, EXPERIMENT_IDS};
+use cli::Opts;
+use model::{Cell, Experiment, System, Variant};
 use report::{Row, RunInfo};
 use runner::{Knobs, Runner, Status};
 use std::collections::HashMap;
@@ -19,137 +21,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const PLOT_SCRIPT: &str = include_str!("../../../scripts/bench-plot.py");
-
-const USAGE: &str = "usage: canal bench [--quick | --full] [EXPERIMENT ...] [options]
-  EXPERIMENT   B1 … B11 or all (default: all); see docs/bench/README.md
-  --quick      small counts, 2 reps, < 2 min; checks the harness, asserts no target
-  --full       (default) 3 reps, longer runs; results meant for docs/bench/
-  --out DIR    where results go (default bench-out/<mode>-<UTC time>)
-  --reps N     repetitions per cell
-  --duration S seconds per generator run (rr/stream)
-  --sizes LIST      message sizes in bytes, replaces each experiment's sizes (e.g. 64,1024)
-  --systems LIST    subset of tcp,uds,canal-gg,canal-gn
-  --pairs LIST      concurrent client/server pairs for B4/B9 (e.g. 1,2,4,8)
-  --variants LIST   subset of canal switch variants (default, notify=poll, disable=batch, split=0.5, …)
-  --pin        pin generator servers to CPU 0 and clients to CPU 1 for every system
-               (canald and tools unpinned); the default in --full mode
-  --no-pin     let the scheduler place every process (the default in --quick mode)
-  --canal-grace S   extra seconds a canal run may take before it is killed and reported failed
-  --no-plots   skip the PNG plots
-  --list       list the experiments and exit
-Exit status: 0 when every native baseline ran (canal cells may fail; they are reported
-with their reason), 1 when a native baseline failed, 2 on bad usage.";
-
-struct Opts {
-    quick: bool,
-    exps: Vec<String>,
-    out: Option<PathBuf>,
-    reps: Option<usize>,
-    duration: Option<f64>,
-    plan: Plan,
-    /// None: pinned in full mode, not in quick mode.
-    pin: Option<bool>,
-    plots: bool,
-    canal_grace: Option<f64>,
-    list: bool,
-}
-
-fn list<T>(s: &str, f: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
-    s.split(',')
-        .filter(|x| !x.is_empty())
-        .map(|x| f(x).ok_or_else(|| format!("bad list item '{x}'")))
-        .collect()
-}
-
-impl Opts {
-    /// Generator ends pinned to different CPUs: the full mode's default, so the two ends
-    /// of a ping-pong never share a core (for every system alike).
-    fn pinned(&self) -> bool {
-        self.pin.unwrap_or(!self.quick)
-    }
-}
-
-fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        quick: false,
-        exps: vec![],
-        out: None,
-        reps: None,
-        duration: None,
-        plan: Plan {
-            quick: false,
-            sizes: None,
-            pairs: None,
-            systems: None,
-            variants: None,
-        },
-        pin: None,
-        plots: true,
-        canal_grace: None,
-        list: false,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs a value"))
-        };
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--full" => o.quick = false,
-            "--out" => o.out = Some(PathBuf::from(val()?)),
-            "--reps" => o.reps = Some(val()?.parse().map_err(|_| "bad --reps")?),
-            "--duration" => o.duration = Some(val()?.parse().map_err(|_| "bad --duration")?),
-            "--sizes" => {
-                o.plan.sizes = Some(list(&val()?, |x| {
-                    x.parse().ok().filter(|&n: &usize| n > 0)
-                })?)
-            }
-            "--pairs" => {
-                o.plan.pairs = Some(list(&val()?, |x| {
-                    x.parse().ok().filter(|&n: &usize| (1..=64).contains(&n))
-                })?)
-            }
-            "--systems" => o.plan.systems = Some(list(&val()?, System::parse)?),
-            "--variants" => {
-                let v = list(&val()?, |x| Some(x.to_string()))?;
-                for x in &v {
-                    Variant::parse(x)?;
-                }
-                o.plan.variants = Some(v)
-            }
-            "--pin" => o.pin = Some(true),
-            "--no-pin" => o.pin = Some(false),
-            "--no-plots" => o.plots = false,
-            "--canal-grace" => {
-                o.canal_grace = Some(val()?.parse().map_err(|_| "bad --canal-grace")?)
-            }
-            "--list" => o.list = true,
-            "-h" | "--help" => return Err(String::new()),
-            x if x.eq_ignore_ascii_case("all") => {
-                o.exps.extend(EXPERIMENT_IDS.iter().map(|s| s.to_string()))
-            }
-            x => {
-                let up = x.to_ascii_uppercase();
-                if EXPERIMENT_IDS.contains(&up.as_str()) {
-                    o.exps.push(up)
-                } else {
-                    return Err(format!("unknown argument '{x}'"));
-                }
-            }
-        }
-    }
-    if o.exps.is_empty() {
-        o.exps = EXPERIMENT_IDS.iter().map(|s| s.to_string()).collect();
-    }
-    o.exps.dedup();
-    o.plan.quick = o.quick;
-    if o.reps == Some(0) {
-        return Err("--reps must be ≥ 1".into());
-    }
-    Ok(o)
-}
 
 fn cmd_output(argv: &[&str]) -> Option<String> {
     let out = std::process::Command::new(argv[0])
@@ -299,15 +170,12 @@ fn display_exe() -> String {
     }
 }
 
-pub fn cli_main(args: Vec<String>) -> i32 {
-    let o = match parse(&args) {
+/// Runs `canal bench` with these arguments; returns the exit status.
+pub fn run(args: &cli::BenchArgs) -> i32 {
+    let o = match args.opts() {
         Ok(o) => o,
         Err(e) => {
-            if e.is_empty() {
-                println!("{USAGE}");
-                return 0;
-            }
-            eprintln!("canal bench: {e}\n{USAGE}");
+            eprintln!("canal bench: {e}");
             return 2;
         }
     };
@@ -328,7 +196,7 @@ pub fn cli_main(args: Vec<String>) -> i32 {
         }
         return 0;
     }
-    match run_all(&o, &exps, &args) {
+    match run_all(&o, &exps) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("canal bench: {e}");
@@ -337,7 +205,7 @@ pub fn cli_main(args: Vec<String>) -> i32 {
     }
 }
 
-fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String> {
+fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
     let started = Instant::now();
     let gen = find_gen()?;
     let canal = find_canal()?;
@@ -369,8 +237,10 @@ fn run_all(o: &Opts, exps: &[Experiment], args: &[String]) -> Result<i32, String
     let exe = display_exe();
     let command = format!(
         "{exe} bench {}",
-        args.iter()
-            .map(|a| procs::shell_quote(a))
+        std::env::args()
+            .skip_while(|a| a != "bench")
+            .skip(1)
+            .map(|a| procs::shell_quote(&a))
             .collect::<Vec<_>>()
             .join(" ")
     );
@@ -613,39 +483,4 @@ fn plot(out: &Path) -> Result<Vec<String>, String> {
         .lines()
         .filter_map(|l| l.strip_prefix("WROTE ").map(|s| s.trim().to_string()))
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn s(v: &[&str]) -> Vec<String> {
-        v.iter().map(|x| x.to_string()).collect()
-    }
-
-    #[test]
-    fn parses_cli() {
-        let o = parse(&s(&[
-            "--quick",
-            "b2",
-            "B7",
-            "--sizes",
-            "64,1024",
-            "--systems",
-            "tcp,uds",
-        ]))
-        .unwrap();
-        assert!(o.quick);
-        assert_eq!(o.exps, vec!["B2", "B7"]);
-        assert_eq!(o.plan.sizes, Some(vec![64, 1024]));
-        assert!(parse(&s(&["--systems", "quic"])).is_err());
-        assert!(parse(&s(&["--variants", "notify=fast"])).is_err());
-        assert!(parse(&s(&["B12"])).is_err());
-        // Pinned by default in full mode only; both overridable.
-        assert!(!o.pinned());
-        assert!(parse(&s(&["--full"])).unwrap().pinned());
-        assert!(!parse(&s(&["--full", "--no-pin"])).unwrap().pinned());
-        assert!(parse(&s(&["--quick", "--pin"])).unwrap().pinned());
-        assert_eq!(parse(&s(&[])).unwrap().exps.len(), 11);
-    }
 }

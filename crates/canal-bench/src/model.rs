@@ -140,7 +140,9 @@ impl Variant {
                 &[("notify", "sleep")],
             )),
             Some(("disable", "batch")) => Ok(v(&["--no-batch"], &[], &[("batch", "false")])),
-            Some(("disable", "coalesce")) => Ok(v(&["--no-coalesce"], &[], &[("coalesce", "off")])),
+            Some(("disable", "coalesce")) => {
+                Ok(v(&["--t-worst-us", "0"], &[], &[("coalesce", "off")]))
+            }
             // Wake-up coalescing is off by default (docs/bench/coalescing): `coalesce=on`
             // measures the adaptive split at canald's default T_worst against it.
             Some(("coalesce", "on")) => Ok(v(

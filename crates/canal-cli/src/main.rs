@@ -1,47 +1,66 @@
 //! `canal`: the front door. `run`, `stat` and `daemon` sit on canald's library;
-//! `bench` and `vm` hand their arguments to their own crates.
+//! `bench` and `vm` take their options from their own crates.
 
 mod elfcheck;
 mod run;
 
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-fn usage() -> &'static str {
-    "usage: canal <command> [args]\n\
-     commands:\n  \
-       run [--socket PATH] -- PROG ARGS...   run PROG under canal (starts a private canald if none answers)\n  \
-       stat [--socket PATH] [--json]         list guests and their sockets\n  \
-       daemon [--socket PATH] ...            run canald in the foreground (canal daemon --help)\n  \
-       bench ...                             benchmark harness (canal bench --help)\n  \
-       vm ...                                QEMU guests over canal (canal vm --help)"
+/// canal: socket-level para-virtual networking for unmodified programs.
+#[derive(Parser, Debug)]
+#[command(name = "canal", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
 }
 
-fn stat(args: Vec<String>) -> i32 {
-    let mut socket = None;
-    let mut json = false;
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--json" => json = true,
-            "--socket" => match it.next() {
-                Some(p) => socket = Some(std::path::PathBuf::from(p)),
-                None => {
-                    eprintln!("canal stat: --socket needs a path");
-                    return 2;
-                }
-            },
-            "-h" | "--help" => {
-                println!("usage: canal stat [--socket PATH] [--json]");
-                return 0;
-            }
-            other => {
-                eprintln!("canal stat: unknown argument '{other}'");
-                return 2;
-            }
-        }
-    }
-    let path = socket.unwrap_or_else(canald::default_socket_path);
-    match canald::fetch_stat(&path, !json) {
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run PROGRAM with its AF_INET/AF_INET6 TCP and UDP sockets served by canald
+    Run(run::RunArgs),
+    /// List guests and their sockets
+    Stat(StatArgs),
+    /// Run canald in the foreground
+    Daemon(canald::config::DaemonArgs),
+    /// Benchmark harness (docs/bench/README.md)
+    Bench(BenchCmd),
+    /// QEMU guests over canal (docs/vm.md)
+    #[command(subcommand)]
+    Vm(canal_vm::cli::VmCommand),
+}
+
+#[derive(Args, Debug)]
+struct StatArgs {
+    /// Control socket [default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock, or
+    /// /tmp/canal-$UID/canald.sock]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchCmd {
+    #[command(subcommand)]
+    b11: Option<BenchSub>,
+    #[command(flatten)]
+    args: canal_bench::cli::BenchArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchSub {
+    /// B11: one QEMU guest over canal and over virtio-net, beside the host baseline
+    #[command(name = "b11", alias = "B11")]
+    B11(canal_vm::bench::B11Args),
+}
+
+fn stat(a: &StatArgs) -> i32 {
+    let path = a.socket.clone().unwrap_or_else(canald::default_socket_path);
+    match canald::fetch_stat(&path, !a.json) {
         Ok(text) => {
             print!("{text}");
             if !text.ends_with('\n') {
@@ -57,34 +76,17 @@ fn stat(args: Vec<String>) -> i32 {
 }
 
 fn main() -> ExitCode {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    if args.is_empty() {
-        eprintln!("{}", usage());
-        return ExitCode::from(2);
-    }
-    let cmd = args.remove(0);
-    let code = match cmd.as_str() {
-        "run" => run::run(args),
-        "stat" => stat(args),
-        "daemon" => canald::cli_main(args),
-        // B11 boots a VM: it lives with the VM harness (canal-vm's bench.rs).
-        "bench" if matches!(args.first().map(String::as_str), Some("b11" | "B11")) => {
-            let _ = canal_vm::ENSURE_DAEMON.set(run::ensure_daemon);
-            canal_vm::bench::cli_main(&args[1..])
-        }
-        "bench" => canal_bench::cli_main(args),
-        "vm" => {
-            let _ = canal_vm::ENSURE_DAEMON.set(run::ensure_daemon);
-            canal_vm::cli_main(args)
-        }
-        "-h" | "--help" | "help" => {
-            println!("{}", usage());
-            0
-        }
-        other => {
-            eprintln!("canal: unknown command '{other}'\n{}", usage());
-            2
-        }
+    let cli = Cli::parse();
+    let code = match &cli.cmd {
+        Command::Run(a) => run::run(a),
+        Command::Stat(a) => stat(a),
+        Command::Daemon(a) => canald::cli::serve(a),
+        Command::Bench(BenchCmd {
+            b11: Some(BenchSub::B11(a)),
+            ..
+        }) => canal_vm::bench::run_b11(a),
+        Command::Bench(b) => canal_bench::run(&b.args),
+        Command::Vm(c) => canal_vm::cli::run_command(c),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

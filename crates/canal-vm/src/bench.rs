@@ -13,16 +13,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const USAGE: &str =
-    "usage: canal bench b11 [--quick] [--reps N] [--duration S] [--out FILE] [--accel auto|kvm|tcg]
-  B11: the same QEMU guest and programs over canal (ivshmem) and over virtio-net,
-  interleaved in one boot, plus the same clients natively on the host as the baseline.
-  --quick      1 rep of 1 s per test (checks it runs)
-  --reps N     repetitions (default 3)
-  --duration S seconds per run (default 3)
-  --out FILE   also write the Markdown report to FILE
-  --no-doorbell  the canal device without ivshmem doorbells (bounded backoff wake-ups)
-Needs qemu-system-x86_64, iperf3, and canal-bench-gen next to canal.";
+/// `canal bench b11`: the same QEMU guest and programs over canal (ivshmem) and over
+/// virtio-net, interleaved in one boot, plus the same clients natively on the host as
+/// the baseline. Needs qemu-system-x86_64, iperf3, and canal-bench-gen next to canal.
+#[derive(clap::Args, Debug, Clone)]
+pub struct B11Args {
+    /// 1 rep of 1 s per test (checks it runs)
+    #[arg(long)]
+    pub quick: bool,
+    /// Repetitions
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Seconds per run
+    #[arg(long, value_name = "S", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub duration: u32,
+    /// Also write the Markdown report to FILE
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Accelerator for the guest
+    #[arg(long, value_name = "auto|kvm|tcg", value_parser = ["auto", "kvm", "tcg"])]
+    pub accel: Option<String>,
+    /// The canal device without ivshmem doorbells (bounded backoff wake-ups)
+    #[arg(long)]
+    pub no_doorbell: bool,
+}
 
 struct Opts {
     reps: usize,
@@ -32,34 +48,16 @@ struct Opts {
     no_doorbell: bool,
 }
 
-fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        reps: 3,
-        duration: 3,
-        out: None,
-        accel: None,
-        no_doorbell: false,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = |f: &str| it.next().cloned().ok_or(format!("{f} needs a value"));
-        match a.as_str() {
-            "--quick" => {
-                o.reps = 1;
-                o.duration = 1;
-            }
-            "--reps" => o.reps = val(a)?.parse().map_err(|_| "--reps: not a number")?,
-            "--duration" => o.duration = val(a)?.parse().map_err(|_| "--duration: not a number")?,
-            "--out" => o.out = Some(val(a)?.into()),
-            "--accel" => o.accel = Some(val(a)?),
-            "--no-doorbell" => o.no_doorbell = true,
-            other => return Err(format!("unknown argument '{other}'")),
+impl B11Args {
+    fn opts(&self) -> Opts {
+        Opts {
+            reps: if self.quick { 1 } else { self.reps as usize },
+            duration: if self.quick { 1 } else { self.duration },
+            out: self.out.clone(),
+            accel: self.accel.clone(),
+            no_doorbell: self.no_doorbell,
         }
     }
-    if o.reps == 0 || o.duration == 0 {
-        return Err("--reps and --duration must be at least 1".into());
-    }
-    Ok(o)
 }
 
 /// A host echo server for the RR probe: echoes every byte back, one thread per
@@ -185,19 +183,9 @@ fn host_native(iperf: &Path, gen: &Path, iport: u16, eport: u16, d: u32, s: &mut
     }
 }
 
-pub fn cli_main(args: &[String]) -> i32 {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return 0;
-    }
-    let o = match parse(args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("canal bench b11: {e}\n{USAGE}");
-            return 2;
-        }
-    };
-    match run(&o) {
+/// Runs B11; returns the exit status.
+pub fn run_b11(args: &B11Args) -> i32 {
+    match run(&args.opts()) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("canal bench b11: {e}");
@@ -410,6 +398,22 @@ mod tests {
         let rr = "RESULT role=client mode=rr size=64 msgs=100 bytes=12800 elapsed_s=1.0 \
                   p50_ns=9000 p99_ns=20000 mean_ns=10000 min_ns=1 max_ns=2 cpu_s=0.1";
         assert_eq!(rr_result(rr), Some((10.0, 9.0, 20.0, 100)));
-        assert!(parse(&["--reps".into(), "0".into()]).is_err());
+    }
+
+    #[test]
+    fn parses_args() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: B11Args,
+        }
+        let p = |v: &[&str]| Cli::try_parse_from(std::iter::once("b11").chain(v.iter().copied()));
+        assert!(p(&["--reps", "0"]).is_err());
+        assert!(p(&["--accel", "hvf"]).is_err());
+        let o = p(&["--quick", "--reps=5"]).unwrap().args.opts();
+        assert_eq!((o.reps, o.duration), (1, 1), "--quick wins");
+        let o = p(&["--reps", "2", "--duration", "4"]).unwrap().args.opts();
+        assert_eq!((o.reps, o.duration), (2, 4));
     }
 }

@@ -1,9 +1,10 @@
 //! VM harness (issue 6): boots a small QEMU guest (the host's kernel, a busybox initramfs,
 //! the host's root filesystem read-only over 9p) with virtio-net and/or the canal
 //! shared-memory device, runs one program in it and returns its exit status.
-//! Entry point used by `canal vm`. See docs/vm.md.
+//! `cli` is the command line of `canal vm`. See docs/vm.md.
 
 pub mod bench;
+pub mod cli;
 pub mod image;
 pub mod probe;
 pub mod qemu;
@@ -18,207 +19,14 @@ use qemu::{Accel, Publish, VmConfig};
 use region::RegionFile;
 use run::{Deadlines, GuestCommand, Outcome, Output, RunDir};
 
-/// `canal vm region`: a canald-served region for a VM someone else starts (libvirt,
-/// a hand-written QEMU command line). The guest lives while this command runs.
-fn cmd_region(args: &[String]) -> i32 {
-    let mut name: Option<String> = None;
-    let mut size = region::DEFAULT_REGION_MIB;
-    let mut publish: Vec<(u16, u16)> = Vec::new();
-    let mut pid: Option<u32> = None;
-    let mut doorbell = false;
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        let v = args.get(i + 1).cloned();
-        if a == "--doorbell" {
-            doorbell = true;
-            i += 1;
-            continue;
-        }
-        match (a, v) {
-            ("--name", Some(v)) => name = Some(v),
-            ("--size", Some(v)) => match v.parse::<u64>() {
-                Ok(s) if s.is_power_of_two() && s <= 1024 => size = s,
-                _ => return usage_error("--size needs a power of two in MiB"),
-            },
-            ("--publish", Some(v)) => match v
-                .split_once(':')
-                .and_then(|(h, g)| Some((h.parse::<u16>().ok()?, g.parse::<u16>().ok()?)))
-            {
-                Some(p) => publish.push(p),
-                None => return usage_error("--publish: expected HOSTPORT:GUESTPORT"),
-            },
-            ("--pid", Some(v)) => match v.parse::<u32>() {
-                Ok(p) if p > 0 => pid = Some(p),
-                _ => return usage_error("--pid needs a process id"),
-            },
-            _ => return usage_error(&format!("region: bad argument '{a}'")),
-        }
-        i += 2;
-    }
-    let Some(name) = name else {
-        return usage_error("region: --name NAME is required");
-    };
-    if let Err(e) = sys::catch_termination_signals() {
-        eprintln!("canal vm: {e}");
-        return EXIT_HARNESS;
-    }
-    let socket = canald_socket();
-    if let Err(e) = ensure_daemon(&socket) {
-        eprintln!("canal vm: {e}");
-        return 1;
-    }
-    let r = match region::canald_region(&socket, &name, size << 20, &publish, doorbell) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("canal vm: canald on {}: {e}", socket.display());
-            return 1;
-        }
-    };
-    if let Some(p) = pid {
-        if let Err(e) = r.set_vm_pid(p) {
-            eprintln!("canal vm: --pid {p}: {e}");
-            return 1;
-        }
-    }
-    match r.doorbell() {
-        Some((sock, vectors)) => print!("{}", qemu::operator_doorbell_snippets(sock, *vectors)),
-        None => print!("{}", qemu::operator_snippets(&name, &r.path, size)),
-    }
-    println!(
-        "# serving; the guest ends when this command does{}",
-        match pid {
-            Some(p) => format!(" or process {p} exits"),
-            None => String::new(),
-        }
-    );
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let conn = r
-        .canald
-        .as_ref()
-        .map(|h| std::os::fd::AsRawFd::as_raw_fd(&h.conn));
-    loop {
-        if let Some(sig) = sys::pending_signal() {
-            return 128 + sig;
-        }
-        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
-            return 0;
-        }
-        // The connection turns readable (EOF) only if canald goes away.
-        match conn.map(|c| sys::poll_readable(&[c], 200)) {
-            Some(Ok(v)) if v.first() == Some(&true) => {
-                eprintln!("canal vm: canald closed the connection");
-                return 1;
-            }
-            Some(Err(e)) => {
-                eprintln!("canal vm: {e}");
-                return 1;
-            }
-            _ => {}
-        }
-    }
-}
-
 /// Exit status when the harness itself fails (no program status to report).
 pub const EXIT_HARNESS: i32 = 125;
 /// Exit status when `--timeout` expires.
 pub const EXIT_TIMEOUT: i32 = 124;
 
-const USAGE: &str = "\
-usage: canal vm <command> [options]
-commands:
-  run [options] -- PROGRAM ARGS...   boot a guest, run PROGRAM in it, exit with its status
-      --virtio             virtio-net with QEMU user networking (guest 10.0.2.15, host
-                           127.0.0.1 reachable as 10.0.2.2); the default
-      --canal              the canal device instead of virtio-net; the program gets
-                           CANAL_TRANSPORT=ivshmem and LD_PRELOAD=libcanal.so. canald serves
-                           it as ivshmem-doorbell (interrupt wake-ups; q35 + emulated IOMMU,
-                           the guest binds it to vfio-pci) when the guest kernel has vfio,
-                           else as ivshmem-plain (bounded backoff); CANAL_VM_WAKEUPS in the
-                           program's environment says which
-      --no-doorbell        with --canal: always ivshmem-plain with backoff wake-ups
-      --canal --virtio     both devices
-      --doorbell SOCKET    the canal device as ivshmem-doorbell: region and interrupt
-                           eventfds from the ivshmem server on SOCKET (implies --canal;
-                           adds an emulated IOMMU; the guest binds it to vfio-pci)
-      --doorbell-vectors N MSI-X vectors of the doorbell device (default 1)
-      --no-preload         with --canal: attach the device but do not set LD_PRELOAD
-      --libcanal PATH      libcanal.so to preload (default: next to the canal binary,
-                           or $CANAL_LIB)
-      --shm-path PATH      back the canal device with this existing file instead of a
-                           fresh /dev/shm/canal-vm-<pid> (size = the file's size)
-      --shm-size MiB       size of a fresh region file (power of two; default 64)
-      --accel auto|kvm|tcg KVM only if a (cached) probe boot succeeds; default auto
-      --mem MiB            guest memory (default 512)
-      --cpus N             guest CPUs (default 1)
-      --timeout S          kill the guest after S seconds (exit 124)
-      --boot-timeout S     fail if the guest is not ready after S seconds (default 120)
-      --publish H:G        host 127.0.0.1:H reaches guest port G: with --canal canald
-                           binds the guest's listener there, with --virtio alone QEMU's
-                           hostfwd forwards it
-      --env NAME=VALUE     set an environment variable for PROGRAM (repeatable)
-      -v, --verbose        print the QEMU command line and boot timings
-  qemu-args [--name NAME] [--size MiB] [--path FILE]
-                           print QEMU options and libvirt XML for a canal region file
-  qemu-args --doorbell SOCKET [--vectors N]
-                           the same for a region with doorbells from an ivshmem server
-  region --name NAME [--size MiB] [--publish H:G]... [--pid PID] [--doorbell]
-                           for your own VM: canald creates /dev/shm/canal-NAME and serves
-                           the guest in it; prints the QEMU options and libvirt XML, then
-                           stays until SIGINT/SIGTERM or until process PID (the VM) exits;
-                           --doorbell: canald is also the region's ivshmem server
-                           (ivshmem-doorbell: interrupts and doorbell kicks)
-  image                    build (or find) the cached guest image and print its paths
-  probe [--force]          run (or show the cached) KVM probe
-";
-
-/// How `canal vm` makes sure a canald answers on a path (the CLI installs `canal run`'s
-/// logic: start a private canald if none answers).
-pub static ENSURE_DAEMON: std::sync::OnceLock<EnsureDaemon> = std::sync::OnceLock::new();
-
-/// See [`ENSURE_DAEMON`].
-pub type EnsureDaemon = fn(&Path) -> Result<(), String>;
-
-fn ensure_daemon(socket: &Path) -> Result<(), String> {
-    match ENSURE_DAEMON.get() {
-        Some(f) => f(socket),
-        None if canald::sys::seqpacket_connect(socket).is_ok() => Ok(()),
-        None => Err(format!("no canald answers on {}", socket.display())),
-    }
-}
-
 /// The canald the VM's region comes from: $CANAL_SOCKET or canald's default path.
-fn canald_socket() -> PathBuf {
+pub(crate) fn canald_socket() -> PathBuf {
     canald::default_socket_path()
-}
-
-/// Entry point of `canal vm ARGS...`.
-pub fn cli_main(args: Vec<String>) -> i32 {
-    let Some((cmd, rest)) = args.split_first() else {
-        eprint!("{USAGE}");
-        return 2;
-    };
-    match cmd.as_str() {
-        "run" => cmd_run(rest),
-        "qemu-args" => cmd_qemu_args(rest),
-        "region" => cmd_region(rest),
-        "image" => cmd_image(),
-        "probe" => cmd_probe(rest),
-        "-h" | "--help" | "help" => {
-            print!("{USAGE}");
-            0
-        }
-        other => {
-            eprintln!("canal vm: unknown command '{other}'\n{USAGE}");
-            2
-        }
-    }
-}
-
-fn usage_error(msg: &str) -> i32 {
-    eprintln!("canal vm: {msg}\n{USAGE}");
-    2
 }
 
 /// Options of `canal vm run`.
@@ -270,117 +78,6 @@ impl Default for RunOptions {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    s.parse::<f64>()
-        .ok()
-        .filter(|v| *v > 0.0 && v.is_finite())
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("bad number of seconds '{s}'"))
-}
-
-/// Parses the arguments of `canal vm run`.
-pub fn parse_run(args: &[String]) -> Result<RunOptions, String> {
-    let mut o = RunOptions::default();
-    let mut i = 0;
-    let val = |i: &mut usize, name: &str| -> Result<String, String> {
-        *i += 1;
-        args.get(*i)
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value"))
-    };
-    while i < args.len() {
-        let a = args[i].as_str();
-        match a {
-            "--" => {
-                o.program = args[i + 1..].to_vec();
-                break;
-            }
-            "--canal" => o.canal = true,
-            "--virtio" => o.virtio = true,
-            "--no-preload" => o.preload = false,
-            "--no-doorbell" => o.no_doorbell = true,
-            "-v" | "--verbose" => o.verbose = true,
-            "--libcanal" => o.libcanal = Some(val(&mut i, a)?.into()),
-            "--shm-path" => o.shm_path = Some(val(&mut i, a)?.into()),
-            "--doorbell" => {
-                o.doorbell = Some(val(&mut i, a)?.into());
-                o.canal = true;
-            }
-            "--doorbell-vectors" => {
-                o.doorbell_vectors = val(&mut i, a)?
-                    .parse()
-                    .ok()
-                    .filter(|v| (1..=1024).contains(v))
-                    .ok_or("--doorbell-vectors needs 1..1024")?
-            }
-            "--shm-size" => {
-                o.shm_mib = val(&mut i, a)?
-                    .parse()
-                    .map_err(|_| "--shm-size needs MiB".to_string())?
-            }
-            "--accel" => {
-                o.accel = match val(&mut i, a)?.as_str() {
-                    "auto" => None,
-                    "kvm" => Some(Accel::Kvm),
-                    "tcg" => Some(Accel::Tcg),
-                    x => return Err(format!("--accel: unknown '{x}' (auto|kvm|tcg)")),
-                }
-            }
-            "--mem" => {
-                o.mem_mib = val(&mut i, a)?
-                    .parse()
-                    .ok()
-                    .filter(|m| *m >= 64)
-                    .ok_or("--mem needs MiB (>= 64)")?
-            }
-            "--cpus" => {
-                o.cpus = val(&mut i, a)?
-                    .parse()
-                    .ok()
-                    .filter(|c| *c >= 1)
-                    .ok_or("--cpus needs a count")?
-            }
-            "--timeout" => o.timeout = Some(parse_secs(&val(&mut i, a)?)?),
-            "--boot-timeout" => o.boot_timeout = parse_secs(&val(&mut i, a)?)?,
-            "--publish" => {
-                let v = val(&mut i, a)?;
-                let p = v
-                    .split_once(':')
-                    .and_then(|(h, g)| {
-                        Some(Publish {
-                            host: h.parse().ok()?,
-                            guest: g.parse().ok()?,
-                        })
-                    })
-                    .ok_or_else(|| format!("--publish: expected HOSTPORT:GUESTPORT, got '{v}'"))?;
-                o.publish.push(p);
-            }
-            "--env" => {
-                let v = val(&mut i, a)?;
-                let (k, val) = v
-                    .split_once('=')
-                    .ok_or_else(|| format!("--env: expected NAME=VALUE, got '{v}'"))?;
-                o.env.push((k.to_string(), val.to_string()));
-            }
-            _ => return Err(format!("unknown option '{a}' (the program goes after --)")),
-        }
-        i += 1;
-    }
-    if o.program.is_empty() {
-        return Err("no program: canal vm run [options] -- PROGRAM ARGS...".into());
-    }
-    if !o.canal {
-        o.virtio = true;
-    }
-    if o.doorbell.is_some() && o.shm_path.is_some() {
-        return Err("--doorbell takes the region from the ivshmem server; no --shm-path".into());
-    }
-    if !o.publish.is_empty() && !o.virtio && o.doorbell.is_some() {
-        return Err("--publish with --doorbell: not supported (use --virtio)".into());
-    }
-    Ok(o)
-}
-
 /// The QEMU binary: $CANAL_VM_QEMU, else qemu-system-x86_64 on PATH.
 pub fn find_qemu() -> Result<PathBuf, String> {
     if let Some(q) = std::env::var_os("CANAL_VM_QEMU") {
@@ -426,20 +123,6 @@ fn find_libcanal(opt: &Option<PathBuf>) -> Result<PathBuf, String> {
     ))
 }
 
-fn cmd_run(args: &[String]) -> i32 {
-    let o = match parse_run(args) {
-        Ok(o) => o,
-        Err(e) => return usage_error(&e),
-    };
-    match run_program(&o) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("canal vm: {e}");
-            EXIT_HARNESS
-        }
-    }
-}
-
 /// Builds everything for one VM (run dir, region, cmd.sh, QEMU config).
 struct Prepared {
     cfg: VmConfig,
@@ -476,7 +159,7 @@ fn prepare(
             None if !o.preload => region::create_region(&name, size),
             None => {
                 let socket = canald_socket();
-                ensure_daemon(&socket)?;
+                canald::spawn::ensure_daemon(&socket)?;
                 let publish: Vec<(u16, u16)> =
                     o.publish.iter().map(|p| (p.host, p.guest)).collect();
                 let want = !o.no_doorbell && img.doorbell;
@@ -587,7 +270,7 @@ fn prepare(
 
 /// The KVM probe: boots the guest under KVM running `true`. Returns the verdict and
 /// whether it may be cached.
-fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> (probe::Verdict, bool) {
+pub(crate) fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> (probe::Verdict, bool) {
     let o = RunOptions {
         program: vec!["true".into()],
         virtio: false,
@@ -736,126 +419,4 @@ pub fn run_program(o: &RunOptions) -> Result<i32, String> {
             EXIT_HARNESS
         }
     })
-}
-
-fn cmd_qemu_args(args: &[String]) -> i32 {
-    let mut name = String::from("vm0");
-    let mut size = region::DEFAULT_REGION_MIB;
-    let mut path: Option<PathBuf> = None;
-    let mut doorbell: Option<PathBuf> = None;
-    let mut vectors = 1u32;
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        let v = args.get(i + 1).cloned();
-        match (a, v) {
-            ("--name", Some(v)) => name = v,
-            ("--doorbell", Some(v)) => doorbell = Some(v.into()),
-            ("--vectors", Some(v)) => match v.parse::<u32>() {
-                Ok(n) if (1..=1024).contains(&n) => vectors = n,
-                _ => return usage_error("--vectors needs 1..1024"),
-            },
-            ("--size", Some(v)) => match v.parse::<u64>() {
-                Ok(s) if s.is_power_of_two() => size = s,
-                _ => return usage_error("--size needs a power of two in MiB"),
-            },
-            ("--path", Some(v)) => path = Some(v.into()),
-            _ => return usage_error(&format!("qemu-args: bad argument '{a}'")),
-        }
-        i += 2;
-    }
-    if let Some(server) = doorbell {
-        print!("{}", qemu::operator_doorbell_snippets(&server, vectors));
-        return 0;
-    }
-    let path = path.unwrap_or_else(|| region::region_path(&name));
-    print!("{}", qemu::operator_snippets(&name, &path, size));
-    0
-}
-
-fn cmd_image() -> i32 {
-    match image::ensure_image() {
-        Ok(img) => {
-            println!("kernel {}", img.kernel.display());
-            println!("boot-kernel {}", img.boot_kernel.display());
-            println!("kernel-version {}", img.kernel_version);
-            println!("initramfs {}", img.initramfs.display());
-            0
-        }
-        Err(e) => {
-            eprintln!("canal vm: guest image: {e}");
-            EXIT_HARNESS
-        }
-    }
-}
-
-fn cmd_probe(args: &[String]) -> i32 {
-    let force = match args {
-        [] => false,
-        [f] if f == "--force" => true,
-        _ => return usage_error("probe takes only --force"),
-    };
-    let qemu = match find_qemu() {
-        Ok(q) => q,
-        Err(e) => {
-            eprintln!("canal vm: {e}");
-            return EXIT_HARNESS;
-        }
-    };
-    let img = match image::ensure_image() {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("canal vm: guest image: {e}");
-            return EXIT_HARNESS;
-        }
-    };
-    if force {
-        let _ = std::fs::remove_file(probe::cache_file(&img, &qemu));
-    }
-    if let Err(e) = sys::catch_termination_signals() {
-        eprintln!("canal vm: {e}");
-        return EXIT_HARNESS;
-    }
-    let (accel, reason) = probe::choose_auto(&img, &qemu, || run_kvm_probe(&img, &qemu));
-    println!("accel {}", accel.name());
-    if let Some(r) = reason {
-        println!("reason {r}");
-    }
-    0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn s(v: &[&str]) -> Vec<String> {
-        v.iter().map(|x| x.to_string()).collect()
-    }
-
-    #[test]
-    fn parse_run_options() {
-        let o = parse_run(&s(&["--canal", "--mem", "256", "--", "curl", "--canal"])).unwrap();
-        assert!(o.canal && !o.virtio);
-        assert_eq!(o.mem_mib, 256);
-        assert_eq!(o.program, s(&["curl", "--canal"]));
-        let o = parse_run(&s(&["--", "true"])).unwrap();
-        assert!(o.virtio && !o.canal, "virtio is the default");
-        let o = parse_run(&s(&["--publish", "8080:80", "--env", "A=b=c", "--", "x"])).unwrap();
-        assert_eq!(
-            o.publish,
-            vec![Publish {
-                host: 8080,
-                guest: 80
-            }]
-        );
-        assert_eq!(o.env, vec![("A".to_string(), "b=c".to_string())]);
-        assert!(
-            parse_run(&s(&["--canal", "--publish", "1:2", "--", "x"])).is_ok(),
-            "canald publishes for canal guests"
-        );
-        assert!(parse_run(&s(&["--doorbell", "/s", "--publish", "1:2", "--", "x"])).is_err());
-        assert!(parse_run(&s(&["--bogus", "--", "x"])).is_err());
-        assert!(parse_run(&s(&["--canal"])).is_err());
-        assert!(parse_run(&s(&["--timeout", "0", "--", "x"])).is_err());
-    }
 }

@@ -1,19 +1,30 @@
 //! The `canald` command line (also `canal daemon`): parse, bind, serve.
-use crate::config::parse_args;
-use crate::config::USAGE;
-use crate::daemon::Bound;
-use crate::daemon::Daemon;
 
-/// The `canald` command line (also `canal daemon`). Returns the exit status.
-pub fn cli_main(args: Vec<String>) -> i32 {
-    let cfg = match parse_args(&args) {
+use crate::config::DaemonArgs;
+use crate::daemon::{Bound, Daemon};
+use clap::Parser;
+
+/// canald, the canal host service: performs guests' socket calls on the host's
+/// network stack.
+#[derive(Parser, Debug)]
+#[command(name = "canald", version, about)]
+struct Cli {
+    #[command(flatten)]
+    args: DaemonArgs,
+}
+
+/// The `canald` binary: parses `std::env::args()`. Returns the exit status.
+pub fn cli_main() -> i32 {
+    serve(&Cli::parse().args)
+}
+
+/// Binds the control socket and serves until told to stop (or idle). Returns the
+/// exit status: 0 also when another canald already serves the socket.
+pub fn serve(args: &DaemonArgs) -> i32 {
+    let cfg = match args.config() {
         Ok(c) => c,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return 0;
-        }
         Err(e) => {
-            eprintln!("canald: {e}\n{USAGE}");
+            eprintln!("canald: {e}");
             return 2;
         }
     };

@@ -1,5 +1,4 @@
 //! canald's configuration: `Config`, its defaults, and the command line that sets it.
-use crate::engine;
 use crate::engine::CoalesceCfg;
 use crate::engine::NotifyMode;
 use crate::guest::config::GuestConfig;
@@ -37,7 +36,7 @@ pub struct Config {
     pub(crate) verbose: bool,
     /// How the poller waits (`--notify`).
     pub(crate) notify: NotifyMode,
-    /// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
+    /// Host → guest wake-up coalescing (`--coalesce`, `--t-worst-us`, `--split-us`).
     pub(crate) coalesce: CoalesceCfg,
     /// `--no-batch`: each host call moves at most one guest send's worth.
     pub(crate) no_batch: bool,
@@ -150,234 +149,240 @@ pub fn default_socket_path() -> PathBuf {
     PathBuf::from(format!("/tmp/canal-{}/canald.sock", sys::getuid()))
 }
 
-pub(crate) const USAGE: &str =
-    "usage: canald [--socket PATH] [--idle-exit SECS] [--slots N] [--sockets N]
-              [--data-mib N] [--ring-kib N] [--spin N] [--budget N] [--loopback-only] [-v]
-              [--notify poll|sleep|hybrid] [--coalesce] [--t-worst-us T | --coalesce-us T]
-              [--split-us P] [--no-coalesce] [--no-batch] [--rx-quantum-kib N] [--tx-quantum-kib N]
-              [--workers N] [--pin CPU,CPU..] [--no-shortcut] [--shortcut-ring-kib N]
-  --socket PATH     control socket (default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock,
-                    or /tmp/canal-$UID/canald.sock)
-  --idle-exit SECS  exit after SECS without guests (0 = never; default 0)
-  --slots N         request slots per guest (power of two, default 256)
-  --sockets N       sockets per guest (default 1024)
-  --data-mib N      ring memory per guest in MiB (default 256)
-  --ring-kib N      each socket's tx and rx ring in KiB (default 1024); when the data
-                    area runs short, later sockets get smaller rings (down to 64 KiB)
-                    so that every socket table entry can still have some
-  --spin N          fixed empty poller rounds before sleeping (default: adaptive budget)
-  --budget N        requests served per guest per round (default 16)
-  --notify MODE     poll (never sleeps; measurement only), sleep (never spins), or
-                    hybrid (adaptive spin, then sleep; default)
-  --coalesce        coalesce wake-ups: the two-layer split of T_worst = 50 µs between
-                    host holds and guest wake-ups (default off: every wake-up goes out
-                    at once, which measured faster and no costlier here)
-  --t-worst-us T    coalesce with worst-case added wake-up delay T µs, split
-                    adaptively between host holds and guest wake-ups (0: off)
-  --coalesce-us T   same as --t-worst-us
-  --split-us P      fixed host share T_p of T_worst instead of the adaptive split
-  --no-coalesce     every wake-up goes out at once (the default)
-  --no-batch        each host send/receive call moves at most 4 KiB (ablation)
-  --rx-quantum-kib N, --tx-quantum-kib N
-                    bytes a guest may receive / transmit per round (default 256 / 1024)
-  --workers N       pollers (default 1 on <= 2 cores, else cores/4 up to 4); each
-                    guest has a home worker, and with 2..16 workers its connected
-                    streams are spread over all of them by a flow hash (virtual RSS)
-  --pin CPU,CPU..   pin worker i to the i-th CPU of the list (cycled)
-  --loopback-only   policy: guests may only bind, connect and send to loopback addresses
-  --no-shortcut     never short-circuit connections between canal guests (also:
-                    CANAL_NO_SHORTCUT=1 in canald's environment)
-  --shortcut-ring-kib N  each ring of a short-circuited connection in KiB (default 1024)
-  --zones on|off    buffer zones on short-circuited connections: sends larger than the
-                    ring's free space go by (zone, offset) descriptors (default off;
-                    also: CANAL_ZONES=on in canald's environment)
-  -v                log to stderr";
+/// canald's command line (also `canal daemon`). Every option has the default of
+/// `Config::new`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DaemonArgs {
+    /// Control socket [default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock, or
+    /// /tmp/canal-$UID/canald.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Exit after SECS without guests (0: never)
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub idle_exit: u64,
+    /// Request slots per guest (a power of two)
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub slots: u32,
+    /// Sockets per guest
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub sockets: u32,
+    /// Ring memory per guest in MiB
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub data_mib: u64,
+    /// Each socket's tx and rx ring in KiB [default: 1024]; when the data area runs
+    /// short, later sockets get smaller rings (down to 64 KiB) so that every socket
+    /// table entry can still have some
+    #[arg(long, value_name = "N")]
+    pub ring_kib: Option<u64>,
+    /// Fixed empty poller rounds before sleeping [default: adaptive budget]
+    #[arg(long, value_name = "N")]
+    pub spin: Option<u32>,
+    /// Requests served per guest per round
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub budget: usize,
+    /// How pollers wait: poll (never sleeps; measurement only), sleep (never spins),
+    /// or hybrid (adaptive spin, then sleep)
+    #[arg(long, value_name = "MODE", default_value = "hybrid", value_parser = parse_notify)]
+    pub notify: NotifyMode,
+    /// Coalesce wake-ups: the two-layer split of T_worst = 50 µs between host holds
+    /// and guest wake-ups (off by default: every wake-up goes out at once)
+    #[arg(long)]
+    pub coalesce: bool,
+    /// Coalesce with worst-case added wake-up delay T µs, split adaptively between
+    /// host holds and guest wake-ups (0: off)
+    #[arg(long, value_name = "T")]
+    pub t_worst_us: Option<u64>,
+    /// Fixed host share T_p of T_worst instead of the adaptive split
+    #[arg(long, value_name = "P")]
+    pub split_us: Option<u64>,
+    /// Each host send/receive call moves at most 4 KiB (ablation)
+    #[arg(long)]
+    pub no_batch: bool,
+    /// Bytes a guest may receive per round, in KiB
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub rx_quantum_kib: u64,
+    /// Bytes a guest may transmit per round, in KiB
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub tx_quantum_kib: u64,
+    /// Pollers [default: 1 on <= 2 cores, else cores/4 up to 4]; each guest has a home
+    /// worker, and with 2..16 workers its connected streams are spread over all of
+    /// them by a flow hash (virtual RSS)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub workers: Option<u16>,
+    /// Pin worker i to the i-th CPU of the list (cycled)
+    #[arg(long, value_name = "CPU,CPU..", value_delimiter = ',')]
+    pub pin: Vec<usize>,
+    /// Policy: guests may only bind, connect and send to loopback addresses
+    #[arg(long)]
+    pub loopback_only: bool,
+    /// Never short-circuit connections between canal guests (also:
+    /// CANAL_NO_SHORTCUT=1 in canald's environment)
+    #[arg(long)]
+    pub no_shortcut: bool,
+    /// Each ring of a short-circuited connection in KiB
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub shortcut_ring_kib: u64,
+    /// Buffer zones on short-circuited connections: sends larger than the ring's free
+    /// space go by (zone, offset) descriptors [default: off; also CANAL_ZONES=on in
+    /// canald's environment]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub zones: Option<bool>,
+    /// Log every guest's attach and departure to stderr
+    #[arg(short, long)]
+    pub verbose: bool,
+}
 
-pub(crate) fn parse_args(args: &[String]) -> Result<Config, String> {
-    let mut cfg = Config::new(default_socket_path());
-    let mut i = 0;
-    fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
-        v.ok_or_else(|| format!("{flag} needs a value"))?
-            .parse()
-            .map_err(|_| format!("{flag}: not a number"))
+fn parse_notify(s: &str) -> Result<NotifyMode, String> {
+    NotifyMode::parse(s.as_bytes()).ok_or_else(|| format!("'{s}' is not poll, sleep or hybrid"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
     }
-    while i < args.len() {
-        let a = args[i].as_str();
-        let v = args.get(i + 1);
-        match a {
-            "--socket" => {
-                cfg.socket = PathBuf::from(v.ok_or("--socket needs a value")?);
-                i += 1;
-            }
-            "--idle-exit" => {
-                let s: u64 = num(a, v)?;
-                cfg.idle_exit = (s > 0).then(|| Duration::from_secs(s));
-                i += 1;
-            }
-            "--slots" => {
-                cfg.slots = num(a, v)?;
-                i += 1;
-            }
-            "--sockets" => {
-                cfg.sockets = num(a, v)?;
-                i += 1;
-            }
-            "--data-mib" => {
-                cfg.data_mib = num(a, v)?;
-                i += 1;
-            }
-            "--ring-kib" => {
-                cfg.ring_kib = Some(num(a, v)?);
-                i += 1;
-            }
-            "--spin" => {
-                cfg.spin = Some(num(a, v)?);
-                i += 1;
-            }
-            "--budget" => {
-                cfg.budget = num(a, v)?;
-                i += 1;
-            }
-            "--loopback-only" => cfg.loopback_only = true,
-            "--notify" => {
-                let m = v.ok_or("--notify needs a value")?;
-                cfg.notify = engine::NotifyMode::parse(m)
-                    .ok_or_else(|| format!("--notify: '{m}' is not poll, sleep or hybrid"))?;
-                i += 1;
-            }
-            "--t-worst-us" | "--coalesce-us" => {
-                let t = Duration::from_micros(num(a, v)?);
-                cfg.coalesce = match cfg.coalesce {
-                    engine::CoalesceCfg::Fixed { t_p, .. } => {
-                        engine::CoalesceCfg::Fixed { t_worst: t, t_p }
-                    }
-                    _ if t.is_zero() => engine::CoalesceCfg::Off,
-                    _ => engine::CoalesceCfg::Adaptive { t_worst: t },
-                };
-                i += 1;
-            }
-            "--split-us" => {
-                let t_p = Duration::from_micros(num(a, v)?);
-                let t_worst = match cfg.coalesce {
-                    engine::CoalesceCfg::Adaptive { t_worst }
-                    | engine::CoalesceCfg::Fixed { t_worst, .. } => t_worst,
-                    engine::CoalesceCfg::Off => crate::config::DEFAULT_T_WORST,
-                };
-                cfg.coalesce = engine::CoalesceCfg::Fixed { t_worst, t_p };
-                i += 1;
-            }
-            "--no-coalesce" => cfg.coalesce = engine::CoalesceCfg::Off,
-            "--coalesce" => {
-                if cfg.coalesce == engine::CoalesceCfg::Off {
-                    cfg.coalesce = engine::CoalesceCfg::Adaptive {
-                        t_worst: crate::config::DEFAULT_T_WORST,
-                    };
-                }
-            }
-            "--no-batch" => cfg.no_batch = true,
-            "--workers" => {
-                cfg.workers = num(a, v)?;
-                if !(1..=64).contains(&cfg.workers) {
-                    return Err("--workers must be 1..=64".into());
-                }
-                i += 1;
-            }
-            "--pin" => {
-                let list = v.ok_or("--pin needs a value")?;
-                cfg.pin = list
-                    .split(',')
-                    .map(|c| c.trim().parse::<usize>())
-                    .collect::<Result<_, _>>()
-                    .map_err(|_| format!("--pin: '{list}' is not a list of CPU numbers"))?;
-                i += 1;
-            }
-            "--rx-quantum-kib" => {
-                cfg.rx_quantum = num::<u64>(a, v)?.saturating_mul(1024);
-                i += 1;
-            }
-            "--tx-quantum-kib" => {
-                cfg.tx_quantum = num::<u64>(a, v)?.saturating_mul(1024);
-                i += 1;
-            }
-            "--no-shortcut" => cfg.shortcut = false,
-            "--shortcut-ring-kib" => {
-                cfg.shortcut_ring_kib = num(a, v)?;
-                i += 1;
-            }
-            "--zones" => {
-                cfg.zones = match v.map(String::as_str) {
-                    Some("on") => true,
-                    Some("off") => false,
-                    _ => return Err("--zones needs on or off".into()),
-                };
-                i += 1;
-            }
-            "-v" | "--verbose" => cfg.verbose = true,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument '{other}'")),
+}
+
+impl DaemonArgs {
+    /// The configuration these options describe (checked: the region must fit).
+    pub fn config(&self) -> Result<Config, String> {
+        let mut cfg = Config::new(self.socket.clone().unwrap_or_else(default_socket_path));
+        cfg.idle_exit = (self.idle_exit > 0).then(|| Duration::from_secs(self.idle_exit));
+        cfg.slots = self.slots;
+        cfg.sockets = self.sockets;
+        cfg.data_mib = self.data_mib;
+        cfg.ring_kib = self.ring_kib;
+        cfg.spin = self.spin;
+        cfg.budget = self.budget;
+        cfg.loopback_only = self.loopback_only;
+        cfg.notify = self.notify;
+        cfg.coalesce = self.coalescing();
+        cfg.no_batch = self.no_batch;
+        cfg.rx_quantum = self.rx_quantum_kib.saturating_mul(1024);
+        cfg.tx_quantum = self.tx_quantum_kib.saturating_mul(1024);
+        if let Some(w) = self.workers {
+            cfg.workers = w.into();
         }
-        i += 1;
+        cfg.pin = self.pin.clone();
+        cfg.shortcut &= !self.no_shortcut;
+        cfg.shortcut_ring_kib = self.shortcut_ring_kib;
+        if let Some(z) = self.zones {
+            cfg.zones = z;
+        }
+        cfg.verbose = self.verbose;
+        cfg.guest_config()?;
+        Ok(cfg)
     }
-    cfg.guest_config()?;
-    Ok(cfg)
+
+    /// Off unless asked for; a fixed split keeps the given (or default) window; a
+    /// window of 0 is off.
+    fn coalescing(&self) -> CoalesceCfg {
+        let us = Duration::from_micros;
+        match (self.split_us, self.t_worst_us) {
+            (Some(p), t) => CoalesceCfg::Fixed {
+                t_worst: t.map_or(DEFAULT_T_WORST, us),
+                t_p: us(p),
+            },
+            (None, Some(0)) => CoalesceCfg::Off,
+            (None, Some(t)) => CoalesceCfg::Adaptive { t_worst: us(t) },
+            (None, None) if self.coalesce => CoalesceCfg::Adaptive {
+                t_worst: DEFAULT_T_WORST,
+            },
+            (None, None) => CoalesceCfg::Off,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DaemonArgs,
+    }
+
+    fn parse_args(v: &[&str]) -> Result<Config, String> {
+        let cli = Cli::try_parse_from(std::iter::once("canald").chain(v.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.args.config()
+    }
 
     #[test]
     fn args() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let c = parse_args(&s(&["--socket", "/x/y", "--idle-exit", "3", "--spin", "7"])).unwrap();
+        let c = parse_args(&["--socket", "/x/y", "--idle-exit", "3", "--spin", "7"]).unwrap();
         assert_eq!(c.socket, PathBuf::from("/x/y"));
         assert_eq!(c.idle_exit, Some(Duration::from_secs(3)));
         assert_eq!(c.spin, Some(7));
-        assert!(parse_args(&s(&["--slots", "3"])).is_err());
-        assert!(parse_args(&s(&["--bogus"])).is_err());
-        assert!(parse_args(&s(&["--spin"])).is_err());
-        let c = parse_args(&s(&["--idle-exit", "0"])).unwrap();
+        let c = parse_args(&["--socket=/a/b", "--spin=9"]).unwrap();
+        assert_eq!((c.socket, c.spin), (PathBuf::from("/a/b"), Some(9)));
+        assert!(parse_args(&["--slots", "3"]).is_err());
+        assert!(parse_args(&["--bogus"]).is_err());
+        assert!(parse_args(&["--spin"]).is_err());
+        let c = parse_args(&["--idle-exit", "0"]).unwrap();
         assert_eq!(c.idle_exit, None);
-        assert_eq!(c.notify, engine::NotifyMode::Hybrid);
-        let c = parse_args(&s(&["--notify", "poll", "--no-batch", "--no-coalesce"])).unwrap();
-        assert_eq!(c.notify, engine::NotifyMode::Poll);
+        assert_eq!(c.notify, NotifyMode::Hybrid);
+        let c = parse_args(&["--notify", "poll", "--no-batch"]).unwrap();
+        assert_eq!(c.notify, NotifyMode::Poll);
         assert!(c.no_batch);
-        assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
-        assert!(parse_args(&s(&["--notify", "spin"])).is_err());
-        let c = parse_args(&s(&["--t-worst-us", "80", "--split-us", "30"])).unwrap();
+        assert_eq!(c.coalesce, CoalesceCfg::Off);
+        assert!(parse_args(&["--notify", "spin"]).is_err());
+        let c = parse_args(&["--t-worst-us", "80", "--split-us", "30"]).unwrap();
         assert_eq!(
             c.coalesce,
-            engine::CoalesceCfg::Fixed {
+            CoalesceCfg::Fixed {
                 t_worst: Duration::from_micros(80),
                 t_p: Duration::from_micros(30)
             }
         );
-        let c = parse_args(&s(&["--workers", "2", "--pin", "0,1"])).unwrap();
+        let c = parse_args(&["--workers", "2", "--pin", "0,1"]).unwrap();
         assert_eq!((c.workers, c.pin.clone()), (2, vec![0, 1]));
-        assert!(parse_args(&s(&["--workers", "0"])).is_err());
-        assert!(parse_args(&s(&["--pin", "a,1"])).is_err());
-        let c = parse_args(&s(&["--coalesce", "--coalesce-us", "0"])).unwrap();
-        assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
+        assert!(parse_args(&["--workers", "0"]).is_err());
+        assert!(parse_args(&["--pin", "a,1"]).is_err());
+        assert!(parse_args(&["--zones", "maybe"]).is_err());
+        assert!(parse_args(&["--zones", "on"]).unwrap().zones);
+        let c = parse_args(&["--rx-quantum-kib", "8", "--no-shortcut"]).unwrap();
+        assert_eq!(c.rx_quantum, 8192);
+        assert!(!c.shortcut);
     }
 
     #[test]
     fn coalescing_is_off_unless_asked_for() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(parse_args(&[]).unwrap().coalesce, engine::CoalesceCfg::Off);
-        let on = engine::CoalesceCfg::Adaptive {
-            t_worst: crate::config::DEFAULT_T_WORST,
+        assert_eq!(parse_args(&[]).unwrap().coalesce, CoalesceCfg::Off);
+        let on = CoalesceCfg::Adaptive {
+            t_worst: DEFAULT_T_WORST,
         };
-        assert_eq!(parse_args(&s(&["--coalesce"])).unwrap().coalesce, on);
-        // --coalesce keeps a window or split given before it.
-        let c = parse_args(&s(&["--t-worst-us", "80", "--coalesce"])).unwrap();
+        assert_eq!(parse_args(&["--coalesce"]).unwrap().coalesce, on);
+        // A window given with --coalesce is kept, in either order.
+        let w80 = CoalesceCfg::Adaptive {
+            t_worst: Duration::from_micros(80),
+        };
+        assert_eq!(
+            parse_args(&["--t-worst-us", "80", "--coalesce"])
+                .unwrap()
+                .coalesce,
+            w80
+        );
+        assert_eq!(
+            parse_args(&["--coalesce", "--t-worst-us", "80"])
+                .unwrap()
+                .coalesce,
+            w80
+        );
+        // A window of 0 is off, even with --coalesce.
+        let c = parse_args(&["--coalesce", "--t-worst-us", "0"]).unwrap();
+        assert_eq!(c.coalesce, CoalesceCfg::Off);
+        // A split alone uses the default window.
+        let c = parse_args(&["--split-us", "10"]).unwrap();
         assert_eq!(
             c.coalesce,
-            engine::CoalesceCfg::Adaptive {
-                t_worst: Duration::from_micros(80)
+            CoalesceCfg::Fixed {
+                t_worst: DEFAULT_T_WORST,
+                t_p: Duration::from_micros(10)
             }
         );
-        let c = parse_args(&s(&["--coalesce", "--no-coalesce"])).unwrap();
-        assert_eq!(c.coalesce, engine::CoalesceCfg::Off);
     }
 }

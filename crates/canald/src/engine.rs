@@ -11,34 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How a waiting side (the host poller, or a guest thread) waits for work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NotifyMode {
-    /// Never sleeps: spins forever (measurement only — it burns a core).
-    Poll,
-    /// Sleeps as soon as there is nothing to do (no spinning).
-    Sleep,
-    /// Spins for an adaptive budget, then sleeps (the default).
-    Hybrid,
-}
-
-impl NotifyMode {
-    pub(crate) fn parse(s: &str) -> Option<NotifyMode> {
-        match s {
-            "poll" => Some(NotifyMode::Poll),
-            "sleep" => Some(NotifyMode::Sleep),
-            "hybrid" => Some(NotifyMode::Hybrid),
-            _ => None,
-        }
-    }
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            NotifyMode::Poll => "poll",
-            NotifyMode::Sleep => "sleep",
-            NotifyMode::Hybrid => "hybrid",
-        }
-    }
-}
+pub(crate) use canal_abi::wait::NotifyMode;
 
 /// Waits remembered by the adaptive budget.
 pub(crate) const HISTORY: usize = 16;
@@ -132,7 +105,7 @@ impl SpinBudget {
     }
 }
 
-/// Host → guest wake-up coalescing (`--t-worst-us`, `--split-us`, `--no-coalesce`).
+/// Host → guest wake-up coalescing (`--coalesce`, `--t-worst-us`, `--split-us`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum CoalesceCfg {
     Off,
@@ -295,14 +268,6 @@ pub(crate) fn measure_wake_ns(epoll: bool) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn modes_parse() {
-        for m in [NotifyMode::Poll, NotifyMode::Sleep, NotifyMode::Hybrid] {
-            assert_eq!(NotifyMode::parse(m.name()), Some(m));
-        }
-        assert_eq!(NotifyMode::parse("spin"), None);
-    }
 
     #[test]
     fn budget_grows_when_work_comes_just_after() {

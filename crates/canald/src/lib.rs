@@ -26,6 +26,7 @@ pub mod fuzz;
 pub mod guest;
 pub mod ivshmem_server;
 pub mod request;
+pub mod spawn;
 pub mod stat;
 pub mod sys;
 pub mod vm;

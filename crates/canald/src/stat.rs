@@ -99,7 +99,7 @@ pub(crate) struct ConfigStat {
     pub(crate) notify: &'static str,
     /// false with `--no-batch`.
     pub(crate) batch: bool,
-    /// "adaptive", "fixed" (`--split-us`) or "off" (`--no-coalesce`).
+    /// "adaptive", "fixed" (`--split-us`) or "off" (the default, or `--t-worst-us 0`).
     pub(crate) coalesce: &'static str,
     /// T_worst in µs (0 when coalescing is off).
     pub(crate) t_worst_us: u64,

@@ -1157,3 +1157,16 @@ impl Mapping {
         Some((h, [r(0), r(1)]))
     }
 }
+
+/// Makes `cmd`'s child start a new session (setsid) before it execs, so that the
+/// terminal's signals for the parent's process group never reach it.
+pub fn new_session_on_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid() is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+}

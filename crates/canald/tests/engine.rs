@@ -165,7 +165,7 @@ fn coalescing_limits_wakes_per_window() {
 
 #[test]
 fn coalescing_off_wakes_every_time() {
-    let d = TestDaemon::start(&["--no-coalesce", "--notify", "sleep"]);
+    let d = TestDaemon::start(&["--notify", "sleep"]);
     let mut g = TestGuest::attach(&d.path, "nocoal");
     let (h, mut peer) = connected_pair(&mut g);
     let before = guest_num(&d.stat(), g.id, "wakes");

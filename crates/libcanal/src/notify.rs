@@ -11,26 +11,8 @@ use canal_abi::sync::Ordering;
 use core::sync::atomic::AtomicBool;
 use std::cell::RefCell;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Never sleeps (measurement only: burns a core per waiting thread).
-    Poll,
-    /// Sleeps at once, no spinning.
-    Sleep,
-    /// Spins an adaptive budget, then sleeps (default).
-    Hybrid,
-}
-
-impl Mode {
-    pub(crate) fn parse(v: &[u8]) -> Option<Mode> {
-        match v {
-            b"poll" => Some(Mode::Poll),
-            b"sleep" => Some(Mode::Sleep),
-            b"hybrid" => Some(Mode::Hybrid),
-            _ => None,
-        }
-    }
-}
+/// How threads wait: canal-abi's mode, shared with canald's `--notify`.
+pub(crate) use canal_abi::wait::NotifyMode as Mode;
 
 /// Bounds of the hybrid budget and the cost charged for one sleep/wake-up (about what
 /// waking a blocked thread on another vCPU costs on the small machines canal targets).

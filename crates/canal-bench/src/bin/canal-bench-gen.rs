@@ -2,17 +2,9 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.is_empty() || args[0] == "-h" || args[0] == "--help" {
-        println!("{}", canal_bench::gen::USAGE);
-        return ExitCode::from(if args.is_empty() { 2 } else { 0 });
-    }
-    let g = match canal_bench::gen::parse_args(&args) {
+    let g = match canal_bench::gen::parse_args(std::env::args().skip(1)) {
         Ok(g) => g,
-        Err(e) => {
-            eprintln!("canal-bench-gen: {e}\n{}", canal_bench::gen::USAGE);
-            return ExitCode::from(2);
-        }
+        Err(e) => e.exit(),
     };
     match canal_bench::gen::run(&g) {
         Ok(line) => {

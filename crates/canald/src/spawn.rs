@@ -1,0 +1,108 @@
+//! Starting a private canald: `canal run` and `canal vm` make sure a daemon they may
+//! trust answers on the control socket, and start one (`canal daemon`, detached, with
+//! an idle exit) when nobody does. The caller's executable must be the `canal` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a private canald lingers after its last guest left, so back-to-back
+/// `canal run`s (and two guests talking to each other) share one daemon.
+const PRIVATE_IDLE_EXIT_SECS: &str = "5";
+
+/// Whether a daemon canal may trust answers on the control socket: Ok(false) if
+/// nobody does; Err with the reason if the directory or the daemon is not to be
+/// trusted (canald::ctldir).
+fn answers(path: &Path) -> Result<bool, String> {
+    crate::ctldir::connect_trusted(path).map(|fd| fd.is_some())
+}
+
+/// Makes sure a canald canal may trust answers on `path`: checks (or creates, 0700)
+/// its directory and starts a private daemon if nobody answers (`canal vm` uses this
+/// too).
+pub fn ensure_daemon(path: &Path) -> Result<(), String> {
+    use crate::ctldir::{dir_of, ensure_dir, Role};
+    ensure_dir(dir_of(path), Role::Client)?;
+    if answers(path)? {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
+    start_private_daemon(&exe, path)
+}
+
+/// `<socket>.log`, opened for appending without following a symlink (the directory was
+/// checked: only this user can write it).
+fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(log)
+}
+
+/// The last lines of the daemon's log, to quote when it failed to start.
+fn log_tail(log: &Path, start: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text[(start as usize).min(text.len())..]).into_owned();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// Starts `<exe> daemon --socket PATH --idle-exit 5` detached, its stderr appended to
+/// `PATH.log`, and waits (10 s at most) until it answers.
+fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
+    let mut log = path.as_os_str().to_owned();
+    log.push(".log");
+    let log = PathBuf::from(log);
+    let (stderr, start, log_note) = match open_log(&log) {
+        Ok(f) => {
+            let start = f.metadata().map(|m| m.len()).unwrap_or(0);
+            (Stdio::from(f), start, format!("see {}", log.display()))
+        }
+        Err(e) => (
+            Stdio::null(),
+            0,
+            format!("its log {} could not be opened: {e}", log.display()),
+        ),
+    };
+    let mut cmd = Command::new(exe);
+    cmd.arg("daemon")
+        .arg("--socket")
+        .arg(path)
+        .arg("--idle-exit")
+        .arg(PRIVATE_IDLE_EXIT_SECS)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .env_remove("LD_PRELOAD");
+    // Its own session: the terminal's signals for the program do not reach it.
+    crate::sys::new_session_on_exec(&mut cmd);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start canald ({}): {e}", exe.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if answers(path)? {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            // Another canal run may have won the race for the same path.
+            if answers(path)? {
+                return Ok(());
+            }
+            let tail = log_tail(&log, start);
+            return Err(if tail.is_empty() {
+                format!("canald exited at start ({st}); {log_note}")
+            } else {
+                format!("canald exited at start ({st}): {tail}")
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(format!(
+        "canald did not answer on {} within 10 s; {log_note}",
+        path.display()
+    ))
+}
