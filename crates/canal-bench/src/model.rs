@@ -199,8 +199,8 @@ impl Variant {
     pub fn check(&self, config: Option<&crate::json::Json>) -> Option<String> {
         for (k, want) in &self.expect {
             let got = config
-                .and_then(|c| c.get(k))
-                .map(crate::json::Json::as_text);
+                .and_then(|c| crate::json::get(c, k))
+                .map(crate::json::as_text);
             if got.as_deref() != Some(want.as_str()) {
                 let mut sw: Vec<String> = self.args.clone();
                 sw.extend(self.env.iter().map(|(a, b)| format!("{a}={b}")));
@@ -583,7 +583,7 @@ mod tests {
                "shortcut":true}}}"#,
         )
         .unwrap();
-        let c = cfg.get("daemon.config");
+        let c = crate::json::get(&cfg, "daemon.config");
         assert_eq!(Variant::parse("split=0.25").unwrap().check(c), None);
         assert_eq!(Variant::parse("disable=batch").unwrap().check(c), None);
         assert_eq!(Variant::parse("disable=poll").unwrap().check(c), None);

@@ -210,10 +210,10 @@ impl Runner {
                     d.pid = Some(p.pid());
                     match self.stat_json(&socket) {
                         Ok(j) => {
-                            if let Some(pid) = j.get("daemon.pid").and_then(json::Json::num) {
+                            if let Some(pid) = json::get(&j, "daemon.pid").and_then(json::Json::as_f64) {
                                 d.pid = Some(pid as u32);
                             }
-                            d.config = j.get("daemon.config").cloned();
+                            d.config = json::get(&j, "daemon.config").cloned();
                         }
                         Err(e) if !variant.is_default() => {
                             d.problem = Some(Status::NotAvailable(format!(
@@ -848,12 +848,11 @@ impl Runner {
         );
         self.tool_outcome(r, |out| {
             let j = json::parse(out)?;
-            if let Some(e) = j.get("error") {
-                return Err(format!("iperf3: {}", e.as_text()));
+            if let Some(e) = json::get(&j, "error") {
+                return Err(format!("iperf3: {}", json::as_text(e)));
             }
-            let bps = j
-                .get("end.sum_received.bits_per_second")
-                .and_then(json::Json::num)
+            let bps = json::get(&j, "end.sum_received.bits_per_second")
+                .and_then(json::Json::as_f64)
                 .ok_or("iperf3 -J has no end.sum_received.bits_per_second")?;
             Ok(vec![
                 ("gbit_s".into(), bps / 1e9),

@@ -6,9 +6,10 @@ use crate::guest::socket::Kind;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
 use canal_abi::CanalAddr;
+use serde::Serialize;
 use std::fmt::Write;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct SockStat {
     pub(crate) handle: u32,
     pub(crate) kind: &'static str,
@@ -17,11 +18,12 @@ pub(crate) struct SockStat {
     pub(crate) peer: String,
     pub(crate) tx_bytes: u64,
     pub(crate) rx_bytes: u64,
-    /// A short-circuited socket with zones: the zone buffers it has posted
-    /// (guest-written index, a statistic only; JSON `zone_sends`, absent otherwise).
-    pub(crate) zone_sends: Option<u64>,
     /// The worker that owns this socket (virtual RSS; else the guest's worker).
     pub(crate) worker: u32,
+    /// A short-circuited socket with zones: the zone buffers it has posted
+    /// (guest-written index, a statistic only; JSON `zone_sends`, absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) zone_sends: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +42,7 @@ pub(crate) struct GuestStat {
 }
 
 /// One poller's engine state and counters.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub(crate) struct WorkerStat {
     pub(crate) id: u32,
     pub(crate) notify: &'static str,
@@ -93,7 +95,7 @@ impl WorkerStat {
 
 /// The engine switches in force (`daemon.config` in the JSON), so a benchmark can
 /// confirm that the variant it asked for is the one it measured.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct ConfigStat {
     /// "poll", "sleep" or "hybrid" (`--notify`).
     pub(crate) notify: &'static str,
@@ -205,121 +207,69 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
     }
 }
 
-fn json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+/// The JSON shape of `canal stat --json` (docs/operations.md).
+#[derive(Serialize)]
+struct StatJson<'a> {
+    daemon: DaemonJson<'a>,
+    guests: Vec<GuestJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct DaemonJson<'a> {
+    pid: u32,
+    socket: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<&'a ConfigStat>,
+    workers: &'a [WorkerStat],
+}
+
+#[derive(Serialize)]
+struct GuestJson<'a> {
+    id: u32,
+    pid: u32,
+    comm: &'a str,
+    worker: u32,
+    wakes: u64,
+    deferred_wakes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    doorbell: Option<DoorbellJson>,
+    sockets: &'a [SockStat],
+}
+
+/// A doorbell VM (protocol §9.5): every wake is an MSI-X interrupt.
+#[derive(Serialize)]
+struct DoorbellJson {
+    kicks: u64,
+    interrupts: u64,
 }
 
 pub(crate) fn render_json(s: &Snapshot) -> String {
-    let mut o = String::new();
-    let _ = write!(o, "{{\"daemon\":{{\"pid\":{},\"socket\":", s.pid);
-    json_str(&mut o, &s.socket);
-    if let Some(c) = &s.config {
-        o.push_str(",\"config\":{\"notify\":");
-        json_str(&mut o, c.notify);
-        let _ = write!(o, ",\"batch\":{},\"coalesce\":", c.batch);
-        json_str(&mut o, c.coalesce);
-        let _ = write!(o, ",\"t_worst_us\":{},\"split_us\":", c.t_worst_us);
-        match c.split_us {
-            Some(p) => {
-                let _ = write!(o, "{p}");
-            }
-            None => o.push_str("null"),
-        }
-        let _ = write!(
-            o,
-            ",\"workers\":{},\"shortcut\":{},\"zones\":{}}}",
-            c.workers, c.shortcut, c.zones
-        );
-    }
-    o.push_str(",\"workers\":[");
-    for (i, w) in s.workers.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        let _ = write!(o, "{{\"id\":{},\"notify\":", w.id);
-        json_str(&mut o, w.notify);
-        let _ = write!(
-            o,
-            ",\"guests\":{},\"rounds\":{},\"sleeps\":{},\"wakes\":{},\"kicks\":{},\
-             \"holds\":{},\"spin_ns\":{},\"t_worst_ns\":{},\"t_p_ns\":{},\"t_v_ns\":{},\
-             \"c_p_ns\":{},\"c_v_ns\":{},\"active\":{},\"sockets\":{}}}",
-            w.guests,
-            w.rounds,
-            w.sleeps,
-            w.wakes,
-            w.kicks,
-            w.holds,
-            w.spin_ns,
-            w.t_worst_ns,
-            w.t_p_ns,
-            w.t_v_ns,
-            w.c_p_ns,
-            w.c_v_ns,
-            w.active,
-            w.sockets
-        );
-    }
-    o.push_str("]},\"guests\":[");
-    for (i, g) in s.guests.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        let _ = write!(o, "{{\"id\":{},\"pid\":{},\"comm\":", g.id, g.pid);
-        json_str(&mut o, &g.comm);
-        let _ = write!(
-            o,
-            ",\"worker\":{},\"wakes\":{},\"deferred_wakes\":{},",
-            g.worker, g.wakes, g.deferred_wakes
-        );
-        if let Some(k) = g.doorbell_kicks {
-            // A doorbell VM (protocol §9.5): every wake is an MSI-X interrupt.
-            let _ = write!(
-                o,
-                "\"doorbell\":{{\"kicks\":{k},\"interrupts\":{}}},",
-                g.wakes
-            );
-        }
-        o.push_str("\"sockets\":[");
-        for (j, k) in g.sockets.iter().enumerate() {
-            if j > 0 {
-                o.push(',');
-            }
-            let _ = write!(o, "{{\"handle\":{},\"kind\":", k.handle);
-            json_str(&mut o, k.kind);
-            o.push_str(",\"state\":");
-            json_str(&mut o, k.state);
-            o.push_str(",\"local\":");
-            json_str(&mut o, &k.local);
-            o.push_str(",\"peer\":");
-            json_str(&mut o, &k.peer);
-            let _ = write!(
-                o,
-                ",\"tx_bytes\":{},\"rx_bytes\":{},\"worker\":{}",
-                k.tx_bytes, k.rx_bytes, k.worker
-            );
-            if let Some(z) = k.zone_sends {
-                let _ = write!(o, ",\"zone_sends\":{z}");
-            }
-            o.push('}');
-        }
-        o.push_str("]}");
-    }
-    o.push_str("]}");
-    o
+    let j = StatJson {
+        daemon: DaemonJson {
+            pid: s.pid,
+            socket: &s.socket,
+            config: s.config.as_ref(),
+            workers: &s.workers,
+        },
+        guests: s
+            .guests
+            .iter()
+            .map(|g| GuestJson {
+                id: g.id,
+                pid: g.pid,
+                comm: &g.comm,
+                worker: g.worker,
+                wakes: g.wakes,
+                deferred_wakes: g.deferred_wakes,
+                doorbell: g.doorbell_kicks.map(|kicks| DoorbellJson {
+                    kicks,
+                    interrupts: g.wakes,
+                }),
+                sockets: &g.sockets,
+            })
+            .collect(),
+    };
+    serde_json::to_string(&j).expect("the listing serializes")
 }
 
 pub(crate) fn render_text(s: &Snapshot) -> String {
@@ -514,9 +464,11 @@ mod tests {
 
     #[test]
     fn control_chars_escaped() {
-        let mut o = String::new();
-        json_str(&mut o, "a\u{1}b\\");
-        assert_eq!(o, "\"a\\u0001b\\\\\"");
+        let mut s = snap();
+        s.guests[0].comm = "a\u{1}b\\\"".into();
+        let j: serde_json::Value = serde_json::from_str(&render_json(&s)).unwrap();
+        assert_eq!(j["guests"][0]["comm"], "a\u{1}b\\\"");
+        assert!(render_json(&s).contains(r#""comm":"a\u0001b\\\"""#));
     }
 
     #[test]

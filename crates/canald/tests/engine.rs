@@ -25,26 +25,24 @@ fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
     (h, peer)
 }
 
-/// The number after `"key":` in `s` (the first occurrence at or after `from`).
-fn json_num(s: &str, from: usize, key: &str) -> u64 {
-    let pat = format!("\"{key}\":");
-    let at = s[from..]
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {s}"))
-        + from;
-    let rest = &s[at + pat.len()..];
-    let end = rest
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(rest.len());
-    rest[..end].parse().unwrap()
+/// A counter of worker `id` from the STAT JSON.
+fn worker_num(stat: &str, id: u64, key: &str) -> u64 {
+    let j: serde_json::Value = serde_json::from_str(stat).expect("STAT is JSON");
+    j["daemon"]["workers"]
+        .as_array()
+        .and_then(|ws| ws.iter().find(|w| w["id"] == id))
+        .and_then(|w| w[key].as_u64())
+        .unwrap_or_else(|| panic!("no worker {id} {key} in {stat}"))
 }
 
 /// A guest's counter from the STAT JSON.
 fn guest_num(stat: &str, id: u32, key: &str) -> u64 {
-    let at = stat
-        .find(&format!("{{\"id\":{id},\"pid\""))
-        .unwrap_or_else(|| panic!("guest {id} not in {stat}"));
-    json_num(stat, at, key)
+    let j: serde_json::Value = serde_json::from_str(stat).expect("STAT is JSON");
+    j["guests"]
+        .as_array()
+        .and_then(|gs| gs.iter().find(|g| g["id"] == id))
+        .and_then(|g| g[key].as_u64())
+        .unwrap_or_else(|| panic!("no guest {id} {key} in {stat}"))
 }
 
 /// Moves `n` bytes each way between a guest and a native peer, compared by hash.
@@ -78,9 +76,9 @@ fn every_notification_mode_moves_data() {
         }
         let st = d.stat();
         assert!(st.contains(&format!("\"notify\":\"{mode}\"")), "{st}");
-        assert!(json_num(&st, st.find("\"workers\"").unwrap(), "rounds") > 0);
+        assert!(worker_num(&st, 0, "rounds") > 0);
         if mode == "poll" {
-            assert_eq!(json_num(&st, st.find("\"workers\"").unwrap(), "sleeps"), 0);
+            assert_eq!(worker_num(&st, 0, "sleeps"), 0);
         }
     }
 }
@@ -97,11 +95,10 @@ fn sleep_mode_sleeps_and_hybrid_adapts() {
             assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0);
         }
         let st = d.stat();
-        let w = st.find("\"workers\"").unwrap();
-        assert!(json_num(&st, w, "sleeps") >= 30, "{mode}: {st}");
-        assert!(json_num(&st, w, "kicks") >= 30, "{mode}: {st}");
+        assert!(worker_num(&st, 0, "sleeps") >= 30, "{mode}: {st}");
+        assert!(worker_num(&st, 0, "kicks") >= 30, "{mode}: {st}");
         if mode == "hybrid" {
-            assert!(json_num(&st, w, "spin_ns") <= 5_000, "{st}");
+            assert!(worker_num(&st, 0, "spin_ns") <= 5_000, "{st}");
         }
     }
 }
@@ -374,8 +371,7 @@ fn two_workers_move_eight_connections() {
             on[guest_num(&st, *id, "worker") as usize] += 1;
         }
         assert_eq!(on, [2, 2], "guests spread over both workers: {st}");
-        let w1 = st.find("{\"id\":1,\"notify\"").expect("worker 1 listed");
-        assert!(json_num(&st, w1, "rounds") > 0, "{st}");
+        assert!(worker_num(&st, 1, "rounds") > 0, "{st}");
         done.into_iter().map(|(id, _)| id).collect()
     });
     assert_eq!(ids.len(), GUESTS);
