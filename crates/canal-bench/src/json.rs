@@ -9,7 +9,8 @@ pub fn parse(s: &str) -> Result<Json, String> {
 
 /// Follows a dotted path of object keys, e.g. `"daemon.pid"`.
 pub fn get<'a>(v: &'a Json, path: &str) -> Option<&'a Json> {
-    path.split('.').try_fold(v, |cur, k| cur.as_object()?.get(k))
+    path.split('.')
+        .try_fold(v, |cur, k| cur.as_object()?.get(k))
 }
 
 /// The value as text as a person would write it in a switch (`"poll"`, `3`, `true`).

@@ -210,7 +210,9 @@ impl Runner {
                     d.pid = Some(p.pid());
                     match self.stat_json(&socket) {
                         Ok(j) => {
-                            if let Some(pid) = json::get(&j, "daemon.pid").and_then(json::Json::as_f64) {
+                            if let Some(pid) =
+                                json::get(&j, "daemon.pid").and_then(json::Json::as_f64)
+                            {
                                 d.pid = Some(pid as u32);
                             }
                             d.config = json::get(&j, "daemon.config").cloned();

@@ -28,6 +28,7 @@ pub fn serve(args: &DaemonArgs) -> i32 {
             return 2;
         }
     };
+    crate::logging::init(cfg.verbose);
     let mut d = match Daemon::bind(cfg) {
         Ok(Bound::Serving(d)) => d,
         Ok(Bound::AlreadyRunning) => return 0,

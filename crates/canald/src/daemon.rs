@@ -80,12 +80,6 @@ pub enum Bound {
     AlreadyRunning,
 }
 
-fn log(cfg: &Config, msg: std::fmt::Arguments) {
-    if cfg.verbose {
-        eprintln!("canald: {msg}");
-    }
-}
-
 fn answers(path: &Path) -> bool {
     sys::seqpacket_connect(path).is_ok()
 }
@@ -99,12 +93,9 @@ impl Daemon {
         if (cfg.sockets as u64) > cap {
             // One guest must not be able to take every descriptor (issue: one guest
             // opening sockets locked every other guest out).
-            log(
-                &cfg,
-                format_args!(
-                    "{nofile} descriptors: --sockets {} lowered to {cap}",
-                    cfg.sockets
-                ),
+            log::info!(
+                "{nofile} descriptors: --sockets {} lowered to {cap}",
+                cfg.sockets
             );
             cfg.sockets = cap as _;
         }
@@ -208,10 +199,7 @@ impl Daemon {
     pub(crate) fn run(&mut self) -> io::Result<()> {
         let mode = self.cfg.notify;
         if mode == NotifyMode::Poll {
-            eprintln!(
-                "canald: warning: --notify poll never sleeps and burns a core per worker \
-                 (measurement only)"
-            );
+            log::warn!("--notify poll never sleeps and burns a core per worker (measurement only)");
         }
         // C_p: a poller's wake-up from epoll plus one round; C_v: a guest thread's
         // wake-up from poll() on its slot eventfd (both measured here, now). C_p also
@@ -233,7 +221,7 @@ impl Daemon {
         }
         if let Some(&cpu) = self.cfg.pin.first() {
             if let Err(e) = crate::worker::pin(cpu) {
-                eprintln!("canald: cannot pin worker 0 to CPU {cpu}: {e}");
+                log::warn!("cannot pin worker 0 to CPU {cpu}: {e}");
             }
         }
         let boxes: crate::guest::shared::Boxes =
@@ -245,13 +233,10 @@ impl Daemon {
             .set_boxes(boxes.clone());
         self.boxes = Some(boxes);
         let mut p = Poller::new(self.workers[0].clone(), &self.cfg, c_p, c_v);
-        log(
-            &self.cfg,
-            format_args!(
-                "serving {} (notify {}, {n} worker(s), C_p {c_p} ns, C_v {c_v} ns)",
-                self.cfg.socket.display(),
-                mode.name()
-            ),
+        log::info!(
+            "serving {} (notify {}, {n} worker(s), C_p {c_p} ns, C_v {c_v} ns)",
+            self.cfg.socket.display(),
+            mode.name()
         );
         let mut other = Vec::new();
         while !self.stop {
@@ -267,7 +252,7 @@ impl Daemon {
                 if !self.no_guests() {
                     self.idle_since = Instant::now();
                 } else if self.idle_since.elapsed() >= limit {
-                    log(&self.cfg, format_args!("no guests for {limit:?}, exiting"));
+                    log::info!("no guests for {limit:?}, exiting");
                     break;
                 }
             }
@@ -312,7 +297,7 @@ impl Daemon {
                 let ep = &self.workers[0].ep;
                 let key = token::conn(tok);
                 if let Some(line) = self.vm.ivshmem_event(ep, key, token::index(tok)) {
-                    log(&self.cfg, format_args!("{line}"));
+                    log::info!("{line}");
                 }
                 if self.vm.doorbell_attached(key) {
                     // Its QEMU can ring us now: no bounded sleep for it (§9.5).
@@ -329,16 +314,13 @@ impl Daemon {
             }
             token::VM_PROCESS => {
                 let key = token::conn(tok);
-                log(
-                    &self.cfg,
-                    format_args!("VM process of connection {key} exited"),
-                );
+                log::info!("VM process of connection {key} exited");
                 self.close_conn(key);
             }
             token::SIGNAL => {
                 if let Some(fd) = &self.signals {
                     while let Some(sig) = sys::read_signal(fd) {
-                        log(&self.cfg, format_args!("signal {sig}, exiting"));
+                        log::info!("signal {sig}, exiting");
                         self.stop = true;
                     }
                 }
@@ -377,14 +359,11 @@ impl Daemon {
                             let _ = send_error(&c, errno::EMFILE, "canald is out of descriptors");
                         }
                     });
-                    log(
-                        &self.cfg,
-                        format_args!("accept: {e}; a connection was refused"),
-                    );
+                    log::info!("accept: {e}; a connection was refused");
                     continue;
                 }
                 Err(e) => {
-                    log(&self.cfg, format_args!("accept: {e}"));
+                    log::info!("accept: {e}");
                     return;
                 }
             };
@@ -488,10 +467,7 @@ impl Daemon {
             w.ep.delete(d.as_raw_fd());
         }
         if let Some(g) = sh.guests.get_mut(&key) {
-            log(
-                &self.cfg,
-                format_args!("guest {} (pid {}) gone", g.id, g.pid),
-            );
+            log::info!("guest {} (pid {}) gone", g.id, g.pid);
             g.depart(&w.ep, Instant::now());
         }
         drop(sh);
@@ -567,12 +543,9 @@ impl Daemon {
                     &reply,
                     &[memfd.as_raw_fd(), doorbell.as_raw_fd()],
                 );
-                log(
-                    &self.cfg,
-                    format_args!(
-                        "guest {id} attached: pid {pid} comm {} (worker {wi})",
-                        g.comm
-                    ),
+                log::info!(
+                    "guest {id} attached: pid {pid} comm {} (worker {wi})",
+                    g.comm
                 );
                 self.next_guest = self.next_guest.wrapping_add(1).max(1);
                 if let Some(c) = self.conns.get_mut(&key) {
@@ -689,17 +662,14 @@ impl Daemon {
                     Ok(c) => {
                         let g = c.guest;
                         let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &c.reply, &[]);
-                        log(
-                            &self.cfg,
-                            format_args!(
-                                "guest {id} attached: {} (VM region{})",
-                                g.comm,
-                                if c.host_vector.is_some() {
-                                    ", ivshmem doorbells"
-                                } else {
-                                    ""
-                                }
-                            ),
+                        log::info!(
+                            "guest {id} attached: {} (VM region{})",
+                            g.comm,
+                            if c.host_vector.is_some() {
+                                ", ivshmem doorbells"
+                            } else {
+                                ""
+                            }
                         );
                         self.next_guest = self.next_guest.wrapping_add(1).max(1);
                         // VM guests live on worker 0: it serves the VM processes' pidfds

@@ -25,6 +25,7 @@ pub mod fdbudget;
 pub mod fuzz;
 pub mod guest;
 pub mod ivshmem_server;
+pub mod logging;
 pub mod request;
 pub mod spawn;
 pub mod stat;

@@ -346,7 +346,7 @@ impl Poller {
         }
         // A departing guest's sockets close and the guest is dropped in rounds that may
         // have no other work (a drain deadline's timeout): its counts must still change.
-        let departing = reap(&mut sh, &w, &self.cfg);
+        let departing = reap(&mut sh, &w);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
         // Counting the sockets walks every guest's table: not on every round of a spin
         // (it was 8% of canald's CPU under nginx+wrk), but on the first round without
@@ -521,16 +521,14 @@ fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, departing: &mut bool) ->
 
 /// Drops departed guests and vRSS shadows whose sockets are all closed (or whose drain
 /// time ran out); true if any guest or shadow has departed (its counts are changing).
-fn reap(sh: &mut Shard, w: &Worker, cfg: &Config) -> bool {
+fn reap(sh: &mut Shard, w: &Worker) -> bool {
     let mut departing = false;
     let mut freed = false;
     for k in departed_and_done(&mut sh.guests, &mut departing) {
         if let Some(g) = sh.guests.remove(&k) {
             shortcut::forget(&w.shortcut, k);
             freed = true;
-            if cfg.verbose {
-                eprintln!("canald: guest {} freed (worker {})", g.id, w.id);
-            }
+            log::info!("guest {} freed (worker {})", g.id, w.id);
         }
     }
     // vRSS shadows of guests homed elsewhere, in the same sweep.
@@ -567,13 +565,13 @@ pub(crate) fn pin(cpu: usize) -> io::Result<()> {
 pub(crate) fn run_worker(mut p: Poller, cpu: Option<usize>) {
     if let Some(c) = cpu {
         if let Err(e) = pin(c) {
-            eprintln!("canald: worker {}: cannot pin to CPU {c}: {e}", p.w.id);
+            log::warn!("worker {}: cannot pin to CPU {c}: {e}", p.w.id);
         }
     }
     let mut other = Vec::new();
     while !p.w.stop.load(std::sync::atomic::Ordering::Relaxed) {
         if let Err(e) = p.round(&mut other, None) {
-            eprintln!("canald: worker {}: {e}", p.w.id);
+            log::error!("worker {}: {e}", p.w.id);
             break;
         }
         other.clear(); // only worker 0's epoll holds control descriptors
