@@ -159,7 +159,7 @@ fn prepare(
             None if !o.preload => region::create_region(&name, size),
             None => {
                 let socket = canald_socket();
-                canald::spawn::ensure_daemon(&socket)?;
+                canald::spawn::ensure_daemon(&socket).map_err(|e| e.to_string())?;
                 let publish: Vec<(u16, u16)> =
                     o.publish.iter().map(|p| (p.host, p.guest)).collect();
                 let want = !o.no_doorbell && img.doorbell;

@@ -101,26 +101,19 @@ impl Config {
         }
     }
 
-    pub(crate) fn guest_config(&self) -> Result<GuestConfig, String> {
+    pub(crate) fn guest_config(&self) -> Result<GuestConfig, ConfigError> {
         let data = self
             .data_mib
             .checked_mul(1 << 20)
-            .ok_or("--data-mib too large")?;
-        let layout = Layout::new(self.slots, self.sockets, data).ok_or_else(|| {
-            format!(
-                "bad region size: --slots must be a power of two <= {}, --sockets 1..={}, \
-                 --data-mib >= 1",
-                canal_abi::MAX_SLOTS,
-                canal_abi::MAX_SOCKETS
-            )
-        })?;
+            .ok_or(ConfigError::DataTooLarge)?;
+        let layout = Layout::new(self.slots, self.sockets, data).ok_or(ConfigError::BadLayout)?;
         let mut ring =
             (self.ring_kib.unwrap_or(DEFAULT_RING_KIB).max(64) * 1024).next_power_of_two();
         if self.ring_kib.is_none() {
             ring = crate::guest::config::ring_for_four_sockets(ring, data);
         }
         if 2 * ring > data {
-            return Err("--ring-kib too large for --data-mib".into());
+            return Err(ConfigError::RingTooLarge);
         }
         Ok(GuestConfig {
             budget: self.budget.max(1),
@@ -147,6 +140,22 @@ pub fn default_socket_path() -> PathBuf {
         return PathBuf::from(d).join("canal").join("canald.sock");
     }
     PathBuf::from(format!("/tmp/canal-{}/canald.sock", sys::getuid()))
+}
+
+/// A configuration that cannot serve: the region its options describe does not fit.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--data-mib too large")]
+    DataTooLarge,
+    #[error(
+        "bad region size: --slots must be a power of two <= {}, --sockets 1..={}, \
+         --data-mib >= 1",
+        canal_abi::MAX_SLOTS,
+        canal_abi::MAX_SOCKETS
+    )]
+    BadLayout,
+    #[error("--ring-kib too large for --data-mib")]
+    RingTooLarge,
 }
 
 /// canald's command line (also `canal daemon`). Every option has the default of
@@ -246,7 +255,7 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 
 impl DaemonArgs {
     /// The configuration these options describe (checked: the region must fit).
-    pub fn config(&self) -> Result<Config, String> {
+    pub fn config(&self) -> Result<Config, ConfigError> {
         let mut cfg = Config::new(self.socket.clone().unwrap_or_else(default_socket_path));
         cfg.idle_exit = (self.idle_exit > 0).then(|| Duration::from_secs(self.idle_exit));
         cfg.slots = self.slots;
@@ -308,7 +317,7 @@ mod tests {
     fn parse_args(v: &[&str]) -> Result<Config, String> {
         let cli = Cli::try_parse_from(std::iter::once("canald").chain(v.iter().copied()))
             .map_err(|e| e.to_string())?;
-        cli.args.config()
+        cli.args.config().map_err(|e| e.to_string())
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Trust checks on the control socket's directory and on the daemon behind it, for
 //! canald itself and for the clients that start or use it (`canal run`, `canal stat`,
 //! `canal vm`). The guest library makes the same checks with raw system calls
-//! (libcanal `client::check_dir`, `client::daemon_trusted`). See docs/threat-model.md, "Who a guest trusts".
+//! (libcanal `conn::attach::check_dir`, `conn::attach::daemon_trusted`). See docs/threat-model.md, "Who a guest trusts".
 //!
 //! A directory another user can write lets that user plant the socket (an impostor
 //! daemon), the lock file or the log as symlinks: so the directory must be a real
@@ -11,7 +11,71 @@
 #![forbid(unsafe_code)]
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a control directory or a daemon is not to be trusted (or could not be checked).
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error("cannot inspect the control directory {}: {source}", dir.display())]
+    Inspect {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot create {}: {source}", dir.display())]
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the control directory {} is a symlink; refusing to follow it", dir.display())]
+    Symlink { dir: PathBuf },
+    #[error("the control directory {} is not a directory", dir.display())]
+    NotDir { dir: PathBuf },
+    #[error(
+        "the control directory {} belongs to uid {owner}, not to you (uid {me}) or root; \
+         another user may have created it to impersonate canald: remove it or use --socket",
+        dir.display()
+    )]
+    Owner { dir: PathBuf, owner: u32, me: u32 },
+    #[error(
+        "the control directory {} is writable by other users (mode {mode:04o}); refusing it \
+         (make it 0700)",
+        dir.display()
+    )]
+    Writable { dir: PathBuf, mode: u32 },
+    #[error(
+        "the control directory {0} is open to other users (mode {mode:04o}); canal wants it \
+         0700 (chmod 700 {0})",
+        dir.display()
+    )]
+    NotPrivate { dir: PathBuf, mode: u32 },
+    #[error(
+        "permission denied on {}: it belongs to another user's canald (use your own with \
+         --socket, or run as that user)",
+        socket.display()
+    )]
+    Denied { socket: PathBuf },
+    #[error("cannot connect to {}: {source}", socket.display())]
+    Connect {
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot learn who serves {}: {source}", socket.display())]
+    PeerCred {
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the canald on {} (pid {pid}) runs as uid {uid}, not as you (uid {me}) or root; \
+         refusing to use it",
+        socket.display()
+    )]
+    Untrusted {
+        socket: PathBuf,
+        pid: u32,
+        uid: u32,
+        me: u32,
+    },
+}
 
 /// Whose rule applies.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -25,13 +89,11 @@ pub enum Role {
 }
 
 /// Checks `dir` without following a symlink at its last component.
-pub(crate) fn check_dir(dir: &Path, role: Role) -> Result<(), String> {
+pub(crate) fn check_dir(dir: &Path, role: Role) -> Result<(), TrustError> {
     let me = crate::sys::getuid();
-    let m = std::fs::symlink_metadata(dir).map_err(|e| {
-        format!(
-            "cannot inspect the control directory {}: {e}",
-            dir.display()
-        )
+    let m = std::fs::symlink_metadata(dir).map_err(|source| TrustError::Inspect {
+        dir: dir.into(),
+        source,
     })?;
     check_meta(
         dir,
@@ -52,41 +114,30 @@ fn check_meta(
     mode: u32,
     me: u32,
     role: Role,
-) -> Result<(), String> {
-    let d = dir.display();
+) -> Result<(), TrustError> {
+    let dir = dir.to_path_buf();
     if symlink {
-        return Err(format!(
-            "the control directory {d} is a symlink; refusing to follow it"
-        ));
+        return Err(TrustError::Symlink { dir });
     }
     if !is_dir {
-        return Err(format!("the control directory {d} is not a directory"));
+        return Err(TrustError::NotDir { dir });
     }
     if owner != me && owner != 0 {
-        return Err(format!(
-            "the control directory {d} belongs to uid {owner}, not to you (uid {me}) or root; \
-             another user may have created it to impersonate canald: remove it or use --socket"
-        ));
+        return Err(TrustError::Owner { dir, owner, me });
     }
-    let perm = mode & 0o7777;
-    if perm & 0o022 != 0 {
-        return Err(format!(
-            "the control directory {d} is writable by other users (mode {perm:04o}); \
-             refusing it (make it 0700)"
-        ));
+    let mode = mode & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(TrustError::Writable { dir, mode });
     }
-    if role == Role::Client && owner == me && perm & 0o077 != 0 {
-        return Err(format!(
-            "the control directory {d} is open to other users (mode {perm:04o}); \
-             canal wants it 0700 (chmod 700 {d})"
-        ));
+    if role == Role::Client && owner == me && mode & 0o077 != 0 {
+        return Err(TrustError::NotPrivate { dir, mode });
     }
     Ok(())
 }
 
 /// Creates `dir` (and missing parents) with mode 0700 if it does not exist, then
 /// checks it. An existing path is never changed, only checked.
-pub fn ensure_dir(dir: &Path, role: Role) -> Result<(), String> {
+pub fn ensure_dir(dir: &Path, role: Role) -> Result<(), TrustError> {
     if std::fs::symlink_metadata(dir).is_err() {
         match std::fs::DirBuilder::new()
             .recursive(true)
@@ -96,7 +147,12 @@ pub fn ensure_dir(dir: &Path, role: Role) -> Result<(), String> {
             Ok(()) => {}
             // Another process made it meanwhile: the check below judges it.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+            Err(source) => {
+                return Err(TrustError::Create {
+                    dir: dir.into(),
+                    source,
+                })
+            }
         }
     }
     check_dir(dir, role)
@@ -119,19 +175,20 @@ pub(crate) fn trusted_daemon(uid: u32, me: u32) -> bool {
 /// and checks the daemon's uid (`SO_PEERCRED`) before anything is sent. Ok(None):
 /// nobody answers there (no socket, or a stale one). Err: a daemon or directory canal
 /// must not trust, or a socket this user may not use, with the reason.
-pub fn connect_trusted(socket: &Path) -> Result<Option<std::os::fd::OwnedFd>, String> {
+pub fn connect_trusted(socket: &Path) -> Result<Option<std::os::fd::OwnedFd>, TrustError> {
     check_dir(dir_of(socket), Role::Client)?;
     let fd = match crate::sys::seqpacket_connect(socket) {
         Ok(fd) => fd,
         Err(e) => {
             return match e.raw_os_error() {
                 Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => Ok(None),
-                Some(libc::EACCES) | Some(libc::EPERM) => Err(format!(
-                    "permission denied on {}: it belongs to another user's canald \
-                     (use your own with --socket, or run as that user)",
-                    socket.display()
-                )),
-                _ => Err(format!("cannot connect to {}: {e}", socket.display())),
+                Some(libc::EACCES) | Some(libc::EPERM) => Err(TrustError::Denied {
+                    socket: socket.into(),
+                }),
+                _ => Err(TrustError::Connect {
+                    socket: socket.into(),
+                    source: e,
+                }),
             };
         }
     };
@@ -141,16 +198,19 @@ pub fn connect_trusted(socket: &Path) -> Result<Option<std::os::fd::OwnedFd>, St
 
 /// Checks the uid of the daemon at the other end of `fd`, connected to `socket`
 /// (SO_PEERCRED): ours or root, else the reason.
-pub(crate) fn check_daemon(fd: &std::os::fd::OwnedFd, socket: &Path) -> Result<(), String> {
+pub(crate) fn check_daemon(fd: &std::os::fd::OwnedFd, socket: &Path) -> Result<(), TrustError> {
     let me = crate::sys::getuid();
-    let (pid, uid) = crate::sys::peer_cred(fd)
-        .map_err(|e| format!("cannot learn who serves {}: {e}", socket.display()))?;
+    let (pid, uid) = crate::sys::peer_cred(fd).map_err(|source| TrustError::PeerCred {
+        socket: socket.into(),
+        source,
+    })?;
     if !trusted_daemon(uid, me) {
-        return Err(format!(
-            "the canald on {} (pid {pid}) runs as uid {uid}, not as you (uid {me}) or root; \
-             refusing to use it",
-            socket.display()
-        ));
+        return Err(TrustError::Untrusted {
+            socket: socket.into(),
+            pid,
+            uid,
+            me,
+        });
     }
     Ok(())
 }

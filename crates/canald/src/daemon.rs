@@ -73,6 +73,21 @@ pub struct Daemon {
     boxes: Option<crate::guest::shared::Boxes>,
 }
 
+/// Why canald could not start serving its control socket.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Trust(#[from] crate::ctldir::TrustError),
+    #[error("{} is locked by another canald that does not answer", .0.display())]
+    Locked(PathBuf),
+    #[error("{} exists and is not a socket", .0.display())]
+    NotSocket(PathBuf),
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+}
+
 /// What `Daemon::bind` found at the socket path.
 pub enum Bound {
     Serving(Box<Daemon>),
@@ -87,7 +102,7 @@ fn answers(path: &Path) -> bool {
 impl Daemon {
     /// Creates the control socket (parent dir 0700, a lock file so that two daemons
     /// racing for one path cannot both serve, stale socket removal).
-    pub(crate) fn bind(mut cfg: Config) -> Result<Bound, String> {
+    pub(crate) fn bind(mut cfg: Config) -> Result<Bound, BindError> {
         let nofile = sys::raise_nofile();
         let cap = crate::fdbudget::per_guest_cap(nofile);
         if (cfg.sockets as u64) > cap {
@@ -108,7 +123,7 @@ impl Daemon {
         lock_path.push(".lock");
         let lock_path = PathBuf::from(lock_path);
         let lock = match sys::try_lock_file(&lock_path)
-            .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?
+            .map_err(|e| BindError::Io(format!("cannot open {}", lock_path.display()), e))?
         {
             Some(f) => f,
             None => {
@@ -121,37 +136,35 @@ impl Daemon {
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                return Err(format!(
-                    "{} is locked by another canald that does not answer",
-                    lock_path.display()
-                ));
+                return Err(BindError::Locked(lock_path));
             }
         };
         if let Ok(meta) = std::fs::symlink_metadata(&path) {
             use std::os::unix::fs::FileTypeExt;
             if !meta.file_type().is_socket() {
-                return Err(format!("{} exists and is not a socket", path.display()));
+                return Err(BindError::NotSocket(path));
             }
             if answers(&path) {
                 return Ok(Bound::AlreadyRunning);
             }
             // Nothing answers and we hold the lock: a stale socket file.
             std::fs::remove_file(&path)
-                .map_err(|e| format!("cannot remove stale {}: {e}", path.display()))?;
+                .map_err(|e| BindError::Io(format!("cannot remove stale {}", path.display()), e))?;
         }
         let listener = sys::seqpacket_listen(&path)
-            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+            .map_err(|e| BindError::Io(format!("cannot listen on {}", path.display()), e))?;
         let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
         let shortcut = ShortcutShared::new(cfg.shortcut, seg_ring);
         shortcut.lock().unwrap_or_else(|e| e.into_inner()).zones = cfg.zones;
-        let w0 = Worker::new(0, shortcut.clone()).map_err(|e| e.to_string())?;
+        let w0 = Worker::new(0, shortcut.clone())
+            .map_err(|e| BindError::Io("cannot make worker 0".into(), e))?;
         w0.ep
             .add(
                 listener.as_raw_fd(),
                 sys::EP_IN,
                 token::make(token::LISTENER, 0, 0, 0),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| BindError::Io("cannot poll the control socket".into(), e))?;
         sys::ignore_sigpipe();
         Ok(Bound::Serving(Box::new(Daemon {
             shortcut,

@@ -10,23 +10,45 @@ use std::time::{Duration, Instant};
 /// `canal run`s (and two guests talking to each other) share one daemon.
 const PRIVATE_IDLE_EXIT_SECS: &str = "5";
 
+/// Why no trusted canald could be made to answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error(transparent)]
+    Trust(#[from] crate::ctldir::TrustError),
+    #[error("cannot find my own binary: {0}")]
+    OwnExe(std::io::Error),
+    #[error("cannot start canald ({}): {source}", exe.display())]
+    Start {
+        exe: PathBuf,
+        source: std::io::Error,
+    },
+    /// canald exited before answering; its own words from the log, else where to look.
+    #[error("canald exited at start ({status}){detail}")]
+    Exited {
+        status: std::process::ExitStatus,
+        detail: String,
+    },
+    #[error("canald did not answer on {} within 10 s; {log_note}", socket.display())]
+    NoAnswer { socket: PathBuf, log_note: String },
+}
+
 /// Whether a daemon canal may trust answers on the control socket: Ok(false) if
 /// nobody does; Err with the reason if the directory or the daemon is not to be
 /// trusted (canald::ctldir).
-fn answers(path: &Path) -> Result<bool, String> {
-    crate::ctldir::connect_trusted(path).map(|fd| fd.is_some())
+fn answers(path: &Path) -> Result<bool, SpawnError> {
+    Ok(crate::ctldir::connect_trusted(path)?.is_some())
 }
 
 /// Makes sure a canald canal may trust answers on `path`: checks (or creates, 0700)
 /// its directory and starts a private daemon if nobody answers (`canal vm` uses this
 /// too).
-pub fn ensure_daemon(path: &Path) -> Result<(), String> {
+pub fn ensure_daemon(path: &Path) -> Result<(), SpawnError> {
     use crate::ctldir::{dir_of, ensure_dir, Role};
     ensure_dir(dir_of(path), Role::Client)?;
     if answers(path)? {
         return Ok(());
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
+    let exe = std::env::current_exe().map_err(SpawnError::OwnExe)?;
     start_private_daemon(&exe, path)
 }
 
@@ -52,7 +74,7 @@ fn log_tail(log: &Path, start: u64) -> String {
 
 /// Starts `<exe> daemon --socket PATH --idle-exit 5` detached, its stderr appended to
 /// `PATH.log`, and waits (10 s at most) until it answers.
-fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
+fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), SpawnError> {
     let mut log = path.as_os_str().to_owned();
     log.push(".log");
     let log = PathBuf::from(log);
@@ -79,9 +101,10 @@ fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
         .env_remove("LD_PRELOAD");
     // Its own session: the terminal's signals for the program do not reach it.
     crate::sys::new_session_on_exec(&mut cmd);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start canald ({}): {e}", exe.display()))?;
+    let mut child = cmd.spawn().map_err(|source| SpawnError::Start {
+        exe: exe.into(),
+        source,
+    })?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if answers(path)? {
@@ -93,16 +116,19 @@ fn start_private_daemon(exe: &Path, path: &Path) -> Result<(), String> {
                 return Ok(());
             }
             let tail = log_tail(&log, start);
-            return Err(if tail.is_empty() {
-                format!("canald exited at start ({st}); {log_note}")
-            } else {
-                format!("canald exited at start ({st}): {tail}")
+            return Err(SpawnError::Exited {
+                status: st,
+                detail: if tail.is_empty() {
+                    format!("; {log_note}")
+                } else {
+                    format!(": {tail}")
+                },
             });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    Err(format!(
-        "canald did not answer on {} within 10 s; {log_note}",
-        path.display()
-    ))
+    Err(SpawnError::NoAnswer {
+        socket: path.into(),
+        log_note,
+    })
 }
