@@ -129,3 +129,98 @@ pub fn decode(msg: &[u8]) -> Option<(u16, &[u8])> {
 pub const HELLO_BODY: usize = 24;
 /// HELLO_OK body: `guest_id: u32, reserved: u32, region_size: u64` (16 bytes).
 pub const HELLO_OK_BODY: usize = 16;
+
+/// HELLO: a process attaches (`pid` 0: use the peer's SO_PEERCRED pid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub pid: u32,
+    /// `hello_flag` bits: what the guest library can do.
+    pub flags: u32,
+    /// The process name, NUL-padded (PR_GET_NAME).
+    pub comm: [u8; 16],
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_BODY] {
+        let mut b = [0u8; HELLO_BODY];
+        b[0..4].copy_from_slice(&self.pid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..24].copy_from_slice(&self.comm);
+        b
+    }
+
+    /// None if the body is short (longer bodies: later fields are ignored).
+    pub fn decode(b: &[u8]) -> Option<Hello> {
+        Some(Hello {
+            pid: u32_at(b, 0)?,
+            flags: u32_at(b, 4)?,
+            comm: b.get(8..24)?.try_into().ok()?,
+        })
+    }
+
+    /// The name up to its first NUL.
+    pub fn comm(&self) -> &[u8] {
+        let end = self.comm.iter().position(|&c| c == 0).unwrap_or(16);
+        &self.comm[..end]
+    }
+}
+
+/// HELLO_OK: the guest's id and its region's size (the memfd and doorbell ride along).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloOk {
+    pub guest_id: u32,
+    pub region_size: u64,
+}
+
+impl HelloOk {
+    pub fn encode(&self) -> [u8; HELLO_OK_BODY] {
+        let mut b = [0u8; HELLO_OK_BODY];
+        b[0..4].copy_from_slice(&self.guest_id.to_le_bytes());
+        b[8..16].copy_from_slice(&self.region_size.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<HelloOk> {
+        Some(HelloOk {
+            guest_id: u32_at(b, 0)?,
+            region_size: u64::from_le_bytes(b.get(8..16)?.try_into().ok()?),
+        })
+    }
+}
+
+/// The leading `u32` of a body: PORT's slot, STAT's format, WATCH's handle, SEGMENT's
+/// id, VM_PID's pid, ERROR's errno. None if the body is shorter.
+pub fn leading_u32(b: &[u8]) -> Option<u32> {
+    u32_at(b, 0)
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_bodies() {
+        let h = Hello {
+            pid: 0x0102_0304,
+            flags: hello_flag::SHORTCUT | hello_flag::VRSS,
+            comm: *b"curl\0\0\0\0\0\0\0\0\0\0\0\0",
+        };
+        let b = h.encode();
+        assert_eq!(&b[0..8], &[4, 3, 2, 1, 3, 0, 0, 0]);
+        assert_eq!(Hello::decode(&b), Some(h));
+        assert_eq!(h.comm(), b"curl");
+        assert_eq!(Hello::decode(&b[..23]), None);
+        let ok = HelloOk {
+            guest_id: 7,
+            region_size: 1 << 33,
+        };
+        assert_eq!(HelloOk::decode(&ok.encode()), Some(ok));
+        assert_eq!(HelloOk::decode(&[0; 15]), None);
+        assert_eq!(leading_u32(&[9, 0, 0, 0, 1]), Some(9));
+        assert_eq!(leading_u32(&[9, 0, 0]), None);
+    }
+}

@@ -336,7 +336,7 @@ impl core::fmt::Display for HeaderError {
             HeaderError::BadMajor(v) => write!(
                 f,
                 "region has ABI major version {v}, this library speaks {}",
-                crate::VERSION_MAJOR
+                crate::consts::VERSION_MAJOR
             ),
             HeaderError::BadHeaderSize => write!(f, "unexpected header size"),
             HeaderError::ReservedNotZero => write!(f, "reserved header fields are not zero"),
@@ -390,10 +390,10 @@ impl Layout {
         if mapped_len < HEADER_SIZE {
             return Err(HeaderError::TooSmall);
         }
-        if h.magic != crate::MAGIC {
+        if h.magic != crate::consts::MAGIC {
             return Err(HeaderError::BadMagic);
         }
-        if h.version_major != crate::VERSION_MAJOR {
+        if h.version_major != crate::consts::VERSION_MAJOR {
             return Err(HeaderError::BadMajor(h.version_major));
         }
         if h.header_size as u64 != HEADER_SIZE {
@@ -404,9 +404,9 @@ impl Layout {
         }
         // Features from a newer minor version are ignored only if unknown bits are
         // absent: a feature changes what the guest must do.
-        if h.features & !crate::feature::KNOWN != 0 {
+        if h.features & !crate::consts::feature::KNOWN != 0 {
             return Err(HeaderError::UnknownFeatures(
-                h.features & !crate::feature::KNOWN,
+                h.features & !crate::consts::feature::KNOWN,
             ));
         }
         let l =
@@ -449,9 +449,9 @@ impl Region {
         let r = Region { base, layout };
         // SAFETY: the caller gives us the zeroed header page to write before sharing.
         let h = unsafe { &mut *(base as *mut RegionHeader) };
-        h.magic = crate::MAGIC;
-        h.version_major = crate::VERSION_MAJOR;
-        h.version_minor = crate::VERSION_MINOR;
+        h.magic = crate::consts::MAGIC;
+        h.version_major = crate::consts::VERSION_MAJOR;
+        h.version_minor = crate::consts::VERSION_MINOR;
         h.header_size = HEADER_SIZE as u32;
         h.features = features;
         h.region_size = layout.region_size;
@@ -464,8 +464,8 @@ impl Region {
         h.data_offset = layout.data_offset;
         h.data_size = layout.data_size;
         h.guest_id = guest_id;
-        if features & crate::feature::DOORBELL != 0 {
-            h.doorbell_peer = crate::DOORBELL_HOST_PEER;
+        if features & crate::consts::feature::DOORBELL != 0 {
+            h.doorbell_peer = crate::consts::DOORBELL_HOST_PEER;
             h.doorbell_vectors = layout.slot_count;
         }
         h.host_state.store(1, Ordering::Release);

@@ -13,11 +13,10 @@ use crate::guest::config::GuestConfig;
 use crate::guest::shared::Shared as ShortcutShared;
 use crate::guest::shared::SharedRef as ShortcutRef;
 use crate::guest::socket::token;
-use crate::guest::state::Guest;
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
 use crate::worker::{Poller, Worker};
-use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX, HELLO_BODY, HELLO_OK_BODY};
+use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX};
 use canal_abi::errno;
 use std::collections::BTreeMap;
 use std::io;
@@ -26,18 +25,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Conn {
-    fd: OwnedFd,
-    pid: u32,
+pub(crate) struct Conn {
+    pub(crate) fd: OwnedFd,
+    pub(crate) pid: u32,
     /// A peer of another uid: its first message is answered with EACCES, then it is
     /// closed (closing at once would reset the peer before it reads the answer).
-    refused: bool,
+    pub(crate) refused: bool,
     /// The worker serving this connection's guest (after HELLO).
-    worker: Option<usize>,
+    pub(crate) worker: Option<usize>,
     /// Reply messages (STAT chunks) waiting for the peer to read: the poller never
     /// blocks on a slow reader, it waits for EPOLLOUT.
-    out: std::collections::VecDeque<Vec<u8>>,
-    out_bytes: usize,
+    pub(crate) out: std::collections::VecDeque<Vec<u8>>,
+    pub(crate) out_bytes: usize,
 }
 
 /// Refused peers (another uid) waiting to send their first message; beyond this they
@@ -45,32 +44,32 @@ struct Conn {
 const MAX_REFUSED: usize = 16;
 
 /// Largest backlog of unread replies per connection before it is dropped.
-const OUT_MAX: usize = 16 << 20;
+pub(crate) const OUT_MAX: usize = 16 << 20;
 
 pub struct Daemon {
-    cfg: Config,
-    gcfg: GuestConfig,
+    pub(crate) cfg: Config,
+    pub(crate) gcfg: GuestConfig,
     /// Worker 0 (this thread; its epoll also holds the control descriptors), then the
     /// others.
-    workers: Vec<Arc<Worker>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-    listener: OwnedFd,
-    signals: Option<OwnedFd>,
-    _lock: std::fs::File,
+    pub(crate) workers: Vec<Arc<Worker>>,
+    pub(crate) threads: Vec<std::thread::JoinHandle<()>>,
+    pub(crate) listener: OwnedFd,
+    pub(crate) signals: Option<OwnedFd>,
+    pub(crate) _lock: std::fs::File,
     /// A spare descriptor for accepting when out of descriptors (`fdbudget`).
-    reserve: crate::fdbudget::Reserve,
-    conns: BTreeMap<u32, Conn>,
-    next_conn: u32,
-    next_guest: u32,
-    idle_since: Instant,
-    stop: bool,
+    pub(crate) reserve: crate::fdbudget::Reserve,
+    pub(crate) conns: BTreeMap<u32, Conn>,
+    pub(crate) next_conn: u32,
+    pub(crate) next_guest: u32,
+    pub(crate) idle_since: Instant,
+    pub(crate) stop: bool,
     /// Kernel-counted liveness of guest sockets (WATCH).
-    watches: crate::watch::Watches,
-    shortcut: ShortcutRef,
+    pub(crate) watches: crate::watch::Watches,
+    pub(crate) shortcut: ShortcutRef,
     /// VM guests (`vm.rs`): region files, VM processes, the bounded sleep.
-    vm: crate::vm::Vms,
+    pub(crate) vm: crate::vm::Vms,
     /// Every worker's mailbox (virtual RSS), once all workers exist.
-    boxes: Option<crate::guest::shared::Boxes>,
+    pub(crate) boxes: Option<crate::guest::shared::Boxes>,
 }
 
 /// Why canald could not start serving its control socket.
@@ -200,11 +199,11 @@ impl Daemon {
     }
 
     /// Worker 0's epoll: control descriptors live there.
-    fn ep(&self) -> &Epoll {
+    pub(crate) fn ep(&self) -> &Epoll {
         &self.workers[0].ep
     }
 
-    fn no_guests(&self) -> bool {
+    pub(crate) fn no_guests(&self) -> bool {
         self.workers.iter().all(|w| w.lock().guests.is_empty())
     }
 
@@ -274,7 +273,7 @@ impl Daemon {
         Ok(())
     }
 
-    fn dispatch(&mut self, tok: u64, bits: u32) {
+    pub(crate) fn dispatch(&mut self, tok: u64, bits: u32) {
         match token::ty(tok) {
             token::LISTENER => self.accept_conns(),
             token::CONTROL => {
@@ -342,7 +341,7 @@ impl Daemon {
         }
     }
 
-    fn alloc_conn_key(&mut self) -> u32 {
+    pub(crate) fn alloc_conn_key(&mut self) -> u32 {
         loop {
             let k = self.next_conn;
             self.next_conn = if k >= 0xff_ffff { 1 } else { k + 1 };
@@ -357,7 +356,7 @@ impl Daemon {
         }
     }
 
-    fn accept_conns(&mut self) {
+    pub(crate) fn accept_conns(&mut self) {
         loop {
             let fd = match sys::accept_unix(&self.listener) {
                 Ok(Some(fd)) => fd,
@@ -416,7 +415,7 @@ impl Daemon {
         }
     }
 
-    fn read_control(&mut self, key: u32) {
+    pub(crate) fn read_control(&mut self, key: u32) {
         let mut buf = vec![0u8; CTL_MAX];
         loop {
             let Some(conn) = self.conns.get(&key) else {
@@ -453,7 +452,7 @@ impl Daemon {
     }
 
     /// A control connection ended: if it belonged to a guest, the guest is gone.
-    fn close_conn(&mut self, key: u32) {
+    pub(crate) fn close_conn(&mut self, key: u32) {
         self.watches.forget_conn(&self.workers[0].ep, key);
         self.vm.forget(&self.workers[0].ep, key);
         let Some(c) = self.conns.remove(&key) else {
@@ -487,326 +486,9 @@ impl Daemon {
         w.poke();
     }
 
-    /// Handles one message; false closes the connection.
-    fn handle_message(&mut self, key: u32, msg: &[u8], fds: Vec<OwnedFd>) -> bool {
-        let Some(conn) = self.conns.get(&key) else {
-            return false;
-        };
-        let Some((k, body)) = control::decode(msg) else {
-            return send_error(&conn.fd, errno::EINVAL, "malformed control message").is_ok();
-        };
-        match k {
-            kind::HELLO => {
-                if body.len() < HELLO_BODY {
-                    return send_error(&conn.fd, errno::EINVAL, "short HELLO").is_ok();
-                }
-                if conn.worker.is_some() {
-                    return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
-                }
-                let pid = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-                let pid = if pid == 0 { conn.pid } else { pid };
-                let comm_raw = &body[8..24];
-                let end = comm_raw.iter().position(|&b| b == 0).unwrap_or(16);
-                let comm = String::from_utf8_lossy(&comm_raw[..end]).into_owned();
-                let id = self.next_guest;
-                let hello_flags = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
-                let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
-                let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
-                // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
-                let vrss = (2..=canal_abi::MAX_WORKERS).contains(&self.workers.len())
-                    && hello_flags & control::hello_flag::VRSS != 0;
-                let features = canal_abi::feature::ALL_V1
-                    | canal_abi::feature::WATCH
-                    | if sc { canal_abi::feature::SHORTCUT } else { 0 }
-                    | if zones { canal_abi::feature::ZONES } else { 0 }
-                    | if vrss { canal_abi::feature::VRSS } else { 0 };
-                let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
-                let (mut g, memfd) = match made {
-                    Ok(x) => x,
-                    Err(e) => {
-                        return send_error(&conn.fd, sys::errno_of(&e), "cannot create region")
-                            .is_ok()
-                    }
-                };
-                let doorbell = match sys::eventfd() {
-                    Ok(d) => d,
-                    Err(e) => return send_error(&conn.fd, sys::errno_of(&e), "eventfd").is_ok(),
-                };
-                // The worker with the fewest guests takes it.
-                let wi = (0..self.workers.len())
-                    .min_by_key(|&i| self.workers[i].lock().guests.len())
-                    .unwrap_or(0);
-                let w = self.workers[wi].clone();
-                if w.ep
-                    .add(
-                        doorbell.as_raw_fd(),
-                        sys::EP_IN,
-                        token::make(token::DOORBELL, key, 0, 0),
-                    )
-                    .is_err()
-                {
-                    return send_error(&conn.fd, errno::ENOMEM, "epoll").is_ok();
-                }
-                let mut reply = [0u8; HELLO_OK_BODY];
-                reply[0..4].copy_from_slice(&id.to_le_bytes());
-                reply[8..16].copy_from_slice(&g.region_size().to_le_bytes());
-                let sent = send_msg(
-                    &conn.fd,
-                    kind::HELLO_OK,
-                    &reply,
-                    &[memfd.as_raw_fd(), doorbell.as_raw_fd()],
-                );
-                log::info!(
-                    "guest {id} attached: pid {pid} comm {} (worker {wi})",
-                    g.comm
-                );
-                self.next_guest = self.next_guest.wrapping_add(1).max(1);
-                if let Some(c) = self.conns.get_mut(&key) {
-                    c.worker = Some(wi);
-                }
-                if sc {
-                    g.enable_shortcut(self.shortcut.clone(), wi as u32);
-                }
-                let mut sh = w.lock();
-                sh.doorbells.insert(key, doorbell);
-                sh.guests.insert(key, g);
-                drop(sh);
-                w.poke();
-                sent.is_ok()
-            }
-            kind::PORT => {
-                let Some(w) = conn.worker.and_then(|i| self.workers.get(i)) else {
-                    return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
-                };
-                let mut sh = w.lock();
-                let Some(g) = sh.guests.get_mut(&key) else {
-                    return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
-                };
-                if body.len() < 4 {
-                    return send_error(&conn.fd, errno::EINVAL, "short PORT").is_ok();
-                }
-                let slot = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-                let Some(fd) = fds.into_iter().next() else {
-                    return send_error(&conn.fd, errno::EINVAL, "PORT without eventfd").is_ok();
-                };
-                match g.set_port(slot, fd) {
-                    Ok(()) => send_msg(&conn.fd, kind::PORT_OK, &slot.to_le_bytes(), &[]).is_ok(),
-                    Err(e) => send_error(&conn.fd, e, "bad PORT").is_ok(),
-                }
-            }
-            kind::DOORBELLS => self.doorbells(key),
-            kind::STAT => {
-                let format = if body.len() >= 4 {
-                    u32::from_le_bytes([body[0], body[1], body[2], body[3]])
-                } else {
-                    0
-                };
-                let snap = self.snapshot();
-                let text = if format == 1 {
-                    stat::render_text(&snap)
-                } else {
-                    stat::render_json(&snap)
-                };
-                let Some(conn) = self.conns.get_mut(&key) else {
-                    return false;
-                };
-                for chunk in text
-                    .as_bytes()
-                    .chunks(CTL_MAX - CTL_HEADER - 1024)
-                    .chain(std::iter::once(&[][..]))
-                {
-                    let mut m =
-                        control::encode_header(kind::STAT_CHUNK, chunk.len() as u32).to_vec();
-                    m.extend_from_slice(chunk);
-                    conn.out_bytes += m.len();
-                    conn.out.push_back(m);
-                }
-                if conn.out_bytes > OUT_MAX {
-                    return false;
-                }
-                self.flush_out(key)
-            }
-            kind::WATCH => {
-                // No reply: the guest sends it without waiting.
-                let worker = conn.worker.and_then(|i| self.workers.get(i));
-                if let (Some(w), Some(fd), true) = (worker, fds.into_iter().next(), body.len() >= 4)
-                {
-                    let handle = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-                    let sh = w.lock();
-                    if let Some(g) = sh.guests.get(&key) {
-                        self.watches.add(&self.workers[0].ep, key, g, handle, fd);
-                    }
-                }
-                true
-            }
-            kind::SEGMENT => {
-                if body.len() < 4 {
-                    return send_error(&conn.fd, errno::EINVAL, "short SEGMENT").is_ok();
-                }
-                let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-                let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
-                match sh.segment_fd(id, key) {
-                    Some((fd, size)) => {
-                        let mut reply = [0u8; control::SEGMENT_OK_BODY];
-                        reply[0..4].copy_from_slice(&id.to_le_bytes());
-                        reply[8..16].copy_from_slice(&size.to_le_bytes());
-                        send_msg(&conn.fd, kind::SEGMENT_OK, &reply, &[fd.as_raw_fd()]).is_ok()
-                    }
-                    None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
-                }
-            }
-            kind::VM_REGION => {
-                if conn.worker.is_some() {
-                    return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
-                }
-                let id = self.next_guest;
-                let bell_dir = self
-                    .cfg
-                    .socket
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."))
-                    .to_path_buf();
-                let ep = &self.workers[0].ep;
-                match self
-                    .vm
-                    .create(ep, key, id, conn.pid, &self.gcfg, body, &bell_dir)
-                {
-                    Ok(c) => {
-                        let g = c.guest;
-                        let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &c.reply, &[]);
-                        log::info!(
-                            "guest {id} attached: {} (VM region{})",
-                            g.comm,
-                            if c.host_vector.is_some() {
-                                ", ivshmem doorbells"
-                            } else {
-                                ""
-                            }
-                        );
-                        self.next_guest = self.next_guest.wrapping_add(1).max(1);
-                        // VM guests live on worker 0: it serves the VM processes' pidfds
-                        // and the ivshmem servers, and bounds its sleep while it has a VM
-                        // that cannot kick it.
-                        let w = self.workers[0].clone();
-                        let mut sh = w.lock();
-                        if let Some(hv) = c.host_vector {
-                            // The guest's kicks: canald's ivshmem vector, read like a
-                            // process guest's doorbell (and removed with it).
-                            if w.ep
-                                .add(
-                                    hv.as_raw_fd(),
-                                    sys::EP_IN,
-                                    token::make(token::DOORBELL, key, 0, 0),
-                                )
-                                .is_ok()
-                            {
-                                sh.doorbells.insert(key, hv);
-                            }
-                        }
-                        sh.guests.insert(key, g);
-                        drop(sh);
-                        w.poke();
-                        if let Some(c) = self.conns.get_mut(&key) {
-                            c.worker = Some(0);
-                        }
-                        sent.is_ok()
-                    }
-                    Err((e, text)) => send_error(&conn.fd, e, &text).is_ok(),
-                }
-            }
-            kind::VM_PID => {
-                if body.len() < 4 {
-                    return send_error(&conn.fd, errno::EINVAL, "short VM_PID").is_ok();
-                }
-                let pid = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-                let ep = &self.workers[0].ep;
-                match self.vm.set_pid(ep, key, pid, fds.into_iter().next()) {
-                    Ok(()) => {
-                        if let Some(g) = self.workers[0].lock().guests.get_mut(&key) {
-                            g.pid = pid;
-                        }
-                        send_msg(&conn.fd, kind::VM_PID_OK, &[], &[]).is_ok()
-                    }
-                    Err((e, text)) => send_error(&conn.fd, e, text).is_ok(),
-                }
-            }
-            _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
-        }
-    }
-
-    /// DOORBELLS (virtual RSS): one doorbell per worker for this guest (its home's is
-    /// the HELLO doorbell; the others are made on the first DOORBELLS and sent again to
-    /// an exec'd image), then the home starts spreading the guest's sockets.
-    fn doorbells(&mut self, key: u32) -> bool {
-        let Some(conn) = self.conns.get(&key) else {
-            return false;
-        };
-        let fail = |e: i32, t: &str| send_error(&conn.fd, e, t).is_ok();
-        let (Some(home), Some(boxes)) = (conn.worker, self.boxes.clone()) else {
-            return fail(errno::EINVAL, "DOORBELLS before HELLO");
-        };
-        let Some(hw) = self.workers.get(home) else {
-            return fail(errno::EINVAL, "DOORBELLS before HELLO");
-        };
-        let offered = hw
-            .lock()
-            .guests
-            .get(&key)
-            .is_some_and(|g| g.region().header().features & canal_abi::feature::VRSS != 0);
-        if !offered {
-            return fail(errno::EOPNOTSUPP, "virtual RSS not offered");
-        }
-        let mut fds = Vec::new();
-        for w in &self.workers {
-            let d = if w.id as usize == home {
-                let sh = w.lock();
-                match sh.doorbells.get(&key).map(|d| d.try_clone()) {
-                    Some(Ok(d)) => d,
-                    _ => return fail(errno::EINVAL, "no doorbell"),
-                }
-            } else if let Some(d) = existing_doorbell(w, key) {
-                // Asked again (an exec'd image): the same eventfd, since the guest's
-                // other processes still kick the one they hold.
-                d
-            } else {
-                let d = match sys::eventfd() {
-                    Ok(d) => d,
-                    Err(e) => return fail(sys::errno_of(&e), "eventfd"),
-                };
-                let tok = token::make(token::VRSS_DOORBELL, key, 0, 0);
-                if w.ep.add(d.as_raw_fd(), sys::EP_IN, tok).is_err() {
-                    return fail(errno::ENOMEM, "epoll");
-                }
-                let mine = match d.try_clone() {
-                    Ok(x) => x,
-                    Err(e) => {
-                        w.ep.delete(d.as_raw_fd());
-                        return fail(sys::errno_of(&e), "dup");
-                    }
-                };
-                let mut sh = w.lock();
-                if let Some(old) = sh.vrss_doorbells.insert(key, d) {
-                    w.ep.delete(old.as_raw_fd());
-                }
-                mine
-            };
-            fds.push(d);
-        }
-        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        let body = (raw.len() as u32).to_le_bytes();
-        let sent = send_msg(&conn.fd, kind::DOORBELLS_OK, &body, &raw).is_ok();
-        if sent {
-            if let Some(g) = hw.lock().guests.get_mut(&key) {
-                g.enable_vrss(home as u32, boxes);
-            }
-        }
-        sent
-    }
-
     /// Sends queued replies until done or the socket is full (then waits for
     /// EPOLLOUT). False: the connection failed.
-    fn flush_out(&mut self, key: u32) -> bool {
+    pub(crate) fn flush_out(&mut self, key: u32) -> bool {
         let Some(conn) = self.conns.get_mut(&key) else {
             return false;
         };
@@ -883,7 +565,7 @@ impl Daemon {
         }
     }
 
-    fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         for w in &self.workers {
             w.stop.store(true, std::sync::atomic::Ordering::Relaxed);
             w.poke();
@@ -913,19 +595,19 @@ impl Daemon {
 
 /// A copy of worker `w`'s doorbell for guest `key`, if it made one (the shard lock is
 /// released before the caller goes on).
-fn existing_doorbell(w: &Worker, key: u32) -> Option<OwnedFd> {
+pub(crate) fn existing_doorbell(w: &Worker, key: u32) -> Option<OwnedFd> {
     let sh = w.lock();
     sh.vrss_doorbells.get(&key).and_then(|d| d.try_clone().ok())
 }
 
-fn send_msg(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32]) -> io::Result<()> {
+pub(crate) fn send_msg(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32]) -> io::Result<()> {
     let mut m = Vec::with_capacity(CTL_HEADER + body.len());
     m.extend_from_slice(&control::encode_header(k, body.len() as u32));
     m.extend_from_slice(body);
     sys::send_with_fds(fd, &m, fds, true)
 }
 
-fn send_error(fd: &OwnedFd, err: i32, text: &str) -> io::Result<()> {
+pub(crate) fn send_error(fd: &OwnedFd, err: i32, text: &str) -> io::Result<()> {
     let mut body = err.to_le_bytes().to_vec();
     body.extend_from_slice(text.as_bytes());
     send_msg(fd, kind::ERROR, &body, &[])

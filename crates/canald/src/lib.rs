@@ -18,6 +18,7 @@
 pub mod alloc;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod ctldir;
 pub mod daemon;
 pub mod engine;

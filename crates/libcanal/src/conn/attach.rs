@@ -271,16 +271,17 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
             )
         };
     }
-    // HELLO: pid, flags, comm.
-    let mut body = [0u8; control::HELLO_BODY];
-    body[0..4].copy_from_slice(&(sys::getpid() as u32).to_le_bytes());
-    let flags =
-        control::hello_flag::SHORTCUT | control::hello_flag::ZONES | control::hello_flag::VRSS;
-    body[4..8].copy_from_slice(&flags.to_le_bytes());
     let mut comm = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes into comm.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
-    body[8..24].copy_from_slice(&comm);
+    let body = control::Hello {
+        pid: sys::getpid() as u32,
+        flags: control::hello_flag::SHORTCUT
+            | control::hello_flag::ZONES
+            | control::hello_flag::VRSS,
+        comm,
+    }
+    .encode();
     send_msg(fd, ck::HELLO, &body, -1).map_err(|e| (e, "cannot send HELLO to canald"))?;
     let mut buf = [0u8; 512];
     let mut fds = [-1; 2];
@@ -296,18 +297,15 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     let body = &buf[CTL_HEADER..n];
     if kind == ck::ERROR {
         close_fds(&fds);
-        let e = if body.len() >= 4 {
-            i32::from_le_bytes([body[0], body[1], body[2], body[3]])
-        } else {
-            libc::EPROTO
-        };
+        let e = control::leading_u32(body).map_or(libc::EPROTO, |e| e as i32);
         return Err((e, "canald refused this process"));
     }
-    if kind != ck::HELLO_OK || body.len() < control::HELLO_OK_BODY || nfds != 2 {
+    let ok = control::HelloOk::decode(body);
+    let (Some(ok), ck::HELLO_OK, 2) = (ok, kind, nfds) else {
         close_fds(&fds);
         return Err((libc::EPROTO, "unexpected HELLO reply from canald"));
-    }
-    let region_size = u64::from_le_bytes(body[8..16].try_into().unwrap());
+    };
+    let region_size = ok.region_size;
     let (memfd, doorbell) = (fds[0], fds[1]);
     let r = map_region(memfd, region_size);
     let region = match r {

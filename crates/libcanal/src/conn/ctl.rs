@@ -176,16 +176,10 @@ pub(crate) fn ctl_exchange<T>(
     r
 }
 
-/// The leading `u32` of a reply body, if it has one.
-fn leading_u32(body: &[u8]) -> Option<u32> {
-    body.get(..4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
 /// Registers `efd` as the wake-up port of slot `idx` (PORT / PORT_OK).
 pub(crate) fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> {
     ctl_exchange(g, ck::PORT, &idx.to_le_bytes(), efd, |k, body, _| {
-        (k == ck::PORT_OK && leading_u32(body) == Some(idx)).then_some(())
+        (k == ck::PORT_OK && control::leading_u32(body) == Some(idx)).then_some(())
     })
 }
 
@@ -194,7 +188,7 @@ pub(crate) fn ctl_segment(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
     ctl_exchange(g, ck::SEGMENT, &id.to_le_bytes(), -1, |k, body, fds| {
         let ok = k == ck::SEGMENT_OK
             && body.len() >= control::SEGMENT_OK_BODY
-            && leading_u32(body) == Some(id)
+            && control::leading_u32(body) == Some(id)
             && fds.len() == 1;
         ok.then(|| {
             let size = u64::from_le_bytes(body[8..16].try_into().unwrap_or([0; 8]));

@@ -1,0 +1,184 @@
+//! The protocol's constants (docs/protocol.md): magic and versions, feature bits,
+//! opcodes, slot states, sleep kinds, socket kinds and flags, errno values, handles.
+
+/// "CANALRGN" read as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
+/// Incompatible changes bump the major version; a guest refuses another major.
+pub const VERSION_MAJOR: u16 = 1;
+/// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
+/// old readers ignore) bump the minor version.
+pub const VERSION_MINOR: u16 = 4;
+
+/// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
+/// `doorbell_peer`; protocol §9.5).
+pub const DOORBELL_HOST_PEER: u32 = 1;
+
+/// Feature bits in the header. A guest must not use a feature the host did not set.
+pub mod feature {
+    /// Stream (TCP) sockets with byte rings.
+    pub const STREAM: u64 = 1 << 0;
+    /// Datagram (UDP) sockets with message rings.
+    pub const DGRAM: u64 = 1 << 1;
+    /// Per-slot wake-ups through an eventfd registered on the control socket. Absent
+    /// (e.g. inside a VM) the guest waits with bounded backoff instead.
+    pub const PORT_EVENTFD: u64 = 1 << 2;
+    pub const ALL_V1: u64 = STREAM | DGRAM | PORT_EVENTFD;
+    /// The guest may send WATCH (control socket, with SCM_RIGHTS): canald closes a
+    /// socket when the guest's last descriptor of it is gone, as counted by the kernel.
+    pub const WATCH: u64 = 1 << 3;
+    /// Co-resident short-circuit (protocol §8, minor 1): stream entries may be backed
+    /// by a pair segment (`SocketEntry::segment` ≠ 0). Set only for guests that
+    /// announced `hello_flag::SHORTCUT`.
+    pub const SHORTCUT: u64 = 1 << 4;
+    /// Virtual RSS (protocol §6.3, minor 2): the guest's sockets may be owned by
+    /// different canald workers (`SocketEntry::owner`); attention kicks go to the
+    /// owner's `worker_sleeping` word and doorbell (DOORBELLS). Set only for guests
+    /// that announced `hello_flag::VRSS`, when canald runs more than one worker.
+    pub const VRSS: u64 = 1 << 5;
+    /// Buffer zones (protocol §10, minor 2): a pair segment given to this guest may
+    /// carry zones (`segment::SEG_FLAG_ZONES`). Set only with `canald --zones on` and
+    /// for guests that announced `hello_flag::ZONES`.
+    pub const ZONES: u64 = 1 << 6;
+    /// VM region served with ivshmem doorbells (protocol §9.5, minor 2): the header's
+    /// `doorbell_peer` / `doorbell_vectors` are valid; a guest that can ring the
+    /// device's Doorbell register must do so to kick, and interrupt vector *i* of the
+    /// guest's peer wakes slot *i*. A guest that cannot ring counts itself in
+    /// `backoff_kickers`. Old guests refuse such a region (unknown bit).
+    pub const DOORBELL: u64 = 1 << 7;
+    /// Every bit this version understands (the optional ones included).
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL;
+}
+
+/// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.
+pub mod op {
+    /// args: [domain, type (SOCK_STREAM|SOCK_DGRAM, flags stripped), protocol].
+    /// result: socket handle.
+    pub const SOCKET: u32 = 1;
+    /// payload: CanalAddr.
+    pub const BIND: u32 = 2;
+    /// args: [backlog].
+    pub const LISTEN: u32 = 3;
+    /// payload: CanalAddr. result: 0, or -EINPROGRESS (completion is reported through
+    /// the socket's flags and pending_error), or -errno.
+    pub const CONNECT: u32 = 4;
+    /// Drops the guest's last reference. The host finishes sending what is queued.
+    pub const CLOSE: u32 = 5;
+    /// args: [how] (SHUT_RD=0, SHUT_WR=1, SHUT_RDWR=2). SHUT_WR takes effect on the
+    /// host once the transmit ring is drained.
+    pub const SHUTDOWN: u32 = 6;
+    /// args: [level, optname]; payload: option value (in_len bytes).
+    pub const SETSOCKOPT: u32 = 7;
+    /// args: [level, optname, optlen]; out payload: value (out_len bytes).
+    pub const GETSOCKOPT: u32 = 8;
+    /// out payload: CanalAddr.
+    pub const GETSOCKNAME: u32 = 9;
+    /// out payload: CanalAddr.
+    pub const GETPEERNAME: u32 = 10;
+    /// Does nothing; measures the request path.
+    pub const NOP: u32 = 11;
+    pub const MAX: u32 = 11;
+}
+
+/// Slot states (the INR's state flag).
+pub mod slot_state {
+    /// Not owned by any guest thread.
+    pub const FREE: u32 = 0;
+    /// Owned by a guest thread, no request outstanding.
+    pub const IDLE: u32 = 1;
+    /// Filled by the guest and enqueued.
+    pub const REQUESTED: u32 = 2;
+    /// Taken by the host.
+    pub const BUSY: u32 = 3;
+    /// Result written by the host.
+    pub const DONE: u32 = 4;
+}
+
+/// What a sleeping guest thread waits for (the slot's `sleep` word).
+pub mod sleep_kind {
+    pub const AWAKE: u32 = 0;
+    /// Waiting for its own request to reach DONE.
+    pub const COMPLETION: u32 = 1;
+    /// Waiting for readiness of `wait_socket` (or any socket if WAIT_ANY).
+    pub const EVENTS: u32 = 2;
+}
+
+/// `wait_socket` value meaning "any socket of this region".
+pub const WAIT_ANY: u32 = u32::MAX;
+
+/// Socket kinds (entry `kind`).
+pub mod sock_kind {
+    pub const FREE: u32 = 0;
+    pub const STREAM: u32 = 1;
+    pub const DGRAM: u32 = 2;
+    /// A stream socket after a successful LISTEN; its rx ring carries ACCEPT records.
+    pub const LISTENER: u32 = 3;
+}
+
+/// Host-written socket flags (entry `flags`).
+pub mod sock_flag {
+    /// A non-blocking connect is under way.
+    pub const CONNECTING: u32 = 1 << 0;
+    /// Connected (stream) or has a default peer (datagram).
+    pub const CONNECTED: u32 = 1 << 1;
+    pub const LISTENING: u32 = 1 << 2;
+    /// The peer will send no more: after the rx ring drains, recv returns 0.
+    pub const RX_EOF: u32 = 1 << 3;
+    /// Sending is over (peer reset, EPIPE, or our SHUT_WR done): send fails with EPIPE.
+    pub const TX_CLOSED: u32 = 1 << 4;
+    /// The connection failed or was reset; `pending_error` says why.
+    pub const ERROR: u32 = 1 << 5;
+    /// Both directions are finished (POLLHUP).
+    pub const HUP: u32 = 1 << 6;
+    /// The host stopped filling the rx ring because it was full: the guest sets the
+    /// socket's attention bit and kicks after freeing space.
+    pub const RX_WANT_SPACE: u32 = 1 << 7;
+    /// The host broke off this socket because the guest violated the protocol.
+    pub const BROKEN: u32 = 1 << 8;
+    /// The guest closed it; the host is finishing.
+    pub const CLOSING: u32 = 1 << 9;
+}
+
+/// Linux errno values used in results (results are `-errno`). Both sides are Linux;
+/// the numbers are part of the ABI.
+pub mod errno {
+    pub const EPERM: i32 = 1;
+    pub const ENOENT: i32 = 2;
+    pub const EBADF: i32 = 9;
+    pub const EAGAIN: i32 = 11;
+    pub const ENOMEM: i32 = 12;
+    pub const EACCES: i32 = 13;
+    pub const EFAULT: i32 = 14;
+    pub const EINVAL: i32 = 22;
+    pub const EMFILE: i32 = 24;
+    pub const EPIPE: i32 = 32;
+    pub const ENOSYS: i32 = 38;
+    pub const ENOTSOCK: i32 = 88;
+    pub const EMSGSIZE: i32 = 90;
+    pub const EPROTOTYPE: i32 = 91;
+    pub const ENOPROTOOPT: i32 = 92;
+    pub const EPROTONOSUPPORT: i32 = 93;
+    pub const EOPNOTSUPP: i32 = 95;
+    pub const EAFNOSUPPORT: i32 = 97;
+    pub const EADDRINUSE: i32 = 98;
+    pub const ENOBUFS: i32 = 105;
+    pub const EISCONN: i32 = 106;
+    pub const ENOTCONN: i32 = 107;
+    pub const ECONNRESET: i32 = 104;
+    pub const ETIMEDOUT: i32 = 110;
+    pub const ECONNREFUSED: i32 = 111;
+    pub const EALREADY: i32 = 114;
+    pub const EINPROGRESS: i32 = 115;
+    pub const EIO: i32 = 5;
+}
+
+/// Socket handles name a socket-table entry and its generation, so a handle kept
+/// after the entry was reused is rejected: `handle = generation << 16 | index`.
+pub const fn make_handle(index: u32, generation: u32) -> u32 {
+    (generation << 16) | (index & 0xffff)
+}
+pub const fn handle_index(handle: u32) -> u32 {
+    handle & 0xffff
+}
+pub const fn handle_generation(handle: u32) -> u32 {
+    handle >> 16
+}

@@ -1,0 +1,374 @@
+//! The control connection's messages (protocol §2): one handler per message kind,
+//! bodies decoded by canal-abi's typed messages. A handler returns false to close the
+//! connection.
+
+use crate::daemon::{send_error, send_msg, Daemon, OUT_MAX};
+use crate::guest::socket::token;
+use crate::guest::state::Guest;
+use crate::stat;
+use crate::sys;
+use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX};
+use canal_abi::errno;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+impl Daemon {
+    /// Handles one message; false closes the connection.
+    pub(crate) fn handle_message(&mut self, key: u32, msg: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let Some((k, body)) = control::decode(msg) else {
+            return send_error(&conn.fd, errno::EINVAL, "malformed control message").is_ok();
+        };
+        match k {
+            kind::HELLO => self.on_hello(key, body),
+            kind::PORT => self.on_port(key, body, fds),
+            kind::DOORBELLS => self.doorbells(key),
+            kind::STAT => self.on_stat(key, body),
+            kind::WATCH => self.on_watch(key, body, fds),
+            kind::SEGMENT => self.on_segment(key, body),
+            kind::VM_REGION => self.on_vm_region(key, body),
+            kind::VM_PID => self.on_vm_pid(key, body, fds),
+            _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
+        }
+    }
+
+    /// HELLO: a process attaches; it gets a region, a doorbell and a home worker.
+    fn on_hello(&mut self, key: u32, body: &[u8]) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        {
+            let Some(hello) = control::Hello::decode(body) else {
+                return send_error(&conn.fd, errno::EINVAL, "short HELLO").is_ok();
+            };
+            if conn.worker.is_some() {
+                return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
+            }
+            let pid = if hello.pid == 0 { conn.pid } else { hello.pid };
+            let comm = String::from_utf8_lossy(hello.comm()).into_owned();
+            let id = self.next_guest;
+            let hello_flags = hello.flags;
+            let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
+            let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
+            // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
+            let vrss = (2..=canal_abi::MAX_WORKERS).contains(&self.workers.len())
+                && hello_flags & control::hello_flag::VRSS != 0;
+            let features = canal_abi::feature::ALL_V1
+                | canal_abi::feature::WATCH
+                | if sc { canal_abi::feature::SHORTCUT } else { 0 }
+                | if zones { canal_abi::feature::ZONES } else { 0 }
+                | if vrss { canal_abi::feature::VRSS } else { 0 };
+            let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
+            let (mut g, memfd) = match made {
+                Ok(x) => x,
+                Err(e) => {
+                    return send_error(&conn.fd, sys::errno_of(&e), "cannot create region").is_ok()
+                }
+            };
+            let doorbell = match sys::eventfd() {
+                Ok(d) => d,
+                Err(e) => return send_error(&conn.fd, sys::errno_of(&e), "eventfd").is_ok(),
+            };
+            // The worker with the fewest guests takes it.
+            let wi = (0..self.workers.len())
+                .min_by_key(|&i| self.workers[i].lock().guests.len())
+                .unwrap_or(0);
+            let w = self.workers[wi].clone();
+            if w.ep
+                .add(
+                    doorbell.as_raw_fd(),
+                    sys::EP_IN,
+                    token::make(token::DOORBELL, key, 0, 0),
+                )
+                .is_err()
+            {
+                return send_error(&conn.fd, errno::ENOMEM, "epoll").is_ok();
+            }
+            let reply = control::HelloOk {
+                guest_id: id,
+                region_size: g.region_size(),
+            }
+            .encode();
+            let sent = send_msg(
+                &conn.fd,
+                kind::HELLO_OK,
+                &reply,
+                &[memfd.as_raw_fd(), doorbell.as_raw_fd()],
+            );
+            log::info!(
+                "guest {id} attached: pid {pid} comm {} (worker {wi})",
+                g.comm
+            );
+            self.next_guest = self.next_guest.wrapping_add(1).max(1);
+            if let Some(c) = self.conns.get_mut(&key) {
+                c.worker = Some(wi);
+            }
+            if sc {
+                g.enable_shortcut(self.shortcut.clone(), wi as u32);
+            }
+            let mut sh = w.lock();
+            sh.doorbells.insert(key, doorbell);
+            sh.guests.insert(key, g);
+            drop(sh);
+            w.poke();
+            sent.is_ok()
+        }
+    }
+
+    /// PORT: a slot's wake-up eventfd.
+    fn on_port(&mut self, key: u32, body: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        {
+            let Some(w) = conn.worker.and_then(|i| self.workers.get(i)) else {
+                return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
+            };
+            let mut sh = w.lock();
+            let Some(g) = sh.guests.get_mut(&key) else {
+                return send_error(&conn.fd, errno::EINVAL, "PORT before HELLO").is_ok();
+            };
+            let Some(slot) = control::leading_u32(body) else {
+                return send_error(&conn.fd, errno::EINVAL, "short PORT").is_ok();
+            };
+            let Some(fd) = fds.into_iter().next() else {
+                return send_error(&conn.fd, errno::EINVAL, "PORT without eventfd").is_ok();
+            };
+            match g.set_port(slot, fd) {
+                Ok(()) => send_msg(&conn.fd, kind::PORT_OK, &slot.to_le_bytes(), &[]).is_ok(),
+                Err(e) => send_error(&conn.fd, e, "bad PORT").is_ok(),
+            }
+        }
+    }
+
+    /// STAT: the listing (format 1: text, else JSON), in chunks.
+    fn on_stat(&mut self, key: u32, body: &[u8]) -> bool {
+        {
+            let format = control::leading_u32(body).unwrap_or(0);
+            let snap = self.snapshot();
+            let text = if format == 1 {
+                stat::render_text(&snap)
+            } else {
+                stat::render_json(&snap)
+            };
+            let Some(conn) = self.conns.get_mut(&key) else {
+                return false;
+            };
+            for chunk in text
+                .as_bytes()
+                .chunks(CTL_MAX - CTL_HEADER - 1024)
+                .chain(std::iter::once(&[][..]))
+            {
+                let mut m = control::encode_header(kind::STAT_CHUNK, chunk.len() as u32).to_vec();
+                m.extend_from_slice(chunk);
+                conn.out_bytes += m.len();
+                conn.out.push_back(m);
+            }
+            if conn.out_bytes > OUT_MAX {
+                return false;
+            }
+            self.flush_out(key)
+        }
+    }
+
+    /// WATCH: close a socket when the kernel says the guest's last descriptor is gone.
+    fn on_watch(&mut self, key: u32, body: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        {
+            // No reply: the guest sends it without waiting.
+            let worker = conn.worker.and_then(|i| self.workers.get(i));
+            let handle = control::leading_u32(body);
+            if let (Some(w), Some(fd), Some(handle)) = (worker, fds.into_iter().next(), handle) {
+                let sh = w.lock();
+                if let Some(g) = sh.guests.get(&key) {
+                    self.watches.add(&self.workers[0].ep, key, g, handle, fd);
+                }
+            }
+            true
+        }
+    }
+
+    /// SEGMENT: a pair segment's memfd for a short-circuited connection.
+    fn on_segment(&mut self, key: u32, body: &[u8]) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        {
+            let Some(id) = control::leading_u32(body) else {
+                return send_error(&conn.fd, errno::EINVAL, "short SEGMENT").is_ok();
+            };
+            let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+            match sh.segment_fd(id, key) {
+                Some((fd, size)) => {
+                    let mut reply = [0u8; control::SEGMENT_OK_BODY];
+                    reply[0..4].copy_from_slice(&id.to_le_bytes());
+                    reply[8..16].copy_from_slice(&size.to_le_bytes());
+                    send_msg(&conn.fd, kind::SEGMENT_OK, &reply, &[fd.as_raw_fd()]).is_ok()
+                }
+                None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
+            }
+        }
+    }
+
+    /// VM_REGION: a region file for a VM guest (`canal vm`).
+    fn on_vm_region(&mut self, key: u32, body: &[u8]) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        {
+            if conn.worker.is_some() {
+                return send_error(&conn.fd, errno::EINVAL, "already attached").is_ok();
+            }
+            let id = self.next_guest;
+            let bell_dir = self
+                .cfg
+                .socket
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf();
+            let ep = &self.workers[0].ep;
+            match self
+                .vm
+                .create(ep, key, id, conn.pid, &self.gcfg, body, &bell_dir)
+            {
+                Ok(c) => {
+                    let g = c.guest;
+                    let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &c.reply, &[]);
+                    log::info!(
+                        "guest {id} attached: {} (VM region{})",
+                        g.comm,
+                        if c.host_vector.is_some() {
+                            ", ivshmem doorbells"
+                        } else {
+                            ""
+                        }
+                    );
+                    self.next_guest = self.next_guest.wrapping_add(1).max(1);
+                    // VM guests live on worker 0: it serves the VM processes' pidfds
+                    // and the ivshmem servers, and bounds its sleep while it has a VM
+                    // that cannot kick it.
+                    let w = self.workers[0].clone();
+                    let mut sh = w.lock();
+                    if let Some(hv) = c.host_vector {
+                        // The guest's kicks: canald's ivshmem vector, read like a
+                        // process guest's doorbell (and removed with it).
+                        if w.ep
+                            .add(
+                                hv.as_raw_fd(),
+                                sys::EP_IN,
+                                token::make(token::DOORBELL, key, 0, 0),
+                            )
+                            .is_ok()
+                        {
+                            sh.doorbells.insert(key, hv);
+                        }
+                    }
+                    sh.guests.insert(key, g);
+                    drop(sh);
+                    w.poke();
+                    if let Some(c) = self.conns.get_mut(&key) {
+                        c.worker = Some(0);
+                    }
+                    sent.is_ok()
+                }
+                Err((e, text)) => send_error(&conn.fd, e, &text).is_ok(),
+            }
+        }
+    }
+
+    /// VM_PID: the QEMU process whose exit ends a VM guest.
+    fn on_vm_pid(&mut self, key: u32, body: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        {
+            let Some(pid) = control::leading_u32(body) else {
+                return send_error(&conn.fd, errno::EINVAL, "short VM_PID").is_ok();
+            };
+            let ep = &self.workers[0].ep;
+            match self.vm.set_pid(ep, key, pid, fds.into_iter().next()) {
+                Ok(()) => {
+                    if let Some(g) = self.workers[0].lock().guests.get_mut(&key) {
+                        g.pid = pid;
+                    }
+                    send_msg(&conn.fd, kind::VM_PID_OK, &[], &[]).is_ok()
+                }
+                Err((e, text)) => send_error(&conn.fd, e, text).is_ok(),
+            }
+        }
+    }
+
+    /// DOORBELLS (virtual RSS): one doorbell per worker for this guest (its home's is
+    /// the HELLO doorbell; the others are made on the first DOORBELLS and sent again to
+    /// an exec'd image), then the home starts spreading the guest's sockets.
+    fn doorbells(&mut self, key: u32) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let fail = |e: i32, t: &str| send_error(&conn.fd, e, t).is_ok();
+        let (Some(home), Some(boxes)) = (conn.worker, self.boxes.clone()) else {
+            return fail(errno::EINVAL, "DOORBELLS before HELLO");
+        };
+        let Some(hw) = self.workers.get(home) else {
+            return fail(errno::EINVAL, "DOORBELLS before HELLO");
+        };
+        let offered = hw
+            .lock()
+            .guests
+            .get(&key)
+            .is_some_and(|g| g.region().header().features & canal_abi::feature::VRSS != 0);
+        if !offered {
+            return fail(errno::EOPNOTSUPP, "virtual RSS not offered");
+        }
+        let mut fds = Vec::new();
+        for w in &self.workers {
+            let d = if w.id as usize == home {
+                let sh = w.lock();
+                match sh.doorbells.get(&key).map(|d| d.try_clone()) {
+                    Some(Ok(d)) => d,
+                    _ => return fail(errno::EINVAL, "no doorbell"),
+                }
+            } else if let Some(d) = crate::daemon::existing_doorbell(w, key) {
+                // Asked again (an exec'd image): the same eventfd, since the guest's
+                // other processes still kick the one they hold.
+                d
+            } else {
+                let d = match sys::eventfd() {
+                    Ok(d) => d,
+                    Err(e) => return fail(sys::errno_of(&e), "eventfd"),
+                };
+                let tok = token::make(token::VRSS_DOORBELL, key, 0, 0);
+                if w.ep.add(d.as_raw_fd(), sys::EP_IN, tok).is_err() {
+                    return fail(errno::ENOMEM, "epoll");
+                }
+                let mine = match d.try_clone() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        w.ep.delete(d.as_raw_fd());
+                        return fail(sys::errno_of(&e), "dup");
+                    }
+                };
+                let mut sh = w.lock();
+                if let Some(old) = sh.vrss_doorbells.insert(key, d) {
+                    w.ep.delete(old.as_raw_fd());
+                }
+                mine
+            };
+            fds.push(d);
+        }
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let body = (raw.len() as u32).to_le_bytes();
+        let sent = send_msg(&conn.fd, kind::DOORBELLS_OK, &body, &raw).is_ok();
+        if sent {
+            if let Some(g) = hw.lock().guests.get_mut(&key) {
+                g.enable_vrss(home as u32, boxes);
+            }
+        }
+        sent
+    }
+}
