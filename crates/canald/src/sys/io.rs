@@ -1,0 +1,173 @@
+//! Descriptors canald reads and writes: ring I/O (readv/writev/sendmsg over ring slices), eventfds, pidfds, signals.
+
+use super::inet::{to_sockaddr, zeroed_storage};
+use super::util::{cvt, cvt_size, empty_msghdr, owned};
+use canal_abi::ring::RawRing;
+use canal_abi::CanalAddr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+fn ring_iovecs(ring: &RawRing, pos: u64, len: u64) -> ([libc::iovec; 2], libc::c_int) {
+    let segs = ring.segments(pos, len);
+    let iov = [
+        libc::iovec {
+            iov_base: segs[0].0 as *mut libc::c_void,
+            iov_len: segs[0].1,
+        },
+        libc::iovec {
+            iov_base: segs[1].0 as *mut libc::c_void,
+            iov_len: segs[1].1,
+        },
+    ];
+    let n = if segs[1].1 == 0 { 1 } else { 2 };
+    (iov, n)
+}
+
+/// Reads from `fd` straight into ring bytes `pos..pos+len` (`len <= ring size`).
+///
+/// The ring must come from a `Region` whose mapping the caller keeps alive.
+pub(crate) fn readv_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
+    let (iov, n) = ring_iovecs(ring, pos, len);
+    // SAFETY: the iovecs lie inside the ring (RawRing::segments keeps them within
+    // base..base+size for len <= size), which Region::ring checked lies inside the
+    // mapped data area; the caller keeps the mapping alive. The kernel writes plain
+    // bytes into shared memory no Rust reference points at.
+    cvt_size(unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n) })
+}
+
+/// Writes ring bytes `pos..pos+len` (`len <= ring size`) to `fd` in one call.
+pub(crate) fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> io::Result<usize> {
+    let (iov, n) = ring_iovecs(ring, pos, len);
+    // SAFETY: as in readv_ring; the kernel only reads the bytes. MSG_NOSIGNAL is not
+    // available to writev, so canald ignores SIGPIPE (see `ignore_sigpipe`).
+    cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n) })
+}
+
+/// Sends ring bytes `pos..pos+len` (contiguous or wrapping) as one datagram, to `to`
+/// or to the connected peer.
+pub(crate) fn sendmsg_ring(
+    fd: &OwnedFd,
+    ring: &RawRing,
+    pos: u64,
+    len: u64,
+    to: Option<&CanalAddr>,
+) -> io::Result<usize> {
+    let (mut iov, n) = ring_iovecs(ring, pos, len);
+    let mut ss: libc::sockaddr_storage = zeroed_storage();
+    let mut msg = empty_msghdr();
+    if let Some(a) = to {
+        let sl = to_sockaddr(a, &mut ss);
+        msg.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+        msg.msg_namelen = sl;
+    }
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    // SAFETY: msg points at live locals (address, iovecs inside the mapped ring, see
+    // readv_ring); the kernel only reads them.
+    cvt_size(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })
+}
+
+pub(crate) fn ignore_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no memory-safety impact.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+/// A pidfd for `pid` (readable once the process has exited).
+pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
+}
+
+/// Whether `fd` is a pidfd (a VM_PID message's descriptor must be one).
+pub(crate) fn is_pidfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[pidfd]")
+}
+
+pub fn eventfd() -> io::Result<OwnedFd> {
+    use rustix::event::EventfdFlags;
+    Ok(rustix::event::eventfd(
+        0,
+        EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC,
+    )?)
+}
+
+/// Adds 1 to an eventfd counter (a wake-up). Errors are ignored by callers: a full
+/// counter already means "wake up".
+pub fn eventfd_write(fd: RawFd) -> io::Result<()> {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live local.
+    let r = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    cvt_size(r).map(|_| ())
+}
+
+/// Reads (and so resets) an eventfd counter; Ok(0) if it was zero (non-blocking fd).
+pub fn eventfd_read(fd: &OwnedFd) -> io::Result<u64> {
+    let mut v = [0u8; 8];
+    match rustix::io::read(fd, &mut v) {
+        Ok(_) => Ok(u64::from_ne_bytes(v)),
+        Err(rustix::io::Errno::AGAIN) => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// poll() for readability of one descriptor, up to `ms` (-1: forever); whether it is
+/// readable. EINTR counts as not readable.
+pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(fd, PollFlags::IN)];
+    let timeout = (ms >= 0).then(|| Timespec {
+        tv_sec: i64::from(ms / 1000),
+        tv_nsec: i64::from(ms % 1000) * 1_000_000,
+    });
+    matches!(rustix::event::poll(&mut p, timeout.as_ref()), Ok(n) if n > 0)
+        && p[0].revents().contains(PollFlags::IN)
+}
+
+/// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
+/// a guest cannot hand it a pipe that blocks).
+pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
+        .unwrap_or(false)
+}
+
+/// Blocks SIGINT and SIGTERM and returns a signalfd that reports them, so the poller
+/// sees a shutdown request as an ordinary epoll event.
+pub(crate) fn term_signalfd() -> io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live local; these calls only edit it and the signal mask.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    // SAFETY: `set` is initialised; -1 asks for a new descriptor.
+    Ok(owned(cvt(unsafe {
+        libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC)
+    })?))
+}
+
+/// Reads one pending signal number from a signalfd (None if none).
+pub(crate) fn read_signal(fd: &OwnedFd) -> Option<u32> {
+    // SAFETY: signalfd_siginfo is plain data.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    let len = std::mem::size_of::<libc::signalfd_siginfo>();
+    // SAFETY: reads at most `len` bytes into a live local.
+    let r = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            &mut info as *mut _ as *mut libc::c_void,
+            len,
+        )
+    };
+    (r as usize == len).then_some(info.ssi_signo)
+}

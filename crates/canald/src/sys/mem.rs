@@ -1,0 +1,234 @@
+//! Shared memory: guest regions and pair segments (memfd, mmap), and returning freed heap.
+
+use canal_abi::ring::RawRing;
+use canal_abi::{Layout, Region};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// A shared mapping of a memfd (host side: created, sized and sealed here).
+pub struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all accesses go through `Region`, whose
+// accessors are atomics or byte copies.
+unsafe impl Send for Mapping {}
+
+// SAFETY: `Mapping` itself is only the base and length (never mutated after creation);
+// a guest's home and virtual-RSS shadow instances on different workers share it
+// through an Arc and access the memory only through `Region` (atomics, byte copies).
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Creates a sealed memfd of `layout.region_size` bytes, maps it and writes the
+    /// region header with `Region::init`. Returns the memfd (to send to the guest),
+    /// the mapping and the region view.
+    pub(crate) fn create_region(
+        layout: Layout,
+        guest_id: u32,
+        features: u64,
+    ) -> io::Result<(OwnedFd, Mapping, Region)> {
+        let len = usize::try_from(layout.region_size)
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        let fd = sealed_memfd("canal-region", layout.region_size, &[])?;
+        let map = Mapping::map(&fd, len)?;
+        // SAFETY: `map` covers region_size fresh (zeroed: a new memfd) writable bytes,
+        // page aligned by mmap, and lives as long as the caller keeps `map`, which it
+        // does for as long as it uses the returned Region (the Guest owns both).
+        let region = unsafe { Region::init(map.base, layout, guest_id, features) };
+        Ok((fd, map, region))
+    }
+
+    /// Maps the first `layout.region_size` bytes of a fresh (zero-filled) region file
+    /// a hypervisor maps too (a VM guest's region) and writes the header.
+    pub(crate) fn init_file_region(
+        fd: &OwnedFd,
+        layout: Layout,
+        guest_id: u32,
+        features: u64,
+    ) -> io::Result<(Mapping, Region)> {
+        let len = usize::try_from(layout.region_size)
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        let map = Mapping::map(fd, len)?;
+        // SAFETY: `map` covers region_size writable bytes of a file the caller has just
+        // created and sized (so zeroed), page aligned by mmap; the caller keeps `map` as
+        // long as it uses the returned Region (the Guest owns both).
+        let region = unsafe { Region::init(map.base, layout, guest_id, features) };
+        Ok((map, region))
+    }
+
+    /// Maps `len` bytes of `fd` shared, read/write.
+    pub fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping chosen by the kernel; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            base: p as *mut u8,
+            len,
+        })
+    }
+
+    /// Guest side (tests): maps a region memfd and validates its header.
+    pub fn attach_region(fd: &OwnedFd, len: usize) -> io::Result<(Mapping, Region)> {
+        let map = Mapping::map(fd, len)?;
+        // SAFETY: `len` bytes are mapped read/write at `map.base` and stay mapped as
+        // long as the caller keeps `map` alongside the view.
+        let region = unsafe { Region::attach(map.base, len as u64) }
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        Ok((map, region))
+    }
+
+    /// Fills the whole mapping with bytes from `f` (the hostile-guest test).
+    pub fn scribble(&self, mut f: impl FnMut() -> u64) {
+        let words = self.len / 8;
+        let p = self.base as *mut u64;
+        for i in 0..words {
+            // SAFETY: i < len/8 keeps the write inside the mapping, which is 8-byte
+            // aligned (page aligned). Volatile: the memory is shared with another
+            // process that reads it concurrently; it holds plain integers.
+            unsafe { std::ptr::write_volatile(p.add(i), f()) };
+        }
+    }
+
+    /// Overwrites bytes at `off` (clamped to the mapping).
+    pub(crate) fn write_at(&self, off: usize, src: &[u8]) {
+        if off >= self.len {
+            return;
+        }
+        let n = src.len().min(self.len - off);
+        // SAFETY: off + n <= len: inside the mapping; plain bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off), n) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/len describe a mapping we created and nobody uses any more
+        // (the Region views that point into it are dropped with their owner first).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+// ---- ring I/O ------------------------------------------------------------------
+
+/// Returns free heap memory to the system (glibc's malloc_trim).
+pub(crate) fn malloc_trim() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// As `create_segment`, with one buffer zone of `zone_size` bytes per direction after
+/// the rings (protocol §10.4; 0: none). The zones' headers and free lists are written
+/// by `Mapping::init_zones` before either guest maps the segment.
+pub(crate) fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> io::Result<OwnedFd> {
+    use canal_abi::segment;
+    let len = segment::segment_size_zones(ring_size, zone_size);
+    let h = if zone_size == 0 {
+        segment::encode_header(id, ring_size)
+    } else {
+        segment::encode_header_zones(id, ring_size, zone_size)
+    };
+    let fd = sealed_memfd("canal-segment", len, &h)?;
+    Ok(fd)
+}
+
+/// Reads the little-endian u64 at `off` of a file (a segment's index word). The value
+/// is guest-written: callers treat it as untrusted.
+pub(crate) fn pread_u64(fd: &OwnedFd, off: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    let n = rustix::io::pread(fd, &mut b, off).ok()?;
+    (n == 8).then(|| u64::from_le_bytes(b))
+}
+
+/// A memfd of `len` bytes starting with `head`, sealed against shrinking and growing:
+/// a guest must not resize it under another mapping (SIGBUS on access).
+fn sealed_memfd(name: &str, len: u64, head: &[u8]) -> io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, len)?;
+    if !head.is_empty() && rustix::io::pwrite(&fd, head, 0)? != head.len() {
+        return Err(io::Error::from_raw_os_error(libc::EIO));
+    }
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    Ok(fd)
+}
+
+impl Mapping {
+    /// Increments the u32 at `off` (4-aligned, inside the mapping) and FUTEX_WAKEs
+    /// every waiter on it (shared futex: the word lives in a memfd that guests map).
+    /// Used on a pair segment's `wake_seq` words; a guest may scribble on the word,
+    /// which only costs it spurious or missed wake-ups of its own threads.
+    pub(crate) fn futex_bump_wake(&self, off: usize) {
+        if !off.is_multiple_of(4) || off + 4 > self.len {
+            return;
+        }
+        // SAFETY: off is 4-aligned and inside the mapping (checked); an AtomicU32 over
+        // shared memory accepts any bit pattern.
+        let w = unsafe { &*(self.base.add(off) as *const std::sync::atomic::AtomicU32) };
+        w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: a plain futex call on a valid, mapped, aligned word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+    }
+}
+
+impl Mapping {
+    /// Writes both zones of a fresh segment with zones (`layout` from `zone::plan`,
+    /// `layout.zone_size` bytes each): headers and full free lists. canald's own
+    /// segment, before any guest has it; false if the mapping is too small.
+    pub(crate) fn init_zones(&self, ring_size: u64, layout: &canal_abi::zone::ZoneLayout) -> bool {
+        use canal_abi::segment;
+        let zs = layout.zone_size;
+        if segment::segment_size_zones(ring_size, zs) > self.len as u64 {
+            return false;
+        }
+        for d in 0..2 {
+            let off = segment::zone_offset(d, ring_size, zs) as usize;
+            // SAFETY: the zone lies inside the mapping (checked), page-aligned.
+            let z = unsafe { canal_abi::zone::MappedZone::new(self.base.add(off), *layout) };
+            z.init();
+        }
+        true
+    }
+
+    /// A mapped pair segment (tests play a guest with it): its header and its two
+    /// rings, if the mapping is large enough for the ring size its header claims.
+    pub fn segment_view(&self) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {
+        use canal_abi::segment;
+        if self.len < segment::SEG_HEADER_SIZE as usize {
+            return None;
+        }
+        // SAFETY: the mapping holds at least the 4096-byte page 0; SegHeader (512
+        // bytes) accepts any bit pattern and is used through shared references.
+        let h = unsafe { &*(self.base as *const segment::SegHeader) };
+        let rs = h.ring_size;
+        if !rs.is_power_of_two() || segment::segment_size(rs) > self.len as u64 {
+            return None;
+        }
+        // SAFETY: both rings lie inside the mapping (checked), rs is a power of two.
+        let r =
+            |d| unsafe { RawRing::new(self.base.add(segment::ring_offset(d, rs) as usize), rs) };
+        Some((h, [r(0), r(1)]))
+    }
+}

@@ -1,0 +1,21 @@
+//! Small safe wrappers around the system calls canald needs (virtiofsd's `oslib.rs`
+//! style), one file per kind of object; this facade re-exports them as `sys::…`. This
+//! is the only module of canald that contains `unsafe`; every block names the invariant
+//! it relies on. Everything else in the crate is `forbid(unsafe_code)`.
+#![allow(unsafe_code)]
+
+mod epoll;
+mod inet;
+mod io;
+mod mem;
+mod process;
+mod unix;
+mod util;
+
+pub use epoll::*;
+pub(crate) use inet::*;
+pub use io::*;
+pub use mem::*;
+pub use process::*;
+pub use unix::*;
+pub(crate) use util::*;
