@@ -11,6 +11,7 @@ pub mod procs;
 pub mod report;
 pub mod runner;
 pub mod stats;
+mod tools;
 
 use cli::Opts;
 use model::{Cell, Experiment, System, Variant};

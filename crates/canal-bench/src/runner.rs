@@ -45,7 +45,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn fail(reason: String, raw: String) -> Outcome {
+    pub(crate) fn fail(reason: String, raw: String) -> Outcome {
         Outcome {
             status: Status::Failed(reason),
             metrics: vec![],
@@ -87,11 +87,11 @@ pub struct Runner {
     pub tmp: PathBuf,
     pub knobs: Knobs,
     pub daemon: Option<Daemon>,
-    seq: u64,
+    pub(crate) seq: u64,
     /// Every port handed to a server in this run: never handed out twice (the kernel
     /// may offer a port again that a server started a moment ago has not bound yet;
     /// 8 pairs' servers then collided with EADDRINUSE).
-    ports: std::collections::HashSet<u16>,
+    pub(crate) ports: std::collections::HashSet<u16>,
 }
 
 pub fn metric_unit(m: &str) -> &'static str {
@@ -125,7 +125,7 @@ impl Runner {
     }
 
     /// A free loopback port not handed out before in this run.
-    fn port(&mut self) -> Result<u16, String> {
+    pub(crate) fn port(&mut self) -> Result<u16, String> {
         for _ in 0..1000 {
             let p = free_port()?;
             if self.ports.insert(p) {
@@ -135,12 +135,12 @@ impl Runner {
         Err("no free port that this run has not used".into())
     }
 
-    fn next_id(&mut self) -> u64 {
+    pub(crate) fn next_id(&mut self) -> u64 {
         self.seq += 1;
         self.seq
     }
 
-    fn canal_s(&self) -> String {
+    pub(crate) fn canal_s(&self) -> String {
         self.canal.to_string_lossy().into_owned()
     }
 
@@ -244,7 +244,7 @@ impl Runner {
         }
     }
 
-    fn stat_json(&self, socket: &std::path::Path) -> Result<json::Json, String> {
+    pub(crate) fn stat_json(&self, socket: &std::path::Path) -> Result<json::Json, String> {
         let argv = vec![
             self.canal_s(),
             "stat".into(),
@@ -264,7 +264,7 @@ impl Runner {
         json::parse(&p.stdout()).map_err(|e| format!("`canal stat --json` output: {e}"))
     }
 
-    fn daemon_cpu(&self) -> Option<f64> {
+    pub(crate) fn daemon_cpu(&self) -> Option<f64> {
         self.daemon
             .as_ref()
             .filter(|d| d.problem.is_none())
@@ -273,7 +273,7 @@ impl Runner {
     }
 
     /// Wraps argv in `canal run` when this end is a guest.
-    fn wrap(&self, guest: bool, argv: Vec<String>) -> Vec<String> {
+    pub(crate) fn wrap(&self, guest: bool, argv: Vec<String>) -> Vec<String> {
         if !guest {
             return argv;
         }
@@ -293,7 +293,7 @@ impl Runner {
         v
     }
 
-    fn guest_env(&self, cell: &Cell) -> Vec<(String, String)> {
+    pub(crate) fn guest_env(&self, cell: &Cell) -> Vec<(String, String)> {
         if !cell.system.uses_canal() {
             return vec![];
         }
@@ -309,7 +309,7 @@ impl Runner {
         env
     }
 
-    fn timeout(&self, cell: &Cell, nominal: f64) -> Duration {
+    pub(crate) fn timeout(&self, cell: &Cell, nominal: f64) -> Duration {
         let grace = if cell.system.uses_canal() {
             self.knobs.canal_grace
         } else {
@@ -347,7 +347,13 @@ impl Runner {
         }
     }
 
-    fn gen_args(&self, role: &str, cell: &Cell, addr: &str, cpu: Option<usize>) -> Vec<String> {
+    pub(crate) fn gen_args(
+        &self,
+        role: &str,
+        cell: &Cell,
+        addr: &str,
+        cpu: Option<usize>,
+    ) -> Vec<String> {
         let mode = match cell.workload {
             Workload::Rr | Workload::SysRr => "rr",
             Workload::Stream | Workload::SysStream => "stream",
@@ -376,7 +382,7 @@ impl Runner {
         v
     }
 
-    fn addr(&mut self, cell: &Cell) -> Result<String, String> {
+    pub(crate) fn addr(&mut self, cell: &Cell) -> Result<String, String> {
         if cell.system == System::Uds {
             let id = self.next_id();
             Ok(self
@@ -391,46 +397,17 @@ impl Runner {
 
     /// The generator with `pairs` server/client pairs at once. `strace_count`: run the
     /// single client under `strace -c -f` for exactly that many messages.
-    fn run_gen(&mut self, cell: &Cell, strace: Option<(u64, &std::path::Path)>) -> Outcome {
+    pub(crate) fn run_gen(
+        &mut self,
+        cell: &Cell,
+        strace: Option<(u64, &std::path::Path)>,
+    ) -> Outcome {
         let env = self.guest_env(cell);
-        let pinned = self.knobs.pin;
-        let pin = |role: usize| if pinned { Some(role) } else { None };
-        let mut servers = Vec::new();
         let mut raw = Vec::new();
-        let mut addrs = Vec::new();
-        for i in 0..cell.pairs {
-            let addr = match self.addr(cell) {
-                Ok(a) => a,
-                Err(e) => return Outcome::fail(e, raw.join(" ; ")),
-            };
-            let argv = self.wrap(
-                cell.system.server_is_guest(),
-                self.gen_args("server", cell, &addr, pin(0)),
-            );
-            let senv = if cell.system.server_is_guest() {
-                env.clone()
-            } else {
-                vec![]
-            };
-            match Proc::spawn(&format!("server {i}"), &argv, &senv) {
-                Ok(p) => {
-                    raw.push(format!("{} &", p.cmdline));
-                    servers.push(p);
-                }
-                Err(e) => return Outcome::fail(e, raw.join(" ; ")),
-            }
-            addrs.push(addr);
-        }
-        let ready = Duration::from_secs_f64(if cell.system.server_is_guest() {
-            self.knobs.canal_grace
-        } else {
-            10.0
-        });
-        for s in servers.iter_mut() {
-            if let Err(e) = s.wait_line("READY", ready) {
-                return Outcome::fail(e, raw.join(" ; "));
-            }
-        }
+        let (mut servers, addrs) = match self.start_gen_servers(cell, &env, &mut raw) {
+            Ok(x) => x,
+            Err(e) => return Outcome::fail(e, raw.join(" ; ")),
+        };
         let nominal = match (cell.workload, strace) {
             (_, Some(_)) => self.knobs.strace_secs,
             (Workload::Idle, _) => self.knobs.idle_secs,
@@ -439,41 +416,7 @@ impl Runner {
         let d0 = self.daemon_cpu();
         let mut clients = Vec::new();
         for (i, addr) in addrs.iter().enumerate() {
-            let mut g = self.gen_args("client", cell, addr, pin(1));
-            match strace {
-                Some((n, _)) => g.extend([
-                    "--count".into(),
-                    n.to_string(),
-                    "--warmup".into(),
-                    "0".into(),
-                ]),
-                None => {
-                    let warm = if cell.workload == Workload::Rr {
-                        "100"
-                    } else {
-                        "0"
-                    };
-                    g.extend([
-                        "--duration".into(),
-                        format!("{nominal}"),
-                        "--warmup".into(),
-                        warm.into(),
-                    ]);
-                }
-            }
-            if let Some((_, out)) = strace {
-                let mut s = vec![
-                    "strace".into(),
-                    "-f".into(),
-                    "-c".into(),
-                    "-o".into(),
-                    out.to_string_lossy().into_owned(),
-                    "--".into(),
-                ];
-                s.extend(g);
-                g = s;
-            }
-            let argv = self.wrap(cell.system.client_is_guest(), g);
+            let argv = self.gen_client_argv(cell, addr, strace, nominal);
             let cenv = if cell.system.client_is_guest() {
                 env.clone()
             } else {
@@ -489,52 +432,125 @@ impl Runner {
         }
         let raw = raw.join(" ; ");
         let to = self.timeout(cell, nominal);
-        let mut results = Vec::new();
-        for c in clients.iter_mut() {
-            match c.wait(to) {
-                Ok(st) if st.success() => {}
-                Ok(st) => {
-                    return Outcome::fail(
-                        format!("{} {}: {}", c.label, status_text(st), c.tail()),
-                        raw,
-                    )
-                }
-                Err(e) => return Outcome::fail(e, raw),
-            }
-            match c.stdout().lines().find_map(crate::gen::parse_result) {
-                Some(kv) => results.push(kv),
-                None => {
-                    return Outcome::fail(
-                        format!("{} printed no RESULT: {}", c.label, c.tail()),
-                        raw,
-                    )
-                }
-            }
-        }
-        let mut server_cpu = 0.0;
-        for s in servers.iter_mut() {
-            match s.wait(Duration::from_secs(5)) {
-                Ok(st) if st.success() => {}
-                Ok(st) => {
-                    return Outcome::fail(
-                        format!("{} {}: {}", s.label, status_text(st), s.tail()),
-                        raw,
-                    )
-                }
-                Err(e) => return Outcome::fail(e, raw),
-            }
-            let kv = s
-                .stdout()
-                .lines()
-                .find_map(crate::gen::parse_result)
-                .unwrap_or_default();
-            server_cpu += getf(&kv, "cpu_s").unwrap_or(f64::NAN);
-        }
-        let d1 = self.daemon_cpu();
-        let daemon_cpu = match (d0, d1) {
-            (Some(a), Some(b)) => b - a,
-            _ => 0.0,
+        let (results, server_cpu) = match collect_gen(&mut clients, &mut servers, to) {
+            Ok(x) => x,
+            Err(e) => return Outcome::fail(e, raw),
         };
+        let daemon_cpu = match (d0, self.daemon_cpu()) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
+        let metrics = if strace.is_some() {
+            let msgs = results
+                .iter()
+                .map(|kv| getf(kv, "msgs").unwrap_or(f64::NAN))
+                .sum();
+            vec![("msgs".to_string(), msgs)]
+        } else {
+            self.gen_metrics(cell, &results, server_cpu, daemon_cpu)
+        };
+        Outcome {
+            status: Status::Ok,
+            metrics,
+            raw_command: raw,
+            detail: String::new(),
+        }
+    }
+
+    /// Starts one generator server per pair and waits until each says READY; their
+    /// processes and addresses.
+    pub(crate) fn start_gen_servers(
+        &mut self,
+        cell: &Cell,
+        env: &[(String, String)],
+        raw: &mut Vec<String>,
+    ) -> Result<(Vec<Proc>, Vec<String>), String> {
+        let mut servers = Vec::new();
+        let mut addrs = Vec::new();
+        for i in 0..cell.pairs {
+            let addr = self.addr(cell)?;
+            let argv = self.wrap(
+                cell.system.server_is_guest(),
+                self.gen_args("server", cell, &addr, self.knobs.pin.then_some(0)),
+            );
+            let senv = if cell.system.server_is_guest() {
+                env.to_vec()
+            } else {
+                vec![]
+            };
+            let p = Proc::spawn(&format!("server {i}"), &argv, &senv)?;
+            raw.push(format!("{} &", p.cmdline));
+            servers.push(p);
+            addrs.push(addr);
+        }
+        let ready = Duration::from_secs_f64(if cell.system.server_is_guest() {
+            self.knobs.canal_grace
+        } else {
+            10.0
+        });
+        for s in servers.iter_mut() {
+            s.wait_line("READY", ready)?;
+        }
+        Ok((servers, addrs))
+    }
+
+    /// A generator client's command line: a timed run with warm-up, or (for B7) a
+    /// fixed count under `strace -c`.
+    pub(crate) fn gen_client_argv(
+        &self,
+        cell: &Cell,
+        addr: &str,
+        strace: Option<(u64, &std::path::Path)>,
+        nominal: f64,
+    ) -> Vec<String> {
+        let mut g = self.gen_args("client", cell, addr, self.knobs.pin.then_some(1));
+        match strace {
+            Some((n, _)) => g.extend([
+                "--count".into(),
+                n.to_string(),
+                "--warmup".into(),
+                "0".into(),
+            ]),
+            None => {
+                let warm = if cell.workload == Workload::Rr {
+                    "100"
+                } else {
+                    "0"
+                };
+                g.extend([
+                    "--duration".into(),
+                    format!("{nominal}"),
+                    "--warmup".into(),
+                    warm.into(),
+                ]);
+            }
+        }
+        if let Some((_, out)) = strace {
+            let mut s = vec![
+                "strace".into(),
+                "-f".into(),
+                "-c".into(),
+                "-o".into(),
+                out.to_string_lossy().into_owned(),
+                "--".into(),
+            ];
+            s.extend(g);
+            g = s;
+        }
+        self.wrap(cell.system.client_is_guest(), g)
+    }
+
+    /// The metrics of one generator run from its clients' RESULT lines, the servers'
+    /// CPU and canald's (None: not measured).
+    pub(crate) fn gen_metrics(
+        &self,
+        cell: &Cell,
+        results: &[Vec<(String, String)>],
+        server_cpu: f64,
+        daemon: Option<f64>,
+    ) -> Vec<(String, f64)> {
+        let daemon_cpu = daemon.unwrap_or(0.0);
+        let d0 = daemon;
         let sum = |k: &str| {
             results
                 .iter()
@@ -554,15 +570,6 @@ impl Runner {
         let cpu_total = client_cpu + server_cpu + daemon_cpu;
         let bytes = sum("bytes");
         let elapsed = max("elapsed_s");
-        if strace.is_some() {
-            put("msgs", sum("msgs"));
-            return Outcome {
-                status: Status::Ok,
-                metrics: m,
-                raw_command: raw,
-                detail: String::new(),
-            };
-        }
         match cell.workload {
             Workload::Rr => {
                 put("rtt_p50_us", mean("p50_ns") / 1e3);
@@ -612,74 +619,10 @@ impl Runner {
             }
         }
         put("elapsed_s", elapsed);
-        Outcome {
-            status: Status::Ok,
-            metrics: m,
-            raw_command: raw,
-            detail: String::new(),
-        }
+        m
     }
 
-    /// System calls per message = (calls at N2 − calls at N1) / (N2 − N1): setup and
-    /// teardown cancel out, only the steady state remains.
-    fn run_syscalls(&mut self, cell: &Cell) -> Outcome {
-        if which("strace").is_none() {
-            return Outcome {
-                status: Status::NotAvailable("strace is not installed".into()),
-                metrics: vec![],
-                raw_command: String::new(),
-                detail: String::new(),
-            };
-        }
-        let (n1, n2) = self.knobs.strace_counts;
-        let mut tables = Vec::new();
-        let mut raws = Vec::new();
-        for n in [n1, n2] {
-            let id = self.next_id();
-            let out = self.tmp.join(format!("strace-{id}.txt"));
-            let o = self.run_gen(cell, Some((n, &out)));
-            raws.push(o.raw_command.clone());
-            if o.status != Status::Ok {
-                return o;
-            }
-            match std::fs::read_to_string(&out)
-                .map_err(|e| e.to_string())
-                .and_then(|t| parse_strace_c(&t))
-            {
-                Ok(t) => tables.push(t),
-                Err(e) => return Outcome::fail(format!("strace -c output: {e}"), raws.join(" ; ")),
-            }
-        }
-        let total = |t: &Vec<(String, f64)>| t.iter().map(|(_, c)| c).sum::<f64>();
-        let per = (total(&tables[1]) - total(&tables[0])) / (n2 - n1) as f64;
-        let mut diffs: Vec<(String, f64)> = tables[1]
-            .iter()
-            .map(|(name, c)| {
-                let before = tables[0]
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|x| x.1)
-                    .unwrap_or(0.0);
-                (name.clone(), (c - before) / (n2 - n1) as f64)
-            })
-            .filter(|(_, d)| d.abs() >= 0.01)
-            .collect();
-        diffs.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let detail = diffs
-            .iter()
-            .take(4)
-            .map(|(n, d)| format!("{n} {d:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        Outcome {
-            status: Status::Ok,
-            metrics: vec![("syscalls_per_msg".into(), per)],
-            raw_command: raws.join(" ; "),
-            detail,
-        }
-    }
-
-    fn tool_missing(&self, tools: &[&str]) -> Option<Outcome> {
+    pub(crate) fn tool_missing(&self, tools: &[&str]) -> Option<Outcome> {
         tools.iter().find(|t| which(t).is_none()).map(|t| Outcome {
             status: Status::NotAvailable(format!(
                 "{t} is not installed (scripts/packages/bench.txt)"
@@ -691,7 +634,7 @@ impl Runner {
     }
 
     /// Starts a tool server, runs a tool client against it, returns the client's stdout.
-    fn server_client(
+    pub(crate) fn server_client(
         &mut self,
         cell: &Cell,
         server: Vec<String>,
@@ -761,7 +704,7 @@ impl Runner {
         Ok((c.stdout(), raw))
     }
 
-    fn tool_outcome(
+    pub(crate) fn tool_outcome(
         &self,
         r: Result<(String, String), (String, String)>,
         parse: impl Fn(&str) -> Result<Vec<(String, f64)>, String>,
@@ -779,195 +722,53 @@ impl Runner {
             },
         }
     }
-
-    fn run_sockperf(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["sockperf"]) {
-            return o;
-        }
-        let port = match self.port() {
-            Ok(p) => p,
-            Err(e) => return Outcome::fail(e, String::new()),
-        };
-        let p = port.to_string();
-        let secs = self.knobs.tool_secs;
-        let server = sv(&["sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", &p]);
-        let client = sv(&[
-            "sockperf",
-            "pp",
-            "--tcp",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &p,
-            "-t",
-            &format!("{}", secs.ceil() as u64),
-            "-m",
-            &cell.size.max(14).to_string(),
-        ]);
-        let r = self.server_client(cell, server, Ready::Port(port), client, secs + 1.0);
-        self.tool_outcome(r, parse_sockperf)
-    }
-
-    fn run_iperf3(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["iperf3"]) {
-            return o;
-        }
-        let port = match self.port() {
-            Ok(p) => p,
-            Err(e) => return Outcome::fail(e, String::new()),
-        };
-        let p = port.to_string();
-        let secs = self.knobs.tool_secs;
-        // --forceflush: iperf3 block-buffers its stdout into a pipe otherwise.
-        let server = sv(&[
-            "iperf3",
-            "-s",
-            "-1",
-            "--forceflush",
-            "-B",
-            "127.0.0.1",
-            "-p",
-            &p,
-        ]);
-        let client = sv(&[
-            "iperf3",
-            "-c",
-            "127.0.0.1",
-            "-p",
-            &p,
-            "-t",
-            &format!("{}", secs.ceil() as u64),
-            "-l",
-            &cell.size.to_string(),
-            "-J",
-        ]);
-        let r = self.server_client(
-            cell,
-            server,
-            Ready::Line("Server listening".into()),
-            client,
-            secs + 1.0,
-        );
-        self.tool_outcome(r, |out| {
-            let j = json::parse(out)?;
-            if let Some(e) = json::get(&j, "error") {
-                return Err(format!("iperf3: {}", json::as_text(e)));
-            }
-            let bps = json::get(&j, "end.sum_received.bits_per_second")
-                .and_then(json::Json::as_f64)
-                .ok_or("iperf3 -J has no end.sum_received.bits_per_second")?;
-            Ok(vec![
-                ("gbit_s".into(), bps / 1e9),
-                ("bytes_s".into(), bps / 8.0),
-            ])
-        })
-    }
-
-    fn run_redis(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["redis-server", "redis-benchmark"]) {
-            return o;
-        }
-        let n = self.knobs.redis_requests.to_string();
-        let id = self.next_id();
-        let (server, ready, target) = if cell.system == System::Uds {
-            let path = self.tmp.join(format!("redis-{id}.sock"));
-            let ps = path.to_string_lossy().into_owned();
-            (
-                sv(&[
-                    "redis-server",
-                    "--port",
-                    "0",
-                    "--unixsocket",
-                    &ps,
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ]),
-                Ready::Path(path),
-                sv(&["-s", &ps]),
-            )
-        } else {
-            let port = match self.port() {
-                Ok(p) => p,
-                Err(e) => return Outcome::fail(e, String::new()),
-            };
-            let p = port.to_string();
-            (
-                sv(&[
-                    "redis-server",
-                    "--port",
-                    &p,
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ]),
-                Ready::Port(port),
-                sv(&["-h", "127.0.0.1", "-p", &p]),
-            )
-        };
-        let mut client = sv(&["redis-benchmark"]);
-        client.extend(target);
-        client.extend(sv(&["-t", "set,get", "-n", &n, "-c", "10", "--csv"]));
-        // Assumes at least 20 000 requests/s; a slower run still finishes within the grace.
-        let nominal = self.knobs.redis_requests as f64 / 20_000.0;
-        let r = self.server_client(cell, server, ready, client, nominal);
-        self.tool_outcome(r, parse_redis_csv)
-    }
-
-    fn run_nginx(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["nginx", "wrk"]) {
-            return o;
-        }
-        let port = match self.port() {
-            Ok(p) => p,
-            Err(e) => return Outcome::fail(e, String::new()),
-        };
-        let id = self.next_id();
-        let dir = self.tmp.join(format!("nginx-{id}"));
-        let conf = dir.join("nginx.conf");
-        let d = dir.to_string_lossy();
-        let text = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log stderr notice;\npid {d}/nginx.pid;\n\
-             events {{ worker_connections 1024; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;\n  \
-             uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;\n  \
-             server {{ listen 127.0.0.1:{port}; location / {{ return 200 \"hello from canal bench\\n\"; }} }}\n}}\n"
-        );
-        if let Err(e) =
-            std::fs::create_dir_all(dir.join("logs")).and_then(|_| std::fs::write(&conf, text))
-        {
-            return Outcome::fail(format!("nginx config: {e}"), String::new());
-        }
-        let secs = self.knobs.tool_secs;
-        let server = sv(&["nginx", "-p", &d, "-c", &conf.to_string_lossy()]);
-        let client = sv(&[
-            "wrk",
-            "-t1",
-            "-c10",
-            &format!("-d{}s", secs.ceil() as u64),
-            "--latency",
-            &format!("http://127.0.0.1:{port}/"),
-        ]);
-        let r = self.server_client(cell, server, Ready::Port(port), client, secs + 2.0);
-        self.tool_outcome(r, parse_wrk)
-    }
 }
 
-enum Ready {
+/// Waits for every client and server of a generator run; the clients' RESULT lines and
+/// the servers' total CPU seconds.
+pub(crate) fn collect_gen(
+    clients: &mut [Proc],
+    servers: &mut [Proc],
+    to: Duration,
+) -> Result<(Vec<Vec<(String, String)>>, f64), String> {
+    let mut results = Vec::new();
+    for c in clients.iter_mut() {
+        let st = c.wait(to)?;
+        if !st.success() {
+            return Err(format!("{} {}: {}", c.label, status_text(st), c.tail()));
+        }
+        match c.stdout().lines().find_map(crate::gen::parse_result) {
+            Some(kv) => results.push(kv),
+            None => return Err(format!("{} printed no RESULT: {}", c.label, c.tail())),
+        }
+    }
+    let mut server_cpu = 0.0;
+    for s in servers.iter_mut() {
+        let st = s.wait(Duration::from_secs(5))?;
+        if !st.success() {
+            return Err(format!("{} {}: {}", s.label, status_text(st), s.tail()));
+        }
+        let kv = s
+            .stdout()
+            .lines()
+            .find_map(crate::gen::parse_result)
+            .unwrap_or_default();
+        server_cpu += getf(&kv, "cpu_s").unwrap_or(f64::NAN);
+    }
+    Ok((results, server_cpu))
+}
+
+pub(crate) enum Ready {
     Line(String),
     Port(u16),
     Path(PathBuf),
 }
 
-fn sv(v: &[&str]) -> Vec<String> {
+pub(crate) fn sv(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
-fn getf(kv: &[(String, String)], k: &str) -> Option<f64> {
+pub(crate) fn getf(kv: &[(String, String)], k: &str) -> Option<f64> {
     kv.iter()
         .find(|(a, _)| a == k)
         .and_then(|(_, v)| v.parse().ok())
@@ -979,174 +780,4 @@ pub fn which(tool: &str) -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
         .map(|d| d.join(tool))
         .find(|p| p.is_file())
-}
-
-/// `strace -c` table → (syscall, calls).
-pub fn parse_strace_c(t: &str) -> Result<Vec<(String, f64)>, String> {
-    let mut rows = Vec::new();
-    for line in t.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 5 || f[0].parse::<f64>().is_err() {
-            continue;
-        }
-        let name = f[f.len() - 1];
-        if name == "total" {
-            continue;
-        }
-        if let Ok(calls) = f[3].parse::<f64>() {
-            rows.push((name.to_string(), calls));
-        }
-    }
-    if rows.is_empty() {
-        return Err("no syscall rows".into());
-    }
-    Ok(rows)
-}
-
-/// sockperf reports half the round trip; we report the round trip (×2) like the generator.
-pub fn parse_sockperf(out: &str) -> Result<Vec<(String, f64)>, String> {
-    let mut p50 = None;
-    let mut p99 = None;
-    let mut avg: Option<f64> = None;
-    for line in out.lines() {
-        let clean: String = line.chars().filter(|c| !c.is_control()).collect();
-        let val = || {
-            clean
-                .rsplit('=')
-                .next()
-                .and_then(|v| v.trim().trim_end_matches("[0m").trim().parse::<f64>().ok())
-        };
-        if clean.contains("percentile 50.000") {
-            p50 = val();
-        } else if clean.contains("percentile 99.000") {
-            p99 = val();
-        } else if let Some(i) = clean.find("avg-latency=") {
-            avg = clean[i + 12..]
-                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .next()
-                .and_then(|v| v.parse().ok());
-        }
-    }
-    match (p50, p99) {
-        (Some(a), Some(b)) => {
-            let mut m = vec![
-                ("rtt_p50_us".into(), 2.0 * a),
-                ("rtt_p99_us".into(), 2.0 * b),
-            ];
-            if let Some(v) = avg {
-                m.push(("rtt_mean_us".into(), 2.0 * v));
-            }
-            Ok(m)
-        }
-        _ => Err(format!(
-            "sockperf printed no percentiles: {}",
-            out.lines().last().unwrap_or("")
-        )),
-    }
-}
-
-pub fn parse_redis_csv(out: &str) -> Result<Vec<(String, f64)>, String> {
-    let mut m = Vec::new();
-    for line in out.lines() {
-        let f: Vec<String> = line
-            .split(',')
-            .map(|s| s.trim().trim_matches('"').to_string())
-            .collect();
-        if f.len() >= 7 && (f[0] == "SET" || f[0] == "GET") {
-            let op = f[0].to_lowercase();
-            let num = |i: usize| {
-                f[i].parse::<f64>()
-                    .map_err(|_| format!("redis-benchmark csv: bad number '{}'", f[i]))
-            };
-            m.push((format!("{op}_rps"), num(1)?));
-            m.push((format!("{op}_p50_us"), num(4)? * 1e3));
-            m.push((format!("{op}_p99_us"), num(6)? * 1e3));
-        }
-    }
-    if m.len() < 6 {
-        return Err(format!(
-            "redis-benchmark printed no SET/GET rows: {}",
-            out.lines().last().unwrap_or("")
-        ));
-    }
-    Ok(m)
-}
-
-fn wrk_time_us(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let (num, mul) = if let Some(v) = s.strip_suffix("us") {
-        (v, 1.0)
-    } else if let Some(v) = s.strip_suffix("ms") {
-        (v, 1e3)
-    } else if let Some(v) = s.strip_suffix('s') {
-        (v, 1e6)
-    } else {
-        return None;
-    };
-    num.parse::<f64>().ok().map(|v| v * mul)
-}
-
-pub fn parse_wrk(out: &str) -> Result<Vec<(String, f64)>, String> {
-    let mut m = Vec::new();
-    for line in out.lines() {
-        let t = line.trim();
-        if let Some(v) = t.strip_prefix("Requests/sec:") {
-            m.push((
-                "req_s".to_string(),
-                v.trim().parse().map_err(|_| format!("wrk: bad '{t}'"))?,
-            ));
-        } else if let Some(v) = t.strip_prefix("50%") {
-            m.extend(wrk_time_us(v).map(|x| ("p50_us".to_string(), x)));
-        } else if let Some(v) = t.strip_prefix("99%") {
-            m.extend(wrk_time_us(v).map(|x| ("p99_us".to_string(), x)));
-        }
-    }
-    if let Some(e) = out.lines().find(|l| l.contains("Socket errors")) {
-        return Err(format!("wrk: {}", e.trim()));
-    }
-    if !m.iter().any(|(k, _)| k == "req_s") {
-        return Err(format!(
-            "wrk printed no Requests/sec: {}",
-            out.lines().last().unwrap_or("")
-        ));
-    }
-    Ok(m)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_tool_outputs() {
-        let s = "sockperf: \u{1b}[2;35m====> avg-latency=10.751 (std-dev=10.399)\u{1b}[0m\n\
-                 sockperf: ---> percentile 99.000 =   16.155\nsockperf: ---> percentile 50.000 =   10.228\n";
-        let m = parse_sockperf(s).unwrap();
-        assert_eq!(m[0], ("rtt_p50_us".to_string(), 20.456));
-        assert!((m[2].1 - 21.502).abs() < 1e-9);
-        let r = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
-                 \"SET\",\"60240.96\",\"0.101\",\"0.032\",\"0.079\",\"0.199\",\"0.223\",\"0.495\"\n\
-                 \"GET\",\"79365.08\",\"0.072\",\"0.016\",\"0.071\",\"0.087\",\"0.119\",\"0.319\"\n";
-        let m = parse_redis_csv(r).unwrap();
-        assert_eq!(m[0], ("set_rps".to_string(), 60240.96));
-        assert!((m[5].1 - 119.0).abs() < 1e-6);
-        let w = "  Latency Distribution\n     50%   47.00us\n     99%    1.27ms\nRequests/sec: 113639.19\n";
-        let m = parse_wrk(w).unwrap();
-        assert_eq!(
-            m,
-            vec![
-                ("p50_us".into(), 47.0),
-                ("p99_us".into(), 1270.0),
-                ("req_s".into(), 113639.19)
-            ]
-        );
-        assert!(parse_wrk("Socket errors: connect 10\nRequests/sec: 1\n").is_err());
-        let st = "% time     seconds  usecs/call     calls    errors syscall\n------ ----------- ----------- --------- --------- ----------------\n \
-                  60.00    0.000300          10        30           sendto\n 40.00    0.000200          10        20         2 recvfrom\n\
-                  ------ ----------- ----------- --------- --------- ----------------\n100.00    0.000500          10        50         2 total\n";
-        assert_eq!(
-            parse_strace_c(st).unwrap(),
-            vec![("sendto".into(), 30.0), ("recvfrom".into(), 20.0)]
-        );
-    }
 }

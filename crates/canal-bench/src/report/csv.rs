@@ -1,0 +1,235 @@
+//! Rows of every run, their per-cell aggregates, and both CSV files.
+use crate::report::format::csv_line;
+
+use crate::model::Cell;
+use crate::runner::{metric_unit, Outcome, Status};
+use crate::stats::{summarize, Summary};
+use std::collections::BTreeMap;
+
+pub struct Row {
+    pub cell: Cell,
+    pub exps: String,
+    pub rep: usize,
+    pub outcome: Outcome,
+    pub repro: String,
+}
+
+/// Facts recorded with every row.
+pub struct RunInfo {
+    pub machine: String,
+    pub machine_long: Vec<(String, String)>,
+    pub command: String,
+    pub placement_note: String,
+    pub reps: usize,
+    pub mode: String,
+}
+
+pub fn write_results_csv(rows: &[Row], info: &RunInfo) -> String {
+    let mut out = csv_line(
+        &[
+            "experiments",
+            "system",
+            "system_label",
+            "workload",
+            "size_bytes",
+            "pairs",
+            "variant",
+            "rep",
+            "status",
+            "reason",
+            "metric",
+            "value",
+            "unit",
+            "detail",
+            "placement",
+            "machine",
+            "command",
+            "raw_command",
+        ]
+        .map(String::from),
+    );
+    for r in rows {
+        let c = &r.cell;
+        let base = |metric: &str, value: String, unit: &str| {
+            vec![
+                r.exps.clone(),
+                c.system.id().into(),
+                c.system.label().into(),
+                c.workload.id().into(),
+                c.size.to_string(),
+                c.pairs.to_string(),
+                c.variant.clone(),
+                r.rep.to_string(),
+                r.outcome.status.word().into(),
+                r.outcome.status.reason().into(),
+                metric.into(),
+                value,
+                unit.into(),
+                r.outcome.detail.clone(),
+                format!("{}; {}", c.system.placement(), info.placement_note),
+                info.machine.clone(),
+                r.repro.clone(),
+                r.outcome.raw_command.clone(),
+            ]
+        };
+        if r.outcome.metrics.is_empty() {
+            out.push_str(&csv_line(&base("", String::new(), "")));
+        }
+        for (m, v) in &r.outcome.metrics {
+            out.push_str(&csv_line(&base(m, format!("{v}"), metric_unit(m))));
+        }
+    }
+    out
+}
+
+/// All repetitions of one cell.
+pub struct CellAgg<'a> {
+    pub cell: &'a Cell,
+    pub rows: Vec<&'a Row>,
+}
+
+impl CellAgg<'_> {
+    pub fn summary(&self, metric: &str) -> Option<Summary> {
+        let v: Vec<f64> = self
+            .rows
+            .iter()
+            .filter(|r| r.outcome.status == Status::Ok)
+            .filter_map(|r| {
+                r.outcome
+                    .metrics
+                    .iter()
+                    .find(|(m, _)| m == metric)
+                    .map(|x| x.1)
+            })
+            .collect();
+        summarize(&v)
+    }
+    /// The status of the cell as a whole: ok if any repetition succeeded.
+    pub fn status(&self) -> Status {
+        let bad: Vec<&Status> = self
+            .rows
+            .iter()
+            .map(|r| &r.outcome.status)
+            .filter(|s| **s != Status::Ok)
+            .collect();
+        if bad.len() < self.rows.len() {
+            Status::Ok
+        } else {
+            bad.first()
+                .map(|s| (*s).clone())
+                .unwrap_or(Status::Skipped("not run".into()))
+        }
+    }
+    pub fn failed_reps(&self) -> Vec<&Status> {
+        self.rows
+            .iter()
+            .map(|r| &r.outcome.status)
+            .filter(|s| **s != Status::Ok)
+            .collect()
+    }
+}
+
+pub fn aggregate(rows: &[Row]) -> Vec<CellAgg<'_>> {
+    let mut map: BTreeMap<&Cell, Vec<&Row>> = BTreeMap::new();
+    for r in rows {
+        map.entry(&r.cell).or_default().push(r);
+    }
+    map.into_iter()
+        .map(|(cell, rows)| CellAgg { cell, rows })
+        .collect()
+}
+
+pub fn write_summary_csv(aggs: &[CellAgg]) -> String {
+    let mut out = csv_line(
+        &[
+            "experiments",
+            "system",
+            "system_label",
+            "workload",
+            "size_bytes",
+            "pairs",
+            "variant",
+            "metric",
+            "unit",
+            "n",
+            "median",
+            "min",
+            "max",
+            "p25",
+            "p75",
+            "status",
+            "reason",
+            "repro",
+        ]
+        .map(String::from),
+    );
+    for a in aggs {
+        let c = a.cell;
+        let first = a.rows[0];
+        let st = a.status();
+        let failed = a.failed_reps();
+        let reason = if st == Status::Ok && !failed.is_empty() {
+            format!(
+                "{} of {} reps failed: {}",
+                failed.len(),
+                a.rows.len(),
+                failed[0].reason()
+            )
+        } else {
+            st.reason().to_string()
+        };
+        let head = vec![
+            first.exps.clone(),
+            c.system.id().into(),
+            c.system.label().into(),
+            c.workload.id().into(),
+            c.size.to_string(),
+            c.pairs.to_string(),
+            c.variant.clone(),
+        ];
+        let mut metrics: Vec<&str> = Vec::new();
+        for r in &a.rows {
+            for (m, _) in &r.outcome.metrics {
+                if !metrics.contains(&m.as_str()) {
+                    metrics.push(m);
+                }
+            }
+        }
+        let tail = |line: &mut Vec<String>| {
+            line.push(st.word().into());
+            line.push(reason.clone());
+            line.push(first.repro.clone());
+        };
+        let mut wrote = false;
+        for m in metrics {
+            if let Some(s) = a.summary(m) {
+                let mut line = head.clone();
+                line.extend([m.to_string(), metric_unit(m).to_string(), s.n.to_string()]);
+                line.extend(
+                    [s.median, s.min, s.max, s.p25, s.p75]
+                        .iter()
+                        .map(|v| format!("{v}")),
+                );
+                tail(&mut line);
+                out.push_str(&csv_line(&line));
+                wrote = true;
+            }
+        }
+        if !wrote {
+            let mut line = head.clone();
+            line.extend([
+                "".into(),
+                "".into(),
+                "0".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+            ]);
+            tail(&mut line);
+            out.push_str(&csv_line(&line));
+        }
+    }
+    out
+}

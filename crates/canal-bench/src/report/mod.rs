@@ -1,0 +1,12 @@
+//! Results → CSV (every run and a per-cell summary), a Markdown report, and the inputs of
+//! the plotting script. One file per job; this facade re-exports what the harness uses.
+
+mod csv;
+mod format;
+mod markdown;
+mod sections;
+mod table;
+
+pub use csv::{aggregate, write_results_csv, write_summary_csv, CellAgg, Row, RunInfo};
+pub use format::fmt_num;
+pub use markdown::{markdown, readme_snippet, verdicts};
