@@ -83,15 +83,15 @@ fn b1(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
         "RTT p50 by message size",
         "µs, median [min–max] over reps",
         &p50,
-        &sys,
+        sys,
     );
     s += &t.render(
         "RTT p99 by message size",
         "µs",
         &size_rows(cells, Rr, "rtt_p99_us"),
-        &sys,
+        sys,
     );
-    s += &ratio_table(&t, "p50 ratios", &p50, &gg_tcp());
+    s += &ratio_table(t, "p50 ratios", &p50, &gg_tcp());
     s
 }
 
@@ -100,14 +100,14 @@ fn b2(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
     let mut s = String::new();
     use Workload::*;
     let g = size_rows(cells, Stream, "gbit_s");
-    s += &t.render("Throughput by message size", "Gbit/s", &g, &sys);
+    s += &t.render("Throughput by message size", "Gbit/s", &g, sys);
     s += &t.render(
         "Message rate by message size",
         "messages/s",
         &size_rows(cells, Stream, "msgs_s"),
-        &sys,
+        sys,
     );
-    s += &ratio_table(&t, "Throughput ratios", &g, &gg_tcp());
+    s += &ratio_table(t, "Throughput ratios", &g, &gg_tcp());
     s
 }
 
@@ -120,21 +120,21 @@ fn b6(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
         "CPU time per byte moved, all processes (client + server + canald)",
         "ns/B",
         &c,
-        &sys,
+        sys,
     );
     s += &t.render(
         "Cores busy during the transfer",
         "cores",
         &size_rows(cells, Stream, "cpu_cores"),
-        &sys,
+        sys,
     );
     s += &t.render(
         "Estimated cycles per byte (CPU time × nominal MHz; no hardware counters here)",
         "cycles/B",
         &size_rows(cells, Stream, "est_cycles_per_byte"),
-        &sys,
+        sys,
     );
-    s += &ratio_table(&t, "Cost ratios", &c, &gg_tcp());
+    s += &ratio_table(t, "Cost ratios", &c, &gg_tcp());
     s
 }
 
@@ -166,10 +166,10 @@ fn b3(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
         "Guest client vs native client, same native server",
         "",
         &rows,
-        &sys,
+        sys,
     );
     s += &ratio_table(
-        &t,
+        t,
         "guest → native ÷ native",
         &rows,
         &[(sys_col(CanalGN), sys_col(Tcp))],
@@ -187,12 +187,12 @@ fn b4(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
         "Aggregate stream throughput, 16 KiB messages",
         "Gbit/s",
         &g,
-        &sys,
+        sys,
     );
     let l = pair_rows(cells, Rr, "rtt_p50_us");
-    s += &t.render("Mean over pairs of RTT p50, 64 B", "µs", &l, &sys);
+    s += &t.render("Mean over pairs of RTT p50, 64 B", "µs", &l, sys);
     s += &ratio_table(
-        &t,
+        t,
         "canal ÷ kernel TCP",
         &g,
         &[(sys_col(CanalGG), sys_col(Tcp))],
@@ -208,19 +208,19 @@ fn b5(t: &mut Table, cells: &[Cell], cols: &[Col]) -> String {
         "RR at 64 B: RTT p50",
         "µs",
         &size_rows(cells, Rr, "rtt_p50_us"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "RR at 64 B: RTT p99",
         "µs",
         &size_rows(cells, Rr, "rtt_p99_us"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "RR at 64 B: cores busy (all processes)",
         "cores",
         &size_rows(cells, Rr, "cpu_cores"),
-        &cols,
+        cols,
     );
     let mut idle = size_rows(cells, Idle, "daemon_cpu_pct");
     idle.iter_mut()
@@ -229,7 +229,7 @@ fn b5(t: &mut Table, cells: &[Cell], cols: &[Col]) -> String {
     ig.iter_mut()
         .for_each(|r| r.label = "idle connection: client+server CPU".into());
     idle.extend(ig);
-    s += &t.render("Idle CPU", "% of one core", &idle, &cols);
+    s += &t.render("Idle CPU", "% of one core", &idle, cols);
     s
 }
 
@@ -242,13 +242,13 @@ fn b8(t: &mut Table, cells: &[Cell], cols: &[Col]) -> String {
         "Stream throughput with one mechanism disabled",
         "Gbit/s",
         &size_rows(cells, Stream, "gbit_s"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "RR p50 with one mechanism disabled",
         "µs",
         &size_rows(cells, Rr, "rtt_p50_us"),
-        &cols,
+        cols,
     );
     // Guest→native: the path through canald (batching, coalescing).
     let gn: Vec<Col> = variants_in(cells)
@@ -291,31 +291,31 @@ fn b9(t: &mut Table, cells: &[Cell], cols: &[Col]) -> String {
         "CPU per round trip (all processes) per split",
         "µs",
         &pair_rows(cells, Rr, "cpu_per_rt_us"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "Cores busy (all processes) per split",
         "cores",
         &pair_rows(cells, Rr, "cpu_cores"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "Mean RTT p50 per split",
         "µs",
         &pair_rows(cells, Rr, "rtt_p50_us"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "Worst-case RTT (max) per split",
         "µs",
         &pair_rows(cells, Rr, "rtt_max_us"),
-        &cols,
+        cols,
     );
     s += &t.render(
         "RTT p99 per split",
         "µs",
         &pair_rows(cells, Rr, "rtt_p99_us"),
-        &cols,
+        cols,
     );
     s
 }
@@ -400,9 +400,9 @@ fn b10(t: &mut Table, sys: &[Col]) -> String {
         mk(Nginx, "req_s", "nginx+wrk req/s"),
         mk(Nginx, "p99_us", "nginx+wrk p99 µs"),
     ];
-    s += &t.render("Applications", "", &rows, &sys);
+    s += &t.render("Applications", "", &rows, sys);
     s += &ratio_table(
-        &t,
+        t,
         "Application ratios",
         &rows,
         &[
