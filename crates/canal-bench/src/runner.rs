@@ -545,7 +545,7 @@ impl Runner {
     pub(crate) fn gen_metrics(
         &self,
         cell: &Cell,
-        results: &[Vec<(String, String)>],
+        results: &[GenResult],
         server_cpu: f64,
         daemon: Option<f64>,
     ) -> Vec<(String, f64)> {
@@ -724,13 +724,16 @@ impl Runner {
     }
 }
 
+/// One generator's RESULT line as key/value pairs.
+pub(crate) type GenResult = Vec<(String, String)>;
+
 /// Waits for every client and server of a generator run; the clients' RESULT lines and
 /// the servers' total CPU seconds.
 pub(crate) fn collect_gen(
     clients: &mut [Proc],
     servers: &mut [Proc],
     to: Duration,
-) -> Result<(Vec<Vec<(String, String)>>, f64), String> {
+) -> Result<(Vec<GenResult>, f64), String> {
     let mut results = Vec::new();
     for c in clients.iter_mut() {
         let st = c.wait(to)?;
