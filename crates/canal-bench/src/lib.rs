@@ -236,52 +236,9 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
         cpu_mhz: m.mhz,
     };
     let exe = display_exe();
-    let command = format!(
-        "{exe} bench {}",
-        std::env::args()
-            .skip_while(|a| a != "bench")
-            .skip(1)
-            .map(|a| procs::shell_quote(&a))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let info = RunInfo {
-        machine: m.short.clone(),
-        machine_long: m.long,
-        command: command.trim().to_string(),
-        placement_note: if o.pinned() {
-            "every built-in generator run (B1, B2 and all other generator cells) pins its \
-             server(s) to CPU 0 and client(s) to CPU 1, for every system alike (kernel TCP, \
-             UDS, canal); canald and the tools (iperf3, sockperf, redis, nginx/wrk) are \
-             unpinned"
-                .into()
-        } else {
-            "no pinning (the scheduler places every process)".into()
-        },
-        reps,
-        mode: mode.into(),
-    };
+    let info = run_info(o, m.short.clone(), m.long, &exe, reps, mode);
 
-    // Union of cells; a cell shared by two experiments runs once.
-    let mut cells: Vec<(Cell, Vec<&str>)> = Vec::new();
-    for e in exps {
-        for c in &e.cells {
-            match cells.iter_mut().find(|(x, _)| x == c) {
-                Some((_, ids)) => ids.push(e.id),
-                None => cells.push((c.clone(), vec![e.id])),
-            }
-        }
-    }
-    // Interleave: within a repetition, the systems of one point run back to back;
-    // default-variant cells first so canald restarts happen once per variant.
-    cells.sort_by_key(|(c, _)| {
-        (
-            c.variant != "default",
-            Variant::parse(&c.variant)
-                .map(|v| v.name)
-                .unwrap_or_default(),
-        )
-    });
+    let cells = union_cells(exps);
     let total = cells.len() * reps;
     eprintln!(
         "canal bench: {mode} mode, {} experiment(s), {} cell(s) × {reps} rep(s) → {}",
@@ -305,31 +262,16 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
             let key = (cell.system, cell.variant.clone());
             let over_budget = budget.is_some_and(|b| started.elapsed().as_secs_f64() > b);
             let outcome = match (streak.get(&key), &daemon_failed) {
-                _ if over_budget && cell.system.uses_canal() => runner::Outcome {
-                    status: Status::Skipped(format!(
-                        "the quick mode's {:.0} s budget for canal cells was spent (canal runs were slow or timed out)",
-                        budget.unwrap_or(0.0)
-                    )),
-                    metrics: vec![],
-                    raw_command: String::new(),
-                    detail: String::new(),
-                },
-                (Some((n, why)), _) if *n >= 3 => runner::Outcome {
-                    status: Status::Skipped(format!(
-                        "{} failed {n} times in a row in this run; last: {why}",
-                        cell.system.id()
-                    )),
-                    metrics: vec![],
-                    raw_command: String::new(),
-                    detail: String::new(),
-                },
+                _ if over_budget && cell.system.uses_canal() => not_run(Status::Skipped(format!(
+                    "the quick mode's {:.0} s budget for canal cells was spent (canal runs were slow or timed out)",
+                    budget.unwrap_or(0.0)
+                ))),
+                (Some((n, why)), _) if *n >= 3 => not_run(Status::Skipped(format!(
+                    "{} failed {n} times in a row in this run; last: {why}",
+                    cell.system.id()
+                ))),
                 (_, Some(st)) if cell.system.uses_canal() && cell.variant != "default" => {
-                    runner::Outcome {
-                        status: st.clone(),
-                        metrics: vec![],
-                        raw_command: String::new(),
-                        detail: String::new(),
-                    }
+                    not_run(st.clone())
                 }
                 _ => runner.run(cell),
             };
@@ -359,28 +301,11 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
                 }
                 _ => {}
             }
-            let shown: Vec<String> = outcome
-                .metrics
-                .iter()
-                .filter(|(k, _)| {
-                    [
-                        "rtt_p50_us",
-                        "gbit_s",
-                        "syscalls_per_msg",
-                        "get_rps",
-                        "req_s",
-                        "daemon_cpu_pct",
-                        "guests_cpu_pct",
-                    ]
-                    .contains(&k.as_str())
-                })
-                .map(|(k, v)| format!("{k}={}", report::fmt_num(*v)))
-                .collect();
             eprintln!(
                 "[{done}/{total} {:.0}s] rep {rep} {exps_s}: {cell}: {}",
                 started.elapsed().as_secs_f64(),
                 if outcome.status == Status::Ok {
-                    shown.join(" ")
+                    headline_metrics(&outcome)
                 } else {
                     format!("{} — {}", outcome.status.word(), outcome.status.reason())
                 }
@@ -397,10 +322,117 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
     runner.stop_daemon();
     let _ = std::fs::remove_dir_all(&tmp);
 
-    let aggs = report::aggregate(&rows);
+    write_outputs(o, &out, &info, exps, &rows, started)
+}
+
+/// The report's header: machine, command line, placement, repetitions.
+fn run_info(
+    o: &Opts,
+    machine: String,
+    machine_long: Vec<(String, String)>,
+    exe: &str,
+    reps: usize,
+    mode: &str,
+) -> RunInfo {
+    let command = format!(
+        "{exe} bench {}",
+        std::env::args()
+            .skip_while(|a| a != "bench")
+            .skip(1)
+            .map(|a| procs::shell_quote(&a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    RunInfo {
+        machine,
+        machine_long,
+        command: command.trim().to_string(),
+        placement_note: if o.pinned() {
+            "every built-in generator run (B1, B2 and all other generator cells) pins its \
+             server(s) to CPU 0 and client(s) to CPU 1, for every system alike (kernel TCP, \
+             UDS, canal); canald and the tools (iperf3, sockperf, redis, nginx/wrk) are \
+             unpinned"
+                .into()
+        } else {
+            "no pinning (the scheduler places every process)".into()
+        },
+        reps,
+        mode: mode.into(),
+    }
+}
+
+/// The union of the experiments' cells (a cell shared by two experiments runs once),
+/// each with the experiments that use it.
+fn union_cells(exps: &[Experiment]) -> Vec<(Cell, Vec<&str>)> {
+    // Union of cells; a cell shared by two experiments runs once.
+    let mut cells: Vec<(Cell, Vec<&str>)> = Vec::new();
+    for e in exps {
+        for c in &e.cells {
+            match cells.iter_mut().find(|(x, _)| x == c) {
+                Some((_, ids)) => ids.push(e.id),
+                None => cells.push((c.clone(), vec![e.id])),
+            }
+        }
+    }
+    // Interleave: within a repetition, the systems of one point run back to back;
+    // default-variant cells first so canald restarts happen once per variant.
+    cells.sort_by_key(|(c, _)| {
+        (
+            c.variant != "default",
+            Variant::parse(&c.variant)
+                .map(|v| v.name)
+                .unwrap_or_default(),
+        )
+    });
+    cells
+}
+
+/// An outcome for a cell that was not run.
+fn not_run(status: Status) -> runner::Outcome {
+    runner::Outcome {
+        status,
+        metrics: vec![],
+        raw_command: String::new(),
+        detail: String::new(),
+    }
+}
+
+/// The metrics worth a glance in the progress line.
+fn headline_metrics(outcome: &runner::Outcome) -> String {
+    outcome
+        .metrics
+        .iter()
+        .filter(|(k, _)| {
+            [
+                "rtt_p50_us",
+                "gbit_s",
+                "syscalls_per_msg",
+                "get_rps",
+                "req_s",
+                "daemon_cpu_pct",
+                "guests_cpu_pct",
+            ]
+            .contains(&k.as_str())
+        })
+        .map(|(k, v)| format!("{k}={}", report::fmt_num(*v)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Writes results.csv, summary.csv, machine.txt, the plots, results.md and the README
+/// snippet; 1 when a native baseline failed (a harness problem), else 0.
+fn write_outputs(
+    o: &Opts,
+    out: &Path,
+    info: &RunInfo,
+    exps: &[Experiment],
+    rows: &[Row],
+    started: Instant,
+) -> Result<i32, String> {
+    let aggs = report::aggregate(rows);
     write(
         &out.join("results.csv"),
-        &report::write_results_csv(&rows, &info),
+        &report::write_results_csv(rows, info),
     )?;
     write(&out.join("summary.csv"), &report::write_summary_csv(&aggs))?;
     let mut machine_txt = format!(
@@ -412,7 +444,7 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
     }
     write(&out.join("machine.txt"), &machine_txt)?;
     let plots = if o.plots {
-        match plot(&out) {
+        match plot(out) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("canal bench: plots: {e}");
@@ -422,12 +454,12 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
     } else {
         vec![]
     };
-    let md = report::markdown(&info, exps, &aggs, &plots);
+    let md = report::markdown(info, exps, &aggs, &plots);
     write(&out.join("results.md"), &md)?;
     let out_s = out.to_string_lossy();
     write(
         &out.join("readme-snippet.md"),
-        &report::readme_snippet(&info, &aggs, out_s.trim_end_matches('/'), &plots),
+        &report::readme_snippet(info, &aggs, out_s.trim_end_matches('/'), &plots),
     )?;
     let native_bad: Vec<String> = aggs
         .iter()

@@ -397,6 +397,19 @@ pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             cells: cells(plan, &[Stream], &pick(&[1024, 65536], &[64, 1024, 16384, 65536]), &[1], &["default"], &all),
             unavailable: None,
         },
+        _ => return experiment_b7_to_b11(id, plan),
+    };
+    Some(e)
+}
+
+/// B7 … B11 (see `experiment`).
+fn experiment_b7_to_b11(id: &str, plan: &Plan) -> Option<Experiment> {
+    use System::*;
+    use Workload::*;
+    let q = plan.quick;
+    let all = ALL_SYSTEMS;
+    let pick = |quick: &[usize], full: &[usize]| if q { quick.to_vec() } else { full.to_vec() };
+    let e = match id {
         "B7" => {
             let mut c = cells(plan, &[SysRr], &[64], &[1], &["default"], &all);
             c.extend(cells(plan, &[SysStream], &[1024], &[1], &["default"], &all));
