@@ -321,6 +321,34 @@ fn boot_inner(
     }
 
     // QEMU is gone: whatever is left in the sockets is the tail of the output.
+    let mut ctl = CtlState {
+        buf: ctl_buf,
+        exit_status,
+        guest_fail,
+    };
+    drain_channels(&mut chans, &mut ctl, start, t, output)?;
+    let _ = stdout.lock().flush();
+    Ok(final_outcome(ctl, qemu_status, &qemu_log))
+}
+
+/// The control channel's unparsed bytes and what the guest reported on it.
+struct CtlState {
+    buf: Vec<u8>,
+    exit_status: Option<i32>,
+    guest_fail: Option<String>,
+}
+
+/// After QEMU is gone: reads what is left in each channel (the output's tail, the last
+/// control lines).
+fn drain_channels(
+    chans: &mut [Channel],
+    ctl: &mut CtlState,
+    start: Instant,
+    t: &mut Timings,
+    output: Output,
+) -> io::Result<()> {
+    let stdout = io::stdout();
+    let stderr = io::stderr();
     for (i, c) in chans.iter_mut().enumerate() {
         let Some(conn) = c.conn.as_mut() else {
             continue;
@@ -334,11 +362,17 @@ fn boot_inner(
         let _ = conn.read_to_end(&mut rest);
         match i {
             CTL => {
-                ctl_buf.extend_from_slice(&rest);
-                ctl_buf.push(b'\n');
-                let text = String::from_utf8_lossy(&ctl_buf).to_string();
+                ctl.buf.extend_from_slice(&rest);
+                ctl.buf.push(b'\n');
+                let text = String::from_utf8_lossy(&ctl.buf).to_string();
                 for line in text.lines() {
-                    handle_ctl(line.trim(), start, t, &mut exit_status, &mut guest_fail);
+                    handle_ctl(
+                        line.trim(),
+                        start,
+                        t,
+                        &mut ctl.exit_status,
+                        &mut ctl.guest_fail,
+                    );
                 }
             }
             OUT if output == Output::Stream => {
@@ -350,17 +384,25 @@ fn boot_inner(
             _ => {}
         }
     }
-    let _ = stdout.lock().flush();
+    Ok(())
+}
 
-    if let Some(f) = guest_fail {
-        return Ok(Outcome::GuestFailed(f));
+/// The outcome once QEMU is gone: the guest's failure, its program's exit status, or
+/// QEMU's own failure with its log.
+fn final_outcome(
+    ctl: CtlState,
+    qemu_status: Option<std::process::ExitStatus>,
+    qemu_log: &std::path::Path,
+) -> Outcome {
+    if let Some(f) = ctl.guest_fail {
+        return Outcome::GuestFailed(f);
     }
-    match exit_status {
-        Some(s) => Ok(Outcome::Exited(s)),
+    match ctl.exit_status {
+        Some(s) => Outcome::Exited(s),
         None => {
             let status = qemu_status;
-            let log = fs::read_to_string(&qemu_log).unwrap_or_default();
-            Ok(Outcome::QemuFailed(format!(
+            let log = fs::read_to_string(qemu_log).unwrap_or_default();
+            Outcome::QemuFailed(format!(
                 "QEMU exited ({}) before the guest reported an exit status{}{}",
                 status
                     .map(|s| s.to_string())
@@ -371,7 +413,7 @@ fn boot_inner(
                     "; QEMU said:\n"
                 },
                 log.trim_end()
-            )))
+            ))
         }
     }
 }

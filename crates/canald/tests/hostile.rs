@@ -65,27 +65,7 @@ fn garbage_requests(
             Ordering::Relaxed,
         );
     }
-    // Garbage on the control socket: bad headers, bad PORT, a pipe as "eventfd".
-    send_ctl(&g.ctl, 99, b"junk", &[]);
-    let _ = recv_ctl(&g.ctl);
-    send_ctl(
-        &g.ctl,
-        kind::PORT,
-        &u32::MAX.to_le_bytes(),
-        &[g.port.as_raw_fd()],
-    );
-    assert_eq!(recv_ctl(&g.ctl).0, kind::ERROR);
-    let (pr, _pw) = std::os::unix::net::UnixStream::pair().unwrap();
-    send_ctl(&g.ctl, kind::PORT, &1u32.to_le_bytes(), &[pr.as_raw_fd()]);
-    assert_eq!(
-        recv_ctl(&g.ctl).0,
-        kind::ERROR,
-        "a non-eventfd port is refused"
-    );
-    canald::sys::send_with_fds(&g.ctl, b"short", &[], false).unwrap();
-    assert_eq!(recv_ctl(&g.ctl).0, kind::ERROR);
-    send_ctl(&g.ctl, kind::HELLO, &[0u8; 24], &[]);
-    assert_eq!(recv_ctl(&g.ctl).0, kind::ERROR, "second HELLO refused");
+    garbage_on_control_socket(&g);
 
     let q =
         canal_abi::queue::QueueProducer::new(g.region.queue_cells(), &g.region.header().queue_tail);
@@ -157,51 +137,7 @@ fn garbage_requests(
             });
             sent += 1;
         }
-        // Ring garbage on live entries: indices far ahead, backwards, or sane with
-        // random bytes (which then go to the native listener), and random records.
-        for i in 0..sockets.min(64) {
-            let e = g.region.socket(i).unwrap();
-            let k = e.kind.load(Ordering::Acquire);
-            if k == sock_kind::FREE {
-                continue;
-            }
-            if e.flags.load(Ordering::Relaxed) & sock_flag::BROKEN != 0 {
-                broken_seen.fetch_add(1, Ordering::Relaxed);
-            }
-            match rng.below(6) {
-                0 => e.tx_head.store(rng.next(), Ordering::Release),
-                1 => e.rx_tail.store(rng.next(), Ordering::Release),
-                2 => {
-                    let h = e.tx_head.load(Ordering::Relaxed);
-                    e.tx_head
-                        .store(h.wrapping_sub(1 + rng.below(100)), Ordering::Release);
-                }
-                _ => {
-                    let ring = g.region.ring(
-                        e.tx_offset.load(Ordering::Relaxed),
-                        e.tx_size.load(Ordering::Relaxed) as u64,
-                    );
-                    if let Some(ring) = ring {
-                        let mut p = Producer {
-                            storage: &ring,
-                            head_shared: &e.tx_head,
-                            tail_shared: &e.tx_tail,
-                            head: e.tx_head.load(Ordering::Relaxed),
-                        };
-                        let bytes: Vec<u8> =
-                            (0..rng.below(3000)).map(|_| rng.next() as u8).collect();
-                        if k == sock_kind::DGRAM && rng.below(2) == 0 {
-                            let a = localhost(target_port).encode();
-                            let kindv = [record_kind::DATAGRAM, record_kind::ACCEPT, 77]
-                                [rng.below(3) as usize];
-                            let _ = p.push_record(kindv, &a[..rng.below(33) as usize], &[&bytes]);
-                        } else {
-                            let _ = p.push(&bytes);
-                        }
-                    }
-                }
-            }
-        }
+        garbage_in_rings(&g, &mut rng, sockets, target_port, &broken_seen);
         for w in g.region.attention() {
             w.store(u64::MAX, Ordering::Release);
         }
@@ -215,6 +151,84 @@ fn garbage_requests(
     g.slot = fresh;
     assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0);
     sent
+}
+
+/// Garbage on the control socket: bad headers, bad PORT, a pipe as "eventfd", a short
+/// message, a second HELLO. Each is refused with ERROR.
+fn garbage_on_control_socket(g: &TestGuest) {
+    send_ctl(&g.ctl, 99, b"junk", &[]);
+    let _ = recv_ctl(&g.ctl);
+    send_ctl(
+        &g.ctl,
+        kind::PORT,
+        &u32::MAX.to_le_bytes(),
+        &[g.port.as_raw_fd()],
+    );
+    assert_eq!(recv_ctl(&g.ctl).0, kind::ERROR);
+    let (pr, _pw) = std::os::unix::net::UnixStream::pair().unwrap();
+    send_ctl(&g.ctl, kind::PORT, &1u32.to_le_bytes(), &[pr.as_raw_fd()]);
+    assert_eq!(
+        recv_ctl(&g.ctl).0,
+        kind::ERROR,
+        "a non-eventfd port is refused"
+    );
+    canald::sys::send_with_fds(&g.ctl, b"short", &[], false).unwrap();
+    assert_eq!(recv_ctl(&g.ctl).0, kind::ERROR);
+    send_ctl(&g.ctl, kind::HELLO, &[0u8; 24], &[]);
+    assert_eq!(recv_ctl(&g.ctl).0, kind::ERROR, "second HELLO refused");
+}
+
+/// Ring garbage on live entries: indices far ahead, backwards, or sane with random
+/// bytes (which then go to the native listener), and random records.
+fn garbage_in_rings(
+    g: &TestGuest,
+    rng: &mut Rng,
+    sockets: u32,
+    target_port: u16,
+    broken_seen: &AtomicU64,
+) {
+    for i in 0..sockets.min(64) {
+        let e = g.region.socket(i).unwrap();
+        let k = e.kind.load(Ordering::Acquire);
+        if k == sock_kind::FREE {
+            continue;
+        }
+        if e.flags.load(Ordering::Relaxed) & sock_flag::BROKEN != 0 {
+            broken_seen.fetch_add(1, Ordering::Relaxed);
+        }
+        match rng.below(6) {
+            0 => e.tx_head.store(rng.next(), Ordering::Release),
+            1 => e.rx_tail.store(rng.next(), Ordering::Release),
+            2 => {
+                let h = e.tx_head.load(Ordering::Relaxed);
+                e.tx_head
+                    .store(h.wrapping_sub(1 + rng.below(100)), Ordering::Release);
+            }
+            _ => {
+                let ring = g.region.ring(
+                    e.tx_offset.load(Ordering::Relaxed),
+                    e.tx_size.load(Ordering::Relaxed) as u64,
+                );
+                if let Some(ring) = ring {
+                    let mut p = Producer {
+                        storage: &ring,
+                        head_shared: &e.tx_head,
+                        tail_shared: &e.tx_tail,
+                        head: e.tx_head.load(Ordering::Relaxed),
+                    };
+                    let bytes: Vec<u8> = (0..rng.below(3000)).map(|_| rng.next() as u8).collect();
+                    if k == sock_kind::DGRAM && rng.below(2) == 0 {
+                        let a = localhost(target_port).encode();
+                        let kindv =
+                            [record_kind::DATAGRAM, record_kind::ACCEPT, 77][rng.below(3) as usize];
+                        let _ = p.push_record(kindv, &a[..rng.below(33) as usize], &[&bytes]);
+                    } else {
+                        let _ = p.push(&bytes);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -53,12 +53,8 @@ fn owner(g: &TestGuest, h: u32) -> u32 {
     g.entry(h).owner.load(Ordering::Acquire)
 }
 
-#[test]
-fn vrss_spreads_forwards_and_gives_back() {
-    let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
-    let mut g = TestGuest::attach_with(&d.path, "vrss", hello_flag::VRSS);
-    assert_ne!(g.region.header().features & feature::VRSS, 0);
-    // A hung canald fails the test instead of hanging it.
+/// A hung canald fails the test instead of hanging it.
+fn set_ctl_timeout(g: &TestGuest) {
     let tv = libc::timeval {
         tv_sec: 10,
         tv_usec: 0,
@@ -74,6 +70,35 @@ fn vrss_spreads_forwards_and_gives_back() {
         )
     };
     assert_eq!(r, 0);
+}
+
+/// Requests on every socket, whichever worker owns it (forwarded or not).
+fn requests_on_every_socket(g: &mut TestGuest, hs: &[u32], port: u16) {
+    let one = 1i32.to_ne_bytes();
+    let nodelay = [libc::IPPROTO_TCP as u64, libc::TCP_NODELAY as u64, 4, 0];
+    for &h in hs {
+        let (r, out) = g.request(op::GETPEERNAME, h, [0; 4], &[]);
+        assert_eq!(r, 0);
+        assert_eq!(CanalAddr::decode(&out).unwrap(), localhost(port));
+        assert_eq!(g.request(op::SETSOCKOPT, h, nodelay, &one).0, 0);
+        assert_eq!(
+            g.request(op::GETSOCKOPT, h, nodelay, &[]),
+            (0, one.to_vec())
+        );
+        // Native errno from the owner's kernel socket.
+        assert_eq!(
+            g.request(op::LISTEN, h, [1, 0, 0, 0], &[]).0,
+            -(errno::EINVAL as i64)
+        );
+    }
+}
+
+#[test]
+fn vrss_spreads_forwards_and_gives_back() {
+    let d = TestDaemon::start(&["--workers", "2", "--notify", "sleep"]);
+    let mut g = TestGuest::attach_with(&d.path, "vrss", hello_flag::VRSS);
+    assert_ne!(g.region.header().features & feature::VRSS, 0);
+    set_ctl_timeout(&g);
     g.doorbells().expect("DOORBELLS answered");
     assert_eq!(g.wdoors.len(), 2);
     // An exec'd image asks again: answered, and the eventfds stay the same ones (the
@@ -113,24 +138,7 @@ fn vrss_spreads_forwards_and_gives_back() {
         );
     }
 
-    // Requests on every socket, whichever worker owns it (forwarded or not).
-    let one = 1i32.to_ne_bytes();
-    let nodelay = [libc::IPPROTO_TCP as u64, libc::TCP_NODELAY as u64, 4, 0];
-    for &h in &hs {
-        let (r, out) = g.request(op::GETPEERNAME, h, [0; 4], &[]);
-        assert_eq!(r, 0);
-        assert_eq!(CanalAddr::decode(&out).unwrap(), localhost(port));
-        assert_eq!(g.request(op::SETSOCKOPT, h, nodelay, &one).0, 0);
-        assert_eq!(
-            g.request(op::GETSOCKOPT, h, nodelay, &[]),
-            (0, one.to_vec())
-        );
-        // Native errno from the owner's kernel socket.
-        assert_eq!(
-            g.request(op::LISTEN, h, [1, 0, 0, 0], &[]).0,
-            -(errno::EINVAL as i64)
-        );
-    }
+    requests_on_every_socket(&mut g, &hs, port);
 
     // Shutdown(SHUT_WR) on a socket of the non-home worker: the server sees EOF after
     // the queued bytes; the connection still receives.

@@ -10,6 +10,7 @@ use canal_abi::{
     errno, op, sleep_kind, slot_state, sock_flag, CanalAddr, Region, SocketEntry, WAIT_ANY,
 };
 use canald::sys::{self, Mapping};
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -534,3 +535,17 @@ pub fn fnv(h: &mut u64, data: &[u8]) {
 }
 
 pub const FNV0: u64 = 0xcbf29ce484222325;
+
+pub fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = g.socket(AF_INET, STREAM);
+    let r = g.connect(h, &localhost(port));
+    assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
+    let (peer, _) = l.accept().unwrap();
+    let f = g.wait_flags(h, sock_flag::CONNECTED | sock_flag::ERROR);
+    assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
+    assert_eq!(f & sock_flag::CONNECTING, 0);
+    peer.set_read_timeout(Some(T)).unwrap();
+    (h, peer)
+}
