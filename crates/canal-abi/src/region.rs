@@ -289,12 +289,6 @@ impl Slot {
         }
         n
     }
-
-    /// A zeroed slot in ordinary memory (tests, loom).
-    pub fn new_zeroed() -> Self {
-        // SAFETY: Slot is AnyBitPattern; all-zero is a valid value.
-        unsafe { core::mem::zeroed() }
-    }
 }
 
 /// Where each part of a region lives. Computed from the three sizes alone, so the
@@ -577,13 +571,6 @@ impl Region {
                 size,
             )
         })
-    }
-
-    /// Pointer to byte `offset` of the data area, if `offset + len` fits.
-    pub fn data_ptr(&self, offset: u64, len: u64) -> Option<*mut u8> {
-        (offset.checked_add(len)? <= self.layout.data_size)
-            // SAFETY: inside the mapped data area (checked).
-            .then(|| unsafe { self.base.add((self.layout.data_offset + offset) as usize) })
     }
 }
 

@@ -1,4 +1,4 @@
-//! Benchmark harness (issue 4): `canal bench` runs the experiments of
+//! Benchmark harness: `canal bench` runs the experiments of
 //! docs/bench/README.md side by side with their baselines, interleaved and repeated, and
 //! writes CSV, Markdown and PNG plots. The traffic generator it drives is
 //! `canal-bench-gen` (src/bin), run natively and under `canal run`.

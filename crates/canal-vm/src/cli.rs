@@ -95,7 +95,7 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub verbose: bool,
     /// The program and its arguments, after --
-    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    #[arg(last = true, value_name = "PROGRAM")]
     pub program: Vec<String>,
 }
 
@@ -147,6 +147,9 @@ fn parse_pow2_mib(v: &str) -> Result<u64, String> {
 impl RunArgs {
     /// The run these options describe, with the combinations checked.
     pub fn options(&self) -> Result<RunOptions, String> {
+        if self.program.is_empty() {
+            return Err("no program: canal vm run [options] -- PROGRAM ARGS...".into());
+        }
         let canal = self.canal || self.doorbell.is_some();
         if self.doorbell.is_some() && self.shm_path.is_some() {
             return Err(

@@ -1,4 +1,4 @@
-//! VM harness (issue 6): boots a small QEMU guest (the host's kernel, a busybox initramfs,
+//! VM harness: boots a small QEMU guest (the host's kernel, a busybox initramfs,
 //! the host's root filesystem read-only over 9p) with virtio-net and/or the canal
 //! shared-memory device, runs one program in it and returns its exit status.
 //! `cli` is the command line of `canal vm`. See docs/vm.md.

@@ -59,10 +59,9 @@ pub(crate) fn default_workers() -> usize {
     }
 }
 
-/// A socket's tx and rx rings, each (`--ring-kib`): while the data area has room. A
-/// 64 KiB guest→native stream moved 1.58× the bytes with 1 MiB rings than with 256 KiB
-/// (fewer ring-full waits and wake-ups; docs/bench/rings); sockets beyond what the area
-/// holds at this size get smaller rings (`Guest::alloc_rings`).
+/// A socket's tx and rx rings, each (`--ring-kib`): while the data area has room
+/// (fewer ring-full waits and wake-ups than smaller rings; docs/bench/why.md); sockets
+/// beyond what the area holds at this size get smaller rings (`Guest::alloc_rings`).
 pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
 
 /// What `--no-batch` allows per host call on a stream: one typical guest send.

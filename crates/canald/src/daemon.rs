@@ -105,8 +105,8 @@ impl Daemon {
         let nofile = sys::raise_nofile();
         let cap = crate::fdbudget::per_guest_cap(nofile);
         if (cfg.sockets as u64) > cap {
-            // One guest must not be able to take every descriptor (issue: one guest
-            // opening sockets locked every other guest out).
+            // One guest must not be able to take every descriptor and lock every other
+            // guest out (docs/threat-model.md, "Memory and descriptors").
             log::info!(
                 "{nofile} descriptors: --sockets {} lowered to {cap}",
                 cfg.sockets

@@ -3,16 +3,18 @@
 //! ports, listing) and a shared-memory region each (requests, rings), as described in
 //! `docs/protocol.md`; guest memory is treated as hostile (`docs/threat-model.md`).
 //!
-//! Code map (each file uses no file that uses it; `scripts/check-layout`): `sys` (the
-//! only unsafe code: small syscall wrappers), `alloc` (data-area allocator), `request`
-//! (copy-then-validate of request slots), `config` (`Config`, defaults, the command
-//! line), `cli` (the `canald` entry point), `guest/` (one guest: settings, address view,
-//! host sockets, wake-ups, operations, data pumps, service round, short-circuit, vRSS),
-//! `engine` (notification and coalescing), `worker` (pollers), `daemon` (control socket,
-//! guest registry, worker 0), `watch` (WATCH), `stat` (the listing), `vm` (VM guests:
-//! region files, lifetime), `ivshmem_server` (doorbell VMs), `fuzz` (the request
-//! consumer's fuzz entry point), `ctldir` (trust checks on the control directory and
-//! the daemon's uid), `fdbudget` (descriptor limit, per-guest socket cap, reserve).
+//! Code map (each file uses no file that uses it; `scripts/check-layout`): `sys/` (the
+//! only unsafe code: system-call wrappers behind a facade), `alloc` (data-area
+//! allocator), `request` (copy-then-validate of request slots), `config` (`Config`,
+//! defaults, the clap command line), `cli` (the `canald` entry point), `logging`
+//! (timestamped log lines), `guest/` (one guest: settings, address view, host sockets,
+//! wake-ups, operations, data pumps, service round, short-circuit, vRSS), `engine`
+//! (spin budget and coalescing), `worker` (pollers), `daemon` (control socket, guest
+//! registry, worker 0), `control` (one handler per control message), `watch` (WATCH),
+//! `stat` (the listing), `vm` (VM guests: region files, lifetime), `ivshmem_server`
+//! (doorbell VMs), `spawn` (starting a private canald), `fuzz` (the request consumer's
+//! fuzz entry point), `ctldir` (trust checks on the control directory and the daemon's
+//! uid), `fdbudget` (descriptor limit, per-guest socket cap, reserve).
 #![deny(unsafe_code)]
 
 pub mod alloc;

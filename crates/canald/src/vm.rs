@@ -1,4 +1,4 @@
-//! VM guests (issue 6): a guest inside a virtual machine reaches canald through a
+//! VM guests: a guest inside a virtual machine reaches canald through a
 //! region that a hypervisor maps into the VM (QEMU `memory-backend-file,share=on` +
 //! `ivshmem-plain`), not through a control connection of its own.
 //!

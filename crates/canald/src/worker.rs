@@ -43,9 +43,8 @@ pub(crate) const SPIN_TARGET: Duration = Duration::from_micros(30);
 pub(crate) const SPIN_MIN: Duration = Duration::from_micros(2);
 pub(crate) const SPIN_MAX: Duration = Duration::from_micros(200);
 /// A spinning poller yields the core every this many empty rounds (2-core machines:
-/// guests and pollers may outnumber cores). 8, not 64: nginx+wrk guest→native (three
-/// busy processes on two cores) served 6-12% more requests in alternating runs, 3 no
-/// more than 8, every round fewer (docs/bench/targets.md, B10).
+/// guests and pollers may outnumber cores). 8, not 64 (docs/bench/why.md, "Poller
+/// yield interval").
 const YIELD_EVERY: u32 = 8;
 /// Longest sleep while a doorbell VM exists (ms): notices a process of that VM that
 /// attached without doorbell access (the region's `backoff_kickers`; protocol §9.5).
@@ -349,8 +348,8 @@ impl Poller {
         let departing = reap(&mut sh, &w);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
         // Counting the sockets walks every guest's table: not on every round of a spin
-        // (it was 8% of canald's CPU under nginx+wrk), but on the first round without
-        // work after rounds with work, and at most every STATS_EVERY while busy.
+        // (docs/bench/why.md), but on the first round without work after rounds with
+        // work, and at most every STATS_EVERY while busy.
         self.stats_dirty |= work || departing;
         if self.stats_dirty
             && (!work || now.saturating_duration_since(self.stats_at) >= STATS_EVERY)

@@ -147,15 +147,14 @@ pub(crate) fn record(w: &WaitSettings, gap_ns: i64) {
 /// its end is the wake-up, which comes WAKE_COST_NS or more after the event, and
 /// charging that to the gap makes sleeping look right because it was chosen — two
 /// parties of a request/response exchange then each wait out the other's wake-up and
-/// settle on sleeping (nginx guest↔guest: 0.97× native with the raw gap, 1.67× with
-/// this; redis 1.8× → 2.6×; one guest→native round trip: ~40 µs instead of ~20).
+/// settle on sleeping (measured: docs/bench/why.md, "Slept-gap discount").
 ///
 /// The discount makes the thread spin more, which is free only when nobody else wants
 /// its core. Short-circuited peers are canal guests whose own waits yield (so the
 /// discount always applies in a process that has such connections); a process whose
 /// peers are all behind canald gets it only while the thread is not being preempted
 /// (`core_free`): with canald and a native peer queued behind it on two cores, the
-/// extra spinning took the core they needed (nginx guest→native 0.72× → 0.65×).
+/// extra spinning took the core they needed.
 pub(crate) fn record_wait(w: &WaitSettings, gap_ns: i64, slept: bool) {
     let floor = adaptive_ns(w).unwrap_or(0) as i64;
     let discount = slept && (crate::notify::segment_mapped() || core_free::now());

@@ -303,7 +303,7 @@ impl SegSleepers {
         }
         // A process that never mapped a pair segment has no sleeper word to count
         // (`add` skips unmapped ones): spare the WAIT_ANY walk over the whole socket
-        // table (one cache line per entry: ~10 % of an epoll event loop's time).
+        // table (one cache line per entry; docs/bench/why.md).
         if index == WAIT_ANY && !SEGMENT_MAPPED.load(Ordering::Acquire) {
             return;
         }

@@ -30,7 +30,7 @@ type FnFexecve =
 /// still backs (refs > 1) are dropped, so a failed exec can restore them exactly; a
 /// socket whose last reference goes away by exec stays open until the guest's control
 /// connection closes. Descriptors without close-on-exec survive exec as bare dummies
-/// the new image does not know (issue 3). A vfork child shares our memory and must not
+/// the new image does not know (docs/compat.md, exec). A vfork child shares our memory and must not
 /// touch the table: it is recognised by its pid differing from the one our state
 /// belongs to.
 fn before_exec() -> Vec<(c_int, u32)> {

@@ -7,7 +7,7 @@ use canal_abi::region::SocketEntry;
 use canal_abi::sync::Ordering;
 
 /// This thread's owner key: its process id and its thread pointer, both cheap to read
-/// (no thread-local lookup, which cost 1–3% of a 64-byte round trip). The thread
+/// (no thread-local lookup: docs/bench/why.md, "Side-lock owner key"). The thread
 /// pointer alone is not enough: a forked child's thread has its parent's, and threads
 /// in different processes can share a value. Thread pointers are 64-byte aligned
 /// user addresses below 2^47 and pids below 2^22 (`pid_max` ≤ 4194304), so the key is
