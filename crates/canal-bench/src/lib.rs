@@ -2,6 +2,11 @@
 //! docs/bench/README.md side by side with their baselines, interleaved and repeated, and
 //! writes CSV, Markdown and PNG plots. The traffic generator it drives is
 //! `canal-bench-gen` (src/bin), run natively and under `canal run`.
+//!
+//! Errors: the run itself fails with `anyhow` errors at the edge (`run`); a cell that
+//! fails is data, not an error — its reason is a `String` recorded in results.csv and
+//! the report (`runner::Outcome`), so the helpers that produce reasons return
+//! `Result<_, String>`.
 
 pub mod cli;
 pub mod gen;
@@ -114,27 +119,27 @@ fn perf_cycles_work() -> bool {
     out.is_ok_and(|o| !String::from_utf8_lossy(&o.stderr).contains("not supported"))
 }
 
-fn find_gen() -> Result<PathBuf, String> {
+fn find_gen() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("CANAL_BENCH_GEN") {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe()?;
     let p = exe.with_file_name("canal-bench-gen");
     if p.is_file() {
         Ok(p)
     } else {
-        Err(format!(
+        Err(anyhow::anyhow!(
             "{} not found: build it with `cargo build --release -p canal-bench -p canal-cli`",
             p.display()
         ))
     }
 }
 
-fn find_canal() -> Result<PathBuf, String> {
+fn find_canal() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("CANAL_BIN") {
         return Ok(PathBuf::from(p));
     }
-    std::env::current_exe().map_err(|e| e.to_string())
+    Ok(std::env::current_exe()?)
 }
 
 /// How to reproduce one cell with `canal bench`.
@@ -206,7 +211,7 @@ pub fn run(args: &cli::BenchArgs) -> i32 {
     }
 }
 
-fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
+fn run_all(o: &Opts, exps: &[Experiment]) -> anyhow::Result<i32> {
     let started = Instant::now();
     let gen = find_gen()?;
     let canal = find_canal()?;
@@ -217,13 +222,13 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> Result<i32, String> {
         let ts = cmd_output(&["date", "-u", "+%Y%m%d-%H%M%S"]).unwrap_or_else(|| "now".into());
         PathBuf::from(format!("bench-out/{mode}-{ts}"))
     });
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::create_dir_all(&out).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
     // Short paths: Unix socket addresses are limited to 108 bytes.
     let tmp = std::env::temp_dir().join(format!("canal-bench-{}", std::process::id()));
     // Private (0700): canald and the guests refuse a control directory others can use.
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
         .create(&tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        .map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
     let knobs = Knobs {
         duration: o.duration.unwrap_or(if o.quick { 0.25 } else { 1.0 }),
         idle_secs: if o.quick { 0.5 } else { 3.0 },
@@ -428,7 +433,7 @@ fn write_outputs(
     exps: &[Experiment],
     rows: &[Row],
     started: Instant,
-) -> Result<i32, String> {
+) -> anyhow::Result<i32> {
     let aggs = report::aggregate(rows);
     write(
         &out.join("results.csv"),
@@ -485,14 +490,14 @@ fn write_outputs(
     Ok(0)
 }
 
-fn write(p: &Path, s: &str) -> Result<(), String> {
-    std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))
+fn write(p: &Path, s: &str) -> anyhow::Result<()> {
+    std::fs::write(p, s).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
 }
 
 /// Runs the plotting script (written next to the results so the plots can be redrawn).
 fn plot(out: &Path) -> Result<Vec<String>, String> {
     let script = out.join("bench-plot.py");
-    write(&script, PLOT_SCRIPT)?;
+    write(&script, PLOT_SCRIPT).map_err(|e| e.to_string())?;
     let py = ["/usr/bin/python3", "python3"]
         .into_iter()
         .find(|p| runner::which(p).is_some() || Path::new(p).is_file())

@@ -201,32 +201,32 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn run(o: &Opts) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+fn run(o: &Opts) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
     let dir = exe.parent().unwrap_or(Path::new("/")).to_path_buf();
     let gen = dir.join("canal-bench-gen");
     if !gen.is_file() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "{} not found (cargo build --release)",
             gen.display()
         ));
     }
-    let iperf = which("iperf3").ok_or("iperf3 not found")?;
-    let iport = free_port().map_err(|e| e.to_string())?;
+    let iperf = which("iperf3").ok_or_else(|| anyhow::anyhow!("iperf3 not found"))?;
+    let iport = free_port()?;
     let _iperf_srv = Child(
         Command::new(&iperf)
             .args(["-s", "-B", "127.0.0.1", "-p", &iport.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("iperf3 -s: {e}"))?,
+            .map_err(|e| anyhow::anyhow!("iperf3 -s: {e}"))?,
     );
-    let eport = echo_server().map_err(|e| e.to_string())?;
+    let eport = echo_server()?;
     // The iperf3 server must listen before the first client.
     let t0 = std::time::Instant::now();
     while TcpStream::connect(("127.0.0.1", iport)).is_err() {
         if t0.elapsed() > Duration::from_secs(10) {
-            return Err("iperf3 server did not start".into());
+            return Err(anyhow::anyhow!("iperf3 server did not start"));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -261,11 +261,13 @@ echo "@@ end""#,
         "canal bench b11: booting the guest ({} reps × {d} s × 4 runs)",
         o.reps
     );
-    let out = cmd.output().map_err(|e| format!("canal vm run: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| anyhow::anyhow!("canal vm run: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() || !stdout.contains("@@ end") {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "the guest run failed ({}):\n{stdout}\n{stderr}",
             out.status
         ));
@@ -309,10 +311,12 @@ echo "@@ end""#,
     let report = render(o, &accel, &mut native, &mut virtio, &mut canal);
     print!("{report}");
     if let Some(p) = &o.out {
-        std::fs::write(p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
+        std::fs::write(p, &report).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     }
     if canal.mbps.len() < o.reps || virtio.mbps.len() < o.reps {
-        return Err("some guest runs produced no result (see the table)".into());
+        return Err(anyhow::anyhow!(
+            "some guest runs produced no result (see the table)"
+        ));
     }
     Ok(())
 }

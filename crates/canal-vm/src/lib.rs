@@ -79,7 +79,7 @@ impl Default for RunOptions {
 }
 
 /// The QEMU binary: $CANAL_VM_QEMU, else qemu-system-x86_64 on PATH.
-pub fn find_qemu() -> Result<PathBuf, String> {
+pub fn find_qemu() -> anyhow::Result<PathBuf> {
     if let Some(q) = std::env::var_os("CANAL_VM_QEMU") {
         return Ok(q.into());
     }
@@ -90,7 +90,9 @@ pub fn find_qemu() -> Result<PathBuf, String> {
             return Ok(p);
         }
     }
-    Err("qemu-system-x86_64 not found (install qemu-system-x86 or set CANAL_VM_QEMU)".into())
+    Err(anyhow::anyhow!(
+        "qemu-system-x86_64 not found (install qemu-system-x86 or set CANAL_VM_QEMU)"
+    ))
 }
 
 /// libcanal.so for the guest: --libcanal, $CANAL_LIB, or next to the running binary.
@@ -98,12 +100,12 @@ pub fn find_qemu() -> Result<PathBuf, String> {
 /// Where the guest's init mounts the run directory (guest/init.sh).
 const GUEST_RUN_DIR: &str = "/run/canal-vm";
 
-fn find_libcanal(opt: &Option<PathBuf>) -> Result<PathBuf, String> {
+fn find_libcanal(opt: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let candidates: Vec<PathBuf> = match (opt, std::env::var_os("CANAL_LIB")) {
         (Some(p), _) => vec![p.clone()],
         (None, Some(p)) => vec![p.into()],
         (None, None) => {
-            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let exe = std::env::current_exe()?;
             let dir = exe.parent().unwrap_or(Path::new("/")).to_path_buf();
             vec![dir.join("libcanal.so"), dir.join("../lib/libcanal.so")]
         }
@@ -113,7 +115,7 @@ fn find_libcanal(opt: &Option<PathBuf>) -> Result<PathBuf, String> {
             return Ok(p);
         }
     }
-    Err(format!(
+    Err(anyhow::anyhow!(
         "libcanal.so not found (tried {}); build it, pass --libcanal, or use --no-preload",
         candidates
             .iter()
@@ -136,8 +138,9 @@ fn prepare(
     img: &image::GuestImage,
     qemu: &Path,
     accel: Accel,
-) -> Result<Prepared, String> {
-    let run_dir = RunDir::create().map_err(|e| format!("creating the run directory: {e}"))?;
+) -> anyhow::Result<Prepared> {
+    let run_dir =
+        RunDir::create().map_err(|e| anyhow::anyhow!("creating the run directory: {e}"))?;
     let mut cmd = GuestCommand {
         program: o.program.clone(),
         env: Vec::new(),
@@ -159,7 +162,7 @@ fn prepare(
             None if !o.preload => region::create_region(&name, size),
             None => {
                 let socket = canald_socket();
-                canald::spawn::ensure_daemon(&socket).map_err(|e| e.to_string())?;
+                canald::spawn::ensure_daemon(&socket)?;
                 let publish: Vec<(u16, u16)> =
                     o.publish.iter().map(|p| (p.host, p.guest)).collect();
                 let want = !o.no_doorbell && img.doorbell;
@@ -186,7 +189,7 @@ fn prepare(
                 })
             }
         }
-        .map_err(|e| format!("canal region: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("canal region: {e}"))?;
         Some(r)
     } else {
         None
@@ -214,15 +217,16 @@ fn prepare(
             // where a checkout may well live: ship the library through the run
             // directory, which the guest mounts at GUEST_RUN_DIR.
             let lib = find_libcanal(&o.libcanal)?;
-            std::fs::copy(&lib, run_dir.path.join("libcanal.so"))
-                .map_err(|e| format!("copying {} into the run directory: {e}", lib.display()))?;
+            std::fs::copy(&lib, run_dir.path.join("libcanal.so")).map_err(|e| {
+                anyhow::anyhow!("copying {} into the run directory: {e}", lib.display())
+            })?;
             cmd.preload = Some(PathBuf::from(GUEST_RUN_DIR).join("libcanal.so"));
         }
     }
     cmd.env.extend(o.env.iter().cloned());
-    let script = cmd.script().map_err(|e| e.to_string())?;
+    let script = cmd.script()?;
     std::fs::write(run_dir.path.join("cmd.sh"), script)
-        .map_err(|e| format!("writing cmd.sh: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("writing cmd.sh: {e}"))?;
     let p = &run_dir.path;
     let cfg = VmConfig {
         qemu: qemu.to_path_buf(),
@@ -279,7 +283,7 @@ pub(crate) fn run_kvm_probe(img: &image::GuestImage, qemu: &Path) -> (probe::Ver
     let timeout = probe::probe_timeout();
     let p = match prepare(&o, img, qemu, Accel::Kvm) {
         Ok(p) => p,
-        Err(e) => return (probe::Verdict(Err(e)), false),
+        Err(e) => return (probe::Verdict(Err(e.to_string())), false),
     };
     let (outcome, _) = run::boot(
         &p.cfg,
@@ -335,10 +339,10 @@ fn select_accel(o: &RunOptions, img: &image::GuestImage, qemu: &Path) -> Accel {
 }
 
 /// Runs `o.program` in a fresh guest; returns the exit status to report.
-pub fn run_program(o: &RunOptions) -> Result<i32, String> {
+pub fn run_program(o: &RunOptions) -> anyhow::Result<i32> {
     let qemu = find_qemu()?;
-    let img = image::ensure_image().map_err(|e| format!("guest image: {e}"))?;
-    sys::catch_termination_signals().map_err(|e| e.to_string())?;
+    let img = image::ensure_image().map_err(|e| anyhow::anyhow!("guest image: {e}"))?;
+    sys::catch_termination_signals()?;
     let accel = select_accel(o, &img, &qemu);
     if let Some(sig) = sys::pending_signal() {
         return Ok(128 + sig);

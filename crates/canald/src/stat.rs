@@ -167,7 +167,7 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         .sockets()
         .map(|s| SockStat {
             handle: s.handle,
-            kind: match s.kind {
+            kind: match s.kind() {
                 // Short-circuited to another canal socket (protocol §8): no kernel TCP.
                 Kind::Stream if s.is_shortcut() => "tcp-shortcut",
                 Kind::Stream => "tcp",

@@ -126,12 +126,12 @@ impl Guest {
         let mut errors = 0;
         loop {
             if self.gone.is_none() && self.rx_deficit <= 0 {
-                let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
-                self.out_of_budget = s.readable || s.pending_dgram.is_some();
+                let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+                self.out_of_budget = s.readable || s.pending_dgram().is_some_and(|p| p.is_some());
                 return Ok(());
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            if s.pending_dgram.is_none() {
+            if s.pending_dgram().ok_or(Corrupt)?.is_none() {
                 if !s.readable {
                     return Ok(());
                 }
@@ -139,7 +139,8 @@ impl Guest {
                 match sys::recvfrom(fd, &mut self.scratch) {
                     Ok(Some((n, src))) => {
                         let src = src.map(|a| translate_host_addr(&view, &a));
-                        s.pending_dgram = Some((self.scratch[..n].to_vec(), src));
+                        *s.pending_dgram().ok_or(Corrupt)? =
+                            Some((self.scratch[..n].to_vec(), src));
                     }
                     Ok(None) => {
                         s.readable = false;
@@ -161,21 +162,23 @@ impl Guest {
                     },
                 }
             }
-            let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
-            let (data, src) = s.pending_dgram.as_ref().ok_or(Corrupt)?;
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let rx_size = s.rx.size;
+            let rx_idx = s.rx.idx;
+            let (data, src) = s.pending_dgram().ok_or(Corrupt)?.as_ref().ok_or(Corrupt)?;
             let src = *src;
             let addr = src.unwrap_or_default().encode();
-            let max = canal_abi::ring::max_record_payload(s.rx.size, addr.len() as u64);
+            let max = canal_abi::ring::max_record_payload(rx_size, addr.len() as u64);
             let len = (data.len() as u64).min(max) as usize;
             let rec = canal_abi::ring::record_size(addr.len() as u64, len as u64);
-            let to_end = s.rx.size - (s.rx.idx & (s.rx.size - 1));
+            let to_end = rx_size - (rx_idx & (rx_size - 1));
             let need = if to_end < rec { to_end + rec } else { rec };
             if self.want_rx_space(index, need)? == 0 {
                 return Ok(());
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
-            let (data, _) = s.pending_dgram.take().ok_or(Corrupt)?;
+            let (data, _) = s.pending_dgram().ok_or(Corrupt)?.take().ok_or(Corrupt)?;
             let e = self.region.socket(index).ok_or(Corrupt)?;
             let mut p = Producer {
                 storage: &ring,
@@ -193,7 +196,7 @@ impl Guest {
                 Ok(false) => {
                     // Only a guest moving its tail backwards gets here (caught on the
                     // next check); keep the datagram.
-                    s.pending_dgram = Some((data, src));
+                    *s.pending_dgram().ok_or(Corrupt)? = Some((data, src));
                     return Ok(());
                 }
                 Err(_) => return Err(Corrupt),

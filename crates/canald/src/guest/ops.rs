@@ -8,6 +8,7 @@ use crate::guest::socket::HostSocket;
 use crate::guest::socket::Kind;
 use crate::guest::socket::Phase;
 use crate::guest::socket::RingPos;
+use crate::guest::socket::{AcceptQueue, KindState};
 use crate::guest::state::Guest;
 use crate::request::SOCK_DGRAM;
 use crate::request::SOCK_STREAM;
@@ -146,7 +147,7 @@ impl Guest {
         };
         self.sockets[index as usize] = Some(HostSocket {
             handle,
-            kind,
+            state: KindState::new(kind),
             family,
             fd: Some(fd),
             phase,
@@ -162,11 +163,8 @@ impl Guest {
             dirty: false,
             tx_bytes: 0,
             rx_bytes: 0,
-            unclaimed: Default::default(),
-            pending_dgram: None,
             seg: None,
             named: false,
-            accepting: 0,
         });
         self.set_owned(index, true);
         Ok(handle)
@@ -202,14 +200,14 @@ impl Guest {
 
     pub(crate) fn op_listen(&mut self, index: u32, backlog: i32) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
-        if s.kind == Kind::Dgram {
+        if s.kind() == Kind::Dgram {
             return Err(errno::EOPNOTSUPP);
         }
         if !matches!(s.phase, Phase::Open | Phase::Listening) {
             return Err(errno::EINVAL);
         }
         sys::listen(fd_of(s)?, backlog).map_err(|e| sys::errno_of(&e))?;
-        s.kind = Kind::Listener;
+        s.state = KindState::Listener(AcceptQueue::default());
         s.phase = Phase::Listening;
         s.readable = true; // connections may already be queued
         let e = self.entry(index);
@@ -224,7 +222,7 @@ impl Guest {
     /// (and keeps the local address); other kinds: EOPNOTSUPP.
     pub(crate) fn op_disconnect(&mut self, index: u32) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
-        if s.kind != Kind::Dgram {
+        if s.kind() != Kind::Dgram {
             return Err(errno::EOPNOTSUPP);
         }
         sys::disconnect(fd_of(s)?).map_err(|e| sys::errno_of(&e))?;
@@ -238,14 +236,14 @@ impl Guest {
 
     pub(crate) fn op_connect(&mut self, index: u32, a: &CanalAddr) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
-        match (s.kind, s.phase) {
+        match (s.kind(), s.phase) {
             (Kind::Listener, _) => return Err(errno::EISCONN),
             (Kind::Stream, Phase::Connecting) => return Err(errno::EALREADY),
             (Kind::Stream, Phase::Connected) => return Err(errno::EISCONN),
             (_, Phase::Broken) => return Err(errno::EIO),
             _ => {}
         }
-        let kind = s.kind;
+        let kind = s.kind();
         let r = sys::connect(fd_of(s)?, a);
         match r {
             Ok(()) => {
@@ -313,7 +311,7 @@ impl Guest {
         }
         let s = self.live(index)?;
         let fd = fd_of(s)?;
-        if !(s.kind == Kind::Stream && s.phase == Phase::Connected) {
+        if !(s.kind() == Kind::Stream && s.phase == Phase::Connected) {
             // Listeners (wakes accept), datagram sockets, unconnected streams: the
             // kernel's answer is the native one (ENOTCONN where it applies).
             sys::shutdown(fd, how).map_err(|e| sys::errno_of(&e))?;
@@ -363,7 +361,9 @@ impl Guest {
             return;
         };
         s.phase = Phase::Broken;
-        s.pending_dgram = None;
+        if let Some(p) = s.pending_dgram() {
+            *p = None;
+        }
         if let Some(fd) = s.fd.take() {
             ep.delete(fd.as_raw_fd());
         }
@@ -385,16 +385,16 @@ impl Guest {
             ep.delete(fd.as_raw_fd());
             // Host streams are abortive ({1, 0}) while canald drives them, so canald's
             // death resets them; an orderly close clears that first. Neither blocks.
-            if s.kind == Kind::Stream && !reset {
+            if s.kind() == Kind::Stream && !reset {
                 let _ = sys::set_abortive_close(fd, false);
             }
         }
         self.sc_freed(&s);
-        if !s.unclaimed.is_empty() {
+        if let Some(q) = s.accepts().filter(|q| !q.unclaimed.is_empty()) {
             // Connections accepted for the guest but never taken by it go with the
             // listener (the guest's tail says which records it consumed).
             let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
-            for &(end, h) in &s.unclaimed {
+            for &(end, h) in &q.unclaimed {
                 if (end.wrapping_sub(tail) as i64) > 0 {
                     self.release(ep, canal_abi::handle_index(h), h);
                 }
@@ -433,7 +433,7 @@ impl Guest {
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return false;
         };
-        if s.kind != Kind::Stream || s.fd.is_none() || s.seg.is_some() {
+        if s.kind() != Kind::Stream || s.fd.is_none() || s.seg.is_some() {
             return false;
         }
         if s.linger == Some(0) {

@@ -301,7 +301,7 @@ impl Guest {
     pub(crate) fn rearm_listeners(&mut self) {
         for i in 0..self.sockets.len() {
             if let Some(l) = &self.sockets[i] {
-                if l.kind == Kind::Listener && l.readable {
+                if l.kind() == Kind::Listener && l.readable {
                     self.mark_dirty(i as u32);
                 }
             }
@@ -347,7 +347,7 @@ impl Guest {
                 self.finish_if_closed(ep, index, now);
                 continue;
             }
-            let r = match s.kind {
+            let r = match s.kind() {
                 Kind::Stream => self.service_stream(index, st),
                 Kind::Dgram => self.service_dgram(index, st),
                 Kind::Listener => self.service_listener(ep, index),
@@ -376,7 +376,7 @@ impl Guest {
         let Some(deadline) = s.closing else {
             return;
         };
-        let can_send = s.kind != Kind::Listener
+        let can_send = s.kind() != Kind::Listener
             && s.fd.is_some()
             && s.phase == Phase::Connected
             && s.flags & sock_flag::TX_CLOSED == 0;

@@ -34,6 +34,7 @@ use crate::guest::shared::TCP_CLOSE;
 use crate::guest::shared::TCP_CLOSE_WAIT;
 use crate::guest::shared::TCP_ESTABLISHED;
 use crate::guest::shared::TCP_FIN_WAIT2;
+use crate::guest::socket::KindState;
 use crate::guest::socket::SegLink;
 
 use crate::guest::socket::HostSocket;
@@ -110,7 +111,7 @@ impl Guest {
         }
         let zones = self.region.header().features & canal_abi::feature::ZONES != 0;
         let s = self.sockets.get_mut(index as usize)?.as_mut()?;
-        if s.kind != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
+        if s.kind() != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
             return None;
         }
         {
@@ -183,13 +184,13 @@ impl Guest {
     ) -> Result<Accepted, ()> {
         let index = self.sc_index(lhandle).ok_or(())?;
         let l = self.sockets[index as usize].as_ref().ok_or(())?;
-        if l.kind != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
+        if l.kind() != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
             return Err(());
         }
         let family = l.family;
         // Accepts in flight to the home (an away listener) hold queue places and
         // ring room too.
-        let inflight = l.accepting;
+        let inflight = l.accepts().map_or(0, |q| q.accepting);
         let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
         let free = self
             .want_rx_space(index, (inflight as u64 + 2) * need)
@@ -197,7 +198,8 @@ impl Guest {
         self.drop_claimed(index);
         let full = self.sockets[index as usize]
             .as_ref()
-            .is_some_and(|l| l.unclaimed.len() as u32 + inflight >= backlog);
+            .and_then(|l| l.accepts())
+            .is_some_and(|q| q.unclaimed.len() as u32 + inflight >= backlog);
         if full {
             // Full accept queue: the connector stays CONNECTING (the kernel drops the
             // SYN and retries). The guest's accept frees a record and, seeing
@@ -215,8 +217,11 @@ impl Guest {
         let ty = libc::SOCK_STREAM;
         let fd = sys::socket(family as i32, ty, 0).map_err(|_| ())?;
         if self.is_shadow() {
-            if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
-                l.accepting += 1;
+            if let Some(q) = self.sockets[index as usize]
+                .as_mut()
+                .and_then(|l| l.accepts_mut())
+            {
+                q.accepting += 1;
             }
             self.send_home_accepted(
                 lhandle,
@@ -279,7 +284,7 @@ impl Guest {
         };
         self.sockets[index as usize] = Some(HostSocket {
             handle,
-            kind: Kind::Stream,
+            state: KindState::Stream,
             family,
             fd: Some(fd),
             phase: Phase::Connected,
@@ -295,11 +300,8 @@ impl Guest {
             dirty: false,
             tx_bytes: 0,
             rx_bytes: 0,
-            unclaimed: Default::default(),
-            pending_dgram: None,
             seg: Some(link),
             named: true,
-            accepting: 0,
         });
         // Its attention bit is this guest instance's to take.
         self.set_owned(index, true);
@@ -497,7 +499,7 @@ impl Guest {
     pub(super) fn sc_freed(&mut self, s: &HostSocket) {
         let Some(sc) = self.sc.clone() else { return };
         let mut sh = lock(&sc);
-        if s.kind == Kind::Listener {
+        if s.kind() == Kind::Listener {
             let conn = self.conn;
             sh.listeners
                 .retain(|l| !(l.conn == conn && l.handle == s.handle));

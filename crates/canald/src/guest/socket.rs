@@ -109,7 +109,8 @@ pub(crate) struct Corrupt;
 
 pub(crate) struct HostSocket {
     pub(crate) handle: u32,
-    pub(crate) kind: Kind,
+    /// The kind and what only that kind carries.
+    pub(crate) state: KindState,
     pub(crate) family: u16,
     pub(crate) fd: Option<OwnedFd>,
     pub(crate) phase: Phase,
@@ -132,21 +133,77 @@ pub(crate) struct HostSocket {
     pub(crate) dirty: bool,
     pub(crate) tx_bytes: u64,
     pub(crate) rx_bytes: u64,
-    /// Listener: (record end index, handle) of ACCEPT records the guest has not
-    /// consumed yet. Their sockets are freed with the listener.
-    pub(crate) unclaimed: std::collections::VecDeque<(u64, u32)>,
-    /// A datagram received but not yet fitting in the rx ring.
-    pub(crate) pending_dgram: Option<(Vec<u8>, Option<CanalAddr>)>,
     /// Short-circuited to another canal socket through a pair segment (§8).
     pub(crate) seg: Option<SegLink>,
     /// Its local address was seen bound (virtual RSS placement done once for it).
     pub(crate) named: bool,
+}
+
+/// A listener's accept queue as canald sees it.
+#[derive(Default)]
+pub(crate) struct AcceptQueue {
+    /// (record end index, handle) of ACCEPT records the guest has not consumed yet.
+    /// Their sockets are freed with the listener.
+    pub(crate) unclaimed: std::collections::VecDeque<(u64, u32)>,
     /// Listener served away from its guest's home: connections accepted and sent to
     /// the home for their entries, whose ACCEPT records are not written yet.
     pub(crate) accepting: u32,
 }
 
+/// A host socket's kind with the state only that kind has (Firecracker's vsock
+/// `ConnState` is the model): a stream cannot have an accept queue, a listener no
+/// pending datagram.
+pub(crate) enum KindState {
+    Stream,
+    /// A datagram received but not yet fitting in the rx ring.
+    Dgram {
+        pending: Option<(Vec<u8>, Option<CanalAddr>)>,
+    },
+    Listener(AcceptQueue),
+}
+
+impl KindState {
+    pub(crate) fn new(kind: Kind) -> KindState {
+        match kind {
+            Kind::Stream => KindState::Stream,
+            Kind::Dgram => KindState::Dgram { pending: None },
+            Kind::Listener => KindState::Listener(AcceptQueue::default()),
+        }
+    }
+}
+
 impl HostSocket {
+    pub(crate) fn kind(&self) -> Kind {
+        match self.state {
+            KindState::Stream => Kind::Stream,
+            KindState::Dgram { .. } => Kind::Dgram,
+            KindState::Listener(_) => Kind::Listener,
+        }
+    }
+
+    /// A listener's accept queue (None for other kinds).
+    pub(crate) fn accepts(&self) -> Option<&AcceptQueue> {
+        match &self.state {
+            KindState::Listener(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn accepts_mut(&mut self) -> Option<&mut AcceptQueue> {
+        match &mut self.state {
+            KindState::Listener(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    /// A datagram socket's datagram waiting for room (None for other kinds).
+    pub(crate) fn pending_dgram(&mut self) -> Option<&mut Option<(Vec<u8>, Option<CanalAddr>)>> {
+        match &mut self.state {
+            KindState::Dgram { pending } => Some(pending),
+            _ => None,
+        }
+    }
+
     pub(crate) fn index(&self) -> u32 {
         canal_abi::handle_index(self.handle)
     }

@@ -192,7 +192,7 @@ impl Guest {
         if s.seg.is_some() || s.closing.is_some() {
             return;
         }
-        match (s.kind, peer) {
+        match (s.kind(), peer) {
             (Kind::Stream, Some(_)) | (Kind::Dgram, _) | (Kind::Listener, None) => {}
             _ => return,
         }
@@ -222,7 +222,7 @@ impl Guest {
             return;
         }
         let unnamed = matches!(self.sockets.get(index as usize),
-            Some(Some(s)) if s.kind == Kind::Dgram && !s.named);
+            Some(Some(s)) if s.kind() == Kind::Dgram && !s.named);
         if unnamed {
             self.place(ep, index, None);
         }
@@ -419,11 +419,12 @@ impl Guest {
         let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
-            if !s.readable || s.closing.is_some() || s.accepting >= ACCEPT_INFLIGHT {
+            let accepting = s.accepts().map_or(0, |q| q.accepting);
+            if !s.readable || s.closing.is_some() || accepting >= ACCEPT_INFLIGHT {
                 return Ok(()); // an answer marks it dirty again
             }
             // Room for the records in flight and this one, padding included.
-            let free = self.want_rx_space(index, (s.accepting as u64 + 2) * need)?;
+            let free = self.want_rx_space(index, (accepting as u64 + 2) * need)?;
             self.drop_claimed(index);
             if free == 0 {
                 return Ok(());
@@ -435,7 +436,9 @@ impl Guest {
                 crate::guest::socket::Accepted::Again => continue,
                 crate::guest::socket::Accepted::Later => return Ok(()),
             };
-            s.accepting += 1;
+            if let Some(q) = s.accepts_mut() {
+                q.accepting += 1;
+            }
             let host_peer = host_peer.unwrap_or_default();
             let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &host_peer);
             self.send_home_accepted(
@@ -469,12 +472,14 @@ impl Guest {
     pub(super) fn drop_claimed(&mut self, index: u32) {
         if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
             let seen = l.rx.seen;
-            while l
-                .unclaimed
-                .front()
-                .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
-            {
-                l.unclaimed.pop_front();
+            if let Some(q) = l.accepts_mut() {
+                while q
+                    .unclaimed
+                    .front()
+                    .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
+                {
+                    q.unclaimed.pop_front();
+                }
             }
         }
     }
@@ -572,7 +577,9 @@ impl Guest {
         let li = canal_abi::handle_index(listener);
         let live = match self.sockets.get_mut(li as usize) {
             Some(Some(l)) if l.handle == listener => {
-                l.accepting = l.accepting.saturating_sub(1);
+                if let Some(q) = l.accepts_mut() {
+                    q.accepting = q.accepting.saturating_sub(1);
+                }
                 l.closing.is_none() && self.gone.is_none()
             }
             _ => false,
@@ -632,7 +639,9 @@ impl Guest {
         let head = p.head;
         self.publish_rx_head(index, head, 0);
         if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
-            l.unclaimed.push_back((head, handle));
+            if let Some(q) = l.accepts_mut() {
+                q.unclaimed.push_back((head, handle));
+            }
         }
         Ok(true)
     }
