@@ -12,52 +12,52 @@ use std::path::PathBuf;
 pub struct BenchArgs {
     /// B1 … B11 or all [default: all]; see docs/bench/README.md
     #[arg(value_name = "EXPERIMENT")]
-    pub experiments: Vec<String>,
+    pub(crate) experiments: Vec<String>,
     /// Small counts, 2 reps, < 2 min: checks the harness, asserts no target
     #[arg(long, overrides_with = "full")]
-    pub quick: bool,
+    pub(crate) quick: bool,
     /// 3 reps, longer runs; results meant for docs/bench/ (the default)
     #[arg(long, overrides_with = "quick")]
-    pub full: bool,
+    pub(crate) full: bool,
     /// Where results go [default: bench-out/<mode>-<UTC time>]
     #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Repetitions per cell
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub reps: Option<u32>,
+    pub(crate) reps: Option<u32>,
     /// Seconds per generator run (rr/stream)
     #[arg(long, value_name = "S")]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     /// Message sizes in bytes, replacing each experiment's sizes (e.g. 64,1024)
     #[arg(long, value_name = "LIST", value_delimiter = ',',
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub sizes: Option<Vec<u64>>,
+    pub(crate) sizes: Option<Vec<u64>>,
     /// A subset of tcp,uds,canal-gg,canal-gn
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_system)]
-    pub systems: Option<Vec<System>>,
+    pub(crate) systems: Option<Vec<System>>,
     /// Concurrent client/server pairs for B4/B9 (e.g. 1,2,4,8)
     #[arg(long, value_name = "LIST", value_delimiter = ',',
           value_parser = clap::value_parser!(u64).range(1..=64))]
-    pub pairs: Option<Vec<u64>>,
+    pub(crate) pairs: Option<Vec<u64>>,
     /// A subset of canal switch variants (default, notify=poll, disable=batch, split=0.5, …)
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_variant)]
-    pub variants: Option<Vec<String>>,
+    pub(crate) variants: Option<Vec<String>>,
     /// Pin generator servers to CPU 0 and clients to CPU 1 for every system (canald and
     /// tools unpinned); the default in --full mode
     #[arg(long, overrides_with = "no_pin")]
-    pub pin: bool,
+    pub(crate) pin: bool,
     /// Let the scheduler place every process (the default in --quick mode)
     #[arg(long, overrides_with = "pin")]
-    pub no_pin: bool,
+    pub(crate) no_pin: bool,
     /// Extra seconds a canal run may take before it is killed and reported failed
     #[arg(long, value_name = "S")]
-    pub canal_grace: Option<f64>,
+    pub(crate) canal_grace: Option<f64>,
     /// Skip the PNG plots
     #[arg(long)]
-    pub no_plots: bool,
+    pub(crate) no_plots: bool,
     /// List the experiments and exit
     #[arg(long)]
-    pub list: bool,
+    pub(crate) list: bool,
 }
 
 fn parse_system(s: &str) -> Result<System, String> {

@@ -24,20 +24,20 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Net {
+pub(crate) enum Net {
     Tcp,
     Unix,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
+pub(crate) enum Mode {
     Rr,
     Stream,
     Idle,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Role {
+pub(crate) enum Role {
     Server,
     Client,
 }
@@ -49,32 +49,32 @@ pub enum Role {
 pub struct GenArgs {
     /// Which end
     #[arg(value_enum)]
-    pub role: Role,
+    pub(crate) role: Role,
     #[arg(long, value_enum, default_value = "tcp")]
-    pub net: Net,
+    pub(crate) net: Net,
     /// HOST:PORT for tcp, a filesystem path for unix
     #[arg(long)]
-    pub addr: String,
+    pub(crate) addr: String,
     #[arg(long, value_enum, default_value = "rr")]
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// Message size in bytes (1 .. 64 MiB)
     #[arg(long, value_name = "BYTES", default_value_t = 64, value_parser = parse_size)]
-    pub size: usize,
+    pub(crate) size: usize,
     /// Client: run this many seconds
     #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     /// Client: this many messages
     #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
+    pub(crate) count: Option<u64>,
     /// Client: round trips before measuring
     #[arg(long, value_name = "N", default_value_t = 0)]
-    pub warmup: u64,
+    pub(crate) warmup: u64,
     /// Pin this process to CPU N
     #[arg(long, value_name = "N")]
-    pub cpu: Option<usize>,
+    pub(crate) cpu: Option<usize>,
     /// Client: give up connecting after SECS
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    pub connect_timeout: f64,
+    pub(crate) connect_timeout: f64,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -159,7 +159,7 @@ fn read_full(c: &mut Conn, buf: &mut [u8]) -> io::Result<bool> {
 }
 
 /// CPU time (user + system) this process used so far, in seconds, all threads included.
-pub fn self_cpu_seconds() -> f64 {
+pub(crate) fn self_cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes into the zeroed `rusage` we own; RUSAGE_SELF is valid.
     let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
@@ -402,7 +402,7 @@ fn client(g: &GenArgs) -> io::Result<String> {
 }
 
 /// Parses a `RESULT k=v ...` line into pairs.
-pub fn parse_result(line: &str) -> Option<Vec<(String, String)>> {
+pub(crate) fn parse_result(line: &str) -> Option<Vec<(String, String)>> {
     let rest = line.trim().strip_prefix("RESULT ")?;
     Some(
         rest.split_whitespace()

@@ -1,20 +1,20 @@
 //! Reading JSON (`canal stat --json`, `iperf3 -J`) with serde_json: dotted-path lookups
 //! and the text a person would write for a value in a switch.
 
-pub use serde_json::Value as Json;
+pub(crate) use serde_json::Value as Json;
 
-pub fn parse(s: &str) -> Result<Json, String> {
+pub(crate) fn parse(s: &str) -> Result<Json, String> {
     serde_json::from_str(s).map_err(|e| e.to_string())
 }
 
 /// Follows a dotted path of object keys, e.g. `"daemon.pid"`.
-pub fn get<'a>(v: &'a Json, path: &str) -> Option<&'a Json> {
+pub(crate) fn get<'a>(v: &'a Json, path: &str) -> Option<&'a Json> {
     path.split('.')
         .try_fold(v, |cur, k| cur.as_object()?.get(k))
 }
 
 /// The value as text as a person would write it in a switch (`"poll"`, `3`, `true`).
-pub fn as_text(v: &Json) -> String {
+pub(crate) fn as_text(v: &Json) -> String {
     match v {
         Json::Null => "null".into(),
         Json::Bool(b) => b.to_string(),

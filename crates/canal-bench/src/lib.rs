@@ -10,12 +10,12 @@
 
 pub mod cli;
 pub mod gen;
-pub mod json;
-pub mod model;
-pub mod procs;
-pub mod report;
-pub mod runner;
-pub mod stats;
+pub(crate) mod json;
+pub(crate) mod model;
+pub(crate) mod procs;
+pub(crate) mod report;
+pub(crate) mod runner;
+pub(crate) mod stats;
 mod tools;
 
 use cli::Opts;

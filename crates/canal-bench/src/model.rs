@@ -5,7 +5,7 @@ use std::fmt;
 
 /// Who runs where. Native programs use the kernel; guests run under `canal run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum System {
+pub(crate) enum System {
     /// Kernel TCP over 127.0.0.1, both ends native.
     Tcp,
     /// Unix domain stream socket, both ends native.
@@ -16,10 +16,11 @@ pub enum System {
     CanalGN,
 }
 
-pub const ALL_SYSTEMS: [System; 4] = [System::Tcp, System::Uds, System::CanalGG, System::CanalGN];
+pub(crate) const ALL_SYSTEMS: [System; 4] =
+    [System::Tcp, System::Uds, System::CanalGG, System::CanalGN];
 
 impl System {
-    pub fn id(self) -> &'static str {
+    pub(crate) fn id(self) -> &'static str {
         match self {
             System::Tcp => "tcp",
             System::Uds => "uds",
@@ -27,7 +28,7 @@ impl System {
             System::CanalGN => "canal-gn",
         }
     }
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             System::Tcp => "kernel TCP",
             System::Uds => "UDS",
@@ -35,19 +36,19 @@ impl System {
             System::CanalGN => "canal guest→native",
         }
     }
-    pub fn parse(s: &str) -> Option<System> {
+    pub(crate) fn parse(s: &str) -> Option<System> {
         ALL_SYSTEMS.into_iter().find(|x| x.id() == s)
     }
-    pub fn server_is_guest(self) -> bool {
+    pub(crate) fn server_is_guest(self) -> bool {
         self == System::CanalGG
     }
-    pub fn client_is_guest(self) -> bool {
+    pub(crate) fn client_is_guest(self) -> bool {
         matches!(self, System::CanalGG | System::CanalGN)
     }
-    pub fn uses_canal(self) -> bool {
+    pub(crate) fn uses_canal(self) -> bool {
         self.client_is_guest()
     }
-    pub fn placement(self) -> &'static str {
+    pub(crate) fn placement(self) -> &'static str {
         match self {
             System::Tcp => "server native, client native, 127.0.0.1 TCP",
             System::Uds => "server native, client native, Unix socket",
@@ -58,7 +59,7 @@ impl System {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Workload {
+pub(crate) enum Workload {
     /// Built-in generator, request-response (ping-pong).
     Rr,
     /// Built-in generator, one-way stream.
@@ -76,7 +77,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub fn id(self) -> &'static str {
+    pub(crate) fn id(self) -> &'static str {
         match self {
             Workload::Rr => "rr",
             Workload::Stream => "stream",
@@ -97,21 +98,21 @@ impl Workload {
 /// `daemon.config` in `canal stat --json`, otherwise the variant is reported as not
 /// available (a switch canal silently ignores must not produce numbers).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Variant {
-    pub name: String,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
+pub(crate) struct Variant {
+    pub(crate) name: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
     /// (key under daemon.config, expected value as text).
-    pub expect: Vec<(String, String)>,
+    pub(crate) expect: Vec<(String, String)>,
     /// Set when canal has no such switch: its cells are "not available" with this reason.
-    pub unavailable: Option<String>,
+    pub(crate) unavailable: Option<String>,
 }
 
 /// T_worst of the coalescing variants (B9), in µs: adaptive and fixed splits share it.
-pub const COALESCE_WINDOW_US: u64 = 100;
+pub(crate) const COALESCE_WINDOW_US: u64 = 100;
 
 impl Variant {
-    pub fn parse(name: &str) -> Result<Variant, String> {
+    pub(crate) fn parse(name: &str) -> Result<Variant, String> {
         let v = |args: &[&str], env: &[(&str, &str)], expect: &[(&str, &str)]| Variant {
             name: name.to_string(),
             args: args.iter().map(|a| a.to_string()).collect(),
@@ -190,13 +191,13 @@ impl Variant {
             )),
         }
     }
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         self.name == "default"
     }
 
     /// None when `daemon.config` (from `canal stat --json`) shows every expected switch,
     /// else why the variant cannot be confirmed.
-    pub fn check(&self, config: Option<&crate::json::Json>) -> Option<String> {
+    pub(crate) fn check(&self, config: Option<&crate::json::Json>) -> Option<String> {
         for (k, want) in &self.expect {
             let got = config
                 .and_then(|c| crate::json::get(c, k))
@@ -218,12 +219,12 @@ impl Variant {
 
 /// One measured configuration; repeated `reps` times, interleaved with its neighbours.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cell {
-    pub workload: Workload,
-    pub size: usize,
-    pub pairs: usize,
-    pub variant: String,
-    pub system: System,
+pub(crate) struct Cell {
+    pub(crate) workload: Workload,
+    pub(crate) size: usize,
+    pub(crate) pairs: usize,
+    pub(crate) variant: String,
+    pub(crate) system: System,
 }
 
 impl fmt::Display for Cell {
@@ -240,27 +241,27 @@ impl fmt::Display for Cell {
     }
 }
 
-pub struct Experiment {
-    pub id: &'static str,
-    pub title: &'static str,
-    pub measures: &'static str,
-    pub target: &'static str,
-    pub cells: Vec<Cell>,
+pub(crate) struct Experiment {
+    pub(crate) id: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) measures: &'static str,
+    pub(crate) target: &'static str,
+    pub(crate) cells: Vec<Cell>,
     /// Set when the experiment cannot run at all on this build (B11).
-    pub unavailable: Option<&'static str>,
+    pub(crate) unavailable: Option<&'static str>,
 }
 
 /// Sizes and counts for one mode (quick or full), possibly overridden on the command line.
 #[derive(Clone, Debug)]
-pub struct Plan {
-    pub quick: bool,
-    pub sizes: Option<Vec<usize>>,
-    pub pairs: Option<Vec<usize>>,
-    pub systems: Option<Vec<System>>,
-    pub variants: Option<Vec<String>>,
+pub(crate) struct Plan {
+    pub(crate) quick: bool,
+    pub(crate) sizes: Option<Vec<usize>>,
+    pub(crate) pairs: Option<Vec<usize>>,
+    pub(crate) systems: Option<Vec<System>>,
+    pub(crate) variants: Option<Vec<String>>,
 }
 
-pub const EXPERIMENT_IDS: [&str; 11] = [
+pub(crate) const EXPERIMENT_IDS: [&str; 11] = [
     "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11",
 ];
 
@@ -316,7 +317,7 @@ fn cells(
     out
 }
 
-pub fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
+pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
     use System::*;
     use Workload::*;
     let q = plan.quick;

@@ -10,9 +10,9 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub struct Proc {
-    pub label: String,
-    pub cmdline: String,
+pub(crate) struct Proc {
+    pub(crate) label: String,
+    pub(crate) cmdline: String,
     child: Child,
     pgid: i32,
     lines: Receiver<String>,
@@ -24,7 +24,7 @@ pub struct Proc {
 }
 
 /// Quotes one argument for a POSIX shell only when it needs it.
-pub fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,+@%".contains(&b))
@@ -35,7 +35,7 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
-pub fn cmdline(env: &[(String, String)], argv: &[String]) -> String {
+pub(crate) fn cmdline(env: &[(String, String)], argv: &[String]) -> String {
     env.iter()
         .map(|(k, v)| format!("{k}={}", shell_quote(v)))
         .chain(argv.iter().map(|a| shell_quote(a)))
@@ -44,7 +44,11 @@ pub fn cmdline(env: &[(String, String)], argv: &[String]) -> String {
 }
 
 impl Proc {
-    pub fn spawn(label: &str, argv: &[String], env: &[(String, String)]) -> Result<Proc, String> {
+    pub(crate) fn spawn(
+        label: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<Proc, String> {
         use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
@@ -98,20 +102,20 @@ impl Proc {
         })
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    pub fn stdout(&self) -> String {
+    pub(crate) fn stdout(&self) -> String {
         self.out.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.err.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// The last few lines of stderr (or stdout), for a failure reason.
-    pub fn tail(&self) -> String {
+    pub(crate) fn tail(&self) -> String {
         let e = self.stderr();
         let src = if e.trim().is_empty() {
             self.stdout()
@@ -147,7 +151,7 @@ impl Proc {
     }
 
     /// Waits until a line containing `pat` appears on stdout or stderr.
-    pub fn wait_line(&mut self, pat: &str, timeout: Duration) -> Result<String, String> {
+    pub(crate) fn wait_line(&mut self, pat: &str, timeout: Duration) -> Result<String, String> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -186,7 +190,7 @@ impl Proc {
         }
     }
 
-    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn try_wait(&mut self) -> Option<ExitStatus> {
         if self.exited.is_none() {
             self.exited = self.child.try_wait().ok().flatten();
         }
@@ -194,7 +198,7 @@ impl Proc {
     }
 
     /// Waits for exit; on timeout kills the whole process group and says so.
-    pub fn wait(&mut self, timeout: Duration) -> Result<ExitStatus, String> {
+    pub(crate) fn wait(&mut self, timeout: Duration) -> Result<ExitStatus, String> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.try_wait() {
@@ -220,7 +224,7 @@ impl Proc {
     }
 
     /// Ends this process group: SIGTERM, then SIGKILL if still there after a moment.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if self.try_wait().is_some() {
             // The leader is gone; members it left behind still share the group id.
             signal_group(self.pgid, libc::SIGKILL);
@@ -238,11 +242,6 @@ impl Proc {
         let _ = self.child.wait();
         self.exited = self.child.try_wait().ok().flatten();
     }
-
-    /// Total CPU seconds of every live process in this group (ticks from /proc).
-    pub fn group_cpu_seconds(&self) -> f64 {
-        group_cpu_seconds(self.pgid)
-    }
 }
 
 impl Drop for Proc {
@@ -259,7 +258,7 @@ fn tail_suffix(t: &str) -> String {
     }
 }
 
-pub fn status_text(st: ExitStatus) -> String {
+pub(crate) fn status_text(st: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (st.code(), st.signal()) {
         (Some(c), _) => format!("exit {c}"),
@@ -301,27 +300,9 @@ fn stat_fields(pid: &str) -> Option<(i32, u64)> {
     Some((pgrp, ut + st))
 }
 
-pub fn group_cpu_seconds(pgid: i32) -> f64 {
-    let mut ticks = 0;
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.bytes().all(|b| b.is_ascii_digit()) {
-                if let Some((g, t)) = stat_fields(&name) {
-                    if g == pgid {
-                        ticks += t;
-                    }
-                }
-            }
-        }
-    }
-    ticks as f64 / clock_ticks()
-}
-
 /// CPU seconds a live process has used, all its threads: the sum of the per-thread
 /// scheduler runtimes (nanoseconds) when available, else utime+stime ticks.
-pub fn pid_cpu_seconds(pid: u32) -> Option<f64> {
+pub(crate) fn pid_cpu_seconds(pid: u32) -> Option<f64> {
     let dir = format!("/proc/{pid}/task");
     if let Ok(rd) = std::fs::read_dir(&dir) {
         let mut ns: u64 = 0;
@@ -347,7 +328,7 @@ pub fn pid_cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// A free TCP port on 127.0.0.1 (bound then released; the window for a race is tiny).
-pub fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -355,7 +336,7 @@ pub fn free_port() -> Result<u16, String> {
 }
 
 /// Polls until a TCP connect to 127.0.0.1:port (or a Unix path) succeeds.
-pub fn wait_connectable(port: Option<u16>, path: Option<&Path>, timeout: Duration) -> bool {
+pub(crate) fn wait_connectable(port: Option<u16>, path: Option<&Path>, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         let ok = match (port, path) {

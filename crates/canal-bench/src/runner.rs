@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum Status {
+pub(crate) enum Status {
     Ok,
     /// It ran and failed (includes canal not working yet).
     Failed(String),
@@ -19,7 +19,7 @@ pub enum Status {
 }
 
 impl Status {
-    pub fn word(&self) -> &'static str {
+    pub(crate) fn word(&self) -> &'static str {
         match self {
             Status::Ok => "ok",
             Status::Failed(_) => "failed",
@@ -27,7 +27,7 @@ impl Status {
             Status::Skipped(_) => "skipped",
         }
     }
-    pub fn reason(&self) -> &str {
+    pub(crate) fn reason(&self) -> &str {
         match self {
             Status::Ok => "",
             Status::Failed(r) | Status::NotAvailable(r) | Status::Skipped(r) => r,
@@ -36,12 +36,12 @@ impl Status {
 }
 
 #[derive(Clone, Debug)]
-pub struct Outcome {
-    pub status: Status,
-    pub metrics: Vec<(String, f64)>,
+pub(crate) struct Outcome {
+    pub(crate) status: Status,
+    pub(crate) metrics: Vec<(String, f64)>,
     /// The processes as they were started (shell syntax), `;`-separated.
-    pub raw_command: String,
-    pub detail: String,
+    pub(crate) raw_command: String,
+    pub(crate) detail: String,
 }
 
 impl Outcome {
@@ -57,36 +57,36 @@ impl Outcome {
 
 /// Settings for how long and how hard each run goes.
 #[derive(Clone, Debug)]
-pub struct Knobs {
-    pub duration: f64,
-    pub idle_secs: f64,
-    pub tool_secs: f64,
-    pub redis_requests: u64,
-    pub strace_counts: (u64, u64),
+pub(crate) struct Knobs {
+    pub(crate) duration: f64,
+    pub(crate) idle_secs: f64,
+    pub(crate) tool_secs: f64,
+    pub(crate) redis_requests: u64,
+    pub(crate) strace_counts: (u64, u64),
     /// Nominal seconds for one run under strace (it slows every call down).
-    pub strace_secs: f64,
+    pub(crate) strace_secs: f64,
     /// Extra seconds a canal run may take beyond its nominal duration.
-    pub canal_grace: f64,
-    pub pin: bool,
-    pub cpu_mhz: Option<f64>,
+    pub(crate) canal_grace: f64,
+    pub(crate) pin: bool,
+    pub(crate) cpu_mhz: Option<f64>,
 }
 
-pub struct Daemon {
-    pub variant: String,
-    pub socket: PathBuf,
-    pub proc: Option<Proc>,
-    pub pid: Option<u32>,
+pub(crate) struct Daemon {
+    pub(crate) variant: String,
+    pub(crate) socket: PathBuf,
+    pub(crate) proc: Option<Proc>,
+    pub(crate) pid: Option<u32>,
     /// Why canal cells of this variant cannot run, if they cannot.
-    pub problem: Option<Status>,
-    pub config: Option<json::Json>,
+    pub(crate) problem: Option<Status>,
+    pub(crate) config: Option<json::Json>,
 }
 
-pub struct Runner {
-    pub canal: PathBuf,
-    pub gen: PathBuf,
-    pub tmp: PathBuf,
-    pub knobs: Knobs,
-    pub daemon: Option<Daemon>,
+pub(crate) struct Runner {
+    pub(crate) canal: PathBuf,
+    pub(crate) gen: PathBuf,
+    pub(crate) tmp: PathBuf,
+    pub(crate) knobs: Knobs,
+    pub(crate) daemon: Option<Daemon>,
     pub(crate) seq: u64,
     /// Every port handed to a server in this run: never handed out twice (the kernel
     /// may offer a port again that a server started a moment ago has not bound yet;
@@ -94,7 +94,7 @@ pub struct Runner {
     pub(crate) ports: std::collections::HashSet<u16>,
 }
 
-pub fn metric_unit(m: &str) -> &'static str {
+pub(crate) fn metric_unit(m: &str) -> &'static str {
     match m {
         x if x.ends_with("_us") => "µs",
         "gbit_s" => "Gbit/s",
@@ -112,7 +112,7 @@ pub fn metric_unit(m: &str) -> &'static str {
 }
 
 impl Runner {
-    pub fn new(canal: PathBuf, gen: PathBuf, tmp: PathBuf, knobs: Knobs) -> Runner {
+    pub(crate) fn new(canal: PathBuf, gen: PathBuf, tmp: PathBuf, knobs: Knobs) -> Runner {
         Runner {
             canal,
             gen,
@@ -145,7 +145,7 @@ impl Runner {
     }
 
     /// Makes sure a canald for `variant` runs (restarting it for another variant).
-    pub fn ensure_daemon(&mut self, variant: &Variant) {
+    pub(crate) fn ensure_daemon(&mut self, variant: &Variant) {
         if self
             .daemon
             .as_ref()
@@ -235,7 +235,7 @@ impl Runner {
         self.daemon = Some(d);
     }
 
-    pub fn stop_daemon(&mut self) {
+    pub(crate) fn stop_daemon(&mut self) {
         if let Some(mut d) = self.daemon.take() {
             if let Some(p) = d.proc.as_mut() {
                 p.kill();
@@ -318,7 +318,7 @@ impl Runner {
         Duration::from_secs_f64(nominal + grace)
     }
 
-    pub fn run(&mut self, cell: &Cell) -> Outcome {
+    pub(crate) fn run(&mut self, cell: &Cell) -> Outcome {
         if !cell.system.uses_canal() {
             // Native baselines run without a canald around: one that polls would take a
             // core from them and flatter canal.
@@ -777,7 +777,7 @@ pub(crate) fn getf(kv: &[(String, String)], k: &str) -> Option<f64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
-pub fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])

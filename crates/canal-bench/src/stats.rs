@@ -2,7 +2,7 @@
 
 /// Percentile of a sorted slice by linear interpolation between closest ranks
 /// (`p` in 0..=100). Returns NaN for an empty slice.
-pub fn percentile_sorted(v: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile_sorted(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -12,7 +12,7 @@ pub fn percentile_sorted(v: &[f64], p: f64) -> f64 {
     v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
 }
 
-pub fn percentile_sorted_u64(v: &[u64], p: f64) -> f64 {
+pub(crate) fn percentile_sorted_u64(v: &[u64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -24,16 +24,16 @@ pub fn percentile_sorted_u64(v: &[u64], p: f64) -> f64 {
 
 /// Median, spread and count of repeated measurements.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Summary {
-    pub n: usize,
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    pub p25: f64,
-    pub p75: f64,
+pub(crate) struct Summary {
+    pub(crate) n: usize,
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) p25: f64,
+    pub(crate) p75: f64,
 }
 
-pub fn summarize(values: &[f64]) -> Option<Summary> {
+pub(crate) fn summarize(values: &[f64]) -> Option<Summary> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return None;

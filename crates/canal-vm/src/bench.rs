@@ -20,24 +20,24 @@ use std::time::Duration;
 pub struct B11Args {
     /// 1 rep of 1 s per test (checks it runs)
     #[arg(long)]
-    pub quick: bool,
+    pub(crate) quick: bool,
     /// Repetitions
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub reps: u32,
+    pub(crate) reps: u32,
     /// Seconds per run
     #[arg(long, value_name = "S", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub duration: u32,
+    pub(crate) duration: u32,
     /// Also write the Markdown report to FILE
     #[arg(long, value_name = "FILE")]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Accelerator for the guest
     #[arg(long, value_name = "auto|kvm|tcg", value_parser = ["auto", "kvm", "tcg"])]
-    pub accel: Option<String>,
+    pub(crate) accel: Option<String>,
     /// The canal device without ivshmem doorbells (bounded backoff wake-ups)
     #[arg(long)]
-    pub no_doorbell: bool,
+    pub(crate) no_doorbell: bool,
 }
 
 struct Opts {

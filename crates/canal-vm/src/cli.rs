@@ -36,72 +36,72 @@ pub struct RunArgs {
     /// Virtio-net with QEMU user networking (guest 10.0.2.15, host 127.0.0.1 reachable
     /// as 10.0.2.2); the default
     #[arg(long)]
-    pub virtio: bool,
+    pub(crate) virtio: bool,
     /// The canal device instead of virtio-net (both with --virtio); the program gets
     /// CANAL_TRANSPORT=ivshmem and LD_PRELOAD=libcanal.so. canald serves it as
     /// ivshmem-doorbell (interrupt wake-ups) when the guest kernel has vfio, else as
     /// ivshmem-plain (bounded backoff); CANAL_VM_WAKEUPS says which
     #[arg(long)]
-    pub canal: bool,
+    pub(crate) canal: bool,
     /// With --canal: always ivshmem-plain with backoff wake-ups
     #[arg(long)]
-    pub no_doorbell: bool,
+    pub(crate) no_doorbell: bool,
     /// The canal device as ivshmem-doorbell: region and interrupt eventfds from the
     /// ivshmem server on SOCKET (implies --canal; adds an emulated IOMMU)
     #[arg(long, value_name = "SOCKET")]
-    pub doorbell: Option<PathBuf>,
+    pub(crate) doorbell: Option<PathBuf>,
     /// MSI-X vectors of the doorbell device
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub doorbell_vectors: u32,
+    pub(crate) doorbell_vectors: u32,
     /// With --canal: attach the device but do not set LD_PRELOAD
     #[arg(long)]
-    pub no_preload: bool,
+    pub(crate) no_preload: bool,
     /// libcanal.so to preload [default: next to the canal binary, or $CANAL_LIB]
     #[arg(long, value_name = "PATH")]
-    pub libcanal: Option<PathBuf>,
+    pub(crate) libcanal: Option<PathBuf>,
     /// Back the canal device with this existing file instead of a fresh
     /// /dev/shm/canal-vm-<pid> (size = the file's size)
     #[arg(long, value_name = "PATH")]
-    pub shm_path: Option<PathBuf>,
+    pub(crate) shm_path: Option<PathBuf>,
     /// Size of a fresh region file in MiB (a power of two)
     #[arg(long = "shm-size", value_name = "MiB", default_value_t = region::DEFAULT_REGION_MIB)]
-    pub shm_mib: u64,
+    pub(crate) shm_mib: u64,
     /// KVM only if a (cached) probe boot succeeds
     #[arg(long, value_name = "auto|kvm|tcg", default_value = "auto", value_parser = parse_accel)]
-    pub accel: AccelChoice,
+    pub(crate) accel: AccelChoice,
     /// Guest memory in MiB
     #[arg(long = "mem", value_name = "MiB", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(64..))]
-    pub mem_mib: u64,
+    pub(crate) mem_mib: u64,
     /// Guest CPUs
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub cpus: u32,
+    pub(crate) cpus: u32,
     /// Kill the guest after S seconds (exit 124)
     #[arg(long, value_name = "S", value_parser = parse_secs)]
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// Fail if the guest is not ready after S seconds
     #[arg(long, value_name = "S", default_value = "120", value_parser = parse_secs)]
-    pub boot_timeout: Duration,
+    pub(crate) boot_timeout: Duration,
     /// Host 127.0.0.1:H reaches guest port G: with --canal canald binds the guest's
     /// listener there, with --virtio alone QEMU's hostfwd forwards it (repeatable)
     #[arg(long, value_name = "H:G", value_parser = parse_publish)]
-    pub publish: Vec<Publish>,
+    pub(crate) publish: Vec<Publish>,
     /// Set an environment variable for PROGRAM (repeatable)
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_env)]
-    pub env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
     /// Print the QEMU command line and boot timings
     #[arg(short, long)]
-    pub verbose: bool,
+    pub(crate) verbose: bool,
     /// The program and its arguments, after --
     #[arg(last = true, value_name = "PROGRAM")]
-    pub program: Vec<String>,
+    pub(crate) program: Vec<String>,
 }
 
 /// `--accel`: auto (probe) or a fixed accelerator.
 #[derive(Debug, Clone, Copy)]
-pub struct AccelChoice(pub Option<Accel>);
+pub(crate) struct AccelChoice(pub Option<Accel>);
 
 fn parse_accel(s: &str) -> Result<AccelChoice, String> {
     match s {
@@ -146,7 +146,7 @@ fn parse_pow2_mib(v: &str) -> Result<u64, String> {
 
 impl RunArgs {
     /// The run these options describe, with the combinations checked.
-    pub fn options(&self) -> Result<RunOptions, String> {
+    pub(crate) fn options(&self) -> Result<RunOptions, String> {
         if self.program.is_empty() {
             return Err("no program: canal vm run [options] -- PROGRAM ARGS...".into());
         }
@@ -191,21 +191,21 @@ impl RunArgs {
 pub struct QemuArgsArgs {
     /// Region name (its file is /dev/shm/canal-NAME unless --path)
     #[arg(long, default_value = "vm0")]
-    pub name: String,
+    pub(crate) name: String,
     /// Region size in MiB (a power of two)
     #[arg(long, value_name = "MiB", default_value_t = region::DEFAULT_REGION_MIB,
           value_parser = parse_pow2_mib)]
-    pub size: u64,
+    pub(crate) size: u64,
     /// The region file
     #[arg(long, value_name = "FILE")]
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     /// The ivshmem server socket of a region with doorbells
     #[arg(long, value_name = "SOCKET")]
-    pub doorbell: Option<PathBuf>,
+    pub(crate) doorbell: Option<PathBuf>,
     /// MSI-X vectors of the doorbell device
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub vectors: u32,
+    pub(crate) vectors: u32,
 }
 
 /// Options of `canal vm region`.
@@ -213,21 +213,21 @@ pub struct QemuArgsArgs {
 pub struct RegionArgs {
     /// Region name: the file is /dev/shm/canal-NAME
     #[arg(long)]
-    pub name: String,
+    pub(crate) name: String,
     /// Region size in MiB (a power of two)
     #[arg(long, value_name = "MiB", default_value_t = region::DEFAULT_REGION_MIB,
           value_parser = parse_pow2_mib)]
-    pub size: u64,
+    pub(crate) size: u64,
     /// Host 127.0.0.1:H reaches the guest's port G (repeatable)
     #[arg(long, value_name = "H:G", value_parser = parse_publish)]
-    pub publish: Vec<Publish>,
+    pub(crate) publish: Vec<Publish>,
     /// End when process PID (the VM) exits
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// canald is also the region's ivshmem server (ivshmem-doorbell: interrupts and
     /// doorbell kicks)
     #[arg(long)]
-    pub doorbell: bool,
+    pub(crate) doorbell: bool,
 }
 
 /// Runs one `canal vm` subcommand; returns the exit status.

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The guest's PID 1. Its hash is part of the cache key.
-pub const INIT_SCRIPT: &str = include_str!("../guest/init.sh");
+pub(crate) const INIT_SCRIPT: &str = include_str!("../guest/init.sh");
 
 /// Modules the guest needs, in no particular order; dependencies are added from
 /// `modules.dep`. A module the kernel has built in (absent from `modules.dep` but listed in
 /// `modules.builtin`) is skipped.
-pub const WANTED_MODULES: &[&str] = &[
+pub(crate) const WANTED_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_console",
     "9pnet_virtio",
@@ -27,30 +27,30 @@ pub const WANTED_MODULES: &[&str] = &[
 /// Loaded only when the guest has an ivshmem-doorbell device: vfio-pci lets the guest
 /// program receive the device's MSI-X interrupts on an eventfd (needs an IOMMU, which the
 /// harness adds for doorbell guests). Optional: a kernel without them cannot use doorbells.
-pub const DOORBELL_MODULES: &[&str] = &["vfio_pci", "vfio_iommu_type1"];
+pub(crate) const DOORBELL_MODULES: &[&str] = &["vfio_pci", "vfio_iommu_type1"];
 
 /// Bumped whenever the image layout changes in a way the hashed inputs do not show.
 const FORMAT_VERSION: u32 = 1;
 
 /// A bootable guest: kernel and initramfs paths.
 #[derive(Debug, Clone)]
-pub struct GuestImage {
+pub(crate) struct GuestImage {
     /// The host's compressed kernel (/boot/vmlinuz-VERSION).
-    pub kernel: PathBuf,
+    pub(crate) kernel: PathBuf,
     /// What QEMU boots: the uncompressed ELF vmlinux (cached, PVH entry) when it could be
     /// extracted from `kernel`, else `kernel` itself. Under TCG the uncompressed kernel
     /// saves the ~3 s the emulated decompressor takes.
-    pub boot_kernel: PathBuf,
-    pub kernel_version: String,
-    pub initramfs: PathBuf,
+    pub(crate) boot_kernel: PathBuf,
+    pub(crate) kernel_version: String,
+    pub(crate) initramfs: PathBuf,
     /// The initramfs has the vfio modules (DOORBELL_MODULES): the guest can take an
     /// ivshmem-doorbell device's interrupts.
-    pub doorbell: bool,
+    pub(crate) doorbell: bool,
 }
 
 /// The host kernel to boot: `$CANAL_VM_KERNEL` (a vmlinuz-VERSION path) if set, else the
 /// newest /boot/vmlinuz-VERSION that has /lib/modules/VERSION.
-pub fn find_kernel() -> io::Result<(PathBuf, String)> {
+pub(crate) fn find_kernel() -> io::Result<(PathBuf, String)> {
     if let Ok(k) = std::env::var("CANAL_VM_KERNEL") {
         let p = PathBuf::from(&k);
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -94,7 +94,7 @@ fn version_key(v: &str) -> Vec<u64> {
 }
 
 /// A static busybox: `$CANAL_VM_BUSYBOX`, else /bin/busybox or /usr/bin/busybox.
-pub fn find_busybox() -> io::Result<PathBuf> {
+pub(crate) fn find_busybox() -> io::Result<PathBuf> {
     let candidates: Vec<PathBuf> = match std::env::var("CANAL_VM_BUSYBOX") {
         Ok(p) => vec![PathBuf::from(p)],
         Err(_) => vec!["/bin/busybox".into(), "/usr/bin/busybox".into()],
@@ -141,7 +141,7 @@ fn is_static_elf(b: &[u8]) -> bool {
 }
 
 /// Module files (paths relative to /lib/modules/VERSION) in load order: dependencies first.
-pub fn resolve_modules(kver: &str, wanted: &[&str]) -> io::Result<Vec<String>> {
+pub(crate) fn resolve_modules(kver: &str, wanted: &[&str]) -> io::Result<Vec<String>> {
     let base = Path::new("/lib/modules").join(kver);
     let dep = fs::read_to_string(base.join("modules.dep"))?;
     let builtin = fs::read_to_string(base.join("modules.builtin")).unwrap_or_default();
@@ -230,7 +230,7 @@ fn read_module(path: &Path) -> io::Result<Vec<u8>> {
 }
 
 /// FNV-1a, 64 bit: a cache key, not a security boundary.
-pub fn fnv1a(seed: u64, data: &[u8]) -> u64 {
+pub(crate) fn fnv1a(seed: u64, data: &[u8]) -> u64 {
     let mut h = seed;
     for &b in data {
         h ^= b as u64;
@@ -238,10 +238,10 @@ pub fn fnv1a(seed: u64, data: &[u8]) -> u64 {
     }
     h
 }
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// The cache directory: $XDG_CACHE_HOME/canal-vm, else ~/.cache/canal-vm.
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
         return PathBuf::from(x).join("canal-vm");
     }
@@ -250,7 +250,7 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// Returns the cached image for the host kernel, building the initramfs if needed.
-pub fn ensure_image() -> io::Result<GuestImage> {
+pub(crate) fn ensure_image() -> io::Result<GuestImage> {
     let (kernel, kver) = find_kernel()?;
     if fs::File::open(&kernel).is_err() {
         return Err(io::Error::new(

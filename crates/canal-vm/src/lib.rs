@@ -5,11 +5,11 @@
 
 pub mod bench;
 pub mod cli;
-pub mod image;
-pub mod probe;
-pub mod qemu;
-pub mod region;
-pub mod run;
+pub(crate) mod image;
+pub(crate) mod probe;
+pub(crate) mod qemu;
+pub(crate) mod region;
+pub(crate) mod run;
 mod sys;
 
 use std::path::{Path, PathBuf};
@@ -20,9 +20,9 @@ use region::RegionFile;
 use run::{Deadlines, GuestCommand, Outcome, Output, RunDir};
 
 /// Exit status when the harness itself fails (no program status to report).
-pub const EXIT_HARNESS: i32 = 125;
+pub(crate) const EXIT_HARNESS: i32 = 125;
 /// Exit status when `--timeout` expires.
-pub const EXIT_TIMEOUT: i32 = 124;
+pub(crate) const EXIT_TIMEOUT: i32 = 124;
 
 /// The canald the VM's region comes from: $CANAL_SOCKET or canald's default path.
 pub(crate) fn canald_socket() -> PathBuf {
@@ -31,26 +31,26 @@ pub(crate) fn canald_socket() -> PathBuf {
 
 /// Options of `canal vm run`.
 #[derive(Debug, Clone)]
-pub struct RunOptions {
-    pub canal: bool,
-    pub virtio: bool,
-    pub preload: bool,
-    pub libcanal: Option<PathBuf>,
-    pub shm_path: Option<PathBuf>,
-    pub shm_mib: u64,
-    pub doorbell: Option<PathBuf>,
-    pub doorbell_vectors: u32,
+pub(crate) struct RunOptions {
+    pub(crate) canal: bool,
+    pub(crate) virtio: bool,
+    pub(crate) preload: bool,
+    pub(crate) libcanal: Option<PathBuf>,
+    pub(crate) shm_path: Option<PathBuf>,
+    pub(crate) shm_mib: u64,
+    pub(crate) doorbell: Option<PathBuf>,
+    pub(crate) doorbell_vectors: u32,
     /// `--no-doorbell`: a canald region without the ivshmem server.
-    pub no_doorbell: bool,
-    pub accel: Option<Accel>,
-    pub mem_mib: u64,
-    pub cpus: u32,
-    pub timeout: Option<Duration>,
-    pub boot_timeout: Duration,
-    pub publish: Vec<Publish>,
-    pub env: Vec<(String, String)>,
-    pub verbose: bool,
-    pub program: Vec<String>,
+    pub(crate) no_doorbell: bool,
+    pub(crate) accel: Option<Accel>,
+    pub(crate) mem_mib: u64,
+    pub(crate) cpus: u32,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) boot_timeout: Duration,
+    pub(crate) publish: Vec<Publish>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) verbose: bool,
+    pub(crate) program: Vec<String>,
 }
 
 impl Default for RunOptions {
@@ -79,7 +79,7 @@ impl Default for RunOptions {
 }
 
 /// The QEMU binary: $CANAL_VM_QEMU, else qemu-system-x86_64 on PATH.
-pub fn find_qemu() -> anyhow::Result<PathBuf> {
+pub(crate) fn find_qemu() -> anyhow::Result<PathBuf> {
     if let Some(q) = std::env::var_os("CANAL_VM_QEMU") {
         return Ok(q.into());
     }
@@ -339,7 +339,7 @@ fn select_accel(o: &RunOptions, img: &image::GuestImage, qemu: &Path) -> Accel {
 }
 
 /// Runs `o.program` in a fresh guest; returns the exit status to report.
-pub fn run_program(o: &RunOptions) -> anyhow::Result<i32> {
+pub(crate) fn run_program(o: &RunOptions) -> anyhow::Result<i32> {
     let qemu = find_qemu()?;
     let img = image::ensure_image().map_err(|e| anyhow::anyhow!("guest image: {e}"))?;
     sys::catch_termination_signals()?;

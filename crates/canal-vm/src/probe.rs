@@ -14,7 +14,7 @@ use crate::image::{self, GuestImage};
 use crate::qemu::Accel;
 
 /// How long the probe waits for the ready line ($CANAL_VM_KVM_PROBE_TIMEOUT seconds).
-pub fn probe_timeout() -> Duration {
+pub(crate) fn probe_timeout() -> Duration {
     let secs = std::env::var("CANAL_VM_KVM_PROBE_TIMEOUT")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
@@ -25,7 +25,7 @@ pub fn probe_timeout() -> Duration {
 
 /// The cached verdict: Ok(()) if KVM boots the guest, Err(reason) otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict(pub Result<(), String>);
+pub(crate) struct Verdict(pub Result<(), String>);
 
 impl Verdict {
     fn encode(&self) -> String {
@@ -45,7 +45,7 @@ impl Verdict {
 }
 
 /// Where the verdict for this host kernel, guest kernel and QEMU binary is cached.
-pub fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
+pub(crate) fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
     let host = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let qmeta = fs::metadata(qemu)
         .ok()
@@ -62,12 +62,12 @@ pub fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
 }
 
 /// Reads the cached verdict, if any.
-pub fn cached(img: &GuestImage, qemu: &Path) -> Option<Verdict> {
+pub(crate) fn cached(img: &GuestImage, qemu: &Path) -> Option<Verdict> {
     Verdict::decode(&fs::read_to_string(cache_file(img, qemu)).ok()?)
 }
 
 /// Stores a verdict (best effort: a failure only means probing again next time).
-pub fn store(img: &GuestImage, qemu: &Path, v: &Verdict) {
+pub(crate) fn store(img: &GuestImage, qemu: &Path, v: &Verdict) {
     let p = cache_file(img, qemu);
     if let Some(d) = p.parent() {
         let _ = fs::create_dir_all(d);
@@ -79,7 +79,7 @@ pub fn store(img: &GuestImage, qemu: &Path, v: &Verdict) {
 }
 
 /// Why KVM cannot even be tried, if that is so.
-pub fn kvm_unavailable() -> Option<String> {
+pub(crate) fn kvm_unavailable() -> Option<String> {
     match fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -93,7 +93,7 @@ pub fn kvm_unavailable() -> Option<String> {
 /// Picks the accelerator for `--accel auto`: KVM if the (cached) probe says it boots the
 /// guest, TCG otherwise, with the reason. `run_probe` returns the verdict and whether it
 /// is one about KVM (an interrupted probe is not, and is not cached).
-pub fn choose_auto(
+pub(crate) fn choose_auto(
     img: &GuestImage,
     qemu: &Path,
     run_probe: impl FnOnce() -> (Verdict, bool),

@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 
 /// How the guest executes: hardware virtualization or QEMU's emulator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
+pub(crate) enum Accel {
     Kvm,
     Tcg,
 }
 
 impl Accel {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Accel::Kvm => "kvm",
             Accel::Tcg => "tcg",
@@ -21,46 +21,46 @@ impl Accel {
 
 /// Port publishing for virtio-net's user networking: host 127.0.0.1:host -> guest :guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Publish {
-    pub host: u16,
-    pub guest: u16,
+pub(crate) struct Publish {
+    pub(crate) host: u16,
+    pub(crate) guest: u16,
 }
 
 /// Everything that decides the QEMU command line of one harness guest.
 #[derive(Debug, Clone)]
-pub struct VmConfig {
-    pub qemu: PathBuf,
-    pub accel: Accel,
-    pub mem_mib: u64,
-    pub cpus: u32,
+pub(crate) struct VmConfig {
+    pub(crate) qemu: PathBuf,
+    pub(crate) accel: Accel,
+    pub(crate) mem_mib: u64,
+    pub(crate) cpus: u32,
     /// `-machine` type (`pc`; `q35` e.g. for an emulated IOMMU).
-    pub machine: String,
+    pub(crate) machine: String,
     /// Appended to the kernel command line.
-    pub extra_append: String,
+    pub(crate) extra_append: String,
     /// `-cpu` model; None = `host` under KVM, `max` under TCG.
-    pub cpu_model: Option<String>,
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
+    pub(crate) cpu_model: Option<String>,
+    pub(crate) kernel: PathBuf,
+    pub(crate) initramfs: PathBuf,
     /// Host directory shared read-only as 9p tag `canalrun` (cmd.sh lives here).
-    pub run_dir: PathBuf,
+    pub(crate) run_dir: PathBuf,
     /// Unix sockets QEMU connects to (as client) for the control/stdout/stderr ports.
-    pub ctl_sock: PathBuf,
-    pub out_sock: PathBuf,
-    pub err_sock: PathBuf,
+    pub(crate) ctl_sock: PathBuf,
+    pub(crate) out_sock: PathBuf,
+    pub(crate) err_sock: PathBuf,
     /// Kernel console (serial 0) goes to this file.
-    pub console_log: PathBuf,
+    pub(crate) console_log: PathBuf,
     /// virtio-net with user networking (guest 10.0.2.15, host 10.0.2.2).
-    pub virtio_net: bool,
-    pub publish: Vec<Publish>,
+    pub(crate) virtio_net: bool,
+    pub(crate) publish: Vec<Publish>,
     /// The canal device: ivshmem-plain backed by this file of this size.
-    pub region: Option<(PathBuf, u64)>,
+    pub(crate) region: Option<(PathBuf, u64)>,
     /// The canal device as ivshmem-doorbell instead: the region and the interrupt eventfds
     /// come from an ivshmem server (protocol of QEMU's contrib/ivshmem-server) listening on
     /// this Unix socket; N MSI-X vectors. Implies `-machine q35` with an emulated IOMMU so
     /// the guest can take the interrupts through vfio-pci.
-    pub doorbell: Option<(PathBuf, u32)>,
+    pub(crate) doorbell: Option<(PathBuf, u32)>,
     /// Appended verbatim ($CANAL_VM_QEMU_EXTRA, split on whitespace): for experiments.
-    pub extra: Vec<String>,
+    pub(crate) extra: Vec<String>,
 }
 
 /// QEMU's option-value escaping: a comma inside a value is written as two commas.
@@ -69,7 +69,7 @@ fn esc(p: &Path) -> String {
 }
 
 /// The `-object`/`-device` pair that attaches a region file as ivshmem-plain.
-pub fn ivshmem_args(id: &str, path: &Path, size: u64) -> Vec<String> {
+pub(crate) fn ivshmem_args(id: &str, path: &Path, size: u64) -> Vec<String> {
     vec![
         "-object".into(),
         format!(
@@ -82,7 +82,7 @@ pub fn ivshmem_args(id: &str, path: &Path, size: u64) -> Vec<String> {
 }
 
 /// The `-chardev`/`-device` pair that attaches an ivshmem server's region with doorbells.
-pub fn ivshmem_doorbell_args(id: &str, server: &Path, vectors: u32) -> Vec<String> {
+pub(crate) fn ivshmem_doorbell_args(id: &str, server: &Path, vectors: u32) -> Vec<String> {
     vec![
         "-chardev".into(),
         format!("socket,id={id},path={}", esc(server)),
@@ -93,7 +93,7 @@ pub fn ivshmem_doorbell_args(id: &str, server: &Path, vectors: u32) -> Vec<Strin
 
 impl VmConfig {
     /// The arguments after the QEMU binary name.
-    pub fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         let mut a: Vec<String> = Vec::new();
         let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
         let (accel, cpu) = match self.accel {
@@ -183,7 +183,7 @@ impl VmConfig {
 }
 
 /// What `canal vm qemu-args` prints: QEMU options and libvirt XML for a region file.
-pub fn operator_snippets(name: &str, path: &Path, size_mib: u64) -> String {
+pub(crate) fn operator_snippets(name: &str, path: &Path, size_mib: u64) -> String {
     let qemu = ivshmem_args("canal-region", path, size_mib << 20).join(" ");
     format!(
         "# canal region '{name}': {path} ({size_mib} MiB)\n\
@@ -210,7 +210,7 @@ pub fn operator_snippets(name: &str, path: &Path, size_mib: u64) -> String {
 
 /// What `canal vm qemu-args --doorbell SOCKET` prints: the doorbell variant, where the
 /// region and the eventfds come from an ivshmem server (canald) on SOCKET.
-pub fn operator_doorbell_snippets(server: &Path, vectors: u32) -> String {
+pub(crate) fn operator_doorbell_snippets(server: &Path, vectors: u32) -> String {
     let qemu = ivshmem_doorbell_args("canal-bell", server, vectors).join(" ");
     format!(
         "# canal region with doorbells from the ivshmem server on {server}\n\

@@ -10,22 +10,22 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// Default region size: 64 MiB.
-pub const DEFAULT_REGION_MIB: u64 = 64;
+pub(crate) const DEFAULT_REGION_MIB: u64 = 64;
 
 /// A region backing file. Removed on drop if this process created it.
 #[derive(Debug)]
-pub struct RegionFile {
-    pub path: PathBuf,
-    pub size: u64,
+pub(crate) struct RegionFile {
+    pub(crate) path: PathBuf,
+    pub(crate) size: u64,
     owned: bool,
     /// Set when canald made the region: the connection that keeps its guest alive.
-    pub canald: Option<canald::vm::VmRegionHandle>,
+    pub(crate) canald: Option<canald::vm::VmRegionHandle>,
 }
 
 impl RegionFile {
     /// Uses an existing file (e.g. one canald created). Its size must be a power of two of
     /// at least 1 MiB, as ivshmem requires for a BAR.
-    pub fn existing(path: &Path) -> io::Result<RegionFile> {
+    pub(crate) fn existing(path: &Path) -> io::Result<RegionFile> {
         let size = fs::metadata(path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
             .len();
@@ -40,7 +40,7 @@ impl RegionFile {
 
     /// Tells canald (if it made the region) which process is the VM: when it exits,
     /// canald closes the guest's sockets at once and removes the file.
-    pub fn set_vm_pid(&self, pid: u32) -> io::Result<()> {
+    pub(crate) fn set_vm_pid(&self, pid: u32) -> io::Result<()> {
         match &self.canald {
             Some(h) => h.set_pid(pid),
             None => Ok(()),
@@ -52,7 +52,7 @@ impl RegionFile {
 /// `/dev/shm/canal-NAME`, which canald removes when the VM ends), with guest ports
 /// published on host ports (`(host, guest)`); with `doorbell`, canald also serves the
 /// region through an ivshmem server (`RegionFile::canald`'s `doorbell`).
-pub fn canald_region(
+pub(crate) fn canald_region(
     socket: &Path,
     name: &str,
     size: u64,
@@ -72,7 +72,7 @@ pub fn canald_region(
 impl RegionFile {
     /// The ivshmem server socket and vector count, if canald serves this region with
     /// doorbells.
-    pub fn doorbell(&self) -> Option<&(PathBuf, u32)> {
+    pub(crate) fn doorbell(&self) -> Option<&(PathBuf, u32)> {
         self.canald.as_ref().and_then(|h| h.doorbell.as_ref())
     }
 }
@@ -97,13 +97,13 @@ fn check_size(size: u64) -> io::Result<()> {
 
 /// The path a region named `name` gets: /dev/shm/canal-NAME. This is also where libvirt's
 /// `<shmem name='canal-NAME'>` looks, so the same file serves both.
-pub fn region_path(name: &str) -> PathBuf {
+pub(crate) fn region_path(name: &str) -> PathBuf {
     PathBuf::from(format!("/dev/shm/canal-{name}"))
 }
 
 /// Creates a new zero-filled (sparse) region file of `size` bytes for a guest called
 /// `name`, owned (and removed on drop) by this process; no canald involved.
-pub fn create_region(name: &str, size: u64) -> io::Result<RegionFile> {
+pub(crate) fn create_region(name: &str, size: u64) -> io::Result<RegionFile> {
     check_size(size)?;
     let path = region_path(name);
     let f = fs::OpenOptions::new()

@@ -20,12 +20,12 @@ use crate::qemu::VmConfig;
 use crate::sys;
 
 /// A private directory for one VM's sockets, logs and command file; removed on drop.
-pub struct RunDir {
-    pub path: PathBuf,
+pub(crate) struct RunDir {
+    pub(crate) path: PathBuf,
 }
 
 impl RunDir {
-    pub fn create() -> io::Result<RunDir> {
+    pub(crate) fn create() -> io::Result<RunDir> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -44,21 +44,21 @@ impl Drop for RunDir {
 }
 
 /// Single-quotes `s` for a POSIX shell.
-pub fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// What the guest runs: written to cmd.sh in the run directory, which the guest sees at
 /// /run/canal-vm/cmd.sh and runs with the host root's /bin/sh after chroot.
 #[derive(Debug, Clone, Default)]
-pub struct GuestCommand {
-    pub program: Vec<String>,
+pub(crate) struct GuestCommand {
+    pub(crate) program: Vec<String>,
     /// Exported to the program (names are validated).
-    pub env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
     /// Set only on the program itself, not on the shell that starts it.
-    pub preload: Option<PathBuf>,
+    pub(crate) preload: Option<PathBuf>,
     /// Working directory if the guest can see it (the host root is visible read-only).
-    pub cwd: Option<PathBuf>,
+    pub(crate) cwd: Option<PathBuf>,
 }
 
 fn valid_env_name(n: &str) -> bool {
@@ -68,7 +68,7 @@ fn valid_env_name(n: &str) -> bool {
 }
 
 impl GuestCommand {
-    pub fn script(&self) -> io::Result<String> {
+    pub(crate) fn script(&self) -> io::Result<String> {
         if self.program.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -110,18 +110,18 @@ impl GuestCommand {
 
 /// Limits for one boot.
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     /// The guest must say READY within this time after QEMU starts.
-    pub ready: Duration,
+    pub(crate) ready: Duration,
     /// Whole run (boot + program), if limited.
-    pub total: Option<Duration>,
+    pub(crate) total: Option<Duration>,
     /// After EXIT, QEMU must be gone within this time or it is killed.
-    pub poweroff: Duration,
+    pub(crate) poweroff: Duration,
 }
 
 /// How a boot ended.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The program ran and exited with this status (128+N if killed by signal N).
     Exited(i32),
     /// The guest's init reported a setup failure.
@@ -138,17 +138,17 @@ pub enum Outcome {
 
 /// Timings of one boot (from QEMU start).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Timings {
-    pub ready: Option<Duration>,
+pub(crate) struct Timings {
+    pub(crate) ready: Option<Duration>,
     /// Guest uptime when it said READY, as the guest reported it.
-    pub guest_uptime_at_ready: Option<f64>,
-    pub exited: Option<Duration>,
-    pub qemu_gone: Option<Duration>,
+    pub(crate) guest_uptime_at_ready: Option<f64>,
+    pub(crate) exited: Option<Duration>,
+    pub(crate) qemu_gone: Option<Duration>,
 }
 
 /// Where program output goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Output {
+pub(crate) enum Output {
     /// To our stdout/stderr as it arrives.
     Stream,
     /// Dropped (probes).
@@ -166,12 +166,12 @@ struct Channel {
 }
 
 /// Boots `cfg` (whose run directory already holds cmd.sh) and waits for the result.
-pub fn boot(cfg: &VmConfig, deadlines: Deadlines, output: Output) -> (Outcome, Timings) {
+pub(crate) fn boot(cfg: &VmConfig, deadlines: Deadlines, output: Output) -> (Outcome, Timings) {
     boot_with(cfg, deadlines, output, &|_| {})
 }
 
 /// [`boot`], calling `on_spawn` with QEMU's pid once it is started.
-pub fn boot_with(
+pub(crate) fn boot_with(
     cfg: &VmConfig,
     deadlines: Deadlines,
     output: Output,
@@ -467,7 +467,7 @@ impl Drop for ChildGuard<'_> {
 }
 
 /// The last `n` lines of the guest's kernel console, for error messages.
-pub fn console_tail(path: &Path, n: usize) -> String {
+pub(crate) fn console_tail(path: &Path, n: usize) -> String {
     let s = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")

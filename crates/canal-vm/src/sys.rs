@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Waits until one of `fds` is readable (or hung up), or `timeout_ms` passes. Returns, for
 /// each fd, whether it has something to read (data, EOF or an error).
-pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
+pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -43,7 +43,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// Makes SIGINT, SIGTERM and SIGHUP set a flag (read with [`pending_signal`]) instead of
 /// killing the process, so the harness can kill QEMU and remove its files first.
-pub fn catch_termination_signals() -> io::Result<()> {
+pub(crate) fn catch_termination_signals() -> io::Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; we then set a
         // handler that is async-signal-safe (one relaxed atomic store).
@@ -61,7 +61,7 @@ pub fn catch_termination_signals() -> io::Result<()> {
 }
 
 /// The signal that asked us to stop, if any.
-pub fn pending_signal() -> Option<i32> {
+pub(crate) fn pending_signal() -> Option<i32> {
     match PENDING_SIGNAL.load(Ordering::Relaxed) {
         0 => None,
         s => Some(s),
@@ -69,7 +69,7 @@ pub fn pending_signal() -> Option<i32> {
 }
 
 /// Sends `sig` to process `pid` (errors ignored: the process may already be gone).
-pub fn kill(pid: u32, sig: i32) {
+pub(crate) fn kill(pid: u32, sig: i32) {
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
@@ -78,7 +78,7 @@ pub fn kill(pid: u32, sig: i32) {
 
 /// Arranges for the child to get SIGKILL when this process dies, so a QEMU cannot outlive
 /// a `canal vm run` that was killed with SIGKILL.
-pub fn die_with_parent(cmd: &mut Command) {
+pub(crate) fn die_with_parent(cmd: &mut Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
     // getppid(2), which are async-signal-safe and allocate nothing.

@@ -6,25 +6,25 @@ use crate::runner::{metric_unit, Outcome, Status};
 use crate::stats::{summarize, Summary};
 use std::collections::BTreeMap;
 
-pub struct Row {
-    pub cell: Cell,
-    pub exps: String,
-    pub rep: usize,
-    pub outcome: Outcome,
-    pub repro: String,
+pub(crate) struct Row {
+    pub(crate) cell: Cell,
+    pub(crate) exps: String,
+    pub(crate) rep: usize,
+    pub(crate) outcome: Outcome,
+    pub(crate) repro: String,
 }
 
 /// Facts recorded with every row.
-pub struct RunInfo {
-    pub machine: String,
-    pub machine_long: Vec<(String, String)>,
-    pub command: String,
-    pub placement_note: String,
-    pub reps: usize,
-    pub mode: String,
+pub(crate) struct RunInfo {
+    pub(crate) machine: String,
+    pub(crate) machine_long: Vec<(String, String)>,
+    pub(crate) command: String,
+    pub(crate) placement_note: String,
+    pub(crate) reps: usize,
+    pub(crate) mode: String,
 }
 
-pub fn write_results_csv(rows: &[Row], info: &RunInfo) -> String {
+pub(crate) fn write_results_csv(rows: &[Row], info: &RunInfo) -> String {
     let mut out = csv_line(
         &[
             "experiments",
@@ -83,13 +83,13 @@ pub fn write_results_csv(rows: &[Row], info: &RunInfo) -> String {
 }
 
 /// All repetitions of one cell.
-pub struct CellAgg<'a> {
-    pub cell: &'a Cell,
-    pub rows: Vec<&'a Row>,
+pub(crate) struct CellAgg<'a> {
+    pub(crate) cell: &'a Cell,
+    pub(crate) rows: Vec<&'a Row>,
 }
 
 impl CellAgg<'_> {
-    pub fn summary(&self, metric: &str) -> Option<Summary> {
+    pub(crate) fn summary(&self, metric: &str) -> Option<Summary> {
         let v: Vec<f64> = self
             .rows
             .iter()
@@ -105,7 +105,7 @@ impl CellAgg<'_> {
         summarize(&v)
     }
     /// The status of the cell as a whole: ok if any repetition succeeded.
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         let bad: Vec<&Status> = self
             .rows
             .iter()
@@ -120,7 +120,7 @@ impl CellAgg<'_> {
                 .unwrap_or(Status::Skipped("not run".into()))
         }
     }
-    pub fn failed_reps(&self) -> Vec<&Status> {
+    pub(crate) fn failed_reps(&self) -> Vec<&Status> {
         self.rows
             .iter()
             .map(|r| &r.outcome.status)
@@ -129,7 +129,7 @@ impl CellAgg<'_> {
     }
 }
 
-pub fn aggregate(rows: &[Row]) -> Vec<CellAgg<'_>> {
+pub(crate) fn aggregate(rows: &[Row]) -> Vec<CellAgg<'_>> {
     let mut map: BTreeMap<&Cell, Vec<&Row>> = BTreeMap::new();
     for r in rows {
         map.entry(&r.cell).or_default().push(r);
@@ -139,7 +139,7 @@ pub fn aggregate(rows: &[Row]) -> Vec<CellAgg<'_>> {
         .collect()
 }
 
-pub fn write_summary_csv(aggs: &[CellAgg]) -> String {
+pub(crate) fn write_summary_csv(aggs: &[CellAgg]) -> String {
     let mut out = csv_line(
         &[
             "experiments",

@@ -1,6 +1,6 @@
 //! Number, size and CSV field formatting.
 
-pub fn csv_field(s: &str) -> String {
+pub(crate) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -18,7 +18,7 @@ pub(crate) fn csv_line(fields: &[String]) -> String {
     l
 }
 
-pub fn fmt_num(v: f64) -> String {
+pub(crate) fn fmt_num(v: f64) -> String {
     if !v.is_finite() {
         return "–".into();
     }
@@ -38,7 +38,7 @@ pub fn fmt_num(v: f64) -> String {
     }
 }
 
-pub fn fmt_size(b: usize) -> String {
+pub(crate) fn fmt_size(b: usize) -> String {
     if b >= 1024 && b % 1024 == 0 {
         format!("{} KiB", b / 1024)
     } else {

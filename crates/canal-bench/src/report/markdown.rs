@@ -10,7 +10,7 @@ use crate::runner::Status;
 use std::fmt::Write as _;
 
 /// One line per target the harness can judge mechanically from this run.
-pub fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
+pub(crate) fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
     use System::*;
     use Workload::*;
     let med_of = |sys: System, w: Workload, size: usize, m: &str, v: &str| -> Result<f64, String> {
@@ -153,7 +153,12 @@ pub fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
     out
 }
 
-pub fn markdown(info: &RunInfo, exps: &[Experiment], aggs: &[CellAgg], plots: &[String]) -> String {
+pub(crate) fn markdown(
+    info: &RunInfo,
+    exps: &[Experiment],
+    aggs: &[CellAgg],
+    plots: &[String],
+) -> String {
     let mut s = String::from("# canal bench results\n\n");
     let _ = writeln!(s, "- Command: `{}`", info.command);
     for (k, v) in &info.machine_long {
@@ -218,7 +223,7 @@ pub fn markdown(info: &RunInfo, exps: &[Experiment], aggs: &[CellAgg], plots: &[
 
 /// The at-a-glance table: one row per headline metric, the four systems, and canal's
 /// standing against kernel TCP as a factor where > 1 always means canal is better.
-pub fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String {
+pub(crate) fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String {
     use System::*;
     use Workload::*;
     let items: [(&str, Workload, usize, &str, bool); 11] = [
@@ -340,7 +345,12 @@ pub fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String {
 
 /// A section for the top-level README: the at-a-glance table, where canal is slower, and
 /// two plots, with links relative to the repository root (`out` as given on the command line).
-pub fn readme_snippet(info: &RunInfo, aggs: &[CellAgg], out: &str, plots: &[String]) -> String {
+pub(crate) fn readme_snippet(
+    info: &RunInfo,
+    aggs: &[CellAgg],
+    out: &str,
+    plots: &[String],
+) -> String {
     let get = |k: &str| {
         info.machine_long
             .iter()

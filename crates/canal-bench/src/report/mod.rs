@@ -7,6 +7,6 @@ mod markdown;
 mod sections;
 mod table;
 
-pub use csv::{aggregate, write_results_csv, write_summary_csv, CellAgg, Row, RunInfo};
-pub use format::fmt_num;
-pub use markdown::{markdown, readme_snippet, verdicts};
+pub(crate) use csv::{aggregate, write_results_csv, write_summary_csv, Row, RunInfo};
+pub(crate) use format::fmt_num;
+pub(crate) use markdown::{markdown, readme_snippet, verdicts};

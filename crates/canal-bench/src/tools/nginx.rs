@@ -60,7 +60,7 @@ pub(crate) fn wrk_time_us(s: &str) -> Option<f64> {
     num.parse::<f64>().ok().map(|v| v * mul)
 }
 
-pub fn parse_wrk(out: &str) -> Result<Vec<(String, f64)>, String> {
+pub(crate) fn parse_wrk(out: &str) -> Result<Vec<(String, f64)>, String> {
     let mut m = Vec::new();
     for line in out.lines() {
         let t = line.trim();

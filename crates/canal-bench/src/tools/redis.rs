@@ -64,7 +64,7 @@ impl Runner {
     }
 }
 
-pub fn parse_redis_csv(out: &str) -> Result<Vec<(String, f64)>, String> {
+pub(crate) fn parse_redis_csv(out: &str) -> Result<Vec<(String, f64)>, String> {
     let mut m = Vec::new();
     for line in out.lines() {
         let f: Vec<String> = line

@@ -37,7 +37,7 @@ impl Runner {
 }
 
 /// sockperf reports half the round trip; we report the round trip (×2) like the generator.
-pub fn parse_sockperf(out: &str) -> Result<Vec<(String, f64)>, String> {
+pub(crate) fn parse_sockperf(out: &str) -> Result<Vec<(String, f64)>, String> {
     let mut p50 = None;
     let mut p99 = None;
     let mut avg: Option<f64> = None;

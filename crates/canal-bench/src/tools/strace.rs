@@ -68,7 +68,7 @@ impl Runner {
 }
 
 /// `strace -c` table → (syscall, calls).
-pub fn parse_strace_c(t: &str) -> Result<Vec<(String, f64)>, String> {
+pub(crate) fn parse_strace_c(t: &str) -> Result<Vec<(String, f64)>, String> {
     let mut rows = Vec::new();
     for line in t.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
