@@ -19,6 +19,7 @@ use canal_abi::SocketEntry;
 use libc::c_int;
 
 /// Initialises the guest line of a fresh entry (new socket or accepted connection).
+#[inline]
 pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo: u64) {
     e.refs.store(1, Ordering::Relaxed);
     // Also here, not only by the host: a canald before minor 3 does not clear them.
@@ -58,6 +59,7 @@ impl Rings {
     /// socket whose host asked for it): tell whoever must know. Region sockets: the
     /// host (attention + kick). Short-circuited ones: nobody, unless the peer sleeps
     /// (§8.4: fence, read its sleeper count, then attention + kick so canald wakes it).
+    #[inline]
     pub(crate) fn notify(&self, s: &Sock, region_wants: bool) {
         match self.peer {
             None => {
@@ -95,6 +97,7 @@ pub(crate) struct Sock {
 }
 
 impl Sock {
+    #[inline]
     pub(crate) fn new(g: &'static Guest, handle: u32) -> Result<Sock, i32> {
         let idx = handle_index(handle);
         let e = g.region.socket(idx).ok_or(libc::EBADF)?;
@@ -110,6 +113,7 @@ impl Sock {
 
     /// The entry still belongs to this handle (another thread may have closed the
     /// last descriptor while we waited, and the entry may now be someone else's).
+    #[inline]
     pub(crate) fn live(&self) -> Result<(), i32> {
         if make_handle(self.idx, self.e.generation.load(Ordering::Acquire)) != self.handle
             && !crate::conn::guest::is_dead(self.g)
@@ -119,15 +123,18 @@ impl Sock {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn kind(&self) -> u32 {
         self.e.kind.load(Ordering::Acquire)
     }
 
+    #[inline]
     pub(crate) fn flags(&self) -> u32 {
         self.e.flags.load(Ordering::Acquire)
     }
 
     /// The stream rings (mapping the pair segment on first use).
+    #[inline]
     pub(crate) fn rings(&self) -> Result<Rings, i32> {
         let id = self.e.segment.load(Ordering::Acquire);
         if id == 0 {
@@ -158,6 +165,7 @@ impl Sock {
         })
     }
 
+    #[inline]
     pub(crate) fn tx_ring(&self) -> Result<RawRing, i32> {
         let size = self.e.tx_size.load(Ordering::Acquire) as u64;
         self.g
@@ -166,6 +174,7 @@ impl Sock {
             .ok_or(libc::EIO)
     }
 
+    #[inline]
     pub(crate) fn rx_ring(&self) -> Result<RawRing, i32> {
         let size = self.e.rx_size.load(Ordering::Acquire) as u64;
         self.g
@@ -174,10 +183,12 @@ impl Sock {
             .ok_or(libc::EIO)
     }
 
+    #[inline]
     pub(crate) fn nonblocking(&self) -> bool {
         self.e.guest_flags.load(Ordering::Relaxed) & guest_flag::NONBLOCK != 0
     }
 
+    #[inline]
     pub(crate) fn set_nonblocking(&self, on: bool) {
         if on {
             self.e
@@ -190,11 +201,13 @@ impl Sock {
         }
     }
 
+    #[inline]
     pub(crate) fn local(&self) -> u32 {
         self.e.guest_flags.load(Ordering::Relaxed)
     }
 
     /// Takes the pending error, if any (reported once).
+    #[inline]
     pub(crate) fn take_error(&self) -> u32 {
         if self.e.pending_error.load(Ordering::Relaxed) == 0 {
             return 0;
@@ -202,6 +215,7 @@ impl Sock {
         self.e.pending_error.swap(0, Ordering::AcqRel)
     }
 
+    #[inline]
     pub(crate) fn snapshot(&self) -> SockState {
         let e = self.e;
         // Flags first (Acquire): a short-circuit completing publishes the segment
@@ -238,6 +252,7 @@ impl Sock {
         }
     }
 
+    #[inline]
     pub(crate) fn readiness(&self) -> libc::c_short {
         ready::readiness(&self.snapshot())
     }
@@ -250,6 +265,7 @@ impl Sock {
     /// Second value: the outgoing ring's tail while a send found that ring full
     /// (`local::NOSPACE`), else None — the peer freeing space is then an edge too, as
     /// the kernel's write-space wake-up is after SOCK_NOSPACE.
+    #[inline]
     pub(crate) fn edge_seq(&self) -> (u32, Option<u32>) {
         let seq = self.e.event_seq.load(Ordering::Acquire);
         if self.e.segment.load(Ordering::Acquire) == 0 {
@@ -273,6 +289,7 @@ impl Sock {
     }
 
     /// An edge-triggered report carried EPOLLOUT: the write-space edge is consumed.
+    #[inline]
     pub(crate) fn clear_nospace(&self) {
         if self.e.guest_flags.load(Ordering::Relaxed) & local::NOSPACE != 0 {
             self.e
@@ -281,6 +298,7 @@ impl Sock {
         }
     }
 
+    #[inline]
     pub(crate) fn deadline(&self, rcv: bool) -> Option<i64> {
         let t = if rcv {
             self.e.rcvtimeo_ns.load(Ordering::Relaxed)
@@ -291,6 +309,7 @@ impl Sock {
     }
 }
 
+#[inline]
 pub(crate) fn wait_err(w: Wait, data: bool) -> i32 {
     match w {
         Wait::Timeout => libc::EAGAIN,
@@ -306,6 +325,7 @@ pub(crate) fn wait_err(w: Wait, data: bool) -> i32 {
     }
 }
 
+#[inline]
 pub(crate) fn dead_err(g: &Guest, data: bool) -> Result<(), i32> {
     if crate::conn::guest::is_dead(g) {
         crate::conn::guest::mark_dead();
@@ -314,6 +334,7 @@ pub(crate) fn dead_err(g: &Guest, data: bool) -> Result<(), i32> {
     Ok(())
 }
 
+#[inline]
 pub(crate) fn epipe(flags: c_int) -> i32 {
     if flags & libc::MSG_NOSIGNAL == 0 {
         sys::raise_sigpipe();

@@ -16,6 +16,9 @@ use canal_abi::sync::Ordering;
 use libc::c_int;
 use libc::iovec;
 
+// Its only caller is `data::send`: inlined there as when both were one module (a 64 B
+// short-circuited round trip paid ~20 ns for the call otherwise; docs/bench/why.md).
+#[inline(always)]
 pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
@@ -167,6 +170,8 @@ fn other_index(
     Ok(used)
 }
 
+// Its only caller is `data::recv` (see `send_stream`).
+#[inline(always)]
 pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let peek = flags & libc::MSG_PEEK != 0;
