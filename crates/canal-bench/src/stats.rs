@@ -3,23 +3,22 @@
 /// Percentile of a sorted slice by linear interpolation between closest ranks
 /// (`p` in 0..=100). Returns NaN for an empty slice.
 pub(crate) fn percentile_sorted(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0).clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let lo = rank.floor() as usize;
-    let hi = rank.ceil() as usize;
-    v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+    percentile_of(v.len(), |i| v[i], p)
 }
 
+/// The same for integer samples (latencies in ns).
 pub(crate) fn percentile_sorted_u64(v: &[u64], p: f64) -> f64 {
-    if v.is_empty() {
+    percentile_of(v.len(), |i| v[i] as f64, p)
+}
+
+/// The percentile of `n` sorted values, value `i` being `at(i)`.
+fn percentile_of(n: usize, at: impl Fn(usize) -> f64, p: f64) -> f64 {
+    if n == 0 {
         return f64::NAN;
     }
-    let rank = (p / 100.0).clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let lo = rank.floor() as usize;
-    let hi = rank.ceil() as usize;
-    v[lo] as f64 + (v[hi] as f64 - v[lo] as f64) * (rank - lo as f64)
+    let rank = (p / 100.0).clamp(0.0, 1.0) * (n - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    at(lo) + (at(hi) - at(lo)) * (rank - lo as f64)
 }
 
 /// Median, spread and count of repeated measurements.

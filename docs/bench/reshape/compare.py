@@ -14,8 +14,8 @@ def load(d):
             continue
         out[(r['experiments'], r['system'], r['variant'], r['workload'], r['size_bytes'], r['pairs'], r['metric'])] = v
     return out
-B = [load(d) for d in sorted(glob.glob('/tmp/bq/before-[0-9]'))]
-A = [load(d) for d in sorted(glob.glob('/tmp/bq/after-[0-9]'))]
+B = [load(d) for d in sorted(glob.glob('$OUT/before-[0-9]'))]
+A = [load(d) for d in sorted(glob.glob('$OUT/after-[0-9]'))]
 keys = sorted(set.intersection(*[set(x) for x in B + A]))
 print('| experiment | system | variant | workload | size | metric | before | after | after/before |')
 print('|---|---|---|---|---|---|---|---|---|')
