@@ -145,27 +145,14 @@ impl Guest {
             idx: 0,
             seen: 0,
         };
-        self.sockets[index as usize] = Some(HostSocket {
+        self.sockets[index as usize] = Some(HostSocket::new(
             handle,
-            state: KindState::new(kind),
+            KindState::new(kind),
             family,
-            fd: Some(fd),
-            phase,
-            tx: ring(tx_off),
-            rx: ring(rx_off),
-            flags,
-            readable: false,
-            writable: false,
-            rdhup: false,
-            shut_wr_pending: false,
-            closing: None,
-            linger: None,
-            dirty: false,
-            tx_bytes: 0,
-            rx_bytes: 0,
-            seg: None,
-            named: false,
-        });
+            fd,
+            (phase, flags),
+            (ring(tx_off), ring(rx_off)),
+        ));
         self.set_owned(index, true);
         Ok(handle)
     }

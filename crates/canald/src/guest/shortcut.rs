@@ -282,27 +282,17 @@ impl Guest {
             idx: 0,
             seen: 0,
         };
-        self.sockets[index as usize] = Some(HostSocket {
+        let mut s = HostSocket::new(
             handle,
-            state: KindState::Stream,
+            KindState::Stream,
             family,
-            fd: Some(fd),
-            phase: Phase::Connected,
-            tx: ring,
-            rx: ring,
-            flags: sock_flag::CONNECTED,
-            readable: false,
-            writable: false,
-            rdhup: false,
-            shut_wr_pending: false,
-            closing: None,
-            linger: None,
-            dirty: false,
-            tx_bytes: 0,
-            rx_bytes: 0,
-            seg: Some(link),
-            named: true,
-        });
+            fd,
+            (Phase::Connected, sock_flag::CONNECTED),
+            (ring, ring),
+        );
+        s.seg = Some(link);
+        s.named = true;
+        self.sockets[index as usize] = Some(s);
         // Its attention bit is this guest instance's to take.
         self.set_owned(index, true);
         Ok(handle)

@@ -173,6 +173,38 @@ impl KindState {
 }
 
 impl HostSocket {
+    /// A socket canald just installed: nothing seen or sent yet.
+    pub(crate) fn new(
+        handle: u32,
+        state: KindState,
+        family: u16,
+        fd: OwnedFd,
+        (phase, flags): (Phase, u32),
+        (tx, rx): (RingPos, RingPos),
+    ) -> HostSocket {
+        HostSocket {
+            handle,
+            state,
+            family,
+            fd: Some(fd),
+            phase,
+            tx,
+            rx,
+            flags,
+            readable: false,
+            writable: false,
+            rdhup: false,
+            shut_wr_pending: false,
+            closing: None,
+            linger: None,
+            dirty: false,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            seg: None,
+            named: false,
+        }
+    }
+
     pub(crate) fn kind(&self) -> Kind {
         match self.state {
             KindState::Stream => Kind::Stream,
