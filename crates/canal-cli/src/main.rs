@@ -25,6 +25,11 @@ enum Command {
     /// Run canald in the foreground
     Daemon(canald::config::DaemonArgs),
     /// Benchmark harness (docs/bench/README.md)
+    #[command(
+        after_help = "Exit status: 0 when every native baseline ran (canal cells may \
+        fail; they are reported with their reason), 1 when a native baseline failed, 2 on \
+        bad usage."
+    )]
     Bench(BenchCmd),
     /// QEMU guests over canal (docs/vm.md)
     #[command(subcommand)]
@@ -54,7 +59,11 @@ struct BenchCmd {
 #[derive(Subcommand, Debug)]
 enum BenchSub {
     /// B11: one QEMU guest over canal and over virtio-net, beside the host baseline
-    #[command(name = "b11", alias = "B11")]
+    #[command(
+        name = "b11",
+        alias = "B11",
+        after_help = "Needs qemu-system-x86_64, iperf3, and canal-bench-gen next to canal."
+    )]
     B11(canal_vm::bench::B11Args),
 }
 
