@@ -64,6 +64,15 @@ pub(crate) fn default_workers() -> usize {
 /// beyond what the area holds at this size get smaller rings (`Guest::alloc_rings`).
 pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
 
+/// Defaults shared by `Config::new` and the command line (`DaemonArgs`).
+const DEFAULT_SLOTS: u32 = 256;
+const DEFAULT_SOCKETS: u32 = 1024;
+const DEFAULT_DATA_MIB: u64 = 256;
+const DEFAULT_BUDGET: usize = 16;
+const DEFAULT_SHORTCUT_RING_KIB: u64 = 1024;
+const DEFAULT_RX_QUANTUM_KIB: u64 = 256;
+const DEFAULT_TX_QUANTUM_KIB: u64 = 1024;
+
 /// What `--no-batch` allows per host call on a stream: one typical guest send.
 pub(crate) const NO_BATCH_CHUNK: u64 = 4096;
 
@@ -76,15 +85,15 @@ impl Config {
         Config {
             socket,
             idle_exit: None,
-            slots: 256,
-            sockets: 1024,
-            data_mib: 256,
+            slots: DEFAULT_SLOTS,
+            sockets: DEFAULT_SOCKETS,
+            data_mib: DEFAULT_DATA_MIB,
             ring_kib: None,
             spin: None,
-            budget: 16,
+            budget: DEFAULT_BUDGET,
             loopback_only: false,
             shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
-            shortcut_ring_kib: 1024,
+            shortcut_ring_kib: DEFAULT_SHORTCUT_RING_KIB,
             zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
             verbose: false,
             notify: NotifyMode::Hybrid,
@@ -93,8 +102,8 @@ impl Config {
             // workload measured (docs/bench/coalescing).
             coalesce: CoalesceCfg::Off,
             no_batch: false,
-            rx_quantum: 256 << 10,
-            tx_quantum: 1 << 20,
+            rx_quantum: DEFAULT_RX_QUANTUM_KIB << 10,
+            tx_quantum: DEFAULT_TX_QUANTUM_KIB << 10,
             workers: default_workers(),
             pin: Vec::new(),
         }
@@ -169,13 +178,13 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub idle_exit: u64,
     /// Request slots per guest (a power of two)
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SLOTS)]
     pub slots: u32,
     /// Sockets per guest
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SOCKETS)]
     pub sockets: u32,
     /// Ring memory per guest in MiB
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DATA_MIB)]
     pub data_mib: u64,
     /// Each socket's tx and rx ring in KiB [default: 1024]; when the data area runs
     /// short, later sockets get smaller rings (down to 64 KiB) so that every socket
@@ -186,7 +195,7 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "N")]
     pub spin: Option<u32>,
     /// Requests served per guest per round
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BUDGET)]
     pub budget: usize,
     /// How pollers wait: poll (never sleeps; measurement only), sleep (never spins),
     /// or hybrid (adaptive spin, then sleep)
@@ -207,10 +216,10 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub no_batch: bool,
     /// Bytes a guest may receive per round, in KiB
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RX_QUANTUM_KIB)]
     pub rx_quantum_kib: u64,
     /// Bytes a guest may transmit per round, in KiB
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_TX_QUANTUM_KIB)]
     pub tx_quantum_kib: u64,
     /// Pollers [default: 1 on <= 2 cores, else cores/4 up to 4]; each guest has a home
     /// worker, and with 2..16 workers its connected streams are spread over all of
@@ -228,7 +237,7 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub no_shortcut: bool,
     /// Each ring of a short-circuited connection in KiB
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SHORTCUT_RING_KIB)]
     pub shortcut_ring_kib: u64,
     /// Buffer zones on short-circuited connections: sends larger than the ring's free
     /// space go by (zone, offset) descriptors [default: off; also CANAL_ZONES=on in

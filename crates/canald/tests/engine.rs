@@ -4,26 +4,12 @@
 mod common;
 use canal_abi::queue::QueueProducer;
 use canal_abi::sync::Ordering;
-use canal_abi::{op, slot_state, sock_flag};
+use canal_abi::{op, slot_state};
 use common::*;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let h = g.socket(AF_INET, STREAM);
-    let r = g.connect(h, &localhost(port));
-    assert!(r == 0 || r == EINPROGRESS, "connect: {r}");
-    let (peer, _) = l.accept().unwrap();
-    let f = g.wait_flags(h, sock_flag::CONNECTED | sock_flag::ERROR);
-    assert_eq!(f & sock_flag::ERROR, 0, "flags {f:#x}");
-    peer.set_read_timeout(Some(T)).unwrap();
-    (h, peer)
-}
 
 /// A counter of worker `id` from the STAT JSON.
 fn worker_num(stat: &str, id: u64, key: &str) -> u64 {
