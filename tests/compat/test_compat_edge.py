@@ -56,6 +56,10 @@ CHECKS = {
     "accept4_flags": "server",
     "dualstack_listener": "server",
     "reuseaddr_reuseport": "server",
+    "lowest_free_numbering": "client",
+    "dup2_low_numbers": "client",
+    "dup2_onto_library_fds": "client",
+    "close_range_then_sockets": "client",
 }
 
 

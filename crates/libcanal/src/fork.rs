@@ -34,7 +34,9 @@ extern "C" fn child() {
     crate::shortcut::seg::fork_child();
     ATTACH_LOCK.store(0, Ordering::Relaxed);
     PID.store(sys::getpid(), Ordering::Relaxed);
+    crate::ownfd::fork_child();
     crate::conn::slots::forget_in_child();
+    crate::conn::wait::forget_pins_in_child();
     crate::mux::epoll::fork_child();
 }
 

@@ -11,7 +11,8 @@
 //! Code map (each module uses only modules listed above it; `scripts/check-layout`):
 //! - `sys`: raw system calls and the real libc functions; `rt`: spin locks, pid,
 //!   debug logging, environment; `fdtable`, `ready`, `sockaddr`, `iov`, `cmd`: pure
-//!   bookkeeping and conversions.
+//!   bookkeeping and conversions; `ownfd`: the library's own descriptors, kept high and
+//!   moved out of a program's way.
 //! - `notify`: wait policy (poll/sleep/hybrid, adaptive spin budgets).
 //! - `conn/`: the connection to canald: `guest` state, `attach`, `inherit`
 //!   (CANAL_REJOIN), `ctl` messages, per-thread `slots`, `request`s, `sleep` and `wait`.
@@ -37,6 +38,7 @@ mod hooks;
 mod iov;
 mod mux;
 mod notify;
+mod ownfd;
 mod policy;
 mod ready;
 mod rejoin;

@@ -16,6 +16,7 @@
 #include "common.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,6 +32,7 @@
 #include <sys/select.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 
@@ -1980,6 +1982,189 @@ static void check_reuseaddr_reuseport(void)
  * check, open one more socket of the kind the check is about, print "WITNESS kind port" and
  * wait for stdin to close, so the harness can see in `canal stat` that this process's
  * sockets really are canal's (a check passing over the kernel would prove nothing). */
+/* ---------- descriptor numbers (issue 14) ---------- */
+
+static int lowest_free(void)
+{
+    for (int i = 0;; i++)
+        if (fcntl(i, F_GETFD) < 0 && errno == EBADF)
+            return i;
+}
+
+/* Programs get the lowest free descriptor, exactly as natively: the library's own
+ * descriptors (control socket, eventfds, memfds, the copy a sleeping call holds) never
+ * take one of the numbers the program would get next. */
+static void check_lowest_free_numbering(void)
+{
+    int want = lowest_free();
+    int s1 = peer_cmd(NULL, "ECHO"); /* the first socket: canal attaches inside it */
+    EXPECT(s1 == want, "the first socket gets the lowest free number %d (got %d)", want, s1);
+    want = lowest_free();
+    int f = open("/dev/null", O_RDONLY);
+    EXPECT(f == want, "open() after it gets %d (got %d)", want, f);
+    want = lowest_free();
+    int u = socket(AF_INET, SOCK_DGRAM, 0);
+    EXPECT(u == want, "a UDP socket gets %d (got %d)", want, u);
+    close(s1);
+    int s2 = peer_cmd(NULL, "ECHO");
+    EXPECT(s2 == s1, "after close(%d), the next socket reuses it (got %d)", s1, s2);
+
+    /* A thread sleeping in recv: the pinned copy must not take a low number. */
+    struct blocked_recv b = { .fd = s2 };
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_recv_main, &b);
+    sleep_ms(300);
+    want = lowest_free();
+    int p[2] = { -1, -1 };
+    if (pipe(p))
+        FATAL("pipe: %s", ename(errno));
+    EXPECT(p[0] == want, "while another thread sleeps in recv, pipe() gets %d (got %d, %d)", want, p[0], p[1]);
+    send_all(s2, "x", 1);
+    pthread_join(t, NULL);
+    EXPECT(b.r == 1, "the sleeping recv got the echo (r=%zd %s)", b.r, ename(b.err));
+
+    /* accept(): a connection to our own listener. */
+    int l = listener4(0, 0, 0);
+    if (l < 0)
+        FATAL("listener: %s", ename(errno));
+    int c = tcp_connect4(port_of(l), 0);
+    want = lowest_free();
+    int a = accept(l, NULL, NULL);
+    EXPECT(c >= 0 && a == want, "accept() gets %d (got %d; connect %d %s)", want, a, c, ename(errno));
+    expect_echo(s2, "numbers", "numbers", "the echo connection still works");
+    int fds[] = { a, c, l, p[0], p[1], u, f, s2 };
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        close(fds[i]);
+}
+
+/* dup2 onto every descriptor number 0..64 while canal sockets are open: each time the
+ * socket works through the new number, and nothing of the library is in the way. */
+static void check_dup2_low_numbers(void)
+{
+    int A = peer_cmd(NULL, "ECHO");
+    int B = peer_cmd(NULL, "UPPER");
+    /* Keep stdin/stdout/stderr to put back: dup2 onto 0-2 replaces them for a moment. */
+    int saved[3];
+    for (int i = 0; i < 3; i++)
+        saved[i] = fcntl(i, F_DUPFD_CLOEXEC, 70);
+    int bad = 0, first_bad = -1, first_err = 0;
+    char why[200] = "";
+    for (int n = 0; n <= 64; n++) {
+        if (n == A || n == B || (n >= 70 && n < 73))
+            continue;
+        int was_open = fcntl(n, F_GETFD) >= 0;
+        int keep = was_open ? fcntl(n, F_DUPFD_CLOEXEC, 80) : -1;
+        int x = dup2(A, n);
+        int e = errno;
+        char buf[8] = "";
+        ssize_t r = -1;
+        if (x == n && send_all(n, "ping", 4) == 0)
+            r = recv_n(n, buf, 4);
+        if (x != n || r != 4 || memcmp(buf, "ping", 4) != 0) {
+            if (!bad++) {
+                first_bad = n;
+                first_err = x != n ? e : errno;
+                snprintf(why, sizeof why, "dup2=%d r=%zd", x, r);
+            }
+        }
+        if (keep >= 0) {
+            dup2(keep, n);
+            close(keep);
+        } else {
+            close(n);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        dup2(saved[i], i);
+        close(saved[i]);
+    }
+    EXPECT(bad == 0, "dup2(socket, n) then an echo through n, for n = 0..64: %d failed (first n=%d: %s, %s)", bad,
+           first_bad, why, ename(first_err));
+    expect_echo(A, "after", "after", "the socket still works through its own number");
+    expect_echo(B, "upper", "UPPER", "the other socket is untouched");
+    close(A);
+    close(B);
+}
+
+/* The numbers the library holds (those this process did not open itself): a dup2 or
+ * dup3 onto each of them succeeds and puts the program's file there, and canal keeps
+ * working (its descriptor moved). Natively there are none. */
+static int list_fds(int *out, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        FATAL("opendir /proc/self/fd: %s", ename(errno));
+    struct dirent *de;
+    while ((de = readdir(d)) && n < cap)
+        if (de->d_name[0] != '.' && atoi(de->d_name) != dirfd(d))
+            out[n++] = atoi(de->d_name);
+    closedir(d);
+    return n;
+}
+
+static void check_dup2_onto_library_fds(void)
+{
+    int before[256], nb = list_fds(before, 256);
+    int A = peer_cmd(NULL, "ECHO");
+    int devnull = open("/dev/null", O_RDWR);
+    int now[256], nn = list_fds(now, 256);
+    int theirs[64], n = 0;
+    for (int i = 0; i < nn && n < 64; i++) {
+        int known = now[i] == A || now[i] == devnull;
+        for (int j = 0; j < nb; j++)
+            known |= now[i] == before[j];
+        if (!known)
+            theirs[n++] = now[i];
+    }
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        int x = i % 2 ? dup3(devnull, theirs[i], O_CLOEXEC) : dup2(devnull, theirs[i]);
+        struct stat st1, st2;
+        int same = x == theirs[i] && fstat(x, &st1) == 0 && fstat(devnull, &st2) == 0 && st1.st_ino == st2.st_ino;
+        EXPECT(same, "%s onto the library's descriptor %d puts the program's /dev/null there (got %d, %s)",
+               i % 2 ? "dup3" : "dup2", theirs[i], x, ename(errno));
+        bad += !same;
+        /* Echo after every move: the library's descriptor must have gone elsewhere. */
+        expect_echo(A, "moved", "moved", "canal still works after its descriptor moved");
+    }
+    if (getenv("EDGE_WITNESS")) /* set by the harness only under canal */
+        EXPECT(n > 0, "under canal the library holds descriptors of its own (found %d)", n);
+    report(1, "%d descriptor(s) of the library were in the way (%s)", n, n ? "moved" : "none: native");
+    for (int i = 0; i < n; i++)
+        close(theirs[i]);
+    int B = peer_cmd(NULL, "UPPER");
+    expect_echo(B, "new", "NEW", "a new socket after the moves works");
+    close(B);
+    close(A);
+    close(devnull);
+}
+
+/* close_range(3, ~0U, 0) and closefrom(3) close the program's descriptors (canal sockets
+ * included) but not the library's: new sockets afterwards get 3, 4, ... and work. */
+static void check_close_range_then_sockets(void)
+{
+    for (int round = 0; round < 2; round++) {
+        int A = peer_cmd(NULL, "ECHO");
+        int f = open("/dev/null", O_RDONLY);
+        int B = peer_cmd(NULL, "ECHO");
+        (void)A;
+        (void)f;
+        (void)B;
+        if (round == 0)
+            EXPECT(close_range(3, ~0U, 0) == 0, "close_range(3, ~0U, 0) = 0 (%s)", ename(errno));
+        else
+            closefrom(3);
+        int want = lowest_free();
+        EXPECT(want == 3, "%s closed everything from 3 (lowest free %d)", round ? "closefrom(3)" : "close_range(3, ~0U)",
+               want);
+        int C = peer_cmd(NULL, "UPPER");
+        EXPECT(C == 3, "the next socket is 3 (got %d)", C);
+        expect_echo(C, "again", "AGAIN", round ? "a socket after closefrom works" : "a socket after close_range works");
+        close(C);
+    }
+}
+
 static void witness(const char *kind)
 {
     int fd = -1;
@@ -2044,6 +2229,10 @@ static const struct {
     { "accept4_flags", "server", "tcp4", check_accept4_flags },
     { "dualstack_listener", "server", "tcp4", check_dualstack_listener },
     { "reuseaddr_reuseport", "server", "tcp4", check_reuseaddr_reuseport },
+    { "lowest_free_numbering", "client", "tcp4", check_lowest_free_numbering },
+    { "dup2_low_numbers", "client", "tcp4", check_dup2_low_numbers },
+    { "dup2_onto_library_fds", "client", "tcp4", check_dup2_onto_library_fds },
+    { "close_range_then_sockets", "client", "tcp4", check_close_range_then_sockets },
 };
 
 int main(int argc, char **argv)

@@ -26,6 +26,7 @@ use canal_abi::sync::AtomicU32;
 use canal_abi::sync::Ordering;
 use canal_abi::Region;
 use canal_abi::MAX_WORKERS;
+use core::sync::atomic::AtomicI32;
 use libc::c_int;
 
 /// A page shared by every process of this guest connection for the control lock: a
@@ -321,26 +322,22 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     // process (never unmapped) and shared with forked children; an AtomicU32 at its
     // start is properly aligned and any bit pattern is valid.
     let ctl_lock = unsafe { &*(page as *const AtomicU32) };
-    let _ = TABLE.set_internal(fd);
-    let _ = TABLE.set_internal(doorbell);
-    let _ = TABLE.set_internal(memfd);
-    if lockfd >= 0 {
-        let _ = TABLE.set_internal(lockfd);
-    }
+    // Out of the program's way (ownfd.rs): it expects the numbers after 0-2 for itself.
+    let [fd, doorbell, memfd, lockfd] = [fd, doorbell, memfd, lockfd].map(crate::ownfd::adopt);
     let features = region.header().features;
     let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
     PID.store(sys::getpid(), Ordering::Relaxed);
     let g = Guest {
         region,
-        ctl: fd,
-        doorbell,
+        ctl: AtomicI32::new(fd),
+        doorbell: AtomicI32::new(doorbell),
         ctl_lock,
         ports: features & feature::PORT_EVENTFD != 0,
         wait: wait_settings(),
         debug,
-        memfd,
+        memfd: AtomicI32::new(memfd),
         region_size,
-        lockfd,
+        lockfd: AtomicI32::new(lockfd),
         wdoor: Default::default(),
         nworkers: AtomicU32::new(0),
     };
@@ -395,8 +392,8 @@ fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
     }
     let g = Guest {
         region,
-        ctl: -1,
-        doorbell: -1,
+        ctl: AtomicI32::new(-1),
+        doorbell: AtomicI32::new(-1),
         ctl_lock,
         // Slots sleep on eventfds only with doorbell interrupts (no PORT: the eventfds
         // are the MSI-X vectors canald already knows).
@@ -404,9 +401,9 @@ fn attach_ivshmem(path: &mut [u8; 108]) -> Result<Guest, AttachErr> {
         wait: wait_settings(),
         debug,
         // No memfd or control socket to hand to an exec'd image: no rejoin over ivshmem.
-        memfd: -1,
+        memfd: AtomicI32::new(-1),
         region_size: g_region_size,
-        lockfd: -1,
+        lockfd: AtomicI32::new(-1),
         wdoor: Default::default(),
         nworkers: AtomicU32::new(0),
     };
@@ -475,7 +472,7 @@ fn calibrate_spin() -> u32 {
 /// Without them every kick goes to the home worker, and canald keeps this guest's
 /// sockets there (it spreads them only once it has answered DOORBELLS).
 pub(crate) fn vrss_setup(g: &'static Guest) {
-    if g.region.header().features & feature::VRSS == 0 || g.ctl < 0 {
+    if g.region.header().features & feature::VRSS == 0 || g.ctl() < 0 {
         return;
     }
     let mut got = [-1; MAX_WORKERS];
@@ -501,10 +498,13 @@ pub(crate) fn vrss_setup(g: &'static Guest) {
         _ => return,
     };
     for (i, &fd) in got[..n].iter().enumerate() {
+        let fd = crate::ownfd::adopt(fd);
         let old = g.wdoor[i].swap(fd, Ordering::Relaxed);
-        let _ = TABLE.set_internal(fd);
         if old > 0 {
-            let _ = sys::close(old);
+            crate::ownfd::using(|| {
+                TABLE.take(old);
+                let _ = sys::close(old);
+            });
         }
     }
     // Release: the descriptors before the count.

@@ -119,13 +119,13 @@ pub(crate) fn recv_msg(
 
 /// Whether canald takes WATCH messages (kernel-counted socket liveness).
 pub(crate) fn watch_enabled(g: &Guest) -> bool {
-    g.ctl >= 0 && g.region.header().features & feature::WATCH != 0
+    g.ctl() >= 0 && g.region.header().features & feature::WATCH != 0
 }
 
 /// WATCH: hands `end` (the other end of a socket's dummy descriptor) to canald.
 /// No reply; a failure only loses the backstop (the reference count still works).
 pub(crate) fn send_watch(g: &Guest, handle: u32, end: c_int) {
-    if send_msg(g.ctl, ck::WATCH, &handle.to_le_bytes(), end).is_err() {
+    if crate::ownfd::using(|| send_msg(g.ctl(), ck::WATCH, &handle.to_le_bytes(), end)).is_err() {
         debug!(g, "canal: WATCH for handle {handle:#x} failed\n");
     }
 }
@@ -148,11 +148,11 @@ pub(crate) fn ctl_exchange<T>(
     }
     ctl_lock(g);
     let r = (|| {
-        send_msg(g.ctl, kind, body, fd)?;
+        send_msg(g.ctl(), kind, body, fd)?;
         let mut buf = [0u8; 256];
         let mut fds = [-1; MAX_WORKERS];
         loop {
-            let (k, n, nfds) = recv_msg(g.ctl, &mut buf, &mut fds)?;
+            let (k, n, nfds) = recv_msg(g.ctl(), &mut buf, &mut fds)?;
             let reply = &buf[CTL_HEADER..n];
             if let Some(v) = accept(k, reply, &fds[..nfds]) {
                 return Ok(v);

@@ -16,9 +16,9 @@ pub(crate) struct Guest {
     pub(crate) region: Region,
     /// The control socket (SEQPACKET); polled while sleeping so a dead canald wakes us.
     /// -1 over ivshmem (no control socket in a VM).
-    pub(crate) ctl: c_int,
+    pub(crate) ctl: AtomicI32,
     /// canald's doorbell eventfd (kicks); -1 over ivshmem (canald polls instead).
-    pub(crate) doorbell: c_int,
+    pub(crate) doorbell: AtomicI32,
     /// Serialises control-socket use among all processes sharing the connection: a word
     /// in a MAP_SHARED page made at attach time, so forked children share it.
     pub(crate) ctl_lock: &'static AtomicU32,
@@ -29,22 +29,56 @@ pub(crate) struct Guest {
     pub(crate) debug: bool,
     /// Kept for an exec'd image to rejoin (rejoin.rs): the region memfd and its size,
     /// and the memfd behind the control-lock page (-1: anonymous, no rejoin).
-    pub(crate) memfd: c_int,
+    pub(crate) memfd: AtomicI32,
     pub(crate) region_size: u64,
-    pub(crate) lockfd: c_int,
+    pub(crate) lockfd: AtomicI32,
     /// Virtual RSS (feature::VRSS): canald's doorbell per worker (DOORBELLS), and
     /// how many; 0 until received (then every kick goes to the home doorbell).
     pub(crate) wdoor: [AtomicI32; MAX_WORKERS],
     pub(crate) nworkers: AtomicU32,
 }
 
+impl Guest {
+    /// The control socket's current number (ownfd.rs may move it; -1 over ivshmem).
+    #[inline]
+    pub(crate) fn ctl(&self) -> c_int {
+        self.ctl.load(Ordering::SeqCst)
+    }
+
+    #[inline]
+    pub(crate) fn doorbell(&self) -> c_int {
+        self.doorbell.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn memfd(&self) -> c_int {
+        self.memfd.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn lockfd(&self) -> c_int {
+        self.lockfd.load(Ordering::SeqCst)
+    }
+
+    /// Points whichever of this guest's descriptor holders holds `old` at `new` (the
+    /// descriptor moved: ownfd.rs); true if one did.
+    pub(crate) fn retarget(&self, old: c_int, new: c_int) -> bool {
+        let mut hit = false;
+        let holders = [&self.ctl, &self.doorbell, &self.memfd, &self.lockfd];
+        for a in holders.into_iter().chain(self.wdoor.iter()) {
+            hit |= a
+                .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok();
+        }
+        hit
+    }
+}
+
 /// (ctl, memfd, doorbell, lockfd, region_size) for an exec'd image (rejoin.rs).
 pub(crate) fn rejoin_fds(g: &Guest) -> Option<(c_int, c_int, c_int, c_int, u64)> {
-    (g.memfd >= 0 && g.lockfd >= 0 && g.ctl >= 0 && g.doorbell >= 0).then_some((
-        g.ctl,
-        g.memfd,
-        g.doorbell,
-        g.lockfd,
+    (g.memfd() >= 0 && g.lockfd() >= 0 && g.ctl() >= 0 && g.doorbell() >= 0).then_some((
+        g.ctl(),
+        g.memfd(),
+        g.doorbell(),
+        g.lockfd(),
         g.region_size,
     ))
 }
@@ -72,16 +106,24 @@ pub(crate) fn is_dead(g: &Guest) -> bool {
 /// mark its regions abandoned): a zero-timeout ppoll for POLLHUP, for waits that
 /// never sleep (poll-only mode), which would otherwise spin forever.
 pub(crate) fn control_hung_up(g: &Guest) -> bool {
-    if g.ctl < 0 {
+    if g.ctl() < 0 {
         return false;
     }
     let mut pf = [libc::pollfd {
-        fd: g.ctl,
+        fd: g.ctl(),
         events: 0,
         revents: 0,
     }];
     matches!(sys::ppoll(&mut pf, Some(0), sys::SigMask::NONE), Ok(n) if n > 0)
-        && pf[0].revents & (libc::POLLHUP | libc::POLLERR) != 0
+        && ctl_hung_up_in(g, &pf[0])
+}
+
+/// Whether a ppoll entry for the control socket says canald hung up. The entry must
+/// still be the control socket: had it moved while we slept (ownfd.rs), the program's
+/// file now has that number and its events are not ours.
+#[inline]
+pub(crate) fn ctl_hung_up_in(g: &Guest, p: &libc::pollfd) -> bool {
+    p.revents & (libc::POLLHUP | libc::POLLERR) != 0 && p.fd == g.ctl()
 }
 
 pub(crate) fn mark_dead() {

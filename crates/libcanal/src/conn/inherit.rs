@@ -8,7 +8,6 @@ use crate::conn::guest::Guest;
 use crate::conn::guest::ATTACH_LOCK;
 use crate::conn::guest::GUEST;
 use crate::conn::slots::release_slot;
-use crate::fdtable::TABLE;
 use crate::rt::debug;
 use crate::rt::env;
 use crate::rt::lock;
@@ -18,6 +17,7 @@ use crate::sys;
 use canal_abi::feature;
 use canal_abi::sync::AtomicU32;
 use canal_abi::sync::Ordering;
+use core::sync::atomic::AtomicI32;
 use libc::c_int;
 
 pub(crate) const VAR: &str = "CANAL_REJOIN";
@@ -125,23 +125,23 @@ pub(crate) fn rejoin(p: &crate::conn::inherit::Parsed) -> Option<&'static Guest>
     };
     // SAFETY: as in attach_on: a 4096-byte shared page, never unmapped.
     let ctl_lock = unsafe { &*(page as *const AtomicU32) };
-    for fd in [p.ctl, p.memfd, p.doorbell, p.lockfd] {
-        let _ = TABLE.set_internal(fd);
-    }
+    // Already high in the parent (ownfd.rs); adopt moves them up if its limit was lower.
+    let [ctl, memfd, doorbell, lockfd] =
+        [p.ctl, p.memfd, p.doorbell, p.lockfd].map(crate::ownfd::adopt);
     let features = region.header().features;
     let debug = env(c"CANAL_LOG").is_some_and(|v| v == b"debug");
     PID.store(sys::getpid(), Ordering::Relaxed);
     let g = Guest {
         region,
-        ctl: p.ctl,
-        doorbell: p.doorbell,
+        ctl: AtomicI32::new(ctl),
+        doorbell: AtomicI32::new(doorbell),
         ctl_lock,
         ports: features & feature::PORT_EVENTFD != 0,
         wait: wait_settings(),
         debug,
-        memfd: p.memfd,
+        memfd: AtomicI32::new(memfd),
         region_size: p.region_size,
-        lockfd: p.lockfd,
+        lockfd: AtomicI32::new(lockfd),
         wdoor: Default::default(),
         nworkers: AtomicU32::new(0),
     };

@@ -102,6 +102,14 @@ pub(crate) fn irq_efd(idx: u32) -> c_int {
         .map_or(-1, |a| a.load(Ordering::Relaxed))
 }
 
+/// Points the interrupt eventfd holder of `old` at `new` (it moved: ownfd.rs).
+pub(crate) fn retarget(old: c_int, new: c_int) -> bool {
+    IRQ_EFD.iter().any(|a| {
+        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })
+}
+
 /// Whether `fd` is one of the interrupt eventfds (process-wide, never closed).
 pub(crate) fn is_irq_efd(fd: c_int) -> bool {
     fd >= 0 && IRQ_EFD.iter().any(|a| a.load(Ordering::Relaxed) == fd)
@@ -326,8 +334,8 @@ fn setup_irqs(dev: &[u8], group: &[u8], want: u32) -> Result<u32, (i32, &'static
             return Err((e, "VFIO_DEVICE_SET_IRQS (MSI-X)"));
         }
         for (slot, &efd) in IRQ_EFD.iter().zip(&set.data[..n as usize]) {
-            let _ = crate::fdtable::TABLE.set_internal(efd);
-            slot.store(efd, Ordering::Release);
+            // VFIO holds the eventfd itself, not its number: it may move (ownfd.rs).
+            slot.store(crate::ownfd::adopt(efd), Ordering::Release);
         }
         Ok(n)
     })();
@@ -336,7 +344,7 @@ fn setup_irqs(dev: &[u8], group: &[u8], want: u32) -> Result<u32, (i32, &'static
             // Container, group and device stay open for the life of the process (and its
             // forked children): closing them would tear the interrupts down.
             for f in fds {
-                let _ = crate::fdtable::TABLE.set_internal(f);
+                crate::ownfd::adopt(f);
             }
             Ok(n)
         }

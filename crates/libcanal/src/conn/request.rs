@@ -25,8 +25,8 @@ pub(crate) fn kick(g: &Guest) {
     if h.host_sleeping.load(Ordering::Relaxed) != 0
         && h.host_sleeping.swap(0, Ordering::AcqRel) == 1
     {
-        if g.doorbell >= 0 {
-            if sys::eventfd_signal(g.doorbell).is_err() {
+        if g.doorbell() >= 0 {
+            if crate::ownfd::using(|| sys::eventfd_signal(g.doorbell())).is_err() {
                 mark_dead();
             }
         } else {
@@ -166,7 +166,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
             mark_dead();
             return Err(libc::EIO);
         }
-        if s.efd < 0 || g.ctl < 0 {
+        if s.efd < 0 || g.ctl() < 0 {
             // In a VM (ivshmem): yield for a while first (a sleeping thread wakes late,
             // by timer or by interrupt); then back off without a wake-up port (§9.4),
             // or sleep on the slot's interrupt eventfd (§9.5).
@@ -197,7 +197,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
                 revents: 0,
             },
             libc::pollfd {
-                fd: g.ctl,
+                fd: g.ctl(),
                 events: 0,
                 revents: 0,
             },
@@ -205,9 +205,9 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
         let _ = sys::ppoll(&mut pf, Some(1_000_000_000), sys::SigMask::NONE);
         slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
         if pf[0].revents != 0 {
-            sys::eventfd_drain(s.efd);
+            crate::conn::slots::drain_port(s.idx, &pf[0]);
         }
-        if pf[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+        if crate::conn::guest::ctl_hung_up_in(g, &pf[1]) {
             mark_dead();
         }
     }

@@ -1,5 +1,6 @@
 //! How a waiting thread sleeps: eventfd ports, bounded backoff without one, the
 //! deferred re-check of short-circuited sockets, and waking local sleepers.
+use crate::conn::guest::ctl_hung_up_in;
 use crate::conn::guest::mark_dead;
 use crate::conn::guest::Guest;
 use crate::conn::slots::own_slot;
@@ -112,12 +113,12 @@ pub(crate) fn sleep_backoff(
     let t = timeout_ns.map_or(step, |t| t.min(step));
     fds[n].fd = -1;
     fds[n + 1] = libc::pollfd {
-        fd: g.ctl,
+        fd: g.ctl(),
         events: 0,
         revents: 0,
     };
     let r = sys::ppoll(fds, Some(t), sigmask)?;
-    if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+    if ctl_hung_up_in(g, &fds[n + 1]) {
         mark_dead();
     }
     Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize))
@@ -146,7 +147,7 @@ pub(crate) fn sleep_events(
     let mut own = [NO_POLLFD; 2];
     let fds = sleep_fds(&mut own, extra);
     let n = fds.len() - 2;
-    if g.ctl < 0 {
+    if g.ctl() < 0 {
         // A VM guest with interrupt wake-ups (§9.5): the same polling phase as above
         // before the first sleep of a wait (an interrupt under emulation arrives
         // ~150 µs late), then sleep on the slot's interrupt eventfd.
@@ -185,7 +186,7 @@ pub(crate) fn sleep_events(
             revents: 0,
         };
         fds[n + 1] = libc::pollfd {
-            fd: g.ctl,
+            fd: g.ctl(),
             events: 0,
             revents: 0,
         };
@@ -211,12 +212,14 @@ pub(crate) fn sleep_events(
     seg_sleepers.leave();
     let mut own_events = 0;
     if fds[n].revents != 0 && fds[n].fd >= 0 {
-        sys::eventfd_drain(s.efd);
+        crate::conn::slots::drain_port(s.idx, &fds[n]);
         own_events += 1;
     }
-    if fds[n + 1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-        mark_dead();
+    if fds[n + 1].revents != 0 {
         own_events += 1;
+    }
+    if ctl_hung_up_in(g, &fds[n + 1]) {
+        mark_dead();
     }
     r.map(|c| c.saturating_sub(own_events))
 }
@@ -350,15 +353,19 @@ pub(crate) fn wake_local(g: &Guest, index: u32) {
         .enumerate()
         .take(g.region.layout().slot_count as usize)
     {
-        let efd = a.load(Ordering::Relaxed);
-        if efd < 0 {
+        if a.load(Ordering::Relaxed) < 0 {
             continue;
         }
         if let Some(s) = g.region.slot(i as u32) {
             if s.sleep.load(Ordering::Relaxed) == sleep_kind::EVENTS {
                 let w = s.wait_socket.load(Ordering::Relaxed);
                 if w == index || w == WAIT_ANY {
-                    let _ = sys::eventfd_signal(efd);
+                    crate::ownfd::using(|| {
+                        let efd = a.load(Ordering::SeqCst);
+                        if efd >= 0 {
+                            let _ = sys::eventfd_signal(efd);
+                        }
+                    });
                 }
             }
         }

@@ -29,7 +29,6 @@ const NO_SLOT: u32 = u32::MAX;
 
 struct ThreadSlot {
     idx: Cell<u32>,
-    efd: Cell<c_int>,
     /// A thread that found every keepable slot kept (it borrows instead) looks again
     /// only after this (monotonic ns): a look scans them all.
     retry_at: Cell<i64>,
@@ -43,7 +42,7 @@ impl Drop for ThreadSlot {
         let idx = self.idx.replace(NO_SLOT);
         if idx != NO_SLOT {
             if let Some(g) = guest() {
-                release_slot(g, idx, self.efd.replace(-1));
+                release_slot(g, idx, slot_efd(idx));
             }
         }
     }
@@ -51,7 +50,7 @@ impl Drop for ThreadSlot {
 
 thread_local! {
     static SLOT: ThreadSlot = const {
-        ThreadSlot { idx: Cell::new(NO_SLOT), efd: Cell::new(-1), retry_at: Cell::new(0) }
+        ThreadSlot { idx: Cell::new(NO_SLOT), retry_at: Cell::new(0) }
     };
 }
 
@@ -61,8 +60,36 @@ pub(crate) struct SlotRef<'g> {
     pub(crate) g: &'g Guest,
     pub(crate) idx: u32,
     pub(crate) slot: &'g Slot,
+    /// The slot's eventfd when the reference was made (-1: none); act on it only
+    /// through `slot_efd`, inside ownfd::using (it may have moved since).
     pub(crate) efd: c_int,
     temp: bool,
+}
+
+/// Slot `idx`'s eventfd now (ownfd.rs may move it), -1 if it has none.
+#[inline]
+pub(crate) fn slot_efd(idx: u32) -> c_int {
+    SLOT_EFD
+        .get(idx as usize)
+        .map_or(-1, |a| a.load(Ordering::SeqCst))
+}
+
+/// Drains slot `idx`'s eventfd after a ppoll entry `p` for it had events — only if it
+/// is still ours (it may have moved while we slept: ownfd.rs).
+pub(crate) fn drain_port(idx: u32, p: &libc::pollfd) {
+    crate::ownfd::using(|| {
+        if p.fd >= 0 && p.fd == slot_efd(idx) {
+            sys::eventfd_drain(p.fd);
+        }
+    });
+}
+
+/// Points the slot eventfd holding `old` at `new` (it moved: ownfd.rs).
+pub(crate) fn retarget(old: c_int, new: c_int) -> bool {
+    SLOT_EFD.iter().any(|a| {
+        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })
 }
 
 impl Drop for SlotRef<'_> {
@@ -86,14 +113,18 @@ pub(crate) fn release_slot(g: &Guest, idx: u32, efd: c_int) {
         );
     }
     if efd >= 0 {
-        if let Some(a) = SLOT_EFD.get(idx as usize) {
-            a.store(-1, Ordering::Relaxed);
-        }
-        if crate::conn::ivshmem::is_irq_efd(efd) {
-            return; // an interrupt vector's eventfd: the next holder of the slot uses it
-        }
-        TABLE.take(efd);
-        let _ = sys::close(efd);
+        crate::ownfd::using(|| {
+            // The published number (it may have moved), else the unpublished one.
+            let cur = SLOT_EFD
+                .get(idx as usize)
+                .map_or(-1, |a| a.swap(-1, Ordering::SeqCst));
+            let efd = if cur >= 0 { cur } else { efd };
+            if efd < 0 || crate::conn::ivshmem::is_irq_efd(efd) {
+                return; // an interrupt vector's eventfd: the next holder of the slot uses it
+            }
+            TABLE.take(efd);
+            let _ = sys::close(efd);
+        });
     }
 }
 
@@ -182,7 +213,7 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
     if !g.ports {
         return Ok((idx, -1));
     }
-    if g.ctl < 0 {
+    if g.ctl() < 0 {
         // ivshmem with doorbell interrupts: slot idx's port is MSI-X vector idx's
         // eventfd, shared by this process family and never closed (-1 beyond the
         // routed vectors: that slot backs off).
@@ -199,7 +230,7 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
             return Err(e);
         }
     };
-    let _ = TABLE.set_internal(efd);
+    let efd = crate::ownfd::adopt(efd);
     if let Err(e) = register_port(g, idx, efd) {
         release_slot(g, idx, efd);
         return Err(e);
@@ -219,10 +250,7 @@ fn bind_thread_slot(g: &Guest, s: &ThreadSlot) -> Result<(u32, c_int), i32> {
             return Err(libc::EAGAIN);
         }
         match claim_for_thread(g) {
-            Ok((idx, efd)) => {
-                s.idx.set(idx);
-                s.efd.set(efd);
-            }
+            Ok((idx, _)) => s.idx.set(idx),
             Err(e) => {
                 if e == libc::EAGAIN {
                     s.retry_at.set(now + BIND_RETRY_NS);
@@ -231,7 +259,8 @@ fn bind_thread_slot(g: &Guest, s: &ThreadSlot) -> Result<(u32, c_int), i32> {
             }
         }
     }
-    Ok((s.idx.get(), s.efd.get()))
+    let idx = s.idx.get();
+    Ok((idx, slot_efd(idx)))
 }
 
 /// The calling thread's own slot, claimed (and its port registered) on first use;
@@ -273,14 +302,7 @@ pub(crate) fn my_slot(g: &'static Guest) -> Result<SlotRef<'static>, i32> {
 pub(crate) fn forget_in_child() {
     // The forking thread's slot belongs to the parent's thread: forget it (the child
     // claims its own on first use). The eventfd copy is closed; the region stays mapped.
-    let _ = SLOT.try_with(|s| {
-        let efd = s.efd.replace(-1);
-        s.idx.set(NO_SLOT);
-        if efd >= 0 && !crate::conn::ivshmem::is_irq_efd(efd) {
-            TABLE.take(efd);
-            let _ = sys::close(efd);
-        }
-    });
+    let _ = SLOT.try_with(|s| s.idx.set(NO_SLOT));
     for a in SLOT_EFD.iter() {
         let efd = a.swap(-1, Ordering::Relaxed);
         if efd >= 0

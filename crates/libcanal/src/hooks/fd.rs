@@ -208,13 +208,16 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
     if (wo == 0 && wn == 0) || vfork_child() {
         return real();
     }
-    if TABLE.get(new) == Some(Entry::Internal) {
-        sys::set_errno(libc::EBUSY);
-        return -1;
-    }
     let Some(_g) = Reentry::enter() else {
         return real();
     };
+    if TABLE.get(new) == Some(Entry::Internal) && old != new {
+        // The program wants this number: ours moves away first (never EBUSY).
+        if let Err(e) = make_room(new) {
+            sys::set_errno(e);
+            return -1;
+        }
+    }
     run(|| {
         let r = real();
         if r < 0 {
@@ -242,6 +245,40 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
             }
         }
     }) as c_int
+}
+
+/// Moves the library's descriptor at `fd` to another number, so that the program's
+/// dup2/dup3 onto `fd` (which closes what is there) gets it. Every holder of the number
+/// is pointed at the copy, and calls acting on the old number are waited out (ownfd.rs);
+/// the control socket moves under the control lock, so no exchange is under way.
+fn make_room(fd: c_int) -> Result<(), i32> {
+    let g = crate::conn::guest::guest();
+    let ctl = g.filter(|g| g.ctl() == fd);
+    if let Some(g) = ctl {
+        crate::conn::guest::ctl_lock(g);
+    }
+    let r = (|| {
+        let new = match crate::ownfd::dup_high(fd) {
+            Ok(n) => n,
+            // Nothing free up there: anywhere else will do (visible, but working).
+            Err(_) => sys::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, 3)? as c_int,
+        };
+        let _ = TABLE.set_internal(new);
+        let moved = g.is_some_and(|g| g.retarget(fd, new))
+            || crate::conn::slots::retarget(fd, new)
+            || crate::conn::wait::retarget_pin(fd, new)
+            || crate::conn::ivshmem::retarget(fd, new);
+        crate::ownfd::wait_unused();
+        // Our copy at `fd` is the program's to replace now; a descriptor no holder
+        // named (kept open only to keep its file alive) simply lives at `new`.
+        TABLE.take(fd);
+        let _ = moved;
+        Ok(())
+    })();
+    if let Some(g) = ctl {
+        crate::conn::guest::ctl_unlock(g);
+    }
+    r
 }
 
 #[cfg_attr(not(test), no_mangle)]

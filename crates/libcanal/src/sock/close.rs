@@ -2,7 +2,6 @@
 use crate::conn::guest::Guest;
 use crate::conn::request::request;
 use crate::conn::wait::Wait;
-use crate::fdtable::TABLE;
 use crate::sock::core::Sock;
 use crate::sock::opts::getsockopt;
 use crate::sys;
@@ -95,8 +94,7 @@ pub(crate) fn unpin() {
             release(g, h);
         }
         if fd >= 0 {
-            TABLE.take(fd);
-            let _ = sys::close(fd);
+            crate::conn::wait::close_pin(fd);
         }
     }
 }
