@@ -40,7 +40,7 @@ pytest_configure = _e2e.pytest_configure
 from canal_harness import need_tool  # noqa: E402
 
 PROGS = HERE / "progs"
-C_PROGRAMS = ["peer", "edge"]
+C_PROGRAMS = ["peer", "edge", "sockopts"]
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@
 //!
 //! Code map (each file uses no file that uses it; `scripts/check-layout`): `sys/` (the
 //! only unsafe code: system-call wrappers behind a facade), `alloc` (data-area
-//! allocator), `request` (copy-then-validate of request slots), `config` (`Config`,
+//! allocator), `request` (copy-then-validate of request slots), `sockopt` (which socket options
+//! reach the host socket), `config` (`Config`,
 //! defaults, the clap command line), `cli` (the `canald` entry point), `logging`
 //! (timestamped log lines), `guest/` (one guest: settings, address view, host sockets,
 //! wake-ups, operations, data pumps, service round, short-circuit, vRSS), `engine`
@@ -30,6 +31,7 @@ pub mod guest;
 pub mod ivshmem_server;
 pub mod logging;
 pub mod request;
+pub mod sockopt;
 pub mod spawn;
 pub mod stat;
 pub mod sys;

@@ -10,6 +10,7 @@ use crate::guest::socket::fd_of;
 use crate::guest::socket::is_linger;
 use crate::guest::socket::token;
 use crate::guest::socket::Kind;
+use crate::guest::socket::KindState;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
 use crate::guest::wake::RoundStats;
@@ -257,6 +258,8 @@ impl Guest {
             }
             Cmd::SetOpt { level, name, value } => {
                 let s = self.live(index)?;
+                let dgram = matches!(s.state, KindState::Dgram { .. });
+                crate::sockopt::check_set(s.family, dgram, level, name, &value)?;
                 sys::setsockopt_bytes(fd_of(s)?, level, name, &value)
                     .map_err(|e| sys::errno_of(&e))?;
                 Ok((0, 0))
@@ -266,6 +269,8 @@ impl Guest {
                     return r;
                 }
                 let s = self.live(index)?;
+                let dgram = matches!(s.state, KindState::Dgram { .. });
+                crate::sockopt::check_get(s.family, dgram, level, name)?;
                 let n = sys::getsockopt_bytes(fd_of(s)?, level, name, &mut out[..len])
                     .map_err(|e| sys::errno_of(&e))?;
                 Ok((0, n))
