@@ -87,21 +87,39 @@ impl SideLock<'_> {
             0 if may_bias() => self.bias.store(me, Ordering::Relaxed),
             0 | REVOKED => {}
             b if b == me => {}
-            _ => {
-                self.bias.store(REVOKED, Ordering::Relaxed);
-                let mut n = 0u32;
-                while !env.barrier() {
-                    n = n.wrapping_add(1);
-                    env.wait(n);
-                }
-                // BL4: Acquire pairs with BL2/BL3: the owner's call is complete.
-                while self.busy.load(Ordering::Acquire) != 0 {
-                    n = n.wrapping_add(1);
-                    env.wait(n);
-                }
-            }
+            _ => self.revoke_locked(env),
         }
         Entered::Locked
+    }
+
+    /// With the lock word held: takes the bias from its owner for good (REVOKED), and
+    /// waits until the owner's call in progress, if any, is complete.
+    fn revoke_locked(&self, env: &impl LockEnv) {
+        self.bias.store(REVOKED, Ordering::Relaxed);
+        let mut n = 0u32;
+        while !env.barrier() {
+            n = n.wrapping_add(1);
+            env.wait(n);
+        }
+        // BL4: Acquire pairs with BL2/BL3: the owner's call is complete.
+        while self.busy.load(Ordering::Acquire) != 0 {
+            n = n.wrapping_add(1);
+            env.wait(n);
+        }
+    }
+
+    /// Ends biasing on this side for good, whoever owns it (this thread included): from
+    /// now on every entry takes the lock word, so no later entry needs B2. For a
+    /// process about to lose the barrier (a seccomp filter that forbids membarrier).
+    pub fn revoke(&self, env: &impl LockEnv) {
+        self.lock_word(env);
+        match self.bias.load(Ordering::Relaxed) {
+            REVOKED => {}
+            0 => self.bias.store(REVOKED, Ordering::Relaxed),
+            _ => self.revoke_locked(env),
+        }
+        // L2: Release pairs with L1.
+        self.lock.store(0, Ordering::Release);
     }
 
     /// Leaves the side.

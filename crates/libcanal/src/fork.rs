@@ -31,6 +31,7 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    sys::forget_tid();
     crate::shortcut::seg::fork_child();
     ATTACH_LOCK.store(0, Ordering::Relaxed);
     PID.store(sys::getpid(), Ordering::Relaxed);

@@ -52,6 +52,11 @@ mod sys;
 /// rejoins the guest of an exec'ing parent (CANAL_REJOIN).
 extern "C" fn init() {
     fork::register_handlers();
+    // Started under a seccomp filter (a sandboxing service manager): make only the
+    // calls such filters allow (sys.rs, "confinement").
+    if sys::seccomp_filter_at_start() {
+        sys::set_confined();
+    }
     rejoin::at_start();
 }
 

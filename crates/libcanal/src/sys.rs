@@ -117,6 +117,9 @@ pub(crate) fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32
 }
 
 pub(crate) fn eventfd() -> Result<c_int, i32> {
+    if confined() {
+        return Err(libc::EPERM);
+    }
     let flags = libc::EFD_CLOEXEC | libc::EFD_NONBLOCK;
     // SAFETY: no pointers involved.
     check(unsafe { libc::syscall(libc::SYS_eventfd2, 0 as c_long, flags as c_long) })
@@ -143,12 +146,118 @@ impl SigMask {
     pub(crate) const NONE: SigMask = SigMask(core::ptr::null());
 }
 
+// ---- confinement ------------------------------------------------------------------------------
+//
+// A program may confine itself with a seccomp filter (sshd's pre-authentication child
+// allows little more than read, write, poll, futex and nanosleep, and kills the process
+// on anything else). From then on the library makes only the calls such filters allow:
+// poll instead of ppoll, a short nanosleep instead of sched_yield, no membarrier, no
+// getrusage, no new descriptors, a cached thread id (hooks::seccomp sets this up).
+
+static CONFINED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Whether the process runs under a seccomp filter the library did not see (see above).
+#[inline]
+pub(crate) fn confined() -> bool {
+    CONFINED.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn set_confined() {
+    CONFINED.store(true, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether /proc/self/status says a seccomp filter is already in force (a program
+/// started by a sandboxing service manager). Unknown (unreadable) counts as no.
+pub(crate) fn seccomp_filter_at_start() -> bool {
+    let mut buf = [0u8; 4096];
+    // SAFETY: a NUL-terminated path; flags only.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/status".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let n = read(fd as c_int, &mut buf).unwrap_or(0);
+    let _ = close(fd as c_int);
+    let text = &buf[..n];
+    text.windows(9)
+        .position(|w| w == b"Seccomp:\t")
+        .is_some_and(|i| text.get(i + 9) == Some(&b'2'))
+}
+
 /// ppoll with an optional relative timeout in nanoseconds and an optional signal mask.
+/// The library's sleeps pass placeholder entries (fd -1) and its own descriptors along
+/// with the program's; a process whose RLIMIT_NOFILE is below the entry count (sshd's
+/// sandboxed child sets 1) gets EINVAL from the kernel, so the call is retried with
+/// only the live entries, and failing that becomes a short sleep (callers re-check).
 pub(crate) fn ppoll(
     fds: &mut [libc::pollfd],
     timeout_ns: Option<i64>,
     sigmask: SigMask,
 ) -> Result<usize, i32> {
+    match ppoll_raw(fds, timeout_ns, sigmask) {
+        Err(libc::EINVAL) if fds.len() > 1 => {}
+        r => return r,
+    }
+    const MAX: usize = 64;
+    let mut live = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; MAX];
+    let mut at = [0usize; MAX];
+    let mut n = 0;
+    for (i, p) in fds.iter_mut().enumerate() {
+        p.revents = 0;
+        if p.fd >= 0 {
+            if n == MAX {
+                return Err(libc::EINVAL);
+            }
+            live[n] = *p;
+            at[n] = i;
+            n += 1;
+        }
+    }
+    match ppoll_raw(&mut live[..n], timeout_ns, sigmask) {
+        Ok(r) => {
+            for k in 0..n {
+                fds[at[k]].revents = live[k].revents;
+            }
+            Ok(r)
+        }
+        Err(libc::EINVAL) if n > 0 => {
+            sleep_ns(timeout_ns.map_or(1_000_000, |t| t.clamp(0, 1_000_000)));
+            Ok(0)
+        }
+        r => r,
+    }
+}
+
+/// One ppoll(2) (or poll(2) when confined without a mask: see "confinement").
+fn ppoll_raw(
+    fds: &mut [libc::pollfd],
+    timeout_ns: Option<i64>,
+    sigmask: SigMask,
+) -> Result<usize, i32> {
+    if confined() && sigmask.0.is_null() {
+        let ms = timeout_ns.map_or(-1, |ns| {
+            ((ns.max(0) + 999_999) / 1_000_000).min(i32::MAX as i64)
+        });
+        // SAFETY: fds is a valid array of fds.len() pollfds.
+        return check(unsafe {
+            libc::syscall(
+                libc::SYS_poll,
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                ms as c_long,
+            )
+        });
+    }
     let ts = timeout_ns.map(|ns| {
         let ns = ns.max(0);
         libc::timespec {
@@ -174,9 +283,30 @@ pub(crate) fn ppoll(
     })
 }
 
+thread_local! {
+    /// The calling thread's id once asked (0: not yet).
+    static TID: core::cell::Cell<i32> = const { core::cell::Cell::new(0) };
+}
+
+/// The calling thread's id, asked of the kernel once per thread (a confined process
+/// may not be allowed to ask; see "confinement").
 pub(crate) fn gettid() -> i32 {
-    // SAFETY: no arguments.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    let ask = || {
+        // SAFETY: no arguments.
+        unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    };
+    TID.try_with(|t| {
+        if t.get() == 0 {
+            t.set(ask());
+        }
+        t.get()
+    })
+    .unwrap_or_else(|_| ask())
+}
+
+/// Forgets the cached thread id (in a fork child the thread has a new one).
+pub(crate) fn forget_tid() {
+    let _ = TID.try_with(|t| t.set(0));
 }
 
 pub(crate) fn getpid() -> i32 {
@@ -188,6 +318,9 @@ pub(crate) fn getpid() -> i32 {
 pub(crate) fn alive(tid: i32) -> bool {
     if tid <= 0 {
         return false;
+    }
+    if confined() {
+        return true; // cannot ask; a confined process does not take over others' locks
     }
     // SAFETY: signal 0 only checks existence.
     let r = unsafe { libc::syscall(libc::SYS_kill, tid as c_long, 0 as c_long) };
@@ -209,6 +342,9 @@ pub(crate) fn raise_sigpipe() {
 
 /// membarrier(2) with no flags; the command's result (a bit mask for QUERY).
 pub(crate) fn membarrier(cmd: c_int) -> Result<i64, i32> {
+    if confined() {
+        return Err(libc::EPERM);
+    }
     // SAFETY: membarrier takes two integers and touches no user memory.
     let r = unsafe {
         libc::syscall(
@@ -222,6 +358,10 @@ pub(crate) fn membarrier(cmd: c_int) -> Result<i64, i32> {
 }
 
 pub(crate) fn sched_yield() {
+    if confined() {
+        sleep_ns(1_000);
+        return;
+    }
     // SAFETY: no arguments.
     unsafe {
         libc::syscall(libc::SYS_sched_yield);
@@ -231,6 +371,9 @@ pub(crate) fn sched_yield() {
 /// How often the calling thread was preempted (involuntary context switches,
 /// getrusage(RUSAGE_THREAD)); None if the kernel refuses.
 pub(crate) fn thread_preemptions() -> Option<u64> {
+    if confined() {
+        return None;
+    }
     // SAFETY: an all-zero rusage is a valid value; getrusage only writes into it.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
     // SAFETY: ru is a valid out-pointer for the call's duration.

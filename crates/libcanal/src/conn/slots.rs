@@ -225,10 +225,9 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
     }
     let efd = match sys::eventfd() {
         Ok(f) => f,
-        Err(e) => {
-            release_slot(g, idx, -1);
-            return Err(e);
-        }
+        // No descriptor to be had (RLIMIT_NOFILE lowered by a sandboxing program, or
+        // confined: sys.rs): keep the slot without a port; its waits back off.
+        Err(_) => return Ok((idx, -1)),
     };
     let efd = crate::ownfd::adopt(efd);
     if let Err(e) = register_port(g, idx, efd) {

@@ -4,7 +4,7 @@
 //!
 //! `#[cfg_attr(not(test), no_mangle)]` keeps unit tests from interposing themselves.
 //!
-//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`; `common` holds what they share.
+//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`, `seccomp`; `common` holds what they share.
 #![allow(clippy::missing_safety_doc)]
 
 pub(crate) mod common;
@@ -12,4 +12,5 @@ pub(crate) mod exec;
 pub(crate) mod fd;
 pub(crate) mod io;
 pub(crate) mod poll;
+pub(crate) mod seccomp;
 pub(crate) mod socket;

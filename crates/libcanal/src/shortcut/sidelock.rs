@@ -65,10 +65,23 @@ fn rx(e: &SocketEntry) -> SideLock<'_> {
     }
 }
 
+/// Whether this thread may become a side's owner: its process receives B2, and can
+/// issue it (a confined process cannot: sys.rs, "confinement").
+#[inline]
+fn may_bias() -> bool {
+    !crate::sys::confined() && crate::shortcut::barrier::ensure_registered()
+}
+
 /// Enters the senders' side of `e`.
 #[inline]
 pub(crate) fn enter_tx(e: &SocketEntry) -> Entered {
-    tx(e).enter(me(), crate::shortcut::barrier::ensure_registered, &Env)
+    tx(e).enter(me(), may_bias, &Env)
+}
+
+/// Ends biasing on both sides of `e` (before this process loses membarrier).
+pub(crate) fn revoke_both(e: &SocketEntry) {
+    tx(e).revoke(&Env);
+    rx(e).revoke(&Env);
 }
 
 #[inline]
@@ -79,7 +92,7 @@ pub(crate) fn exit_tx(e: &SocketEntry, how: Entered) {
 /// Enters the receivers' side of `e`.
 #[inline]
 pub(crate) fn enter_rx(e: &SocketEntry) -> Entered {
-    rx(e).enter(me(), crate::shortcut::barrier::ensure_registered, &Env)
+    rx(e).enter(me(), may_bias, &Env)
 }
 
 #[inline]
