@@ -8,15 +8,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Dynamically linked, calls libc: canal takes its sockets.
-    Fine,
-    /// No program interpreter: LD_PRELOAD does nothing.
-    Static,
-    /// A Go binary (`.go.buildinfo` / `.note.go.buildid` section).
-    Go,
-}
+pub use canal_elf::Verdict;
 
 /// `prog` as execvp would find it.
 pub fn resolve(prog: &str) -> Option<PathBuf> {
@@ -29,68 +21,13 @@ pub fn resolve(prog: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn u16_at(b: &[u8], o: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
-}
-fn u32_at(b: &[u8], o: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
-}
-fn u64_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
-}
-
-fn read_at(f: &File, off: u64, len: usize) -> Option<Vec<u8>> {
-    if len > 16 << 20 {
-        return None;
-    }
-    let mut v = vec![0u8; len];
-    f.read_exact_at(&mut v, off).ok()?;
-    Some(v)
-}
-
-/// Classifies a 64-bit little-endian ELF file; anything else (scripts, other ELF
-/// classes, unreadable files) is `Fine` — the kernel or the interpreter decides.
+/// Classifies a 64-bit little-endian ELF file (canal_elf); anything else (scripts,
+/// other ELF classes, unreadable files) is `Fine` — the kernel or the interpreter decides.
 pub fn classify(path: &Path) -> Verdict {
     let Ok(f) = File::open(path) else {
         return Verdict::Fine;
     };
-    classify_file(&f).unwrap_or(Verdict::Fine)
-}
-
-fn classify_file(f: &File) -> Option<Verdict> {
-    let h = read_at(f, 0, 64)?;
-    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return None;
-    }
-    let (phoff, phentsize, phnum) = (u64_at(&h, 32)?, u16_at(&h, 54)?, u16_at(&h, 56)?);
-    let (shoff, shentsize, shnum, shstrndx) = (
-        u64_at(&h, 40)?,
-        u16_at(&h, 58)? as usize,
-        u16_at(&h, 60)? as usize,
-        u16_at(&h, 62)? as usize,
-    );
-    let ph = read_at(f, phoff, phentsize as usize * phnum as usize)?;
-    let has_interp = (0..phnum as usize)
-        .any(|i| u32_at(&ph, i * phentsize as usize) == Some(3 /* PT_INTERP */));
-    // Section names: look for Go's markers.
-    if shnum > 0 && shstrndx < shnum && shentsize >= 64 {
-        let sh = read_at(f, shoff, shentsize * shnum)?;
-        let str_off = u64_at(&sh, shstrndx * shentsize + 24)?;
-        let str_len = u64_at(&sh, shstrndx * shentsize + 32)? as usize;
-        let names = read_at(f, str_off, str_len.min(1 << 20))?;
-        for i in 0..shnum {
-            let n = u32_at(&sh, i * shentsize)? as usize;
-            let name = names.get(n..)?.split(|&b| b == 0).next()?;
-            if name == b".go.buildinfo" || name == b".note.go.buildid" {
-                return Some(Verdict::Go);
-            }
-        }
-    }
-    Some(if has_interp {
-        Verdict::Fine
-    } else {
-        Verdict::Static
-    })
+    canal_elf::classify(&mut |off, buf: &mut [u8]| f.read_exact_at(buf, off).is_ok())
 }
 
 /// Whether running `path` changes the process's credentials (set-user-ID to another
@@ -110,23 +47,12 @@ pub fn secure_exec(path: &Path) -> bool {
 /// The warning line for `prog`, if any.
 pub fn warning(prog: &str) -> Option<String> {
     let path = resolve(prog)?;
-    if secure_exec(&path) {
-        return Some(format!(
-            "canal: {} is set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it, so its sockets use the kernel, not canal",
-            path.display()
-        ));
-    }
-    match classify(&path) {
-        Verdict::Fine => None,
-        Verdict::Static => Some(format!(
-            "canal: {} is statically linked: libcanal cannot be preloaded into it, so its sockets use the kernel, not canal",
-            path.display()
-        )),
-        Verdict::Go => Some(format!(
-            "canal: {} is a Go program: its runtime makes socket system calls directly, so its sockets use the kernel, not canal",
-            path.display()
-        )),
-    }
+    let why = if secure_exec(&path) {
+        canal_elf::WHY_SETID
+    } else {
+        classify(&path).why()?
+    };
+    Some(format!("canal: {} {why}", path.display()))
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@
 //!   over `stream`/`dgram` rings, accept, close).
 //! - `policy`: which sockets canal takes (CANAL_EXCLUDE); `handoff`: giving one to the kernel.
 //! - `mux/`: poll/select and epoll over mixed descriptors.
-//! - `rejoin`: canal sockets inherited over exec keep working.
+//! - `rejoin`: canal sockets inherited over exec keep working; `launch`: what an exec'd
+//!   image gets (an environment that keeps it under canal, a warning if it cannot be).
 //! - `hooks/`: the `extern "C"` entry points, one file per family of calls.
 //! - `fork`: the one `pthread_atfork` registration.
 
@@ -36,6 +37,7 @@ mod fork;
 mod handoff;
 mod hooks;
 mod iov;
+mod launch;
 mod mux;
 mod notify;
 mod ownfd;
@@ -52,6 +54,7 @@ mod sys;
 /// rejoins the guest of an exec'ing parent (CANAL_REJOIN).
 extern "C" fn init() {
     fork::register_handlers();
+    launch::at_start();
     // Started under a seccomp filter (a sandboxing service manager): make only the
     // calls such filters allow (sys.rs, "confinement").
     if sys::seccomp_filter_at_start() {

@@ -56,37 +56,6 @@ pub(crate) fn undo(g: &Guest) {
     }
 }
 
-/// The new environment: `envp` without any CANAL_REJOIN entry, plus `entry`. The
-/// returned vector (NULL-terminated) points into `envp`'s strings and `entry_c`.
-///
-/// # Safety
-/// `envp` is null or a NULL-terminated array of valid C strings (exec's contract).
-pub(crate) unsafe fn new_envp(
-    envp: *const *const libc::c_char,
-    entry_c: &std::ffi::CString,
-) -> Vec<*const libc::c_char> {
-    let mut out = Vec::new();
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: envp is a NULL-terminated array of C strings (exec's contract).
-            let p = unsafe { *envp.add(i) };
-            if p.is_null() {
-                break;
-            }
-            // SAFETY: p is a valid C string.
-            let bytes = unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes();
-            if !bytes.starts_with(b"CANAL_REJOIN=") {
-                out.push(p);
-            }
-            i += 1;
-        }
-    }
-    out.push(entry_c.as_ptr());
-    out.push(core::ptr::null());
-    out
-}
-
 /// Library constructor: rejoin the guest if the exec'ing image asked for it.
 pub(crate) fn at_start() {
     let Ok(v) = std::env::var(VAR) else { return };
@@ -107,25 +76,12 @@ pub(crate) fn at_start() {
         let is_sock = sys::fcntl_int(*fd, libc::F_GETFD, 0).is_ok();
         if is_sock && Sock::new(g, *h).is_ok() {
             let _ = TABLE.set_canal(*fd, *h);
+            crate::rt::debug!(g, "canal: inherited fd {fd} -> handle {h:#x}\n");
+        } else {
+            crate::rt::debug!(
+                g,
+                "canal: inherited fd {fd} (handle {h:#x}) is not usable\n"
+            );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envp_rewrite() {
-        let a = std::ffi::CString::new("A=1").unwrap();
-        let old = std::ffi::CString::new("CANAL_REJOIN=old").unwrap();
-        let env = [a.as_ptr(), old.as_ptr(), core::ptr::null()];
-        let e = std::ffi::CString::new("CANAL_REJOIN=new").unwrap();
-        // SAFETY: env is a NULL-terminated array of C strings.
-        let v = unsafe { new_envp(env.as_ptr(), &e) };
-        assert_eq!(v.len(), 3);
-        assert_eq!(v[0], a.as_ptr());
-        assert_eq!(v[1], e.as_ptr());
-        assert!(v[2].is_null());
     }
 }

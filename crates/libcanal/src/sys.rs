@@ -488,11 +488,30 @@ pub(crate) fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
 
 /// (file type bits, size) of an open descriptor.
 pub(crate) fn fd_kind(fd: c_int) -> Result<(u32, u64), i32> {
+    let st = fstat(fd)?;
+    Ok((st.st_mode & libc::S_IFMT, st.st_size as u64))
+}
+
+pub(crate) fn fstat(fd: c_int) -> Result<libc::stat, i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer.
     check(unsafe { libc::syscall(libc::SYS_fstat, fd as c_long, &mut st as *mut libc::stat) })?;
-    Ok((st.st_mode & libc::S_IFMT, st.st_size as u64))
+    Ok(st)
+}
+
+/// pread(2): up to `buf.len()` bytes at `off`.
+pub(crate) fn pread(fd: c_int, buf: &mut [u8], off: u64) -> Result<usize, i32> {
+    // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_pread64,
+            fd as c_long,
+            buf.as_mut_ptr(),
+            buf.len(),
+            off as c_long,
+        )
+    })
 }
 
 /// Whether `fd` is an eventfd (its /proc link reads "anon_inode:[eventfd]").

@@ -103,12 +103,16 @@ fn inherited() -> Vec<(c_int, u32)> {
     keep
 }
 
-/// Runs an exec: references of close-on-exec sockets are dropped first; if sockets
-/// are inherited, the new image gets CANAL_REJOIN in its environment (rejoin.rs) and
-/// `$call` runs with the rewritten environment `$envp` names. A failed exec restores
+/// Runs an exec: a program canal cannot reach is reported (launch.rs); references of
+/// close-on-exec sockets are dropped; if sockets are inherited, the new image gets
+/// CANAL_REJOIN (rejoin.rs); the environment keeps the image under canal (launch.rs);
+/// then `$call` runs with that environment as `$envp`. A failed exec restores
 /// everything.
 macro_rules! exec_hook {
-    ($orig_env:expr, |$envp:ident| $call:expr) => {{
+    ($orig_env:expr, $warn:expr, |$envp:ident| $call:expr) => {{
+        // A vfork child runs in our memory: it must not allocate (launch.rs).
+        let vforked = vfork_child();
+        ($warn)(vforked);
         let dropped = before_exec();
         let keep = inherited();
         let entry = match (crate::conn::guest::guest(), keep.is_empty()) {
@@ -117,18 +121,14 @@ macro_rules! exec_hook {
             }
             _ => None,
         };
-        let rewritten = entry.as_ref().map(|e| {
-            // SAFETY: the caller's environment, as exec requires it.
-            unsafe { crate::rejoin::new_envp($orig_env, e) }
-        });
-        let $envp: *const *const libc::c_char = match &rewritten {
-            Some(v) => v.as_ptr(),
-            None => $orig_env,
-        };
+        let rejoining = entry.is_some();
+        // SAFETY: the caller's environment, as exec requires it.
+        let env = unsafe { crate::launch::exec_env($orig_env, entry, !vforked) };
+        let $envp: *const *const libc::c_char = env.as_ptr();
         // SAFETY: forwarding the caller's arguments (and an environment built from
         // theirs) to libc's exec function.
         let r = unsafe { $call };
-        if entry.is_some() {
+        if rejoining {
             if let Some(g) = crate::conn::guest::guest() {
                 crate::rejoin::undo(g);
             }
@@ -138,13 +138,32 @@ macro_rules! exec_hook {
     }};
 }
 
+/// The warning for exec'ing `file` (a path, or with `search` a name to look up in
+/// PATH, which allocates: not in a vfork child).
+fn warn(file: *const libc::c_char, search: bool, vforked: bool) {
+    if file.is_null() {
+        return;
+    }
+    // SAFETY: exec's contract: a valid C string.
+    let f = unsafe { core::ffi::CStr::from_ptr(file) };
+    if !search || f.to_bytes().contains(&b'/') {
+        crate::launch::warn_if_unreachable(f, -1);
+    } else if !vforked {
+        if let Some(p) = crate::launch::resolve(f) {
+            crate::launch::warn_if_unreachable(&p, -1);
+        }
+    }
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn execve(
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(envp, |e| real!(c"execve", FnExecve)(path, argv, e))
+    exec_hook!(envp, |v| warn(path, false, v), |e| real!(
+        c"execve", FnExecve
+    )(path, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -154,7 +173,9 @@ pub unsafe extern "C" fn execv(
 ) -> c_int {
     // SAFETY: reading libc's environ pointer.
     let env = unsafe { environ };
-    exec_hook!(env, |e| real!(c"execve", FnExecve)(path, argv, e))
+    exec_hook!(env, |v| warn(path, false, v), |e| real!(
+        c"execve", FnExecve
+    )(path, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -164,7 +185,9 @@ pub unsafe extern "C" fn execvp(
 ) -> c_int {
     // SAFETY: reading libc's environ pointer.
     let env = unsafe { environ };
-    exec_hook!(env, |e| real!(c"execvpe", FnExecve)(file, argv, e))
+    exec_hook!(env, |v| warn(file, true, v), |e| real!(
+        c"execvpe", FnExecve
+    )(file, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -173,7 +196,9 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(envp, |e| real!(c"execvpe", FnExecve)(file, argv, e))
+    exec_hook!(envp, |v| warn(file, true, v), |e| real!(
+        c"execvpe", FnExecve
+    )(file, argv, e))
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -182,7 +207,11 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    exec_hook!(envp, |e| real!(c"fexecve", FnFexecve)(fd, argv, e))
+    exec_hook!(
+        envp,
+        |_| crate::launch::warn_if_unreachable(c"(fexecve)", fd),
+        |e| { real!(c"fexecve", FnFexecve)(fd, argv, e) }
+    )
 }
 
 /// At exit() the kernel closes every descriptor: drop this process's references so a
