@@ -173,3 +173,35 @@ def test_default_directory_is_private(canal_bin, python):
     finally:
         subprocess.run(["pkill", "-f", f"--socket {base}/canal/canald.sock"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_another_users_socket_is_named_as_the_cause(canal_bin):
+    """Another user runs `canal run` against root's daemon (root's 0755 directory): the
+    error names the real cause — permission denied on root's socket — and points at no
+    log that does not exist; with nobody answering there, it says the directory is not
+    writable instead of starting a daemon that could only fail (issue 14)."""
+    att = _attacker()
+    d = tempfile.mkdtemp(prefix="canal-sys-", dir="/tmp")
+    os.chmod(d, 0o755)
+    sock = os.path.join(d, "canald.sock")
+    proc = subprocess.Popen([str(canal_bin), "daemon", "--socket", sock], env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.05)
+        as_att = ["runuser", "-u", ATTACKER, "--", str(canal_bin), "run", "--socket"]
+        cp = subprocess.run(as_att + [sock, "--", "true"], env=clean_env(), capture_output=True, timeout=30,
+                            cwd="/tmp")
+        err = cp.stderr.decode()
+        assert cp.returncode != 0 and "permission denied on " + sock in err and ".log" not in err, err
+        other = os.path.join(d, "other.sock")
+        cp = subprocess.run(as_att + [other, "--", "true"], env=clean_env(), capture_output=True, timeout=30,
+                            cwd="/tmp")
+        err = cp.stderr.decode()
+        assert cp.returncode != 0 and f"{d} is not writable by this user" in err and ".log" not in err, err
+        assert not os.path.exists(other + ".log")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(d, ignore_errors=True)

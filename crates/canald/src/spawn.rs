@@ -30,6 +30,18 @@ pub enum SpawnError {
     },
     #[error("canald did not answer on {} within 10 s; {log_note}", socket.display())]
     NoAnswer { socket: PathBuf, log_note: String },
+    /// Nobody answers on the socket and this user cannot create one there: the real
+    /// cause, said before a daemon is started that could only fail.
+    #[error(
+        "nobody answers on {} and a private canald cannot be started there: {} is not writable by this user ({source}); use a socket of your own with --socket or CANAL_SOCKET, or run as the directory's owner",
+        socket.display(),
+        dir.display()
+    )]
+    DirNotWritable {
+        socket: PathBuf,
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Whether a daemon canal may trust answers on the control socket: Ok(false) if
@@ -47,6 +59,17 @@ pub fn ensure_daemon(path: &Path) -> Result<(), SpawnError> {
     ensure_dir(dir_of(path), Role::Client)?;
     if answers(path)? {
         return Ok(());
+    }
+    let dir = dir_of(path);
+    if let Err(source) = rustix::fs::access(
+        dir,
+        rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+    ) {
+        return Err(SpawnError::DirNotWritable {
+            socket: path.into(),
+            dir: dir.into(),
+            source: source.into(),
+        });
     }
     let exe = std::env::current_exe().map_err(SpawnError::OwnExe)?;
     start_private_daemon(&exe, path)
