@@ -60,6 +60,8 @@ CHECKS = {
     "dup2_low_numbers": "client",
     "dup2_onto_library_fds": "client",
     "close_range_then_sockets": "client",
+    "scm_rights_pass": "client",
+    "stdio_on_inherited_socket": "client",
 }
 
 

@@ -13,6 +13,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 const TAG_CANAL: u64 = 1 << 32;
 const TAG_INTERNAL: u64 = 2 << 32;
 const TAG_EPOLL: u64 = 3 << 32;
+const TAG_BRIDGED: u64 = 4 << 32;
 const TAG_MASK: u64 = 0xff << 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,9 @@ pub(crate) enum Entry {
     Internal,
     /// An epoll instance that watches canal sockets (`epoll.rs`).
     Epoll,
+    /// A kernel socket that carries canal socket `handle`'s data through a bridge
+    /// (bridge.rs): data calls go to the kernel, control calls to canal.
+    Bridged(u32),
 }
 
 pub(crate) struct FdTable<const N: usize> {
@@ -58,6 +62,7 @@ impl<const N: usize> FdTable<N> {
             TAG_CANAL => Some(Entry::Canal(word as u32)),
             TAG_INTERNAL => Some(Entry::Internal),
             TAG_EPOLL => Some(Entry::Epoll),
+            TAG_BRIDGED => Some(Entry::Bridged(word as u32)),
             _ => None,
         }
     }
@@ -90,6 +95,11 @@ impl<const N: usize> FdTable<N> {
 
     pub(crate) fn set_internal(&self, fd: i32) -> Result<Option<Entry>, i32> {
         self.store(fd, TAG_INTERNAL)
+    }
+
+    /// Marks `fd` as the kernel end of a bridge for canal socket `handle`.
+    pub(crate) fn set_bridged(&self, fd: i32, handle: u32) -> Result<Option<Entry>, i32> {
+        self.store(fd, TAG_BRIDGED | handle as u64)
     }
 
     /// Marks `fd` as an epoll instance watching canal sockets.
@@ -150,6 +160,9 @@ mod tests {
         assert_eq!(t.handle(6), None);
         t.set_internal(5).unwrap();
         assert_eq!(t.get(5), Some(Entry::Internal));
+        t.set_bridged(7, 0x2_0003).unwrap();
+        assert_eq!(t.get(7), Some(Entry::Bridged(0x2_0003)));
+        assert_eq!(t.handle(7), None);
         assert_eq!(t.handle(5), None);
         assert_eq!(t.take(3), Some(Entry::Canal(0x1_0005)));
         assert_eq!(t.get(3), None);

@@ -24,12 +24,16 @@
 //! - `rejoin`: canal sockets inherited over exec keep working; `launch`: what an exec'd
 //!   image gets (an environment that keeps it under canal, a warning if it cannot be).
 //! - `hooks/`: the `extern "C"` entry points, one file per family of calls.
+//! - `bridge`: a connected canal socket carried on a kernel socket by a helper process,
+//!   for code the hooks cannot see (stdio, exec'd images, SCM_RIGHTS receivers).
+//! - `relay`: the bridge helper's relay loop (top: it uses the hooks).
 //! - `fork`: the one `pthread_atfork` registration.
 
 // In unit-test builds the hooks are not exported (`cfg_attr(not(test), no_mangle)`), so
 // everything reached only from them looks unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod bridge;
 mod cmd;
 mod conn;
 mod fdtable;
@@ -44,6 +48,7 @@ mod ownfd;
 mod policy;
 mod ready;
 mod rejoin;
+mod relay;
 mod rt;
 mod shortcut;
 mod sock;
@@ -61,6 +66,8 @@ extern "C" fn init() {
         sys::set_confined();
     }
     rejoin::at_start();
+    // A bridge helper (bridge.rs) relays and exits here, never running the program.
+    relay::at_start();
 }
 
 #[cfg(not(test))]

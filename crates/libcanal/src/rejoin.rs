@@ -36,8 +36,12 @@ fn set_cloexec(fd: c_int, on: bool) {
 /// Before exec: if `keep` (inherited canal sockets) is not empty, makes the guest's
 /// descriptors survive exec and returns the `CANAL_REJOIN=...` entry for the new
 /// environment. `undo` reverses it if exec fails.
-pub(crate) fn prepare(g: &Guest, keep: &[(c_int, u32)]) -> Option<String> {
-    if keep.is_empty() {
+pub(crate) fn prepare(
+    g: &Guest,
+    keep: &[(c_int, u32)],
+    bridged: &[(c_int, u32)],
+) -> Option<String> {
+    if keep.is_empty() && bridged.is_empty() {
         return None;
     }
     let ids = crate::conn::guest::rejoin_fds(g)?;
@@ -45,7 +49,7 @@ pub(crate) fn prepare(g: &Guest, keep: &[(c_int, u32)]) -> Option<String> {
         set_cloexec(fd, false);
     }
     let slot = crate::conn::slots::my_slot_index().unwrap_or(u32::MAX);
-    Some(format!("{VAR}={}", encode(ids, slot, keep)))
+    Some(format!("{VAR}={}", encode(ids, slot, keep, bridged)))
 }
 
 pub(crate) fn undo(g: &Guest) {
@@ -82,6 +86,12 @@ pub(crate) fn at_start() {
                 g,
                 "canal: inherited fd {fd} (handle {h:#x}) is not usable\n"
             );
+        }
+    }
+    for (fd, h) in &p.bridged {
+        if sys::fcntl_int(*fd, libc::F_GETFD, 0).is_ok() {
+            let _ = TABLE.set_bridged(*fd, *h);
+            crate::rt::debug!(g, "canal: inherited fd {fd} bridges handle {h:#x}\n");
         }
     }
 }

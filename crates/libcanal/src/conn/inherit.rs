@@ -22,18 +22,34 @@ use libc::c_int;
 
 pub(crate) const VAR: &str = "CANAL_REJOIN";
 
-/// Encodes the rejoin value.
+/// Encodes the rejoin value: `ctl,memfd,doorbell,lockfd,region_size,old_slot;` then
+/// the canal descriptors `fd:handle,...`, and after a second `;` the bridged ones
+/// (bridge.rs) in the same form.
 pub(crate) fn encode(
     g: (c_int, c_int, c_int, c_int, u64),
     old_slot: u32,
     fds: &[(c_int, u32)],
+    bridged: &[(c_int, u32)],
 ) -> String {
-    let mut s = format!("{},{},{},{},{},{};", g.0, g.1, g.2, g.3, g.4, old_slot);
-    for (i, (fd, h)) in fds.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&format!("{fd}:{h}"));
+    let list = |v: &[(c_int, u32)]| {
+        v.iter()
+            .map(|(fd, h)| format!("{fd}:{h}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut s = format!(
+        "{},{},{},{},{},{};{}",
+        g.0,
+        g.1,
+        g.2,
+        g.3,
+        g.4,
+        old_slot,
+        list(fds)
+    );
+    if !bridged.is_empty() {
+        s.push(';');
+        s.push_str(&list(bridged));
     }
     s
 }
@@ -48,6 +64,7 @@ pub(crate) struct Parsed {
     pub(crate) region_size: u64,
     pub(crate) old_slot: u32,
     pub(crate) fds: Vec<(c_int, u32)>,
+    pub(crate) bridged: Vec<(c_int, u32)>,
 }
 
 pub(crate) fn parse(v: &str) -> Option<Parsed> {
@@ -57,11 +74,16 @@ pub(crate) fn parse(v: &str) -> Option<Parsed> {
         return None;
     }
     let fd = |s: &str| s.parse::<c_int>().ok().filter(|&f| f >= 0);
-    let mut fds = Vec::new();
-    for p in tail.split(',').filter(|p| !p.is_empty()) {
-        let (f, hd) = p.split_once(':')?;
-        fds.push((fd(f)?, hd.parse::<u32>().ok()?));
-    }
+    let list = |t: &str| -> Option<Vec<(c_int, u32)>> {
+        let mut v = Vec::new();
+        for p in t.split(',').filter(|p| !p.is_empty()) {
+            let (f, hd) = p.split_once(':')?;
+            v.push((fd(f)?, hd.parse::<u32>().ok()?));
+        }
+        Some(v)
+    };
+    let (canal, bridged) = tail.split_once(';').unwrap_or((tail, ""));
+    let (fds, bridged) = (list(canal)?, list(bridged)?);
     Some(Parsed {
         ctl: fd(h[0])?,
         memfd: fd(h[1])?,
@@ -70,6 +92,7 @@ pub(crate) fn parse(v: &str) -> Option<Parsed> {
         region_size: h[4].parse().ok()?,
         old_slot: h[5].parse().ok()?,
         fds,
+        bridged,
     })
 }
 
@@ -172,7 +195,7 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let s = encode((5, 6, 7, 8, 1 << 30), 3, &[(4, 0x1_0002), (9, 7)]);
+        let s = encode((5, 6, 7, 8, 1 << 30), 3, &[(4, 0x1_0002), (9, 7)], &[]);
         let p = parse(&s).unwrap();
         assert_eq!(
             p,
@@ -184,8 +207,12 @@ mod tests {
                 region_size: 1 << 30,
                 old_slot: 3,
                 fds: vec![(4, 0x1_0002), (9, 7)],
+                bridged: vec![],
             }
         );
+        let p = parse(&encode((5, 6, 7, 8, 1 << 30), 3, &[], &[(0, 9), (1, 9)])).unwrap();
+        assert_eq!((p.fds, p.bridged), (vec![], vec![(0, 9), (1, 9)]));
+        assert!(parse("1,2,3,4,5,6;;x:1").is_none());
         assert!(parse("1,2,3;").is_none());
         assert!(parse("1,2,3,4,5,6;x:1").is_none());
         assert!(parse("-1,2,3,4,5,6;").is_none());

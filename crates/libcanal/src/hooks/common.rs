@@ -72,16 +72,32 @@ pub(crate) fn sock_of(h: u32) -> Result<Sock, i32> {
 pub(crate) fn canal(fd: c_int) -> Option<u32> {
     FdTable::<TABLE_LEN>::decode(TABLE.raw(fd)).and_then(|e| match e {
         Entry::Canal(h) => Some(h),
+        Entry::Internal | Entry::Epoll | Entry::Bridged(_) => None,
+    })
+}
+
+/// For control calls (names, socket options): a canal socket, or the canal socket a
+/// bridged descriptor carries (bridge.rs; its data calls go to the kernel).
+#[inline]
+pub(crate) fn canal_ctl(fd: c_int) -> Option<u32> {
+    FdTable::<TABLE_LEN>::decode(TABLE.raw(fd)).and_then(|e| match e {
+        Entry::Canal(h) | Entry::Bridged(h) => Some(h),
         Entry::Internal | Entry::Epoll => None,
     })
 }
 
 /// Dispatches: ordinary (or re-entered) → `$real`, canal → `$body` with `$s: Sock`.
 macro_rules! dispatch {
-    ($fd:expr, $real:expr, |$s:ident| $body:expr) => {{
+    (ctl $fd:expr, $real:expr, |$s:ident| $body:expr) => {
+        $crate::hooks::common::dispatch!(@with canal_ctl, $fd, $real, |$s| $body)
+    };
+    ($fd:expr, $real:expr, |$s:ident| $body:expr) => {
+        $crate::hooks::common::dispatch!(@with canal, $fd, $real, |$s| $body)
+    };
+    (@with $pick:ident, $fd:expr, $real:expr, |$s:ident| $body:expr) => {{
         let fd = $fd;
         #[allow(unused_unsafe)]
-        match $crate::hooks::common::canal(fd) {
+        match $crate::hooks::common::$pick(fd) {
             // SAFETY: forwarding the caller's own arguments to the real libc function.
             None => unsafe { $real },
             Some(h) => match $crate::hooks::common::Reentry::enter() {

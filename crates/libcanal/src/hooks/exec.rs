@@ -87,20 +87,57 @@ extern "C" {
     static environ: *const *const libc::c_char;
 }
 
-/// Canal sockets without close-on-exec that the new image inherits.
-fn inherited() -> Vec<(c_int, u32)> {
-    let mut keep = Vec::new();
-    if crate::conn::guest::guest().is_none() || vfork_child() {
-        return keep;
+/// Descriptors and the canal socket handles they hold.
+type FdHandles = Vec<(c_int, u32)>;
+
+/// What the new image inherits: canal sockets without close-on-exec, and bridged
+/// descriptors (bridge.rs). A connected TCP socket on a standard stream (0-2: inetd
+/// style, a daemon's child serving the connection) is bridged now: the new image may
+/// use it through stdio, or be a program without the library. Elsewhere an inherited
+/// socket is usually one the child does not use (no close-on-exec), and a bridge would
+/// take the data its parent still reads; it keeps the rejoin path.
+fn inherited() -> (FdHandles, FdHandles) {
+    let (mut keep, mut bridged) = (Vec::new(), Vec::new());
+    let Some(g) = crate::conn::guest::guest() else {
+        return (keep, bridged);
+    };
+    if vfork_child() {
+        return (keep, bridged);
     }
+    let survives =
+        |fd| sys::fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC == 0);
+    let mut canal = Vec::new();
     TABLE.for_each_canal(|fd, h| {
-        let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0)
-            .map_or(true, |f| f as c_int & libc::FD_CLOEXEC != 0);
-        if !cloexec {
-            keep.push((fd, h));
+        if survives(fd) {
+            canal.push((fd, h));
         }
     });
-    keep
+    let mut done: Vec<u32> = Vec::new();
+    for &(fd, h) in &canal {
+        if fd > 2 || done.contains(&h) || !crate::bridge::bridgeable(g, h) {
+            continue;
+        }
+        done.push(h);
+        // Receives too only if the image gets it as stdin (bridge::Ways).
+        let reads = canal.iter().any(|&(f, hh)| hh == h && f == 0);
+        let ways = if reads {
+            crate::bridge::Ways::Both
+        } else {
+            crate::bridge::Ways::SendOnly
+        };
+        if let Ok(p) = crate::bridge::spawn(g, fd, h, ways) {
+            crate::bridge::adopt_bridge(g, h, p);
+            let _ = sys::close(p);
+        }
+    }
+    for fd in 0..TABLE.high_water() as c_int {
+        match TABLE.get(fd) {
+            Some(crate::fdtable::Entry::Canal(h)) if survives(fd) => keep.push((fd, h)),
+            Some(crate::fdtable::Entry::Bridged(h)) if survives(fd) => bridged.push((fd, h)),
+            _ => {}
+        }
+    }
+    (keep, bridged)
 }
 
 /// Runs an exec: a program canal cannot reach is reported (launch.rs); references of
@@ -114,13 +151,10 @@ macro_rules! exec_hook {
         let vforked = vfork_child();
         ($warn)(vforked);
         let dropped = before_exec();
-        let keep = inherited();
-        let entry = match (crate::conn::guest::guest(), keep.is_empty()) {
-            (Some(g), false) => {
-                crate::rejoin::prepare(g, &keep).and_then(|e| std::ffi::CString::new(e).ok())
-            }
-            _ => None,
-        };
+        let (keep, bridged) = inherited();
+        let entry = crate::conn::guest::guest()
+            .and_then(|g| crate::rejoin::prepare(g, &keep, &bridged))
+            .and_then(|e| std::ffi::CString::new(e).ok());
         let rejoining = entry.is_some();
         // SAFETY: the caller's environment, as exec requires it.
         let env = unsafe { crate::launch::exec_env($orig_env, entry, !vforked) };

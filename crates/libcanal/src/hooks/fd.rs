@@ -62,6 +62,9 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
                 TABLE.take(fd as c_int);
                 crate::mux::epoll::forget_fd(fd as c_int);
             }
+            Some(Entry::Bridged(_)) => {
+                TABLE.take(fd as c_int);
+            }
             None => {}
         }
     }
@@ -153,6 +156,12 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
                 sys::close(fd).map(|_| 0)
             }) as c_int
         }
+        Some(Entry::Bridged(_)) => {
+            // A kernel socket: the bridge notices its last copy going.
+            TABLE.take(fd);
+            // SAFETY: forwarding to libc's close.
+            unsafe { real!(c"close", FnInt)(fd) }
+        }
         // SAFETY: forwarding to libc's close.
         None => unsafe { real!(c"close", FnInt)(fd) },
     }
@@ -160,10 +169,21 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    dispatch!(fd, real!(c"dup", FnInt)(fd), |s| {
+    let r = dispatch!(fd, real!(c"dup", FnInt)(fd), |s| {
         let nfd = sys::fcntl_int(fd, libc::F_DUPFD, 0)? as c_int;
         install_dup(s, nfd)
-    }) as c_int
+    }) as c_int;
+    copy_bridged(fd, r);
+    r
+}
+
+/// A copy of a bridged descriptor is bridged too (its kernel file is the same).
+fn copy_bridged(old: c_int, new: c_int) {
+    if new >= 0 && new != old {
+        if let Some(Entry::Bridged(h)) = TABLE.get(old) {
+            let _ = TABLE.set_bridged(new, h);
+        }
+    }
 }
 
 fn install_dup(s: Sock, nfd: c_int) -> Result<isize, i32> {
@@ -235,12 +255,23 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
         match (canal(old), g) {
             (Some(h), Some(g)) => {
                 let s = Sock::new(g, h)?;
-                install_dup(s, new)
+                let r = install_dup(s, new)?;
+                if (0..=2).contains(&new) && crate::bridge::bridgeable(g, h) {
+                    // A connection becoming a standard stream is about to be used through
+                    // stdio (bash's builtins, printf...), which the hooks never see:
+                    // carry it on a kernel socket from now on (bridge.rs).
+                    if let Ok(p) = crate::bridge::spawn(g, new, h, crate::bridge::Ways::Both) {
+                        crate::bridge::adopt_bridge(g, h, p);
+                        let _ = sys::close(p);
+                    }
+                }
+                Ok(r)
             }
             _ => {
                 if let (Some(Entry::Canal(h)), Some(g)) = (TABLE.take(new), g) {
                     crate::sock::close::release(g, h);
                 }
+                copy_bridged(old, new);
                 Ok(r as isize)
             }
         }
@@ -303,6 +334,13 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
             unsafe { real!(c"fcntl", FnFcntl)(fd, cmd, arg) }
         }
     };
+    if let (Some(Entry::Bridged(_)), FcntlAction::Dup { .. }) =
+        (TABLE.get(fd), fcntl_action(cmd, arg))
+    {
+        let r = real(cmd, arg);
+        copy_bridged(fd, r);
+        return r;
+    }
     dispatch!(fd, real(cmd, arg), |s| {
         match fcntl_action(cmd, arg) {
             FcntlAction::GetFl => {

@@ -106,9 +106,66 @@ pub unsafe extern "C" fn sendto(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: msg is the caller's message, as sendmsg requires.
+    unsafe { bridge_passed_sockets(msg) };
     dispatch!(fd, real!(c"sendmsg", FnSendMsg)(fd, msg, flags), |s| {
         sendmsg_one(s, msg, flags)
     })
+}
+
+/// msg_controllen, whose type differs between C libraries.
+#[allow(clippy::unnecessary_cast)]
+fn control_len(m: &msghdr) -> usize {
+    m.msg_controllen as usize
+}
+
+/// A connected canal socket passed with SCM_RIGHTS is bridged first (bridge.rs): the
+/// receiver, with the library or without, gets a kernel socket that carries the
+/// connection, and this process uses the same one from now on (one socket for both).
+///
+/// # Safety
+/// `msg` is null or a valid msghdr whose control buffer is readable.
+unsafe fn bridge_passed_sockets(msg: *const msghdr) {
+    // SAFETY: checked non-null; the caller's msghdr.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return;
+    };
+    if m.msg_control.is_null() || control_len(m) < core::mem::size_of::<libc::cmsghdr>() {
+        return;
+    }
+    let Some(g) = crate::conn::guest::guest() else {
+        return;
+    };
+    let Some(_r) = crate::hooks::common::Reentry::enter() else {
+        return;
+    };
+    // SAFETY: walking the caller's control buffer with the CMSG macros.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
+    while !c.is_null() {
+        // SAFETY: c points to a cmsghdr inside the buffer (CMSG_FIRSTHDR/NXTHDR).
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: as above.
+            let data = unsafe { libc::CMSG_DATA(c) } as *const c_int;
+            // SAFETY: CMSG_LEN is arithmetic.
+            let head = unsafe { libc::CMSG_LEN(0) } as usize;
+            let n = (h.cmsg_len as usize).saturating_sub(head) / 4;
+            for i in 0..n {
+                // SAFETY: n ints follow the header within cmsg_len.
+                let fd = unsafe { data.add(i).read_unaligned() };
+                if let Some(hd) = crate::fdtable::TABLE.handle(fd) {
+                    if crate::bridge::bridgeable(g, hd) {
+                        if let Ok(p) = crate::bridge::spawn(g, fd, hd, crate::bridge::Ways::Both) {
+                            crate::bridge::adopt_bridge(g, hd, p);
+                            let _ = sys::close(p);
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: as above.
+        c = unsafe { libc::CMSG_NXTHDR(m, c) };
+    }
 }
 
 #[cfg_attr(not(test), no_mangle)]

@@ -9,6 +9,7 @@
 
 pub(crate) mod common;
 pub(crate) mod exec;
+pub(crate) mod execl;
 pub(crate) mod fd;
 pub(crate) mod io;
 pub(crate) mod poll;

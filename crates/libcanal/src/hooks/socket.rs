@@ -1,5 +1,7 @@
 //! Hooks of the socket family: socket, bind, connect, listen, accept, shutdown, names,
 //! socket options.
+use crate::fdtable::Entry;
+use crate::fdtable::TABLE;
 use crate::hooks::common::addr_in;
 use crate::hooks::common::dispatch;
 use crate::hooks::common::leave_to_kernel;
@@ -177,7 +179,7 @@ pub unsafe extern "C" fn getsockname(
     addr: *mut SockAddr,
     lenp: *mut socklen_t,
 ) -> c_int {
-    dispatch!(fd, real!(c"getsockname", FnAddrOut)(fd, addr, lenp), |s| {
+    dispatch!(ctl fd, real!(c"getsockname", FnAddrOut)(fd, addr, lenp), |s| {
         name_out(s, false, addr, lenp)
     }) as c_int
 }
@@ -188,7 +190,7 @@ pub unsafe extern "C" fn getpeername(
     addr: *mut SockAddr,
     lenp: *mut socklen_t,
 ) -> c_int {
-    dispatch!(fd, real!(c"getpeername", FnAddrOut)(fd, addr, lenp), |s| {
+    dispatch!(ctl fd, real!(c"getpeername", FnAddrOut)(fd, addr, lenp), |s| {
         name_out(s, true, addr, lenp)
     }) as c_int
 }
@@ -207,6 +209,12 @@ fn name_out(s: Sock, peer: bool, addr: *mut SockAddr, lenp: *mut socklen_t) -> R
     Ok(0)
 }
 
+/// On a bridged descriptor the receive and send timeouts belong to its kernel socket,
+/// which carries the data (bridge.rs); every other option is the canal socket's.
+fn data_option_of_bridge(fd: c_int, level: c_int, name: c_int) -> bool {
+    matches!(TABLE.get(fd), Some(Entry::Bridged(_))) && crate::sock::opts::is_timeout(level, name)
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn setsockopt(
     fd: c_int,
@@ -215,8 +223,12 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if data_option_of_bridge(fd, level, name) {
+        // SAFETY: forwarding the caller's arguments to libc's setsockopt.
+        return unsafe { real!(c"setsockopt", FnSetOpt)(fd, level, name, val, len) };
+    }
     dispatch!(
-        fd,
+        ctl fd,
         real!(c"setsockopt", FnSetOpt)(fd, level, name, val, len),
         |s| {
             if (len as i32) < 0 {
@@ -245,8 +257,12 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     lenp: *mut socklen_t,
 ) -> c_int {
+    if data_option_of_bridge(fd, level, name) {
+        // SAFETY: forwarding the caller's arguments to libc's getsockopt.
+        return unsafe { real!(c"getsockopt", FnGetOpt)(fd, level, name, val, lenp) };
+    }
     dispatch!(
-        fd,
+        ctl fd,
         real!(c"getsockopt", FnGetOpt)(fd, level, name, val, lenp),
         |s| {
             if lenp.is_null() {

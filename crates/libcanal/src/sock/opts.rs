@@ -29,6 +29,11 @@ fn timeo_opt(level: c_int, name: c_int) -> Option<bool> {
     }
 }
 
+/// Whether (`level`, `name`) is SO_RCVTIMEO or SO_SNDTIMEO (either variant).
+pub(crate) fn is_timeout(level: c_int, name: c_int) -> bool {
+    timeo_opt(level, name).is_some()
+}
+
 /// timeval bytes → nanoseconds (0 = no timeout), with Linux's rules.
 pub(crate) fn timeval_to_ns(b: &[u8]) -> Result<u64, i32> {
     if b.len() < 16 {

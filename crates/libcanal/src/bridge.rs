@@ -1,0 +1,244 @@
+//! Bridges: a canal connection carried on a kernel socket, for code the hooks cannot see.
+//!
+//! The library sees a program's socket calls only through the libc functions it
+//! interposes. Some code reaches a descriptor without them: glibc's stdio (fflush,
+//! fgets... call the kernel directly, not `write`/`read`), a program without the
+//! library (static, Go, or one that received the descriptor over SCM_RIGHTS), raw
+//! system calls. On a canal socket they would act on its dummy descriptor. Where that
+//! can happen — a connected TCP socket carried across exec, or passed with SCM_RIGHTS —
+//! the socket is *bridged*: a helper process relays between the canal socket and one
+//! end (Q) of an AF_UNIX stream pair, and the program's descriptors are replaced by the
+//! other end (P), a real kernel socket every code path can use. Data calls on P go to
+//! the kernel; names and socket options still answer for the canal socket (the
+//! descriptor table marks P `Bridged`); `canal stat` still lists the connection.
+//!
+//! The helper is a fresh image of the program's own executable (`/proc/self/exe`) whose
+//! libcanal rejoins the guest (CANAL_REJOIN), finds CANAL_BRIDGE and relays until the
+//! connection is over, without running the program (relay.rs). It is started by a double
+//! clone, so it is nobody's child the program could wait for, and it outlives the
+//! process that started it (an exec'd image, a daemon's short-lived child).
+//!
+//! Not bridged: listeners and UDP sockets (they keep the CANAL_REJOIN path), and
+//! processes holding the socket through the ring while another uses the bridge compete
+//! for received data (docs/compat.md).
+
+use crate::conn::guest::Guest;
+use crate::fdtable::TABLE;
+use crate::sock::core::Sock;
+use crate::sys;
+use canal_abi::sock_flag;
+use canal_abi::sock_kind;
+use libc::c_int;
+use std::ffi::CString;
+
+pub(crate) const VAR: &str = "CANAL_BRIDGE";
+
+/// The descriptor numbers the helper gets: the canal socket, Q.
+pub(crate) const HELPER_SOCK: c_int = 3;
+pub(crate) const HELPER_Q: c_int = 4;
+
+/// Whether socket `h` is one a bridge can carry: a connected (or connecting) TCP
+/// stream, over the host or short-circuited.
+pub(crate) fn bridgeable(g: &'static Guest, h: u32) -> bool {
+    Sock::new(g, h).is_ok_and(|s| {
+        s.kind() == sock_kind::STREAM
+            && s.flags() & (sock_flag::CONNECTED | sock_flag::CONNECTING) != 0
+    })
+}
+
+/// Which ways a bridge carries data. A bridge that receives takes every byte that
+/// arrives for the socket, so it receives only for a program that will read: an
+/// exec'd image given the socket as stdout or stderr only (`prog >&sock`) gets a
+/// send-only bridge, and the parent keeps receiving the replies, as natively.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Ways {
+    Both,
+    SendOnly,
+}
+
+/// Starts a helper for canal socket `h` (held here at `fd`) and returns P, the kernel
+/// end the program gets in the socket's place (close-on-exec; blocking as the socket
+/// was). The helper holds its own reference to the socket.
+pub(crate) fn spawn(g: &'static Guest, fd: c_int, h: u32, ways: Ways) -> Result<c_int, i32> {
+    let s = Sock::new(g, h)?;
+    let mut sv = [-1 as c_int; 2];
+    // SAFETY: sv is a writable array of two ints.
+    sys::check(unsafe {
+        libc::syscall(
+            libc::SYS_socketpair,
+            libc::AF_UNIX as libc::c_long,
+            (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as libc::c_long,
+            0 as libc::c_long,
+            sv.as_mut_ptr(),
+        )
+    })?;
+    let (p, q) = (sv[0], sv[1]);
+    let r = start_helper(g, fd, h, q, ways);
+    let _ = sys::close(q);
+    if let Err(e) = r {
+        let _ = sys::close(p);
+        return Err(e);
+    }
+    if s.nonblocking() {
+        let fl = sys::fcntl_int(p, libc::F_GETFL, 0).unwrap_or(0) as libc::c_long;
+        let _ = sys::fcntl_int(p, libc::F_SETFL, fl | libc::O_NONBLOCK as libc::c_long);
+    }
+    crate::rt::debug!(g, "canal: handle {h:#x} bridged (kernel socket fd {p})\n");
+    Ok(p)
+}
+
+/// Everything the helper's image needs, made before cloning: after the clone only raw
+/// system calls run (the copy of a multi-threaded process may hold any lock).
+struct Launch {
+    env: crate::launch::ExecEnv,
+    _bridge: CString,
+    argv: [*const libc::c_char; 2],
+    keep: [c_int; 4],
+}
+
+fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, ways: Ways) -> Result<(), i32> {
+    let ids = crate::conn::guest::rejoin_fds(g).ok_or(libc::ENOTSUP)?;
+    let rejoin = crate::conn::inherit::encode(ids, u32::MAX, &[(HELPER_SOCK, h)], &[]);
+    let rejoin = CString::new(format!("{}={rejoin}", crate::conn::inherit::VAR))
+        .map_err(|_| libc::EINVAL)?;
+    let w = if ways == Ways::Both { "rw" } else { "w" };
+    let bridge =
+        CString::new(format!("{VAR}={HELPER_SOCK},{HELPER_Q},{w}")).map_err(|_| libc::EINVAL)?;
+    let own_env = [bridge.as_ptr(), core::ptr::null()];
+    // SAFETY: own_env is a NULL-terminated array of C strings that outlives the exec.
+    let env = unsafe { crate::launch::exec_env(own_env.as_ptr(), Some(rejoin), true) };
+    let l = Launch {
+        env,
+        _bridge: bridge,
+        argv: [c"canal-bridge".as_ptr(), core::ptr::null()],
+        keep: [ids.0, ids.1, ids.2, ids.3],
+    };
+    // The helper's reference, taken before it can drop it.
+    crate::sock::close::add_ref(g, h);
+    // SAFETY: clone without CLONE_VM is fork without atfork handlers; the child runs
+    // only `intermediate`, which makes raw system calls and exits.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0,
+            0,
+            0,
+        )
+    };
+    if pid < 0 {
+        crate::sock::close::release(g, h);
+        return Err(sys::errno());
+    }
+    if pid == 0 {
+        intermediate(&l, fd, q);
+    }
+    // Reap the intermediate (exit signal 0: only __WCLONE waits see it, so the
+    // program's own waits never do).
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer.
+    unsafe {
+        libc::syscall(
+            libc::SYS_wait4,
+            pid,
+            &mut status as *mut c_int,
+            libc::__WCLONE,
+            0,
+        );
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        crate::sock::close::release(g, h);
+        Err(libc::ECHILD)
+    }
+}
+
+/// In the intermediate: clone the helper (reparented to init when we exit) and exit.
+fn intermediate(l: &Launch, fd: c_int, q: c_int) -> ! {
+    // SAFETY: as above, a fork without atfork handlers; exit signal SIGCHLD so that
+    // whoever inherits the helper reaps it.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::SIGCHLD as libc::c_long,
+            0 as libc::c_long,
+            0,
+            0,
+            0,
+        )
+    };
+    if pid == 0 {
+        helper_exec(l, fd, q);
+    }
+    // SAFETY: exit_group has no preconditions.
+    unsafe { libc::syscall(libc::SYS_exit_group, if pid < 0 { 1 } else { 0 }) };
+    unreachable!()
+}
+
+/// In the helper, before exec: the socket at 3, Q at 4, /dev/null on 0-2, the guest's
+/// descriptors kept, everything else of the program's closed on exec.
+fn helper_exec(l: &Launch, fd: c_int, q: c_int) -> ! {
+    // SAFETY: raw system calls on this process's own descriptors and on strings and
+    // arrays `l` made before the clone; on any failure the process exits.
+    unsafe {
+        let a = libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 10);
+        let b = libc::syscall(libc::SYS_fcntl, q, libc::F_DUPFD_CLOEXEC, 10);
+        let null = libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/dev/null".as_ptr(),
+            libc::O_RDWR,
+        );
+        if a < 0 || b < 0 || null < 0 {
+            libc::syscall(libc::SYS_exit_group, 126);
+        }
+        for t in 0..3 {
+            libc::syscall(libc::SYS_dup3, null, t, 0);
+        }
+        libc::syscall(libc::SYS_dup3, a, HELPER_SOCK, 0);
+        libc::syscall(libc::SYS_dup3, b, HELPER_Q, 0);
+        libc::syscall(
+            libc::SYS_close_range,
+            HELPER_Q + 1,
+            c_int::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        for k in l.keep {
+            libc::syscall(libc::SYS_fcntl, k, libc::F_SETFD, 0);
+        }
+        libc::syscall(
+            libc::SYS_execve,
+            c"/proc/self/exe".as_ptr(),
+            l.argv.as_ptr(),
+            l.env.as_ptr(),
+        );
+        libc::syscall(libc::SYS_exit_group, 127);
+    }
+    unreachable!()
+}
+
+/// Replaces every descriptor of this process that holds canal socket `h` by a copy of
+/// P (keeping each one's close-on-exec flag), marked bridged; their references go.
+pub(crate) fn adopt_bridge(g: &'static Guest, h: u32, p: c_int) {
+    let mut fds = Vec::new();
+    TABLE.for_each_canal(|fd, hh| {
+        if hh == h {
+            fds.push(fd);
+        }
+    });
+    for fd in fds {
+        let cloexec =
+            sys::fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0);
+        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: dup3 onto our own descriptor number (replacing the dummy).
+        if unsafe { libc::syscall(libc::SYS_dup3, p, fd, flags) } < 0 {
+            continue;
+        }
+        crate::mux::epoll::forget_fd(fd);
+        if let Some(crate::fdtable::Entry::Canal(old)) = TABLE.set_bridged(fd, h).ok().flatten() {
+            crate::sock::close::release(g, old);
+        }
+    }
+}
