@@ -3,6 +3,7 @@
 import os
 import shutil
 import signal
+import subprocess
 
 import pytest
 
@@ -31,6 +32,19 @@ def test_run_passes_exit_status(canald):
     # `canal run` execs the program (same pid, same signals), so a signal that kills
     # the program kills `canal run` the same way; a shell shows 128+N.
     assert r.returncode == -signal.SIGKILL, r.describe()
+
+
+def test_run_keeps_closed_standard_descriptors_closed(canald):
+    """`canal run -- PROG >&-`: PROG finds stdout closed, as natively (a runtime that
+    reopened it on /dev/null would turn a write error into silent success)."""
+    probe = "if [ -e /proc/$$/fd/{r} ]; then echo open >&2; else echo closed >&2; fi"
+    cases = (("1>&-", "1", "closed"), ("0<&-", "0", "closed"), ("", "1", "open"))
+    for close, use, want in cases:
+        script = f'exec "$@" {close}'
+        argv = ["sh", "-c", script, "sh", str(canald.canal_bin), "run", "--socket", str(canald.socket), "--",
+                "sh", "-c", probe.format(r=use)]
+        cp = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert cp.stderr.strip().endswith(want), (close, cp.returncode, cp.stderr)
 
 
 def test_guest_listed_in_stat(canald, python, progs):

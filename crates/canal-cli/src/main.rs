@@ -1,12 +1,17 @@
 //! `canal`: the front door. `run`, `stat` and `daemon` sit on canald's library;
 //! `bench` and `vm` take their options from their own crates.
+//!
+//! `main` is the C entry point (`no_main`): Rust's runtime would reopen closed standard
+//! descriptors on /dev/null before a Rust `main`, and the program `canal run` execs must
+//! find them as its caller left them (`prog >&-` fails natively at its first write).
+#![cfg_attr(not(test), no_main)]
 
 mod elfcheck;
 mod run;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// canal: socket-level para-virtual networking for unmodified programs.
 #[derive(Parser, Debug)]
@@ -84,9 +89,41 @@ fn stat(a: &StatArgs) -> i32 {
     }
 }
 
-fn main() -> ExitCode {
+/// Which of descriptors 0-2 (bit per descriptor) the caller left closed.
+static CLOSED_STD: AtomicU8 = AtomicU8::new(0);
+
+/// Closes again the standard descriptors the caller left closed (`canal run`, just
+/// before exec).
+pub(crate) fn close_what_was_closed() {
+    let closed = CLOSED_STD.load(Ordering::Relaxed);
+    for fd in 0..3 {
+        if closed & (1 << fd) != 0 {
+            // SAFETY: closing our own placeholder descriptor.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// The process entry point: notes which standard descriptors are closed and holds
+/// each with /dev/null meanwhile (so nothing canal opens lands on them), then runs.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    let mut closed = 0u8;
+    for fd in 0..3 {
+        // SAFETY: F_GETFD only reads descriptor flags.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            closed |= 1 << fd;
+            // SAFETY: a NUL-terminated path; the lowest free number is `fd`.
+            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+        }
+    }
+    CLOSED_STD.store(closed, Ordering::Relaxed);
+    canal_main().clamp(0, 255)
+}
+
+fn canal_main() -> i32 {
     let cli = Cli::parse();
-    let code = match &cli.cmd {
+    match &cli.cmd {
         Command::Run(a) => run::run(a),
         Command::Stat(a) => stat(a),
         Command::Daemon(a) => canald::cli::serve(a),
@@ -96,6 +133,5 @@ fn main() -> ExitCode {
         }) => canal_vm::bench::run_b11(a),
         Command::Bench(b) => canal_bench::run(&b.args),
         Command::Vm(c) => canal_vm::cli::run_command(c),
-    };
-    ExitCode::from(code.clamp(0, 255) as u8)
+    }
 }
