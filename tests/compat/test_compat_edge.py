@@ -62,6 +62,7 @@ CHECKS = {
     "close_range_then_sockets": "client",
     "scm_rights_pass": "client",
     "stdio_on_inherited_socket": "client",
+    "fdopen_stream": "client",
 }
 
 

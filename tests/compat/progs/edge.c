@@ -2332,6 +2332,27 @@ static void check_stdio_on_inherited_socket(void)
     close(s);
 }
 
+
+/* A stdio stream on a connected socket (fdopen): fprintf and fgets use glibc's own
+ * system calls, never the write/read the library interposes. */
+static void check_fdopen_stream(void)
+{
+    int s = peer_cmd(NULL, "UPPER");
+    FILE *f = fdopen(s, "r+");
+    EXPECT(f != NULL, "fdopen(socket, \"r+\") (%s)", ename(errno));
+    if (!f)
+        return;
+    STEP("fprintf/fflush/fgets through the stream");
+    fprintf(f, "through stdio\n");
+    fflush(f);
+    char line[64] = "";
+    char *r = fgets(line, sizeof line, f);
+    EXPECT(r && strcmp(line, "THROUGH STDIO\n") == 0, "fgets after fprintf on the socket's stream: '%s'", line);
+    int again = fileno(f);
+    expect_echo(again, "and write", "AND WRITE", "write/recv on the same descriptor after stdio");
+    fclose(f);
+}
+
 static void witness(const char *kind)
 {
     int fd = -1;
@@ -2402,6 +2423,7 @@ static const struct {
     { "close_range_then_sockets", "client", "tcp4", check_close_range_then_sockets },
     { "scm_rights_pass", "client", "tcp4", check_scm_rights_pass },
     { "stdio_on_inherited_socket", "client", "tcp4", check_stdio_on_inherited_socket },
+    { "fdopen_stream", "client", "tcp4", check_fdopen_stream },
 };
 
 int main(int argc, char **argv)

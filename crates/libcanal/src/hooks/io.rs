@@ -552,3 +552,27 @@ pub unsafe extern "C" fn sendfile64(
 }
 
 // ---- epoll ---------------------------------------------------------------------------------
+
+type FnFdopen = unsafe extern "C" fn(c_int, *const libc::c_char) -> *mut libc::FILE;
+
+/// fdopen: a stdio stream on a connected canal socket reads and writes with glibc's own
+/// system calls, which the hooks never see, so the connection is bridged first
+/// (bridge.rs) and the stream is opened on the kernel socket that carries it.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    if let (Some(h), Some(g)) = (
+        crate::fdtable::TABLE.handle(fd),
+        crate::conn::guest::guest(),
+    ) {
+        if !crate::hooks::exec::vfork_child() && crate::bridge::bridgeable(g, h) {
+            if let Some(_r) = crate::hooks::common::Reentry::enter() {
+                if let Ok(p) = crate::bridge::spawn(g, fd, h, crate::bridge::Ways::Both) {
+                    crate::bridge::adopt_bridge(g, h, p);
+                    let _ = sys::close(p);
+                }
+            }
+        }
+    }
+    // SAFETY: forwarding the caller's arguments to libc's fdopen.
+    unsafe { real!(c"fdopen", FnFdopen)(fd, mode) }
+}
