@@ -209,3 +209,37 @@ def test_exec_of_a_static_program_is_reported(request, tmp_path):
     assert r.returncode == 0 and "ran" in r.stdout, r.describe()
     lines = [line for line in r.stderr.splitlines() if "is statically linked" in line]
     assert len(lines) == 3 and all(str(exe) in line for line in lines), r.describe()
+
+
+SUBPROCESS_CLIENT = textwrap.dedent("""\
+    import socket, subprocess, sys, time
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"- UPPER\\nfirst line\\n")
+    # A child reading the socket as its stdin through stdio (CPython spawns with vfork).
+    r = subprocess.run(["head", "-n", "1"], stdin=s.fileno(), capture_output=True, timeout=20)
+    print("head:", r.stdout.decode().strip(), r.returncode)
+    # A child writing to it as its stdout; the reply comes back to this process.
+    subprocess.run(["printf", "from the child\\n"], stdout=s.fileno(), check=True, timeout=20)
+    s.settimeout(10)
+    got = b""
+    while not got.endswith(b"\\n"):
+        got += s.recv(100)
+    print("reply:", got.decode().strip())
+    time.sleep(0.5)  # still connected while `canal stat` is sampled
+    """)
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("mode", MODES)
+def test_python_subprocess_with_socket_stdio(request, mode, tmp_path, python):
+    server_run, client_run = compat_util.ends(request, mode)
+    peer, ports = peer_ports(request, server_run)
+    port = int(ports["tcp4"])
+    prog = tmp_path / "client.py"
+    prog.write_text(SUBPROCESS_CLIENT)
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([python, str(prog), str(port)], timeout=40, name="subprocess-client")
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM THE CHILD"], r.describe()
+    sampler.require_peer_port(port, "the Python client")
+    assert peer.poll() is None, peer.describe()

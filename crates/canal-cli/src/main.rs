@@ -8,10 +8,10 @@
 
 mod elfcheck;
 mod run;
+mod stdfds;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// canal: socket-level para-virtual networking for unmodified programs.
 #[derive(Parser, Debug)]
@@ -89,35 +89,11 @@ fn stat(a: &StatArgs) -> i32 {
     }
 }
 
-/// Which of descriptors 0-2 (bit per descriptor) the caller left closed.
-static CLOSED_STD: AtomicU8 = AtomicU8::new(0);
-
-/// Closes again the standard descriptors the caller left closed (`canal run`, just
-/// before exec).
-pub(crate) fn close_what_was_closed() {
-    let closed = CLOSED_STD.load(Ordering::Relaxed);
-    for fd in 0..3 {
-        if closed & (1 << fd) != 0 {
-            // SAFETY: closing our own placeholder descriptor.
-            unsafe { libc::close(fd) };
-        }
-    }
-}
-
 /// The process entry point: notes which standard descriptors are closed and holds
 /// each with /dev/null meanwhile (so nothing canal opens lands on them), then runs.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
-    let mut closed = 0u8;
-    for fd in 0..3 {
-        // SAFETY: F_GETFD only reads descriptor flags.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            closed |= 1 << fd;
-            // SAFETY: a NUL-terminated path; the lowest free number is `fd`.
-            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
-        }
-    }
-    CLOSED_STD.store(closed, Ordering::Relaxed);
+    stdfds::hold_closed();
     canal_main().clamp(0, 255)
 }
 

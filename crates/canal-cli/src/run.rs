@@ -69,7 +69,7 @@ pub fn run(a: &RunArgs) -> i32 {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
         _ => lib.display().to_string(),
     };
-    crate::close_what_was_closed();
+    crate::stdfds::close_what_was_closed();
     let err = Command::new(&prog[0])
         .args(&prog[1..])
         .env("LD_PRELOAD", preload)

@@ -234,14 +234,34 @@ fn request_errors() {
         g.request(op::BIND, h, [0; 4], &[1, 2, 3]).0,
         -(errno::EINVAL as i64)
     );
-    // Options: allowlist, round trip.
+    // Options: the documented refusals (sockopt.rs), round trip.
     let (r, _) = g.request(
         op::SETSOCKOPT,
         h,
         [libc::SOL_SOCKET as u64, libc::SO_BINDTODEVICE as u64, 0, 0],
         b"lo\0",
     );
+    assert_eq!(r, -(libc::EPERM as i64));
+    let (r, _) = g.request(
+        op::SETSOCKOPT,
+        h,
+        [
+            libc::SOL_SOCKET as u64,
+            26, /* SO_ATTACH_FILTER */
+            0,
+            0,
+        ],
+        &[0u8; 16],
+    );
     assert_eq!(r, -(errno::ENOPROTOOPT as i64));
+    // Reading SO_BINDTODEVICE is harmless (sshd does): the kernel's answer, empty.
+    let (r, out) = g.request(
+        op::GETSOCKOPT,
+        h,
+        [libc::SOL_SOCKET as u64, libc::SO_BINDTODEVICE as u64, 16, 0],
+        &[],
+    );
+    assert_eq!((r, out.len()), (0, 0));
     let one = 1i32.to_ne_bytes();
     let nodelay = [libc::IPPROTO_TCP as u64, libc::TCP_NODELAY as u64, 4, 0];
     assert_eq!(g.request(op::SETSOCKOPT, h, nodelay, &one).0, 0);

@@ -28,6 +28,7 @@ use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::sock_flag;
 use canal_abi::sock_kind;
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use libc::c_int;
 use std::ffi::CString;
 
@@ -46,20 +47,112 @@ pub(crate) fn bridgeable(g: &'static Guest, h: u32) -> bool {
     })
 }
 
-/// Which ways a bridge carries data. A bridge that receives takes every byte that
-/// arrives for the socket, so it receives only for a program that will read: an
-/// exec'd image given the socket as stdout or stderr only (`prog >&sock`) gets a
-/// send-only bridge, and the parent keeps receiving the replies, as natively.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Ways {
-    Both,
-    SendOnly,
+/// A bridge receives for the program only while a *receive token* lives: the write end
+/// of a pipe whose read end the helper watches. The process that made the bridge holds
+/// it (close-on-exec, hidden like the library's other descriptors), its forked children
+/// share it, and an exec keeps it only for an image that gets the socket as stdin
+/// (`prepare_exec`). So a child that gets the connection as stdout or stderr and execs
+/// (`prog >&sock`, `subprocess.run(..., stdout=sock)`) leaves a send-only bridge, and
+/// its parent, still reading through the ring, keeps the replies, as natively; a
+/// process that bridged a socket and reads through it (bash's `printf >&3; read <&3`)
+/// keeps receiving.
+pub(crate) const HELPER_TOKEN: c_int = 5;
+
+/// The tokens this process holds: (handle, descriptor), -1 when free.
+static TOKEN_H: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
+static TOKEN_FD: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+
+fn keep_token(h: u32, fd: c_int) -> bool {
+    for (th, tf) in TOKEN_H.iter().zip(TOKEN_FD.iter()) {
+        if tf
+            .compare_exchange(-1, fd, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+        {
+            th.store(h, Ordering::SeqCst);
+            return true;
+        }
+    }
+    false
+}
+
+/// Points the token held at `old` to `new` (it moved: ownfd.rs).
+pub(crate) fn retarget_token(old: c_int, new: c_int) -> bool {
+    TOKEN_FD.iter().any(|a| {
+        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })
+}
+
+/// Before exec: the tokens of sockets the new image gets as stdin (`stdin_of`) survive
+/// it; the others close with it. Returns the survivors (for CANAL_REJOIN).
+pub(crate) fn prepare_exec(stdin_of: Option<u32>) -> Vec<(c_int, u32)> {
+    let mut kept = Vec::new();
+    for (th, tf) in TOKEN_H.iter().zip(TOKEN_FD.iter()) {
+        let fd = tf.load(Ordering::SeqCst);
+        if fd < 0 {
+            continue;
+        }
+        let h = th.load(Ordering::SeqCst);
+        let keep = stdin_of == Some(h);
+        let flag = if keep {
+            0
+        } else {
+            libc::FD_CLOEXEC as libc::c_long
+        };
+        let _ = sys::fcntl_int(fd, libc::F_SETFD, flag);
+        if keep {
+            kept.push((fd, h));
+        }
+    }
+    kept
+}
+
+/// After a failed exec: every token is close-on-exec again.
+pub(crate) fn exec_failed() {
+    for tf in TOKEN_FD.iter() {
+        let fd = tf.load(Ordering::SeqCst);
+        if fd >= 0 {
+            let _ = sys::fcntl_int(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long);
+        }
+    }
+}
+
+/// In an image that inherited tokens (CANAL_REJOIN): hold them as its own.
+pub(crate) fn adopt_tokens(tokens: &[(c_int, u32)]) {
+    for &(fd, h) in tokens {
+        if sys::fcntl_int(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long).is_ok() {
+            let _ = TABLE.set_internal(fd);
+            if !keep_token(h, fd) {
+                let _ = sys::close(fd);
+            }
+        }
+    }
+}
+
+/// Bridges socket `h` (at `fd`) if it is a connection (`bridgeable`); a failure leaves
+/// it as it was (the hooks still serve it; only paths they cannot see miss it).
+pub(crate) fn bridge_if_connected(g: &'static Guest, fd: c_int, h: u32) {
+    if bridgeable(g, h) {
+        if let Err(e) = bridge(g, fd, h) {
+            crate::rt::debug!(g, "canal: bridging handle {h:#x} failed: errno {e}\n");
+        }
+    }
+}
+
+/// Bridges canal socket `h` (held here at `fd`, among others): starts its helper and
+/// replaces every descriptor of this process that holds it by the kernel socket.
+pub(crate) fn bridge(g: &'static Guest, fd: c_int, h: u32) -> Result<(), i32> {
+    let p = spawn(g, fd, h)?;
+    adopt_bridge(g, h, p);
+    let _ = sys::close(p);
+    Ok(())
 }
 
 /// Starts a helper for canal socket `h` (held here at `fd`) and returns P, the kernel
 /// end the program gets in the socket's place (close-on-exec; blocking as the socket
-/// was). The helper holds its own reference to the socket.
-pub(crate) fn spawn(g: &'static Guest, fd: c_int, h: u32, ways: Ways) -> Result<c_int, i32> {
+/// was). The helper holds its own reference to the socket; this process holds the
+/// receive token.
+fn spawn(g: &'static Guest, fd: c_int, h: u32) -> Result<c_int, i32> {
     let s = Sock::new(g, h)?;
     let mut sv = [-1 as c_int; 2];
     // SAFETY: sv is a writable array of two ints.
@@ -72,12 +165,27 @@ pub(crate) fn spawn(g: &'static Guest, fd: c_int, h: u32, ways: Ways) -> Result<
             sv.as_mut_ptr(),
         )
     })?;
+    let mut tk = [-1 as c_int; 2];
+    // SAFETY: tk is a writable array of two ints.
+    let r = unsafe { libc::syscall(libc::SYS_pipe2, tk.as_mut_ptr(), libc::O_CLOEXEC) };
+    if let Err(e) = sys::check(r) {
+        let _ = sys::close(sv[0]);
+        let _ = sys::close(sv[1]);
+        return Err(e);
+    }
     let (p, q) = (sv[0], sv[1]);
-    let r = start_helper(g, fd, h, q, ways);
+    let r = start_helper(g, fd, h, q, tk[0]);
     let _ = sys::close(q);
+    let _ = sys::close(tk[0]);
     if let Err(e) = r {
         let _ = sys::close(p);
+        let _ = sys::close(tk[1]);
         return Err(e);
+    }
+    let token = crate::ownfd::adopt(tk[1]);
+    if !keep_token(h, token) {
+        // No room to remember it: the bridge stays two-way for as long as we live.
+        crate::rt::debug!(g, "canal: no room for the receive token of {h:#x}\n");
     }
     if s.nonblocking() {
         let fl = sys::fcntl_int(p, libc::F_GETFL, 0).unwrap_or(0) as libc::c_long;
@@ -96,14 +204,13 @@ struct Launch {
     keep: [c_int; 4],
 }
 
-fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, ways: Ways) -> Result<(), i32> {
+fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, token: c_int) -> Result<(), i32> {
     let ids = crate::conn::guest::rejoin_fds(g).ok_or(libc::ENOTSUP)?;
-    let rejoin = crate::conn::inherit::encode(ids, u32::MAX, &[(HELPER_SOCK, h)], &[]);
+    let rejoin = crate::conn::inherit::encode(ids, u32::MAX, &[(HELPER_SOCK, h)], &[], &[]);
     let rejoin = CString::new(format!("{}={rejoin}", crate::conn::inherit::VAR))
         .map_err(|_| libc::EINVAL)?;
-    let w = if ways == Ways::Both { "rw" } else { "w" };
-    let bridge =
-        CString::new(format!("{VAR}={HELPER_SOCK},{HELPER_Q},{w}")).map_err(|_| libc::EINVAL)?;
+    let bridge = CString::new(format!("{VAR}={HELPER_SOCK},{HELPER_Q},{HELPER_TOKEN}"))
+        .map_err(|_| libc::EINVAL)?;
     let own_env = [bridge.as_ptr(), core::ptr::null()];
     // SAFETY: own_env is a NULL-terminated array of C strings that outlives the exec.
     let env = unsafe { crate::launch::exec_env(own_env.as_ptr(), Some(rejoin), true) };
@@ -132,7 +239,7 @@ fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, ways: Ways) -> R
         return Err(sys::errno());
     }
     if pid == 0 {
-        intermediate(&l, fd, q);
+        intermediate(&l, fd, q, token);
     }
     // Reap the intermediate (exit signal 0: only __WCLONE waits see it, so the
     // program's own waits never do).
@@ -156,7 +263,7 @@ fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, ways: Ways) -> R
 }
 
 /// In the intermediate: clone the helper (reparented to init when we exit) and exit.
-fn intermediate(l: &Launch, fd: c_int, q: c_int) -> ! {
+fn intermediate(l: &Launch, fd: c_int, q: c_int, token: c_int) -> ! {
     // SAFETY: as above, a fork without atfork handlers; exit signal SIGCHLD so that
     // whoever inherits the helper reaps it.
     let pid = unsafe {
@@ -170,28 +277,30 @@ fn intermediate(l: &Launch, fd: c_int, q: c_int) -> ! {
         )
     };
     if pid == 0 {
-        helper_exec(l, fd, q);
+        helper_exec(l, fd, q, token);
     }
     // SAFETY: exit_group has no preconditions.
     unsafe { libc::syscall(libc::SYS_exit_group, if pid < 0 { 1 } else { 0 }) };
     unreachable!()
 }
 
-/// In the helper, before exec: the socket at 3, Q at 4, /dev/null on 0-2, the guest's
+/// In the helper, before exec: the socket at 3, Q at 4, the token's read end at 5,
+/// /dev/null on 0-2, the guest's
 /// descriptors kept, everything else of the program's closed on exec.
-fn helper_exec(l: &Launch, fd: c_int, q: c_int) -> ! {
+fn helper_exec(l: &Launch, fd: c_int, q: c_int, token: c_int) -> ! {
     // SAFETY: raw system calls on this process's own descriptors and on strings and
     // arrays `l` made before the clone; on any failure the process exits.
     unsafe {
         let a = libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 10);
         let b = libc::syscall(libc::SYS_fcntl, q, libc::F_DUPFD_CLOEXEC, 10);
+        let t = libc::syscall(libc::SYS_fcntl, token, libc::F_DUPFD_CLOEXEC, 10);
         let null = libc::syscall(
             libc::SYS_openat,
             libc::AT_FDCWD,
             c"/dev/null".as_ptr(),
             libc::O_RDWR,
         );
-        if a < 0 || b < 0 || null < 0 {
+        if a < 0 || b < 0 || t < 0 || null < 0 {
             libc::syscall(libc::SYS_exit_group, 126);
         }
         for t in 0..3 {
@@ -199,9 +308,10 @@ fn helper_exec(l: &Launch, fd: c_int, q: c_int) -> ! {
         }
         libc::syscall(libc::SYS_dup3, a, HELPER_SOCK, 0);
         libc::syscall(libc::SYS_dup3, b, HELPER_Q, 0);
+        libc::syscall(libc::SYS_dup3, t, HELPER_TOKEN, 0);
         libc::syscall(
             libc::SYS_close_range,
-            HELPER_Q + 1,
+            HELPER_TOKEN + 1,
             c_int::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
@@ -221,7 +331,7 @@ fn helper_exec(l: &Launch, fd: c_int, q: c_int) -> ! {
 
 /// Replaces every descriptor of this process that holds canal socket `h` by a copy of
 /// P (keeping each one's close-on-exec flag), marked bridged; their references go.
-pub(crate) fn adopt_bridge(g: &'static Guest, h: u32, p: c_int) {
+fn adopt_bridge(g: &'static Guest, h: u32, p: c_int) {
     let mut fds = Vec::new();
     TABLE.for_each_canal(|fd, hh| {
         if hh == h {

@@ -118,6 +118,17 @@ impl<const N: usize> FdTable<N> {
         self.high.load(Ordering::Relaxed).min(N)
     }
 
+    /// Whether any descriptor is a canal socket or a bridged one.
+    pub(crate) fn any_socket(&self) -> bool {
+        let high = self.high.load(Ordering::Relaxed).min(N);
+        self.words[..high].iter().any(|w| {
+            matches!(
+                Self::decode(w.load(Ordering::Relaxed)),
+                Some(Entry::Canal(_) | Entry::Bridged(_))
+            )
+        })
+    }
+
     /// Calls `f(fd, handle)` for every canal descriptor.
     pub(crate) fn for_each_canal(&self, mut f: impl FnMut(i32, u32)) {
         let high = self.high.load(Ordering::Relaxed).min(N);

@@ -60,6 +60,7 @@ mod sys;
 extern "C" fn init() {
     fork::register_handlers();
     launch::at_start();
+    hooks::vfork::at_start();
     // Started under a seccomp filter (a sandboxing service manager): make only the
     // calls such filters allow (sys.rs, "confinement").
     if sys::seccomp_filter_at_start() {

@@ -40,6 +40,7 @@ pub(crate) fn prepare(
     g: &Guest,
     keep: &[(c_int, u32)],
     bridged: &[(c_int, u32)],
+    tokens: &[(c_int, u32)],
 ) -> Option<String> {
     if keep.is_empty() && bridged.is_empty() {
         return None;
@@ -49,7 +50,10 @@ pub(crate) fn prepare(
         set_cloexec(fd, false);
     }
     let slot = crate::conn::slots::my_slot_index().unwrap_or(u32::MAX);
-    Some(format!("{VAR}={}", encode(ids, slot, keep, bridged)))
+    Some(format!(
+        "{VAR}={}",
+        encode(ids, slot, keep, bridged, tokens)
+    ))
 }
 
 pub(crate) fn undo(g: &Guest) {
@@ -88,6 +92,7 @@ pub(crate) fn at_start() {
             );
         }
     }
+    crate::bridge::adopt_tokens(&p.tokens);
     for (fd, h) in &p.bridged {
         if sys::fcntl_int(*fd, libc::F_GETFD, 0).is_ok() {
             let _ = TABLE.set_bridged(*fd, *h);

@@ -2,7 +2,7 @@
 //! between its canal socket (descriptor 3) and Q (descriptor 4) from the library
 //! constructor, with the library's own hooks as any program would, and exits without
 //! running the program whose image it is.
-use crate::bridge::{Ways, HELPER_Q, HELPER_SOCK, VAR};
+use crate::bridge::{HELPER_Q, HELPER_SOCK, HELPER_TOKEN, VAR};
 use crate::sys;
 use libc::c_int;
 
@@ -10,16 +10,11 @@ use libc::c_int;
 /// relays until the connection is over, then exits without running the program.
 pub(crate) fn at_start() {
     let Ok(v) = std::env::var(VAR) else { return };
-    let ways = match v.strip_prefix(&format!("{HELPER_SOCK},{HELPER_Q},")) {
-        Some("rw") => Some(Ways::Both),
-        Some("w") => Some(Ways::SendOnly),
-        _ => None,
-    };
-    let code = match ways {
-        Some(w) if crate::fdtable::TABLE.handle(HELPER_SOCK).is_some() => {
-            relay(HELPER_SOCK, HELPER_Q, w)
-        }
-        _ => 2,
+    let ours = v == format!("{HELPER_SOCK},{HELPER_Q},{HELPER_TOKEN}");
+    let code = if ours && crate::fdtable::TABLE.handle(HELPER_SOCK).is_some() {
+        relay(HELPER_SOCK, HELPER_Q, HELPER_TOKEN)
+    } else {
+        2
     };
     // SAFETY: exit_group has no preconditions; a helper never returns to the program.
     unsafe { libc::syscall(libc::SYS_exit_group, code as libc::c_long) };
@@ -55,24 +50,25 @@ impl Pipe {
 }
 
 /// The relay loop: canal socket `s` ↔ Q. Returns the exit code.
-fn relay(s: c_int, q: c_int, ways: Ways) -> i32 {
+/// While the receive token (`token`, bridge.rs) lives, the relay also receives.
+fn relay(s: c_int, q: c_int, token: c_int) -> i32 {
     // SAFETY: ignoring SIGPIPE in our own process (writes to a closed Q report EPIPE).
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     let fl = sys::fcntl_int(q, libc::F_GETFL, 0).unwrap_or(0) as libc::c_long;
     let _ = sys::fcntl_int(q, libc::F_SETFL, fl | libc::O_NONBLOCK as libc::c_long);
     let (mut down, mut up) = (Pipe::new(), Pipe::new()); // down: socket → Q; up: Q → socket
-    if ways == Ways::SendOnly {
-        // Never receive: the socket's replies stay for the processes reading it.
-        (down.eof, down.shut) = (true, true);
-    }
+                                                         // Receiving stops for good once the token's last holder is gone: the socket's
+                                                         // replies then stay for the processes that read it through the ring.
+    let mut receiving = true;
     loop {
         let ev = |read: bool, write: bool| {
             (if read { libc::POLLIN } else { 0 }) | (if write { libc::POLLOUT } else { 0 })
         };
+        let take = receiving && down.wants_input();
         let mut fds = [
             libc::pollfd {
                 fd: s,
-                events: ev(down.wants_input(), up.has_output()),
+                events: ev(take, up.has_output()),
                 revents: 0,
             },
             libc::pollfd {
@@ -80,10 +76,15 @@ fn relay(s: c_int, q: c_int, ways: Ways) -> i32 {
                 events: ev(up.wants_input(), down.has_output()),
                 revents: 0,
             },
+            libc::pollfd {
+                fd: if receiving { token } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
-        // SAFETY: fds is a valid array of two pollfds (our own poll hook: the canal
-        // socket and Q together).
-        let n = unsafe { crate::hooks::poll::poll(fds.as_mut_ptr(), 2, -1) };
+        // SAFETY: fds is a valid array of three pollfds (our own poll hook: the canal
+        // socket and the kernel descriptors together).
+        let n = unsafe { crate::hooks::poll::poll(fds.as_mut_ptr(), 3, -1) };
         if n < 0 {
             if sys::errno() == libc::EINTR {
                 continue;
@@ -91,7 +92,12 @@ fn relay(s: c_int, q: c_int, ways: Ways) -> i32 {
             return 3;
         }
         // Socket → Q.
-        if down.wants_input() && fds[0].revents != 0 {
+        if fds[2].revents != 0 {
+            // The token's write ends are all gone (it never carries data).
+            receiving = false;
+            let _ = sys::close(token);
+        }
+        if take && receiving && fds[0].revents != 0 {
             match io(s, &mut down.buf[down.end..], Dir::RecvSock) {
                 Ok(0) => down.eof = true,
                 Ok(k) => down.end += k,

@@ -24,12 +24,13 @@ pub(crate) const VAR: &str = "CANAL_REJOIN";
 
 /// Encodes the rejoin value: `ctl,memfd,doorbell,lockfd,region_size,old_slot;` then
 /// the canal descriptors `fd:handle,...`, and after a second `;` the bridged ones
-/// (bridge.rs) in the same form.
+/// (bridge.rs) in the same form, and after a third the bridges' receive tokens.
 pub(crate) fn encode(
     g: (c_int, c_int, c_int, c_int, u64),
     old_slot: u32,
     fds: &[(c_int, u32)],
     bridged: &[(c_int, u32)],
+    tokens: &[(c_int, u32)],
 ) -> String {
     let list = |v: &[(c_int, u32)]| {
         v.iter()
@@ -47,9 +48,13 @@ pub(crate) fn encode(
         old_slot,
         list(fds)
     );
-    if !bridged.is_empty() {
+    if !bridged.is_empty() || !tokens.is_empty() {
         s.push(';');
         s.push_str(&list(bridged));
+    }
+    if !tokens.is_empty() {
+        s.push(';');
+        s.push_str(&list(tokens));
     }
     s
 }
@@ -65,6 +70,7 @@ pub(crate) struct Parsed {
     pub(crate) old_slot: u32,
     pub(crate) fds: Vec<(c_int, u32)>,
     pub(crate) bridged: Vec<(c_int, u32)>,
+    pub(crate) tokens: Vec<(c_int, u32)>,
 }
 
 pub(crate) fn parse(v: &str) -> Option<Parsed> {
@@ -82,8 +88,9 @@ pub(crate) fn parse(v: &str) -> Option<Parsed> {
         }
         Some(v)
     };
-    let (canal, bridged) = tail.split_once(';').unwrap_or((tail, ""));
-    let (fds, bridged) = (list(canal)?, list(bridged)?);
+    let mut parts = tail.splitn(3, ';');
+    let mut next = || parts.next().unwrap_or("");
+    let (fds, bridged, tokens) = (list(next())?, list(next())?, list(next())?);
     Some(Parsed {
         ctl: fd(h[0])?,
         memfd: fd(h[1])?,
@@ -93,6 +100,7 @@ pub(crate) fn parse(v: &str) -> Option<Parsed> {
         old_slot: h[5].parse().ok()?,
         fds,
         bridged,
+        tokens,
     })
 }
 
@@ -195,7 +203,7 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let s = encode((5, 6, 7, 8, 1 << 30), 3, &[(4, 0x1_0002), (9, 7)], &[]);
+        let s = encode((5, 6, 7, 8, 1 << 30), 3, &[(4, 0x1_0002), (9, 7)], &[], &[]);
         let p = parse(&s).unwrap();
         assert_eq!(
             p,
@@ -208,10 +216,21 @@ mod tests {
                 old_slot: 3,
                 fds: vec![(4, 0x1_0002), (9, 7)],
                 bridged: vec![],
+                tokens: vec![],
             }
         );
-        let p = parse(&encode((5, 6, 7, 8, 1 << 30), 3, &[], &[(0, 9), (1, 9)])).unwrap();
-        assert_eq!((p.fds, p.bridged), (vec![], vec![(0, 9), (1, 9)]));
+        let p = parse(&encode(
+            (5, 6, 7, 8, 1 << 30),
+            3,
+            &[],
+            &[(0, 9), (1, 9)],
+            &[(40, 9)],
+        ))
+        .unwrap();
+        assert_eq!(
+            (p.fds, p.bridged, p.tokens),
+            (vec![], vec![(0, 9), (1, 9)], vec![(40, 9)])
+        );
         assert!(parse("1,2,3,4,5,6;;x:1").is_none());
         assert!(parse("1,2,3;").is_none());
         assert!(parse("1,2,3,4,5,6;x:1").is_none());

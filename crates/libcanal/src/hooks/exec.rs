@@ -90,19 +90,31 @@ extern "C" {
 /// Descriptors and the canal socket handles they hold.
 type FdHandles = Vec<(c_int, u32)>;
 
+/// What an exec'd image inherits (CANAL_REJOIN's lists).
+struct Inherited {
+    keep: FdHandles,
+    bridged: FdHandles,
+    tokens: FdHandles,
+}
+
 /// What the new image inherits: canal sockets without close-on-exec, and bridged
 /// descriptors (bridge.rs). A connected TCP socket on a standard stream (0-2: inetd
 /// style, a daemon's child serving the connection) is bridged now: the new image may
 /// use it through stdio, or be a program without the library. Elsewhere an inherited
 /// socket is usually one the child does not use (no close-on-exec), and a bridge would
 /// take the data its parent still reads; it keeps the rejoin path.
-fn inherited() -> (FdHandles, FdHandles) {
+fn inherited() -> Inherited {
     let (mut keep, mut bridged) = (Vec::new(), Vec::new());
+    let none = || Inherited {
+        keep: vec![],
+        bridged: vec![],
+        tokens: vec![],
+    };
     let Some(g) = crate::conn::guest::guest() else {
-        return (keep, bridged);
+        return none();
     };
     if vfork_child() {
-        return (keep, bridged);
+        return none();
     }
     let survives =
         |fd| sys::fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC == 0);
@@ -114,20 +126,9 @@ fn inherited() -> (FdHandles, FdHandles) {
     });
     let mut done: Vec<u32> = Vec::new();
     for &(fd, h) in &canal {
-        if fd > 2 || done.contains(&h) || !crate::bridge::bridgeable(g, h) {
-            continue;
-        }
-        done.push(h);
-        // Receives too only if the image gets it as stdin (bridge::Ways).
-        let reads = canal.iter().any(|&(f, hh)| hh == h && f == 0);
-        let ways = if reads {
-            crate::bridge::Ways::Both
-        } else {
-            crate::bridge::Ways::SendOnly
-        };
-        if let Ok(p) = crate::bridge::spawn(g, fd, h, ways) {
-            crate::bridge::adopt_bridge(g, h, p);
-            let _ = sys::close(p);
+        if fd <= 2 && !done.contains(&h) {
+            done.push(h);
+            crate::bridge::bridge_if_connected(g, fd, h);
         }
     }
     for fd in 0..TABLE.high_water() as c_int {
@@ -137,7 +138,17 @@ fn inherited() -> (FdHandles, FdHandles) {
             _ => {}
         }
     }
-    (keep, bridged)
+    // A bridge's receive token goes with the image only if it gets the socket as stdin.
+    let stdin_of = match TABLE.get(0) {
+        Some(crate::fdtable::Entry::Bridged(h)) if survives(0) => Some(h),
+        _ => None,
+    };
+    let tokens = crate::bridge::prepare_exec(stdin_of);
+    Inherited {
+        keep,
+        bridged,
+        tokens,
+    }
 }
 
 /// Runs an exec: a program canal cannot reach is reported (launch.rs); references of
@@ -151,9 +162,9 @@ macro_rules! exec_hook {
         let vforked = vfork_child();
         ($warn)(vforked);
         let dropped = before_exec();
-        let (keep, bridged) = inherited();
+        let inh = inherited();
         let entry = crate::conn::guest::guest()
-            .and_then(|g| crate::rejoin::prepare(g, &keep, &bridged))
+            .and_then(|g| crate::rejoin::prepare(g, &inh.keep, &inh.bridged, &inh.tokens))
             .and_then(|e| std::ffi::CString::new(e).ok());
         let rejoining = entry.is_some();
         // SAFETY: the caller's environment, as exec requires it.
@@ -167,6 +178,7 @@ macro_rules! exec_hook {
                 crate::rejoin::undo(g);
             }
         }
+        crate::bridge::exec_failed();
         exec_failed(dropped);
         r
     }};

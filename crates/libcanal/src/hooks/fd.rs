@@ -256,14 +256,11 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
             (Some(h), Some(g)) => {
                 let s = Sock::new(g, h)?;
                 let r = install_dup(s, new)?;
-                if (0..=2).contains(&new) && crate::bridge::bridgeable(g, h) {
+                if (0..=2).contains(&new) {
                     // A connection becoming a standard stream is about to be used through
                     // stdio (bash's builtins, printf...), which the hooks never see:
                     // carry it on a kernel socket from now on (bridge.rs).
-                    if let Ok(p) = crate::bridge::spawn(g, new, h, crate::bridge::Ways::Both) {
-                        crate::bridge::adopt_bridge(g, h, p);
-                        let _ = sys::close(p);
-                    }
+                    crate::bridge::bridge_if_connected(g, new, h);
                 }
                 Ok(r)
             }
@@ -298,7 +295,8 @@ fn make_room(fd: c_int) -> Result<(), i32> {
         let moved = g.is_some_and(|g| g.retarget(fd, new))
             || crate::conn::slots::retarget(fd, new)
             || crate::conn::wait::retarget_pin(fd, new)
-            || crate::conn::ivshmem::retarget(fd, new);
+            || crate::conn::ivshmem::retarget(fd, new)
+            || crate::bridge::retarget_token(fd, new);
         crate::ownfd::wait_unused();
         // Our copy at `fd` is the program's to replace now; a descriptor no holder
         // named (kept open only to keep its file alive) simply lives at `new`.

@@ -154,12 +154,7 @@ unsafe fn bridge_passed_sockets(msg: *const msghdr) {
                 // SAFETY: n ints follow the header within cmsg_len.
                 let fd = unsafe { data.add(i).read_unaligned() };
                 if let Some(hd) = crate::fdtable::TABLE.handle(fd) {
-                    if crate::bridge::bridgeable(g, hd) {
-                        if let Ok(p) = crate::bridge::spawn(g, fd, hd, crate::bridge::Ways::Both) {
-                            crate::bridge::adopt_bridge(g, hd, p);
-                            let _ = sys::close(p);
-                        }
-                    }
+                    crate::bridge::bridge_if_connected(g, fd, hd);
                 }
             }
         }
@@ -564,12 +559,9 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut li
         crate::fdtable::TABLE.handle(fd),
         crate::conn::guest::guest(),
     ) {
-        if !crate::hooks::exec::vfork_child() && crate::bridge::bridgeable(g, h) {
+        if !crate::hooks::exec::vfork_child() {
             if let Some(_r) = crate::hooks::common::Reentry::enter() {
-                if let Ok(p) = crate::bridge::spawn(g, fd, h, crate::bridge::Ways::Both) {
-                    crate::bridge::adopt_bridge(g, h, p);
-                    let _ = sys::close(p);
-                }
+                crate::bridge::bridge_if_connected(g, fd, h);
             }
         }
     }
