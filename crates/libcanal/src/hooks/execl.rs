@@ -36,203 +36,53 @@ extern "C" {
     static environ: *const *const c_char;
 }
 
-#[cfg_attr(not(test), no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn execl(
-    path: *const c_char,
-    a0: *const c_char,
-    a1: *const c_char,
-    a2: *const c_char,
-    a3: *const c_char,
-    a4: *const c_char,
-    a5: *const c_char,
-    a6: *const c_char,
-    a7: *const c_char,
-    a8: *const c_char,
-    a9: *const c_char,
-    a10: *const c_char,
-    a11: *const c_char,
-    a12: *const c_char,
-    a13: *const c_char,
-    a14: *const c_char,
-    a15: *const c_char,
-    a16: *const c_char,
-    a17: *const c_char,
-    a18: *const c_char,
-    a19: *const c_char,
-    a20: *const c_char,
-    a21: *const c_char,
-    a22: *const c_char,
-    a23: *const c_char,
-    a24: *const c_char,
-    a25: *const c_char,
-    a26: *const c_char,
-    a27: *const c_char,
-    a28: *const c_char,
-    a29: *const c_char,
-    a30: *const c_char,
-    a31: *const c_char,
-    a32: *const c_char,
-    a33: *const c_char,
-    a34: *const c_char,
-    a35: *const c_char,
-    a36: *const c_char,
-    a37: *const c_char,
-    a38: *const c_char,
-    a39: *const c_char,
-    a40: *const c_char,
-    a41: *const c_char,
-    a42: *const c_char,
-    a43: *const c_char,
-    a44: *const c_char,
-    a45: *const c_char,
-    a46: *const c_char,
-    a47: *const c_char,
-) -> c_int {
-    let Some((argv, _)) = collect([
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
-        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
-        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47,
-    ]) else {
-        return too_many();
+/// The three functions over one parameter list (`$a`: N names).
+macro_rules! variadic_execs {
+    ($($a:ident),*) => {
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn execl(path: *const c_char, $($a: *const c_char),*) -> c_int {
+            let Some((argv, _)) = collect([$($a),*]) else {
+                return too_many();
+            };
+            // SAFETY: a NULL-terminated argv built from the caller's strings.
+            unsafe { crate::hooks::exec::execv(path, argv.as_ptr()) }
+        }
+
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn execlp(file: *const c_char, $($a: *const c_char),*) -> c_int {
+            let Some((argv, _)) = collect([$($a),*]) else {
+                return too_many();
+            };
+            // SAFETY: as above.
+            unsafe { crate::hooks::exec::execvp(file, argv.as_ptr()) }
+        }
+
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn execle(path: *const c_char, $($a: *const c_char),*) -> c_int {
+            let Some((argv, envp)) = collect([$($a),*]) else {
+                return too_many();
+            };
+            let envp = if envp.is_null() {
+                // SAFETY: reading libc's environ pointer (an execle without one is a
+                // caller bug).
+                unsafe { environ }
+            } else {
+                envp as *const *const c_char
+            };
+            // SAFETY: as above; envp is the caller's environment array.
+            unsafe { crate::hooks::exec::execve(path, argv.as_ptr(), envp) }
+        }
     };
-    // SAFETY: a NULL-terminated argv built from the caller's strings.
-    unsafe { crate::hooks::exec::execv(path, argv.as_ptr()) }
 }
 
-#[cfg_attr(not(test), no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn execlp(
-    file: *const c_char,
-    a0: *const c_char,
-    a1: *const c_char,
-    a2: *const c_char,
-    a3: *const c_char,
-    a4: *const c_char,
-    a5: *const c_char,
-    a6: *const c_char,
-    a7: *const c_char,
-    a8: *const c_char,
-    a9: *const c_char,
-    a10: *const c_char,
-    a11: *const c_char,
-    a12: *const c_char,
-    a13: *const c_char,
-    a14: *const c_char,
-    a15: *const c_char,
-    a16: *const c_char,
-    a17: *const c_char,
-    a18: *const c_char,
-    a19: *const c_char,
-    a20: *const c_char,
-    a21: *const c_char,
-    a22: *const c_char,
-    a23: *const c_char,
-    a24: *const c_char,
-    a25: *const c_char,
-    a26: *const c_char,
-    a27: *const c_char,
-    a28: *const c_char,
-    a29: *const c_char,
-    a30: *const c_char,
-    a31: *const c_char,
-    a32: *const c_char,
-    a33: *const c_char,
-    a34: *const c_char,
-    a35: *const c_char,
-    a36: *const c_char,
-    a37: *const c_char,
-    a38: *const c_char,
-    a39: *const c_char,
-    a40: *const c_char,
-    a41: *const c_char,
-    a42: *const c_char,
-    a43: *const c_char,
-    a44: *const c_char,
-    a45: *const c_char,
-    a46: *const c_char,
-    a47: *const c_char,
-) -> c_int {
-    let Some((argv, _)) = collect([
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
-        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
-        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47,
-    ]) else {
-        return too_many();
-    };
-    // SAFETY: as above.
-    unsafe { crate::hooks::exec::execvp(file, argv.as_ptr()) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn execle(
-    path: *const c_char,
-    a0: *const c_char,
-    a1: *const c_char,
-    a2: *const c_char,
-    a3: *const c_char,
-    a4: *const c_char,
-    a5: *const c_char,
-    a6: *const c_char,
-    a7: *const c_char,
-    a8: *const c_char,
-    a9: *const c_char,
-    a10: *const c_char,
-    a11: *const c_char,
-    a12: *const c_char,
-    a13: *const c_char,
-    a14: *const c_char,
-    a15: *const c_char,
-    a16: *const c_char,
-    a17: *const c_char,
-    a18: *const c_char,
-    a19: *const c_char,
-    a20: *const c_char,
-    a21: *const c_char,
-    a22: *const c_char,
-    a23: *const c_char,
-    a24: *const c_char,
-    a25: *const c_char,
-    a26: *const c_char,
-    a27: *const c_char,
-    a28: *const c_char,
-    a29: *const c_char,
-    a30: *const c_char,
-    a31: *const c_char,
-    a32: *const c_char,
-    a33: *const c_char,
-    a34: *const c_char,
-    a35: *const c_char,
-    a36: *const c_char,
-    a37: *const c_char,
-    a38: *const c_char,
-    a39: *const c_char,
-    a40: *const c_char,
-    a41: *const c_char,
-    a42: *const c_char,
-    a43: *const c_char,
-    a44: *const c_char,
-    a45: *const c_char,
-    a46: *const c_char,
-    a47: *const c_char,
-) -> c_int {
-    let Some((argv, envp)) = collect([
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
-        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
-        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47,
-    ]) else {
-        return too_many();
-    };
-    let envp = if envp.is_null() {
-        // SAFETY: reading libc's environ pointer (an execle without one is a caller bug).
-        unsafe { environ }
-    } else {
-        envp as *const *const c_char
-    };
-    // SAFETY: as above; envp is the caller's environment array.
-    unsafe { crate::hooks::exec::execve(path, argv.as_ptr(), envp) }
-}
+variadic_execs!(
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20,
+    a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39,
+    a40, a41, a42, a43, a44, a45, a46, a47
+);
 
 #[cfg(test)]
 mod tests {
