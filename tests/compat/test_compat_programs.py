@@ -243,3 +243,44 @@ def test_python_subprocess_with_socket_stdio(request, mode, tmp_path, python):
     assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM THE CHILD"], r.describe()
     sampler.require_peer_port(port, "the Python client")
     assert peer.poll() is None, peer.describe()
+
+
+SPAWN_CLIENT = textwrap.dedent("""\
+    import os, socket, sys, time
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"- UPPER\\nfirst line\\n")
+    time.sleep(0.2)
+
+    def spawn(argv, dups):
+        fa = [(os.POSIX_SPAWN_DUP2, fd, to) for fd, to in dups]
+        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=fa)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    r, w = os.pipe()
+    st = spawn(["head", "-n", "1"], [(s.fileno(), 0), (w, 1)])
+    os.close(w)
+    print("head:", os.read(r, 100).decode().strip(), st)
+    spawn(["printf", "from posix_spawn\\n"], [(s.fileno(), 1)])
+    s.settimeout(10)
+    got = b""
+    while not got.endswith(b"\\n"):
+        got += s.recv(100)
+    print("reply:", got.decode().strip())
+    time.sleep(0.5)  # still connected while `canal stat` is sampled
+    """)
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("mode", MODES)
+def test_posix_spawn_with_socket_stdio(request, mode, tmp_path, python):
+    server_run, client_run = compat_util.ends(request, mode)
+    peer, ports = peer_ports(request, server_run)
+    port = int(ports["tcp4"])
+    prog = tmp_path / "spawner.py"
+    prog.write_text(SPAWN_CLIENT)
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run([python, str(prog), str(port)], timeout=40, name="spawner")
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM POSIX_SPAWN"], r.describe()
+    sampler.require_peer_port(port, "the posix_spawn client")
+    assert peer.poll() is None, peer.describe()
