@@ -77,10 +77,7 @@ fn keep_token(h: u32, fd: c_int) -> bool {
 
 /// Points the token held at `old` to `new` (it moved: ownfd.rs).
 pub(crate) fn retarget_token(old: c_int, new: c_int) -> bool {
-    TOKEN_FD.iter().any(|a| {
-        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    })
+    crate::ownfd::retarget(&TOKEN_FD, old, new)
 }
 
 /// Before exec: the tokens of sockets the new image gets as stdin (`stdin_of`) survive

@@ -17,7 +17,7 @@
 //! wakes spuriously (callers compare the number with the current one) or up to a
 //! second late (every sleep re-checks), never acts on the program's file.
 use crate::sys;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use libc::c_int;
 
 /// The top of the window: the soft limit, but no higher than this. A descriptor number
@@ -85,6 +85,20 @@ pub(crate) fn lift(fd: c_int) -> c_int {
         }
         Err(_) => fd,
     }
+}
+
+/// Points whichever of `holders` holds `old` at `new` (the descriptor moved:
+/// `hooks::fd::make_room`); true if one did. Every place that keeps one of the library's
+/// numbers offers its atomics here.
+pub(crate) fn retarget<'a>(
+    holders: impl IntoIterator<Item = &'a AtomicI32>,
+    old: c_int,
+    new: c_int,
+) -> bool {
+    holders.into_iter().any(|a| {
+        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })
 }
 
 /// [`lift`], then hidden from the program (close() keeps it, dup2 onto it moves it).

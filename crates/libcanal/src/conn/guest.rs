@@ -61,14 +61,8 @@ impl Guest {
     /// Points whichever of this guest's descriptor holders holds `old` at `new` (the
     /// descriptor moved: ownfd.rs); true if one did.
     pub(crate) fn retarget(&self, old: c_int, new: c_int) -> bool {
-        let mut hit = false;
         let holders = [&self.ctl, &self.doorbell, &self.memfd, &self.lockfd];
-        for a in holders.into_iter().chain(self.wdoor.iter()) {
-            hit |= a
-                .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok();
-        }
-        hit
+        crate::ownfd::retarget(holders.into_iter().chain(self.wdoor.iter()), old, new)
     }
 }
 

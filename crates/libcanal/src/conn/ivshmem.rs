@@ -104,10 +104,7 @@ pub(crate) fn irq_efd(idx: u32) -> c_int {
 
 /// Points the interrupt eventfd holder of `old` at `new` (it moved: ownfd.rs).
 pub(crate) fn retarget(old: c_int, new: c_int) -> bool {
-    IRQ_EFD.iter().any(|a| {
-        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    })
+    crate::ownfd::retarget(&IRQ_EFD, old, new)
 }
 
 /// Whether `fd` is one of the interrupt eventfds (process-wide, never closed).

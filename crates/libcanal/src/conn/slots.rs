@@ -86,10 +86,7 @@ pub(crate) fn drain_port(idx: u32, p: &libc::pollfd) {
 
 /// Points the slot eventfd holding `old` at `new` (it moved: ownfd.rs).
 pub(crate) fn retarget(old: c_int, new: c_int) -> bool {
-    SLOT_EFD.iter().any(|a| {
-        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    })
+    crate::ownfd::retarget(&SLOT_EFD, old, new)
 }
 
 impl Drop for SlotRef<'_> {

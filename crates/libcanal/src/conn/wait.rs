@@ -209,10 +209,7 @@ pub(crate) fn close_pin(pin: c_int) {
 
 /// Points the pinned copy held at `old` to `new` (it moved: ownfd.rs).
 pub(crate) fn retarget_pin(old: c_int, new: c_int) -> bool {
-    PIN_FDS.iter().any(|a| {
-        a.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    })
+    crate::ownfd::retarget(&PIN_FDS, old, new)
 }
 
 /// In a fork child: the other threads' pins are the parent's; close the copies.

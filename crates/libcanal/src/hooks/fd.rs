@@ -292,16 +292,16 @@ fn make_room(fd: c_int) -> Result<(), i32> {
             Err(_) => sys::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, 3)? as c_int,
         };
         let _ = TABLE.set_internal(new);
-        let moved = g.is_some_and(|g| g.retarget(fd, new))
+        // A descriptor no holder names (kept open only to keep its file alive, e.g.
+        // VFIO's) simply lives at `new` from now on.
+        let _ = g.is_some_and(|g| g.retarget(fd, new))
             || crate::conn::slots::retarget(fd, new)
             || crate::conn::wait::retarget_pin(fd, new)
             || crate::conn::ivshmem::retarget(fd, new)
             || crate::bridge::retarget_token(fd, new);
         crate::ownfd::wait_unused();
-        // Our copy at `fd` is the program's to replace now; a descriptor no holder
-        // named (kept open only to keep its file alive) simply lives at `new`.
+        // Our copy at `fd` is the program's to replace now.
         TABLE.take(fd);
-        let _ = moved;
         Ok(())
     })();
     if let Some(g) = ctl {
