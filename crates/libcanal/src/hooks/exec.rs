@@ -84,7 +84,8 @@ fn exec_failed(dropped: Vec<(c_int, u32)>) {
 }
 
 extern "C" {
-    static environ: *const *const libc::c_char;
+    /// libc's environment (also execl.rs's).
+    pub(crate) static environ: *const *const libc::c_char;
 }
 
 /// Descriptors and the canal socket handles they hold.

@@ -9,6 +9,7 @@
 //! then the caller's stack), and we read only up to the terminating NULL (and execle's
 //! environment right after it). A call with more than 46 arguments gets E2BIG
 //! (glibc's limit is the kernel's; such literal lists do not occur in practice).
+use crate::hooks::exec::environ;
 use libc::c_char;
 use libc::c_int;
 
@@ -30,10 +31,6 @@ fn collect(a: [*const c_char; N]) -> Option<(Vec<*const c_char>, *const c_char)>
 fn too_many() -> c_int {
     crate::sys::set_errno(libc::E2BIG);
     -1
-}
-
-extern "C" {
-    static environ: *const *const c_char;
 }
 
 /// The three functions over one parameter list (`$a`: N names).
