@@ -61,11 +61,6 @@ extern "C" fn init() {
     fork::register_handlers();
     launch::at_start();
     hooks::vfork::at_start();
-    // Started under a seccomp filter (a sandboxing service manager): make only the
-    // calls such filters allow (sys.rs, "confinement").
-    if sys::seccomp_filter_at_start() {
-        sys::set_confined();
-    }
     rejoin::at_start();
     // A bridge helper (bridge.rs) relays and exits here, never running the program.
     relay::at_start();

@@ -62,6 +62,12 @@ fn lock_page() -> Result<(*mut u8, c_int), AttachErr> {
 
 /// The wait settings from the environment. Read by every way of attaching.
 pub(crate) fn wait_settings() -> WaitSettings {
+    // A process started under a seccomp filter (a sandboxing service manager) makes
+    // only the calls such filters allow (sys.rs, "confinement"). Asked here, once per
+    // attach, not in the constructor of every process that never uses a socket.
+    if sys::seccomp_filter_at_start() {
+        sys::set_confined();
+    }
     let fixed = env(c"CANAL_SPIN").and_then(|v| core::str::from_utf8(v).ok()?.parse::<u32>().ok());
     let mode = env(c"CANAL_NOTIFY")
         .and_then(Mode::parse)
