@@ -363,13 +363,6 @@ fn two_workers_move_eight_connections() {
     assert_eq!(ids.len(), GUESTS);
 }
 
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &s[s.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 #[test]
 fn idle_two_workers_use_no_cpu() {
     let d = TestDaemon::start(&["--workers", "2"]);

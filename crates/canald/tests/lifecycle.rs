@@ -135,15 +135,6 @@ fn sigterm_marks_regions_abandoned() {
     assert!(wait_fd(&g.ctl, 5000));
 }
 
-/// utime + stime of a process, in clock ticks (normally 10 ms).
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
-    let rest = &s[s.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 #[test]
 fn idle_canald_uses_no_cpu() {
     let d = TestDaemon::start(&[]);

@@ -549,3 +549,12 @@ pub fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
     peer.set_read_timeout(Some(T)).unwrap();
     (h, peer)
 }
+
+/// utime + stime of a process, in clock ticks (normally 10 ms).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
