@@ -633,6 +633,15 @@ impl Runner {
         })
     }
 
+    /// For a cell run by external tools over TCP: the tools are there and a port this
+    /// run has not used yet, or the outcome that says why not.
+    pub(crate) fn tools_and_port(&mut self, tools: &[&str]) -> Result<u16, Outcome> {
+        if let Some(o) = self.tool_missing(tools) {
+            return Err(o);
+        }
+        self.port().map_err(|e| Outcome::fail(e, String::new()))
+    }
+
     /// Starts a tool server, runs a tool client against it, returns the client's stdout.
     pub(crate) fn server_client(
         &mut self,

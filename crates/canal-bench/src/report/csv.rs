@@ -24,41 +24,60 @@ pub(crate) struct RunInfo {
     pub(crate) mode: String,
 }
 
+/// The columns that name a cell, first in both results.csv and summary.csv.
+const CELL_COLUMNS: [&str; 7] = [
+    "experiments",
+    "system",
+    "system_label",
+    "workload",
+    "size_bytes",
+    "pairs",
+    "variant",
+];
+
+/// A header line: the cell's columns, then `rest`.
+fn header(rest: &[&str]) -> String {
+    csv_line(
+        &CELL_COLUMNS
+            .iter()
+            .chain(rest)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// The values of CELL_COLUMNS for `c` (run by experiments `exps`).
+fn cell_fields(exps: &str, c: &Cell) -> Vec<String> {
+    vec![
+        exps.to_string(),
+        c.system.id().into(),
+        c.system.label().into(),
+        c.workload.id().into(),
+        c.size.to_string(),
+        c.pairs.to_string(),
+        c.variant.clone(),
+    ]
+}
+
 pub(crate) fn write_results_csv(rows: &[Row], info: &RunInfo) -> String {
-    let mut out = csv_line(
-        &[
-            "experiments",
-            "system",
-            "system_label",
-            "workload",
-            "size_bytes",
-            "pairs",
-            "variant",
-            "rep",
-            "status",
-            "reason",
-            "metric",
-            "value",
-            "unit",
-            "detail",
-            "placement",
-            "machine",
-            "command",
-            "raw_command",
-        ]
-        .map(String::from),
-    );
+    let mut out = header(&[
+        "rep",
+        "status",
+        "reason",
+        "metric",
+        "value",
+        "unit",
+        "detail",
+        "placement",
+        "machine",
+        "command",
+        "raw_command",
+    ]);
     for r in rows {
         let c = &r.cell;
         let base = |metric: &str, value: String, unit: &str| {
-            vec![
-                r.exps.clone(),
-                c.system.id().into(),
-                c.system.label().into(),
-                c.workload.id().into(),
-                c.size.to_string(),
-                c.pairs.to_string(),
-                c.variant.clone(),
+            let mut v = cell_fields(&r.exps, c);
+            v.extend([
                 r.rep.to_string(),
                 r.outcome.status.word().into(),
                 r.outcome.status.reason().into(),
@@ -70,7 +89,8 @@ pub(crate) fn write_results_csv(rows: &[Row], info: &RunInfo) -> String {
                 info.machine.clone(),
                 r.repro.clone(),
                 r.outcome.raw_command.clone(),
-            ]
+            ]);
+            v
         };
         if r.outcome.metrics.is_empty() {
             out.push_str(&csv_line(&base("", String::new(), "")));
@@ -140,29 +160,9 @@ pub(crate) fn aggregate(rows: &[Row]) -> Vec<CellAgg<'_>> {
 }
 
 pub(crate) fn write_summary_csv(aggs: &[CellAgg]) -> String {
-    let mut out = csv_line(
-        &[
-            "experiments",
-            "system",
-            "system_label",
-            "workload",
-            "size_bytes",
-            "pairs",
-            "variant",
-            "metric",
-            "unit",
-            "n",
-            "median",
-            "min",
-            "max",
-            "p25",
-            "p75",
-            "status",
-            "reason",
-            "repro",
-        ]
-        .map(String::from),
-    );
+    let mut out = header(&[
+        "metric", "unit", "n", "median", "min", "max", "p25", "p75", "status", "reason", "repro",
+    ]);
     for a in aggs {
         let c = a.cell;
         let first = a.rows[0];
@@ -178,15 +178,7 @@ pub(crate) fn write_summary_csv(aggs: &[CellAgg]) -> String {
         } else {
             st.reason().to_string()
         };
-        let head = vec![
-            first.exps.clone(),
-            c.system.id().into(),
-            c.system.label().into(),
-            c.workload.id().into(),
-            c.size.to_string(),
-            c.pairs.to_string(),
-            c.variant.clone(),
-        ];
+        let head = cell_fields(&first.exps, c);
         let mut metrics: Vec<&str> = Vec::new();
         for r in &a.rows {
             for (m, _) in &r.outcome.metrics {

@@ -9,12 +9,9 @@ use crate::runner::Runner;
 
 impl Runner {
     pub(crate) fn run_iperf3(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["iperf3"]) {
-            return o;
-        }
-        let port = match self.port() {
+        let port = match self.tools_and_port(&["iperf3"]) {
             Ok(p) => p,
-            Err(e) => return Outcome::fail(e, String::new()),
+            Err(o) => return o,
         };
         let p = port.to_string();
         let secs = self.knobs.tool_secs;

@@ -8,12 +8,9 @@ use crate::runner::Runner;
 
 impl Runner {
     pub(crate) fn run_nginx(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["nginx", "wrk"]) {
-            return o;
-        }
-        let port = match self.port() {
+        let port = match self.tools_and_port(&["nginx", "wrk"]) {
             Ok(p) => p,
-            Err(e) => return Outcome::fail(e, String::new()),
+            Err(o) => return o,
         };
         let id = self.next_id();
         let dir = self.tmp.join(format!("nginx-{id}"));

@@ -8,12 +8,9 @@ use crate::runner::Runner;
 
 impl Runner {
     pub(crate) fn run_sockperf(&mut self, cell: &Cell) -> Outcome {
-        if let Some(o) = self.tool_missing(&["sockperf"]) {
-            return o;
-        }
-        let port = match self.port() {
+        let port = match self.tools_and_port(&["sockperf"]) {
             Ok(p) => p,
-            Err(e) => return Outcome::fail(e, String::new()),
+            Err(o) => return o,
         };
         let p = port.to_string();
         let secs = self.knobs.tool_secs;
