@@ -211,56 +211,28 @@ def test_exec_of_a_static_program_is_reported(request, tmp_path):
     assert len(lines) == 3 and all(str(exe) in line for line in lines), r.describe()
 
 
-SUBPROCESS_CLIENT = textwrap.dedent("""\
-    import socket, subprocess, sys, time
-    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-    s.sendall(b"- UPPER\\nfirst line\\n")
-    # A child reading the socket as its stdin through stdio (CPython spawns with vfork).
-    r = subprocess.run(["head", "-n", "1"], stdin=s.fileno(), capture_output=True, timeout=20)
-    print("head:", r.stdout.decode().strip(), r.returncode)
-    # A child writing to it as its stdout; the reply comes back to this process.
-    subprocess.run(["printf", "from the child\\n"], stdout=s.fileno(), check=True, timeout=20)
-    s.settimeout(10)
-    got = b""
-    while not got.endswith(b"\\n"):
-        got += s.recv(100)
-    print("reply:", got.decode().strip())
-    time.sleep(0.5)  # still connected while `canal stat` is sampled
-    """)
-
-
-@pytest.mark.deadline(60)
-@pytest.mark.parametrize("mode", MODES)
-def test_python_subprocess_with_socket_stdio(request, mode, tmp_path, python):
-    server_run, client_run = compat_util.ends(request, mode)
-    peer, ports = peer_ports(request, server_run)
-    port = int(ports["tcp4"])
-    prog = tmp_path / "client.py"
-    prog.write_text(SUBPROCESS_CLIENT)
-    with compat_util.CanalSampler(request, mode) as sampler:
-        r = client_run.run([python, str(prog), str(port)], timeout=40, name="subprocess-client")
-    assert r.returncode == 0, r.describe()
-    assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM THE CHILD"], r.describe()
-    sampler.require_peer_port(port, "the Python client")
-    assert peer.poll() is None, peer.describe()
-
-
-SPAWN_CLIENT = textwrap.dedent("""\
-    import os, socket, sys, time
+STDIO_CLIENT = textwrap.dedent("""\
+    import os, socket, subprocess, sys, time
     s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
     s.sendall(b"- UPPER\\nfirst line\\n")
     time.sleep(0.2)
 
-    def spawn(argv, dups):
+    def run(argv, stdin=None, stdout=None):
+        \"\"\"argv with the given descriptors as its stdin/stdout; its exit status.\"\"\"
+        if sys.argv[2] == "subprocess":  # CPython spawns with vfork
+            return subprocess.run(argv, stdin=stdin, stdout=stdout, timeout=20).returncode
+        dups = [(fd, to) for fd, to in ((stdin, 0), (stdout, 1)) if fd is not None]
         fa = [(os.POSIX_SPAWN_DUP2, fd, to) for fd, to in dups]
         pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=fa)
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
+    # A child reading the socket as its stdin through stdio.
     r, w = os.pipe()
-    st = spawn(["head", "-n", "1"], [(s.fileno(), 0), (w, 1)])
+    st = run(["head", "-n", "1"], stdin=s.fileno(), stdout=w)
     os.close(w)
     print("head:", os.read(r, 100).decode().strip(), st)
-    spawn(["printf", "from posix_spawn\\n"], [(s.fileno(), 1)])
+    # A child writing to it as its stdout; the reply comes back to this process.
+    run(["printf", "from the child\\n"], stdout=s.fileno())
     s.settimeout(10)
     got = b""
     while not got.endswith(b"\\n"):
@@ -271,16 +243,20 @@ SPAWN_CLIENT = textwrap.dedent("""\
 
 
 @pytest.mark.deadline(60)
+@pytest.mark.parametrize("spawner", ["subprocess", "posix_spawn"])
 @pytest.mark.parametrize("mode", MODES)
-def test_posix_spawn_with_socket_stdio(request, mode, tmp_path, python):
+def test_spawned_children_with_socket_stdio(request, mode, spawner, tmp_path, python):
+    """The socket handed to `head` as stdin and to `printf` as stdout by CPython's
+    subprocess (vfork) and by os.posix_spawnp with DUP2 file actions (glibc's internal
+    exec)."""
     server_run, client_run = compat_util.ends(request, mode)
     peer, ports = peer_ports(request, server_run)
     port = int(ports["tcp4"])
-    prog = tmp_path / "spawner.py"
-    prog.write_text(SPAWN_CLIENT)
+    prog = tmp_path / "client.py"
+    prog.write_text(STDIO_CLIENT)
     with compat_util.CanalSampler(request, mode) as sampler:
-        r = client_run.run([python, str(prog), str(port)], timeout=40, name="spawner")
+        r = client_run.run([python, str(prog), str(port), spawner], timeout=40, name=f"{spawner}-client")
     assert r.returncode == 0, r.describe()
-    assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM POSIX_SPAWN"], r.describe()
-    sampler.require_peer_port(port, "the posix_spawn client")
+    assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM THE CHILD"], r.describe()
+    sampler.require_peer_port(port, f"the {spawner} client")
     assert peer.poll() is None, peer.describe()
