@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 4;
+pub const VERSION_MINOR: u16 = 5;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -136,6 +136,12 @@ pub mod sock_flag {
     pub const BROKEN: u32 = 1 << 8;
     /// The guest closed it; the host is finishing.
     pub const CLOSING: u32 = 1 << 9;
+    /// (minor 5) Listener: connections are queued for it that the host cannot give
+    /// the guest, its socket quota being used up. While set, the listener is
+    /// readable and accept without a queued record fails with EMFILE, as the
+    /// kernel's does for a process at its descriptor limit; cleared once an entry is
+    /// free and the host accepts again.
+    pub const NO_ENTRY: u32 = 1 << 10;
 }
 
 /// Linux errno values used in results (results are `-errno`). Both sides are Linux;

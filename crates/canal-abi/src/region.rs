@@ -68,7 +68,12 @@ pub struct RegionHeader {
     /// With `feature::DOORBELL` (written once): the guest peer's interrupt vectors;
     /// canald wakes slot *i* by interrupting vector *i* (so it equals `slot_count`).
     pub doorbell_vectors: u32,
-    pub reserved2: [u32; 11],
+    /// (minor 5) 1 + the highest socket-table index the host has ever handed out,
+    /// stored before the handle is published. Entries at and above it were never used,
+    /// so a guest scanning the table stops there and never touches (commits) the
+    /// pages of a sparse table; 0 (an older host) means `socket_count`.
+    pub entries_used: AtomicU32,
+    pub reserved2: [u32; 10],
     // --- 192: guest-written, contended by producers
     /// Request-queue enqueue position.
     pub queue_tail: AtomicU32,
@@ -512,6 +517,15 @@ impl Region {
     pub fn slot(&self, index: u32) -> Option<&Slot> {
         (index < self.layout.slot_count)
             .then(|| self.at(self.layout.slots_offset + index as u64 * SLOT_SIZE))
+    }
+
+    /// How many table entries a scan must visit: `entries_used` (minor 5) when set,
+    /// else every entry.
+    pub fn entries_in_use_bound(&self) -> u32 {
+        match self.header().entries_used.load(Ordering::Acquire) {
+            0 => self.layout.socket_count,
+            n => n.min(self.layout.socket_count),
+        }
     }
 
     pub fn socket(&self, index: u32) -> Option<&SocketEntry> {

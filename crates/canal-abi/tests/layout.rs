@@ -33,6 +33,7 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, kicks), 260);
     assert_eq!(offset_of!(RegionHeader, doorbell_peer), 140);
     assert_eq!(offset_of!(RegionHeader, doorbell_vectors), 144);
+    assert_eq!(offset_of!(RegionHeader, entries_used), 148);
     assert_eq!(offset_of!(RegionHeader, backoff_kickers), 264);
     assert_eq!(offset_of!(RegionHeader, worker_sleeping), 320);
     assert_eq!(MAX_WORKERS, 16);
@@ -137,7 +138,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0400 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0500 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 

@@ -66,7 +66,10 @@ pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
 
 /// Defaults shared by `Config::new` and the command line (`DaemonArgs`).
 const DEFAULT_SLOTS: u32 = 256;
-const DEFAULT_SOCKETS: u32 = 1024;
+/// Every entry a handle can name: the table is sparse (pages committed as entries are
+/// used), so the quota costs nothing until used; canald lowers it to what its own
+/// descriptor limit can serve (`fdbudget`).
+const DEFAULT_SOCKETS: u32 = canal_abi::MAX_SOCKETS;
 const DEFAULT_DATA_MIB: u64 = 256;
 const DEFAULT_BUDGET: usize = 16;
 const DEFAULT_SHORTCUT_RING_KIB: u64 = 1024;
@@ -110,17 +113,23 @@ impl Config {
     }
 
     pub(crate) fn guest_config(&self) -> Result<GuestConfig, ConfigError> {
-        let data = self
+        // The pool for rings above the smallest, on top of the smallest rings for every
+        // table entry (so the quota's last socket still gets rings). Sparse: only
+        // rings written to commit memory.
+        let pool = self
             .data_mib
             .checked_mul(1 << 20)
+            .ok_or(ConfigError::DataTooLarge)?;
+        let data = (self.sockets as u64 * 2 * crate::guest::config::MIN_RING)
+            .checked_add(pool)
             .ok_or(ConfigError::DataTooLarge)?;
         let layout = Layout::new(self.slots, self.sockets, data).ok_or(ConfigError::BadLayout)?;
         let mut ring =
             (self.ring_kib.unwrap_or(DEFAULT_RING_KIB).max(64) * 1024).next_power_of_two();
         if self.ring_kib.is_none() {
-            ring = crate::guest::config::ring_for_four_sockets(ring, data);
+            ring = crate::guest::config::ring_for_four_sockets(ring, pool);
         }
-        if 2 * ring > data {
+        if 2 * ring > pool.max(2 * crate::guest::config::MIN_RING) {
             return Err(ConfigError::RingTooLarge);
         }
         Ok(GuestConfig {
@@ -180,10 +189,12 @@ pub struct DaemonArgs {
     /// Request slots per guest (a power of two)
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SLOTS)]
     pub slots: u32,
-    /// Sockets per guest
+    /// Socket quota per guest (at most 65535; lowered to what canald's descriptor
+    /// limit serves). Table entries and rings take memory only while used
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SOCKETS)]
     pub sockets: u32,
-    /// Ring memory per guest in MiB
+    /// Ring memory per guest in MiB beyond every socket's smallest (64 KiB) rings:
+    /// the pool for larger rings
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DATA_MIB)]
     pub data_mib: u64,
     /// Each socket's tx and rx ring in KiB [default: 1024]; when the data area runs

@@ -108,7 +108,8 @@ impl Daemon {
             // One guest must not be able to take every descriptor and lock every other
             // guest out (docs/threat-model.md, "Memory and descriptors").
             log::info!(
-                "{nofile} descriptors: --sockets {} lowered to {cap}",
+                "socket quota per guest {cap} (asked {}): canald may hold {nofile} \
+                 descriptors, two per socket",
                 cfg.sockets
             );
             cfg.sockets = cap as _;

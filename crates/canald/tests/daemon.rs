@@ -299,14 +299,15 @@ fn request_errors() {
 
 #[test]
 fn data_area_bounds_buffers() {
-    // 1 MiB of ring memory and the smallest (64 KiB) rings: eight sockets fit.
-    let d = TestDaemon::start(&["--data-mib", "1", "--ring-kib", "64"]);
+    // The area holds the smallest rings for every entry of the quota, so the quota's
+    // last socket still gets rings: the table fills (EMFILE), never the area.
+    let d = TestDaemon::start(&["--data-mib", "1", "--ring-kib", "64", "--sockets", "40"]);
     let mut g = TestGuest::attach(&d.path, "bufcap");
-    for _ in 0..8 {
+    for _ in 0..40 {
         g.socket(AF_INET, STREAM);
     }
     let (r, _) = g.request(op::SOCKET, 0, [2, 1, 0, 0], &[]);
-    assert_eq!(r, -(errno::ENOBUFS as i64));
+    assert_eq!(r, -(errno::EMFILE as i64));
     // A ring size the data area cannot hold twice is refused at start.
     let mut bad = std::process::Command::new(env!("CARGO_BIN_EXE_canald"))
         .args([
@@ -331,7 +332,7 @@ fn data_area_bounds_buffers() {
 
 /// Sockets get the configured ring size while the data area can still give every
 /// other free table entry the smallest rings; later ones get smaller rings, so the
-/// table fills (EMFILE) before the data area refuses (ENOBUFS).
+/// table fills (EMFILE) and the data area never refuses.
 #[test]
 fn rings_shrink_so_every_entry_fits() {
     let d = TestDaemon::start(&["--data-mib", "1", "--ring-kib", "256", "--sockets", "4"]);
@@ -348,8 +349,9 @@ fn rings_shrink_so_every_entry_fits() {
             tx
         })
         .collect();
-    // 1 MiB: 2×256 KiB leaving 3×128 KiB, then 2×128 leaving 2×128, then 2×64 twice.
-    assert_eq!(sizes, [256 << 10, 128 << 10, 64 << 10, 64 << 10]);
+    // 1 MiB pool + 4 × 128 KiB: 2×256 KiB twice (each leaving the smallest rings for
+    // the entries still free), then 2×128 KiB twice.
+    assert_eq!(sizes, [256 << 10, 256 << 10, 128 << 10, 128 << 10]);
     let (r, _) = g.request(op::SOCKET, 0, [2, 1, 0, 0], &[]);
     assert_eq!(r, -(errno::EMFILE as i64));
     // The default ring leaves room for four sockets in a small area.
@@ -641,7 +643,7 @@ fn ipv6_loopback() {
 
 #[test]
 fn large_stat_listing_in_chunks() {
-    let d = TestDaemon::start(&["--ring-kib", "64"]);
+    let d = TestDaemon::start(&["--ring-kib", "64", "--sockets", "1024"]);
     let mut g = TestGuest::attach(&d.path, "many");
     let mut handles = Vec::new();
     for _ in 0..1024 {

@@ -80,7 +80,7 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
     }
     match s.kind {
         sock_kind::LISTENER => {
-            if s.rx_used > 0 {
+            if s.rx_used > 0 || s.flags & f::NO_ENTRY != 0 {
                 m |= IN;
             }
         }

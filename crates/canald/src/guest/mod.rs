@@ -17,6 +17,7 @@
 pub mod addr_view;
 pub mod config;
 pub mod dgram;
+pub mod entries;
 
 pub mod ops;
 pub mod service;

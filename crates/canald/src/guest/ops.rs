@@ -8,7 +8,7 @@ use crate::guest::socket::HostSocket;
 use crate::guest::socket::Kind;
 use crate::guest::socket::Phase;
 use crate::guest::socket::RingPos;
-use crate::guest::socket::{AcceptQueue, KindState};
+use crate::guest::socket::{effective_backlog, AcceptQueue, KindState};
 use crate::guest::state::Guest;
 use crate::request::SOCK_DGRAM;
 use crate::request::SOCK_STREAM;
@@ -48,22 +48,15 @@ impl Guest {
             .expect("host socket indices are < socket_count")
     }
 
-    /// Table entry `i` is neither in use here nor lent to another worker (vRSS).
-    pub(crate) fn is_free_entry(&self, i: usize) -> bool {
-        self.sockets[i].is_none() && !self.is_away(i as u32)
-    }
-
     /// A socket's two rings: the configured size while the data area has room for it
     /// and still for MIN_RING rings for every other free table entry; else the largest
-    /// smaller power of two that leaves that room (down to MIN_RING). So a guest with
-    /// few sockets gets large rings, and one with many still gets every table entry
-    /// (with smaller buffers, as the kernel's under memory pressure) rather than
-    /// ENOBUFS. Returns (tx offset, rx offset, ring size).
+    /// smaller power of two that leaves that room (down to MIN_RING). The area is
+    /// sized for that (`--data-mib` on top of MIN_RING rings for every entry), so a
+    /// guest with few sockets gets large rings, and one with many still gets every
+    /// table entry (with smaller buffers, as the kernel's under memory pressure)
+    /// rather than ENOBUFS. Returns (tx offset, rx offset, ring size).
     pub(crate) fn alloc_rings(&mut self) -> Result<(u64, u64, u64), i32> {
-        let free_entries = (0..self.sockets.len())
-            .filter(|&i| self.is_free_entry(i))
-            .count();
-        let others = free_entries.saturating_sub(1) as u64;
+        let others = self.entries.available() as u64;
         let reserve = others.saturating_mul(2 * MIN_RING);
         let mut size = self.cfg.ring_size;
         while size > MIN_RING && 2 * size + reserve > self.alloc.free_bytes() {
@@ -84,6 +77,16 @@ impl Guest {
         }
     }
 
+    /// Returns rings to the allocator and their pages to the system: the data area is
+    /// sparse, so a guest's ring memory follows its live sockets down as well as up.
+    pub(crate) fn free_rings(&mut self, rings: &[(u64, u64)]) {
+        for &(off, size) in rings {
+            if self.alloc.free(off, size) {
+                self.map.release_data(&self.cfg.layout, off, size);
+            }
+        }
+    }
+
     /// Allocates an entry, rings and epoll registration for `fd`. Publishes the entry
     /// (kind last). Err(errno) leaves nothing allocated.
     pub(crate) fn install(
@@ -94,10 +97,14 @@ impl Guest {
         family: u16,
         phase: Phase,
     ) -> Result<u32, i32> {
-        let index = (0..self.sockets.len())
-            .position(|i| self.is_free_entry(i))
-            .ok_or(errno::EMFILE)? as u32;
-        let (tx_off, rx_off, size) = self.alloc_rings()?;
+        let index = self.take_entry().ok_or(errno::EMFILE)?;
+        let (tx_off, rx_off, size) = match self.alloc_rings() {
+            Ok(r) => r,
+            Err(e) => {
+                self.entries.give(index);
+                return Err(e);
+            }
+        };
         let gen = self.generations[index as usize];
         let handle = make_handle(index, gen as u32);
         let tok = token::make(token::SOCKET, self.conn, gen, index as u16);
@@ -105,6 +112,7 @@ impl Guest {
         if let Err(e) = ep.add(fd.as_raw_fd(), ev, tok) {
             self.alloc.free(tx_off, size);
             self.alloc.free(rx_off, size);
+            self.entries.give(index);
             return Err(sys::errno_of(&e));
         }
         let flags = match phase {
@@ -145,14 +153,17 @@ impl Guest {
             idx: 0,
             seen: 0,
         };
-        self.sockets[index as usize] = Some(HostSocket::new(
-            handle,
-            KindState::new(kind),
-            family,
-            fd,
-            (phase, flags),
-            (ring(tx_off), ring(rx_off)),
-        ));
+        self.put_socket(
+            index,
+            HostSocket::new(
+                handle,
+                KindState::new(kind),
+                family,
+                fd,
+                (phase, flags),
+                (ring(tx_off), ring(rx_off)),
+            ),
+        );
         self.set_owned(index, true);
         Ok(handle)
     }
@@ -193,8 +204,16 @@ impl Guest {
         if !matches!(s.phase, Phase::Open | Phase::Listening) {
             return Err(errno::EINVAL);
         }
-        sys::listen(fd_of(s)?, backlog).map_err(|e| sys::errno_of(&e))?;
-        s.state = KindState::Listener(AcceptQueue::default());
+        let eff = effective_backlog(backlog);
+        // Connections held for the program count against its backlog (a second
+        // listen only changes the backlog, as natively).
+        let held = s.accepts().map_or(0, |q| q.held());
+        let host = eff.saturating_sub(held) as i32;
+        sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
+        match s.accepts_mut() {
+            Some(q) => (q.backlog, q.host_backlog) = (eff, host),
+            None => s.state = KindState::Listener(AcceptQueue::new(eff)),
+        }
         s.phase = Phase::Listening;
         s.readable = true; // connections may already be queued
         let e = self.entry(index);
@@ -401,9 +420,9 @@ impl Guest {
         if self.give_back(index, next, rings) {
             return; // a shadow: the home reuses the entry and the rings
         }
-        self.alloc.free(s.tx.off, s.tx.size);
-        self.alloc.free(s.rx.off, s.rx.size);
+        self.free_rings(&[(s.tx.off, s.tx.size), (s.rx.off, s.rx.size)]);
         self.generations[index as usize] = next;
+        self.entries.give(index);
         // A listener that stopped accepting for lack of entries can go on, and so can
         // connections an away listener accepted.
         if self.gone.is_some() {

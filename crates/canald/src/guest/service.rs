@@ -57,7 +57,7 @@ impl Guest {
         let r = &self.region;
         // A shadow (virtual RSS) never pops the queue: requests are its home's.
         (!self.is_shadow() && self.queue.has_next(r.queue_cells()))
-            || r.attention()
+            || r.attention()[..self.owned_words]
                 .iter()
                 .zip(&self.owned)
                 .any(|(w, m)| w.load(Ordering::Relaxed) & m != 0)
@@ -302,13 +302,22 @@ impl Guest {
         }
     }
 
-    /// Listeners that stopped accepting for lack of entries or rings look again.
+    /// Listeners that stopped accepting for lack of entries or rings look again (an
+    /// entry was freed). Their NO_ENTRY goes at once, before the answer to the CLOSE
+    /// that freed it: a program that closes a connection and accepts gets the next
+    /// client, as natively, not EMFILE; a listener that finds the table full again
+    /// sets it again.
     pub(crate) fn rearm_listeners(&mut self) {
-        for i in 0..self.sockets.len() {
-            if let Some(l) = &self.sockets[i] {
-                if l.kind() == Kind::Listener && l.readable {
-                    self.mark_dirty(i as u32);
-                }
+        if !std::mem::take(&mut self.listeners_stalled) {
+            return;
+        }
+        for i in 0..self.sockets.len() as u32 {
+            let Some(Some(l)) = self.sockets.get(i as usize) else {
+                continue;
+            };
+            if l.kind() == Kind::Listener && l.readable {
+                self.set_flags(i, 0, sock_flag::NO_ENTRY);
+                self.mark_dirty(i);
             }
         }
     }

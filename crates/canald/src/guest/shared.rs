@@ -485,7 +485,7 @@ pub(crate) struct State {
     pub(crate) home: u32,
     pub(crate) boxes: Boxes,
     /// Home only: entry index → (owner worker, handle) of sockets served elsewhere.
-    pub(crate) away: Vec<Option<(u32, u32)>>,
+    pub(crate) away: std::collections::HashMap<u32, (u32, u32)>,
     /// Set by the home when the guest's control connection closed.
     pub(crate) departed: Arc<AtomicBool>,
     /// Home only: sockets handed over so far.

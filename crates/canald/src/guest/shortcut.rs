@@ -211,6 +211,7 @@ impl Guest {
             return Ok(Accepted::Full);
         }
         if !self.is_shadow() && self.table_full() {
+            self.listeners_stalled = true;
             return Ok(Accepted::Full);
         }
         // A plain socket for socket options (never bound or connected).
@@ -257,9 +258,7 @@ impl Guest {
         link: SegLink,
     ) -> Result<u32, i32> {
         // Virtual RSS: an index whose socket another worker serves is not free.
-        let index = (0..self.sockets.len())
-            .position(|i| self.sockets[i].is_none() && !self.is_away(i as u32))
-            .ok_or(errno::EMFILE)? as u32;
+        let index = self.take_entry().ok_or(errno::EMFILE)?;
         let gen = self.generations[index as usize];
         let handle = canal_abi::make_handle(index, gen as u32);
         let e = self.entry(index);
@@ -292,7 +291,7 @@ impl Guest {
         );
         s.seg = Some(link);
         s.named = true;
-        self.sockets[index as usize] = Some(s);
+        self.put_socket(index, s);
         // Its attention bit is this guest instance's to take.
         self.set_owned(index, true);
         Ok(handle)
@@ -348,8 +347,7 @@ impl Guest {
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
         }
-        self.alloc.free(tx.off, tx.size);
-        self.alloc.free(rx.off, rx.size);
+        self.free_rings(&[(tx.off, tx.size), (rx.off, rx.size)]);
         let e = self.entry(index);
         e.tx_head.store(0, Ordering::Relaxed);
         e.rx_tail.store(0, Ordering::Relaxed);

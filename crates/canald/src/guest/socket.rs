@@ -148,6 +148,38 @@ pub(crate) struct AcceptQueue {
     /// Listener served away from its guest's home: connections accepted and sent to
     /// the home for their entries, whose ACCEPT records are not written yet.
     pub(crate) accepting: u32,
+    /// The program's backlog as the kernel applies it (`effective_backlog`).
+    pub(crate) backlog: u32,
+    /// The backlog last given to the host listener: the program's less the
+    /// connections canald holds accepted for it, so that both queues together hold
+    /// what the kernel's one queue would (backlog + 1) and later clients wait.
+    pub(crate) host_backlog: i32,
+}
+
+impl AcceptQueue {
+    pub(crate) fn new(backlog: u32) -> AcceptQueue {
+        AcceptQueue {
+            backlog,
+            host_backlog: backlog as i32,
+            ..AcceptQueue::default()
+        }
+    }
+
+    /// Connections accepted from the host listener that the program has not taken.
+    pub(crate) fn held(&self) -> u32 {
+        self.unclaimed.len() as u32 + self.accepting
+    }
+}
+
+/// listen(2)'s backlog as the kernel applies it: above `net.core.somaxconn` (or
+/// negative) it is somaxconn.
+pub(crate) fn effective_backlog(backlog: i32) -> u32 {
+    let max = crate::sys::somaxconn();
+    if backlog < 0 || backlog as u32 > max {
+        max
+    } else {
+        backlog as u32
+    }
 }
 
 /// A host socket's kind with the state only that kind has (Firecracker's vsock
@@ -167,7 +199,7 @@ impl KindState {
         match kind {
             Kind::Stream => KindState::Stream,
             Kind::Dgram => KindState::Dgram { pending: None },
-            Kind::Listener => KindState::Listener(AcceptQueue::default()),
+            Kind::Listener => KindState::Listener(AcceptQueue::new(crate::sys::somaxconn())),
         }
     }
 }

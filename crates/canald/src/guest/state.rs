@@ -6,6 +6,7 @@ use crate::guest::addr_view::GuestView;
 use crate::guest::config::GuestConfig;
 use crate::guest::config::DGRAM_MAX;
 use crate::guest::config::DRAIN_STALL;
+use crate::guest::entries::EntryPool;
 use crate::guest::shared::SharedRef as ShortcutRef;
 use crate::guest::socket::HostSocket;
 use crate::guest::wake::DoorbellStats;
@@ -31,7 +32,14 @@ pub(crate) struct Guest {
     pub(crate) queue: canal_abi::queue::QueueConsumer,
     /// Per-slot wake-up eventfds registered with PORT.
     pub(crate) ports: Ports,
+    /// Host sockets by entry index; grown on demand up to the entries' high-water
+    /// mark (`put_socket`), so a guest with few sockets costs few bytes here.
     pub(crate) sockets: Vec<Option<HostSocket>>,
+    /// Which table entries are free (the home hands them out).
+    pub(crate) entries: EntryPool,
+    /// A listener stopped accepting for lack of an entry or rings: freeing one looks
+    /// at the listeners again.
+    pub(crate) listeners_stalled: bool,
     /// Next generation per entry index (1..=0xffff; handles are never 0).
     pub(crate) generations: Vec<u16>,
     pub(crate) alloc: DataAlloc,
@@ -63,6 +71,9 @@ pub(crate) struct Guest {
     /// Sockets this instance owns, one bit per entry index: it takes only their
     /// attention bits (virtual RSS: other workers own the rest).
     pub(crate) owned: Vec<u64>,
+    /// 1 + the highest word of `owned` ever set: attention scans stop there, so a
+    /// round costs the same with a 65,535-entry table as with a 64-entry one.
+    pub(crate) owned_words: usize,
     /// Virtual RSS state (None: every socket of the guest stays here).
     pub(crate) vr: Option<Box<crate::guest::shared::State>>,
     // The mapping must outlive every use of `region`; it is dropped last.
@@ -141,7 +152,9 @@ impl Guest {
                     .map(|_| Mutex::new(None))
                     .collect(),
             ),
-            sockets: (0..n).map(|_| None).collect(),
+            sockets: Vec::new(),
+            entries: EntryPool::new(n as u32),
+            listeners_stalled: false,
             generations: vec![1; n],
             alloc: DataAlloc::new(cfg.layout.data_size),
             dirty: Vec::new(),
@@ -161,6 +174,7 @@ impl Guest {
             sc: None,
             earliest_close: None,
             owned: vec![0; n.div_ceil(64)],
+            owned_words: 0,
             vr: None,
             cfg,
             map,
@@ -203,7 +217,33 @@ impl Guest {
 
     /// No entry is free here (held, or served by another worker).
     pub(crate) fn table_full(&self) -> bool {
-        (0..self.sockets.len()).all(|i| self.sockets[i].is_some() || self.is_away(i as u32))
+        self.entries.exhausted()
+    }
+
+    /// Stores the socket of entry `index` (growing the table's host side to it).
+    pub(crate) fn put_socket(&mut self, index: u32, s: HostSocket) {
+        let i = index as usize;
+        if i >= self.sockets.len() {
+            self.sockets.resize_with(i + 1, || None);
+        }
+        self.sockets[i] = Some(s);
+    }
+
+    /// Takes the lowest free entry for a new socket (home only) and publishes the
+    /// high-water mark before the caller publishes the handle. None: the guest is at
+    /// its socket quota.
+    pub(crate) fn take_entry(&mut self) -> Option<u32> {
+        let (sockets, vr) = (&self.sockets, &self.vr);
+        let index = self.entries.take(|i| {
+            sockets.get(i as usize).is_none_or(Option::is_none)
+                && !vr.as_ref().is_some_and(|v| v.away.contains_key(&i))
+        })?;
+        let high = self.entries.high_water();
+        let h = self.region.header();
+        if h.entries_used.load(Ordering::Relaxed) < high {
+            h.entries_used.store(high, Ordering::Release);
+        }
+        Some(index)
     }
 
     pub(crate) fn sockets(&self) -> impl Iterator<Item = &HostSocket> {

@@ -302,9 +302,47 @@ impl Guest {
     }
 
     pub(crate) fn service_listener(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
-        if self.is_shadow() {
-            return self.accept_away(index); // the home allocates the entries
+        let r = if self.is_shadow() {
+            self.accept_away(index) // the home allocates the entries
+        } else {
+            self.accept_here(ep, index)
+        };
+        self.sync_host_backlog(index, 0);
+        r
+    }
+
+    /// Whether listener `index` holds as many accepted connections as its backlog
+    /// lets the kernel queue; then the program's accept (RX_WANT_SPACE) resumes it.
+    pub(crate) fn backlog_full(&mut self, index: u32) -> bool {
+        let full = self.sockets[index as usize]
+            .as_ref()
+            .and_then(|l| l.accepts())
+            .is_some_and(|q| q.held() >= q.backlog.max(1));
+        if full {
+            self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
         }
+        full
+    }
+
+    /// Gives the host listener the backlog the program's leaves after the connections
+    /// canald holds for it, plus `more` about to be accepted (listen(2) again only
+    /// changes the backlog). Lowered *before* an accept, so that the kernel cannot
+    /// admit one more between the accept and the change.
+    pub(crate) fn sync_host_backlog(&mut self, index: u32, more: u32) {
+        let Some(Some(l)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        let Some(fd) = l.fd.as_ref() else { return };
+        let crate::guest::socket::KindState::Listener(q) = &mut l.state else {
+            return;
+        };
+        let want = q.backlog.saturating_sub(q.held() + more) as i32;
+        if want != q.host_backlog && sys::listen(fd, want).is_ok() {
+            q.host_backlog = want;
+        }
+    }
+
+    fn accept_here(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
         let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
@@ -314,12 +352,19 @@ impl Guest {
             // Room for the record even if padding is needed first.
             let free = self.want_rx_space(index, 2 * need)?;
             self.drop_claimed(index);
-            if free == 0 {
+            if free == 0 || self.backlog_full(index) {
                 return Ok(());
             }
             if self.table_full() || self.alloc.free_bytes() < 2 * MIN_RING {
-                return Ok(()); // retried when an entry is freed
+                // Retried when an entry is freed; meanwhile accept says EMFILE.
+                self.listeners_stalled = true;
+                self.set_flags(index, sock_flag::NO_ENTRY, 0);
+                return Ok(());
             }
+            if self.entry(index).flags.load(Ordering::Relaxed) & sock_flag::NO_ENTRY != 0 {
+                self.set_flags(index, 0, sock_flag::NO_ENTRY);
+            }
+            self.sync_host_backlog(index, 1);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let family = s.family;
             let (conn, peer) = match accept_one(s) {

@@ -60,7 +60,7 @@ impl Guest {
             me,
             home: me,
             boxes,
-            away: vec![None; self.sockets.len()],
+            away: Default::default(),
             departed: Arc::new(AtomicBool::new(false)),
             moved: 0,
             waiting: VecDeque::new(),
@@ -97,7 +97,6 @@ impl Guest {
 
     /// A shadow instance on worker `me` from a home's seed.
     pub(crate) fn shadow(seed: &Seed, me: u32) -> Guest {
-        let n = seed.cfg.layout.socket_count as usize;
         let mut g = Guest::from_parts(
             seed.id,
             seed.conn,
@@ -112,19 +111,22 @@ impl Guest {
             me,
             home: seed.home,
             boxes: seed.boxes.clone(),
-            away: Vec::new(),
+            away: Default::default(),
             departed: seed.departed.clone(),
             moved: 0,
             waiting: VecDeque::new(),
         }));
         // Listeners it owns register and deregister short-circuit listeners.
         g.sc = seed.sc.clone();
-        debug_assert_eq!(g.sockets.len(), n);
         g
     }
 
     pub(super) fn set_owned(&mut self, index: u32, on: bool) {
-        if let Some(w) = self.owned.get_mut((index / 64) as usize) {
+        let word = (index / 64) as usize;
+        if on {
+            self.owned_words = self.owned_words.max(word + 1);
+        }
+        if let Some(w) = self.owned.get_mut(word) {
             if on {
                 *w |= 1 << (index % 64);
             } else {
@@ -133,19 +135,11 @@ impl Guest {
         }
     }
 
-    /// Home: the socket at `index` lives on another worker (true: not free here).
-    pub(super) fn is_away(&self, index: u32) -> bool {
-        self.vr
-            .as_ref()
-            .and_then(|v| v.away.get(index as usize))
-            .is_some_and(|a| a.is_some())
-    }
-
     /// The owner of an away socket named by exactly `handle`.
     pub(super) fn away_owner(&self, handle: u32) -> Option<u32> {
         let vr = self.vr.as_ref()?;
-        match vr.away.get(canal_abi::handle_index(handle) as usize) {
-            Some(Some((w, h))) if *h == handle => Some(*w),
+        match vr.away.get(&canal_abi::handle_index(handle)) {
+            Some((w, h)) if *h == handle => Some(*w),
             _ => None,
         }
     }
@@ -247,9 +241,7 @@ impl Guest {
         let Some(vr) = self.vr.as_mut() else {
             return;
         };
-        if let Some(a) = vr.away.get_mut(index as usize) {
-            *a = Some((to, handle));
-        }
+        vr.away.insert(index, (to, handle));
         vr.moved += 1;
         if let Some(mb) = vr.boxes.get(to as usize) {
             mb.send(Msg::Adopt {
@@ -287,7 +279,7 @@ impl Guest {
         {
             // The guest left while the socket was on its way.
             let now = Instant::now();
-            self.sockets[index as usize] = Some(s);
+            self.put_socket(index, s);
             self.set_owned(index, true);
             self.depart(ep, now);
             return;
@@ -296,9 +288,7 @@ impl Guest {
         // per epoll); service the socket once in any case.
         s.readable = true;
         s.writable = true;
-        if let Some(slot) = self.sockets.get_mut(index as usize) {
-            *slot = Some(s);
-        }
+        self.put_socket(index, s);
         self.set_owned(index, true);
         self.mark_dirty(index);
     }
@@ -397,16 +387,14 @@ impl Guest {
         let Some(vr) = self.vr.as_mut() else {
             return;
         };
-        match vr.away.get_mut(index as usize) {
-            Some(a @ Some(_)) => *a = None,
-            _ => return,
+        if vr.away.remove(&index).is_none() {
+            return;
         }
-        for (off, size) in rings {
-            self.alloc.free(off, size);
-        }
+        self.free_rings(&rings);
         if let Some(g) = self.generations.get_mut(index as usize) {
             *g = next_gen;
         }
+        self.entries.give(index);
         if self.gone.is_none() {
             self.rearm_listeners();
             self.retry_accepts(ep);
@@ -426,9 +414,10 @@ impl Guest {
             // Room for the records in flight and this one, padding included.
             let free = self.want_rx_space(index, (accepting as u64 + 2) * need)?;
             self.drop_claimed(index);
-            if free == 0 {
+            if free == 0 || self.backlog_full(index) {
                 return Ok(());
             }
+            self.sync_host_backlog(index, 1);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let (family, listener) = (s.family, s.handle);
             let (conn, host_peer) = match crate::guest::socket::accept_one(s) {
@@ -648,9 +637,7 @@ impl Guest {
 
     /// Home: sockets away (for `finished`).
     pub(super) fn any_away(&self) -> bool {
-        self.vr
-            .as_ref()
-            .is_some_and(|v| v.away.iter().any(|a| a.is_some()))
+        self.vr.as_ref().is_some_and(|v| !v.away.is_empty())
     }
 }
 

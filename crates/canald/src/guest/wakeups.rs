@@ -134,7 +134,7 @@ impl Guest {
 
     pub(crate) fn serve_attention(&mut self) {
         let region = self.region;
-        for (w, word) in region.attention().iter().enumerate() {
+        for (w, word) in region.attention()[..self.owned_words].iter().enumerate() {
             // Only the bits of sockets this instance owns (virtual RSS: the others
             // belong to other workers and stay set for them).
             let mask = self.owned.get(w).copied().unwrap_or(0);

@@ -122,6 +122,18 @@ pub(crate) fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
     cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map(|_| ())
 }
 
+/// `net.core.somaxconn` of canald's network namespace (read once; the kernel's
+/// default when unreadable).
+pub(crate) fn somaxconn() -> u32 {
+    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4096)
+    })
+}
+
 pub(crate) fn shutdown(fd: &OwnedFd, how: i32) -> io::Result<()> {
     // SAFETY: plain call.
     cvt(unsafe { libc::shutdown(fd.as_raw_fd(), how) }).map(|_| ())

@@ -102,6 +102,31 @@ impl Mapping {
         }
     }
 
+    /// Gives the pages of a freed ring (`size` bytes at data-area offset `off`) back to
+    /// the system: MADV_REMOVE punches a hole in the shared file, so the guest's
+    /// mapping reads zeros there and neither side keeps the memory. The region is
+    /// sparse: pages are committed as rings are written and returned here, never
+    /// reserved up front.
+    pub(crate) fn release_data(&self, layout: &Layout, off: u64, size: u64) {
+        let Some(start) = layout.data_offset.checked_add(off) else {
+            return;
+        };
+        if size == 0 || start.saturating_add(size) > self.len as u64 || !start.is_multiple_of(4096)
+        {
+            return;
+        }
+        // SAFETY: [start, start + size) lies inside this mapping (checked above); the
+        // range holds a ring nobody uses any more (freed), and MADV_REMOVE only
+        // replaces its contents with zeros, which both sides may read at any time.
+        unsafe {
+            libc::madvise(
+                self.base.add(start as usize) as *mut libc::c_void,
+                size as usize,
+                libc::MADV_REMOVE,
+            )
+        };
+    }
+
     /// Overwrites bytes at `off` (clamped to the mapping).
     pub(crate) fn write_at(&self, off: usize, src: &[u8]) {
         if off >= self.len {

@@ -318,7 +318,7 @@ impl SegSleepers {
             }
             return;
         }
-        for i in 0..g.region.layout().socket_count {
+        for i in 0..g.region.entries_in_use_bound() {
             if let Some(e) = g.region.socket(i) {
                 if e.segment.load(Ordering::Relaxed) != 0 {
                     self.add(e);

@@ -1,8 +1,12 @@
 //! Pair segments (protocol §8) as a guest process maps them: a short-circuited
 //! connection's rings live in a segment shared with the peer guest, not in our region.
 //!
-//! Each process keeps its own cache of mapped segments (a fixed table indexed by
-//! segment id; forked children inherit the mappings with the table). A segment is
+//! Each process keeps its own cache of mapped segments (an open-addressed table keyed
+//! by segment id, in zeroed static memory that is committed only where used; forked
+//! children inherit the mappings with the table). It holds every segment a guest can
+//! have (one per table entry) with room to spare; lookups are lock-free and stop at
+//! the first never-used slot, and a removal leaves a tombstone only where a later
+//! slot of the same run is in use, so misses stay short under connection churn. A segment is
 //! mapped on first use of a socket that names it (control message SEGMENT) and
 //! unmapped by the process that drops the socket's last reference.
 
@@ -14,7 +18,9 @@ use canal_abi::sync::{AtomicU32, Ordering};
 use canal_abi::zone::{self, MappedZone, ZoneHeader};
 use core::sync::atomic::AtomicUsize;
 
-const CACHE: usize = 1024;
+const CACHE: usize = 1 << 17;
+/// A removed entry inside a run of used slots (ids are never all ones).
+const TOMB: u32 = u32::MAX;
 
 struct Cached {
     /// Segment id (0: free). Stored last (Release) when an entry is filled.
@@ -152,15 +158,35 @@ fn find(id: u32) -> Option<Seg> {
     for k in 0..CACHE {
         let c = &TABLE[(start + k) % CACHE];
         // Acquire pairs with the Release store of `id` after base/len were filled.
-        if c.id.load(Ordering::Acquire) == id {
-            return Some(Seg {
-                base: c.base.load(Ordering::Relaxed) as *mut u8,
-                ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
-                zone_size: c.zone_size.load(Ordering::Relaxed) as u64,
-            });
+        match c.id.load(Ordering::Acquire) {
+            0 => return None,
+            v if v == id => {
+                return Some(Seg {
+                    base: c.base.load(Ordering::Relaxed) as *mut u8,
+                    ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
+                    zone_size: c.zone_size.load(Ordering::Relaxed) as u64,
+                })
+            }
+            _ => {}
         }
     }
     None
+}
+
+/// Under LOCK: empties slot `i` (its entry was removed). A tombstone keeps the run
+/// unbroken for lookups of later entries; where the run ends here, this slot and the
+/// tombstones before it become never-used again (a concurrent lookup that stops
+/// there could only have been looking for an entry that is not in the table).
+fn vacate(i: usize) {
+    TABLE[i].id.store(TOMB, Ordering::SeqCst);
+    if TABLE[(i + 1) % CACHE].id.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    let mut j = i;
+    while TABLE[j].id.load(Ordering::Relaxed) == TOMB {
+        TABLE[j].id.store(0, Ordering::SeqCst);
+        j = (j + CACHE - 1) % CACHE;
+    }
 }
 
 /// The segment if this process has it mapped already (no control traffic).
@@ -193,7 +219,7 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     let start = id as usize % CACHE;
     let slot = (0..CACHE)
         .map(|k| &TABLE[(start + k) % CACHE])
-        .find(|c| c.id.load(Ordering::Relaxed) == 0)
+        .find(|c| matches!(c.id.load(Ordering::Relaxed), 0 | TOMB))
         .ok_or(libc::ENOBUFS)?;
     let (fd, size) = crate::conn::ctl::ctl_segment(g, id)?;
     let actual = sys::file_size(fd);
@@ -248,7 +274,7 @@ pub(crate) fn forget(g: &Guest, id: u32) {
     if id == 0 {
         return;
     }
-    let shared = (0..g.region.layout().socket_count).any(|i| {
+    let shared = (0..g.region.entries_in_use_bound()).any(|i| {
         g.region.socket(i).is_some_and(|e| {
             e.segment.load(Ordering::Acquire) == id && e.refs.load(Ordering::Acquire) > 0
         })
@@ -259,9 +285,14 @@ pub(crate) fn forget(g: &Guest, id: u32) {
     crate::rt::lock(&LOCK);
     let start = id as usize % CACHE;
     for k in 0..CACHE {
-        let c = &TABLE[(start + k) % CACHE];
-        if c.id.load(Ordering::Relaxed) == id {
-            c.id.store(0, Ordering::SeqCst);
+        let i = (start + k) % CACHE;
+        let c = &TABLE[i];
+        let v = c.id.load(Ordering::Relaxed);
+        if v == 0 {
+            break;
+        }
+        if v == id {
+            vacate(i);
             let base = c.base.swap(0, Ordering::Relaxed);
             let len = c.len.swap(0, Ordering::Relaxed);
             if base == 0 {

@@ -109,6 +109,9 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
         if pe != 0 {
             return Err(pe as i32);
         }
+        if s.flags() & f::NO_ENTRY != 0 {
+            return Err(libc::EMFILE); // at the socket quota, clients queued
+        }
         if nonblock {
             return Err(libc::EAGAIN);
         }
@@ -117,7 +120,10 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
         }
         let w = wait_until(s.g, s.idx, deadline.flatten(), || {
             let st = s.snapshot();
-            st.rx_used > 0 || st.pending_error != 0 || st.kind != sock_kind::LISTENER
+            st.rx_used > 0
+                || st.pending_error != 0
+                || st.kind != sock_kind::LISTENER
+                || st.flags & f::NO_ENTRY != 0
         });
         if w != Wait::Ready {
             return Err(wait_err(w, false));
