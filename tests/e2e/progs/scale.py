@@ -1,0 +1,128 @@
+"""Many connections, a listener that does not accept, and a server at its descriptor
+quota: the same program natively and under canal (tests/e2e/test_scale.py).
+
+  server PORT N     listen, accept N clients, echo one byte on each: "SERVED N"; then
+                    read one more byte from every client (their close) and exit
+  client PORT N     open N connections, send a byte on each, check every echo:
+                    "ECHOED N"; then close them all
+  backlog PORT B    listen(B) and never accept: "LISTEN", then wait for stdin
+  probe PORT M      M non-blocking connects, 2 s to complete: "ESTABLISHED k"
+  quota PORT        accept until accept fails: "STOPPED k errno"; then close 5
+                    accepted connections and accept again: "AGAIN n" (n accepted)
+"""
+
+import errno
+import os
+import resource
+import select
+import socket
+import sys
+import time
+
+
+def raise_nofile(want=None):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if want is None else want, hard))
+
+
+def listener(port, backlog):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(backlog)
+    return s
+
+
+def server(port, n):
+    l = listener(port, 4096)
+    print("LISTEN", flush=True)
+    conns = [l.accept()[0] for _ in range(n)]
+    for c in conns:
+        b = c.recv(1)
+        assert b == b"x", b
+        c.sendall(b)
+    print(f"SERVED {len(conns)}", flush=True)
+    for c in conns:
+        c.recv(1)  # the client's close
+
+
+def client(port, n):
+    conns = []
+    for i in range(n):
+        s = socket.socket()
+        s.connect(("127.0.0.1", port))
+        conns.append(s)
+    for s in conns:
+        s.sendall(b"x")
+    ok = sum(1 for s in conns if s.recv(1) == b"x")
+    print(f"ECHOED {ok}", flush=True)
+    for s in conns:
+        s.close()
+
+
+def backlog(port, b):
+    l = listener(port, b)
+    print("LISTEN", flush=True)
+    sys.stdin.readline()
+    l.close()
+
+
+def probe(port, m):
+    socks = []
+    for _ in range(m):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        socks.append(s)
+    pending = {s.fileno(): s for s in socks}
+    done = 0
+    deadline = time.monotonic() + 2.0
+    p = select.poll()
+    for fd in pending:
+        p.register(fd, select.POLLOUT)
+    while pending and time.monotonic() < deadline:
+        for fd, _ in p.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            s = pending.pop(fd)
+            p.unregister(fd)
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                done += 1
+    print(f"ESTABLISHED {done}", flush=True)
+
+
+def quota(port):
+    l = listener(port, 4096)
+    print("LISTEN", flush=True)
+    conns = []
+    while True:
+        try:
+            conns.append(l.accept()[0])
+        except OSError as e:
+            print(f"STOPPED {len(conns)} {errno.errorcode.get(e.errno, e.errno)}", flush=True)
+            break
+    for c in conns[:5]:
+        c.close()
+    again = 0
+    l.settimeout(10)
+    for _ in range(5):
+        conns.append(l.accept()[0])
+        again += 1
+    print(f"AGAIN {again}", flush=True)
+    sys.stdin.readline()
+
+
+def main():
+    mode, port = sys.argv[1], int(sys.argv[2])
+    arg = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    if mode == "quota":
+        raise_nofile(int(os.environ.get("SCALE_NOFILE", "0")) or None)
+    else:
+        raise_nofile()
+    {"server": server, "client": client, "backlog": backlog, "probe": probe}.get(
+        mode, lambda p, a: quota(p))(port, arg)
+
+
+if __name__ == "__main__":
+    main()

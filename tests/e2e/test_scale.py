@@ -1,0 +1,113 @@
+"""Servers at scale (progs/scale.py): thousands of connections held open and echoed by a
+server under canal, with native clients and with canal clients (short-circuited); a
+listener that never accepts holds what the kernel's would; a server at its socket quota
+gets EMFILE from accept and goes on once it closes connections.
+
+The counts are sized for this machine: canald here may hold 20,000 descriptors (the hard
+limit; it cannot be raised), and every canal socket costs it two (host socket and
+WATCH), a short-circuited connection five; the per-guest quota is three quarters of what
+is left (6,562). See docs/operations.md, "Capacity"."""
+
+import subprocess
+
+import pytest
+
+import e2e_util
+from canal_harness import clean_env, serving_canald
+
+NATIVE_CLIENTS = 5000
+CANAL_CLIENTS = 3000
+
+
+def _held_and_echoed(canald, python, progs, n, client_under_canal):
+    port = e2e_util.free_port()
+    server = canald.spawn([python, progs / "scale.py", "server", port, n], name="scale-server")
+    server.wait_line("LISTEN", 20)
+    argv = [python, progs / "scale.py", "client", port, n]
+    client = (canald.spawn(argv, name="scale-client") if client_under_canal
+              else canald.procs.spawn(argv, name="scale-native-client"))
+    line = client.wait_line("ECHOED", 90)
+    assert line == f"ECHOED {n}", client.describe()
+    assert server.wait_line("SERVED", 30) == f"SERVED {n}", server.describe()
+    # canal served the server's side: its guest lists the connections.
+    st = canald.guest(server)
+    assert st is not None and len(st["sockets"]) >= n, f"canal stat: {st and len(st['sockets'])}"
+    assert client.finish(60).returncode == 0, client.describe()
+    assert server.finish(60).returncode == 0, server.describe()
+
+
+@pytest.mark.deadline(240)
+def test_thousands_of_native_clients(canald, python, progs):
+    _held_and_echoed(canald, python, progs, NATIVE_CLIENTS, client_under_canal=False)
+
+
+@pytest.mark.deadline(240)
+def test_thousands_of_canal_clients(canald, python, progs):
+    _held_and_echoed(canald, python, progs, CANAL_CLIENTS, client_under_canal=True)
+
+
+def _established(runner, python, progs, backlog, tries):
+    port = e2e_util.free_port()
+    srv = runner.spawn([python, progs / "scale.py", "backlog", port, backlog],
+                       name="scale-backlog", stdin=subprocess.PIPE)
+    srv.wait_line("LISTEN", 20)
+    probe = runner.procs.run([python, progs / "scale.py", "probe", port, tries],
+                             name="scale-probe", timeout=60)
+    srv.send_line()
+    assert srv.finish(20).returncode == 0, srv.describe()
+    assert probe.returncode == 0, probe.describe()
+    return int(probe.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("backlog", [1, 4, 64])
+def test_listener_that_does_not_accept(request, canald, procs, python, progs, backlog):
+    native = _established(_Native(procs), python, progs, backlog, backlog + 20)
+    canal = _established(canald, python, progs, backlog, backlog + 20)
+    # The kernel's accept queue holds backlog + 1; later clients wait (SYN retries).
+    assert native == backlog + 1, f"natively {native} (the test is wrong)"
+    # canald accepts ahead for the program and lowers the host listener's backlog by
+    # as many first; a client whose handshake is under way while it does can still
+    # complete (the kernel checks the queue at the SYN and again at the ACK): at most
+    # one more than natively. (listen(0) is not compared: docs/compat.md.)
+    assert native <= canal <= native + 1, (
+        f"under canal {canal} clients were established with listen({backlog}), natively {native}")
+
+
+class _Native:
+    def __init__(self, procs):
+        self.procs = procs
+
+    def spawn(self, argv, name=None, **kw):
+        return self.procs.spawn(argv, name=name, **kw)
+
+
+def test_accept_at_the_socket_quota(request, procs, python, progs):
+    quota = 24
+    canal_bin = request.getfixturevalue("canal_bin")
+    with serving_canald(canal_bin, procs, args=["--sockets", quota]) as d:
+        port = e2e_util.free_port()
+        srv = d.spawn([python, progs / "scale.py", "quota", port], name="scale-quota",
+                      stdin=subprocess.PIPE)
+        srv.wait_line("LISTEN", 20)
+        client = procs.spawn([python, progs / "scale.py", "client", port, quota + 10],
+                             name="scale-quota-clients")
+        stopped = srv.wait_line("STOPPED", 30).split()
+        # The listener takes one entry: quota - 1 accepted, then the kernel's errno for
+        # a process at its descriptor limit, not a hang.
+        assert stopped[1:] == [str(quota - 1), "EMFILE"], srv.describe()
+        assert srv.wait_line("AGAIN", 30) == "AGAIN 5", srv.describe()
+        srv.send_line()
+        srv.finish(20)
+        client.kill()
+    # The same program natively at a descriptor limit: the same errno.
+    port = e2e_util.free_port()
+    srv = procs.spawn([python, progs / "scale.py", "quota", port], name="scale-quota-native",
+                      stdin=subprocess.PIPE, env=clean_env({"SCALE_NOFILE": "24"}))
+    srv.wait_line("LISTEN", 20)
+    client = procs.spawn([python, progs / "scale.py", "client", port, quota + 10],
+                         name="scale-quota-native-clients")
+    assert srv.wait_line("STOPPED", 30).split()[2] == "EMFILE", srv.describe()
+    assert srv.wait_line("AGAIN", 30) == "AGAIN 5", srv.describe()
+    srv.send_line()
+    srv.finish(20)
+    client.kill()
