@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// reported with their reason), 1 when a native baseline failed, 2 on bad usage.
 #[derive(Args, Debug, Clone, Default)]
 pub struct BenchArgs {
-    /// B1 … B11 or all [default: all]; see docs/bench/README.md
+    /// B1 … B13 or all [default: all]; see docs/bench/README.md
     #[arg(value_name = "EXPERIMENT")]
     pub(crate) experiments: Vec<String>,
     /// Small counts, 2 reps, < 2 min: checks the harness, asserts no target
@@ -32,7 +32,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',',
           value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) sizes: Option<Vec<u64>>,
-    /// A subset of tcp,uds,canal-gg,canal-gn
+    /// A subset of tcp,uds,canal-gg,canal-gn,canal-ng
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_system)]
     pub(crate) systems: Option<Vec<System>>,
     /// Concurrent client/server pairs for B4/B9 (e.g. 1,2,4,8)
@@ -102,7 +102,7 @@ impl BenchArgs {
             }
             let up = x.to_ascii_uppercase();
             if !EXPERIMENT_IDS.contains(&up.as_str()) {
-                return Err(format!("unknown experiment '{x}' (B1 … B11 or all)"));
+                return Err(format!("unknown experiment '{x}' (B1 … B13 or all)"));
             }
             exps.push(up);
         }
@@ -172,7 +172,7 @@ mod tests {
         assert_eq!(o.plan.systems.as_ref().map(Vec::len), Some(2));
         assert!(parse(&["--systems", "quic"]).is_err());
         assert!(parse(&["--variants", "notify=fast"]).is_err());
-        assert!(parse(&["B12"]).is_err());
+        assert!(parse(&["B14"]).is_err());
         assert!(parse(&["--reps", "0"]).is_err());
         assert!(parse(&["--pairs", "65"]).is_err());
         // Pinned by default in full mode only; both overridable.
@@ -180,7 +180,7 @@ mod tests {
         assert!(parse(&["--full"]).unwrap().pinned());
         assert!(!parse(&["--full", "--no-pin"]).unwrap().pinned());
         assert!(parse(&["--quick", "--pin"]).unwrap().pinned());
-        assert_eq!(parse(&[]).unwrap().exps.len(), 11);
-        assert_eq!(parse(&["all", "B1"]).unwrap().exps.len(), 11);
+        assert_eq!(parse(&[]).unwrap().exps.len(), 13);
+        assert_eq!(parse(&["all", "B1"]).unwrap().exps.len(), 13);
     }
 }

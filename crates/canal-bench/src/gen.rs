@@ -18,6 +18,7 @@
 //! Each end prints one line `RESULT key=value ...` on stdout when it finishes; the
 //! server prints `READY <addr>` once it listens.
 
+use crate::stats::self_cpu_seconds;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -34,6 +35,10 @@ pub(crate) enum Mode {
     Rr,
     Stream,
     Idle,
+    /// B12: connection rate with `--clients` concurrent clients (`conngen`).
+    Conn,
+    /// B13: `--idle` idle connections held, then ping-pong (`conngen`).
+    Hold,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -75,6 +80,12 @@ pub struct GenArgs {
     /// Client: give up connecting after SECS
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub(crate) connect_timeout: f64,
+    /// Mode conn: concurrent clients (client) and serving threads (server)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) clients: usize,
+    /// Mode hold (client): idle connections to hold
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) idle: usize,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -158,18 +169,6 @@ fn read_full(c: &mut Conn, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
-/// CPU time (user + system) this process used so far, in seconds, all threads included.
-pub(crate) fn self_cpu_seconds() -> f64 {
-    // SAFETY: getrusage only writes into the zeroed `rusage` we own; RUSAGE_SELF is valid.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
-        ru
-    };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 fn pin_to(cpu: usize) -> Result<(), String> {
     // SAFETY: `set` is a plain bitmask we own; CPU_SET bounds-checks against its size and
     // sched_setaffinity(0, ..) only reads it for the calling thread.
@@ -203,7 +202,17 @@ fn server(g: &GenArgs) -> io::Result<String> {
             let l = TcpListener::bind(&g.addr)?;
             println!("READY {}", l.local_addr()?);
             io::stdout().flush()?;
-            Conn::Tcp(l.accept()?.0)
+            if g.mode != Mode::Rr && g.mode != Mode::Stream && g.mode != Mode::Idle {
+                crate::conngen::raise_nofile();
+            }
+            if g.mode == Mode::Conn {
+                return crate::conngen::serve_conns(l, g.clients);
+            }
+            let c = l.accept()?.0;
+            if g.mode == Mode::Hold {
+                crate::conngen::hold_the_rest(l);
+            }
+            Conn::Tcp(c)
         }
         Net::Unix => {
             let _ = std::fs::remove_file(&g.addr);
@@ -221,13 +230,13 @@ fn server(g: &GenArgs) -> io::Result<String> {
     let mut buf = vec![0u8; g.size];
     let (mut msgs, mut bytes) = (0u64, 0u64);
     match g.mode {
-        Mode::Rr => {
+        Mode::Rr | Mode::Hold => {
             conn.nodelay()?;
             while read_full(&mut conn, &mut buf)? {
                 conn.write_all(&buf)?;
                 msgs += 1;
             }
-            bytes = msgs * 2 * g.size as u64;
+            bytes = msgs * 2 * buf.len() as u64;
         }
         Mode::Stream => {
             loop {
@@ -242,6 +251,7 @@ fn server(g: &GenArgs) -> io::Result<String> {
             conn.write_all(&bytes.to_le_bytes())?;
         }
         Mode::Idle => while conn.read(&mut buf)? != 0 {},
+        Mode::Conn => {}
     }
     Ok(format!(
         "RESULT role=server msgs={msgs} bytes={bytes} cpu_s={:.6}",
@@ -273,22 +283,38 @@ fn connect(g: &GenArgs) -> io::Result<Conn> {
 }
 
 fn client(g: &GenArgs) -> io::Result<String> {
+    if g.mode == Mode::Conn {
+        crate::conngen::raise_nofile();
+        return crate::conngen::client_conns(
+            &g.addr,
+            g.clients,
+            g.duration.unwrap_or(2.0),
+            g.connect_timeout,
+        );
+    }
     let mut conn = connect(g)?;
+    let _idle = if g.mode == Mode::Hold {
+        crate::conngen::raise_nofile();
+        crate::conngen::open_idle(&g.addr, g.idle)?
+    } else {
+        Vec::new()
+    };
     // CPU is counted from the connection on (see server()).
     let cpu0 = self_cpu_seconds();
     let deadline = g
         .duration
         .map(|d| Instant::now() + Duration::from_secs_f64(d));
     let max = g.count.unwrap_or(u64::MAX);
+    let size = g.size;
     match g.mode {
-        Mode::Rr => {
+        Mode::Rr | Mode::Hold => {
             conn.nodelay()?;
-            let mut out = vec![0x5au8; g.size];
-            let mut back = vec![0u8; g.size];
+            let mut out = vec![0x5au8; size];
+            let mut back = vec![0u8; size];
             let mut seq = 0u64;
             let mut one = |conn: &mut Conn, seq: u64| -> io::Result<()> {
                 let tag = seq.to_le_bytes();
-                let k = g.size.min(8);
+                let k = size.min(8);
                 out[..k].copy_from_slice(&tag[..k]);
                 conn.write_all(&out)?;
                 if !read_full(conn, &mut back)? {
@@ -331,7 +357,7 @@ fn client(g: &GenArgs) -> io::Result<String> {
                 "RESULT role=client mode=rr size={} msgs={n} bytes={} elapsed_s={elapsed:.6} \
                  p50_ns={:.0} p99_ns={:.0} mean_ns={mean:.0} min_ns={} max_ns={} cpu_s={:.6}",
                 g.size,
-                n * 2 * g.size as u64,
+                n * 2 * size as u64,
                 pct(50.0),
                 pct(99.0),
                 lat.first().copied().unwrap_or(0),
@@ -398,7 +424,13 @@ fn client(g: &GenArgs) -> io::Result<String> {
                 self_cpu_seconds() - cpu0
             ))
         }
+        // Answered by conngen before a connection is made (above).
+        Mode::Conn => client_conn_mode_is_separate(),
     }
+}
+
+fn client_conn_mode_is_separate() -> io::Result<String> {
+    Err(io::Error::other("mode conn runs in conngen::client_conns"))
 }
 
 /// Parses a `RESULT k=v ...` line into pairs.

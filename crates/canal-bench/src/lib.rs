@@ -9,6 +9,7 @@
 //! `Result<_, String>`.
 
 pub mod cli;
+pub(crate) mod conngen;
 pub mod gen;
 pub(crate) mod json;
 pub(crate) mod model;

@@ -1,5 +1,5 @@
 //! What is measured: systems (who runs where), workloads, switch variants, cells, and
-//! the experiments B1–B11 of docs/bench/README.md expressed as lists of cells.
+//! the experiments B1–B13 of docs/bench/README.md expressed as lists of cells.
 
 use std::fmt;
 
@@ -14,10 +14,20 @@ pub(crate) enum System {
     CanalGG,
     /// Client under `canal run`, server native: canald carries it onto host TCP.
     CanalGN,
+    /// Server under `canal run`, client native: canald accepts for the guest.
+    CanalNG,
 }
 
 pub(crate) const ALL_SYSTEMS: [System; 4] =
     [System::Tcp, System::Uds, System::CanalGG, System::CanalGN];
+
+/// Every placement of TCP ends, native and under canal (B12, B13).
+const TCP_PLACEMENTS: [System; 4] = [
+    System::Tcp,
+    System::CanalGG,
+    System::CanalGN,
+    System::CanalNG,
+];
 
 impl System {
     pub(crate) fn id(self) -> &'static str {
@@ -26,6 +36,7 @@ impl System {
             System::Uds => "uds",
             System::CanalGG => "canal-gg",
             System::CanalGN => "canal-gn",
+            System::CanalNG => "canal-ng",
         }
     }
     pub(crate) fn label(self) -> &'static str {
@@ -34,19 +45,23 @@ impl System {
             System::Uds => "UDS",
             System::CanalGG => "canal guest↔guest",
             System::CanalGN => "canal guest→native",
+            System::CanalNG => "canal native→guest",
         }
     }
     pub(crate) fn parse(s: &str) -> Option<System> {
-        ALL_SYSTEMS.into_iter().find(|x| x.id() == s)
+        ALL_SYSTEMS
+            .into_iter()
+            .chain([System::CanalNG])
+            .find(|x| x.id() == s)
     }
     pub(crate) fn server_is_guest(self) -> bool {
-        self == System::CanalGG
+        matches!(self, System::CanalGG | System::CanalNG)
     }
     pub(crate) fn client_is_guest(self) -> bool {
         matches!(self, System::CanalGG | System::CanalGN)
     }
     pub(crate) fn uses_canal(self) -> bool {
-        self.client_is_guest()
+        self.client_is_guest() || self.server_is_guest()
     }
     pub(crate) fn placement(self) -> &'static str {
         match self {
@@ -54,6 +69,7 @@ impl System {
             System::Uds => "server native, client native, Unix socket",
             System::CanalGG => "server guest, client guest (canal run), 127.0.0.1 TCP via canald",
             System::CanalGN => "server native, client guest (canal run), 127.0.0.1 TCP via canald",
+            System::CanalNG => "server guest (canal run), client native, 127.0.0.1 TCP via canald",
         }
     }
 }
@@ -74,6 +90,10 @@ pub(crate) enum Workload {
     Iperf3,
     Redis,
     Nginx,
+    /// Built-in generator: connect, 1-byte echo, close; `size` = concurrent clients.
+    ConnRate,
+    /// Built-in generator: `size` idle connections held, 64-byte ping-pong on one more.
+    Hold,
 }
 
 impl Workload {
@@ -88,6 +108,8 @@ impl Workload {
             Workload::Iperf3 => "iperf3",
             Workload::Redis => "redis-benchmark",
             Workload::Nginx => "nginx-wrk",
+            Workload::ConnRate => "conn-rate",
+            Workload::Hold => "hold",
         }
     }
 }
@@ -261,8 +283,8 @@ pub(crate) struct Plan {
     pub(crate) variants: Option<Vec<String>>,
 }
 
-pub(crate) const EXPERIMENT_IDS: [&str; 11] = [
-    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11",
+pub(crate) const EXPERIMENT_IDS: [&str; 13] = [
+    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12", "B13",
 ];
 
 fn cells(
@@ -273,8 +295,12 @@ fn cells(
     variants: &[&str],
     systems: &[System],
 ) -> Vec<Cell> {
+    // --sizes is message sizes: not B12's client counts nor B13's connection counts.
+    let counts = workloads
+        .iter()
+        .any(|w| matches!(w, Workload::ConnRate | Workload::Hold));
     let sizes: Vec<usize> = match &plan.sizes {
-        Some(s) if sizes != [0] => s.clone(),
+        Some(s) if sizes != [0] && !counts => s.clone(),
         _ => sizes.to_vec(),
     };
     // --pairs applies to the experiments that vary the number of pairs (B4, B9).
@@ -398,13 +424,13 @@ pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             cells: cells(plan, &[Stream], &pick(&[1024, 65536], &[64, 1024, 16384, 65536]), &[1], &["default"], &all),
             unavailable: None,
         },
-        _ => return experiment_b7_to_b11(id, plan),
+        _ => return experiment_b7_on(id, plan),
     };
     Some(e)
 }
 
-/// B7 … B11 (see `experiment`).
-fn experiment_b7_to_b11(id: &str, plan: &Plan) -> Option<Experiment> {
+/// B7 … B13 (see `experiment`).
+fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
     use System::*;
     use Workload::*;
     let q = plan.quick;
@@ -507,6 +533,22 @@ fn experiment_b7_to_b11(id: &str, plan: &Plan) -> Option<Experiment> {
                  results in docs/bench/b11.md)",
             ),
         },
+        "B12" => Experiment {
+            id: "B12",
+            title: "connection rate",
+            measures: "connections/s of clients that connect, echo 1 byte and close, one after another (1 and 16 concurrent clients; the size column is the number of clients), and one connection's life p50",
+            target: "guest↔guest ≥ 5× kernel TCP; guest→native and native→guest ≥ 1.0×",
+            cells: cells(plan, &[ConnRate], &[1, 16], &[1], &["default"], &TCP_PLACEMENTS),
+            unavailable: None,
+        },
+        "B13" => Experiment {
+            id: "B13",
+            title: "many connections held by one server",
+            measures: "RR p50 at 64 B on one connection while n idle ones are held (the size column is n), and memory per held connection: every process's PSS (client, server, canald) plus the kernel's slab and TCP memory, after − before, / n",
+            target: "RR p50 with 10,000 idle connections ≤ 1.1× with none; memory per idle connection ≤ the kernel's",
+            cells: cells(plan, &[Hold], &pick(&[0, 300], &[0, 1000, 3000]), &[1], &["default"], &TCP_PLACEMENTS),
+            unavailable: None,
+        },
         _ => return None,
     };
     Some(e)
@@ -536,7 +578,7 @@ mod tests {
                 Variant::parse(&c.variant).unwrap();
             }
         }
-        assert!(experiment("B12", &plan(true)).is_none());
+        assert!(experiment("B14", &plan(true)).is_none());
     }
 
     #[test]

@@ -106,6 +106,11 @@ impl Proc {
         self.child.id()
     }
 
+    /// Its process group (`canal run` and the program it runs share it).
+    pub(crate) fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
     pub(crate) fn stdout(&self) -> String {
         self.out.lock().map(|s| s.clone()).unwrap_or_default()
     }
@@ -298,6 +303,52 @@ fn stat_fields(pid: &str) -> Option<(i32, u64)> {
     let ut: u64 = f.get(11)?.parse().ok()?;
     let st: u64 = f.get(12)?.parse().ok()?;
     Some((pgrp, ut + st))
+}
+
+/// Memory of the processes in group `pgid`: the sum of their proportional set sizes
+/// (a page shared by k processes counts 1/k to each, so canal's shared rings count
+/// once over the guests and canald), in bytes.
+pub(crate) fn group_pss_bytes(pgid: i32) -> u64 {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|n| stat_fields(n).is_some_and(|(g, _)| g == pgid))
+        .filter_map(|n| std::fs::read_to_string(format!("/proc/{n}/smaps_rollup")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .sum::<u64>()
+        * 1024
+}
+
+/// The kernel's memory for sockets, in bytes: all slab (socket, inode, file and dentry
+/// objects live there) and TCP buffer pages (/proc/net/sockstat). System-wide: sample
+/// it around a change, not as an absolute.
+pub(crate) fn kernel_socket_bytes() -> u64 {
+    let slab = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Slab:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024;
+    let tcp_pages = std::fs::read_to_string("/proc/net/sockstat")
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("TCP:"))?;
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let i = f.iter().position(|w| *w == "mem")?;
+            f.get(i + 1)?.parse::<u64>().ok()
+        })
+        .unwrap_or(0);
+    slab + tcp_pages * 4096
 }
 
 /// CPU seconds a live process has used, all its threads: the sum of the per-thread

@@ -338,7 +338,11 @@ impl Runner {
             }
         }
         match cell.workload {
-            Workload::Rr | Workload::Stream | Workload::Idle => self.run_gen(cell, None),
+            Workload::Rr
+            | Workload::Stream
+            | Workload::Idle
+            | Workload::ConnRate
+            | Workload::Hold => self.run_gen(cell, None),
             Workload::SysRr | Workload::SysStream => self.run_syscalls(cell),
             Workload::Sockperf => self.run_sockperf(cell),
             Workload::Iperf3 => self.run_iperf3(cell),
@@ -357,6 +361,8 @@ impl Runner {
         let mode = match cell.workload {
             Workload::Rr | Workload::SysRr => "rr",
             Workload::Stream | Workload::SysStream => "stream",
+            Workload::ConnRate => "conn",
+            Workload::Hold => "hold",
             _ => "idle",
         };
         let mut v = vec![
@@ -373,9 +379,23 @@ impl Runner {
             addr.into(),
             "--mode".into(),
             mode.into(),
-            "--size".into(),
-            cell.size.to_string(),
         ];
+        // B12's size column counts clients, B13's idle connections (64-byte RR).
+        match cell.workload {
+            Workload::ConnRate => v.extend([
+                "--size".into(),
+                "1".into(),
+                "--clients".into(),
+                cell.size.to_string(),
+            ]),
+            Workload::Hold => v.extend([
+                "--size".into(),
+                "64".into(),
+                "--idle".into(),
+                cell.size.to_string(),
+            ]),
+            _ => v.extend(["--size".into(), cell.size.to_string()]),
+        }
         if let Some(c) = cpu {
             v.extend(["--cpu".into(), c.to_string()]);
         }
@@ -431,6 +451,22 @@ impl Runner {
             }
         }
         let raw = raw.join(" ; ");
+        // B13: memory while the idle connections are held, against before.
+        let mut per_conn = None;
+        if cell.workload == Workload::Hold && !clients.is_empty() {
+            let sample = |line: &str, clients: &mut Vec<Proc>| {
+                clients[0].wait_line(line, Duration::from_secs(120))?;
+                Ok::<u64, String>(self.memory(&servers, clients))
+            };
+            match sample("BASE", &mut clients)
+                .and_then(|m0| Ok((m0, sample("HELD", &mut clients)?)))
+            {
+                Ok((m0, m1)) => {
+                    per_conn = Some((m1 as f64 - m0 as f64) / (cell.size.max(1) as f64) / 1024.0)
+                }
+                Err(e) => return Outcome::fail(e, raw),
+            }
+        }
         let to = self.timeout(cell, nominal);
         let (results, server_cpu) = match collect_gen(&mut clients, &mut servers, to) {
             Ok(x) => x,
@@ -447,7 +483,11 @@ impl Runner {
                 .sum();
             vec![("msgs".to_string(), msgs)]
         } else {
-            self.gen_metrics(cell, &results, server_cpu, daemon_cpu)
+            let mut m = self.gen_metrics(cell, &results, server_cpu, daemon_cpu);
+            if let Some(kib) = per_conn.filter(|_| cell.size > 0) {
+                m.push(("mem_per_conn_kib".to_string(), kib));
+            }
+            m
         };
         Outcome {
             status: Status::Ok,
@@ -512,7 +552,7 @@ impl Runner {
                 "0".into(),
             ]),
             None => {
-                let warm = if cell.workload == Workload::Rr {
+                let warm = if matches!(cell.workload, Workload::Rr | Workload::Hold) {
                     "100"
                 } else {
                     "0"
@@ -571,7 +611,12 @@ impl Runner {
         let bytes = sum("bytes");
         let elapsed = max("elapsed_s");
         match cell.workload {
-            Workload::Rr => {
+            Workload::ConnRate => {
+                put("conns_s", sum("conns_per_s"));
+                put("conn_p50_us", mean("p50_ns") / 1e3);
+                put("conn_p99_us", max("p99_ns") / 1e3);
+            }
+            Workload::Rr | Workload::Hold => {
                 put("rtt_p50_us", mean("p50_ns") / 1e3);
                 put("rtt_p99_us", max("p99_ns") / 1e3);
                 put("rtt_mean_us", mean("mean_ns") / 1e3);
@@ -620,6 +665,23 @@ impl Runner {
         }
         put("elapsed_s", elapsed);
         m
+    }
+
+    /// Memory of the servers, the clients and canald (their process groups' PSS) plus
+    /// the kernel's socket memory, in bytes (B13).
+    pub(crate) fn memory(&self, servers: &[Proc], clients: &[Proc]) -> u64 {
+        let daemon = self
+            .daemon
+            .as_ref()
+            .and_then(|d| d.proc.as_ref())
+            .map_or(0, |p| crate::procs::group_pss_bytes(p.pgid()));
+        servers
+            .iter()
+            .chain(clients)
+            .map(|p| crate::procs::group_pss_bytes(p.pgid()))
+            .sum::<u64>()
+            + daemon
+            + crate::procs::kernel_socket_bytes()
     }
 
     pub(crate) fn tool_missing(&self, tools: &[&str]) -> Option<Outcome> {

@@ -48,6 +48,18 @@ pub(crate) fn summarize(values: &[f64]) -> Option<Summary> {
     })
 }
 
+/// CPU time (user + system) this process used so far, in seconds, all threads included.
+pub(crate) fn self_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes into the zeroed `rusage` we own; RUSAGE_SELF is valid.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

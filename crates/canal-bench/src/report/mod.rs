@@ -1,6 +1,7 @@
 //! Results → CSV (every run and a per-cell summary), a Markdown report, and the inputs of
 //! the plotting script. One file per job; this facade re-exports what the harness uses.
 
+mod conn_sections;
 mod csv;
 mod format;
 mod markdown;

@@ -44,6 +44,8 @@ pub(crate) fn experiment_section(
         "B9" => b9(&mut t, cells, &variant_cols(e.id, cells)),
         "B7" => b7(&mut t, cells, &sys, aggs),
         "B10" => b10(&mut t, &sys),
+        "B12" => crate::report::conn_sections::b12(&mut t, cells, &sys),
+        "B13" => crate::report::conn_sections::b13(&mut t, cells, &sys),
         _ => String::new(),
     };
     s
