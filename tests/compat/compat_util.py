@@ -148,9 +148,10 @@ class CanalSampler:
         sampler.require_peer_port(port, "wrk")
     In modes whose client is native, it does nothing and require_peer_port passes."""
 
-    def __init__(self, request, mode, interval=0.05):
+    def __init__(self, request, mode, interval=0.05, canald=None):
+        """`canald`: the daemon to ask (default: the test's canald fixture)."""
         self.active = client_under_canal(mode)
-        self.canald = request.getfixturevalue("canald") if self.active else None
+        self.canald = (canald or request.getfixturevalue("canald")) if self.active else None
         self.interval = interval
         self.seen = []  # (comm, kind, local, peer)
         self.samples = 0
