@@ -142,6 +142,10 @@ pub mod sock_flag {
     /// kernel's does for a process at its descriptor limit; cleared once an entry is
     /// free and the host accepts again.
     pub const NO_ENTRY: u32 = 1 << 10;
+    /// (minor 5) The host holds the guest's WATCH descriptor for this socket: the last
+    /// close of the guest's descriptors closes it (the kernel reports the WATCH end's
+    /// hang-up), so a connected stream's close needs no CLOSE request.
+    pub const WATCHED: u32 = 1 << 11;
 }
 
 /// Linux errno values used in results (results are `-errno`). Both sides are Linux;

@@ -183,9 +183,16 @@ impl Daemon {
             let worker = conn.worker.and_then(|i| self.workers.get(i));
             let handle = control::leading_u32(body);
             if let (Some(w), Some(fd), Some(handle)) = (worker, fds.into_iter().next(), handle) {
-                let sh = w.lock();
-                if let Some(g) = sh.guests.get(&key) {
-                    self.watches.add(&self.workers[0].ep, key, g, handle, fd);
+                let mut sh = w.lock();
+                if let Some(g) = sh.guests.get_mut(&key) {
+                    if self.watches.add(&self.workers[0].ep, key, g, handle, fd) {
+                        // The guest may now close a connected stream without CLOSE.
+                        g.set_flags(
+                            canal_abi::handle_index(handle),
+                            canal_abi::sock_flag::WATCHED,
+                            0,
+                        );
+                    }
                 }
             }
             true

@@ -30,11 +30,19 @@ pub(crate) struct Watches {
 impl Watches {
     /// WATCH from connection `conn` (guest `g`): watch `fd` for socket `handle`.
     /// Invalid requests are ignored (WATCH has no reply).
-    pub(crate) fn add(&mut self, ep: &Epoll, conn: u32, g: &Guest, handle: u32, fd: OwnedFd) {
+    /// Registers a WATCH; true if it is held (the socket exists and epoll took it).
+    pub(crate) fn add(
+        &mut self,
+        ep: &Epoll,
+        conn: u32,
+        g: &Guest,
+        handle: u32,
+        fd: OwnedFd,
+    ) -> bool {
         let index = canal_abi::handle_index(handle);
         let gen = canal_abi::handle_generation(handle) as u16;
         if !g.has_live_socket(index, gen) {
-            return;
+            return false;
         }
         // Only HUP/ERR are wanted (always reported): the guest end is shut for
         // reading, so nothing else happens on this end until the last close.
@@ -42,11 +50,12 @@ impl Watches {
             .add(fd.as_raw_fd(), 0, token(conn, gen, index as u16))
             .is_err()
         {
-            return;
+            return false;
         }
         if let Some((_, old)) = self.fds.insert((conn, index), (gen, fd)) {
             ep.delete(old.as_raw_fd());
         }
+        true
     }
 
     /// A watch fired: the guest's last descriptor of that socket is gone. Returns the

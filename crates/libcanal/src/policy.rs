@@ -205,7 +205,8 @@ pub(crate) fn excluded(a: &CanalAddr) -> bool {
 pub(crate) fn undecided(s: &Sock) -> bool {
     s.e.guest_flags.load(Ordering::Relaxed) & local::COMMITTED == 0
         && matches!(s.kind(), sock_kind::STREAM | sock_kind::DGRAM)
-        && s.flags() == 0
+        // Nothing but canald's note that it holds the WATCH (not a use of the socket).
+        && s.flags() & !canal_abi::sock_flag::WATCHED == 0
 }
 
 /// The socket is canal's for good (its first bind/connect/send went to canal).

@@ -55,7 +55,28 @@ const TCPI_UNACKED: usize = 24;
 
 const TCPI_NOTSENT_BYTES: usize = 144;
 
-/// Drops one descriptor's reference; the last one sends CLOSE.
+/// Entries a table must still have never used for a close to go without CLOSE: then
+/// no `socket` or `accept` can find the table full before canald has seen the close.
+const ASYNC_CLOSE_ROOM: u32 = 64;
+
+/// Whether the last close of `s` may skip the CLOSE round trip: a connected stream
+/// whose WATCH canald holds (the hang-up of our descriptor's last copy, which the
+/// caller is about to close, closes it as CLOSE would), not lingering, in a table far
+/// from full. Listeners and datagram sockets keep the synchronous CLOSE: a program may
+/// bind their address again right after closing them.
+fn close_by_watch(s: &Sock) -> bool {
+    let fl = s.flags();
+    let l = s.g.region.layout();
+    s.kind() == sock_kind::STREAM
+        && fl & canal_abi::sock_flag::WATCHED != 0
+        && fl & canal_abi::sock_flag::CONNECTED != 0
+        && s.e.linger.load(Ordering::Relaxed) == 0
+        && s.g.region.header().entries_used.load(Ordering::Relaxed) != 0
+        && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= l.socket_count
+}
+
+/// Drops one descriptor's reference; the last one sends CLOSE (or lets the WATCH
+/// close it, `close_by_watch`).
 pub(crate) fn release(g: &'static Guest, handle: u32) {
     let Ok(s) = Sock::new(g, handle) else { return };
     let prev =
@@ -68,7 +89,7 @@ pub(crate) fn release(g: &'static Guest, handle: u32) {
         crate::policy::forget(handle);
         crate::conn::sleep::wake_local(g, s.idx);
         let seg = s.e.segment.load(Ordering::Acquire);
-        if !crate::conn::guest::is_dead(g) {
+        if !crate::conn::guest::is_dead(g) && !close_by_watch(&s) {
             linger_before_close(&s);
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
         }
