@@ -23,6 +23,7 @@ SYSTEMS = [
     ("uds", "UDS", "tab:orange", "s"),
     ("canal-gg", "canal guest↔guest", "tab:green", "^"),
     ("canal-gn", "canal guest→native", "tab:red", "v"),
+    ("canal-ng", "canal native→guest", "tab:purple", "D"),
 ]
 LABEL = {s[0]: s[1] for s in SYSTEMS}
 COLOR = {s[0]: s[2] for s in SYSTEMS}
@@ -330,6 +331,43 @@ def main():
                     ent.append((f"{label}\n{lab}", r, color))
         bars(a, ent, "client system calls per message", "B7 system calls per message (target 0 for canal)")
         save(fig, out, "syscalls.png", footer)
+
+    if has("conn-rate") or has("hold"):
+        connections(rows, out, footer)
+
+
+def connections(rows, out, footer):
+    """B12 and B13: connection rate, RR among idle connections, memory per connection."""
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.8))
+    ent = []
+    for n in (1, 16):
+        for s, label, color, _ in SYSTEMS:
+            r = one(rows, "conn-rate", "conns_s", s, size=n)
+            if r is not None:
+                ent.append((f"{label}\n{n} client(s)", r, color))
+    bars(a, ent, "connections per second", "B12 connect + 1-byte echo + close (higher is better)")
+    for s, label, color, mark in SYSTEMS:
+        ok = sorted([r for r in rows if r["workload"] == "hold" and r["system"] == s
+                     and r["metric"] == "rtt_p50_us" and r["median"] is not None], key=lambda r: r["size"])
+        if ok:
+            b.errorbar([r["size"] for r in ok], [r["median"] for r in ok], yerr=errbars(ok), label=label,
+                       color=color, marker=mark, capsize=3)
+    b.set_yscale("log")
+    b.yaxis.set_major_formatter(PLAIN)
+    b.yaxis.set_minor_formatter(NullFormatter())
+    b.set_xlabel("idle connections held")
+    b.set_ylabel("RR p50 at 64 B (µs)")
+    b.set_title("B13 latency among idle connections (flat is the target)", fontsize=10)
+    b.grid(True, which="both", alpha=0.3)
+    b.legend(fontsize=8)
+    ent = []
+    for n in sorted({r["size"] for r in rows if r["workload"] == "hold" and r["size"] > 0}):
+        for s, label, color, _ in SYSTEMS:
+            r = one(rows, "hold", "mem_per_conn_kib", s, size=n)
+            if r is not None:
+                ent.append((f"{label}\n{n} idle", r, color))
+    bars(c, ent, "KiB per idle connection", "B13 memory per idle connection, all processes + kernel")
+    save(fig, out, "connections.png", footer)
 
 
 if __name__ == "__main__":
