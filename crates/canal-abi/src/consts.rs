@@ -45,8 +45,12 @@ pub mod feature {
     /// guest's peer wakes slot *i*. A guest that cannot ring counts itself in
     /// `backoff_kickers`. Old guests refuse such a region (unknown bit).
     pub const DOORBELL: u64 = 1 << 7;
+    /// Spare stream sockets (minor 5): the host keeps a few fresh AF_INET stream
+    /// sockets in the header's spare ring, and `socket()` takes one without a
+    /// request. Set only for guests that announced `hello_flag::SPARES`.
+    pub const SPARES: u64 = 1 << 8;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

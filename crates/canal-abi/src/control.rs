@@ -91,6 +91,8 @@ pub mod hello_flag {
     pub const ZONES: u32 = 1 << 6;
     /// The guest understands virtual RSS (`feature::VRSS`, protocol §6.3).
     pub const VRSS: u32 = 1 << 1;
+    /// The guest takes spare sockets from the header's ring (`feature::SPARES`).
+    pub const SPARES: u32 = 1 << 8;
 }
 
 /// SEGMENT_OK body bytes.

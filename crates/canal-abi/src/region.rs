@@ -94,13 +94,29 @@ pub struct RegionHeader {
     /// the attention bit of a socket owned by worker `w` (`SocketEntry::owner`) swaps
     /// it to 0 and, if it read 1, kicks worker `w`'s doorbell (DOORBELLS_OK).
     pub worker_sleeping: [AtomicU32; MAX_WORKERS],
+    // --- 384: spare sockets (minor 5, feature::SPARES)
+    /// Spares the host has published (host-written; it writes `spares[tail % SPARES]`
+    /// first, then increments this with Release).
+    pub spare_tail: AtomicU32,
+    pub reserved5: [u32; 15],
+    // --- 448: guest-written
+    /// Spares taken (guest processes compare-and-swap it forward after reading
+    /// `spares[head % SPARES]`); the host never writes a slot a guest may still take.
+    pub spare_head: AtomicU32,
+    pub reserved6: [u32; 15],
+    // --- 512
+    /// Handles of fresh AF_INET stream sockets, unbound and unconnected.
+    pub spares: [AtomicU32; SPARES],
 }
+
+/// Slots of the spare-socket ring (`RegionHeader::spares`).
+pub const SPARES: usize = 16;
 
 /// Most canald workers a region describes (feature::VRSS).
 pub const MAX_WORKERS: usize = 16;
 
 /// Bytes of the header actually defined; the rest of the page is reserved.
-pub const HEADER_USED: usize = 384;
+pub const HEADER_USED: usize = 576;
 
 /// A request slot: the *intermediate network request* (INR) of the vCanal design.
 /// Each guest thread owns one slot while it lives; it is also that thread's wake-up

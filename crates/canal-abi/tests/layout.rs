@@ -34,6 +34,9 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, doorbell_peer), 140);
     assert_eq!(offset_of!(RegionHeader, doorbell_vectors), 144);
     assert_eq!(offset_of!(RegionHeader, entries_used), 148);
+    assert_eq!(offset_of!(RegionHeader, spare_tail), 384);
+    assert_eq!(offset_of!(RegionHeader, spare_head), 448);
+    assert_eq!(offset_of!(RegionHeader, spares), 512);
     assert_eq!(offset_of!(RegionHeader, backoff_kickers), 264);
     assert_eq!(offset_of!(RegionHeader, worker_sleeping), 320);
     assert_eq!(MAX_WORKERS, 16);
@@ -195,8 +198,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 8,
-        HeaderError::UnknownFeatures(1 << 8),
+        &|h| h.features |= 1 << 9,
+        HeaderError::UnknownFeatures(1 << 9),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -322,7 +325,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1111_1111);
+    assert_eq!(feature::KNOWN, 0b1_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,

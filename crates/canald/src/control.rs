@@ -59,7 +59,12 @@ impl Daemon {
                 | canal_abi::feature::WATCH
                 | if sc { canal_abi::feature::SHORTCUT } else { 0 }
                 | if zones { canal_abi::feature::ZONES } else { 0 }
-                | if vrss { canal_abi::feature::VRSS } else { 0 };
+                | if vrss { canal_abi::feature::VRSS } else { 0 }
+                | if hello_flags & control::hello_flag::SPARES != 0 {
+                    canal_abi::feature::SPARES
+                } else {
+                    0
+                };
             let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
             let (mut g, memfd) = match made {
                 Ok(x) => x,

@@ -165,6 +165,8 @@ pub(crate) fn fmt_addr(a: Option<CanalAddr>) -> String {
 pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
     let mut sockets: Vec<SockStat> = g
         .sockets()
+        // Spares no process has taken are canald's, not the program's.
+        .filter(|s| !g.is_untaken_spare(s.handle))
         .map(|s| SockStat {
             handle: s.handle,
             kind: match s.kind() {

@@ -24,6 +24,7 @@ pub mod service;
 pub mod shared;
 pub mod shortcut;
 pub mod socket;
+pub mod spares;
 pub mod state;
 pub mod stream;
 pub mod vrss;

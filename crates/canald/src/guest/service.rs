@@ -81,6 +81,7 @@ impl Guest {
         self.wake.begin_round(now);
         if self.gone.is_none() {
             self.serve_requests(ep, &mut st);
+            self.refill_spares(ep);
         }
         if st.did_work() {
             self.last_active = Some(now);

@@ -40,6 +40,8 @@ pub(crate) struct Guest {
     /// A listener stopped accepting for lack of an entry or rings: freeing one looks
     /// at the listeners again.
     pub(crate) listeners_stalled: bool,
+    /// Spare stream sockets published in the header (feature SPARES).
+    pub(crate) spares: SpareRing,
     /// Next generation per entry index (1..=0xffff; handles are never 0).
     pub(crate) generations: Vec<u16>,
     pub(crate) alloc: DataAlloc,
@@ -78,6 +80,18 @@ pub(crate) struct Guest {
     pub(crate) vr: Option<Box<crate::guest::shared::State>>,
     // The mapping must outlive every use of `region`; it is dropped last.
     pub(crate) map: Arc<sys::Mapping>,
+}
+
+/// The host's copy of the spare-socket ring (`guest::spares`; the guest cannot change
+/// it).
+#[derive(Default)]
+pub(crate) struct SpareRing {
+    /// Spares published so far.
+    pub(crate) tail: u32,
+    /// Handles by ring slot, as published.
+    pub(crate) handles: [u32; canal_abi::SPARES],
+    /// The guest moved `spare_head` where it cannot be: no more spares for it.
+    pub(crate) off: bool,
 }
 
 impl Guest {
@@ -155,6 +169,7 @@ impl Guest {
             sockets: Vec::new(),
             entries: EntryPool::new(n as u32),
             listeners_stalled: false,
+            spares: Default::default(),
             generations: vec![1; n],
             alloc: DataAlloc::new(cfg.layout.data_size),
             dirty: Vec::new(),

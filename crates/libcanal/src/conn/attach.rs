@@ -285,7 +285,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         pid: sys::getpid() as u32,
         flags: control::hello_flag::SHORTCUT
             | control::hello_flag::ZONES
-            | control::hello_flag::VRSS,
+            | control::hello_flag::VRSS
+            | control::hello_flag::SPARES,
         comm,
     }
     .encode();

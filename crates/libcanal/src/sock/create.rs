@@ -5,6 +5,7 @@ use crate::fdtable::TABLE;
 use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::op;
+use canal_abi::sync::Ordering;
 use libc::c_int;
 
 /// A fresh dummy descriptor, so numbers never collide and fstat says S_IFSOCK.
@@ -30,8 +31,11 @@ pub(crate) fn dummy(g: &Guest, cloexec: bool) -> Result<(c_int, c_int), i32> {
                 sv.as_mut_ptr(),
             )
         })?;
-        // The peer end must not leak into children: close-on-exec while we hold it.
-        let _ = sys::fcntl_int(sv[1], libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long);
+        // The peer end must not leak into children: close-on-exec while we hold it
+        // (already, when the program asked for SOCK_CLOEXEC: both ends got it).
+        if ce == 0 {
+            let _ = sys::fcntl_int(sv[1], libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long);
+        }
         // SAFETY: shutting down our own fresh socket.
         unsafe {
             libc::syscall(
@@ -62,6 +66,39 @@ pub(crate) fn arm(g: &Guest, handle: u32, peer: c_int) {
     }
 }
 
+/// A fresh AF_INET stream socket from the header's spare ring (feature SPARES), taken
+/// without a request; None when the ring is empty (or the feature is off).
+fn take_spare(g: &Guest) -> Option<u32> {
+    let h = g.region.header();
+    if h.features & canal_abi::feature::SPARES == 0 {
+        return None;
+    }
+    // A spare makes no request, so nothing else would notice a canald that died (its
+    // sockets would fail later, one by one): a new socket must fail now (ENETDOWN).
+    if crate::conn::guest::control_hung_up(g) {
+        crate::conn::guest::mark_dead();
+        return None;
+    }
+    loop {
+        let head = h.spare_head.load(Ordering::Acquire);
+        if h.spare_tail.load(Ordering::Acquire) == head {
+            return None;
+        }
+        let handle = h.spares[head as usize % canal_abi::SPARES].load(Ordering::Relaxed);
+        if h.spare_head
+            .compare_exchange(
+                head,
+                head.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            return Some(handle);
+        }
+    }
+}
+
 /// socket(2) for a supported (domain, type, protocol); `base` is SOCK_STREAM/DGRAM.
 pub(crate) fn socket(
     g: &'static Guest,
@@ -72,14 +109,26 @@ pub(crate) fn socket(
     cloexec: bool,
 ) -> Result<c_int, i32> {
     let (fd, peer) = dummy(g, cloexec)?;
-    let r = request(
-        g,
-        op::SOCKET,
-        0,
-        [domain as u64, base as u64, proto as u64, 0],
-        &[],
-        &mut [],
-    );
+    let tcp4 = domain == libc::AF_INET
+        && base == libc::SOCK_STREAM
+        && (proto == 0 || proto == libc::IPPROTO_TCP);
+    // A spare canald no longer has (cannot happen with an honest host) falls back to
+    // the request.
+    let spare = tcp4
+        .then(|| take_spare(g))
+        .flatten()
+        .filter(|&h| Sock::new(g, h).is_ok_and(|s| s.kind() == canal_abi::sock_kind::STREAM));
+    let r = match spare {
+        Some(h) => Ok((h as i64, 0)),
+        None => request(
+            g,
+            op::SOCKET,
+            0,
+            [domain as u64, base as u64, proto as u64, 0],
+            &[],
+            &mut [],
+        ),
+    };
     let handle = match r {
         Ok((h, _)) => h as u32,
         Err(e) => {

@@ -1,0 +1,101 @@
+//! Spare stream sockets (feature SPARES): canald keeps fresh AF_INET stream sockets in
+//! the header's ring for guests that announced them, refills what is taken, hides the
+//! untaken ones from `canal stat`, and stops (without harming the guest) when the guest
+//! moves the ring's head where it cannot be.
+mod common;
+use canal_abi::control::hello_flag;
+use canal_abi::sync::Ordering;
+use canal_abi::{feature, op, sock_flag, sock_kind, SPARES};
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+/// Takes one spare the way libcanal does; None if the ring is empty.
+fn take(g: &TestGuest) -> Option<u32> {
+    let h = g.region.header();
+    let head = h.spare_head.load(Ordering::Acquire);
+    if h.spare_tail.load(Ordering::Acquire) == head {
+        return None;
+    }
+    let handle = h.spares[head as usize % SPARES].load(Ordering::Relaxed);
+    h.spare_head
+        .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed)
+        .ok()
+        .map(|_| handle)
+}
+
+/// One request, so that canald runs a round (spares are refilled in rounds).
+fn nudge(g: &mut TestGuest) {
+    let (r, _) = g.request(op::NOP, 0, [0; 4], &[]);
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn spares_are_published_taken_and_refilled() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach_with(&d.path, "spares", hello_flag::SPARES);
+    assert_ne!(g.region.header().features & feature::SPARES, 0);
+    nudge(&mut g);
+    g.wait_until("four spares", || {
+        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
+    });
+    // Not the program's sockets yet: canal stat lists none.
+    assert!(!d.stat().contains("\"kind\":\"tcp\""), "{}", d.stat());
+    // A taken spare is an ordinary fresh stream socket: connect and move data.
+    let h = take(&g).expect("a spare");
+    let e = g.entry(h);
+    assert_eq!(e.kind.load(Ordering::Acquire), sock_kind::STREAM);
+    assert_eq!(e.family.load(Ordering::Acquire), 2);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = g.connect(h, &localhost(l.local_addr().unwrap().port()));
+    assert!(
+        r == 0 || r == -(canal_abi::errno::EINPROGRESS as i64),
+        "{r}"
+    );
+    let (mut peer, _) = l.accept().unwrap();
+    g.wait_flags(h, sock_flag::CONNECTED);
+    g.send_all(h, b"spare");
+    let mut b = [0u8; 5];
+    peer.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"spare");
+    peer.write_all(b"back").unwrap();
+    assert_eq!(g.recv_exact(h, 4), b"back");
+    assert!(
+        d.stat().contains("\"kind\":\"tcp\""),
+        "the taken spare is listed"
+    );
+    // Taken: canald publishes another in its next round.
+    nudge(&mut g);
+    g.wait_until("a fifth spare", || {
+        g.region.header().spare_tail.load(Ordering::Acquire) >= 5
+    });
+}
+
+#[test]
+fn no_spares_without_the_hello_flag() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "nospares");
+    nudge(&mut g);
+    nudge(&mut g);
+    let h = g.region.header();
+    assert_eq!(h.features & feature::SPARES, 0);
+    assert_eq!(h.spare_tail.load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn a_head_moved_past_the_tail_stops_spares_only() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach_with(&d.path, "badhead", hello_flag::SPARES);
+    nudge(&mut g);
+    g.wait_until("spares", || {
+        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
+    });
+    g.region.header().spare_head.store(1000, Ordering::Release);
+    nudge(&mut g);
+    nudge(&mut g);
+    let tail = g.region.header().spare_tail.load(Ordering::Acquire);
+    assert!(tail <= 4, "no more spares: {tail}");
+    // The guest is still served: a socket by request works.
+    let s = g.socket(2, 1);
+    assert_eq!(g.entry(s).kind.load(Ordering::Acquire), sock_kind::STREAM);
+}
