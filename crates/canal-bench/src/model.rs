@@ -374,14 +374,17 @@ pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             unavailable: None,
         },
         "B3" => {
-            let mut c = cells(plan, &[Stream], &[65536], &[1], &["default"], &[Tcp, CanalGN]);
-            c.extend(cells(plan, &[Rr], &[64], &[1], &["default"], &[Tcp, CanalGN]));
+            // The reverse direction (native client, server under canal) in full mode:
+            // the quick mode keeps its time budget.
+            let gen_systems: &[System] = if q { &[Tcp, CanalGN] } else { &[Tcp, CanalGN, CanalNG] };
+            let mut c = cells(plan, &[Stream], &[65536], &[1], &["default"], gen_systems);
+            c.extend(cells(plan, &[Rr], &[64], &[1], &["default"], gen_systems));
             c.extend(cells(plan, &[Iperf3], &pick(&[65536], &[1024, 65536]), &[1], &["default"], &[Tcp, CanalGN]));
             c.extend(cells(plan, &[Sockperf], &pick(&[64], &[64, 1024, 16384]), &[1], &["default"], &[Tcp, CanalGN]));
             Experiment {
                 id: "B3",
-                title: "guest → native peer through canald onto host TCP",
-                measures: "stream throughput and RR latency of a guest client against a native server (generator, iperf3, sockperf)",
+                title: "guest → native peer through canald onto host TCP (and native → guest)",
+                measures: "stream throughput and RR latency of a guest client against a native server (generator, iperf3, sockperf); in full mode also a native client against a server under canal (generator)",
                 target: "≥ 96% of a native client's throughput; RR p50 ≤ 1.04× native",
                 cells: c,
                 unavailable: None,

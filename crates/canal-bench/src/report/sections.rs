@@ -165,16 +165,19 @@ fn b3(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
         .for_each(|r| r.label = format!("sockperf ping-pong {} — RTT p99 µs", r.label));
     rows.extend(more);
     s += &t.render(
-        "Guest client vs native client, same native server",
+        "Canal end vs native end (guest→native: client under canal, native server; native→guest: server under canal, native client)",
         "",
         &rows,
         sys,
     );
     s += &ratio_table(
         t,
-        "guest → native ÷ native",
+        "guest → native and native → guest ÷ native",
         &rows,
-        &[(sys_col(CanalGN), sys_col(Tcp))],
+        &[
+            (sys_col(CanalGN), sys_col(Tcp)),
+            (sys_col(CanalNG), sys_col(Tcp)),
+        ],
     );
     s
 }
