@@ -28,9 +28,9 @@ pub(crate) struct Watches {
 }
 
 impl Watches {
-    /// WATCH from connection `conn` (guest `g`): watch `fd` for socket `handle`.
-    /// Invalid requests are ignored (WATCH has no reply).
-    /// Registers a WATCH; true if it is held (the socket exists and epoll took it).
+    /// WATCH from connection `conn` (guest `g`): watch `fd` for socket `handle`. True
+    /// if it is held (the socket exists and epoll took it); invalid requests are
+    /// ignored (WATCH has no reply).
     pub(crate) fn add(
         &mut self,
         ep: &Epoll,

@@ -204,11 +204,11 @@ impl Guest {
         if !matches!(s.phase, Phase::Open | Phase::Listening) {
             return Err(errno::EINVAL);
         }
-        let eff = effective_backlog(backlog);
         // Connections held for the program count against its backlog (a second
         // listen only changes the backlog, as natively).
-        let held = s.accepts().map_or(0, |q| q.held());
-        let host = eff.saturating_sub(held) as i32;
+        let eff = effective_backlog(backlog);
+        let held = s.accepts().map_or(0, AcceptQueue::held);
+        let host = AcceptQueue::host_backlog(eff, held, 0);
         sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
         match s.accepts_mut() {
             Some(q) => (q.backlog, q.host_backlog) = (eff, host),

@@ -169,6 +169,17 @@ impl AcceptQueue {
     pub(crate) fn held(&self) -> u32 {
         self.unclaimed.len() as u32 + self.accepting
     }
+
+    /// The host listener's backlog: the program's (`backlog`) less the connections
+    /// held for it and `more` about to be accepted.
+    pub(crate) fn host_backlog(backlog: u32, held: u32, more: u32) -> i32 {
+        backlog.saturating_sub(held + more) as i32
+    }
+
+    /// `host_backlog` for this queue.
+    pub(crate) fn host_backlog_for(&self, more: u32) -> i32 {
+        AcceptQueue::host_backlog(self.backlog, self.held(), more)
+    }
 }
 
 /// listen(2)'s backlog as the kernel applies it: above `net.core.somaxconn` (or

@@ -23,16 +23,13 @@ impl Guest {
             && !self.is_shadow()
     }
 
-    /// Spares published and not taken: (head, tail) of the ring as the host trusts it.
-    fn spare_window(&mut self) -> Option<(u32, u32)> {
+    /// Spares published and not taken: (head, tail) of the ring, or None when the
+    /// guest's head is where it cannot be (taken beyond what was published, or moved
+    /// back).
+    fn spare_window(&self) -> Option<(u32, u32)> {
         let head = self.region.header().spare_head.load(Ordering::Acquire);
         let tail = self.spares.tail;
-        if tail.wrapping_sub(head) > SPARES as u32 {
-            // Taken beyond what was published, or moved back: a broken guest.
-            self.spares.off = true;
-            return None;
-        }
-        Some((head, tail))
+        (tail.wrapping_sub(head) <= SPARES as u32).then_some((head, tail))
     }
 
     /// Tops the ring up to READY spares (a cheap check when nothing was taken).
@@ -41,6 +38,7 @@ impl Guest {
             return;
         }
         let Some((head, mut tail)) = self.spare_window() else {
+            self.spares.off = true; // a broken guest: no more spares for it
             return;
         };
         while tail.wrapping_sub(head) < READY && self.entries.available() > KEEP_FREE {
@@ -63,10 +61,9 @@ impl Guest {
     /// Whether `handle` is a spare no guest process has taken yet (`canal stat` does
     /// not list those: the program has not created them).
     pub(crate) fn is_untaken_spare(&self, handle: u32) -> bool {
-        let head = self.region.header().spare_head.load(Ordering::Acquire);
-        let tail = self.spares.tail;
-        let n = tail.wrapping_sub(head);
-        n <= SPARES as u32
-            && (0..n).any(|k| self.spares.handles[head.wrapping_add(k) as usize % SPARES] == handle)
+        self.spare_window().is_some_and(|(head, tail)| {
+            (0..tail.wrapping_sub(head))
+                .any(|k| self.spares.handles[head.wrapping_add(k) as usize % SPARES] == handle)
+        })
     }
 }

@@ -336,7 +336,7 @@ impl Guest {
         let crate::guest::socket::KindState::Listener(q) = &mut l.state else {
             return;
         };
-        let want = q.backlog.saturating_sub(q.held() + more) as i32;
+        let want = q.host_backlog_for(more);
         if want != q.host_backlog && sys::listen(fd, want).is_ok() {
             q.host_backlog = want;
         }
@@ -361,9 +361,7 @@ impl Guest {
                 self.set_flags(index, sock_flag::NO_ENTRY, 0);
                 return Ok(());
             }
-            if self.entry(index).flags.load(Ordering::Relaxed) & sock_flag::NO_ENTRY != 0 {
-                self.set_flags(index, 0, sock_flag::NO_ENTRY);
-            }
+            self.set_flags(index, 0, sock_flag::NO_ENTRY); // no-op unless it was set
             self.sync_host_backlog(index, 1);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let family = s.family;

@@ -6,9 +6,9 @@
 //! children inherit the mappings with the table). It holds every segment a guest can
 //! have (one per table entry) with room to spare; lookups are lock-free and stop at
 //! the first never-used slot, and a removal leaves a tombstone only where a later
-//! slot of the same run is in use, so misses stay short under connection churn. A segment is
-//! mapped on first use of a socket that names it (control message SEGMENT) and
-//! unmapped by the process that drops the socket's last reference.
+//! slot of the same run is in use, so misses stay short under connection churn. A
+//! segment is mapped on first use of a socket that names it (control message SEGMENT)
+//! and unmapped by the process that drops the socket's last reference.
 
 use crate::conn::guest::Guest;
 use crate::sys;

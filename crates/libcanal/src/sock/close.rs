@@ -66,13 +66,13 @@ const ASYNC_CLOSE_ROOM: u32 = 64;
 /// bind their address again right after closing them.
 fn close_by_watch(s: &Sock) -> bool {
     let fl = s.flags();
-    let l = s.g.region.layout();
+    // (An older canald sets neither WATCHED nor `entries_used`, so the bound is then
+    // the whole table: never room.)
     s.kind() == sock_kind::STREAM
         && fl & canal_abi::sock_flag::WATCHED != 0
         && fl & canal_abi::sock_flag::CONNECTED != 0
         && s.e.linger.load(Ordering::Relaxed) == 0
-        && s.g.region.header().entries_used.load(Ordering::Relaxed) != 0
-        && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= l.socket_count
+        && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= s.g.region.layout().socket_count
 }
 
 /// Drops one descriptor's reference; the last one sends CLOSE (or lets the WATCH
