@@ -202,7 +202,7 @@ fn server(g: &GenArgs) -> io::Result<String> {
             let l = TcpListener::bind(&g.addr)?;
             println!("READY {}", l.local_addr()?);
             io::stdout().flush()?;
-            if g.mode != Mode::Rr && g.mode != Mode::Stream && g.mode != Mode::Idle {
+            if matches!(g.mode, Mode::Conn | Mode::Hold) {
                 crate::conngen::raise_nofile();
             }
             if g.mode == Mode::Conn {
@@ -236,7 +236,7 @@ fn server(g: &GenArgs) -> io::Result<String> {
                 conn.write_all(&buf)?;
                 msgs += 1;
             }
-            bytes = msgs * 2 * buf.len() as u64;
+            bytes = msgs * 2 * g.size as u64;
         }
         Mode::Stream => {
             loop {
@@ -305,16 +305,15 @@ fn client(g: &GenArgs) -> io::Result<String> {
         .duration
         .map(|d| Instant::now() + Duration::from_secs_f64(d));
     let max = g.count.unwrap_or(u64::MAX);
-    let size = g.size;
     match g.mode {
         Mode::Rr | Mode::Hold => {
             conn.nodelay()?;
-            let mut out = vec![0x5au8; size];
-            let mut back = vec![0u8; size];
+            let mut out = vec![0x5au8; g.size];
+            let mut back = vec![0u8; g.size];
             let mut seq = 0u64;
             let mut one = |conn: &mut Conn, seq: u64| -> io::Result<()> {
                 let tag = seq.to_le_bytes();
-                let k = size.min(8);
+                let k = g.size.min(8);
                 out[..k].copy_from_slice(&tag[..k]);
                 conn.write_all(&out)?;
                 if !read_full(conn, &mut back)? {
@@ -357,7 +356,7 @@ fn client(g: &GenArgs) -> io::Result<String> {
                 "RESULT role=client mode=rr size={} msgs={n} bytes={} elapsed_s={elapsed:.6} \
                  p50_ns={:.0} p99_ns={:.0} mean_ns={mean:.0} min_ns={} max_ns={} cpu_s={:.6}",
                 g.size,
-                n * 2 * size as u64,
+                n * 2 * g.size as u64,
                 pct(50.0),
                 pct(99.0),
                 lat.first().copied().unwrap_or(0),
@@ -425,12 +424,8 @@ fn client(g: &GenArgs) -> io::Result<String> {
             ))
         }
         // Answered by conngen before a connection is made (above).
-        Mode::Conn => client_conn_mode_is_separate(),
+        Mode::Conn => Err(io::Error::other("mode conn runs in conngen::client_conns")),
     }
-}
-
-fn client_conn_mode_is_separate() -> io::Result<String> {
-    Err(io::Error::other("mode conn runs in conngen::client_conns"))
 }
 
 /// Parses a `RESULT k=v ...` line into pairs.

@@ -63,15 +63,8 @@ fn machine() -> Machine {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal"))
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
-        })
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| format!("{:.1} GiB", kb / 1048576.0))
+    let mem = procs::kib_field("/proc/meminfo", "MemTotal:")
+        .map(|kb| format!("{:.1} GiB", kb as f64 / 1048576.0))
         .unwrap_or_default();
     let date = cmd_output(&["date", "-u", "+%Y-%m-%d %H:%M:%S UTC"]).unwrap_or_default();
     let git = cmd_output(&["git", "rev-parse", "--short", "HEAD"]).map(|h| {

@@ -316,29 +316,25 @@ pub(crate) fn group_pss_bytes(pgid: i32) -> u64 {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
         .filter(|n| stat_fields(n).is_some_and(|(g, _)| g == pgid))
-        .filter_map(|n| std::fs::read_to_string(format!("/proc/{n}/smaps_rollup")).ok())
-        .filter_map(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
+        .filter_map(|n| kib_field(&format!("/proc/{n}/smaps_rollup"), "Pss:"))
         .sum::<u64>()
         * 1024
+}
+
+/// The `KEY  N kB` line of a /proc file (meminfo, smaps_rollup): N.
+pub(crate) fn kib_field(path: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// The kernel's memory for sockets, in bytes: all slab (socket, inode, file and dentry
 /// objects live there) and TCP buffer pages (/proc/net/sockstat). System-wide: sample
 /// it around a change, not as an absolute.
 pub(crate) fn kernel_socket_bytes() -> u64 {
-    let slab = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Slab:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024;
+    let slab = kib_field("/proc/meminfo", "Slab:").unwrap_or(0) * 1024;
     let tcp_pages = std::fs::read_to_string("/proc/net/sockstat")
         .ok()
         .and_then(|s| {
