@@ -158,12 +158,14 @@ pub mod errno {
     pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
     pub const EBADF: i32 = 9;
+    pub const EEXIST: i32 = 17;
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
     pub const EACCES: i32 = 13;
     pub const EFAULT: i32 = 14;
     pub const EINVAL: i32 = 22;
     pub const EMFILE: i32 = 24;
+    pub const ENOSPC: i32 = 28;
     pub const EPIPE: i32 = 32;
     pub const ENOSYS: i32 = 38;
     pub const ENOTSOCK: i32 = 88;
@@ -174,6 +176,8 @@ pub mod errno {
     pub const EOPNOTSUPP: i32 = 95;
     pub const EAFNOSUPPORT: i32 = 97;
     pub const EADDRINUSE: i32 = 98;
+    pub const EADDRNOTAVAIL: i32 = 99;
+    pub const ENETUNREACH: i32 = 101;
     pub const ENOBUFS: i32 = 105;
     pub const EISCONN: i32 = 106;
     pub const ENOTCONN: i32 = 107;

@@ -54,7 +54,24 @@ pub mod kind {
     /// order], or ERROR. Sent after HELLO_OK and again by an exec'd image (rejoin).
     pub const DOORBELLS: u16 = 15;
     pub const DOORBELLS_OK: u16 = 16;
+    /// host tool → host: body NETWORK_BODY below + SCM_RIGHTS [a network namespace
+    /// descriptor]: guests that attach from that namespace share one address view
+    /// with these published ports (protocol.md §2, §9.3). Only from a peer in canald's own
+    /// namespace. Reply: NETWORK_OK or ERROR. The registration lasts while this
+    /// connection is open; the view, while guests use it.
+    pub const NETWORK: u16 = 17;
+    /// host → tool: `lo [u8; 4]` (the host address standing for the network's own
+    /// addresses), `dns_ip [u8; 4], dns_port u16` (where the guest's 10.0.2.3:53
+    /// goes; port 0: nowhere), two zero bytes.
+    pub const NETWORK_OK: u16 = 18;
 }
+
+/// NETWORK body: `flags u32` (0), `npublish u32`, `name [u8; 32]` (as a VM name), then
+/// `npublish` entries of NETWORK_PUBLISH bytes: `host_ip [u8; 4], host_port u16,
+/// guest_port u16, proto u8` (6 TCP, 17 UDP), three zero bytes.
+pub const NETWORK_BODY: usize = 40;
+pub const NETWORK_PUBLISH: usize = 12;
+pub const NETWORK_OK_BODY: usize = 12;
 
 /// VM_REGION `flags` bits (the u32 at body offset 12; zero before minor 2).
 pub mod vm_flag {
@@ -79,6 +96,18 @@ pub fn valid_vm_name(n: &str) -> bool {
         && !n.starts_with('.')
         && n.bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
+/// A 32-byte, NUL-padded name field (VM_REGION, NETWORK): the name if it is valid
+/// (`valid_vm_name`) and nothing but NULs follows it.
+pub fn name_from_field(raw: &[u8]) -> Option<&str> {
+    let raw = raw.get(..32)?;
+    let end = raw.iter().position(|&c| c == 0).unwrap_or(32);
+    if raw[end..].iter().any(|&c| c != 0) {
+        return None;
+    }
+    let name = core::str::from_utf8(&raw[..end]).ok()?;
+    valid_vm_name(name).then_some(name)
 }
 
 /// HELLO `flags` bits.

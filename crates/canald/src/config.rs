@@ -46,6 +46,9 @@ pub struct Config {
     /// Pollers (`--workers`), and the CPUs to pin them to (`--pin`; empty: none).
     pub(crate) workers: usize,
     pub(crate) pin: Vec<usize>,
+    /// Where a network guest's resolver (10.0.2.3:53) is forwarded: `--dns`, else the
+    /// first IPv4 nameserver of /etc/resolv.conf.
+    pub(crate) dns: Option<std::net::SocketAddrV4>,
 }
 
 /// Default pollers: one on small machines (≤ 2 cores: guests need the other core),
@@ -109,6 +112,7 @@ impl Config {
             tx_quantum: DEFAULT_TX_QUANTUM_KIB << 10,
             workers: default_workers(),
             pin: Vec::new(),
+            dns: crate::network::host_resolver(),
         }
     }
 
@@ -255,9 +259,19 @@ pub struct DaemonArgs {
     /// canald's environment]
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub zones: Option<bool>,
+    /// The resolver isolated and VM guests reach as 10.0.2.3:53 (IP or IP:PORT)
+    /// [default: the first IPv4 nameserver of /etc/resolv.conf]
+    #[arg(long, value_name = "ADDR", value_parser = parse_dns)]
+    pub dns: Option<std::net::SocketAddrV4>,
     /// Log every guest's attach and departure to stderr
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+fn parse_dns(s: &str) -> Result<std::net::SocketAddrV4, String> {
+    s.parse::<std::net::SocketAddrV4>()
+        .or_else(|_| s.parse().map(|ip| std::net::SocketAddrV4::new(ip, 53)))
+        .map_err(|_| format!("'{s}' is not an IPv4 address or IPv4:PORT"))
 }
 
 fn parse_notify(s: &str) -> Result<NotifyMode, String> {
@@ -293,6 +307,9 @@ impl DaemonArgs {
             cfg.workers = w.into();
         }
         cfg.pin = self.pin.clone();
+        if self.dns.is_some() {
+            cfg.dns = self.dns;
+        }
         cfg.shortcut &= !self.no_shortcut;
         cfg.shortcut_ring_kib = self.shortcut_ring_kib;
         if let Some(z) = self.zones {

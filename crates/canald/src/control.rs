@@ -21,8 +21,23 @@ impl Daemon {
         let Some((k, body)) = control::decode(msg) else {
             return send_error(&conn.fd, errno::EINVAL, "malformed control message").is_ok();
         };
+        // A peer in another network namespace is a guest of that namespace and
+        // nothing more: it cannot list other guests, make VM regions or publish ports.
+        let host_only = matches!(
+            k,
+            kind::STAT | kind::VM_REGION | kind::VM_PID | kind::NETWORK
+        );
+        if host_only && conn.netns.is_some() {
+            return send_error(
+                &conn.fd,
+                errno::EACCES,
+                "not from another network namespace",
+            )
+            .is_ok();
+        }
         match k {
             kind::HELLO => self.on_hello(key, body),
+            kind::NETWORK => self.on_network(key, body, fds),
             kind::PORT => self.on_port(key, body, fds),
             kind::DOORBELLS => self.doorbells(key),
             kind::STAT => self.on_stat(key, body),
@@ -65,7 +80,18 @@ impl Daemon {
                 } else {
                     0
                 };
-            let made = Guest::with_features(id, key, pid, comm, self.gcfg.clone(), features);
+            let mut gcfg = self.gcfg.clone();
+            if let Some((ns, nsfd)) = &conn.netns {
+                let view = nsfd
+                    .try_clone()
+                    .map_err(|e| (sys::errno_of(&e), e.to_string()))
+                    .and_then(|fd| self.networks.for_guest(*ns, fd));
+                match view {
+                    Ok(v) => gcfg.net = Some(v),
+                    Err((e, why)) => return send_error(&conn.fd, e, &why).is_ok(),
+                }
+            }
+            let made = Guest::with_features(id, key, pid, comm, gcfg, features);
             let (mut g, memfd) = match made {
                 Ok(x) => x,
                 Err(e) => {
@@ -119,6 +145,27 @@ impl Daemon {
             drop(sh);
             w.poke();
             sent.is_ok()
+        }
+    }
+
+    /// NETWORK: `canal run --isolate` names a namespace's view before its guests come.
+    fn on_network(&mut self, key: u32, body: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let nsfd = fds.into_iter().next();
+        match self.networks.register(key, self.own_ns, body, nsfd) {
+            Ok(v) => {
+                log::info!(
+                    "network {} registered: loopback {}, {} published port(s)",
+                    v.name,
+                    std::net::Ipv4Addr::from(v.lo),
+                    v.publish.len()
+                );
+                let ok = crate::network::network_ok(&v);
+                send_msg(&conn.fd, kind::NETWORK_OK, &ok, &[]).is_ok()
+            }
+            Err((e, why)) => send_error(&conn.fd, e, &why).is_ok(),
         }
     }
 
@@ -244,10 +291,16 @@ impl Daemon {
                 .unwrap_or(Path::new("."))
                 .to_path_buf();
             let ep = &self.workers[0].ep;
-            match self
-                .vm
-                .create(ep, key, id, conn.pid, &self.gcfg, body, &bell_dir)
-            {
+            match self.vm.create(
+                ep,
+                key,
+                id,
+                conn.pid,
+                &self.gcfg,
+                body,
+                &bell_dir,
+                &mut self.networks,
+            ) {
                 Ok(c) => {
                     let g = c.guest;
                     let sent = send_msg(&conn.fd, kind::VM_REGION_OK, &c.reply, &[]);

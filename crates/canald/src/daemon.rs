@@ -37,6 +37,9 @@ pub(crate) struct Conn {
     /// blocks on a slow reader, it waits for EPOLLOUT.
     pub(crate) out: std::collections::VecDeque<Vec<u8>>,
     pub(crate) out_bytes: usize,
+    /// The peer's network namespace when it is not canald's, with a descriptor that
+    /// pins it (`network.rs`): its guest gets the namespace's own address view.
+    pub(crate) netns: Option<(sys::NsId, OwnedFd)>,
 }
 
 /// Refused peers (another uid) waiting to send their first message; beyond this they
@@ -68,6 +71,10 @@ pub struct Daemon {
     pub(crate) shortcut: ShortcutRef,
     /// VM guests (`vm.rs`): region files, VM processes, the bounded sleep.
     pub(crate) vm: crate::vm::Vms,
+    /// Guest networks: isolated namespaces' and VMs' address views (`network.rs`).
+    pub(crate) networks: crate::network::Networks,
+    /// canald's own network namespace.
+    pub(crate) own_ns: sys::NsId,
     /// Every worker's mailbox (virtual RSS), once all workers exist.
     pub(crate) boxes: Option<crate::guest::shared::Boxes>,
 }
@@ -166,6 +173,9 @@ impl Daemon {
             )
             .map_err(|e| BindError::Io("cannot poll the control socket".into(), e))?;
         sys::ignore_sigpipe();
+        let own_ns = sys::own_netns()
+            .map_err(|e| BindError::Io("cannot read my network namespace".into(), e))?;
+        let cfg_dns = cfg.dns;
         Ok(Bound::Serving(Box::new(Daemon {
             shortcut,
             cfg,
@@ -183,6 +193,8 @@ impl Daemon {
             stop: false,
             watches: Default::default(),
             vm: Default::default(),
+            networks: crate::network::Networks::new(cfg_dns),
+            own_ns,
             boxes: None,
         })))
     }
@@ -386,6 +398,18 @@ impl Daemon {
                 Err(_) => continue,
             };
             let refused = uid != me && uid != 0;
+            // The peer's namespace decides its address view: read from the process
+            // that connected, never taken from the guest's word.
+            let netns = match sys::peer_netns(&fd, pid) {
+                Ok((ns, _)) if ns == self.own_ns => None,
+                Ok(x) => Some(x),
+                Err(e) => {
+                    let why = format!("cannot tell the network namespace of pid {pid}: {e}");
+                    log::info!("control connection refused: {why}");
+                    let _ = send_error(&fd, sys::errno_of(&e), &why);
+                    continue;
+                }
+            };
             if refused && self.conns.values().filter(|c| c.refused).count() >= MAX_REFUSED {
                 let _ = send_error(&fd, errno::EACCES, "peer uid not allowed");
                 continue;
@@ -411,6 +435,7 @@ impl Daemon {
                     refused,
                     out: Default::default(),
                     out_bytes: 0,
+                    netns,
                 },
             );
         }
@@ -456,6 +481,7 @@ impl Daemon {
     pub(crate) fn close_conn(&mut self, key: u32) {
         self.watches.forget_conn(&self.workers[0].ep, key);
         self.vm.forget(&self.workers[0].ep, key);
+        self.networks.forget_conn(key);
         let Some(c) = self.conns.remove(&key) else {
             return;
         };
@@ -612,61 +638,4 @@ pub(crate) fn send_error(fd: &OwnedFd, err: i32, text: &str) -> io::Result<()> {
     let mut body = err.to_le_bytes().to_vec();
     body.extend_from_slice(text.as_bytes());
     send_msg(fd, kind::ERROR, &body, &[])
-}
-
-// ---- client side --------------------------------------------------------------
-
-fn recv_msg(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<(u16, Vec<u8>, Vec<OwnedFd>)> {
-    let r =
-        sys::recv_with_fds(fd, buf)?.ok_or_else(|| io::Error::from_raw_os_error(libc::EAGAIN))?;
-    if r.len == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "canald closed the connection",
-        ));
-    }
-    let (k, body) = control::decode(&buf[..r.len])
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed reply"))?;
-    Ok((k, body.to_vec(), r.fds))
-}
-
-fn error_reply(body: &[u8]) -> io::Error {
-    if body.len() >= 4 {
-        let e = i32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-        let text = String::from_utf8_lossy(&body[4..]);
-        io::Error::new(
-            io::Error::from_raw_os_error(e).kind(),
-            format!("canald: {text} ({})", io::Error::from_raw_os_error(e)),
-        )
-    } else {
-        io::Error::other("canald: error")
-    }
-}
-
-/// Asks the canald at `path` for its listing: JSON, or the text table if `text`.
-pub fn fetch_stat(path: &Path, text: bool) -> io::Result<String> {
-    let fd = sys::seqpacket_connect(path)?;
-    crate::ctldir::check_daemon(&fd, path)
-        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
-    let format: u32 = if text { 1 } else { 0 };
-    let mut m = control::encode_header(kind::STAT, 4).to_vec();
-    m.extend_from_slice(&format.to_le_bytes());
-    sys::send_with_fds(&fd, &m, &[], false)?;
-    let mut buf = vec![0u8; CTL_MAX];
-    let mut out = Vec::new();
-    loop {
-        let (k, body, _) = recv_msg(&fd, &mut buf)?;
-        match k {
-            kind::STAT_CHUNK if body.is_empty() => break,
-            kind::STAT_CHUNK => out.extend_from_slice(&body),
-            kind::ERROR => return Err(error_reply(&body)),
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "unexpected reply",
-                ))
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"))
 }

@@ -27,7 +27,8 @@ fn config() -> GuestConfig {
     GuestConfig {
         budget: 8,
         loopback_only: true,
-        vm: None,
+        net: None,
+        vm: false,
         ..GuestConfig::with_layout(
             Layout::new(SLOTS, SOCKETS, 8 * RING).expect("valid fuzz layout"),
             RING,

@@ -20,6 +20,7 @@
 
 pub mod alloc;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod control;
 pub mod ctldir;
@@ -30,6 +31,7 @@ pub mod fuzz;
 pub mod guest;
 pub mod ivshmem_server;
 pub mod logging;
+pub mod network;
 pub mod request;
 pub mod sockopt;
 pub mod spawn;
@@ -40,5 +42,6 @@ pub mod watch;
 pub mod worker;
 
 pub use cli::cli_main;
+pub use client::fetch_stat;
 pub use config::{default_socket_path, Config};
-pub use daemon::{fetch_stat, Bound, Daemon};
+pub use daemon::{Bound, Daemon};

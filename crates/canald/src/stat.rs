@@ -39,6 +39,21 @@ pub(crate) struct GuestStat {
     pub(crate) worker: u32,
     /// A VM served with ivshmem doorbells: kicks received (interrupts sent = wakes).
     pub(crate) doorbell_kicks: Option<u64>,
+    /// The guest network whose address view it has (VM, isolated namespace).
+    pub(crate) network: Option<NetStat>,
+}
+
+/// A guest network as `canal stat` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct NetStat {
+    pub(crate) name: String,
+    /// The host address standing for the guest's own addresses.
+    pub(crate) loopback: String,
+    /// Guest ports bound (translation-table entries), own connections made through
+    /// the kernel.
+    pub(crate) bound: u64,
+    pub(crate) own_conns: u64,
+    pub(crate) published: Vec<String>,
 }
 
 /// One poller's engine state and counters.
@@ -206,6 +221,16 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         deferred_wakes: g.deferred_wakes,
         worker: 0,
         doorbell_kicks: g.doorbell.map(|d| d.kicks),
+        network: g.cfg.net.as_ref().map(|n| {
+            let (bound, own_conns) = n.counts();
+            NetStat {
+                name: n.name.clone(),
+                loopback: std::net::Ipv4Addr::from(n.lo).to_string(),
+                bound: bound as u64,
+                own_conns: own_conns as u64,
+                published: n.publish.iter().map(crate::network::show).collect(),
+            }
+        }),
     }
 }
 
@@ -235,6 +260,8 @@ struct GuestJson<'a> {
     deferred_wakes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     doorbell: Option<DoorbellJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network: Option<&'a NetStat>,
     sockets: &'a [SockStat],
 }
 
@@ -267,6 +294,7 @@ pub(crate) fn render_json(s: &Snapshot) -> String {
                     kicks,
                     interrupts: g.wakes,
                 }),
+                network: g.network.as_ref(),
                 sockets: &g.sockets,
             })
             .collect(),
@@ -319,6 +347,17 @@ pub(crate) fn render_text(s: &Snapshot) -> String {
             g.wakes,
             g.deferred_wakes
         );
+        if let Some(n) = &g.network {
+            let _ = writeln!(
+                o,
+                "  network {}  loopback {}  bound {}  own conns {}  published [{}]",
+                n.name,
+                n.loopback,
+                n.bound,
+                n.own_conns,
+                n.published.join(", ")
+            );
+        }
         if g.sockets.is_empty() {
             continue;
         }
@@ -385,6 +424,7 @@ mod tests {
                 wakes: 3,
                 deferred_wakes: 1,
                 doorbell_kicks: None,
+                network: None,
                 worker: 0,
             }],
             workers: vec![WorkerStat {

@@ -12,12 +12,14 @@
 //!   over), and the guest cannot ring canald's doorbell: while a VM guest exists the
 //!   poller's sleep is bounded (50 µs doubling to 1 ms while idle, see [`Vms`]).
 //! - The guest's address view follows QEMU's user networking: 10.0.2.2 is the host's
-//!   127.0.0.1, the guest itself is 10.0.2.15; guest listeners are bound on the host's
-//!   loopback, on a published host port if configured ([`VmNet`]).
+//!   127.0.0.1, the guest itself is 10.0.2.15 with a loopback of its own; guest
+//!   listeners are reachable from the host only on a published port (the network
+//!   view of `guest/netview.rs`, shared with isolated process guests).
 #![forbid(unsafe_code)]
 
-use crate::guest::addr_view::VmNet;
+use crate::client::roundtrip;
 use crate::guest::config::GuestConfig;
+use crate::guest::netview::NetView;
 use crate::guest::socket::token;
 use crate::guest::state::Guest;
 use crate::sys::{self, Epoll};
@@ -50,7 +52,7 @@ pub(crate) const FAST_SLEEPS: u32 = 20;
 pub(crate) fn vm_guest_config(
     base: &GuestConfig,
     file_size: u64,
-    net: VmNet,
+    net: Arc<NetView>,
 ) -> Result<GuestConfig, i32> {
     if !file_size.is_power_of_two() || !(1 << 20..=VM_MAX_FILE).contains(&file_size) {
         return Err(errno::EINVAL);
@@ -74,7 +76,8 @@ pub(crate) fn vm_guest_config(
     Ok(GuestConfig {
         layout,
         ring_size: ring,
-        vm: Some(Arc::new(net)),
+        net: Some(net),
+        vm: true,
         ..base.clone()
     })
 }
@@ -125,15 +128,7 @@ impl VmRegion {
         {
             return None;
         }
-        let raw = &b[16..48];
-        let end = raw.iter().position(|&c| c == 0).unwrap_or(32);
-        if raw[end..].iter().any(|&c| c != 0) {
-            return None;
-        }
-        let name = std::str::from_utf8(&raw[..end]).ok()?.to_string();
-        if !canal_abi::control::valid_vm_name(&name) {
-            return None;
-        }
+        let name = canal_abi::control::name_from_field(&b[16..48])?.to_string();
         let publish = b[canal_abi::control::VM_REGION_BODY..]
             .chunks_exact(4)
             .map(|c| {
@@ -215,6 +210,7 @@ impl Vms {
         base: &GuestConfig,
         body: &[u8],
         bell_dir: &std::path::Path,
+        networks: &mut crate::network::Networks,
     ) -> Result<Created, (i32, String)> {
         if self.entries.contains_key(&key) {
             return Err((
@@ -224,9 +220,7 @@ impl Vms {
         }
         let req = VmRegion::decode(body).ok_or((errno::EINVAL, "malformed VM_REGION".into()))?;
         let doorbell = req.flags & canal_abi::control::vm_flag::DOORBELL != 0;
-        let net = VmNet {
-            publish: req.publish.clone(),
-        };
+        let net = networks.vm(&req.name, &req.publish)?;
         let cfg = vm_guest_config(base, req.file_size, net).map_err(|e| {
             (
                 e,
@@ -455,36 +449,6 @@ pub struct VmRegionHandle {
     pub doorbell: Option<(PathBuf, u32)>,
 }
 
-fn roundtrip(fd: &OwnedFd, k: u16, body: &[u8], fds: &[i32], want: u16) -> io::Result<Vec<u8>> {
-    use canal_abi::control::{self, kind, CTL_MAX};
-    let mut m = control::encode_header(k, body.len() as u32).to_vec();
-    m.extend_from_slice(body);
-    sys::send_with_fds(fd, &m, fds, false)?;
-    let mut buf = vec![0u8; CTL_MAX];
-    let r = sys::recv_with_fds(fd, &mut buf)?
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::EAGAIN))?;
-    let (rk, rb) = control::decode(&buf[..r.len])
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed reply"))?;
-    if rk == kind::ERROR && rb.len() >= 4 {
-        let e = i32::from_le_bytes([rb[0], rb[1], rb[2], rb[3]]);
-        return Err(io::Error::new(
-            io::Error::from_raw_os_error(e).kind(),
-            format!(
-                "canald: {} ({})",
-                String::from_utf8_lossy(&rb[4..]),
-                io::Error::from_raw_os_error(e)
-            ),
-        ));
-    }
-    if rk != want {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "unexpected reply from canald",
-        ));
-    }
-    Ok(rb.to_vec())
-}
-
 /// Asks the canald at `socket` for a VM region (VM_REGION), served with ivshmem
 /// doorbells if `doorbell` (an older canald refuses the flag with EINVAL).
 pub fn request_region(
@@ -507,7 +471,7 @@ pub fn request_region(
     }
     .encode()
     .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "bad VM name or too many ports"))?;
-    let conn = sys::seqpacket_connect(socket)?;
+    let conn = crate::client::connect(socket)?;
     let rb = roundtrip(&conn, kind::VM_REGION, &body, &[], kind::VM_REGION_OK)?;
     if rb.len() <= VM_REGION_OK_BODY {
         return Err(io::Error::new(
@@ -565,71 +529,9 @@ impl VmRegionHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use canal_abi::CanalAddr;
 
-    fn v4(ip: [u8; 4], port: u16) -> CanalAddr {
-        CanalAddr::v4(ip, port)
-    }
-
-    #[test]
-    fn address_view() {
-        let n = VmNet {
-            publish: vec![(18080, 80)],
-        };
-        assert_eq!(
-            n.dest_to_host(&v4([10, 0, 2, 2], 5201)),
-            v4([127, 0, 0, 1], 5201)
-        );
-        assert_eq!(
-            n.dest_to_host(&v4([10, 0, 2, 3], 53)),
-            v4([10, 0, 2, 3], 53)
-        );
-        assert_eq!(n.dest_to_host(&v4([1, 2, 3, 4], 80)), v4([1, 2, 3, 4], 80));
-        // The guest reaching its own listeners.
-        assert_eq!(
-            n.dest_to_host(&v4([10, 0, 2, 15], 80)),
-            v4([127, 0, 0, 1], 18080)
-        );
-        assert_eq!(
-            n.dest_to_host(&v4([10, 0, 2, 15], 81)),
-            v4([127, 0, 0, 1], 81)
-        );
-        assert_eq!(
-            n.dest_to_host(&v4([127, 0, 0, 1], 80)),
-            v4([127, 0, 0, 1], 18080)
-        );
-        assert_eq!(n.bind_to_host(&v4([0; 4], 80)), v4([127, 0, 0, 1], 18080));
-        assert_eq!(n.bind_to_host(&v4([0; 4], 81)), v4([127, 0, 0, 1], 81));
-        assert_eq!(
-            n.bind_to_host(&v4([10, 0, 2, 15], 0)),
-            v4([127, 0, 0, 1], 0)
-        );
-        assert_eq!(
-            n.bind_to_host(&v4([192, 0, 2, 1], 80)),
-            v4([192, 0, 2, 1], 80)
-        );
-        assert_eq!(
-            n.peer_to_guest(&v4([127, 0, 0, 1], 40000)),
-            v4([10, 0, 2, 2], 40000)
-        );
-        assert_eq!(
-            n.local_to_guest(&v4([127, 0, 0, 1], 18080)),
-            v4([10, 0, 2, 15], 80)
-        );
-        assert_eq!(
-            n.local_to_guest(&v4([127, 0, 0, 1], 40000)),
-            v4([10, 0, 2, 15], 40000)
-        );
-        let mut m = [0u8; 16];
-        m[10] = 0xff;
-        m[11] = 0xff;
-        m[12..].copy_from_slice(&[10, 0, 2, 2]);
-        let a6 = CanalAddr::v6(m, 80, 0, 0);
-        assert_eq!(n.dest_to_host(&a6).addr[12..], [127, 0, 0, 1]);
-        let any6 = CanalAddr::v6([0; 16], 80, 0, 0);
-        let b = n.bind_to_host(&any6);
-        assert_eq!(b.addr, std::net::Ipv6Addr::LOCALHOST.octets());
-        assert_eq!(b.port, 18080);
+    fn test_net() -> Arc<NetView> {
+        crate::network::Networks::new(None).vm("t", &[]).unwrap()
     }
 
     #[test]
@@ -652,15 +554,15 @@ mod tests {
             .guest_config()
             .unwrap();
         for mib in [1u64, 2, 16, 64, 256] {
-            let c = vm_guest_config(&base, mib << 20, VmNet::default()).unwrap();
+            let c = vm_guest_config(&base, mib << 20, test_net()).unwrap();
             assert!(c.layout.region_size <= mib << 20, "{mib} MiB");
             assert!(c.ring_size * 8 <= c.layout.data_size || c.ring_size == 64 * 1024);
-            assert!(c.vm.is_some());
+            assert!(c.net.is_some());
         }
-        assert!(vm_guest_config(&base, 3 << 20, VmNet::default()).is_err());
-        assert!(vm_guest_config(&base, 1 << 19, VmNet::default()).is_err());
-        assert!(vm_guest_config(&base, 1 << 30, VmNet::default()).is_ok());
-        assert!(vm_guest_config(&base, 1 << 31, VmNet::default()).is_err());
+        assert!(vm_guest_config(&base, 3 << 20, test_net()).is_err());
+        assert!(vm_guest_config(&base, 1 << 19, test_net()).is_err());
+        assert!(vm_guest_config(&base, 1 << 30, test_net()).is_ok());
+        assert!(vm_guest_config(&base, 1 << 31, test_net()).is_err());
     }
 
     #[test]
@@ -683,7 +585,10 @@ mod tests {
         .unwrap();
         let ep = Epoll::new().unwrap();
         let mut vms = Vms::default();
-        let c = vms.create(&ep, 3, 9, 0, &base, &body, &dir).unwrap();
+        let mut nets = crate::network::Networks::new(None);
+        let c = vms
+            .create(&ep, 3, 9, 0, &base, &body, &dir, &mut nets)
+            .unwrap();
         let h = c.guest.region().header();
         assert_ne!(h.features & feature::DOORBELL, 0);
         assert_eq!(h.features & feature::PORT_EVENTFD, 0);
@@ -716,7 +621,9 @@ mod tests {
         }
         .encode()
         .unwrap();
-        let c = vms.create(&ep, 5, 10, 0, &base, &plain, &dir).unwrap();
+        let c = vms
+            .create(&ep, 5, 10, 0, &base, &plain, &dir, &mut nets)
+            .unwrap();
         assert_eq!(c.reply[4..8], [0; 4]);
         assert!(!c.reply[canal_abi::control::VM_REGION_OK_BODY..].contains(&0));
         assert!(c.guest.doorbell.is_none() && c.host_vector.is_none());

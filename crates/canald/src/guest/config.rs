@@ -41,8 +41,11 @@ pub(crate) struct GuestConfig {
     /// Receive and transmit bytes a guest may move per round (deficit round robin).
     pub(crate) rx_quantum: u64,
     pub(crate) tx_quantum: u64,
-    /// A VM guest's address view (`vm.rs`); None for a process guest.
-    pub(crate) vm: Option<std::sync::Arc<crate::guest::addr_view::VmNet>>,
+    /// The guest network's own address view (a VM, an isolated namespace); None for
+    /// a process guest in canald's namespace.
+    pub(crate) net: Option<std::sync::Arc<crate::guest::netview::NetView>>,
+    /// A VM guest (`vm.rs`): an ivshmem region, no eventfds.
+    pub(crate) vm: bool,
 }
 
 impl GuestConfig {
@@ -56,7 +59,8 @@ impl GuestConfig {
             chunk: u64::MAX,
             rx_quantum: 256 << 10,
             tx_quantum: 1 << 20,
-            vm: None,
+            net: None,
+            vm: false,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The datagram pump: one ring record per datagram, in both directions.
 use crate::guest::addr_view::translate_guest_addr;
 use crate::guest::addr_view::translate_host_addr;
+use crate::guest::netops::bind_own_source;
+use crate::guest::netview::PROTO_UDP;
 use crate::guest::socket::Corrupt;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
@@ -61,8 +63,16 @@ impl Guest {
                 canal_abi::addr::ADDR_SIZE => {
                     let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
                     c.record_addr(&info, &mut b);
-                    match CanalAddr::decode(&b).map(|a| translate_guest_addr(&view, &a)) {
-                        Some(Ok(a)) => Some(a),
+                    match CanalAddr::decode(&b).map(|a| translate_guest_addr(&view, &a, PROTO_UDP))
+                    {
+                        Some(Ok(d)) => {
+                            if let (true, Some(net)) = (d.own, &view.net) {
+                                // Best effort: without it the datagram leaves from the
+                                // kernel's autobound address.
+                                let _ = bind_own_source(s, net, &d.addr);
+                            }
+                            Some(d.addr)
+                        }
                         // An address the guest library should have refused: drop it.
                         _ => {
                             c.consume_record(&info);

@@ -6,8 +6,9 @@
 //! validated (requests), checked against the host's own copy (ring indices), or only
 //! used as a hint (attention bits, queue entries, sleep words).
 //!
-//! Files, bottom-up: `config` (per-guest settings), `addr_view` (the guest's address
-//! view: loopback rules and the VM's translation), `socket` (a host socket's state),
+//! Files, bottom-up: `config` (per-guest settings), `netview` (a guest network's
+//! own address view and translation table: VMs, isolated namespaces), `addr_view` (the
+//! translation every request goes through: loopback rules, then the network's view), `socket` (a host socket's state),
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
 //! `wakeups`, `ops` (socket operations), `stream` and `dgram` (data pumps), `service`
 //! (a service round and request dispatch); `shortcut` (co-resident pairs) and `vrss`
@@ -18,6 +19,8 @@ pub mod addr_view;
 pub mod config;
 pub mod dgram;
 pub mod entries;
+pub mod netops;
+pub mod netview;
 
 pub mod ops;
 pub mod service;

@@ -215,6 +215,7 @@ impl Guest {
             None => s.state = KindState::Listener(AcceptQueue::new(eff)),
         }
         s.phase = Phase::Listening;
+        s.net.listened();
         s.readable = true; // connections may already be queued
         let e = self.entry(index);
         e.kind.store(sock_kind::LISTENER, Ordering::Release);
@@ -373,6 +374,7 @@ impl Guest {
         if let Some(fd) = s.fd.take() {
             ep.delete(fd.as_raw_fd());
         }
+        s.net = Default::default(); // the address went with the descriptor
         self.set_error(
             index,
             errno::EIO,

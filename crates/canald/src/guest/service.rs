@@ -1,7 +1,5 @@
 //! One service round: requests from the queue, their dispatch (`execute`), socket
 //! events, and the sockets marked dirty.
-use crate::guest::addr_view::translate_guest_addr;
-use crate::guest::addr_view::translate_guest_bind;
 use crate::guest::addr_view::translate_host_addr;
 use crate::guest::addr_view::translate_host_local;
 use crate::guest::socket::decode_linger;
@@ -208,9 +206,7 @@ impl Guest {
         let view = self.view();
         match cmd {
             Cmd::Bind(a) => {
-                let a = translate_guest_bind(&view, &a)?;
-                let s = self.live(index)?;
-                sys::bind(fd_of(s)?, &a).map_err(|e| sys::errno_of(&e))?;
+                self.op_bind(&view, index, &a)?;
                 // A datagram socket's local address is known: its owner serves it.
                 self.place(ep, index, None);
                 Ok((0, 0))
@@ -224,7 +220,7 @@ impl Guest {
                 r
             }
             Cmd::Connect(a) => {
-                let a = translate_guest_addr(&view, &a)?;
+                let a = self.connect_dest(&view, index, &a)?.addr;
                 if let Some(r) = self.sc_try_connect(index, &a) {
                     return r;
                 }
@@ -284,11 +280,24 @@ impl Guest {
                     } else {
                         l.peer
                     };
-                    let a = translate_host_addr(&view, &a).encode();
+                    let a = if cmd == Cmd::SockName {
+                        translate_host_local(&view, &a)
+                    } else {
+                        translate_host_addr(&view, &a)
+                    }
+                    .encode();
                     out[..a.len()].copy_from_slice(&a);
                     return Ok((0, a.len()));
                 }
                 let fd = fd_of(s)?;
+                // Unconnected, a network guest's socket has the name it bound (the
+                // wildcard stays the wildcard).
+                let named = s.net.guest_name().filter(|_| sys::peername(fd).is_err());
+                if let (true, Some(a)) = (cmd == Cmd::SockName, named) {
+                    let a = a.encode();
+                    out[..a.len()].copy_from_slice(&a);
+                    return Ok((0, a.len()));
+                }
                 let a = if cmd == Cmd::SockName {
                     sys::sockname(fd).map(|a| translate_host_local(&view, &a))
                 } else {

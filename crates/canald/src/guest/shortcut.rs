@@ -214,6 +214,8 @@ impl Guest {
             self.listeners_stalled = true;
             return Ok(Accepted::Full);
         }
+        // The connector as the listener's guest sees it.
+        let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &link.peer);
         // A plain socket for socket options (never bound or connected).
         let ty = libc::SOCK_STREAM;
         let fd = sys::socket(family as i32, ty, 0).map_err(|_| ())?;
@@ -228,7 +230,7 @@ impl Guest {
                 lhandle,
                 crate::guest::shared::Accept {
                     family,
-                    peer: link.peer,
+                    peer,
                     fd,
                     host_peer: None,
                     sc: Some(Box::new(away())),
@@ -237,7 +239,7 @@ impl Guest {
             return Ok(Accepted::Forwarded);
         }
         let handle = self.sc_install(fd, family, link).map_err(|_| ())?;
-        if !self.push_accept(index, handle, &link.peer).unwrap_or(false) {
+        if !self.push_accept(index, handle, &peer).unwrap_or(false) {
             let ni = canal_abi::handle_index(handle);
             if let Some(s) = self.sockets.get_mut(ni as usize) {
                 *s = None; // never published; nothing else refers to it

@@ -1,5 +1,6 @@
 //! One host socket driven for a guest: its kind, phase, ring positions, linger, and
 //! the epoll token that names it.
+use crate::guest::netview::{NetTie, PROTO_TCP, PROTO_UDP};
 use crate::sys;
 use canal_abi::errno;
 use canal_abi::CanalAddr;
@@ -137,6 +138,8 @@ pub(crate) struct HostSocket {
     pub(crate) seg: Option<SegLink>,
     /// Its local address was seen bound (virtual RSS placement done once for it).
     pub(crate) named: bool,
+    /// Its entry in its guest network's translation table (bound port, own client).
+    pub(crate) net: NetTie,
 }
 
 /// A listener's accept queue as canald sees it.
@@ -245,6 +248,15 @@ impl HostSocket {
             rx_bytes: 0,
             seg: None,
             named: false,
+            net: NetTie::default(),
+        }
+    }
+
+    /// The transport protocol for the network's table.
+    pub(crate) fn proto(&self) -> u8 {
+        match self.kind() {
+            Kind::Dgram => PROTO_UDP,
+            _ => PROTO_TCP,
         }
     }
 
@@ -325,6 +337,16 @@ pub(crate) fn accept_one(s: &mut HostSocket) -> Accepted {
         return Accepted::Later;
     };
     match sys::accept_inet(fd) {
+        // An unpublished listener of a guest network admits only that network's own
+        // connections: a host process that found its private loopback is reset.
+        Ok(Some((c, p)))
+            if s.net
+                .private_listener()
+                .is_some_and(|n| !p.as_ref().is_some_and(|p| n.admits(p))) =>
+        {
+            let _ = sys::set_abortive_close(&c, true);
+            Accepted::Again
+        }
         Ok(Some((c, p))) => Accepted::Conn(c, p),
         Ok(None) => {
             s.readable = false;

@@ -202,7 +202,7 @@ impl Guest {
 
     /// A VM guest (ivshmem region).
     pub(crate) fn is_vm(&self) -> bool {
-        self.cfg.vm.is_some()
+        self.cfg.vm
     }
 
     /// Whether the poller must bound its sleep for this guest (protocol §9.4): a live
@@ -226,7 +226,7 @@ impl Guest {
     pub(crate) fn view(&self) -> GuestView {
         GuestView {
             loopback_only: self.cfg.loopback_only,
-            vm: self.cfg.vm.clone(),
+            net: self.cfg.net.clone(),
         }
     }
 

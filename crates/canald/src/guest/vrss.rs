@@ -265,6 +265,7 @@ impl Guest {
             if ep.add(fd.as_raw_fd(), ev, tok).is_err() {
                 // Out of epoll memory: the socket cannot be served; report it broken.
                 s.fd = None;
+                s.net = Default::default();
                 s.phase = crate::guest::socket::Phase::Broken;
             }
         }

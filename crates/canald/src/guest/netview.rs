@@ -1,0 +1,569 @@
+//! A guest network's own address view — vCanal's translation table — shared by VM
+//! guests (`canal vm`) and isolated process guests (`canal run --isolate`, or any
+//! guest in a network namespace other than canald's). One `NetView` per network: all
+//! processes of a namespace, or all programs of a VM, share it.
+//!
+//! Inside, the guest sees QEMU user networking's plan: it is 10.0.2.15 and has its own
+//! loopback, the host is 10.0.2.2, the resolver is 10.0.2.3. canald performs its
+//! sockets on the host's stack, so each address is translated:
+//!
+//! - the guest's own addresses (127/8, ::1, the wildcard, 10.0.2.15) are a private
+//!   host address `lo` from 127.100.0.0/16, one per network. A bind there holds port G
+//!   on `lo` only, so networks each have their whole port space;
+//! - a port published `--publish H:G` is bound on the host's `HOST_IP:H` instead, the
+//!   only way in from outside;
+//! - a connect or sendto to an own address goes only where the table says one of the
+//!   network's own sockets is bound (a listener, for TCP): never to a host socket that
+//!   happens to cover `lo` with a wildcard bind. Otherwise ECONNREFUSED (datagrams are
+//!   dropped, as an unreachable port drops them);
+//! - an unpublished listener admits only connections from its own network's sockets
+//!   (`clients`): a host process that finds `lo` is turned away.
+//!
+//! The residual gap (docs/threat-model.md): between the table check and the kernel's
+//! connect an own listener may close, and a host listener bound to the wildcard on the
+//! same port would then take the connection.
+
+use canal_abi::addr::{FAMILY_INET, FAMILY_INET6};
+use canal_abi::errno;
+use canal_abi::CanalAddr;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub(crate) const PROTO_TCP: u8 = 6;
+pub(crate) const PROTO_UDP: u8 = 17;
+
+/// The host as the guest sees it (QEMU user networking's gateway).
+pub(crate) const GUEST_HOST_ADDR: [u8; 4] = [10, 0, 2, 2];
+/// The resolver as the guest sees it (forwarded to `NetView::dns`).
+pub(crate) const GUEST_DNS_ADDR: [u8; 4] = [10, 0, 2, 3];
+/// The guest's own address.
+pub(crate) const GUEST_SELF_ADDR: [u8; 4] = [10, 0, 2, 15];
+pub(crate) const LOOPBACK4: [u8; 4] = [127, 0, 0, 1];
+/// The host range private loopbacks come from (127.100.0.0/16).
+pub(crate) const PRIVATE_LO: [u8; 2] = [127, 100];
+
+/// A published port: the host's `host_ip:host_port` reaches the guest's port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Publish {
+    /// 6 TCP, 17 UDP.
+    pub proto: u8,
+    pub host_ip: [u8; 4],
+    pub host_port: u16,
+    pub guest_port: u16,
+}
+
+impl Publish {
+    /// `H:G` on the host's 127.0.0.1, TCP (the VM's `--publish`).
+    pub(crate) fn tcp_loopback(host_port: u16, guest_port: u16) -> Publish {
+        Publish {
+            proto: PROTO_TCP,
+            host_ip: LOOPBACK4,
+            host_port,
+            guest_port,
+        }
+    }
+}
+
+/// One guest network's view.
+#[derive(Debug)]
+pub(crate) struct NetView {
+    /// "vm:NAME", "isolated:NAME", or "netns:[INODE]" for an unregistered namespace.
+    pub(crate) name: String,
+    /// The host address standing for the guest's own addresses.
+    pub(crate) lo: [u8; 4],
+    pub(crate) publish: Vec<Publish>,
+    /// Where the guest's 10.0.2.3:53 goes (the host's resolver), if anywhere.
+    pub(crate) dns: Option<CanalAddr>,
+    table: Mutex<Table>,
+    /// Keeps the namespace (and so its identity) alive while guests use this view.
+    _ns: Option<OwnedFd>,
+}
+
+#[derive(Default, Debug)]
+struct Table {
+    /// (proto, guest port) → where it is bound on the host.
+    bound: HashMap<(u8, u16), Bound>,
+    /// Local ports on `lo` of the network's TCP connections made through the kernel:
+    /// the peers an unpublished listener admits.
+    clients: HashMap<u16, u32>,
+}
+
+#[derive(Debug)]
+struct Bound {
+    host: CanalAddr,
+    sockets: u32,
+    listening: u32,
+}
+
+/// A socket's entry in its network's table; dropping it (the socket closing) removes
+/// the entry.
+#[derive(Default)]
+pub(crate) struct NetTie {
+    tie: Option<(Arc<NetView>, Tie)>,
+}
+
+enum Tie {
+    Bound {
+        key: (u8, u16),
+        /// The guest's own name for the socket (getsockname while unconnected).
+        guest: CanalAddr,
+        published: bool,
+        listening: bool,
+    },
+    Client(u16),
+}
+
+/// Where a guest's destination goes on the host; `own` when it is one of the
+/// network's own sockets (the source must then be `lo` too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Dest {
+    pub(crate) addr: CanalAddr,
+    pub(crate) own: bool,
+}
+
+fn v4_of(a: &CanalAddr) -> Option<[u8; 4]> {
+    match a.family {
+        FAMILY_INET => Some(a.ip4()),
+        FAMILY_INET6 => std::net::Ipv6Addr::from(a.addr)
+            .to_ipv4_mapped()
+            .map(|v| v.octets()),
+        _ => None,
+    }
+}
+
+/// `ip:port` in `family`'s form (IPv4-mapped for AF_INET6), keeping a v6 address's
+/// flow and scope fields.
+pub(crate) fn in_family(like: &CanalAddr, ip: [u8; 4], port: u16) -> CanalAddr {
+    let mut b = *like;
+    b.port = port;
+    b.addr = [0; 16];
+    if like.family == FAMILY_INET {
+        b.addr[..4].copy_from_slice(&ip);
+    } else {
+        b.addr[10] = 0xff;
+        b.addr[11] = 0xff;
+        b.addr[12..].copy_from_slice(&ip);
+    }
+    b
+}
+
+pub(crate) fn is_v4(a: &CanalAddr, ip: [u8; 4]) -> bool {
+    v4_of(a) == Some(ip)
+}
+
+/// The guest's own addresses: loopback, the wildcard, 10.0.2.15.
+pub(crate) fn is_own(a: &CanalAddr) -> bool {
+    if a.family == FAMILY_INET6 {
+        let v6 = std::net::Ipv6Addr::from(a.addr);
+        if v6.is_loopback() || v6.is_unspecified() {
+            return true;
+        }
+    }
+    v4_of(a).is_some_and(|ip| ip[0] == 127 || ip == [0; 4] || ip == GUEST_SELF_ADDR)
+}
+
+/// An address in canald's private-loopback range: no guest names one directly.
+pub(crate) fn is_private_lo(a: &CanalAddr) -> bool {
+    v4_of(a).is_some_and(|ip| ip[..2] == PRIVATE_LO)
+}
+
+impl NetView {
+    pub(crate) fn new(
+        name: String,
+        lo: [u8; 4],
+        publish: Vec<Publish>,
+        dns: Option<CanalAddr>,
+        ns: Option<OwnedFd>,
+    ) -> NetView {
+        NetView {
+            name,
+            lo,
+            publish,
+            dns,
+            table: Mutex::new(Table::default()),
+            _ns: ns,
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// connect/sendto destination. `proto`: PROTO_TCP or PROTO_UDP.
+    pub(crate) fn dest(&self, a: &CanalAddr, proto: u8) -> Result<Dest, i32> {
+        let host = |addr| Ok(Dest { addr, own: false });
+        if is_v4(a, GUEST_HOST_ADDR) {
+            return host(in_family(a, LOOPBACK4, a.port));
+        }
+        if is_v4(a, GUEST_DNS_ADDR) {
+            return match self.dns {
+                Some(d) if a.port == 53 => {
+                    host(in_family(a, v4_of(&d).ok_or(errno::EINVAL)?, d.port))
+                }
+                Some(_) => Err(errno::ECONNREFUSED),
+                None => Err(errno::ENETUNREACH),
+            };
+        }
+        if !is_own(a) {
+            return host(*a);
+        }
+        let t = self.table();
+        match t.bound.get(&(proto, a.port)) {
+            Some(b) if proto == PROTO_UDP || b.listening > 0 => Ok(Dest {
+                addr: in_family(a, b.host.ip4(), b.host.port),
+                own: true,
+            }),
+            _ => Err(errno::ECONNREFUSED),
+        }
+    }
+
+    /// A guest bind: own addresses go to `lo` (or the published host address);
+    /// others do not exist in the guest (EADDRNOTAVAIL).
+    pub(crate) fn bind(&self, a: &CanalAddr, proto: u8) -> Result<CanalAddr, i32> {
+        if !is_own(a) {
+            return Err(errno::EADDRNOTAVAIL);
+        }
+        if a.port != 0 {
+            if let Some(p) = self.published(proto, a.port) {
+                return Ok(in_family(a, p.host_ip, p.host_port));
+            }
+        }
+        Ok(in_family(a, self.lo, a.port))
+    }
+
+    fn published(&self, proto: u8, guest_port: u16) -> Option<&Publish> {
+        self.publish
+            .iter()
+            .find(|p| p.proto == proto && p.guest_port == guest_port)
+    }
+
+    /// The published port whose host address is `a`.
+    fn publish_at(&self, a: &CanalAddr) -> Option<&Publish> {
+        let ip = v4_of(a)?;
+        self.publish
+            .iter()
+            .find(|p| p.host_ip == ip && p.host_port == a.port)
+    }
+
+    /// The source a socket reaching an own destination binds first (`lo`, any port).
+    pub(crate) fn own_source(&self, like: &CanalAddr) -> CanalAddr {
+        in_family(like, self.lo, 0)
+    }
+
+    /// Records a socket bound at `host` for the guest's `guest` name (its port is the
+    /// one the kernel gave when the guest asked for 0).
+    pub(crate) fn record_bind(
+        self: &Arc<Self>,
+        proto: u8,
+        guest: CanalAddr,
+        host: &CanalAddr,
+    ) -> NetTie {
+        let host4 = CanalAddr::v4(v4_of(host).unwrap_or(self.lo), host.port);
+        let published = host4.ip4() != self.lo;
+        let key = (proto, guest.port);
+        let mut t = self.table();
+        let b = t.bound.entry(key).or_insert(Bound {
+            host: host4,
+            sockets: 0,
+            listening: 0,
+        });
+        b.sockets += 1;
+        NetTie {
+            tie: Some((
+                self.clone(),
+                Tie::Bound {
+                    key,
+                    guest,
+                    published,
+                    listening: false,
+                },
+            )),
+        }
+    }
+
+    /// Records the local port on `lo` of a connection to an own listener.
+    pub(crate) fn record_client(self: &Arc<Self>, port: u16) -> NetTie {
+        *self.table().clients.entry(port).or_insert(0) += 1;
+        NetTie {
+            tie: Some((self.clone(), Tie::Client(port))),
+        }
+    }
+
+    /// Whether an unpublished listener may accept a connection from `peer` (a host
+    /// address): only from the network's own connections (autobound on `lo`, or
+    /// bound there by the guest).
+    pub(crate) fn admits(&self, peer: &CanalAddr) -> bool {
+        if !is_v4(peer, self.lo) {
+            return false;
+        }
+        let t = self.table();
+        t.clients.contains_key(&peer.port)
+            || t.bound
+                .get(&(PROTO_TCP, peer.port))
+                .is_some_and(|b| b.host.ip4() == self.lo)
+    }
+
+    /// Host → guest, a peer (getpeername, accept, recvfrom): `lo` is the guest's own
+    /// 127.0.0.1, the host's 127.0.0.1 is 10.0.2.2, the resolver is 10.0.2.3:53.
+    pub(crate) fn peer(&self, a: &CanalAddr) -> CanalAddr {
+        if is_v4(a, self.lo) {
+            return in_family(a, LOOPBACK4, a.port);
+        }
+        // One of the network's own listeners, reached on its published address.
+        if let Some(p) = self.publish_at(a) {
+            return in_family(a, LOOPBACK4, p.guest_port);
+        }
+        if let Some(d) = &self.dns {
+            if v4_of(a) == v4_of(d) && a.port == d.port {
+                return in_family(a, GUEST_DNS_ADDR, 53);
+            }
+        }
+        if is_v4(a, LOOPBACK4) {
+            return in_family(a, GUEST_HOST_ADDR, a.port);
+        }
+        *a
+    }
+
+    /// Host → guest, a local address (getsockname): `lo` is 127.0.0.1, a published
+    /// host address is 10.0.2.15 on the guest port, the host's 127.0.0.1 (the source
+    /// of a connection to 10.0.2.2) is 10.0.2.15.
+    pub(crate) fn local(&self, a: &CanalAddr) -> CanalAddr {
+        if is_v4(a, self.lo) {
+            return in_family(a, LOOPBACK4, a.port);
+        }
+        if let Some(p) = self.publish_at(a) {
+            return in_family(a, GUEST_SELF_ADDR, p.guest_port);
+        }
+        if v4_of(a) == Some(LOOPBACK4) {
+            return in_family(a, GUEST_SELF_ADDR, a.port);
+        }
+        *a
+    }
+
+    /// (bound entries, own connections) for `canal stat`.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let t = self.table();
+        (t.bound.len(), t.clients.len())
+    }
+}
+
+impl NetTie {
+    /// listen() succeeded: TCP connects to the guest port now go here.
+    pub(crate) fn listened(&mut self) {
+        if let Some((n, Tie::Bound { key, listening, .. })) = &mut self.tie {
+            if !*listening {
+                *listening = true;
+                if let Some(b) = n.table().bound.get_mut(key) {
+                    b.listening += 1;
+                }
+            }
+        }
+    }
+
+    /// The guest's own name of a bound socket.
+    pub(crate) fn guest_name(&self) -> Option<CanalAddr> {
+        match &self.tie {
+            Some((_, Tie::Bound { guest, .. })) => Some(*guest),
+            _ => None,
+        }
+    }
+
+    /// A listener bound on `lo` (not published): it admits only its own network.
+    pub(crate) fn private_listener(&self) -> Option<&Arc<NetView>> {
+        match &self.tie {
+            Some((
+                n,
+                Tie::Bound {
+                    published: false, ..
+                },
+            )) => Some(n),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_tied(&self) -> bool {
+        self.tie.is_some()
+    }
+}
+
+impl Drop for NetTie {
+    fn drop(&mut self) {
+        let Some((n, tie)) = self.tie.take() else {
+            return;
+        };
+        let mut t = n.table();
+        match tie {
+            Tie::Bound { key, listening, .. } => {
+                if let Some(b) = t.bound.get_mut(&key) {
+                    b.sockets -= 1;
+                    b.listening -= u32::from(listening);
+                    if b.sockets == 0 {
+                        t.bound.remove(&key);
+                    }
+                }
+            }
+            Tie::Client(port) => {
+                if let Some(c) = t.clients.get_mut(&port) {
+                    *c -= 1;
+                    if *c == 0 {
+                        t.clients.remove(&port);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(ip: [u8; 4], port: u16) -> CanalAddr {
+        CanalAddr::v4(ip, port)
+    }
+
+    fn net() -> Arc<NetView> {
+        Arc::new(NetView::new(
+            "isolated:t".into(),
+            [127, 100, 0, 7],
+            vec![Publish::tcp_loopback(18080, 80)],
+            Some(v4(LOOPBACK4, 5353)),
+            None,
+        ))
+    }
+
+    #[test]
+    fn host_and_resolver() {
+        let n = net();
+        let d = n.dest(&v4([10, 0, 2, 2], 5201), PROTO_TCP).unwrap();
+        assert_eq!(
+            d,
+            Dest {
+                addr: v4(LOOPBACK4, 5201),
+                own: false
+            }
+        );
+        let d = n.dest(&v4(GUEST_DNS_ADDR, 53), PROTO_UDP).unwrap();
+        assert_eq!(d.addr, v4(LOOPBACK4, 5353));
+        // The resolver on the host's loopback still answers as 10.0.2.3:53.
+        assert_eq!(n.peer(&v4(LOOPBACK4, 5353)), v4(GUEST_DNS_ADDR, 53));
+        assert_eq!(
+            n.dest(&v4(GUEST_DNS_ADDR, 80), PROTO_TCP),
+            Err(errno::ECONNREFUSED)
+        );
+        assert_eq!(
+            n.dest(&v4([192, 0, 2, 1], 80), PROTO_TCP).unwrap().addr,
+            v4([192, 0, 2, 1], 80)
+        );
+        assert_eq!(n.peer(&v4(LOOPBACK4, 40000)), v4(GUEST_HOST_ADDR, 40000));
+    }
+
+    #[test]
+    fn own_ports_only_through_the_table() {
+        let n = net();
+        // Nothing bound: refused, not the host's 127.0.0.1:81 or a wildcard on lo.
+        assert_eq!(
+            n.dest(&v4(LOOPBACK4, 81), PROTO_TCP),
+            Err(errno::ECONNREFUSED)
+        );
+        let host = n.bind(&v4([0; 4], 81), PROTO_TCP).unwrap();
+        assert_eq!(host, v4([127, 100, 0, 7], 81));
+        let mut tie = n.record_bind(PROTO_TCP, v4([0; 4], 81), &host);
+        // Bound but not listening: still refused (a host wildcard listener must not
+        // take it).
+        assert_eq!(
+            n.dest(&v4(LOOPBACK4, 81), PROTO_TCP),
+            Err(errno::ECONNREFUSED)
+        );
+        tie.listened();
+        let d = n.dest(&v4([127, 0, 0, 2], 81), PROTO_TCP).unwrap();
+        assert_eq!(
+            d,
+            Dest {
+                addr: host,
+                own: true
+            }
+        );
+        assert_eq!(
+            n.dest(&v4(GUEST_SELF_ADDR, 81), PROTO_TCP).unwrap().addr,
+            host
+        );
+        assert_eq!(tie.guest_name(), Some(v4([0; 4], 81)));
+        assert!(tie.private_listener().is_some());
+        drop(tie);
+        assert_eq!(
+            n.dest(&v4(LOOPBACK4, 81), PROTO_TCP),
+            Err(errno::ECONNREFUSED)
+        );
+        assert_eq!(n.counts(), (0, 0));
+    }
+
+    #[test]
+    fn published_ports() {
+        let n = net();
+        let host = n.bind(&v4([0; 4], 80), PROTO_TCP).unwrap();
+        assert_eq!(host, v4(LOOPBACK4, 18080));
+        assert_eq!(
+            n.bind(&v4([0; 4], 80), PROTO_UDP).unwrap(),
+            v4([127, 100, 0, 7], 80)
+        );
+        let mut tie = n.record_bind(PROTO_TCP, v4([0; 4], 80), &host);
+        tie.listened();
+        assert!(tie.private_listener().is_none());
+        assert_eq!(n.dest(&v4(LOOPBACK4, 80), PROTO_TCP).unwrap().addr, host);
+        assert_eq!(n.local(&v4(LOOPBACK4, 18080)), v4(GUEST_SELF_ADDR, 80));
+        assert_eq!(n.local(&v4([127, 100, 0, 7], 80)), v4(LOOPBACK4, 80));
+        assert_eq!(n.local(&v4(LOOPBACK4, 40000)), v4(GUEST_SELF_ADDR, 40000));
+    }
+
+    #[test]
+    fn other_addresses_do_not_exist_inside() {
+        let n = net();
+        assert_eq!(
+            n.bind(&v4([192, 0, 2, 1], 80), PROTO_TCP),
+            Err(errno::EADDRNOTAVAIL)
+        );
+        assert_eq!(
+            n.bind(&v4(GUEST_HOST_ADDR, 80), PROTO_TCP),
+            Err(errno::EADDRNOTAVAIL)
+        );
+    }
+
+    #[test]
+    fn clients_admitted_by_private_listeners() {
+        let n = net();
+        let c = n.record_client(40001);
+        assert!(n.admits(&v4([127, 100, 0, 7], 40001)));
+        assert!(
+            !n.admits(&v4([127, 100, 0, 7], 40002)),
+            "a host process on lo"
+        );
+        assert!(!n.admits(&v4(LOOPBACK4, 40001)));
+        drop(c);
+        assert!(!n.admits(&v4([127, 100, 0, 7], 40001)));
+    }
+
+    #[test]
+    fn ipv6_forms() {
+        let n = net();
+        let any6 = CanalAddr::v6([0; 16], 81, 0, 0);
+        let host = n.bind(&any6, PROTO_TCP).unwrap();
+        assert_eq!(host.family, FAMILY_INET6);
+        assert_eq!(v4_of(&host), Some([127, 100, 0, 7]));
+        let mut tie = n.record_bind(PROTO_TCP, any6, &host);
+        tie.listened();
+        let lo6 = CanalAddr::v6(std::net::Ipv6Addr::LOCALHOST.octets(), 81, 0, 0);
+        let d = n.dest(&lo6, PROTO_TCP).unwrap();
+        assert_eq!(
+            (d.addr.family, v4_of(&d.addr)),
+            (FAMILY_INET6, Some([127, 100, 0, 7]))
+        );
+        // A v4 client reaches the v6 listener through its mapped address.
+        assert_eq!(
+            n.dest(&v4(LOOPBACK4, 81), PROTO_TCP).unwrap().addr,
+            v4([127, 100, 0, 7], 81)
+        );
+        assert!(is_private_lo(&d.addr));
+    }
+}
