@@ -6,7 +6,9 @@
 //! find them as its caller left them (`prog >&-` fails natively at its first write).
 #![cfg_attr(not(test), no_main)]
 
+mod dnsfwd;
 mod elfcheck;
+mod isolate;
 mod run;
 mod stdfds;
 

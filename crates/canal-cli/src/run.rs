@@ -15,6 +15,24 @@ pub struct RunArgs {
     /// /tmp/canal-$UID/canald.sock]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Run PROGRAM in a network namespace of its own (and a user namespace when not
+    /// root) with only loopback: canald serves its sockets through a private address
+    /// view (its own 127.0.0.1; the host is 10.0.2.2, the resolver 10.0.2.3).
+    /// canal run then stays as PROGRAM's parent (docs/isolation.md)
+    #[arg(long)]
+    isolate: bool,
+    /// With --isolate: make the guest's port GUEST_PORT reachable on the host's
+    /// HOST_IP:HOST_PORT (HOST_IP defaults to 127.0.0.1; TCP unless /udp)
+    #[arg(
+        long,
+        requires = "isolate",
+        value_name = "[HOST_IP:]HOST_PORT:GUEST_PORT[/udp]",
+        value_parser = canald::network::parse_publish
+    )]
+    publish: Vec<canald::guest::netview::Publish>,
+    /// With --isolate: the network's name in `canal stat` [default: run-PID]
+    #[arg(long, requires = "isolate", value_name = "NAME", value_parser = parse_name)]
+    name: Option<String>,
     /// The program and its arguments (after -- if they start with -)
     #[arg(
         required = true,
@@ -23,6 +41,16 @@ pub struct RunArgs {
         value_name = "PROGRAM"
     )]
     program: Vec<String>,
+}
+
+fn parse_name(s: &str) -> Result<String, String> {
+    if canal_abi::control::valid_vm_name(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "'{s}': 1-32 characters of A-Z a-z 0-9 _ . -, not starting with '.'"
+        ))
+    }
 }
 
 /// Where libcanal.so is: $CANAL_LIB, next to this binary (a cargo target dir), or
@@ -69,12 +97,23 @@ pub fn run(a: &RunArgs) -> i32 {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
         _ => lib.display().to_string(),
     };
-    crate::stdfds::close_what_was_closed();
-    let err = Command::new(&prog[0])
-        .args(&prog[1..])
+    let mut cmd = Command::new(&prog[0]);
+    cmd.args(&prog[1..])
         .env("LD_PRELOAD", preload)
-        .env("CANAL_SOCKET", &path)
-        .exec();
+        .env("CANAL_SOCKET", &path);
+    if a.isolate {
+        let iso = crate::isolate::Isolation {
+            socket: &path,
+            name: a
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("run-{}", std::process::id())),
+            publish: a.publish.clone(),
+        };
+        return crate::isolate::run(cmd, iso);
+    }
+    crate::stdfds::close_what_was_closed();
+    let err = cmd.exec();
     eprintln!("canal run: cannot run '{}': {err}", prog[0]);
     if err.kind() == std::io::ErrorKind::NotFound {
         127

@@ -1,0 +1,390 @@
+"""Isolated guests (docs/isolation.md): `canal run --isolate` and any guest in a network
+namespace other than canald's get that namespace's own address view — their own
+loopback, the host as 10.0.2.2, the resolver as 10.0.2.3, published ports only.
+
+Each test compares what the program sees with what the kernel would give it in such a
+namespace, and checks the boundary from both sides: the guest never reaches the host's
+loopback or another guest's, and the host reaches a guest only on a published port."""
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import e2e_util
+from canal_harness import Canald, serving_canald
+
+PROGS = Path(__file__).parent / "progs"
+
+
+def _host_server(procs, python, port, tag, host="127.0.0.1"):
+    """A native TCP server on the host answering every connection with `tag` and the
+    peer's address."""
+    p = procs.spawn([python, "-c", HOST_SERVER, host, str(port), tag], name=f"host-{tag}")
+    p.wait_line("ready", 10)
+    return p
+
+
+HOST_SERVER = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)
+print("ready", flush=True)
+while True:
+    c, a = s.accept()
+    c.sendall(f"{sys.argv[3]} {a[0]}\n".encode()); c.close()
+"""
+
+# Inside: a server on port G (wildcard) answering with its tag and the peer it sees;
+# then a client of 127.0.0.1:G, ::1:G, 10.0.2.15:G and a UDP round trip on 127.0.0.1:G.
+GUEST_OWN = r"""
+import socket, sys, threading
+port, tag = int(sys.argv[1]), sys.argv[2]
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", port)); s.listen(16)
+print("listener", s.getsockname()[0], s.getsockname()[1], flush=True)
+def serve():
+    while True:
+        c, a = s.accept()
+        c.sendall(f"{tag} {a[0]}\n".encode()); c.close()
+threading.Thread(target=serve, daemon=True).start()
+for host, fam in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6), ("10.0.2.15", socket.AF_INET)):
+    c = socket.socket(fam); c.settimeout(10); c.connect((host, port))
+    print("own", host, c.recv(100).decode().strip(), "|", c.getsockname()[0], c.getpeername()[0], c.getpeername()[1], flush=True)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", port))
+v = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); v.settimeout(10)
+v.sendto(b"ping", ("127.0.0.1", port)); d, a = u.recvfrom(100)
+u.sendto(b"pong:" + d, a); d2, a2 = v.recvfrom(100)
+print("udp", a[0], d2.decode(), a2[0], a2[1], flush=True)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _lines(r):
+    return [l for l in r.stdout.splitlines() if l]
+
+
+def isolated(canald, argv, publish=(), name=None, extra=()):
+    args = [canald.canal_bin, "run", "--socket", canald.socket, "--isolate"]
+    for p in publish:
+        args += ["--publish", p]
+    if name:
+        args += ["--name", name]
+    return args + list(extra) + ["--"] + [str(a) for a in argv]
+
+
+def _network_of(canald, proc):
+    g = canald.guest(proc)
+    assert g and g.get("network"), f"canal stat shows no network for {proc.name}: {g}"
+    return g["network"]
+
+
+def _connect(addr, port, timeout=3):
+    try:
+        c = socket.create_connection((addr, port), timeout=timeout)
+        c.settimeout(timeout)
+        return c.recv(100).decode().strip()
+    except OSError as e:
+        return f"error {e.errno}"
+
+
+def test_namespaced_program_stays_out_of_the_host_loopback(canald, procs, python):
+    """The finding: a program in its own namespace (`unshare -n`) under `canal run`
+    against an outside canald reached the host's 127.0.0.1. Now canald sees the
+    namespace and gives it its own loopback; the host is 10.0.2.2."""
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    prog = (
+        "import socket,sys\n"
+        "for h in ('127.0.0.1', '10.0.2.2'):\n"
+        "    try:\n"
+        "        c = socket.create_connection((h, int(sys.argv[1])), timeout=5); print(h, c.recv(100).decode().strip(), flush=True)\n"
+        "    except OSError as e: print(h, 'errno', e.errno, flush=True)\n"
+    )
+    unshare = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    r = procs.run([*unshare, *canald.argv([python, "-c", prog, port])], timeout=60)
+    assert r.returncode == 0, r.describe()
+    assert _lines(r) == [f"127.0.0.1 errno {errno.ECONNREFUSED}", "10.0.2.2 HOST 127.0.0.1"], r.describe()
+
+
+def test_two_isolated_guests_each_have_their_own_loopback(canald, procs, python):
+    """Two guests listen on the same port; each reaches its own server as 127.0.0.1,
+    ::1 and 10.0.2.15 (and sees its own client as 127.0.0.1), UDP too; a host server
+    on that port is reached by neither, and the host reaches only its own."""
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    a = procs.spawn(isolated(canald, [python, "-c", GUEST_OWN, port, "A"], name="iso-a"), name="iso-a", stdin=subprocess.PIPE)
+    b = procs.spawn(isolated(canald, [python, "-c", GUEST_OWN, port, "B"], name="iso-b"), name="iso-b", stdin=subprocess.PIPE)
+    for p, tag in ((a, "A"), (b, "B")):
+        p.wait_line("done", 30)
+        out = [l for l in p.stdout().splitlines() if l]
+        assert out[0] == f"listener :: {port}", p.describe()
+        assert out[1] == f"own 127.0.0.1 {tag} ::ffff:127.0.0.1 | 127.0.0.1 127.0.0.1 {port}", p.describe()
+        assert out[2] == f"own ::1 {tag} ::ffff:127.0.0.1 | ::ffff:127.0.0.1 ::ffff:127.0.0.1 {port}", p.describe()
+        assert out[3].startswith(f"own 10.0.2.15 {tag} "), p.describe()
+        assert out[4] == f"udp 127.0.0.1 pong:ping 127.0.0.1 {port}", p.describe()
+    na, nb = _network_of(canald, a), _network_of(canald, b)
+    assert na["name"] == "isolated:iso-a" and nb["name"] == "isolated:iso-b"
+    assert na["loopback"] != nb["loopback"]
+    # The host's own server is still the host's.
+    assert _connect("127.0.0.1", port) == "HOST 127.0.0.1"
+    # Knowing a guest's private loopback does not get a host process in.
+    for n in (na, nb):
+        got = _connect(n["loopback"], port)
+        assert got.startswith("error") or got == "", f"host reached {n['name']}'s unpublished listener: {got}"
+    for p in (a, b):
+        p.send_line("")
+        assert p.finish(20).returncode == 0, p.describe()
+
+
+GUEST_PUBLISHED = r"""
+import socket, sys
+port = int(sys.argv[1])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port)); s.listen(4)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", port))
+print("ready", flush=True)
+c, a = s.accept()
+print("accepted", a[0], c.getsockname()[0], c.getsockname()[1], flush=True)
+c.sendall(b"guest\n"); c.close()
+d, a = u.recvfrom(100)
+print("datagram", d.decode(), a[0], flush=True)
+u.sendto(b"back:" + d, a)
+"""
+
+
+def test_published_ports_are_the_only_way_in(canald, procs, python):
+    """`--publish H:G` and `H:G/udp`: the host reaches the guest's port G on
+    127.0.0.1:H; the guest sees the host as 10.0.2.2 and itself as 10.0.2.15:G."""
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    p = procs.spawn(
+        isolated(canald, [python, "-c", GUEST_PUBLISHED, g], publish=[f"{h}:{g}", f"127.0.0.1:{h}:{g}/udp"], name="pub"),
+        name="pub",
+    )
+    p.wait_line("ready", 30)
+    # Not on the guest's port, which is private: on the published one.
+    assert _connect("127.0.0.1", g).startswith("error"), "the guest's own port reached from the host"
+    assert _connect("127.0.0.1", h) == "guest"
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(10)
+    u.sendto(b"hi", ("127.0.0.1", h))
+    d, a = u.recvfrom(100)
+    assert (d, a) == (b"back:hi", ("127.0.0.1", h))
+    r = p.finish(20)
+    assert r.returncode == 0, r.describe()
+    lines = _lines(r)
+    assert lines[1] == f"accepted 10.0.2.2 10.0.2.15 {g}", r.describe()
+    assert lines[2] == "datagram hi 10.0.2.2", r.describe()
+
+
+GUEST_CLIENT = r"""
+import socket, sys, time
+c = socket.create_connection(("10.0.2.2", int(sys.argv[1])), timeout=10)
+c.sendall(b"x" * 100000)
+got = b""
+while len(got) < 100000:
+    got += c.recv(65536)
+print("echoed", len(got), c.getpeername()[0], flush=True)
+sys.stdin.readline()
+"""
+
+GUEST_ECHO = r"""
+import socket, sys
+s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(4)
+print("ready", flush=True)
+c, a = s.accept()
+print("peer", a[0], flush=True)
+while True:
+    d = c.recv(65536)
+    if not d:
+        break
+    c.sendall(d)
+"""
+
+
+def test_isolated_guests_short_circuit_each_other(canald, procs, python):
+    """A guest connecting to another guest's published port is connected ring to ring,
+    as between ordinary canal guests."""
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    srv = procs.spawn(isolated(canald, [python, "-c", GUEST_ECHO, g], publish=[f"{h}:{g}"], name="echo"), name="echo")
+    srv.wait_line("ready", 30)
+    cli = procs.spawn(isolated(canald, [python, "-c", GUEST_CLIENT, h], name="client"), name="client", stdin=subprocess.PIPE)
+    cli.wait_line("echoed", 30)
+    assert "echoed 100000 10.0.2.2" in cli.stdout(), cli.describe()
+    canald.wait_served(cli, kind="tcp-shortcut")
+    canald.wait_served(srv, kind="tcp-shortcut")
+    cli.send_line("")
+    assert cli.finish(20).returncode == 0, cli.describe()
+    r = srv.finish(20)
+    assert r.returncode == 0 and "peer 10.0.2.2" in r.stdout, r.describe()
+
+
+DNS_SERVER = r"""
+import socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+print("port", s.getsockname()[1], flush=True)
+while True:
+    q, a = s.recvfrom(512)
+    i = 12
+    while q[i]:
+        i += q[i] + 1
+    qtype = struct.unpack("!H", q[i + 1:i + 3])[0]
+    ans = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + bytes([192, 0, 2, 7]) if qtype == 1 else b""
+    s.sendto(q[:2] + struct.pack("!HHHHH", 0x8180, 1, 1 if ans else 0, 0, 0) + q[12:i + 5] + ans, a)
+"""
+
+GUEST_RESOLVE = r"""
+import socket
+print("glibc", socket.getaddrinfo("www.example.test", 80, socket.AF_INET, socket.SOCK_STREAM)[0][4][0], flush=True)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(10)
+s.sendto(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03foo\x04test\x00\x00\x01\x00\x01", ("10.0.2.3", 53))
+d, a = s.recvfrom(512)
+print("own", ".".join(map(str, d[-4:])), a[0], a[1], flush=True)
+"""
+
+
+def test_resolver_inside(procs, canal_bin, python):
+    """The guest's resolver is 10.0.2.3: glibc's stub resolver (kernel sockets inside,
+    relayed by canal run) and a program's own DNS socket (a canal socket, forwarded by
+    canald) both reach the resolver canald is given, here one on the host's loopback."""
+    dns = procs.spawn([python, "-c", DNS_SERVER], name="dns")
+    port = int(dns.wait_line("port", 10).split()[1])
+    with serving_canald(canal_bin, procs, args=["--dns", f"127.0.0.1:{port}"]) as d:
+        r = procs.run(isolated(d, [python, "-c", GUEST_RESOLVE]), timeout=60)
+        assert r.returncode == 0, r.describe()
+        assert _lines(r) == ["glibc 192.0.2.7", "own 192.0.2.7 10.0.2.3 53"], r.describe()
+        r = procs.run(isolated(d, ["getent", "hosts", "canal.example"]), timeout=60)
+        assert r.returncode == 0 and r.stdout.split() == ["192.0.2.7", "canal.example"], r.describe()
+
+
+def test_isolate_errors_and_exit_status(canald, procs, python):
+    """Usage errors are rc 2 with the reason; a host port published twice is refused
+    with the network holding it; the program's exit status and signal come through;
+    inside, `canal stat` is refused (a guest cannot list other guests)."""
+    base = [canald.canal_bin, "run", "--socket", canald.socket]
+    r = procs.run([*base, "--publish", "8080:80", "--", "true"], timeout=20)
+    assert r.returncode == 2 and "--isolate" in r.stderr, r.describe()
+    for bad in ("80", "0:80", "x:1:2", "1:2/sctp", "127.100.0.1:1:2"):
+        r = procs.run([*base, "--isolate", "--publish", bad, "--", "true"], timeout=20)
+        assert r.returncode == 2 and "invalid value" in r.stderr, r.describe()
+    h = e2e_util.free_port()
+    holder = procs.spawn(isolated(canald, ["sleep", "30"], publish=[f"{h}:80"], name="holder"), name="holder")
+    # Registered before the program runs: wait for `sleep` under canal run.
+    e2e_util.wait_for(lambda: _runs(holder, "sleep"), 10, what="the holder's program to start")
+    r = procs.run(isolated(canald, ["true"], publish=[f"{h}:81"]), timeout=20)
+    assert r.returncode == 1 and "already published by isolated:holder" in r.stderr, r.describe()
+    holder.stop()
+    r = procs.run(isolated(canald, ["sh", "-c", "exit 7"]), timeout=20)
+    assert r.returncode == 7, r.describe()
+    r = procs.run(isolated(canald, ["sh", "-c", "kill -TERM $$"]), timeout=20)
+    assert r.returncode == -15, r.describe()
+    r = procs.run(isolated(canald, [canald.canal_bin, "stat", "--socket", canald.socket]), timeout=20)
+    assert r.returncode != 0 and "not from another network namespace" in r.stderr, r.describe()
+    r = procs.run(isolated(canald, ["/nonexistent/prog"]), timeout=20)
+    assert r.returncode == 127 and "cannot run" in r.stderr, r.describe()
+
+
+def _runs(proc, comm):
+    """Whether a child of `proc` (canal run --isolate) is the program `comm`."""
+    for c in e2e_util.children_of(proc.pid):
+        try:
+            if Path(f"/proc/{c}/comm").read_text().strip() == comm:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_loopback_only_policy_applies_inside(procs, canal_bin, python):
+    """`canald --loopback-only` holds for isolated guests too: the host (10.0.2.2) is
+    loopback; another address is refused with EACCES."""
+    prog = (
+        "import socket\n"
+        "for h in ('10.0.2.2', '192.0.2.1'):\n"
+        "    s = socket.socket(); s.settimeout(3)\n"
+        "    print(h, s.connect_ex((h, 9)), flush=True)\n"
+    )
+    with serving_canald(canal_bin, procs, args=["--loopback-only"]) as d:
+        r = procs.run(isolated(d, [python, "-c", prog]), timeout=60)
+    assert r.returncode == 0, r.describe()
+    assert _lines(r) == [f"10.0.2.2 {errno.ECONNREFUSED}", f"192.0.2.1 {errno.EACCES}"], r.describe()
+
+
+def _nobody_can_unshare():
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-U", "-n", "true"],
+        capture_output=True, text=True,
+    )
+    return r.returncode == 0, r.stderr.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_isolate_unprivileged(procs, canal_bin, tmp_path):
+    """Unprivileged, as rootless podman: a user namespace too (the program keeps its
+    uid), canald of that user outside; the host is reachable as 10.0.2.2 and a port
+    published."""
+    ok, why = _nobody_can_unshare()
+    if not ok:
+        pytest.skip(f"unprivileged user namespaces are not available here: {why}")
+    # The system's interpreter: the test's own may live under root's home.
+    python = "/usr/bin/python3"
+    port, g, h = e2e_util.free_port(), e2e_util.free_port(), e2e_util.free_port()
+    _host_server(procs, sys.executable, port, "HOST")
+    wrapper = tmp_path / "canal-as-nobody"
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {canal_bin} \"$@\"\n")
+    wrapper.chmod(0o755)
+    os.chmod(tmp_path, 0o755)
+    d = Canald(str(wrapper), procs)
+    os.chown(d.dir, 65534, 65534)
+    d.start()
+    try:
+        prog = (
+            "import os, socket, sys\n"
+            "c = socket.create_connection(('10.0.2.2', int(sys.argv[1])), timeout=10)\n"
+            "print('uid', os.getuid(), c.recv(100).decode().strip(), flush=True)\n"
+            "s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[2]))); s.listen(1)\n"
+            "print('ready', flush=True)\n"
+            "a, _ = s.accept(); a.sendall(b'nobody-guest\\n')\n"
+        )
+        p = procs.spawn(isolated(d, [python, "-c", prog, port, g], publish=[f"{h}:{g}"]), name="nobody")
+        p.wait_line("ready", 30)
+        assert _connect("127.0.0.1", h) == "nobody-guest"
+        r = p.finish(20)
+        assert r.returncode == 0 and "uid 65534 HOST 127.0.0.1" in r.stdout, r.describe()
+    finally:
+        d.stop()
+
+
+UNSHARE_AFTER_ATTACH = r"""
+import ctypes, os, socket, sys
+port = int(sys.argv[1])
+before = socket.create_connection(("127.0.0.1", port), timeout=5)
+libc = ctypes.CDLL(None, use_errno=True)
+flags = 0x40000000  # CLONE_NEWNET
+if os.geteuid() != 0:
+    flags |= 0x10000000  # CLONE_NEWUSER
+assert libc.unshare(flags) == 0, os.strerror(ctypes.get_errno())
+print("before", before.recv(100).decode().strip(), flush=True)
+after = socket.socket(); after.settimeout(5)
+print("after", after.connect_ex(("127.0.0.1", port)), flush=True)
+"""
+
+
+def test_a_process_that_moves_keeps_old_sockets_and_makes_new_ones_there(canald, procs, python):
+    """unshare(CLONE_NEWNET) after attaching: sockets made before stay canal's (the
+    kernel keeps a socket in the namespace it was made in), new ones are the new
+    namespace's kernel sockets — whose loopback is down and empty."""
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    r = canald.run([python, "-c", UNSHARE_AFTER_ATTACH, port], timeout=60)
+    assert r.returncode == 0, r.describe()
+    assert _lines(r)[0] == "before HOST 127.0.0.1", r.describe()
+    assert _lines(r)[1] in (f"after {errno.ENETUNREACH}", f"after {errno.ECONNREFUSED}"), r.describe()
