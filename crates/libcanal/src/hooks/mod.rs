@@ -4,7 +4,7 @@
 //!
 //! `#[cfg_attr(not(test), no_mangle)]` keeps unit tests from interposing themselves.
 //!
-//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`, `execl`, `seccomp`, `spawn` (posix_spawn's dup2 actions), `vfork`; `common` holds what they share.
+//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`, `execl`, `ns` (unshare/setns), `seccomp`, `spawn` (posix_spawn's dup2 actions), `vfork`; `common` holds what they share.
 #![allow(clippy::missing_safety_doc)]
 
 pub(crate) mod common;
@@ -12,6 +12,7 @@ pub(crate) mod exec;
 pub(crate) mod execl;
 pub(crate) mod fd;
 pub(crate) mod io;
+pub(crate) mod ns;
 pub(crate) mod poll;
 pub(crate) mod seccomp;
 pub(crate) mod socket;

@@ -40,6 +40,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     let Some((base, nonblock, cloexec)) = supported(domain, ty, proto) else {
         return real();
     };
+    if crate::hooks::ns::left_netns() {
+        return real(); // a socket of the namespace the process moved to
+    }
     let Some(_guard) = Reentry::enter() else {
         return real();
     };
