@@ -11,6 +11,8 @@
 pub mod cli;
 pub(crate) mod conngen;
 pub mod gen;
+pub mod isolation;
+mod isolation_report;
 pub(crate) mod json;
 pub(crate) mod model;
 pub(crate) mod procs;

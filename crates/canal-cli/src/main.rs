@@ -72,6 +72,13 @@ enum BenchSub {
         after_help = "Needs qemu-system-x86_64, iperf3, and canal-bench-gen next to canal."
     )]
     B11(canal_vm::bench::B11Args),
+    /// B14: isolated guests — canal run --isolate against pasta and slirp4netns
+    #[command(
+        name = "b14",
+        alias = "B14",
+        after_help = "Needs iperf3, and pasta (passt) and slirp4netns for their columns; as root the namespaced programs run as --user."
+    )]
+    B14(canal_bench::isolation::B14Args),
 }
 
 fn stat(a: &StatArgs) -> i32 {
@@ -109,6 +116,10 @@ fn canal_main() -> i32 {
             b11: Some(BenchSub::B11(a)),
             ..
         }) => canal_vm::bench::run_b11(a),
+        Command::Bench(BenchCmd {
+            b11: Some(BenchSub::B14(a)),
+            ..
+        }) => canal_bench::isolation::run_b14(a),
         Command::Bench(b) => canal_bench::run(&b.args),
         Command::Vm(c) => canal_vm::cli::run_command(c),
     }
