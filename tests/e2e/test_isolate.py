@@ -7,7 +7,9 @@ namespace, and checks the boundary from both sides: the guest never reaches the 
 loopback or another guest's, and the host reaches a guest only on a published port."""
 
 import errno
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -388,3 +390,91 @@ def test_a_process_that_moves_keeps_old_sockets_and_makes_new_ones_there(canald,
     assert r.returncode == 0, r.describe()
     assert _lines(r)[0] == "before HOST 127.0.0.1", r.describe()
     assert _lines(r)[1] in (f"after {errno.ENETUNREACH}", f"after {errno.ECONNREFUSED}"), r.describe()
+
+
+SERVE_ONCE = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(4)
+print("ready", flush=True)
+c, a = s.accept(); c.sendall(f"container {a[0]}\n".encode()); c.close()
+"""
+
+
+def _oci_state(pid, publish, cid="c0ffee123"):
+    return json.dumps({"ociVersion": "1.0.2", "id": cid, "status": "created", "pid": pid, "bundle": "/nonexistent",
+                       "annotations": {"io.canal.publish": publish}})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="nsenter into the test's namespace needs root")
+def test_oci_hook_registers_a_container(canald, procs, python):
+    """`canal oci-hook` as a runtime calls it: the OCI state on stdin names the
+    container's pid; its namespace is registered under ctr-<id> with the annotation's
+    ports, so a program in it is reachable on the published port; the registration
+    ends with the container (a second container may then publish the same port)."""
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    ctr = procs.spawn(["unshare", "-n", python, "-c", "import time; print('up', flush=True); time.sleep(120)"], name="ctr")
+    ctr.wait_line("up", 10)
+    hook = [canald.canal_bin, "oci-hook", "--socket", canald.socket]
+    r = subprocess.run(hook, input=_oci_state(ctr.pid, f"{h}:{g}"), capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    srv = procs.spawn(["nsenter", "-t", str(ctr.pid), "-n", *canald.argv([python, "-c", SERVE_ONCE, g])], name="in-ctr")
+    srv.wait_line("ready", 30)
+    assert _connect("127.0.0.1", h) == "container 10.0.2.2"
+    assert _network_of(canald, srv)["name"] == "isolated:ctr-c0ffee123"
+    # While the container lives, its host port is taken.
+    other = procs.spawn(["unshare", "-n", "sleep", "60"], name="ctr2")
+    e2e_util.wait_for(lambda: _netns(other.pid) != _netns(os.getpid()), 5, what="the second namespace")
+    r = subprocess.run(hook, input=_oci_state(other.pid, f"{h}:{g}", "second"), capture_output=True, text=True, timeout=20)
+    assert r.returncode == 1 and "already published by isolated:ctr-c0ffee123" in r.stderr, r.stderr
+    assert srv.finish(20).returncode == 0, srv.describe()
+    ctr.stop()
+
+    def registered_again():
+        r = subprocess.run(hook, input=_oci_state(other.pid, f"{h}:{g}", "second"), capture_output=True, text=True,
+                           timeout=20)
+        return r.returncode == 0 or None
+
+    e2e_util.wait_for(registered_again, 10, interval=0.1, what="the first container's registration to end")
+    # Bad input fails the hook (the runtime then does not start the container).
+    for bad in ("not json", json.dumps({"id": "x"}), _oci_state(other.pid, "80")):
+        r = subprocess.run(hook, input=bad, capture_output=True, text=True, timeout=20)
+        assert r.returncode == 1 and r.stderr.startswith("canal oci-hook: "), r.stderr
+
+
+def _netns(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def test_podman_container_under_canal(canald, procs, python, tmp_path):
+    """A podman container (the host's root as its root filesystem, no image needed)
+    with --network=none, libcanal and the control socket mounted, and the hook: its
+    server is reachable on the published port. Skipped where podman cannot start a
+    container."""
+    podman = shutil.which("podman")
+    if not podman:
+        pytest.skip("podman is not installed")
+    probe = subprocess.run([podman, "run", "--rm", "--network=none", "--rootfs", "/", "true"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"podman cannot start a container here: {probe.stderr.strip()[-300:]}")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "canal.json").write_text(json.dumps({
+        "version": "1.0.0",
+        "hook": {"path": canald.canal_bin, "args": ["canal", "oci-hook", "--socket", canald.socket]},
+        "when": {"annotations": {"^io\\.canal\\.publish$": ".*"}},
+        "stages": ["createRuntime"],
+    }))
+    lib = str(Path(canald.canal_bin).with_name("libcanal.so"))
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    d = os.path.dirname(canald.socket)
+    p = procs.spawn([podman, "--hooks-dir", str(hooks), "run", "--rm", "--network=none", "--rootfs", "/",
+                     "-v", f"{d}:{d}", "-e", f"LD_PRELOAD={lib}", "-e", f"CANAL_SOCKET={canald.socket}",
+                     "--annotation", f"io.canal.publish={h}:{g}", python, "-c", SERVE_ONCE, str(g)], name="podman")
+    p.wait_line("ready", 60)
+    assert _connect("127.0.0.1", h) == "container 10.0.2.2"
+    assert p.finish(30).returncode == 0, p.describe()

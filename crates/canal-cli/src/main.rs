@@ -9,6 +9,7 @@
 mod dnsfwd;
 mod elfcheck;
 mod isolate;
+mod oci_hook;
 mod run;
 mod stdfds;
 
@@ -41,6 +42,10 @@ enum Command {
     /// QEMU guests over canal (docs/vm.md)
     #[command(subcommand)]
     Vm(canal_vm::cli::VmCommand),
+    /// OCI runtime hook (createRuntime/prestart): registers a container's network
+    /// namespace and its io.canal.publish ports with canald (docs/isolation.md)
+    #[command(name = "oci-hook")]
+    OciHook(oci_hook::OciHookArgs),
 }
 
 #[derive(Args, Debug)]
@@ -122,5 +127,6 @@ fn canal_main() -> i32 {
         }) => canal_bench::isolation::run_b14(a),
         Command::Bench(b) => canal_bench::run(&b.args),
         Command::Vm(c) => canal_vm::cli::run_command(c),
+        Command::OciHook(a) => oci_hook::run(a),
     }
 }

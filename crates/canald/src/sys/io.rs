@@ -73,7 +73,7 @@ pub(crate) fn ignore_sigpipe() {
 }
 
 /// A pidfd for `pid` (readable once the process has exited).
-pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     let pid = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
