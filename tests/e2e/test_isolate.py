@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -478,3 +479,33 @@ def test_podman_container_under_canal(canald, procs, python, tmp_path):
     p.wait_line("ready", 60)
     assert _connect("127.0.0.1", h) == "container 10.0.2.2"
     assert p.finish(30).returncode == 0, p.describe()
+
+
+GUEST_UDP_PRIVATE = r"""
+import socket, sys
+port = int(sys.argv[1])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", port))
+print("ready", flush=True)
+sys.stdin.readline()
+v = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); v.sendto(b"own", ("127.0.0.1", port))
+u.settimeout(5)
+d, a = u.recvfrom(100)
+print("got", d.decode(), a[0], flush=True)
+"""
+
+
+def test_unpublished_datagram_port_takes_only_its_own(canald, procs, python):
+    """A host process that sends to a guest's unpublished UDP port on its private
+    loopback is dropped; the guest's own datagram arrives (first, and only it)."""
+    g = e2e_util.free_port()
+    p = procs.spawn(isolated(canald, [python, "-c", GUEST_UDP_PRIVATE, g], name="udp"), name="udp",
+                    stdin=subprocess.PIPE)
+    p.wait_line("ready", 30)
+    lo = _network_of(canald, p)["loopback"]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(3):
+        s.sendto(b"intruder", (lo, g))
+    time.sleep(0.3)
+    p.send_line("")
+    r = p.finish(20)
+    assert r.returncode == 0 and _lines(r)[-1] == "got own 127.0.0.1", r.describe()

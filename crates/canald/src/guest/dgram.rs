@@ -147,6 +147,15 @@ impl Guest {
                 }
                 let Some(fd) = &s.fd else { return Ok(()) };
                 match sys::recvfrom(fd, &mut self.scratch) {
+                    // A datagram socket on a network's private loopback takes datagrams
+                    // from its own network only (a host process that found it is not).
+                    Ok(Some((_, src)))
+                        if s.net
+                            .private_bound()
+                            .is_some_and(|n| !src.is_some_and(|a| n.admits(PROTO_UDP, &a))) =>
+                    {
+                        continue;
+                    }
                     Ok(Some((n, src))) => {
                         let src = src.map(|a| translate_host_addr(&view, &a));
                         *s.pending_dgram().ok_or(Corrupt)? =

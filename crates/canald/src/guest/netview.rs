@@ -290,17 +290,18 @@ impl NetView {
         }
     }
 
-    /// Whether an unpublished listener may accept a connection from `peer` (a host
-    /// address): only from the network's own connections (autobound on `lo`, or
-    /// bound there by the guest).
-    pub(crate) fn admits(&self, peer: &CanalAddr) -> bool {
+    /// Whether a socket of this network bound on `lo` (an unpublished listener, a
+    /// datagram socket) may take a connection or datagram from `peer` (a host
+    /// address): only from the network's own sockets — TCP ones autobound on `lo` or
+    /// bound there by the guest, UDP ones bound there.
+    pub(crate) fn admits(&self, proto: u8, peer: &CanalAddr) -> bool {
         if !is_v4(peer, self.lo) {
             return false;
         }
         let t = self.table();
-        t.clients.contains_key(&peer.port)
+        (proto == PROTO_TCP && t.clients.contains_key(&peer.port))
             || t.bound
-                .get(&(PROTO_TCP, peer.port))
+                .get(&(proto, peer.port))
                 .is_some_and(|b| b.host.ip4() == self.lo)
     }
 
@@ -369,8 +370,8 @@ impl NetTie {
         }
     }
 
-    /// A listener bound on `lo` (not published): it admits only its own network.
-    pub(crate) fn private_listener(&self) -> Option<&Arc<NetView>> {
+    /// A socket bound on `lo` (not published): it admits only its own network.
+    pub(crate) fn private_bound(&self) -> Option<&Arc<NetView>> {
         match &self.tie {
             Some((
                 n,
@@ -490,7 +491,7 @@ mod tests {
             host
         );
         assert_eq!(tie.guest_name(), Some(v4([0; 4], 81)));
-        assert!(tie.private_listener().is_some());
+        assert!(tie.private_bound().is_some());
         drop(tie);
         assert_eq!(
             n.dest(&v4(LOOPBACK4, 81), PROTO_TCP),
@@ -510,7 +511,7 @@ mod tests {
         );
         let mut tie = n.record_bind(PROTO_TCP, v4([0; 4], 80), &host);
         tie.listened();
-        assert!(tie.private_listener().is_none());
+        assert!(tie.private_bound().is_none());
         assert_eq!(n.dest(&v4(LOOPBACK4, 80), PROTO_TCP).unwrap().addr, host);
         assert_eq!(n.local(&v4(LOOPBACK4, 18080)), v4(GUEST_SELF_ADDR, 80));
         assert_eq!(n.local(&v4([127, 100, 0, 7], 80)), v4(LOOPBACK4, 80));
@@ -531,17 +532,23 @@ mod tests {
     }
 
     #[test]
-    fn clients_admitted_by_private_listeners() {
+    fn only_own_sockets_are_admitted() {
         let n = net();
         let c = n.record_client(40001);
-        assert!(n.admits(&v4([127, 100, 0, 7], 40001)));
+        let lo = [127, 100, 0, 7];
+        assert!(n.admits(PROTO_TCP, &v4(lo, 40001)));
+        assert!(!n.admits(PROTO_TCP, &v4(lo, 40002)), "a host process on lo");
+        assert!(!n.admits(PROTO_TCP, &v4(LOOPBACK4, 40001)));
         assert!(
-            !n.admits(&v4([127, 100, 0, 7], 40002)),
-            "a host process on lo"
+            !n.admits(PROTO_UDP, &v4(lo, 40001)),
+            "a TCP client is no UDP peer"
         );
-        assert!(!n.admits(&v4(LOOPBACK4, 40001)));
         drop(c);
-        assert!(!n.admits(&v4([127, 100, 0, 7], 40001)));
+        assert!(!n.admits(PROTO_TCP, &v4(lo, 40001)));
+        let host = n.bind(&v4([0; 4], 5353), PROTO_UDP).unwrap();
+        let u = n.record_bind(PROTO_UDP, v4([0; 4], 5353), &host);
+        assert!(n.admits(PROTO_UDP, &v4(lo, 5353)));
+        assert!(u.private_bound().is_some());
     }
 
     #[test]

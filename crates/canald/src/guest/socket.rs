@@ -341,8 +341,8 @@ pub(crate) fn accept_one(s: &mut HostSocket) -> Accepted {
         // connections: a host process that found its private loopback is reset.
         Ok(Some((c, p)))
             if s.net
-                .private_listener()
-                .is_some_and(|n| !p.as_ref().is_some_and(|p| n.admits(p))) =>
+                .private_bound()
+                .is_some_and(|n| !p.as_ref().is_some_and(|p| n.admits(PROTO_TCP, p))) =>
         {
             let _ = sys::set_abortive_close(&c, true);
             Accepted::Again
