@@ -15,7 +15,14 @@ pub(crate) fn translate_guest_addr(
     proto: u8,
 ) -> Result<Dest, i32> {
     let d = match &guest.net {
-        Some(n) => n.dest(a, proto)?,
+        Some(n) => match n.dest(a, proto) {
+            // An own port the table does not know may be a seccomp-served program's.
+            Err(e) if e == errno::ECONNREFUSED => Dest {
+                addr: n.held_by_program(a, proto).ok_or(e)?,
+                own: true,
+            },
+            r => r?,
+        },
         None if is_private_lo(a) => return Err(errno::ECONNREFUSED),
         None => Dest {
             addr: *a,

@@ -150,9 +150,11 @@ impl Guest {
                     // A datagram socket on a network's private loopback takes datagrams
                     // from its own network only (a host process that found it is not).
                     Ok(Some((_, src)))
-                        if s.net
-                            .private_bound()
-                            .is_some_and(|n| !src.is_some_and(|a| n.admits(PROTO_UDP, &a))) =>
+                        if s.net.private_bound().is_some_and(|n| {
+                            !src.is_some_and(|a| {
+                                n.admits_any(PROTO_UDP, &a, || sys::sockname(fd).ok())
+                            })
+                        }) =>
                     {
                         continue;
                     }

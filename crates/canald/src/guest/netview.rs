@@ -28,6 +28,7 @@ use canal_abi::errno;
 use canal_abi::CanalAddr;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub(crate) const PROTO_TCP: u8 = 6;
@@ -76,8 +77,38 @@ pub(crate) struct NetView {
     /// Where the guest's 10.0.2.3:53 goes (the host's resolver), if anywhere.
     pub(crate) dns: Option<CanalAddr>,
     table: Mutex<Table>,
+    /// What seccomp service did for the network's programs LD_PRELOAD cannot reach.
+    pub(crate) served: Served,
     /// Keeps the namespace (and so its identity) alive while guests use this view.
     _ns: Option<OwnedFd>,
+}
+
+/// Counters of the network's seccomp service (`crate::seccomp`), for `canal stat`.
+#[derive(Default, Debug)]
+pub(crate) struct Served {
+    /// Host sockets installed in the programs.
+    pub(crate) sockets: AtomicU64,
+    /// Notifications answered, and those let through unchanged.
+    pub(crate) calls: AtomicU64,
+    pub(crate) passed: AtomicU64,
+    /// Sockets replaced by one bound or connected where the view says.
+    pub(crate) replaced: AtomicU64,
+    /// Calls answered with an error.
+    pub(crate) errors: AtomicU64,
+}
+
+impl Served {
+    /// [sockets, calls, passed, replaced, errors].
+    pub(crate) fn snapshot(&self) -> [u64; 5] {
+        [
+            &self.sockets,
+            &self.calls,
+            &self.passed,
+            &self.replaced,
+            &self.errors,
+        ]
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 #[derive(Default, Debug)]
@@ -182,6 +213,7 @@ impl NetView {
             publish,
             dns,
             table: Mutex::new(Table::default()),
+            served: Served::default(),
             _ns: ns,
         }
     }
@@ -303,6 +335,49 @@ impl NetView {
             || t.bound
                 .get(&(proto, peer.port))
                 .is_some_and(|b| b.host.ip4() == self.lo)
+    }
+
+    /// `admits`, or a socket the kernel has at `peer` owned by canald's uid — one a
+    /// seccomp-served program holds, which canald keeps no entry for. `local`: the
+    /// admitting socket's host address (the peer's remote end).
+    pub(crate) fn admits_any(
+        &self,
+        proto: u8,
+        peer: &CanalAddr,
+        local: impl FnOnce() -> Option<CanalAddr>,
+    ) -> bool {
+        if self.admits(proto, peer) {
+            return true;
+        }
+        if !is_v4(peer, self.lo) {
+            return false;
+        }
+        let remote = local().map(|l| CanalAddr::v4(v4_of(&l).unwrap_or(self.lo), l.port));
+        self.kernel_holds(proto, self.lo, peer.port, remote.as_ref())
+    }
+
+    /// Whether the kernel has a socket of canald's uid at `ip:port` (a listener for
+    /// TCP when `remote` is None).
+    fn kernel_holds(&self, proto: u8, ip: [u8; 4], port: u16, remote: Option<&CanalAddr>) -> bool {
+        let at = CanalAddr::v4(ip, port);
+        matches!(crate::sys::diag_lookup(proto, &at, remote),
+            Ok(Some((found, uid))) if is_v4(&found, ip) && found.port == port
+                && uid == crate::sys::getuid())
+    }
+
+    /// For an own destination no table entry names: the host address of a socket a
+    /// seccomp-served program of this network bound there (on the private loopback, or
+    /// its published address; listening, for TCP), if the kernel has one.
+    pub(crate) fn held_by_program(&self, a: &CanalAddr, proto: u8) -> Option<CanalAddr> {
+        if !is_own(a) {
+            return None;
+        }
+        let (ip, port) = match self.published(proto, a.port) {
+            Some(p) => (p.host_ip, p.host_port),
+            None => (self.lo, a.port),
+        };
+        self.kernel_holds(proto, ip, port, None)
+            .then(|| in_family(a, ip, port))
     }
 
     /// Host → guest, a peer (getpeername, accept, recvfrom): `lo` is the guest's own

@@ -340,9 +340,10 @@ pub(crate) fn accept_one(s: &mut HostSocket) -> Accepted {
         // An unpublished listener of a guest network admits only that network's own
         // connections: a host process that found its private loopback is reset.
         Ok(Some((c, p)))
-            if s.net
-                .private_bound()
-                .is_some_and(|n| !p.as_ref().is_some_and(|p| n.admits(PROTO_TCP, p))) =>
+            if s.net.private_bound().is_some_and(|n| {
+                !p.as_ref()
+                    .is_some_and(|p| n.admits_any(PROTO_TCP, p, || sys::sockname(fd).ok()))
+            }) =>
         {
             let _ = sys::set_abortive_close(&c, true);
             Accepted::Again

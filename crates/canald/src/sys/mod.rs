@@ -4,6 +4,7 @@
 //! it relies on. Everything else in the crate is `forbid(unsafe_code)`.
 #![allow(unsafe_code)]
 
+mod diag;
 mod epoll;
 mod inet;
 mod io;
@@ -13,6 +14,7 @@ mod process;
 mod unix;
 mod util;
 
+pub use diag::*;
 pub use epoll::*;
 pub(crate) use inet::*;
 pub use io::*;
