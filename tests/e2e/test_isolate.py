@@ -509,3 +509,134 @@ def test_unpublished_datagram_port_takes_only_its_own(canald, procs, python):
     p.send_line("")
     r = p.finish(20)
     assert r.returncode == 0 and _lines(r)[-1] == "got own 127.0.0.1", r.describe()
+
+
+# ---- programs LD_PRELOAD cannot reach: static and Go, served by seccomp notification ---
+
+@pytest.fixture(scope="module")
+def netstatic(tmp_path_factory):
+    """tests/e2e/progs/netstatic.c built with gcc -static."""
+    gcc = shutil.which("gcc")
+    if not gcc:
+        pytest.skip("gcc is not installed")
+    out = tmp_path_factory.mktemp("static") / "netstatic"
+    r = subprocess.run([gcc, "-static", "-O1", "-o", str(out), str(PROGS / "netstatic.c")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot link statically here: {r.stderr.strip()[-300:]}")
+    os.chmod(out.parent, 0o755)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def netgo(tmp_path_factory):
+    """tests/e2e/progs/netgo.go built with CGO_ENABLED=0 (a static Go binary)."""
+    go = shutil.which("go")
+    if not go:
+        pytest.skip("go is not installed (golang-go)")
+    d = tmp_path_factory.mktemp("go")
+    out = d / "netgo"
+    env = dict(os.environ, CGO_ENABLED="0", GOCACHE=str(d / "cache"), HOME=str(d), GO111MODULE="off",
+               GOFLAGS="")
+    r = subprocess.run([go, "build", "-o", str(out), str(PROGS / "netgo.go")], capture_output=True, text=True,
+                       env=env, timeout=240)
+    assert r.returncode == 0, r.stderr
+    os.chmod(d, 0o755)
+    return str(out)
+
+
+def test_static_program_reaches_the_host_and_nothing_else(canald, procs, python, netstatic):
+    """A static binary inside --isolate: the host is 10.0.2.2 (and it is 10.0.2.15),
+    UDP as well; 127.0.0.1 is its own, empty; no warning (it is served); canal stat
+    counts its seccomp-served sockets."""
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    udp = procs.spawn([python, "-c", UDP_ECHO], name="udp-echo")
+    uport = int(udp.wait_line("port", 10).split()[1])
+    p = procs.spawn(isolated(canald, ["sh", "-c",
+                                      f"{netstatic} dial 10.0.2.2 {port}; {netstatic} dial 127.0.0.1 {port}; "
+                                      f"{netstatic} udp 10.0.2.2 {uport}; {netstatic} udpself {uport}; "
+                                      "echo done; read x"], name="static"), name="static", stdin=subprocess.PIPE)
+    p.wait_line("done", 30)
+    out = [l for l in p.stdout().splitlines() if l]
+    assert out[0].startswith("got HOST 127.0.0.1 | local 10.0.2.15:") and out[0].endswith(f"peer 10.0.2.2:{port}"), p.describe()
+    assert out[1] == f"udp pong:ping from 10.0.2.2:{uport}", p.describe()
+    assert out[2].startswith("udpself own from 127.0.0.1:"), p.describe()
+    assert "connect: Connection refused" in p.stderr(), p.describe()
+    assert "statically linked" not in p.stderr(), "a served program gets no warning"
+    nets = [n for n in canald.stat().get("networks", []) if n["name"] == "isolated:static"]
+    assert nets and nets[0]["seccomp"]["sockets"] >= 4, canald.stat()
+    p.send_line("")
+    assert p.finish(20).returncode == 0, p.describe()
+
+
+UDP_ECHO = r"""
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0))
+print("port", s.getsockname()[1], flush=True)
+while True:
+    d, a = s.recvfrom(100); s.sendto(b"pong:" + d, a)
+"""
+
+
+def test_static_and_canal_programs_share_one_network(canald, procs, python, netstatic):
+    """In one namespace a static server and clients of both kinds: each reaches the
+    other as 127.0.0.1 (a canal server from a static client, a static server from a
+    canal client and a static one); the host reaches the static server only on its
+    published port, not on the private loopback."""
+    g, h, g2 = e2e_util.free_port(), e2e_util.free_port(), e2e_util.free_port()
+    script = (f"{netstatic} serve {g} 3 & "
+              f"{python} -c \"$1\" {g2} & "
+              f"sleep 1; {netstatic} dial 127.0.0.1 {g}; "
+              f"{python} -c 'import socket,sys; c=socket.create_connection((\"127.0.0.1\", {g})); "
+              f"print(\"canal-client\", c.recv(100).decode().strip())'; "
+              f"{netstatic} dial 127.0.0.1 {g2}; echo all-done; wait")
+    p = procs.spawn(isolated(canald, ["sh", "-c", script, "sh", SERVE_ONCE], publish=[f"{h}:{g}"], name="mixed"),
+                    name="mixed")
+    p.wait_line("all-done", 30)
+    out = p.stdout()
+    assert f"listening [::]:{g}" in out, p.describe()
+    assert "got static [::ffff:127.0.0.1]:" in out, p.describe()
+    assert "canal-client static [::ffff:127.0.0.1]:" in out, p.describe()
+    assert f"got container 127.0.0.1 | local 127.0.0.1:" in out, "a static client of a canal server"
+    lo = next(n["loopback"] for n in canald.stat()["networks"] if n["name"] == "isolated:mixed")
+    got = _connect(lo, g)
+    assert got.startswith("error") or got == "", f"the host reached the unpublished static server: {got}"
+    assert _connect("127.0.0.1", h).startswith("static [::ffff:10.0.2.2]:")
+    assert p.finish(20).returncode == 0, p.describe()
+
+
+def test_go_program_dials_listens_and_resolves(procs, canal_bin, python, netgo):
+    """A static Go binary (CGO_ENABLED=0: the runtime's own system calls) inside
+    --isolate dials the host, resolves through 10.0.2.3 with Go's own resolver, and
+    serves a published port and its own clients."""
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    dns = procs.spawn([python, "-c", DNS_SERVER], name="dns")
+    dport = int(dns.wait_line("port", 10).split()[1])
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    with serving_canald(canal_bin, procs, args=["--dns", f"127.0.0.1:{dport}"]) as d:
+        r = procs.run(isolated(d, ["sh", "-c", f"{netgo} dial 10.0.2.2:{port}; {netgo} resolve go.example.test"]),
+                      timeout=60)
+        assert r.returncode == 0, r.describe()
+        lines = _lines(r)
+        assert lines[0].startswith("got HOST 127.0.0.1 local 10.0.2.15:"), r.describe()
+        assert lines[0].endswith(f"remote 10.0.2.2:{port}"), r.describe()
+        assert lines[1] == "resolved [192.0.2.7]", r.describe()
+        p = procs.spawn(isolated(d, ["sh", "-c", f"{netgo} serve {g} 2 & sleep 1; {netgo} dial 127.0.0.1:{g}; wait"],
+                                 publish=[f"{h}:{g}"]), name="go-serve")
+        p.wait_line("got go", 30)
+        assert _connect("127.0.0.1", h).startswith("go 10.0.2.2:")
+        r = p.finish(20)
+        assert r.returncode == 0, r.describe()
+        assert f"listening [::]:{g}" in r.stdout and f"remote 127.0.0.1:{g}" in r.stdout, r.describe()
+
+
+def test_without_seccomp_a_static_program_is_warned_and_has_no_way_out(canald, procs, python, netstatic):
+    """--no-seccomp: the static program gets canal run's warning and only the
+    namespace's own loopback."""
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    r = procs.run(isolated(canald, [netstatic, "dial", "10.0.2.2", port], extra=["--no-seccomp"]), timeout=60)
+    assert r.returncode == 1 and "statically linked" in r.stderr, r.describe()
+    assert "Network is unreachable" in r.stderr, r.describe()

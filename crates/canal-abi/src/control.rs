@@ -64,6 +64,12 @@ pub mod kind {
     /// addresses), `dns_ip [u8; 4], dns_port u16` (where the guest's 10.0.2.3:53
     /// goes; port 0: nowhere), two zero bytes.
     pub const NETWORK_OK: u16 = 18;
+    /// host tool → host, on a connection that sent NETWORK: empty body + SCM_RIGHTS
+    /// [a seccomp user-notification listener] of the filter the tool installed in the
+    /// network's program (protocol.md §2): canald serves its notified socket calls
+    /// through the network's view. Reply: SECCOMP_OK (empty) or ERROR.
+    pub const SECCOMP: u16 = 19;
+    pub const SECCOMP_OK: u16 = 20;
 }
 
 /// NETWORK body: `flags u32` (0), `npublish u32`, `name [u8; 32]` (as a VM name), then

@@ -24,6 +24,8 @@ pub(crate) struct Isolation<'a> {
     pub(crate) socket: &'a Path,
     pub(crate) name: String,
     pub(crate) publish: Vec<canald::guest::netview::Publish>,
+    /// Serve programs LD_PRELOAD cannot reach (static, Go) by seccomp notification.
+    pub(crate) seccomp: bool,
 }
 
 fn last_err(what: &str) -> io::Error {
@@ -81,17 +83,18 @@ pub(crate) fn run(mut cmd: Command, iso: Isolation) -> i32 {
     if pid == 0 {
         drop(ready_r);
         drop(go_w);
-        child(&mut cmd, &resolv, ready_w, go_r);
+        child(&mut cmd, &resolv, iso.seccomp, ready_w, go_r);
     }
     drop(ready_w);
     drop(go_r);
     // The child's report: its resolver sockets on success, else its error text.
     let mut text = vec![0u8; 4096];
-    let resolver = match canald::sys::recv_with_fds(&ready_r, &mut text) {
-        Ok(Some(r)) if r.fds.len() == 2 => {
+    let (resolver, listener) = match canald::sys::recv_with_fds(&ready_r, &mut text) {
+        Ok(Some(r)) if r.fds.len() >= 2 => {
             let mut fds = r.fds.into_iter();
             let udp = UdpSocket::from(fds.next().expect("two"));
-            (udp, TcpListener::from(fds.next().expect("two")))
+            let tcp = TcpListener::from(fds.next().expect("two"));
+            ((udp, tcp), fds.next())
         }
         Ok(r) => {
             let text = String::from_utf8_lossy(&text[..r.map_or(0, |r| r.len)]);
@@ -115,6 +118,10 @@ pub(crate) fn run(mut cmd: Command, iso: Isolation) -> i32 {
     let handle = std::fs::File::open(format!("/proc/{pid}/ns/net"))
         .map(OwnedFd::from)
         .and_then(|ns| canald::network::register_network(iso.socket, &iso.name, &iso.publish, &ns));
+    let handle = handle.and_then(|h| match &listener {
+        Some(l) => h.serve_seccomp(l).map(|()| h),
+        None => Ok(h),
+    });
     let handle = match handle {
         Ok(h) => h,
         Err(e) => {
@@ -145,10 +152,20 @@ fn fail(e: io::Error) -> i32 {
 
 /// The child's side; never returns. A setup failure is written to `ready` for the
 /// parent to print; success closes it empty.
-fn child(cmd: &mut Command, resolv: &str, ready: OwnedFd, mut go: std::fs::File) -> ! {
+fn child(
+    cmd: &mut Command,
+    resolv: &str,
+    seccomp: bool,
+    ready: OwnedFd,
+    mut go: std::fs::File,
+) -> ! {
     use canald::sys::send_with_fds;
-    let sent = match setup(resolv) {
-        Ok((udp, tcp)) => send_with_fds(&ready, b"ok", &[udp.as_raw_fd(), tcp.as_raw_fd()], false),
+    let sent = match setup(resolv, seccomp) {
+        Ok((udp, tcp, l)) => {
+            let mut fds = vec![udp.as_raw_fd(), tcp.as_raw_fd()];
+            fds.extend(l.as_ref().map(|l| l.as_raw_fd()));
+            send_with_fds(&ready, b"ok", &fds, false)
+        }
         Err(e) => send_with_fds(&ready, e.to_string().as_bytes(), &[], false).and(Err(e)),
     };
     if sent.is_err() {
@@ -183,8 +200,9 @@ fn write_file(path: &str, text: &str) -> io::Result<()> {
 }
 
 /// In the child: the namespaces, the uid/gid maps, `lo` up with the resolver's
-/// address, the resolver's sockets (for canal run to serve), the resolver file.
-fn setup(resolv: &str) -> io::Result<(UdpSocket, TcpListener)> {
+/// address, the resolver's sockets (for canal run to serve), the resolver file, and
+/// last the seccomp filter whose listener canald serves.
+fn setup(resolv: &str, seccomp: bool) -> io::Result<(UdpSocket, TcpListener, Option<OwnedFd>)> {
     // SAFETY: plain system calls without pointers.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let user = uid != 0;
@@ -217,7 +235,25 @@ fn setup(resolv: &str) -> io::Result<(UdpSocket, TcpListener)> {
     let udp = UdpSocket::bind(at).map_err(bound)?;
     let tcp = TcpListener::bind(at).map_err(bound)?;
     bind_resolv(resolv)?;
-    Ok((udp, tcp))
+    let listener = if seccomp {
+        Some(install_filter()?)
+    } else {
+        None
+    };
+    Ok((udp, tcp, listener))
+}
+
+/// The filter of `canald::seccomp::filter` (x86-64 only: elsewhere, nothing).
+fn install_filter() -> io::Result<OwnedFd> {
+    if cfg!(target_arch = "x86_64") {
+        canald::sys::install_filter(&canald::seccomp::filter::filter_program())
+            .map_err(|e| io::Error::new(e.kind(), format!("installing the seccomp filter: {e}")))
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "seccomp service is x86-64 only here: use --no-seccomp",
+        ))
+    }
 }
 
 /// Puts `ip`/32 on `lo` (RTM_NEWADDR over rtnetlink).

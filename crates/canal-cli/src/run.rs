@@ -30,6 +30,10 @@ pub struct RunArgs {
         value_parser = canald::network::parse_publish
     )]
     publish: Vec<canald::guest::netview::Publish>,
+    /// With --isolate: do not serve programs LD_PRELOAD cannot reach (static, Go)
+    /// through seccomp user notification; they then have only the namespace's loopback
+    #[arg(long, requires = "isolate")]
+    no_seccomp: bool,
     /// With --isolate: the network's name in `canal stat` [default: run-PID]
     #[arg(long, requires = "isolate", value_name = "NAME", value_parser = parse_name)]
     name: Option<String>,
@@ -90,8 +94,11 @@ pub fn run(a: &RunArgs) -> i32 {
         eprintln!("canal run: {e}");
         return 1;
     }
-    if let Some(w) = crate::elfcheck::warning(&prog[0]) {
-        eprintln!("{w}");
+    // Inside --isolate, seccomp service reaches what LD_PRELOAD cannot.
+    if !a.isolate || a.no_seccomp {
+        if let Some(w) = crate::elfcheck::warning(&prog[0]) {
+            eprintln!("{w}");
+        }
     }
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
@@ -102,6 +109,9 @@ pub fn run(a: &RunArgs) -> i32 {
         .env("LD_PRELOAD", preload)
         .env("CANAL_SOCKET", &path);
     if a.isolate {
+        if !a.no_seccomp {
+            cmd.env("CANAL_SECCOMP", "1");
+        }
         let iso = crate::isolate::Isolation {
             socket: &path,
             name: a
@@ -109,6 +119,7 @@ pub fn run(a: &RunArgs) -> i32 {
                 .clone()
                 .unwrap_or_else(|| format!("run-{}", std::process::id())),
             publish: a.publish.clone(),
+            seccomp: !a.no_seccomp,
         };
         return crate::isolate::run(cmd, iso);
     }

@@ -25,7 +25,7 @@ impl Daemon {
         // nothing more: it cannot list other guests, make VM regions or publish ports.
         let host_only = matches!(
             k,
-            kind::STAT | kind::VM_REGION | kind::VM_PID | kind::NETWORK
+            kind::STAT | kind::VM_REGION | kind::VM_PID | kind::NETWORK | kind::SECCOMP
         );
         if host_only && conn.netns.is_some() {
             return send_error(
@@ -38,6 +38,7 @@ impl Daemon {
         match k {
             kind::HELLO => self.on_hello(key, body),
             kind::NETWORK => self.on_network(key, body, fds),
+            kind::SECCOMP => self.on_seccomp(key, fds),
             kind::PORT => self.on_port(key, body, fds),
             kind::DOORBELLS => self.doorbells(key),
             kind::STAT => self.on_stat(key, body),
@@ -166,6 +167,28 @@ impl Daemon {
                 send_msg(&conn.fd, kind::NETWORK_OK, &ok, &[]).is_ok()
             }
             Err((e, why)) => send_error(&conn.fd, e, &why).is_ok(),
+        }
+    }
+
+    /// SECCOMP: serve a registered network's seccomp-filtered programs.
+    fn on_seccomp(&mut self, key: u32, fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let Some(view) = self.networks.registered_view(key) else {
+            return send_error(&conn.fd, errno::EINVAL, "SECCOMP before NETWORK").is_ok();
+        };
+        let Some(l) = fds.into_iter().next().filter(sys::is_seccomp_listener) else {
+            return send_error(
+                &conn.fd,
+                errno::EINVAL,
+                "SECCOMP without a notification listener",
+            )
+            .is_ok();
+        };
+        match crate::seccomp::serve(l, view, self.cfg.loopback_only) {
+            Ok(()) => send_msg(&conn.fd, kind::SECCOMP_OK, &[], &[]).is_ok(),
+            Err(e) => send_error(&conn.fd, sys::errno_of(&e), "cannot serve it").is_ok(),
         }
     }
 

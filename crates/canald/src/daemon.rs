@@ -589,6 +589,12 @@ impl Daemon {
             config: Some(stat::ConfigStat::from_config(&self.cfg)),
             guests,
             workers,
+            networks: self
+                .networks
+                .views()
+                .iter()
+                .map(|n| stat::net_stat(n))
+                .collect(),
         }
     }
 

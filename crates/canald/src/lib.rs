@@ -33,6 +33,7 @@ pub mod ivshmem_server;
 pub mod logging;
 pub mod network;
 pub mod request;
+pub mod seccomp;
 pub mod sockopt;
 pub mod spawn;
 pub mod stat;

@@ -147,6 +147,16 @@ impl Networks {
         Ok(v)
     }
 
+    /// The view connection `key` registered.
+    pub(crate) fn registered_view(&self, key: u32) -> Option<Arc<NetView>> {
+        self.registered.get(&key).map(|(_, v)| v.clone())
+    }
+
+    /// Every live view (for `canal stat`).
+    pub(crate) fn views(&self) -> Vec<Arc<NetView>> {
+        self.all.iter().filter_map(Weak::upgrade).collect()
+    }
+
     /// Connection `key` closed: its registration goes (guests keep their view).
     pub(crate) fn forget_conn(&mut self, key: u32) {
         self.registered.remove(&key);
@@ -335,6 +345,16 @@ pub fn register_network(
         lo: ip(0),
         dns: (dns_port != 0).then(|| std::net::SocketAddrV4::new(ip(4), dns_port)),
     })
+}
+
+impl NetworkHandle {
+    /// SECCOMP: canald serves the programs under `listener` (the filter of
+    /// `crate::seccomp::filter`) through this network's view.
+    pub fn serve_seccomp(&self, listener: &OwnedFd) -> io::Result<()> {
+        use canal_abi::control::kind;
+        let fds = [listener.as_raw_fd()];
+        crate::client::roundtrip(&self.conn, kind::SECCOMP, &[], &fds, kind::SECCOMP_OK).map(|_| ())
+    }
 }
 
 #[cfg(test)]

@@ -54,6 +54,39 @@ pub(crate) struct NetStat {
     pub(crate) bound: u64,
     pub(crate) own_conns: u64,
     pub(crate) published: Vec<String>,
+    /// Programs served through seccomp user notification (static, Go): host sockets
+    /// installed, calls answered, let through, sockets replaced, errors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) seccomp: Option<SeccompStat>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct SeccompStat {
+    pub(crate) sockets: u64,
+    pub(crate) calls: u64,
+    pub(crate) passed: u64,
+    pub(crate) replaced: u64,
+    pub(crate) errors: u64,
+}
+
+/// A network's line in the listing.
+pub(crate) fn net_stat(n: &crate::guest::netview::NetView) -> NetStat {
+    let (bound, own_conns) = n.counts();
+    let [sockets, calls, passed, replaced, errors] = n.served.snapshot();
+    NetStat {
+        name: n.name.clone(),
+        loopback: std::net::Ipv4Addr::from(n.lo).to_string(),
+        bound: bound as u64,
+        own_conns: own_conns as u64,
+        published: n.publish.iter().map(crate::network::show).collect(),
+        seccomp: (calls > 0).then_some(SeccompStat {
+            sockets,
+            calls,
+            passed,
+            replaced,
+            errors,
+        }),
+    }
 }
 
 /// One poller's engine state and counters.
@@ -161,6 +194,8 @@ pub(crate) struct Snapshot {
     pub(crate) config: Option<ConfigStat>,
     pub(crate) guests: Vec<GuestStat>,
     pub(crate) workers: Vec<WorkerStat>,
+    /// Guest networks (VMs, isolated namespaces), with what seccomp service did.
+    pub(crate) networks: Vec<NetStat>,
 }
 
 /// "1.2.3.4:80", "[::1]:80", or "" when unknown.
@@ -221,16 +256,7 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         deferred_wakes: g.deferred_wakes,
         worker: 0,
         doorbell_kicks: g.doorbell.map(|d| d.kicks),
-        network: g.cfg.net.as_ref().map(|n| {
-            let (bound, own_conns) = n.counts();
-            NetStat {
-                name: n.name.clone(),
-                loopback: std::net::Ipv4Addr::from(n.lo).to_string(),
-                bound: bound as u64,
-                own_conns: own_conns as u64,
-                published: n.publish.iter().map(crate::network::show).collect(),
-            }
-        }),
+        network: g.cfg.net.as_deref().map(net_stat),
     }
 }
 
@@ -239,6 +265,7 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
 struct StatJson<'a> {
     daemon: DaemonJson<'a>,
     guests: Vec<GuestJson<'a>>,
+    networks: &'a [NetStat],
 }
 
 #[derive(Serialize)]
@@ -298,6 +325,7 @@ pub(crate) fn render_json(s: &Snapshot) -> String {
                 sockets: &g.sockets,
             })
             .collect(),
+        networks: &s.networks,
     };
     serde_json::to_string(&j).expect("the listing serializes")
 }
@@ -333,6 +361,21 @@ pub(crate) fn render_text(s: &Snapshot) -> String {
             w.c_v_ns,
             w.active,
             w.holds
+        );
+    }
+    for n in &s.networks {
+        let served = n.seccomp.as_ref().map_or(String::new(), |c| {
+            format!(
+                "  seccomp: sockets {} calls {} passed {} replaced {} errors {}",
+                c.sockets, c.calls, c.passed, c.replaced, c.errors
+            )
+        });
+        let _ = writeln!(
+            o,
+            "network {}  loopback {}  published [{}]{served}",
+            n.name,
+            n.loopback,
+            n.published.join(", ")
         );
     }
     for g in &s.guests {
@@ -393,6 +436,7 @@ mod tests {
             pid: 42,
             socket: "/tmp/x/canald.sock".into(),
             config: None,
+            networks: vec![],
             guests: vec![GuestStat {
                 id: 1,
                 pid: 1234,
@@ -455,7 +499,7 @@ mod tests {
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
              \"tx_bytes\":10,\"rx_bytes\":20,\"worker\":0},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\
-             \"rx_bytes\":0,\"worker\":1}]}]}"
+             \"rx_bytes\":0,\"worker\":1}]}],\"networks\":[]}"
         );
         let empty = Snapshot {
             pid: 1,
@@ -463,10 +507,11 @@ mod tests {
             config: None,
             guests: vec![],
             workers: vec![],
+            networks: vec![],
         };
         assert_eq!(
             render_json(&empty),
-            "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"workers\":[]},\"guests\":[]}"
+            "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"workers\":[]},\"guests\":[],\"networks\":[]}"
         );
     }
 
@@ -487,12 +532,13 @@ mod tests {
             config: Some(ConfigStat::from_config(&c)),
             guests: vec![],
             workers: vec![],
+            networks: vec![],
         };
         assert_eq!(
             render_json(&s),
             "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"config\":{\"notify\":\"sleep\",\
              \"batch\":false,\"coalesce\":\"fixed\",\"t_worst_us\":100,\"split_us\":25,\
-             \"workers\":1,\"shortcut\":false,\"zones\":false},\"workers\":[]},\"guests\":[]}"
+             \"workers\":1,\"shortcut\":false,\"zones\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
         );
         c.coalesce = crate::engine::CoalesceCfg::Off;
         let cs = ConfigStat::from_config(&c);

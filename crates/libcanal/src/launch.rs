@@ -17,8 +17,10 @@ use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
 /// The settings an exec'd image needs to find the same canald and wait the same way.
-const KEPT: [&[u8]; 7] = [
+const KEPT: [&[u8]; 8] = [
     b"CANAL_SOCKET",
+    // Set by `canal run --isolate`: canald serves static and Go programs by seccomp.
+    b"CANAL_SECCOMP",
     b"CANAL_NOTIFY",
     b"CANAL_SPIN",
     b"CANAL_LOG",
@@ -289,7 +291,9 @@ pub(crate) fn warn_if_unreachable(path: &CStr, fd: libc::c_int) {
     if own {
         let _ = sys::close(fd);
     }
-    if let Some(why) = why {
+    // Inside `canal run --isolate`, seccomp service reaches static and Go programs.
+    let served = crate::rt::env(c"CANAL_SECCOMP").is_some_and(|v| v == b"1");
+    if let Some(why) = why.filter(|w| !served || *w == canal_elf::WHY_SETID) {
         sys::log_fmt(format_args!("canal: {} {why}\n", path.to_string_lossy()));
     }
 }

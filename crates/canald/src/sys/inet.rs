@@ -139,9 +139,8 @@ pub(crate) fn shutdown(fd: &OwnedFd, how: i32) -> io::Result<()> {
     cvt(unsafe { libc::shutdown(fd.as_raw_fd(), how) }).map(|_| ())
 }
 
-/// Accepts one connection (non-blocking, close-on-exec) and its peer address.
-/// Ok(None): none pending.
-pub(crate) fn accept_inet(fd: &OwnedFd) -> io::Result<Option<(OwnedFd, Option<CanalAddr>)>> {
+/// accept4 on a descriptor that may block (a served program's listener).
+pub fn accept_flags(fd: &OwnedFd, flags: i32) -> io::Result<(OwnedFd, Option<CanalAddr>)> {
     let mut ss = zeroed_storage();
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes of address into `ss`.
@@ -150,11 +149,17 @@ pub(crate) fn accept_inet(fd: &OwnedFd) -> io::Result<Option<(OwnedFd, Option<Ca
             fd.as_raw_fd(),
             &mut ss as *mut _ as *mut libc::sockaddr,
             &mut len,
-            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            flags,
         )
     };
-    match cvt(r) {
-        Ok(c) => Ok(Some((owned(c), from_sockaddr(&ss)))),
+    Ok((owned(cvt(r)?), from_sockaddr(&ss)))
+}
+
+/// Accepts one connection (non-blocking, close-on-exec) and its peer address.
+/// Ok(None): none pending.
+pub(crate) fn accept_inet(fd: &OwnedFd) -> io::Result<Option<(OwnedFd, Option<CanalAddr>)>> {
+    match accept_flags(fd, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+        Ok(c) => Ok(Some(c)),
         Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
         Err(e) => Err(e),
     }

@@ -11,6 +11,7 @@ mod io;
 mod mem;
 mod netns;
 mod process;
+mod seccomp;
 mod unix;
 mod util;
 
@@ -21,5 +22,6 @@ pub use io::*;
 pub use mem::*;
 pub use netns::*;
 pub use process::*;
+pub use seccomp::*;
 pub use unix::*;
 pub(crate) use util::*;

@@ -1,0 +1,435 @@
+//! One handler per notified system call (x86-64 arguments). Each reads what it needs
+//! from the program (its descriptor by pidfd_getfd, its memory by process_vm_readv),
+//! performs the call on the host's side through the network's view, and answers.
+use super::ctx::{Ctx, MAX_BLOCKED};
+use super::filter::nr;
+use crate::guest::addr_view::{translate_guest_addr, translate_guest_bind};
+use crate::guest::addr_view::{translate_host_addr, translate_host_local};
+use crate::guest::netview::{in_family, is_v4, PROTO_TCP, PROTO_UDP};
+use crate::sys::{self, Notif};
+use canal_abi::{errno, CanalAddr};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// How a call is answered.
+enum Reply {
+    Value(i64),
+    Errno(i32),
+    /// Run it as the program made it (a descriptor that is not a host socket).
+    Continue,
+    /// Answered already (ADDFD with SECCOMP_ADDFD_FLAG_SEND).
+    Done,
+}
+
+/// The calling thread, pinned: a pidfd taken while the notification was pending.
+struct Caller {
+    pid: u32,
+    pidfd: OwnedFd,
+}
+
+type Res<T> = Result<T, i32>;
+
+fn errno_of(e: std::io::Error) -> i32 {
+    sys::errno_of(&e)
+}
+
+pub(super) fn handle(ctx: &Arc<Ctx>, n: Notif) {
+    let Ok(pidfd) = sys::pidfd_of_thread(n.pid) else {
+        return; // gone
+    };
+    if !sys::notif_valid(&ctx.listener, n.id) {
+        return; // the pid may name another task now
+    }
+    let c = Caller { pid: n.pid, pidfd };
+    if blocks(ctx, &c, &n) {
+        if ctx.blocked.fetch_add(1, Ordering::AcqRel) >= MAX_BLOCKED {
+            ctx.blocked.fetch_sub(1, Ordering::AcqRel);
+            answer(ctx, n.id, Reply::Errno(errno::EAGAIN));
+            return;
+        }
+        let t = ctx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("canald-seccomp-call".into())
+            .spawn(move || {
+                let r = dispatch(&t, &c, &n);
+                answer(&t, n.id, r);
+                t.blocked.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            // Nothing ran: the caller gets EAGAIN.
+            ctx.blocked.fetch_sub(1, Ordering::AcqRel);
+            answer(ctx, n.id, Reply::Errno(errno::EAGAIN));
+        }
+        return;
+    }
+    let r = dispatch(ctx, &c, &n);
+    answer(ctx, n.id, r);
+}
+
+fn answer(ctx: &Ctx, id: u64, r: Reply) {
+    let s = &ctx.net.served;
+    s.calls.fetch_add(1, Ordering::Relaxed);
+    let _ = match r {
+        Reply::Value(v) => sys::notif_send(&ctx.listener, id, Ok(v)),
+        Reply::Errno(e) => {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+            sys::notif_send(&ctx.listener, id, Err(e))
+        }
+        Reply::Continue => {
+            s.passed.fetch_add(1, Ordering::Relaxed);
+            sys::notif_continue(&ctx.listener, id)
+        }
+        Reply::Done => Ok(()),
+    };
+}
+
+fn dispatch(ctx: &Ctx, c: &Caller, n: &Notif) -> Reply {
+    let a = n.args;
+    let r = match n.nr {
+        nr::SOCKET => socket(ctx, n, a[0] as i32, a[1] as i32, a[2] as i32),
+        nr::CONNECT => connect(ctx, c, n, a[0] as i32, a[1], a[2]),
+        nr::BIND => bind(ctx, c, n, a[0] as i32, a[1], a[2]),
+        nr::ACCEPT => accept(ctx, c, n, a[0] as i32, a[1], a[2], 0),
+        nr::ACCEPT4 => accept(ctx, c, n, a[0] as i32, a[1], a[2], a[3] as i32),
+        nr::GETSOCKNAME | nr::GETPEERNAME => name(ctx, c, n, a[0] as i32, a[1], a[2]),
+        nr::SENDTO => sendto(ctx, c, n, a),
+        nr::RECVFROM => recvfrom(ctx, c, n, a),
+        nr::SETSOCKOPT => v6only(ctx, c, a[0] as i32, a[3], a[4]),
+        _ => Ok(Reply::Continue),
+    };
+    r.unwrap_or_else(Reply::Errno)
+}
+
+/// Whether the call may block (a blocking socket waiting for a peer): it is served on
+/// a thread of its own.
+fn blocks(ctx: &Ctx, c: &Caller, n: &Notif) -> bool {
+    let fd = n.args[0] as i32;
+    let waits = match n.nr {
+        nr::CONNECT | nr::ACCEPT | nr::ACCEPT4 => true,
+        nr::RECVFROM => n.args[3] as i32 & libc::MSG_DONTWAIT == 0,
+        _ => false,
+    };
+    waits
+        && host_socket(ctx, c, fd)
+            .ok()
+            .flatten()
+            .is_some_and(|s| sys::status_flags(&s).is_ok_and(|f| f & libc::O_NONBLOCK == 0))
+}
+
+/// The program's descriptor `fd` if it is a host socket (ours); None for anything
+/// else (its own namespace's sockets, files, Unix sockets).
+fn host_socket(ctx: &Ctx, c: &Caller, fd: i32) -> Res<Option<OwnedFd>> {
+    let s = sys::take_fd(&c.pidfd, fd).map_err(errno_of)?;
+    match sys::netns_cookie(&s) {
+        Ok(k) if k == ctx.own_cookie => Ok(Some(s)),
+        _ => Ok(None),
+    }
+}
+
+fn proto_of(s: &OwnedFd) -> u8 {
+    match sys::sockopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE) {
+        Ok(libc::SOCK_DGRAM) => PROTO_UDP,
+        _ => PROTO_TCP,
+    }
+}
+
+/// The network's private loopback as a socket of `family` names it, any port.
+fn own_source(ctx: &Ctx, family: u16) -> CanalAddr {
+    let like = CanalAddr {
+        family,
+        ..Default::default()
+    };
+    in_family(&like, ctx.net.lo, 0)
+}
+
+fn read_addr(c: &Caller, p: u64, len: u64) -> Res<CanalAddr> {
+    if len > 128 {
+        return Err(errno::EINVAL);
+    }
+    let b = sys::vm_read(c.pid, p, len as usize).map_err(|_| errno::EFAULT)?;
+    sys::addr_from_bytes(&b).ok_or(
+        if b.len() >= 2 && b[0] as i32 != libc::AF_INET && b[0] as i32 != libc::AF_INET6 {
+            libc::EAFNOSUPPORT
+        } else {
+            errno::EINVAL
+        },
+    )
+}
+
+/// Writes `a` into the program's (`p`, `lenp`) pair as the kernel would: at most the
+/// room it gave, and the full length back.
+fn write_addr(c: &Caller, p: u64, lenp: u64, a: &CanalAddr) -> Res<()> {
+    if p == 0 || lenp == 0 {
+        return Ok(());
+    }
+    let room = sys::vm_read(c.pid, lenp, 4).map_err(|_| errno::EFAULT)?;
+    let room = u32::from_ne_bytes(room.try_into().map_err(|_| errno::EFAULT)?) as usize;
+    let b = sys::addr_to_bytes(a);
+    sys::vm_write(c.pid, p, &b[..b.len().min(room)]).map_err(|_| errno::EFAULT)?;
+    sys::vm_write(c.pid, lenp, &(b.len() as u32).to_ne_bytes()).map_err(|_| errno::EFAULT)
+}
+
+/// socket(AF_INET/AF_INET6, STREAM/DGRAM): a host socket, bound to the network's
+/// private loopback from birth (the invariant, mod.rs), installed in the program.
+fn socket(ctx: &Ctx, n: &Notif, domain: i32, ty: i32, proto: i32) -> Res<Reply> {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    if base != libc::SOCK_STREAM && base != libc::SOCK_DGRAM {
+        return Ok(Reply::Continue); // raw, packet…: the namespace's own, empty, network
+    }
+    let s =
+        sys::socket_like(domain, base, proto, ty & libc::SOCK_NONBLOCK != 0).map_err(errno_of)?;
+    sys::bind(&s, &own_source(ctx, domain as u16)).map_err(errno_of)?;
+    sys::notif_addfd(
+        &ctx.listener,
+        n.id,
+        &s,
+        None,
+        ty & libc::SOCK_CLOEXEC != 0,
+        true,
+    )
+    .map_err(errno_of)?;
+    ctx.net.served.sockets.fetch_add(1, Ordering::Relaxed);
+    Ok(Reply::Done)
+}
+
+/// Options a program may have set before bind or connect, carried to the socket that
+/// replaces its first one.
+const CARRIED: [(i32, i32); 10] = [
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_IP, libc::IP_TOS),
+];
+
+/// A fresh, unbound socket like `s` (domain, type, protocol, O_NONBLOCK, the options
+/// above and SO_LINGER).
+fn fresh_like(s: &OwnedFd) -> Res<OwnedFd> {
+    let opt = |l, n| sys::sockopt_int(s, l, n).map_err(errno_of);
+    let (d, t, p) = (
+        opt(libc::SOL_SOCKET, libc::SO_DOMAIN)?,
+        opt(libc::SOL_SOCKET, libc::SO_TYPE)?,
+        opt(libc::SOL_SOCKET, libc::SO_PROTOCOL)?,
+    );
+    let nonblock = sys::status_flags(s).map_err(errno_of)? & libc::O_NONBLOCK != 0;
+    let f = sys::socket_like(d, t, p, nonblock).map_err(errno_of)?;
+    for (l, n) in CARRIED {
+        if let Ok(v) = sys::sockopt_int(s, l, n) {
+            let _ = sys::setsockopt_bytes(&f, l, n, &v.to_ne_bytes());
+        }
+    }
+    let mut linger = [0u8; 8];
+    if let Ok(k) = sys::getsockopt_bytes(s, libc::SOL_SOCKET, libc::SO_LINGER, &mut linger) {
+        let _ = sys::setsockopt_bytes(&f, libc::SOL_SOCKET, libc::SO_LINGER, &linger[..k]);
+    }
+    Ok(f)
+}
+
+/// Puts `s` at the program's descriptor number `fd` (keeping its close-on-exec flag).
+fn install_at(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, s: &OwnedFd) -> Res<()> {
+    let cloexec = std::fs::read_to_string(format!("/proc/{}/fdinfo/{fd}", c.pid))
+        .ok()
+        .and_then(|t| {
+            let f = t.lines().find_map(|l| l.strip_prefix("flags:"))?;
+            i64::from_str_radix(f.trim(), 8).ok()
+        })
+        .is_some_and(|f| f & libc::O_CLOEXEC as i64 != 0);
+    sys::notif_addfd(&ctx.listener, n.id, s, Some(fd as u32), cloexec, false).map_err(errno_of)?;
+    ctx.net.served.replaced.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether `s` is still bound to the network's private loopback.
+fn at_private(ctx: &Ctx, s: &OwnedFd) -> bool {
+    sys::sockname(s).is_ok_and(|a| is_v4(&a, ctx.net.lo))
+}
+
+fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<Reply> {
+    let Some(mut s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    let head = sys::vm_read(c.pid, p, 2.min(len as usize)).map_err(|_| errno::EFAULT)?;
+    if head.len() == 2 && u16::from_ne_bytes([head[0], head[1]]) == libc::AF_UNSPEC as u16 {
+        return sys::disconnect(&s)
+            .map(|_| Reply::Value(0))
+            .map_err(errno_of);
+    }
+    let a = read_addr(c, p, len)?;
+    let d = translate_guest_addr(&ctx.view(), &a, proto_of(&s))?;
+    if !d.own && at_private(ctx, &s) {
+        // Not the network's own: from an unbound socket, as the kernel picks (the host
+        // then sees 127.0.0.1 or its own address, as from any canal guest).
+        let f = fresh_like(&s)?;
+        install_at(ctx, c, n, fd, &f)?;
+        s = f;
+    }
+    match sys::connect(&s, &d.addr) {
+        Ok(()) => Ok(Reply::Value(0)),
+        Err(e) => Err(errno_of(e)),
+    }
+}
+
+fn bind(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    let a = read_addr(c, p, len)?;
+    let host = translate_guest_bind(&ctx.view(), &a, proto_of(&s))?;
+    let f = fresh_like(&s)?;
+    sys::bind(&f, &host).map_err(errno_of)?;
+    let mut name = a;
+    if name.port == 0 {
+        name.port = sys::sockname(&f).map_or(0, |b| b.port);
+    }
+    install_at(ctx, c, n, fd, &f)?;
+    remember_name(ctx, &f, name);
+    Ok(Reply::Value(0))
+}
+
+/// The name a program bound, for getsockname while the socket is unconnected (the
+/// wildcard stays the wildcard). Bounded: a full table starts over.
+fn remember_name(ctx: &Ctx, s: &OwnedFd, name: CanalAddr) {
+    let Ok(ino) = sys::inode_of(s) else { return };
+    let mut m = ctx.names.lock().unwrap_or_else(|e| e.into_inner());
+    if m.len() >= 65536 {
+        m.clear();
+    }
+    m.insert(ino, name);
+}
+
+fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    let view = ctx.view();
+    let a = if n.nr == nr::GETSOCKNAME {
+        let bound = sys::inode_of(&s).ok().and_then(|i| {
+            let m = ctx.names.lock().unwrap_or_else(|e| e.into_inner());
+            m.get(&i).copied()
+        });
+        match bound.filter(|_| sys::peername(&s).is_err()) {
+            Some(b) => b,
+            None => translate_host_local(&view, &sys::sockname(&s).map_err(errno_of)?),
+        }
+    } else {
+        translate_host_addr(&view, &sys::peername(&s).map_err(errno_of)?)
+    };
+    write_addr(c, p, lenp, &a)?;
+    Ok(Reply::Value(0))
+}
+
+/// Whether a connection or datagram from `peer` may reach a socket bound at `local`
+/// on the private loopback: only from the network's own sockets.
+fn admitted(ctx: &Ctx, proto: u8, local: &CanalAddr, peer: &CanalAddr) -> bool {
+    !is_v4(local, ctx.net.lo) || ctx.net.admits_any(proto, peer, || Some(*local))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i32) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    let local = sys::sockname(&s).map_err(errno_of)?;
+    loop {
+        let (conn, peer) =
+            sys::accept_flags(&s, (flags & libc::SOCK_NONBLOCK) | libc::SOCK_CLOEXEC)
+                .map_err(errno_of)?;
+        let peer = peer.unwrap_or_default();
+        if !admitted(ctx, PROTO_TCP, &local, &peer) {
+            let _ = sys::set_abortive_close(&conn, true);
+            continue;
+        }
+        if !sys::notif_valid(&ctx.listener, n.id) {
+            return Ok(Reply::Done); // the caller went away: the connection closes
+        }
+        write_addr(c, p, lenp, &translate_host_addr(&ctx.view(), &peer))?;
+        let cloexec = flags & libc::SOCK_CLOEXEC != 0;
+        sys::notif_addfd(&ctx.listener, n.id, &conn, None, cloexec, true).map_err(errno_of)?;
+        ctx.net.served.sockets.fetch_add(1, Ordering::Relaxed);
+        return Ok(Reply::Done);
+    }
+}
+
+/// Largest datagram or chunk read from or written to the program in one call.
+const MAX_IO: usize = 1 << 20;
+
+fn sendto(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let fd = a[0] as i32;
+    let Some(mut s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    if proto_of(&s) == PROTO_TCP {
+        return Ok(Reply::Continue); // a stream ignores the address
+    }
+    let to = read_addr(c, a[4], a[5])?;
+    let d = match translate_guest_addr(&ctx.view(), &to, PROTO_UDP) {
+        Ok(d) => d,
+        // An own port nobody holds: the datagram is lost, as natively.
+        Err(e) if e == errno::ECONNREFUSED => return Ok(Reply::Value(a[2] as i64)),
+        Err(e) => return Err(e),
+    };
+    if !d.own && at_private(ctx, &s) {
+        let f = fresh_like(&s)?;
+        install_at(ctx, c, n, fd, &f)?;
+        s = f;
+    }
+    let data = sys::vm_read(c.pid, a[1], (a[2] as usize).min(MAX_IO)).map_err(|_| errno::EFAULT)?;
+    sys::send_to(&s, &data, a[3] as i32 | libc::MSG_NOSIGNAL, Some(&d.addr))
+        .map(|k| Reply::Value(k as i64))
+        .map_err(errno_of)
+}
+
+fn recvfrom(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
+        return Ok(Reply::Continue);
+    };
+    let proto = proto_of(&s);
+    let local = sys::sockname(&s).map_err(errno_of)?;
+    let blocking = sys::status_flags(&s).map_err(errno_of)? & libc::O_NONBLOCK == 0
+        && a[3] as i32 & libc::MSG_DONTWAIT == 0;
+    let mut buf = vec![0u8; (a[2] as usize).min(MAX_IO)];
+    loop {
+        if blocking {
+            // Wait here, then take the data only while the caller still waits for it.
+            let _ = sys::wait_readable(&s, 1000);
+            if !sys::notif_valid(&ctx.listener, n.id) {
+                return Ok(Reply::Done);
+            }
+        }
+        let (k, src) = match sys::recv_from(&s, &mut buf, a[3] as i32 | libc::MSG_DONTWAIT) {
+            Ok(r) => r,
+            Err(e) if blocking && e.raw_os_error() == Some(libc::EAGAIN) => continue,
+            Err(e) => return Err(errno_of(e)),
+        };
+        let src = src.unwrap_or_default();
+        if proto == PROTO_UDP && !admitted(ctx, PROTO_UDP, &local, &src) {
+            continue; // a datagram from outside the network to a private port
+        }
+        sys::vm_write(c.pid, a[1], &buf[..k.min(buf.len())]).map_err(|_| errno::EFAULT)?;
+        write_addr(c, a[4], a[5], &translate_host_addr(&ctx.view(), &src))?;
+        return Ok(Reply::Value(k as i64));
+    }
+}
+
+/// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY) on a host socket: its own addresses are
+/// carried on IPv4-mapped ones (docs/isolation.md), so dual stack (0) is what it is
+/// already, and IPv6-only (1) is refused.
+fn v6only(ctx: &Ctx, c: &Caller, fd: i32, p: u64, len: u64) -> Res<Reply> {
+    if host_socket(ctx, c, fd)?.is_none() {
+        return Ok(Reply::Continue);
+    }
+    if len < 4 {
+        return Err(errno::EINVAL);
+    }
+    let v = sys::vm_read(c.pid, p, 4).map_err(|_| errno::EFAULT)?;
+    match i32::from_ne_bytes(v.try_into().map_err(|_| errno::EFAULT)?) {
+        0 => Ok(Reply::Value(0)),
+        _ => Err(errno::EINVAL),
+    }
+}
