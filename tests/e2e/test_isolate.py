@@ -536,8 +536,9 @@ def netgo(tmp_path_factory):
         pytest.skip("go is not installed (golang-go)")
     d = tmp_path_factory.mktemp("go")
     out = d / "netgo"
-    env = dict(os.environ, CGO_ENABLED="0", GOCACHE=str(d / "cache"), HOME=str(d), GO111MODULE="off",
-               GOFLAGS="")
+    # One build cache for every run of the suite (the mode reruns build it again).
+    cache = "/tmp/canal-e2e-gocache"
+    env = dict(os.environ, CGO_ENABLED="0", GOCACHE=cache, HOME=str(d), GO111MODULE="off", GOFLAGS="")
     r = subprocess.run([go, "build", "-o", str(out), str(PROGS / "netgo.go")], capture_output=True, text=True,
                        env=env, timeout=240)
     assert r.returncode == 0, r.stderr
@@ -640,3 +641,25 @@ def test_without_seccomp_a_static_program_is_warned_and_has_no_way_out(canald, p
     r = procs.run(isolated(canald, [netstatic, "dial", "10.0.2.2", port], extra=["--no-seccomp"]), timeout=60)
     assert r.returncode == 1 and "statically linked" in r.stderr, r.describe()
     assert "Network is unreachable" in r.stderr, r.describe()
+
+
+def test_isolate_starts_its_private_canald_outside(procs, canal_bin, python):
+    """No canald running: `canal run --isolate` starts the private one in its own
+    (the host's) namespace before making the program's, so the program reaches the
+    host — the finding was a daemon started inside the namespace, with no network."""
+    from canal_harness import short_tmpdir
+    port = e2e_util.free_port()
+    _host_server(procs, python, port, "HOST")
+    d = short_tmpdir()
+    sock = os.path.join(d, "canald.sock")
+    try:
+        prog = ("import socket,sys; c = socket.create_connection(('10.0.2.2', int(sys.argv[1])), timeout=10); "
+                "print(c.recv(100).decode().strip())")
+        r = procs.run([canal_bin, "run", "--socket", sock, "--isolate", "--", python, "-c", prog, port], timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == "HOST 127.0.0.1", r.describe()
+        pid = int(json.loads(subprocess.run([canal_bin, "stat", "--socket", sock, "--json"], capture_output=True,
+                                            text=True, timeout=10).stdout)["daemon"]["pid"])
+        assert _netns(pid) == _netns(os.getpid()), "the private canald runs in the host's namespace"
+    finally:
+        subprocess.run(["pkill", "-f", f"--socket {sock}"], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)

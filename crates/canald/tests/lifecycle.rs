@@ -29,7 +29,7 @@ fn guest_exit_closes_everything_within_a_second() {
     let mut gone = false;
     while t0.elapsed() < Duration::from_secs(1) {
         let s = d.stat();
-        if s.ends_with("\"guests\":[]}") {
+        if s.ends_with("\"guests\":[],\"networks\":[]}") {
             gone = true;
             break;
         }
