@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -663,3 +664,28 @@ def test_isolate_starts_its_private_canald_outside(procs, canal_bin, python):
     finally:
         subprocess.run(["pkill", "-f", f"--socket {sock}"], capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_served_program_killed_in_accept_frees_its_port(canald, procs, netstatic):
+    """A static server blocked in accept is killed: canald's waiting thread lets go
+    of the listener, so the published port can be taken again (within about a second),
+    as after a native server's death."""
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    first = procs.spawn(isolated(canald, [netstatic, "serve", g, 1], publish=[f"{h}:{g}"]), name="first")
+    first.wait_line("listening", 30)
+    time.sleep(0.3)  # it sits in accept
+    first.signal_group(signal.SIGKILL)
+    first.finish(10)
+
+    def again():
+        p = procs.spawn(isolated(canald, [netstatic, "serve", g, 1], publish=[f"{h}:{g}"]), name="again")
+        try:
+            p.wait_line("listening", 10)
+        except AssertionError:
+            p.finish(10)
+            return None
+        return p
+
+    p = e2e_util.wait_for(again, 5, interval=0.3, what="the published port to be free again")
+    assert _connect("127.0.0.1", h).startswith("static [::ffff:10.0.2.2]:")
+    assert p.finish(20).returncode == 0, p.describe()

@@ -35,8 +35,13 @@ fn errno_of(e: std::io::Error) -> i32 {
 }
 
 pub(super) fn handle(ctx: &Arc<Ctx>, n: Notif) {
-    let Ok(pidfd) = sys::pidfd_of_thread(n.pid) else {
-        return; // gone
+    let pidfd = match sys::pidfd_of_thread(n.pid) {
+        Ok(p) => p,
+        Err(e) => {
+            // Gone, or canald out of descriptors: a caller still waiting gets an error.
+            answer(ctx, n.id, Reply::Errno(sys::errno_of(&e)));
+            return;
+        }
     };
     if !sys::notif_valid(&ctx.listener, n.id) {
         return; // the pid may name another task now
@@ -336,7 +341,18 @@ fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i
         return Ok(Reply::Continue);
     };
     let local = sys::sockname(&s).map_err(errno_of)?;
+    let blocking = sys::status_flags(&s).map_err(errno_of)? & libc::O_NONBLOCK == 0;
     loop {
+        if blocking {
+            // Wait here, checking the caller still waits: a thread blocked in accept
+            // would hold the listener (and its port) after the program closed it.
+            if !sys::wait_readable(&s, 1000).unwrap_or(true) {
+                if !sys::notif_valid(&ctx.listener, n.id) {
+                    return Ok(Reply::Done);
+                }
+                continue;
+            }
+        }
         let (conn, peer) =
             sys::accept_flags(&s, (flags & libc::SOCK_NONBLOCK) | libc::SOCK_CLOEXEC)
                 .map_err(errno_of)?;
