@@ -94,13 +94,8 @@ static int serve(int port, int n) {
     return 0;
 }
 
-static int udp(const char *host, int port) {
-    int s = socket(AF_INET, SOCK_DGRAM, 0);
-    struct sockaddr_in a = v4(host, port);
-    if (sendto(s, "ping", 4, 0, (struct sockaddr *)&a, sizeof a) != 4) {
-        perror("sendto");
-        return 1;
-    }
+/* Receives one datagram on s and prints it as "TAG DATA from SOURCE". */
+static int recv_print(int s, const char *tag) {
     char buf[100], b[80];
     struct sockaddr_storage src;
     socklen_t sl = sizeof src;
@@ -110,8 +105,18 @@ static int udp(const char *host, int port) {
         return 1;
     }
     buf[n] = 0;
-    printf("udp %s from %s\n", buf, name(&src, b));
+    printf("%s %s from %s\n", tag, buf, name(&src, b));
     return 0;
+}
+
+static int udp(const char *host, int port) {
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = v4(host, port);
+    if (sendto(s, "ping", 4, 0, (struct sockaddr *)&a, sizeof a) != 4) {
+        perror("sendto");
+        return 1;
+    }
+    return recv_print(s, "udp");
 }
 
 static int udpself(int port) {
@@ -122,17 +127,7 @@ static int udpself(int port) {
         return 1;
     }
     sendto(v, "own", 3, 0, (struct sockaddr *)&a, sizeof a);
-    char buf[100], b[80];
-    struct sockaddr_storage src;
-    socklen_t sl = sizeof src;
-    int n = recvfrom(u, buf, sizeof buf - 1, 0, (struct sockaddr *)&src, &sl);
-    if (n < 0) {
-        perror("recvfrom");
-        return 1;
-    }
-    buf[n] = 0;
-    printf("udpself %s from %s\n", buf, name(&src, b));
-    return 0;
+    return recv_print(u, "udpself");
 }
 
 int main(int argc, char **argv) {
