@@ -255,17 +255,20 @@ print("own", ".".join(map(str, d[-4:])), a[0], a[1], flush=True)
 """
 
 
-def test_resolver_inside(procs, canal_bin, python):
-    """The guest's resolver is 10.0.2.3: glibc's stub resolver (kernel sockets inside,
-    relayed by canal run) and a program's own DNS socket (a canal socket, forwarded by
-    canald) both reach the resolver canald is given, here one on the host's loopback."""
+@pytest.mark.parametrize("seccomp", ["seccomp", "no-seccomp"])
+def test_resolver_inside(procs, canal_bin, python, seccomp):
+    """The guest's resolver is 10.0.2.3: glibc's stub resolver (kernel sockets: served
+    by seccomp notification, or with --no-seccomp relayed by canal run) and a program's
+    own DNS socket (a canal socket, forwarded by canald) both reach the resolver canald
+    is given, here one on the host's loopback."""
     dns = procs.spawn([python, "-c", DNS_SERVER], name="dns")
     port = int(dns.wait_line("port", 10).split()[1])
+    extra = ["--no-seccomp"] if seccomp == "no-seccomp" else []
     with serving_canald(canal_bin, procs, args=["--dns", f"127.0.0.1:{port}"]) as d:
-        r = procs.run(isolated(d, [python, "-c", GUEST_RESOLVE]), timeout=60)
+        r = procs.run(isolated(d, [python, "-c", GUEST_RESOLVE], extra=extra), timeout=60)
         assert r.returncode == 0, r.describe()
         assert _lines(r) == ["glibc 192.0.2.7", "own 192.0.2.7 10.0.2.3 53"], r.describe()
-        r = procs.run(isolated(d, ["getent", "hosts", "canal.example"]), timeout=60)
+        r = procs.run(isolated(d, ["getent", "hosts", "canal.example"], extra=extra), timeout=60)
         assert r.returncode == 0 and r.stdout.split() == ["192.0.2.7", "canal.example"], r.describe()
 
 
