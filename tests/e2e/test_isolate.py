@@ -692,3 +692,32 @@ def test_a_served_program_killed_in_accept_frees_its_port(canald, procs, netstat
     p = e2e_util.wait_for(again, 5, interval=0.3, what="the published port to be free again")
     assert _connect("127.0.0.1", h).startswith("static [::ffff:10.0.2.2]:")
     assert p.finish(20).returncode == 0, p.describe()
+
+
+def test_canal_guests_inside_are_not_taken_for_confined(canald, procs, python):
+    """The seccomp filter `--isolate` installs only notifies canald and allows every
+    call: a canal guest under it must not switch to the backoff waits of a program
+    confined by a sandbox's filter (they cost every wait up to a millisecond: B14's
+    64 B RR went from 15 µs to 1 ms). A second filter, as a sandbox adds, does confine."""
+    prog = "import socket; socket.socket()"
+    r = procs.run(isolated(canald, [python, "-c", prog]), timeout=60, env={**os.environ, "CANAL_LOG": "debug"})
+    attached = [l for l in r.stderr.splitlines() if "attached as guest" in l]
+    assert r.returncode == 0 and attached, r.describe()
+    assert "confined" not in attached[0], r.describe()
+    # A program started under one more filter (as a sandboxing service manager adds):
+    # an allow-everything filter installed, then a fresh image.
+    r = procs.run(isolated(canald, [python, "-c", ONE_MORE_FILTER, python]), timeout=60,
+                  env={**os.environ, "CANAL_LOG": "debug"})
+    attached = [l for l in r.stderr.splitlines() if "attached as guest" in l]
+    assert r.returncode == 0 and attached and "confined" in attached[-1], r.describe()
+
+
+ONE_MORE_FILTER = r"""
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+allow = ctypes.create_string_buffer(struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000))  # ret ALLOW
+prog = ctypes.create_string_buffer(struct.pack("=HxxxxxxQ", 1, ctypes.addressof(allow)))
+assert libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(prog)), 0, 0) == 0, os.strerror(ctypes.get_errno())  # PR_SET_SECCOMP
+os.execv(sys.argv[1], [sys.argv[1], "-c", "import socket; socket.socket()"])
+"""

@@ -166,9 +166,10 @@ pub(crate) fn set_confined() {
     CONFINED.store(true, core::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether /proc/self/status says a seccomp filter is already in force (a program
-/// started by a sandboxing service manager). Unknown (unreadable) counts as no.
-pub(crate) fn seccomp_filter_at_start() -> bool {
+/// How many seccomp filters /proc/self/status says are in force at start (a program
+/// started by a sandboxing service manager, or under `canal run --isolate`); None
+/// without a filter. Unknown (unreadable) counts as none.
+pub(crate) fn seccomp_filters_at_start() -> Option<u32> {
     let mut buf = [0u8; 4096];
     // SAFETY: a NUL-terminated path; flags only.
     let fd = unsafe {
@@ -180,14 +181,27 @@ pub(crate) fn seccomp_filter_at_start() -> bool {
         )
     };
     if fd < 0 {
-        return false;
+        return None;
     }
     let n = read(fd as c_int, &mut buf).unwrap_or(0);
     let _ = close(fd as c_int);
     let text = &buf[..n];
-    text.windows(9)
-        .position(|w| w == b"Seccomp:\t")
-        .is_some_and(|i| text.get(i + 9) == Some(&b'2'))
+    let field = |name: &[u8]| {
+        let i = text.windows(name.len()).position(|w| w == name)? + name.len();
+        let end = text[i..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(text.len(), |e| i + e);
+        core::str::from_utf8(&text[i..end])
+            .ok()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    };
+    match field(b"Seccomp:\t") {
+        Some(2) => Some(field(b"Seccomp_filters:\t").unwrap_or(u32::MAX)),
+        _ => None,
+    }
 }
 
 /// ppoll with an optional relative timeout in nanoseconds and an optional signal mask.
