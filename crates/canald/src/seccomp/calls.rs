@@ -8,6 +8,7 @@ use crate::guest::addr_view::{translate_host_addr, translate_host_local};
 use crate::guest::netview::{in_family, is_v4, PROTO_TCP, PROTO_UDP};
 use crate::sys::{self, Notif};
 use canal_abi::{errno, CanalAddr};
+use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,6 +27,9 @@ enum Reply {
 struct Caller {
     pid: u32,
     pidfd: OwnedFd,
+    /// The descriptor `blocks` already took (number, host socket or not), for the
+    /// handler to use instead of taking it again.
+    taken: RefCell<Option<(i32, Option<OwnedFd>)>>,
 }
 
 type Res<T> = Result<T, i32>;
@@ -46,7 +50,11 @@ pub(super) fn handle(ctx: &Arc<Ctx>, n: Notif) {
     if !sys::notif_valid(&ctx.listener, n.id) {
         return; // the pid may name another task now
     }
-    let c = Caller { pid: n.pid, pidfd };
+    let c = Caller {
+        pid: n.pid,
+        pidfd,
+        taken: RefCell::new(None),
+    };
     if blocks(ctx, &c, &n) {
         if ctx.blocked.fetch_add(1, Ordering::AcqRel) >= MAX_BLOCKED {
             ctx.blocked.fetch_sub(1, Ordering::AcqRel);
@@ -115,16 +123,27 @@ fn blocks(ctx: &Ctx, c: &Caller, n: &Notif) -> bool {
         nr::RECVFROM => n.args[3] as i32 & libc::MSG_DONTWAIT == 0,
         _ => false,
     };
-    waits
-        && host_socket(ctx, c, fd)
-            .ok()
-            .flatten()
-            .is_some_and(|s| sys::status_flags(&s).is_ok_and(|f| f & libc::O_NONBLOCK == 0))
+    if !waits {
+        return false;
+    }
+    let Ok(s) = host_socket(ctx, c, fd) else {
+        return false; // the handler takes it again and reports the error
+    };
+    let blocking = s
+        .as_ref()
+        .is_some_and(|s| sys::status_flags(s).is_ok_and(|f| f & libc::O_NONBLOCK == 0));
+    *c.taken.borrow_mut() = Some((fd, s));
+    blocking
 }
 
 /// The program's descriptor `fd` if it is a host socket (ours); None for anything
 /// else (its own namespace's sockets, files, Unix sockets).
 fn host_socket(ctx: &Ctx, c: &Caller, fd: i32) -> Res<Option<OwnedFd>> {
+    if let Some((f, s)) = c.taken.borrow_mut().take() {
+        if f == fd {
+            return Ok(s);
+        }
+    }
     let s = sys::take_fd(&c.pidfd, fd).map_err(errno_of)?;
     match sys::netns_cookie(&s) {
         Ok(k) if k == ctx.own_cookie => Ok(Some(s)),
