@@ -425,8 +425,9 @@ def test_oci_hook_registers_a_container(canald, procs, python):
     assert r.returncode == 0, r.stderr
     srv = procs.spawn(["nsenter", "-t", str(ctr.pid), "-n", *canald.argv([python, "-c", SERVE_ONCE, g])], name="in-ctr")
     srv.wait_line("ready", 30)
-    assert _connect("127.0.0.1", h) == "container 10.0.2.2"
+    # Asked before connecting: the server ends after its one client.
     assert _network_of(canald, srv)["name"] == "isolated:ctr-c0ffee123"
+    assert _connect("127.0.0.1", h) == "container 10.0.2.2"
     # While the container lives, its host port is taken.
     other = procs.spawn(["unshare", "-n", "sleep", "60"], name="ctr2")
     e2e_util.wait_for(lambda: _netns(other.pid) != _netns(os.getpid()), 5, what="the second namespace")
