@@ -21,13 +21,19 @@ pub fn cli_main() -> i32 {
 /// Binds the control socket and serves until told to stop (or idle). Returns the
 /// exit status: 0 also when another canald already serves the socket.
 pub fn serve(args: &DaemonArgs) -> i32 {
-    let cfg = match args.config() {
+    let cfg = match crate::config::layers::resolve(args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("canald: {e}");
             return 2;
         }
     };
+    if args.print_config {
+        return crate::output::print_or_fail(
+            "canald",
+            &crate::config::layers::render(&cfg.settings),
+        );
+    }
     crate::logging::init(cfg.verbose);
     let mut d = match Daemon::bind(cfg) {
         Ok(Bound::Serving(d)) => d,

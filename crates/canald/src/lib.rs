@@ -32,6 +32,7 @@ pub mod guest;
 pub mod ivshmem_server;
 pub mod logging;
 pub mod network;
+pub mod output;
 pub mod request;
 pub mod seccomp;
 pub mod sockopt;

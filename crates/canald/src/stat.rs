@@ -162,6 +162,9 @@ pub(crate) struct ConfigStat {
     /// Buffer zones on short-circuited connections (`--zones on`, and the shortcut in
     /// force).
     pub(crate) zones: bool,
+    /// Every option's effective value and where it came from (as `--print-config`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) settings: Vec<crate::config::Setting>,
 }
 
 impl ConfigStat {
@@ -182,6 +185,7 @@ impl ConfigStat {
             workers: c.workers as u64,
             shortcut: c.shortcut,
             zones: c.zones && c.shortcut,
+            settings: c.settings.clone(),
         }
     }
 }
