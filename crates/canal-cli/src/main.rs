@@ -7,19 +7,20 @@
 #![cfg_attr(not(test), no_main)]
 
 mod dnsfwd;
+mod docgen;
 mod elfcheck;
 mod isolate;
 mod oci_hook;
 mod run;
 mod stdfds;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
 /// canal: socket-level para-virtual networking for unmodified programs.
-#[derive(Parser, Debug)]
+#[derive(clap::Parser, Debug)]
 #[command(name = "canal", version, about, propagate_version = true)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     cmd: Command,
 }
@@ -46,6 +47,10 @@ enum Command {
     /// namespace and its io.canal.publish ports with canald (docs/isolation.md)
     #[command(name = "oci-hook")]
     OciHook(oci_hook::OciHookArgs),
+    /// Print a shell completion script for canal and canald
+    Completions(docgen::CompletionsArgs),
+    /// Write the man pages (canal.1, canal-SUBCOMMAND.1, canald.8) into a directory
+    Man(docgen::ManArgs),
 }
 
 #[derive(Args, Debug)]
@@ -89,12 +94,11 @@ enum BenchSub {
 fn stat(a: &StatArgs) -> i32 {
     let path = a.socket.clone().unwrap_or_else(canald::default_socket_path);
     match canald::fetch_stat(&path, !a.json) {
-        Ok(text) => {
-            print!("{text}");
+        Ok(mut text) => {
             if !text.ends_with('\n') {
-                println!();
+                text.push('\n');
             }
-            0
+            canald::output::print_or_fail("canal stat", &text)
         }
         Err(e) => {
             eprintln!("canal stat: no canald answers on {}: {e}", path.display());
@@ -112,7 +116,10 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
 }
 
 fn canal_main() -> i32 {
-    let cli = Cli::parse();
+    let cli = match canald::cli::parse_or_status::<Cli>("canal") {
+        Ok(c) => c,
+        Err(status) => return status,
+    };
     match &cli.cmd {
         Command::Run(a) => run::run(a),
         Command::Stat(a) => stat(a),
@@ -128,5 +135,7 @@ fn canal_main() -> i32 {
         Command::Bench(b) => canal_bench::run(&b.args),
         Command::Vm(c) => canal_vm::cli::run_command(c),
         Command::OciHook(a) => oci_hook::run(a),
+        Command::Completions(a) => docgen::completions(a),
+        Command::Man(a) => docgen::man(a),
     }
 }

@@ -18,6 +18,9 @@ pub(crate) fn hold_closed() {
         }
     }
     CLOSED_STD.store(closed, Ordering::Relaxed);
+    if closed & 2 != 0 {
+        canald::output::note_stdout_closed();
+    }
 }
 
 /// Closes again the standard descriptors the caller left closed (`canal run`, just

@@ -22,9 +22,13 @@ pub enum VmCommand {
     Region(RegionArgs),
     /// Build (or find) the cached guest image and print its paths
     Image,
-    /// Run (or show the cached) KVM probe
+    /// Show whether KVM boots a guest here, as far as known: the cached verdict of an
+    /// earlier probe, without building or booting anything unless --run
     Probe {
-        /// Probe again even if a verdict is cached
+        /// Boot a guest under KVM to find out when no verdict is cached
+        #[arg(long)]
+        run: bool,
+        /// Probe again (boots) even if a verdict is cached
         #[arg(long)]
         force: bool,
     },
@@ -237,7 +241,7 @@ pub fn run_command(cmd: &VmCommand) -> i32 {
         VmCommand::QemuArgs(a) => cmd_qemu_args(a),
         VmCommand::Region(a) => cmd_region(a),
         VmCommand::Image => cmd_image(),
-        VmCommand::Probe { force } => cmd_probe(*force),
+        VmCommand::Probe { run, force } => cmd_probe(*run, *force),
     }
 }
 
@@ -353,7 +357,7 @@ fn cmd_image() -> i32 {
     }
 }
 
-fn cmd_probe(force: bool) -> i32 {
+fn cmd_probe(run: bool, force: bool) -> i32 {
     let qemu = match find_qemu() {
         Ok(q) => q,
         Err(e) => {
@@ -361,6 +365,9 @@ fn cmd_probe(force: bool) -> i32 {
             return EXIT_HARNESS;
         }
     };
+    if !run && !force {
+        return show_probe(&qemu);
+    }
     let img = match image::ensure_image() {
         Ok(i) => i,
         Err(e) => {
@@ -381,6 +388,37 @@ fn cmd_probe(force: bool) -> i32 {
         println!("reason {r}");
     }
     0
+}
+
+/// `canal vm probe` without --run: what is known, from the cache only.
+fn show_probe(qemu: &std::path::Path) -> i32 {
+    let text = if let Some(r) = probe::kvm_unavailable() {
+        format!("accel tcg\nreason {r}\n")
+    } else {
+        let (kernel, kver) = match image::find_kernel() {
+            Ok(k) => k,
+            Err(e) => {
+                eprintln!("canal vm: guest kernel: {e}");
+                return EXIT_HARNESS;
+            }
+        };
+        let file = probe::cache_file_for(&kernel, &kver, qemu);
+        match probe::read_verdict(&file) {
+            Some(probe::Verdict(Ok(()))) => {
+                format!("accel kvm\ncached {}\n", file.display())
+            }
+            Some(probe::Verdict(Err(r))) => format!(
+                "accel tcg\nreason KVM probe failed: {r}\ncached {}\n",
+                file.display()
+            ),
+            None => format!(
+                "accel unknown\nreason no verdict is cached (no {}); `canal vm probe --run` \
+                 boots a guest under KVM to find out\n",
+                file.display()
+            ),
+        }
+    };
+    canald::output::print_or_fail("canal vm probe", &text)
 }
 
 #[cfg(test)]

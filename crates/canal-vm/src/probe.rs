@@ -46,6 +46,12 @@ impl Verdict {
 
 /// Where the verdict for this host kernel, guest kernel and QEMU binary is cached.
 pub(crate) fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
+    cache_file_for(&img.kernel, &img.kernel_version, qemu)
+}
+
+/// The same, from the guest kernel alone (no image built): `canal vm probe` reads the
+/// verdict without building anything.
+pub(crate) fn cache_file_for(kernel: &Path, kernel_version: &str, qemu: &Path) -> PathBuf {
     let host = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let qmeta = fs::metadata(qemu)
         .ok()
@@ -54,8 +60,13 @@ pub(crate) fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let mut h = image::fnv1a(image::FNV_OFFSET, host.trim().as_bytes());
-    h = image::fnv1a(h, img.kernel_version.as_bytes());
-    h = image::fnv1a(h, img.boot_kernel.to_string_lossy().as_bytes());
+    h = image::fnv1a(h, kernel_version.as_bytes());
+    h = image::fnv1a(h, kernel.to_string_lossy().as_bytes());
+    // What boots is derived from `kernel`: the extracted vmlinux unless CANAL_VM_NO_PVH.
+    h = image::fnv1a(
+        h,
+        &[u8::from(std::env::var_os("CANAL_VM_NO_PVH").is_some())],
+    );
     h = image::fnv1a(h, qemu.to_string_lossy().as_bytes());
     h = image::fnv1a(h, &qmeta.to_le_bytes());
     image::cache_dir().join(format!("kvm-probe-{h:016x}"))
@@ -63,7 +74,12 @@ pub(crate) fn cache_file(img: &GuestImage, qemu: &Path) -> PathBuf {
 
 /// Reads the cached verdict, if any.
 pub(crate) fn cached(img: &GuestImage, qemu: &Path) -> Option<Verdict> {
-    Verdict::decode(&fs::read_to_string(cache_file(img, qemu)).ok()?)
+    read_verdict(&cache_file(img, qemu))
+}
+
+/// The verdict stored in `file`, if it holds one.
+pub(crate) fn read_verdict(file: &Path) -> Option<Verdict> {
+    Verdict::decode(&fs::read_to_string(file).ok()?)
 }
 
 /// Stores a verdict (best effort: a failure only means probing again next time).

@@ -15,7 +15,32 @@ struct Cli {
 
 /// The `canald` binary: parses `std::env::args()`. Returns the exit status.
 pub fn cli_main() -> i32 {
-    serve(&Cli::parse().args)
+    match parse_or_status::<Cli>("canald") {
+        Ok(cli) => serve(&cli.args),
+        Err(status) => status,
+    }
+}
+
+/// canald's command definition (for man pages and completions).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+/// Parses the process's arguments. Err(exit status) when there is nothing to run:
+/// `--help` and `--version` printed (0; a closed standard output is reported, 1),
+/// or a usage error said on standard error (2).
+pub fn parse_or_status<P: Parser>(prog: &str) -> Result<P, i32> {
+    use clap::error::ErrorKind;
+    match P::try_parse() {
+        Ok(p) => Ok(p),
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            Err(crate::output::print_or_fail(prog, &e.render().to_string()))
+        }
+        Err(e) => {
+            let _ = e.print();
+            Err(2)
+        }
+    }
 }
 
 /// Binds the control socket and serves until told to stop (or idle). Returns the
