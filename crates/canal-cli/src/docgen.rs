@@ -2,7 +2,6 @@
 //! generated from the same command definitions that parse the command line, so they
 //! cannot drift from it. `scripts/install` installs both.
 
-use clap::CommandFactory;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
@@ -19,17 +18,19 @@ pub(crate) struct ManArgs {
     dir: PathBuf,
 }
 
-/// Prints the completion script for `canal` (and `canald`, appended) in `a.shell`.
-pub(crate) fn completions(a: &CompletionsArgs) -> i32 {
+/// Prints the completion script for `canal` (the command `canal`, as defined) and
+/// `canald` (appended) in `a.shell`.
+pub(crate) fn completions(a: &CompletionsArgs, mut canal: clap::Command) -> i32 {
     let mut out = Vec::new();
-    clap_complete::generate(a.shell, &mut crate::Cli::command(), "canal", &mut out);
+    clap_complete::generate(a.shell, &mut canal, "canal", &mut out);
     clap_complete::generate(a.shell, &mut canald::cli::command(), "canald", &mut out);
     canald::output::print_or_fail("canal completions", &String::from_utf8_lossy(&out))
 }
 
-/// Writes the man pages into `a.dir` and names each file written.
-pub(crate) fn man(a: &ManArgs) -> i32 {
-    match write_pages(&a.dir) {
+/// Writes the man pages of `canal` (the command, as defined) and canald into `a.dir`
+/// and names each file written.
+pub(crate) fn man(a: &ManArgs, canal: clap::Command) -> i32 {
+    match write_pages(&a.dir, canal) {
         Ok(files) => {
             let list: String = files.iter().map(|f| format!("{}\n", f.display())).collect();
             canald::output::print_or_fail("canal man", &list)
@@ -41,7 +42,7 @@ pub(crate) fn man(a: &ManArgs) -> i32 {
     }
 }
 
-fn write_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+fn write_pages(dir: &Path, mut canal: clap::Command) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let mut page = |cmd: clap::Command, name: String, section: &str| -> std::io::Result<()> {
@@ -57,7 +58,6 @@ fn write_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         Ok(())
     };
     // Built, so that subcommands carry their full names ("canal run") in the pages.
-    let mut canal = crate::Cli::command();
     canal.build();
     for sub in canal.get_subcommands().filter(|s| !s.is_hide_set()) {
         page(sub.clone(), format!("canal-{}", sub.get_name()), "1")?;

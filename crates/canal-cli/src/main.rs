@@ -20,7 +20,7 @@ use std::path::PathBuf;
 /// canal: socket-level para-virtual networking for unmodified programs.
 #[derive(clap::Parser, Debug)]
 #[command(name = "canal", version, about, propagate_version = true)]
-pub(crate) struct Cli {
+struct Cli {
     #[command(subcommand)]
     cmd: Command,
 }
@@ -135,7 +135,7 @@ fn canal_main() -> i32 {
         Command::Bench(b) => canal_bench::run(&b.args),
         Command::Vm(c) => canal_vm::cli::run_command(c),
         Command::OciHook(a) => oci_hook::run(a),
-        Command::Completions(a) => docgen::completions(a),
-        Command::Man(a) => docgen::man(a),
+        Command::Completions(a) => docgen::completions(a, <Cli as clap::CommandFactory>::command()),
+        Command::Man(a) => docgen::man(a, <Cli as clap::CommandFactory>::command()),
     }
 }

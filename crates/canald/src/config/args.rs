@@ -2,7 +2,7 @@
 //! keys of a TOML file (`config::file`). Every field is optional here: what neither
 //! the command line nor a file sets keeps the default of `Config::new`, and
 //! `config::layers` records where each value came from (`--print-config`).
-use super::{
+use super::model::{
     default_socket_path, Config, ConfigError, DEFAULT_BUDGET, DEFAULT_DATA_MIB,
     DEFAULT_RX_QUANTUM_KIB, DEFAULT_SHORTCUT_RING_KIB, DEFAULT_SLOTS, DEFAULT_SOCKETS,
     DEFAULT_TX_QUANTUM_KIB, DEFAULT_T_WORST,

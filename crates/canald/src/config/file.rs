@@ -6,7 +6,7 @@
 //! daemon's user or root and be writable by nobody else, or another user could set
 //! canald's policy (allowed destinations, quotas) for it.
 use super::args::DaemonArgs;
-use super::ConfigError;
+use super::model::ConfigError;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 

@@ -3,9 +3,8 @@
 //! `settings` in `canal stat --json`).
 use super::args::DaemonArgs;
 use super::file::{self, ConfigFile};
-use super::{Config, ConfigError};
+use super::model::{Config, ConfigError, Setting};
 use crate::engine::CoalesceCfg;
-use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Where a value came from.
@@ -29,14 +28,6 @@ impl std::fmt::Display for Origin {
             Origin::Env(v) => write!(f, "environment {v}"),
         }
     }
-}
-
-/// One effective option: its key, value (TOML) and origin.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Setting {
-    pub key: &'static str,
-    pub value: toml::Value,
-    pub origin: String,
 }
 
 /// The command line over the files over the defaults; `origins` says, per key set by
