@@ -59,7 +59,10 @@ fn write_pages(dir: &Path, mut canal: clap::Command) -> std::io::Result<Vec<Path
     };
     // Built, so that subcommands carry their full names ("canal run") in the pages.
     canal.build();
-    for sub in canal.get_subcommands().filter(|s| !s.is_hide_set()) {
+    for sub in canal
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         page(sub.clone(), format!("canal-{}", sub.get_name()), "1")?;
     }
     page(canal, "canal".into(), "1")?;

@@ -92,7 +92,7 @@ enum BenchSub {
 }
 
 fn stat(a: &StatArgs) -> i32 {
-    let path = a.socket.clone().unwrap_or_else(canald::default_socket_path);
+    let path = canald::spawn::locate(a.socket.as_deref());
     match canald::fetch_stat(&path, !a.json) {
         Ok(mut text) => {
             if !text.ends_with('\n') {

@@ -74,7 +74,7 @@ pub(crate) fn parse_state(text: &str) -> Result<Container, String> {
 }
 
 pub(crate) fn run(a: &OciHookArgs) -> i32 {
-    let socket = a.socket.clone().unwrap_or_else(canald::default_socket_path);
+    let socket = canald::spawn::locate(a.socket.as_deref());
     match hook(&socket) {
         Ok(()) => 0,
         Err(e) => {

@@ -75,7 +75,7 @@ fn find_library(exe: &Path) -> Option<PathBuf> {
 /// Runs `canal run`; returns the exit status if the program could not be started.
 pub fn run(a: &RunArgs) -> i32 {
     let prog = &a.program;
-    let path = a.socket.clone().unwrap_or_else(canald::default_socket_path);
+    let path = canald::spawn::locate(a.socket.as_deref());
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {

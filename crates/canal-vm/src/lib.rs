@@ -24,9 +24,10 @@ pub(crate) const EXIT_HARNESS: i32 = 125;
 /// Exit status when `--timeout` expires.
 pub(crate) const EXIT_TIMEOUT: i32 = 124;
 
-/// The canald the VM's region comes from: $CANAL_SOCKET or canald's default path.
+/// The canald the VM's region comes from: $CANAL_SOCKET, a running service of this
+/// user, or canald's default path (`canald::spawn::locate`).
 pub(crate) fn canald_socket() -> PathBuf {
-    canald::default_socket_path()
+    canald::spawn::locate(None)
 }
 
 /// Options of `canal vm run`.

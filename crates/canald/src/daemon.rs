@@ -58,7 +58,9 @@ pub struct Daemon {
     pub(crate) threads: Vec<std::thread::JoinHandle<()>>,
     pub(crate) listener: OwnedFd,
     pub(crate) signals: Option<OwnedFd>,
-    pub(crate) _lock: std::fs::File,
+    /// The lock on `<socket>.lock`; None when the service manager made the socket
+    /// (socket activation), which then also keeps its file at exit.
+    pub(crate) _lock: Option<std::fs::File>,
     /// A spare descriptor for accepting when out of descriptors (`fdbudget`).
     pub(crate) reserve: crate::fdbudget::Reserve,
     pub(crate) conns: BTreeMap<u32, Conn>,
@@ -122,44 +124,21 @@ impl Daemon {
             cfg.sockets = cap as _;
         }
         let gcfg = cfg.guest_config()?;
-        let path = cfg.socket.clone();
-        // Created 0700 if missing; refused if another user could have planted
-        // anything in it (the lock file, the socket).
-        crate::ctldir::ensure_dir(crate::ctldir::dir_of(&path), crate::ctldir::Role::Daemon)?;
-        let mut lock_path = path.clone().into_os_string();
-        lock_path.push(".lock");
-        let lock_path = PathBuf::from(lock_path);
-        let lock = match sys::try_lock_file(&lock_path)
-            .map_err(|e| BindError::Io(format!("cannot open {}", lock_path.display()), e))?
+        let (listener, lock) = match sys::inherited_listener()
+            .map_err(|e| BindError::Io("socket activation".into(), e))?
         {
-            Some(f) => f,
-            None => {
-                // Another daemon holds the lock: it is starting or serving. Wait for
-                // it to answer.
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while Instant::now() < deadline {
-                    if answers(&path) {
-                        return Ok(Bound::AlreadyRunning);
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
+            Some((fd, path)) => {
+                if let Some(p) = path {
+                    cfg.socket = p;
                 }
-                return Err(BindError::Locked(lock_path));
+                log::info!("serving {} (socket activation)", cfg.socket.display());
+                (fd, None)
             }
+            None => match Self::listen_at(cfg.socket.clone())? {
+                Some((fd, lock)) => (fd, Some(lock)),
+                None => return Ok(Bound::AlreadyRunning),
+            },
         };
-        if let Ok(meta) = std::fs::symlink_metadata(&path) {
-            use std::os::unix::fs::FileTypeExt;
-            if !meta.file_type().is_socket() {
-                return Err(BindError::NotSocket(path));
-            }
-            if answers(&path) {
-                return Ok(Bound::AlreadyRunning);
-            }
-            // Nothing answers and we hold the lock: a stale socket file.
-            std::fs::remove_file(&path)
-                .map_err(|e| BindError::Io(format!("cannot remove stale {}", path.display()), e))?;
-        }
-        let listener = sys::seqpacket_listen(&path)
-            .map_err(|e| BindError::Io(format!("cannot listen on {}", path.display()), e))?;
         let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
         let shortcut = ShortcutShared::new(cfg.shortcut, seg_ring);
         shortcut.lock().unwrap_or_else(|e| e.into_inner()).zones = cfg.zones;
@@ -197,6 +176,49 @@ impl Daemon {
             own_ns,
             boxes: None,
         })))
+    }
+
+    /// Creates the control socket at `path` and takes its lock; None if another canald
+    /// answers there.
+    fn listen_at(path: PathBuf) -> Result<Option<(OwnedFd, std::fs::File)>, BindError> {
+        // Created 0700 if missing; refused if another user could have planted
+        // anything in it (the lock file, the socket).
+        crate::ctldir::ensure_dir(crate::ctldir::dir_of(&path), crate::ctldir::Role::Daemon)?;
+        let mut lock_path = path.clone().into_os_string();
+        lock_path.push(".lock");
+        let lock_path = PathBuf::from(lock_path);
+        let lock = match sys::try_lock_file(&lock_path)
+            .map_err(|e| BindError::Io(format!("cannot open {}", lock_path.display()), e))?
+        {
+            Some(f) => f,
+            None => {
+                // Another daemon holds the lock: it is starting or serving. Wait for
+                // it to answer.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline {
+                    if answers(&path) {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                return Err(BindError::Locked(lock_path));
+            }
+        };
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(BindError::NotSocket(path));
+            }
+            if answers(&path) {
+                return Ok(None);
+            }
+            // Nothing answers and we hold the lock: a stale socket file.
+            std::fs::remove_file(&path)
+                .map_err(|e| BindError::Io(format!("cannot remove stale {}", path.display()), e))?;
+        }
+        let listener = sys::seqpacket_listen(&path)
+            .map_err(|e| BindError::Io(format!("cannot listen on {}", path.display()), e))?;
+        Ok(Some((listener, lock)))
     }
 
     /// SIGINT/SIGTERM end the loop cleanly (regions marked abandoned, socket removed).
@@ -621,8 +643,11 @@ impl Daemon {
         }
         self.conns.clear();
         self.vm.forget_all(&self.workers[0].ep);
-        // We hold the lock: the socket file is ours.
-        let _ = std::fs::remove_file(&self.cfg.socket);
+        // We hold the lock: the socket file is ours (an activated socket's file
+        // belongs to the service manager, which keeps listening on it).
+        if self._lock.is_some() {
+            let _ = std::fs::remove_file(&self.cfg.socket);
+        }
     }
 }
 

@@ -1,11 +1,17 @@
 //! canald's log: the `log` facade to standard error, one line per record with a UTC
 //! timestamp and the level (`2026-11-25T19:58:35.123Z INFO canald: guest 3 attached`).
 //! Warnings and errors always; informational lines (attach, departure, exits) with `-v`.
+//! Under systemd, when standard error is the journal (`$JOURNAL_STREAM` names it), a
+//! line is `<PRIORITY>message` instead: the journal keeps the time and the level
+//! itself (sd-daemon(3)), so `journalctl -p warning -u canald` works.
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 struct StderrLog;
+
+/// Standard error is the journal's stream: set once at `init`.
+static TO_JOURNAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 static LOGGER: StderrLog = StderrLog;
 
@@ -18,7 +24,11 @@ impl log::Log for StderrLog {
         if !self.enabled(r.metadata()) {
             return;
         }
-        let line = format!("{} {} canald: {}\n", utc_now(), r.level(), r.args());
+        let line = if TO_JOURNAL.load(std::sync::atomic::Ordering::Relaxed) {
+            format!("<{}>{}\n", journal_priority(r.level()), r.args())
+        } else {
+            format!("{} {} canald: {}\n", utc_now(), r.level(), r.args())
+        };
         // One write per record, so lines from several workers do not interleave.
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
@@ -26,8 +36,31 @@ impl log::Log for StderrLog {
     fn flush(&self) {}
 }
 
+/// syslog priorities as the journal reads them from a line's `<N>` prefix.
+fn journal_priority(l: log::Level) -> u8 {
+    match l {
+        log::Level::Error => 3,
+        log::Level::Warn => 4,
+        log::Level::Info => 6,
+        log::Level::Debug | log::Level::Trace => 7,
+    }
+}
+
+/// Whether standard error is the stream `$JOURNAL_STREAM` ("DEV:INODE") names.
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    v.to_str() == Some(&format!("{}:{}", meta.dev(), meta.ino()))
+}
+
 /// Installs the logger (once; later calls only change the level).
 pub fn init(verbose: bool) {
+    TO_JOURNAL.store(stderr_is_journal(), std::sync::atomic::Ordering::Relaxed);
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(if verbose {
         log::LevelFilter::Info

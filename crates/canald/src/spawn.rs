@@ -44,6 +44,43 @@ pub enum SpawnError {
     },
 }
 
+/// The host-wide service's control socket (`canald.socket`, scripts/install);
+/// `$CANAL_SERVICE_SOCKET` names another.
+pub const SYSTEM_SOCKET: &str = "/run/canal/canald.sock";
+
+/// Where `canal run` (and stat, vm, oci-hook) find canald: the socket given
+/// (`--socket`, else `$CANAL_SOCKET`); else a daemon of this user already answering at
+/// the per-user path (a user service, or a private daemon); else the host-wide service
+/// when it answers and runs as this user; else the per-user path, where `ensure_daemon`
+/// starts a private daemon.
+pub fn locate(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.into();
+    }
+    let user = crate::config::default_socket_path();
+    if std::env::var_os("CANAL_SOCKET").is_some_and(|v| !v.is_empty()) || serves_me(&user) {
+        return user;
+    }
+    let system = std::env::var_os("CANAL_SERVICE_SOCKET")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(SYSTEM_SOCKET), PathBuf::from);
+    if serves_me(&system) {
+        return system;
+    }
+    user
+}
+
+/// A trusted daemon answers on `path` and runs as this user (canald serves peers of
+/// its own uid: a root service serves root's programs only; docs/operations.md).
+fn serves_me(path: &Path) -> bool {
+    match crate::ctldir::connect_trusted(path) {
+        Ok(Some(fd)) => {
+            crate::sys::peer_cred(&fd).is_ok_and(|(_, uid)| uid == crate::sys::getuid())
+        }
+        _ => false,
+    }
+}
+
 /// Whether a daemon canal may trust answers on the control socket: Ok(false) if
 /// nobody does; Err with the reason if the directory or the daemon is not to be
 /// trusted (canald::ctldir).

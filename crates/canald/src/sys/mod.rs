@@ -4,6 +4,7 @@
 //! it relies on. Everything else in the crate is `forbid(unsafe_code)`.
 #![allow(unsafe_code)]
 
+mod activation;
 mod diag;
 mod epoll;
 mod inet;
@@ -15,6 +16,7 @@ mod seccomp;
 mod unix;
 mod util;
 
+pub use activation::*;
 pub use diag::*;
 pub use epoll::*;
 pub(crate) use inet::*;
