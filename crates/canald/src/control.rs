@@ -3,6 +3,7 @@
 //! connection.
 
 use crate::daemon::{send_error, send_msg, Daemon, OUT_MAX};
+use crate::guest::config::GuestConfig;
 use crate::guest::socket::token;
 use crate::guest::state::Guest;
 use crate::stat;
@@ -11,6 +12,7 @@ use canal_abi::control::{self, kind, CTL_HEADER, CTL_MAX};
 use canal_abi::errno;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 
 impl Daemon {
     /// Handles one message; false closes the connection.
@@ -92,6 +94,18 @@ impl Daemon {
                     Err((e, why)) => return send_error(&conn.fd, e, &why).is_ok(),
                 }
             }
+            let limits = self.cfg.quota.for_guest(&crate::quota::Who {
+                uid: conn.uid,
+                cgroup: crate::quota::cgroup_of(pid),
+                name: guest_name(gcfg.net.as_deref(), &comm),
+            });
+            if let Err(why) = self.size_for_quota(&mut gcfg, &limits) {
+                return send_error(&conn.fd, errno::EINVAL, &why).is_ok();
+            }
+            gcfg.policy = Arc::new(crate::quota::GuestPolicy::new(
+                format!("guest {id} (pid {pid} {comm})"),
+                &limits,
+            ));
             let made = Guest::with_features(id, key, pid, comm, gcfg, features);
             let (mut g, memfd) = match made {
                 Ok(x) => x,
@@ -99,6 +113,7 @@ impl Daemon {
                     return send_error(&conn.fd, sys::errno_of(&e), "cannot create region").is_ok()
                 }
             };
+            g.rates = crate::quota::Rates::new(&limits, std::time::Instant::now());
             let doorbell = match sys::eventfd() {
                 Ok(d) => d,
                 Err(e) => return send_error(&conn.fd, sys::errno_of(&e), "eventfd").is_ok(),
@@ -186,10 +201,40 @@ impl Daemon {
             )
             .is_ok();
         };
-        match crate::seccomp::serve(l, view, self.cfg.loopback_only) {
+        let limits = self.cfg.quota.for_guest(&crate::quota::Who {
+            uid: conn.uid,
+            cgroup: crate::quota::cgroup_of(conn.pid),
+            name: guest_name(Some(&view), ""),
+        });
+        let policy = Arc::new(crate::quota::GuestPolicy::new(
+            format!("network {} (seccomp service)", view.name),
+            &limits,
+        ));
+        match crate::seccomp::serve(l, view, self.cfg.loopback_only, policy) {
             Ok(()) => send_msg(&conn.fd, kind::SECCOMP_OK, &[], &[]).is_ok(),
             Err(e) => send_error(&conn.fd, sys::errno_of(&e), "cannot serve it").is_ok(),
         }
+    }
+
+    /// A guest's sizes under its quota (`sockets`, `data-mib`; the socket count never
+    /// above canald's own): Err(why) if they describe no region.
+    fn size_for_quota(
+        &self,
+        gcfg: &mut GuestConfig,
+        limits: &crate::quota::Limits,
+    ) -> Result<(), String> {
+        if limits.sockets.is_none() && limits.data_mib.is_none() {
+            return Ok(());
+        }
+        let mut c = self.cfg.clone();
+        c.sockets = limits.sockets.map_or(c.sockets, |s| s.min(c.sockets));
+        c.data_mib = limits.data_mib.unwrap_or(c.data_mib);
+        let sized = c
+            .guest_config()
+            .map_err(|e| format!("the quota's sizes do not fit: {e}"))?;
+        gcfg.layout = sized.layout;
+        gcfg.ring_size = sized.ring_size;
+        Ok(())
     }
 
     /// PORT: a slot's wake-up eventfd.
@@ -459,4 +504,16 @@ impl Daemon {
         }
         sent
     }
+}
+
+/// A guest's name for the quota table: its network's (`isolated:NAME`, `vm:NAME`),
+/// else its program's.
+fn guest_name(net: Option<&crate::guest::netview::NetView>, comm: &str) -> String {
+    net.and_then(|n| {
+        n.name
+            .strip_prefix("isolated:")
+            .or_else(|| n.name.strip_prefix("vm:"))
+    })
+    .unwrap_or(comm)
+    .to_string()
 }

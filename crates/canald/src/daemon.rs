@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct Conn {
     pub(crate) fd: OwnedFd,
     pub(crate) pid: u32,
+    /// The peer's uid (SO_PEERCRED): its quotas (`[quota.uid.*]`).
+    pub(crate) uid: u32,
     /// A peer of another uid: its first message is answered with EACCES, then it is
     /// closed (closing at once would reset the peer before it reads the answer).
     pub(crate) refused: bool,
@@ -453,6 +455,7 @@ impl Daemon {
                 Conn {
                     fd,
                     pid,
+                    uid,
                     worker: None,
                     refused,
                     out: Default::default(),
@@ -599,6 +602,8 @@ impl Daemon {
                 }
                 gs.wakes += g.wakes;
                 gs.deferred_wakes += g.deferred_wakes;
+                gs.requests += g.served;
+                gs.errors += g.failed;
             }
         }
         for g in &mut guests {

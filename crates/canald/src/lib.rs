@@ -33,6 +33,7 @@ pub mod ivshmem_server;
 pub mod logging;
 pub mod network;
 pub mod output;
+pub mod quota;
 pub mod request;
 pub mod seccomp;
 pub mod sockopt;

@@ -41,6 +41,23 @@ pub(crate) struct GuestStat {
     pub(crate) doorbell_kicks: Option<u64>,
     /// The guest network whose address view it has (VM, isolated namespace).
     pub(crate) network: Option<NetStat>,
+    /// Requests completed, and those that failed (not counting EAGAIN/EINPROGRESS).
+    pub(crate) requests: u64,
+    pub(crate) errors: u64,
+    pub(crate) quota: QuotaStat,
+}
+
+/// A guest's quota hits (docs/operations.md, "Limit").
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub(crate) struct QuotaStat {
+    /// Destinations refused (EPERM).
+    pub(crate) denied: u64,
+    /// Times a connect waited for the connection rate, and a round stopped for the
+    /// request rate.
+    pub(crate) connect_waits: u64,
+    pub(crate) request_waits: u64,
+    /// Connects waiting for the connection rate now.
+    pub(crate) held_connects: u64,
 }
 
 /// A guest network as `canal stat` shows it.
@@ -261,6 +278,17 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         worker: 0,
         doorbell_kicks: g.doorbell.map(|d| d.kicks),
         network: g.cfg.net.as_deref().map(net_stat),
+        requests: g.served,
+        errors: g.failed,
+        quota: {
+            let [denied, connect_waits, request_waits] = g.cfg.policy.hits();
+            QuotaStat {
+                denied,
+                connect_waits,
+                request_waits,
+                held_connects: g.rates.held.len() as u64,
+            }
+        },
     }
 }
 
@@ -289,6 +317,9 @@ struct GuestJson<'a> {
     worker: u32,
     wakes: u64,
     deferred_wakes: u64,
+    requests: u64,
+    errors: u64,
+    quota: &'a QuotaStat,
     #[serde(skip_serializing_if = "Option::is_none")]
     doorbell: Option<DoorbellJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -321,6 +352,9 @@ pub(crate) fn render_json(s: &Snapshot) -> String {
                 worker: g.worker,
                 wakes: g.wakes,
                 deferred_wakes: g.deferred_wakes,
+                requests: g.requests,
+                errors: g.errors,
+                quota: &g.quota,
                 doorbell: g.doorbell_kicks.map(|kicks| DoorbellJson {
                     kicks,
                     interrupts: g.wakes,
@@ -474,6 +508,12 @@ mod tests {
                 doorbell_kicks: None,
                 network: None,
                 worker: 0,
+                requests: 9,
+                errors: 2,
+                quota: QuotaStat {
+                    connect_waits: 4,
+                    ..Default::default()
+                },
             }],
             workers: vec![WorkerStat {
                 id: 0,
@@ -499,7 +539,7 @@ mod tests {
              \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0,\
              \"sockets\":2}]},\
              \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\
-             \"wakes\":3,\"deferred_wakes\":1,\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
+             \"wakes\":3,\"deferred_wakes\":1,\"requests\":9,\"errors\":2,\"quota\":{\"denied\":0,\"connect_waits\":4,\"request_waits\":0,\"held_connects\":0},\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
              \"tx_bytes\":10,\"rx_bytes\":20,\"worker\":0},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\

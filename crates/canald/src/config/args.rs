@@ -120,6 +120,11 @@ pub struct DaemonArgs {
     #[arg(short, long)]
     #[serde(default)]
     pub verbose: bool,
+    /// Quotas and policy per guest: configuration files only (`[quota.default]`,
+    /// `[quota.uid.NAME]`, `[quota.cgroup."PATH"]`, `[quota.guest.NAME]`).
+    #[arg(skip)]
+    #[serde(default)]
+    pub quota: crate::quota::QuotaTable,
 }
 
 fn parse_dns(s: &str) -> Result<std::net::SocketAddrV4, String> {
@@ -207,6 +212,8 @@ impl DaemonArgs {
             cfg.zones = z;
         }
         cfg.verbose = self.verbose;
+        self.quota.check().map_err(ConfigError::Quota)?;
+        cfg.quota = std::sync::Arc::new(self.quota.clone());
         cfg.guest_config()?;
         Ok(cfg)
     }

@@ -64,6 +64,16 @@ fn merge(cli: &DaemonArgs, files: &[ConfigFile]) -> (DaemonArgs, BTreeMap<&'stat
             out.pin = src.pin.clone();
             origins.insert("pin", origin("pin"));
         }
+        if !src.quota.is_empty() {
+            out.quota.overlay(&src.quota);
+            let o = match (origins.get("quota"), origin("quota")) {
+                (Some(Origin::File(a, _)), Origin::File(b, _)) if *a != b => {
+                    Origin::File(format!("{} and {}", a.display(), b.display()).into(), 0)
+                }
+                (_, o) => o,
+            };
+            origins.insert("quota", o);
+        }
     }
     (out, origins)
 }
@@ -102,6 +112,7 @@ const KEYS: &[&str] = &[
     "zones",
     "dns",
     "verbose",
+    "quota",
 ];
 
 /// The effective configuration of `cli` with the configuration files it names (or
@@ -186,6 +197,10 @@ fn settings(
                 None => continue,
             },
             "verbose" => Value::Boolean(cfg.verbose),
+            "quota" => match toml::Value::try_from(&*cfg.quota) {
+                Ok(v) if !cfg.quota.is_empty() => v,
+                _ => continue,
+            },
             _ => unreachable!("KEYS and this match list the same keys"),
         };
         let origin = origins.get(key).cloned().unwrap_or_else(|| env_origin(key));
@@ -214,12 +229,14 @@ fn env_origin(key: &str) -> Origin {
 /// adaptive spin, the ring size) are listed as comments.
 pub(crate) fn render(settings: &[Setting]) -> String {
     let mut out = String::from("# canald: the effective configuration (key = value  # origin)\n");
-    let width = settings
+    let (tables, keys): (Vec<&Setting>, Vec<&Setting>) =
+        settings.iter().partition(|s| s.value.is_table());
+    let width = keys
         .iter()
         .map(|s| s.key.len() + 3 + s.value.to_string().len())
         .max()
         .unwrap_or(0);
-    for s in settings {
+    for s in keys {
         let line = format!("{} = {}", s.key, s.value);
         out.push_str(&format!("{line:<width$}  # {}\n", s.origin));
     }
@@ -230,10 +247,17 @@ pub(crate) fn render(settings: &[Setting]) -> String {
                 "spin" => "an adaptive budget",
                 "split-us" => "an adaptive split",
                 "dns" => "none: /etc/resolv.conf names no IPv4 nameserver",
+                "quota" => "none: every guest gets the sizes above, no rate limit, any destination",
                 _ => "unset",
             };
             out.push_str(&format!("# {key}: {what}  (default)\n"));
         }
+    }
+    for s in tables {
+        let mut t = toml::Table::new();
+        t.insert(s.key.to_string(), s.value.clone());
+        out.push_str(&format!("\n# {}: from {}\n", s.key, s.origin));
+        out.push_str(&toml::to_string(&t).unwrap_or_default());
     }
     out
 }

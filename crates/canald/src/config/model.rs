@@ -61,6 +61,8 @@ pub struct Config {
     /// Every option's effective value and origin (empty unless built by
     /// `layers::resolve`).
     pub(crate) settings: Vec<Setting>,
+    /// Quotas and policy per guest (configuration files).
+    pub(crate) quota: std::sync::Arc<crate::quota::QuotaTable>,
 }
 
 /// Default pollers: one on small machines (≤ 2 cores: guests need the other core),
@@ -126,6 +128,7 @@ impl Config {
             pin: Vec::new(),
             dns: crate::network::host_resolver(),
             settings: Vec::new(),
+            quota: Default::default(),
         }
     }
 
@@ -200,6 +203,9 @@ pub enum ConfigError {
         line: usize,
         reason: String,
     },
+    /// A quota table that parses but cannot apply (an unknown user, a bad cgroup).
+    #[error("{0}")]
+    Quota(String),
     /// An error about values a file set, with where.
     #[error("{reason} ({origins})")]
     Blamed { reason: String, origins: String },
@@ -213,6 +219,7 @@ impl ConfigError {
             ConfigError::BadLayout => &["slots", "sockets", "data-mib"],
             ConfigError::RingTooLarge => &["ring-kib", "data-mib"],
             ConfigError::Workers(_) => &["workers"],
+            ConfigError::Quota(_) => &["quota"],
             ConfigError::File { .. } | ConfigError::Blamed { .. } => &[],
         }
     }

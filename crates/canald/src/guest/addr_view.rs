@@ -32,6 +32,10 @@ pub(crate) fn translate_guest_addr(
     if guest.loopback_only && !is_loopback(&d.addr) {
         return Err(errno::EACCES);
     }
+    // The quota policy judges host destinations; a network's own addresses are its own.
+    if !d.own && !guest.policy.admits(&d.addr) {
+        return Err(errno::EPERM);
+    }
     Ok(d)
 }
 
@@ -85,4 +89,6 @@ pub(crate) fn is_loopback(a: &CanalAddr) -> bool {
 pub(crate) struct GuestView {
     pub(crate) loopback_only: bool,
     pub(crate) net: Option<Arc<NetView>>,
+    /// Allowed destinations (quota) and the counters of refusals.
+    pub(crate) policy: Arc<crate::quota::GuestPolicy>,
 }

@@ -46,6 +46,8 @@ pub(crate) struct GuestConfig {
     pub(crate) net: Option<std::sync::Arc<crate::guest::netview::NetView>>,
     /// A VM guest (`vm.rs`): an ivshmem region, no eventfds.
     pub(crate) vm: bool,
+    /// Its destination policy and quota counters (shared with its view's holders).
+    pub(crate) policy: std::sync::Arc<crate::quota::GuestPolicy>,
 }
 
 impl GuestConfig {
@@ -61,6 +63,7 @@ impl GuestConfig {
             tx_quantum: 1 << 20,
             net: None,
             vm: false,
+            policy: Default::default(),
         }
     }
 }

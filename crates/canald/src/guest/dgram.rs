@@ -73,6 +73,14 @@ impl Guest {
                             }
                             Some(d.addr)
                         }
+                        // A destination the quota policy refuses: dropped, and the
+                        // socket's next call reports EPERM (sendto returned before canald
+                        // saw the datagram; an ICMP error is reported the same way).
+                        Some(Err(e)) if e == libc::EPERM => {
+                            err = Some(libc::EPERM);
+                            c.consume_record(&info);
+                            continue;
+                        }
                         // An address the guest library should have refused: drop it.
                         _ => {
                             c.consume_record(&info);

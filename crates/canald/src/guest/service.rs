@@ -12,6 +12,7 @@ use crate::guest::socket::KindState;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
 use crate::guest::wake::RoundStats;
+use crate::quota::Hit;
 use crate::request;
 use crate::request::Cmd;
 use crate::request::Request;
@@ -53,8 +54,12 @@ impl Guest {
     /// re-check before sleeping, protocol §6).
     pub(crate) fn has_pending(&self) -> bool {
         let r = &self.region;
-        // A shadow (virtual RSS) never pops the queue: requests are its home's.
-        (!self.is_shadow() && self.queue.has_next(r.queue_cells()))
+        // A shadow (virtual RSS) never pops the queue: requests are its home's; a
+        // throttled guest's queue waits for its deadline (`next_deadline`).
+        let throttled = self.rates.until.is_some() && self.rates.throttled();
+        (!self.is_shadow()
+            && !throttled
+            && (self.queue.has_next(r.queue_cells()) || !self.rates.held.is_empty()))
             || r.attention()[..self.owned_words]
                 .iter()
                 .zip(&self.owned)
@@ -78,7 +83,7 @@ impl Guest {
         let mut st = RoundStats::default();
         self.wake.begin_round(now);
         if self.gone.is_none() {
-            self.serve_requests(ep, &mut st);
+            self.serve_requests(ep, &mut st, now);
             self.refill_spares(ep);
         }
         if st.did_work() {
@@ -116,14 +121,30 @@ impl Guest {
         st
     }
 
-    pub(crate) fn serve_requests(&mut self, ep: &Epoll, st: &mut RoundStats) {
+    pub(crate) fn serve_requests(&mut self, ep: &Epoll, st: &mut RoundStats, now: Instant) {
         let region = self.region;
         let cells = region.queue_cells();
+        self.rates.until = None;
+        self.run_held_connects(ep, now, st);
         for _ in 0..self.cfg.budget {
+            // The request rate: what is queued waits for a token (protocol unchanged:
+            // the guest's thread waits for its slot as for a slow host).
+            if let Some(b) = &mut self.rates.requests {
+                if let Err(wait) = b.ready(now) {
+                    if self.queue.has_next(cells) {
+                        self.cfg.policy.hit(Hit::RequestRate);
+                        self.rates.wait_until(now + wait);
+                    }
+                    break;
+                }
+            }
             let Some(idx) = self.queue.pop(cells) else {
                 break;
             };
             st.requests += 1;
+            if let Some(b) = &mut self.rates.requests {
+                let _ = b.take(now);
+            }
             let Some(slot) = region.slot(idx) else {
                 continue; // garbage index: ignore
             };
@@ -140,10 +161,40 @@ impl Guest {
                 continue; // not a request: ignore the entry
             }
             let req = Request::copy_from(slot);
+            // The connection rate: a connect waits for a token, held in arrival order.
+            if req.op == op::CONNECT {
+                if let Some(b) = &mut self.rates.connect {
+                    if let Err(wait) = b.take(now) {
+                        self.cfg.policy.hit(Hit::ConnectRate);
+                        self.rates.wait_until(now + wait);
+                        self.rates.held.push_back((idx, req));
+                        continue;
+                    }
+                }
+            }
             if self.forward(idx, &req) {
                 continue; // the owning worker completes the slot
             }
             self.run_request(ep, idx, &req);
+        }
+    }
+
+    /// Connects held for the connection rate, as far as tokens allow.
+    fn run_held_connects(&mut self, ep: &Epoll, now: Instant, st: &mut RoundStats) {
+        while !self.rates.held.is_empty() {
+            if let Some(b) = &mut self.rates.connect {
+                if let Err(wait) = b.take(now) {
+                    self.rates.wait_until(now + wait);
+                    return;
+                }
+            }
+            let Some((idx, req)) = self.rates.held.pop_front() else {
+                return;
+            };
+            st.requests += 1;
+            if !self.forward(idx, &req) {
+                self.run_request(ep, idx, &req);
+            }
         }
     }
 
@@ -159,6 +210,10 @@ impl Guest {
             Ok(v) => v,
             Err(e) => (-(e as i64), 0),
         };
+        self.served += 1;
+        if result < 0 && ![errno::EAGAIN, errno::EINPROGRESS].contains(&(-result as i32)) {
+            self.failed += 1;
+        }
         if out_len > 0 {
             slot.write_payload(0, &out[..out_len.min(SLOT_PAYLOAD)]);
         }

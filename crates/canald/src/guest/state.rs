@@ -78,6 +78,12 @@ pub(crate) struct Guest {
     pub(crate) owned_words: usize,
     /// Virtual RSS state (None: every socket of the guest stays here).
     pub(crate) vr: Option<Box<crate::guest::shared::State>>,
+    /// Rate quotas (home worker only) and the connects waiting for them.
+    pub(crate) rates: crate::quota::Rates,
+    /// Requests completed, and those that failed with an error other than EAGAIN or
+    /// EINPROGRESS (metrics).
+    pub(crate) served: u64,
+    pub(crate) failed: u64,
     // The mapping must outlive every use of `region`; it is dropped last.
     pub(crate) map: Arc<sys::Mapping>,
 }
@@ -192,6 +198,9 @@ impl Guest {
             owned_words: 0,
             vr: None,
             cfg,
+            rates: Default::default(),
+            served: 0,
+            failed: 0,
             map,
         }
     }
@@ -227,6 +236,7 @@ impl Guest {
         GuestView {
             loopback_only: self.cfg.loopback_only,
             net: self.cfg.net.clone(),
+            policy: self.cfg.policy.clone(),
         }
     }
 
@@ -272,7 +282,10 @@ impl Guest {
     /// Earliest drain deadline of a closing socket (possibly earlier than any still
     /// pending: then the poller wakes once more than needed).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.earliest_close
+        match (self.earliest_close, self.rates.until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub(crate) fn note_deadline(&mut self, d: Instant) {

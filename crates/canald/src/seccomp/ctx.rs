@@ -14,6 +14,8 @@ pub(crate) struct Ctx {
     pub(crate) listener: OwnedFd,
     pub(crate) net: Arc<NetView>,
     pub(crate) loopback_only: bool,
+    /// The registering user's destination policy (quota) and its counters.
+    pub(crate) policy: Arc<crate::quota::GuestPolicy>,
     /// canald's own network namespace, as sockets report it.
     pub(crate) own_cookie: u64,
     pub(crate) blocked: AtomicUsize,
@@ -26,6 +28,7 @@ impl Ctx {
         GuestView {
             loopback_only: self.loopback_only,
             net: Some(self.net.clone()),
+            policy: self.policy.clone(),
         }
     }
 }

@@ -34,13 +34,19 @@ use std::sync::Arc;
 
 /// Serves `listener` for network `net` on a new thread until every program using
 /// the filter has exited.
-pub(crate) fn serve(listener: OwnedFd, net: Arc<NetView>, loopback_only: bool) -> io::Result<()> {
+pub(crate) fn serve(
+    listener: OwnedFd,
+    net: Arc<NetView>,
+    loopback_only: bool,
+    policy: Arc<crate::quota::GuestPolicy>,
+) -> io::Result<()> {
     let probe = sys::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
     let ctx = Arc::new(Ctx {
         listener,
         own_cookie: sys::netns_cookie(&probe)?,
         net,
         loopback_only,
+        policy,
         blocked: AtomicUsize::new(0),
         names: Default::default(),
     });
