@@ -13,6 +13,7 @@ mod isolate;
 mod oci_hook;
 mod run;
 mod stdfds;
+mod top;
 
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -31,6 +32,8 @@ enum Command {
     Run(run::RunArgs),
     /// List guests and their sockets
     Stat(StatArgs),
+    /// Guests and workers refreshed in the terminal, with rates (like top)
+    Top(top::TopArgs),
     /// Run canald in the foreground
     Daemon(canald::config::DaemonArgs),
     /// Benchmark harness (docs/bench/README.md)
@@ -55,13 +58,18 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct StatArgs {
-    /// Control socket [default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock, or
-    /// /tmp/canal-$UID/canald.sock]
+    /// Control socket [default: $CANAL_SOCKET; else a daemon of yours at
+    /// $XDG_RUNTIME_DIR/canal/canald.sock or /tmp/canal-$UID/canald.sock; else the
+    /// host-wide service /run/canal/canald.sock if it runs as you; else the per-user
+    /// path, where canal run starts a private daemon]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// JSON instead of a table
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     json: bool,
+    /// The Prometheus text exposition format (what canald --metrics serves)
+    #[arg(long)]
+    prometheus: bool,
 }
 
 #[derive(Args, Debug)]
@@ -93,7 +101,12 @@ enum BenchSub {
 
 fn stat(a: &StatArgs) -> i32 {
     let path = canald::spawn::locate(a.socket.as_deref());
-    match canald::fetch_stat(&path, !a.json) {
+    let listing = if a.prometheus {
+        canald::fetch_metrics(&path)
+    } else {
+        canald::fetch_stat(&path, !a.json)
+    };
+    match listing {
         Ok(mut text) => {
             if !text.ends_with('\n') {
                 text.push('\n');
@@ -123,6 +136,7 @@ fn canal_main() -> i32 {
     match &cli.cmd {
         Command::Run(a) => run::run(a),
         Command::Stat(a) => stat(a),
+        Command::Top(a) => top::run(a),
         Command::Daemon(a) => canald::cli::serve(a),
         Command::Bench(BenchCmd {
             b11: Some(BenchSub::B11(a)),

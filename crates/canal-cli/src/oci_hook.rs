@@ -20,8 +20,10 @@ pub(crate) const PUBLISH_ANNOTATION: &str = "io.canal.publish";
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct OciHookArgs {
-    /// Control socket [default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock, or
-    /// /tmp/canal-$UID/canald.sock]
+    /// Control socket [default: $CANAL_SOCKET; else a daemon of yours at
+    /// $XDG_RUNTIME_DIR/canal/canald.sock or /tmp/canal-$UID/canald.sock; else the
+    /// host-wide service /run/canal/canald.sock if it runs as you; else the per-user
+    /// path, where canal run starts a private daemon]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 }

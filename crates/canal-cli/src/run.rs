@@ -11,8 +11,10 @@ use std::process::Command;
 /// the same way (a shell shows 128+N).
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Control socket [default: $CANAL_SOCKET, $XDG_RUNTIME_DIR/canal/canald.sock, or
-    /// /tmp/canal-$UID/canald.sock]
+    /// Control socket [default: $CANAL_SOCKET; else a daemon of yours at
+    /// $XDG_RUNTIME_DIR/canal/canald.sock or /tmp/canal-$UID/canald.sock; else the
+    /// host-wide service /run/canal/canald.sock if it runs as you; else the per-user
+    /// path, where canal run starts a private daemon]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Run PROGRAM in a network namespace of its own (and a user namespace when not

@@ -68,6 +68,15 @@ pub fn serve(args: &DaemonArgs) -> i32 {
             return 1;
         }
     };
+    if let Some(addr) = d.cfg.metrics {
+        match crate::metrics::http::start(addr, d.cfg.socket.clone()) {
+            Ok(a) => log::info!("metrics at http://{a}/metrics"),
+            Err(e) => {
+                eprintln!("canald: --metrics {addr}: {e}");
+                return 1;
+            }
+        }
+    }
     if let Err(e) = d.handle_signals() {
         eprintln!("canald: signals: {e}");
         return 1;

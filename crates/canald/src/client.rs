@@ -70,8 +70,17 @@ fn error_reply(body: &[u8]) -> io::Error {
 
 /// Asks the canald at `path` for its listing: JSON, or the text table if `text`.
 pub fn fetch_stat(path: &Path, text: bool) -> io::Result<String> {
+    fetch_listing(path, if text { 1 } else { 0 })
+}
+
+/// The listing in the Prometheus text format (`canal stat --prometheus`).
+pub fn fetch_metrics(path: &Path) -> io::Result<String> {
+    fetch_listing(path, 2)
+}
+
+/// STAT with `format` (protocol §2: 0 JSON, 1 text, 2 Prometheus).
+fn fetch_listing(path: &Path, format: u32) -> io::Result<String> {
     let fd = connect(path)?;
-    let format: u32 = if text { 1 } else { 0 };
     let mut m = control::encode_header(kind::STAT, 4).to_vec();
     m.extend_from_slice(&format.to_le_bytes());
     sys::send_with_fds(&fd, &m, &[], false)?;

@@ -268,10 +268,10 @@ impl Daemon {
         {
             let format = control::leading_u32(body).unwrap_or(0);
             let snap = self.snapshot();
-            let text = if format == 1 {
-                stat::render_text(&snap)
-            } else {
-                stat::render_json(&snap)
+            let text = match format {
+                1 => stat::render_text(&snap),
+                2 => crate::metrics::prom::render(&snap),
+                _ => stat::render_json(&snap),
             };
             let Some(conn) = self.conns.get_mut(&key) else {
                 return false;

@@ -604,6 +604,8 @@ impl Daemon {
                 gs.deferred_wakes += g.deferred_wakes;
                 gs.requests += g.served;
                 gs.errors += g.failed;
+                gs.closed_tx_bytes += g.freed_bytes.0;
+                gs.closed_rx_bytes += g.freed_bytes.1;
             }
         }
         for g in &mut guests {

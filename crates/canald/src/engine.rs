@@ -179,6 +179,8 @@ pub(crate) struct WorkerStats {
     /// Host-side holds (layer 1 coalescing).
     pub(crate) holds: AtomicU64,
     pub(crate) spin_ns: AtomicU64,
+    /// Time spent spinning without work, in total (a sleep ends a spin).
+    pub(crate) spun_ns: AtomicU64,
     pub(crate) t_p_ns: AtomicU64,
     pub(crate) t_v_ns: AtomicU64,
     pub(crate) c_p_ns: AtomicU64,

@@ -31,6 +31,7 @@ pub mod fuzz;
 pub mod guest;
 pub mod ivshmem_server;
 pub mod logging;
+pub mod metrics;
 pub mod network;
 pub mod output;
 pub mod quota;
@@ -45,6 +46,6 @@ pub mod watch;
 pub mod worker;
 
 pub use cli::cli_main;
-pub use client::fetch_stat;
+pub use client::{fetch_metrics, fetch_stat};
 pub use config::{default_socket_path, Config};
 pub use daemon::{Bound, Daemon};

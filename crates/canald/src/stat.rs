@@ -45,6 +45,21 @@ pub(crate) struct GuestStat {
     pub(crate) requests: u64,
     pub(crate) errors: u64,
     pub(crate) quota: QuotaStat,
+    /// Bytes sent and received by its sockets already closed (totals are these plus
+    /// the listed sockets').
+    pub(crate) closed_tx_bytes: u64,
+    pub(crate) closed_rx_bytes: u64,
+}
+
+impl GuestStat {
+    /// Bytes sent and received over the guest's life.
+    pub(crate) fn bytes_total(&self) -> (u64, u64) {
+        self.sockets
+            .iter()
+            .fold((self.closed_tx_bytes, self.closed_rx_bytes), |(t, r), s| {
+                (t.wrapping_add(s.tx_bytes), r.wrapping_add(s.rx_bytes))
+            })
+    }
 }
 
 /// A guest's quota hits (docs/operations.md, "Limit").
@@ -118,6 +133,8 @@ pub(crate) struct WorkerStat {
     pub(crate) kicks: u64,
     pub(crate) holds: u64,
     pub(crate) spin_ns: u64,
+    /// Time spun without work, in total (ns).
+    pub(crate) spun_ns: u64,
     /// Coalescing split now in force (ns; all 0 when off) and its inputs.
     pub(crate) t_worst_ns: u64,
     pub(crate) t_p_ns: u64,
@@ -147,6 +164,7 @@ impl WorkerStat {
             kicks: W::get(&st.kicks),
             holds: W::get(&st.holds),
             spin_ns: W::get(&st.spin_ns),
+            spun_ns: W::get(&st.spun_ns),
             t_worst_ns: t_p + t_v,
             t_p_ns: t_p,
             t_v_ns: t_v,
@@ -280,6 +298,8 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         network: g.cfg.net.as_deref().map(net_stat),
         requests: g.served,
         errors: g.failed,
+        closed_tx_bytes: g.freed_bytes.0,
+        closed_rx_bytes: g.freed_bytes.1,
         quota: {
             let [denied, connect_waits, request_waits] = g.cfg.policy.hits();
             QuotaStat {
@@ -319,6 +339,9 @@ struct GuestJson<'a> {
     deferred_wakes: u64,
     requests: u64,
     errors: u64,
+    /// Bytes over the guest's life (closed sockets included).
+    tx_bytes: u64,
+    rx_bytes: u64,
     quota: &'a QuotaStat,
     #[serde(skip_serializing_if = "Option::is_none")]
     doorbell: Option<DoorbellJson>,
@@ -354,6 +377,8 @@ pub(crate) fn render_json(s: &Snapshot) -> String {
                 deferred_wakes: g.deferred_wakes,
                 requests: g.requests,
                 errors: g.errors,
+                tx_bytes: g.bytes_total().0,
+                rx_bytes: g.bytes_total().1,
                 quota: &g.quota,
                 doorbell: g.doorbell_kicks.map(|kicks| DoorbellJson {
                     kicks,
@@ -465,11 +490,17 @@ pub(crate) fn render_text(s: &Snapshot) -> String {
     o
 }
 
+/// The listing the tests render (also `metrics::prom`'s).
+#[cfg(test)]
+pub(crate) fn tests_snapshot() -> Snapshot {
+    tests::snap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn snap() -> Snapshot {
+    pub(super) fn snap() -> Snapshot {
         Snapshot {
             pid: 42,
             socket: "/tmp/x/canald.sock".into(),
@@ -510,6 +541,8 @@ mod tests {
                 worker: 0,
                 requests: 9,
                 errors: 2,
+                closed_tx_bytes: 0,
+                closed_rx_bytes: 0,
                 quota: QuotaStat {
                     connect_waits: 4,
                     ..Default::default()
@@ -535,11 +568,11 @@ mod tests {
             j,
             "{\"daemon\":{\"pid\":42,\"socket\":\"/tmp/x/canald.sock\",\"workers\":[\
              {\"id\":0,\"notify\":\"hybrid\",\"guests\":0,\"rounds\":10,\"sleeps\":0,\
-             \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"t_worst_ns\":50000,\
+             \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"spun_ns\":0,\"t_worst_ns\":50000,\
              \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0,\
              \"sockets\":2}]},\
              \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\
-             \"wakes\":3,\"deferred_wakes\":1,\"requests\":9,\"errors\":2,\"quota\":{\"denied\":0,\"connect_waits\":4,\"request_waits\":0,\"held_connects\":0},\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
+             \"wakes\":3,\"deferred_wakes\":1,\"requests\":9,\"errors\":2,\"tx_bytes\":10,\"rx_bytes\":20,\"quota\":{\"denied\":0,\"connect_waits\":4,\"request_waits\":0,\"held_connects\":0},\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
              \"tx_bytes\":10,\"rx_bytes\":20,\"worker\":0},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\

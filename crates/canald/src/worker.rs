@@ -148,6 +148,8 @@ pub(crate) struct Poller {
     round_ns: u64,
     idle_rounds: u32,
     idle_since: Option<Instant>,
+    /// Since when this worker has been spinning without work (the spin time metric).
+    spin_from: Option<Instant>,
     c_p: u64,
     c_v: u64,
     split: Split,
@@ -181,6 +183,7 @@ impl Poller {
             round_ns,
             idle_rounds: 0,
             idle_since: None,
+            spin_from: None,
             c_p,
             c_v,
             split,
@@ -253,6 +256,10 @@ impl Poller {
         } else {
             (0, false)
         };
+        if sleeping && timeout != 0 {
+            // A sleep ends the spin (what follows is not spin time).
+            self.spun_until(Instant::now());
+        }
         let n = if timeout != 0 && has_vm {
             // A VM guest cannot kick us: sleep in bounded backoff (vm.rs).
             let ns = self.vm_sleep.next_sleep_ns(timeout);
@@ -399,9 +406,22 @@ impl Poller {
         self.last_io_wake = Some(Instant::now());
     }
 
+    /// The spin that began at `spin_from` ended (work came, or a sleep began).
+    fn spun_until(&mut self, now: Instant) {
+        if let Some(t) = self.spin_from.take() {
+            let ns = now.saturating_duration_since(t).as_nanos() as u64;
+            WorkerStats::add(&self.w.stats.spun_ns, ns);
+        }
+    }
+
     /// A round ended: with work, the idle period (if any) is over and its gap counts.
     fn end_round(&mut self, work: bool, now: Instant) {
         WorkerStats::add(&self.w.stats.rounds, 1);
+        if work {
+            self.spun_until(now);
+        } else {
+            self.spin_from.get_or_insert(now);
+        }
         if work {
             self.vm_sleep.note_work();
             if let Some(t) = self.idle_since.take() {

@@ -116,6 +116,11 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR", value_parser = parse_dns)]
     #[serde(default, deserialize_with = "de_dns")]
     pub dns: Option<std::net::SocketAddrV4>,
+    /// Serve Prometheus metrics over HTTP at http://ADDR/metrics (PORT alone: on
+    /// 127.0.0.1) [default: off]
+    #[arg(long, value_name = "ADDR", value_parser = crate::metrics::http::parse_addr)]
+    #[serde(default, deserialize_with = "de_metrics")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Log every guest's attach and departure to stderr
     #[arg(short, long)]
     #[serde(default)]
@@ -162,6 +167,12 @@ fn de_dns<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<std::net::SocketAddrV4>, D::Error> {
     de_parsed(d, parse_dns)
+}
+
+fn de_metrics<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    de_parsed(d, crate::metrics::http::parse_addr)
 }
 
 /// `zones = true`, or the command line's `"on"` / `"off"`.
@@ -212,6 +223,7 @@ impl DaemonArgs {
             cfg.zones = z;
         }
         cfg.verbose = self.verbose;
+        cfg.metrics = self.metrics;
         self.quota.check().map_err(ConfigError::Quota)?;
         cfg.quota = std::sync::Arc::new(self.quota.clone());
         cfg.guest_config()?;

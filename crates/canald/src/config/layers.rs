@@ -58,7 +58,7 @@ fn merge(cli: &DaemonArgs, files: &[ConfigFile]) -> (DaemonArgs, BTreeMap<&'stat
         }
         take!(opt: socket idle_exit slots sockets data_mib ring_kib spin budget notify
                    t_worst_us split_us rx_quantum_kib tx_quantum_kib workers shortcut_ring_kib
-                   zones dns;
+                   zones dns metrics;
               flag: coalesce no_batch loopback_only no_shortcut verbose);
         if !src.pin.is_empty() {
             out.pin = src.pin.clone();
@@ -111,6 +111,7 @@ const KEYS: &[&str] = &[
     "shortcut-ring-kib",
     "zones",
     "dns",
+    "metrics",
     "verbose",
     "quota",
 ];
@@ -196,6 +197,10 @@ fn settings(
                 Some(d) => Value::String(d.to_string()),
                 None => continue,
             },
+            "metrics" => match cfg.metrics {
+                Some(a) => Value::String(a.to_string()),
+                None => continue,
+            },
             "verbose" => Value::Boolean(cfg.verbose),
             "quota" => match toml::Value::try_from(&*cfg.quota) {
                 Ok(v) if !cfg.quota.is_empty() => v,
@@ -247,6 +252,7 @@ pub(crate) fn render(settings: &[Setting]) -> String {
                 "spin" => "an adaptive budget",
                 "split-us" => "an adaptive split",
                 "dns" => "none: /etc/resolv.conf names no IPv4 nameserver",
+                "metrics" => "off",
                 "quota" => "none: every guest gets the sizes above, no rate limit, any destination",
                 _ => "unset",
             };

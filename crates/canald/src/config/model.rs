@@ -61,6 +61,8 @@ pub struct Config {
     /// Every option's effective value and origin (empty unless built by
     /// `layers::resolve`).
     pub(crate) settings: Vec<Setting>,
+    /// Where Prometheus metrics are served (`--metrics`; None: nowhere).
+    pub(crate) metrics: Option<std::net::SocketAddr>,
     /// Quotas and policy per guest (configuration files).
     pub(crate) quota: std::sync::Arc<crate::quota::QuotaTable>,
 }
@@ -128,6 +130,7 @@ impl Config {
             pin: Vec::new(),
             dns: crate::network::host_resolver(),
             settings: Vec::new(),
+            metrics: None,
             quota: Default::default(),
         }
     }

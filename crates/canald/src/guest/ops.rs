@@ -389,6 +389,10 @@ impl Guest {
         let Some(s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
             return;
         };
+        // The guest's byte counters outlive its sockets (metrics are counters).
+        let (tx, rx) = self.sc_bytes(&s).unwrap_or((s.tx_bytes, s.rx_bytes));
+        self.freed_bytes.0 = self.freed_bytes.0.wrapping_add(tx);
+        self.freed_bytes.1 = self.freed_bytes.1.wrapping_add(rx);
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
             // Host streams are abortive ({1, 0}) while canald drives them, so canald's

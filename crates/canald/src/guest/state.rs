@@ -84,6 +84,8 @@ pub(crate) struct Guest {
     /// EINPROGRESS (metrics).
     pub(crate) served: u64,
     pub(crate) failed: u64,
+    /// Bytes sent and received by sockets already freed.
+    pub(crate) freed_bytes: (u64, u64),
     // The mapping must outlive every use of `region`; it is dropped last.
     pub(crate) map: Arc<sys::Mapping>,
 }
@@ -201,6 +203,7 @@ impl Guest {
             rates: Default::default(),
             served: 0,
             failed: 0,
+            freed_bytes: (0, 0),
             map,
         }
     }
