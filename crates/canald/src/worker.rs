@@ -540,7 +540,7 @@ fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, departing: &mut bool) ->
 
 /// Drops departed guests and vRSS shadows whose sockets are all closed (or whose drain
 /// time ran out); true if any guest or shadow has departed (its counts are changing).
-fn reap(sh: &mut Shard, w: &Worker) -> bool {
+pub(crate) fn reap(sh: &mut Shard, w: &Worker) -> bool {
     let mut departing = false;
     let mut freed = false;
     for k in departed_and_done(&mut sh.guests, &mut departing) {

@@ -202,3 +202,19 @@ pub(crate) fn try_lock_file(path: &Path) -> io::Result<Option<std::fs::File>> {
 }
 
 // ---- host (inet) sockets ---------------------------------------------------------
+
+/// A connected pair of SOCK_SEQPACKET sockets (close-on-exec; both non-blocking), as a
+/// control connection and its peer (the fuzz targets).
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds has room for the two descriptors socketpair writes.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    Ok((owned(fds[0]), owned(fds[1])))
+}

@@ -1,5 +1,6 @@
 //! Fuzz entry point for the request consumer (the logic lives here so unit tests run
-//! it on seeds; `fuzz/fuzz_targets/request_consumer.rs` only calls it).
+//! it on seeds; `fuzz/fuzz_targets/request_consumer.rs` only calls it). `serve_over`
+//! is shared with the VM target.
 //!
 //! The input is laid over a small region exactly where a hostile guest could write:
 //! request slots, queue cells, socket entries (after the host created two live
@@ -47,10 +48,11 @@ pub struct Outcome {
 
 /// Runs the request consumer over `data`. Panics only on a canald bug.
 pub fn fuzz_request_consumer(data: &[u8]) -> Outcome {
-    let mut o = Outcome::default();
-    let Ok(ep) = Epoll::new() else { return o };
+    let Ok(ep) = Epoll::new() else {
+        return Outcome::default();
+    };
     let Ok((mut g, _memfd)) = Guest::new(1, 1, 0, "fuzz".into(), config()) else {
-        return o;
+        return Outcome::default();
     };
     // Two live sockets made by honest requests, so entries and rings exist.
     let mut out = [0u8; SLOT_PAYLOAD];
@@ -62,28 +64,44 @@ pub fn fuzz_request_consumer(data: &[u8]) -> Outcome {
         );
         assert!(r.is_ok(), "honest SOCKET failed: {r:?}");
     }
+    let o = serve_over(&mut g, &ep, data);
+    g.close_all(&ep);
+    assert_eq!(g.socket_count(), 0);
+    o
+}
+
+/// Lays `data` over what a guest may write in `g`'s region (slots, queue, socket
+/// entries, attention bits, ring bytes; the first byte picks how honest the queue is)
+/// and runs three service rounds; then checks the host's invariants.
+pub(crate) fn serve_over(g: &mut Guest, ep: &Epoll, data: &[u8]) -> Outcome {
+    let mut o = Outcome::default();
     let (mode, data) = match data.split_first() {
         Some((m, rest)) => (*m, rest),
         None => (0, data),
     };
     let l = *g.region().layout();
+    let slots = l.slot_count.min(64);
     let mut rest = data;
     let lay = |off: u64, len: usize, rest: &mut &[u8]| {
         let n = len.min(rest.len());
         g.mapping().write_at(off as usize, &rest[..n]);
         *rest = &rest[n..];
     };
-    lay(l.slots_offset, (SLOTS as u64 * 512) as usize, &mut rest);
+    lay(l.slots_offset, (slots as u64 * 512) as usize, &mut rest);
     if mode & 1 != 0 {
-        lay(l.queue_offset, SLOTS as usize * 8, &mut rest);
+        lay(l.queue_offset, slots as usize * 8, &mut rest);
     }
-    lay(l.sockets_offset, (SOCKETS as u64 * 256) as usize, &mut rest);
+    lay(
+        l.sockets_offset,
+        (l.socket_count as u64 * 256) as usize,
+        &mut rest,
+    );
     lay(l.attention_offset, 8, &mut rest);
     lay(l.data_offset, rest.len().min(4 * RING as usize), &mut rest);
     let r = *g.region();
     if mode & 2 != 0 {
         // Make every slot a pending request, whatever else the input wrote.
-        for i in 0..SLOTS {
+        for i in 0..slots {
             if let Some(s) = r.slot(i) {
                 s.state.store(slot_state::REQUESTED, Ordering::Release);
             }
@@ -92,31 +110,29 @@ pub fn fuzz_request_consumer(data: &[u8]) -> Outcome {
     if mode & 1 == 0 {
         // Honest queue entries naming (maybe garbage) slots.
         let q = canal_abi::queue::QueueProducer::new(r.queue_cells(), &r.header().queue_tail);
-        for i in 0..SLOTS {
+        for i in 0..slots {
             let v = if mode & 4 != 0 { i ^ 0x8000_0001 } else { i };
             let _ = q.push(v);
         }
     }
     for _ in 0..3 {
-        o.popped += g.service_round(&ep, Instant::now()).requests;
+        o.popped += g.service_round(ep, Instant::now()).requests;
     }
-    for i in 0..SLOTS {
+    for i in 0..slots {
         if let Some(s) = r.slot(i) {
             if s.state.load(Ordering::Acquire) == slot_state::DONE {
                 o.done.push((i, s.result.load(Ordering::Relaxed)));
             }
         }
     }
-    check_invariants(&g);
-    g.close_all(&ep);
-    assert_eq!(g.socket_count(), 0);
+    check_invariants(g);
     o
 }
 
 fn check_invariants(g: &Guest) {
     let mut handles = std::collections::HashSet::new();
     for s in g.sockets() {
-        assert!(s.index() < SOCKETS);
+        assert!(s.index() < g.region().layout().socket_count);
         assert!(handles.insert(s.handle), "duplicate handle");
         assert_ne!(s.handle >> 16, 0, "generation 0 is never used");
     }
