@@ -2,6 +2,7 @@
 activation (with systemd-socket-activate, as systemd itself cannot run here), and
 `canal run` finding a running service before it starts a private daemon."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ def test_install_lays_out_every_file(installed):
     assert os.access(p("usr/local/bin/canald"), os.X_OK)
     for kind in ("system", "user"):
         svc = p(f"usr/local/lib/systemd/{kind}/canald.service").read_text()
-        assert "ExecStart=/usr/local/bin/canald\n" in svc, svc
+        assert "ExecStart=/usr/local/bin/canald" in svc, svc
         sock = p(f"usr/local/lib/systemd/{kind}/canald.socket").read_text()
         assert "ListenSequentialPacket=" in sock, sock
     # The example configuration is a valid file for canald (every line commented).
@@ -127,3 +128,72 @@ def test_activated_socket_of_the_wrong_kind_is_refused(installed, procs):
     assert r.returncode != 0, r.describe()
     assert "ListenSequentialPacket" in r.stderr, r.describe()
     shutil.rmtree(d, ignore_errors=True)
+
+
+def test_host_wide_service_serves_each_user_as_that_user(canal_bin, procs, progs):
+    """`canald --serve-users` (the system unit's): another user's `canal run` finds the
+    host-wide service, whose connection goes to a canald of that user's own — so the
+    host sockets are that user's (the kernel refuses port 80 as natively), that user's
+    `canal stat` lists the guest and root's does not."""
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("needs root and runuser (the test runs a program as nobody)")
+    if not shutil.which("systemd-socket-activate"):
+        pytest.skip("systemd-socket-activate is not installed (package systemd)")
+    import pwd
+    nobody = pwd.getpwnam("nobody")
+    sysdir = short_tmpdir()
+    os.chmod(sysdir, 0o755)
+    sock = os.path.join(sysdir, "canald.sock")
+    act = procs.spawn(["systemd-socket-activate", "--seqpacket", "-l", sock, canal_bin.parent / "canald",
+                       "--serve-users", "-v"], env=clean_env({}), name="service-all-users")
+    e2e_util.wait_for(lambda: os.path.exists(sock), 20, what="systemd-socket-activate to listen")
+    # As the unit's SocketMode=0666 (systemd-socket-activate has no such option).
+    os.chmod(sock, 0o666)
+    userdir = short_tmpdir()
+    os.chown(userdir, nobody.pw_uid, nobody.pw_gid)
+    as_nobody = ["runuser", "-u", "nobody", "--", "env", "-i", "PATH=/usr/bin:/bin",
+                 f"XDG_RUNTIME_DIR={userdir}", f"CANAL_SERVICE_SOCKET={sock}"]
+    prog = """
+import errno, socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", 80)); print("PORT80 bound", flush=True)
+except OSError as e:
+    print("PORT80", errno.errorcode[e.errno], flush=True)
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
+print("LISTEN", l.getsockname()[1], flush=True)
+sys.stdin.read()
+"""
+    g = procs.spawn([*as_nobody, str(canal_bin), "run", "--", "/usr/bin/python3", "-c", prog],
+                    stdin=subprocess.PIPE, name="nobody-guest")
+    port = int(g.wait_line("LISTEN", 30).split()[1])
+    unpriv = int(open("/proc/sys/net/ipv4/ip_unprivileged_port_start").read())
+    assert g.wait_line("PORT80", 5) == ("PORT80 EACCES" if unpriv > 80 else "PORT80 bound"), g.describe()
+    # The listening host socket was made with nobody's credentials.
+    owners = [int(line.split()[7]) for line in open("/proc/net/tcp").read().splitlines()[1:]
+              if line.split()[1].endswith(":%04X" % port) and line.split()[3] == "0A"]
+    assert owners == [nobody.pw_uid], (port, owners)
+    # ... by a canald running as nobody, started by the host-wide one.
+    users = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).startswith(str(canal_bin.parent / "canald"))
+             and f"--user-channel 3 --idle-exit 30 --socket {sock}" in _cmdline(p)]
+    assert users and all(os.stat(f"/proc/{p}").st_uid == nobody.pw_uid for p in users), users
+    # nobody's canal stat (through the same socket) lists the guest; root's does not.
+    r = subprocess.run([*as_nobody, f"CANAL_SOCKET={sock}", str(canal_bin), "stat", "--json"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert any(s["local"] == f"127.0.0.1:{port}" for gs in st["guests"] for s in gs["sockets"]), st
+    assert canal_stat(str(canal_bin), sock)["guests"] == []
+    assert not os.path.exists(os.path.join(userdir, "canal", "canald.sock")), "a private daemon was started"
+    g.send_line()
+    assert g.finish(30).returncode == 0
+    act.stop()
+    shutil.rmtree(sysdir, ignore_errors=True)
+    shutil.rmtree(userdir, ignore_errors=True)
+
+
+def _cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

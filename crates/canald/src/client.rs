@@ -80,14 +80,18 @@ pub fn fetch_metrics(path: &Path) -> io::Result<String> {
 
 /// STAT with `format` (protocol §2: 0 JSON, 1 text, 2 Prometheus).
 fn fetch_listing(path: &Path, format: u32) -> io::Result<String> {
-    let fd = connect(path)?;
+    listing_over(&connect(path)?, format)
+}
+
+/// STAT over a connection already made (and checked).
+pub(crate) fn listing_over(fd: &OwnedFd, format: u32) -> io::Result<String> {
     let mut m = control::encode_header(kind::STAT, 4).to_vec();
     m.extend_from_slice(&format.to_le_bytes());
-    sys::send_with_fds(&fd, &m, &[], false)?;
+    sys::send_with_fds(fd, &m, &[], false)?;
     let mut buf = vec![0u8; CTL_MAX];
     let mut out = Vec::new();
     loop {
-        let (k, body, _) = recv_msg(&fd, &mut buf)?;
+        let (k, body, _) = recv_msg(fd, &mut buf)?;
         match k {
             kind::STAT_CHUNK if body.is_empty() => break,
             kind::STAT_CHUNK => out.extend_from_slice(&body),

@@ -49,6 +49,12 @@ pub enum TrustError {
     )]
     NotPrivate { dir: PathBuf, mode: u32 },
     #[error(
+        "a private canald is started only in a directory of your own: {} belongs to uid \
+         {owner}; use --socket in a directory of yours",
+        dir.display()
+    )]
+    NotOwn { dir: PathBuf, owner: u32 },
+    #[error(
         "permission denied on {}: it belongs to another user's canald (use your own with \
          --socket, or run as that user)",
         socket.display()
@@ -86,6 +92,9 @@ pub enum Role {
     /// A client: its own directory must be 0700; a root-owned one not writable by
     /// group or others.
     Client,
+    /// Where a client starts a private daemon: its own directory, 0700 (also for root:
+    /// a root-owned 0755 directory such as /etc or /run/canal is not a private one).
+    Private,
 }
 
 /// Checks `dir` without following a symlink at its last component.
@@ -125,11 +134,21 @@ fn check_meta(
     if owner != me && owner != 0 {
         return Err(TrustError::Owner { dir, owner, me });
     }
+    if owner != me && role == Role::Private {
+        return Err(TrustError::NotOwn { dir, owner });
+    }
     let mode = mode & 0o7777;
     if mode & 0o022 != 0 {
         return Err(TrustError::Writable { dir, mode });
     }
-    if role == Role::Client && owner == me && mode & 0o077 != 0 {
+    // A user's own directory must be private; root's may be a system service's
+    // (/run/canal, 0755): closed to writes is what matters there.
+    let private_wanted = match role {
+        Role::Private => true,
+        Role::Client => me != 0,
+        Role::Daemon => false,
+    };
+    if private_wanted && owner == me && mode & 0o077 != 0 {
         return Err(TrustError::NotPrivate { dir, mode });
     }
     Ok(())
@@ -242,7 +261,12 @@ mod tests {
         assert!(!check(false, 1000, 0o40755, 1000, Role::Client));
         // A root-owned system directory closed to writes: trusted by users.
         assert!(check(false, 0, 0o40755, 1000, Role::Client));
-        assert!(!check(false, 0, 0o40755, 0, Role::Client));
+        // Root too: its system directory is 0755 (a root client owns it) — but a
+        // private daemon is started only in a private directory.
+        assert!(check(false, 0, 0o40755, 0, Role::Client));
+        assert!(!check(false, 0, 0o40755, 0, Role::Private));
+        assert!(check(false, 0, 0o40700, 0, Role::Private));
+        assert!(!check(false, 0, 0o40700, 1000, Role::Private));
         assert!(check_meta(Path::new("/x"), false, false, 0, 0o100600, 0, Role::Client).is_err());
     }
 

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A control connection.
 pub(crate) struct Conn {
     pub(crate) fd: OwnedFd,
     pub(crate) pid: u32,
@@ -46,7 +47,7 @@ pub(crate) struct Conn {
 
 /// Refused peers (another uid) waiting to send their first message; beyond this they
 /// are answered and closed at once.
-const MAX_REFUSED: usize = 16;
+pub(crate) const MAX_REFUSED: usize = 16;
 
 /// Largest backlog of unread replies per connection before it is dropped.
 pub(crate) const OUT_MAX: usize = 16 << 20;
@@ -81,6 +82,8 @@ pub struct Daemon {
     pub(crate) own_ns: sys::NsId,
     /// Every worker's mailbox (virtual RSS), once all workers exist.
     pub(crate) boxes: Option<crate::guest::shared::Boxes>,
+    /// A host-wide canald serving other users (`serve-users`): their own daemons.
+    pub(crate) users: Option<crate::users::UserDaemons>,
 }
 
 /// Why canald could not start serving its control socket.
@@ -126,20 +129,43 @@ impl Daemon {
             cfg.sockets = cap as _;
         }
         let gcfg = cfg.guest_config()?;
-        let (listener, lock) = match sys::inherited_listener()
-            .map_err(|e| BindError::Io("socket activation".into(), e))?
-        {
+        let inherited = match cfg.user_channel {
+            Some(fd) => sys::inherited_channel(fd)
+                .map(|c| Some((c, None)))
+                .map_err(|e| BindError::Io("--user-channel".into(), e))?,
+            None => sys::inherited_listener()
+                .map_err(|e| BindError::Io("socket activation".into(), e))?,
+        };
+        let (listener, lock) = match inherited {
             Some((fd, path)) => {
                 if let Some(p) = path {
                     cfg.socket = p;
                 }
-                log::info!("serving {} (socket activation)", cfg.socket.display());
+                log::info!(
+                    "serving {} ({})",
+                    cfg.socket.display(),
+                    if cfg.user_channel.is_some() {
+                        "connections handed over by the host-wide canald"
+                    } else {
+                        "socket activation"
+                    }
+                );
                 (fd, None)
             }
-            None => match Self::listen_at(cfg.socket.clone())? {
+            None => match Self::listen_at(cfg.socket.clone(), cfg.serve_users)? {
                 Some((fd, lock)) => (fd, Some(lock)),
                 None => return Ok(Bound::AlreadyRunning),
             },
+        };
+        // After the listener: an activated socket's path is the one users' daemons report.
+        let users = if cfg.serve_users {
+            let args = crate::config::layers::user_daemon_args(&cfg);
+            Some(
+                crate::users::UserDaemons::new(args)
+                    .map_err(|e| BindError::Io("--serve-users".into(), e))?,
+            )
+        } else {
+            None
         };
         let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
         let shortcut = ShortcutShared::new(cfg.shortcut, seg_ring);
@@ -177,12 +203,24 @@ impl Daemon {
             networks: crate::network::Networks::new(cfg_dns),
             own_ns,
             boxes: None,
+            users,
         })))
     }
 
     /// Creates the control socket at `path` and takes its lock; None if another canald
     /// answers there.
-    fn listen_at(path: PathBuf) -> Result<Option<(OwnedFd, std::fs::File)>, BindError> {
+    /// With `for_all_users` (`--serve-users`) a missing directory is made 0755 and the
+    /// socket 0666: every user may connect, and canald sorts them by uid.
+    fn listen_at(
+        path: PathBuf,
+        for_all_users: bool,
+    ) -> Result<Option<(OwnedFd, std::fs::File)>, BindError> {
+        if for_all_users {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(crate::ctldir::dir_of(&path));
+        }
         // Created 0700 if missing; refused if another user could have planted
         // anything in it (the lock file, the socket).
         crate::ctldir::ensure_dir(crate::ctldir::dir_of(&path), crate::ctldir::Role::Daemon)?;
@@ -220,6 +258,12 @@ impl Daemon {
         }
         let listener = sys::seqpacket_listen(&path)
             .map_err(|e| BindError::Io(format!("cannot listen on {}", path.display()), e))?;
+        if for_all_users {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).map_err(
+                |e| BindError::Io(format!("cannot open {} to all users", path.display()), e),
+            )?;
+        }
         Ok(Some((listener, lock)))
     }
 
@@ -390,79 +434,6 @@ impl Daemon {
             {
                 return k;
             }
-        }
-    }
-
-    pub(crate) fn accept_conns(&mut self) {
-        loop {
-            let fd = match sys::accept_unix(&self.listener) {
-                Ok(Some(fd)) => fd,
-                Ok(None) => return,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
-                    // Out of descriptors: the connection stays queued and the
-                    // listener readable (a busy loop). Take it with the reserve
-                    // descriptor and tell the peer why.
-                    let listener = &self.listener;
-                    self.reserve.with_spare(|| {
-                        if let Ok(Some(c)) = sys::accept_unix(listener) {
-                            let _ = send_error(&c, errno::EMFILE, "canald is out of descriptors");
-                        }
-                    });
-                    log::info!("accept: {e}; a connection was refused");
-                    continue;
-                }
-                Err(e) => {
-                    log::info!("accept: {e}");
-                    return;
-                }
-            };
-            let me = sys::getuid();
-            let (pid, uid) = match sys::peer_cred(&fd) {
-                Ok(c) => c,
-                Err(_) => continue,
-            };
-            let refused = uid != me && uid != 0;
-            // The peer's namespace decides its address view: read from the process
-            // that connected, never taken from the guest's word.
-            let netns = match sys::peer_netns(&fd, pid) {
-                Ok((ns, _)) if ns == self.own_ns => None,
-                Ok(x) => Some(x),
-                Err(e) => {
-                    let why = format!("cannot tell the network namespace of pid {pid}: {e}");
-                    log::info!("control connection refused: {why}");
-                    let _ = send_error(&fd, sys::errno_of(&e), &why);
-                    continue;
-                }
-            };
-            if refused && self.conns.values().filter(|c| c.refused).count() >= MAX_REFUSED {
-                let _ = send_error(&fd, errno::EACCES, "peer uid not allowed");
-                continue;
-            }
-            let key = self.alloc_conn_key();
-            if self
-                .ep()
-                .add(
-                    fd.as_raw_fd(),
-                    sys::EP_IN,
-                    token::make(token::CONTROL, key, 0, 0),
-                )
-                .is_err()
-            {
-                continue;
-            }
-            self.conns.insert(
-                key,
-                Conn {
-                    fd,
-                    pid,
-                    uid,
-                    worker: None,
-                    refused,
-                    out: Default::default(),
-                    out_bytes: 0,
-                    netns,
-                },
-            );
         }
     }
 

@@ -18,6 +18,7 @@
 //! uid), `fdbudget` (descriptor limit, per-guest socket cap, reserve).
 #![deny(unsafe_code)]
 
+pub mod accept;
 pub mod alloc;
 pub mod cli;
 pub mod client;
@@ -41,6 +42,7 @@ pub mod sockopt;
 pub mod spawn;
 pub mod stat;
 pub mod sys;
+pub mod users;
 pub mod vm;
 pub mod watch;
 pub mod worker;

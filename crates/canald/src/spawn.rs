@@ -70,13 +70,16 @@ pub fn locate(explicit: Option<&Path>) -> PathBuf {
     user
 }
 
-/// A trusted daemon answers on `path` and runs as this user (canald serves peers of
-/// its own uid: a root service serves root's programs only; docs/operations.md).
+/// A trusted daemon answers on `path` and serves this user: it runs as this user, or it
+/// is a root service that answers this user's STAT (one with `serve-users`, which hands
+/// the connection to the user's own canald; without it root serves root only).
 fn serves_me(path: &Path) -> bool {
-    match crate::ctldir::connect_trusted(path) {
-        Ok(Some(fd)) => {
-            crate::sys::peer_cred(&fd).is_ok_and(|(_, uid)| uid == crate::sys::getuid())
-        }
+    let Ok(Some(fd)) = crate::ctldir::connect_trusted(path) else {
+        return false;
+    };
+    match crate::sys::peer_cred(&fd) {
+        Ok((_, uid)) if uid == crate::sys::getuid() => true,
+        Ok((_, 0)) => crate::client::listing_over(&fd, 0).is_ok(),
         _ => false,
     }
 }
@@ -108,6 +111,8 @@ pub fn ensure_daemon(path: &Path) -> Result<(), SpawnError> {
             source: source.into(),
         });
     }
+    // A private daemon's directory (its lock and log files go there) must be private.
+    crate::ctldir::check_dir(dir, Role::Private)?;
     let exe = std::env::current_exe().map_err(SpawnError::OwnExe)?;
     start_private_daemon(&exe, path)
 }

@@ -125,6 +125,16 @@ pub struct DaemonArgs {
     #[arg(short, long)]
     #[serde(default)]
     pub verbose: bool,
+    /// Host-wide service (root only): serve other users' programs, each user's by a
+    /// canald of its own started as that user (docs/operations.md)
+    #[arg(long)]
+    #[serde(default)]
+    pub serve_users: bool,
+    /// A user's canald started by a host-wide one: connections arrive on descriptor FD
+    /// (internal; implies reading only the system configuration file)
+    #[arg(long, value_name = "FD", hide = true)]
+    #[serde(skip)]
+    pub user_channel: Option<i32>,
     /// Quotas and policy per guest: configuration files only (`[quota.default]`,
     /// `[quota.uid.NAME]`, `[quota.cgroup."PATH"]`, `[quota.guest.NAME]`).
     #[arg(skip)]
@@ -224,6 +234,11 @@ impl DaemonArgs {
         }
         cfg.verbose = self.verbose;
         cfg.metrics = self.metrics;
+        cfg.user_channel = self.user_channel;
+        if self.serve_users && crate::sys::getuid() != 0 {
+            return Err(ConfigError::ServeUsersNeedsRoot);
+        }
+        cfg.serve_users = self.serve_users;
         self.quota.check().map_err(ConfigError::Quota)?;
         cfg.quota = std::sync::Arc::new(self.quota.clone());
         cfg.guest_config()?;

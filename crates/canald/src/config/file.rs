@@ -47,6 +47,16 @@ pub(crate) fn load_all(explicit: Option<&Path>) -> Result<Vec<ConfigFile>, Confi
     Ok(out)
 }
 
+/// The system file alone, if it exists (a user's canald: never the user's file).
+pub(crate) fn load_system() -> Result<Vec<ConfigFile>, ConfigError> {
+    let p = Path::new(SYSTEM_FILE);
+    match std::fs::metadata(p) {
+        Ok(_) => Ok(vec![load(p)?]),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(file_error(p, 0, e.to_string())),
+    }
+}
+
 fn file_error(path: &Path, line: usize, reason: String) -> ConfigError {
     ConfigError::File {
         path: path.into(),

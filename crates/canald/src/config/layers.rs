@@ -59,7 +59,7 @@ fn merge(cli: &DaemonArgs, files: &[ConfigFile]) -> (DaemonArgs, BTreeMap<&'stat
         take!(opt: socket idle_exit slots sockets data_mib ring_kib spin budget notify
                    t_worst_us split_us rx_quantum_kib tx_quantum_kib workers shortcut_ring_kib
                    zones dns metrics;
-              flag: coalesce no_batch loopback_only no_shortcut verbose);
+              flag: coalesce no_batch loopback_only no_shortcut verbose serve_users);
         if !src.pin.is_empty() {
             out.pin = src.pin.clone();
             origins.insert("pin", origin("pin"));
@@ -112,6 +112,7 @@ const KEYS: &[&str] = &[
     "zones",
     "dns",
     "metrics",
+    "serve-users",
     "verbose",
     "quota",
 ];
@@ -119,11 +120,55 @@ const KEYS: &[&str] = &[
 /// The effective configuration of `cli` with the configuration files it names (or
 /// the default ones). A value that cannot serve is reported with where it came from.
 pub(crate) fn resolve(cli: &DaemonArgs) -> Result<Config, ConfigError> {
-    let files = file::load_all(cli.config.as_deref())?;
-    let (args, origins) = merge(cli, &files);
+    // A user's canald reads only the host's configuration: a user must not raise the
+    // quotas the host set for them by editing their own file.
+    let files = match (&cli.config, cli.user_channel) {
+        (None, Some(_)) => file::load_system()?,
+        (explicit, _) => file::load_all(explicit.as_deref())?,
+    };
+    let (mut args, origins) = merge(cli, &files);
+    args.user_channel = cli.user_channel;
     let mut cfg = args.config().map_err(|e| blame(e, &origins))?;
     cfg.settings = settings(&cfg, &args, &origins);
+    cfg.config_file = cli.config.clone();
+    cfg.cli_settings = cfg
+        .settings
+        .iter()
+        .filter(|s| origins.get(s.key) == Some(&Origin::CommandLine))
+        .cloned()
+        .collect();
     Ok(cfg)
+}
+
+/// The options a host-wide canald passes to each user's canald: the socket path it
+/// reports, the configuration file given to it, and the options its own command line
+/// set (as `--key=value`); not `--metrics`, `--serve-users` or `--idle-exit`, which are
+/// the host-wide daemon's own.
+pub(crate) fn user_daemon_args(cfg: &Config) -> Vec<std::ffi::OsString> {
+    let mut out: Vec<std::ffi::OsString> = vec!["--socket".into(), cfg.socket.clone().into()];
+    if let Some(f) = &cfg.config_file {
+        out.push("--config".into());
+        out.push(f.clone().into());
+    }
+    for s in &cfg.cli_settings {
+        if matches!(
+            s.key,
+            "socket" | "metrics" | "serve-users" | "idle-exit" | "quota"
+        ) {
+            continue;
+        }
+        match &s.value {
+            toml::Value::Boolean(true) => out.push(format!("--{}", s.key).into()),
+            toml::Value::Boolean(false) => {}
+            toml::Value::String(v) => out.push(format!("--{}={v}", s.key).into()),
+            toml::Value::Array(a) => {
+                let list: Vec<String> = a.iter().map(|v| v.to_string()).collect();
+                out.push(format!("--{}={}", s.key, list.join(",")).into());
+            }
+            v => out.push(format!("--{}={v}", s.key).into()),
+        }
+    }
+    out
 }
 
 /// Names the origins of the keys an error is about, when a file set any of them.
@@ -201,6 +246,7 @@ fn settings(
                 Some(a) => Value::String(a.to_string()),
                 None => continue,
             },
+            "serve-users" => Value::Boolean(cfg.serve_users),
             "verbose" => Value::Boolean(cfg.verbose),
             "quota" => match toml::Value::try_from(&*cfg.quota) {
                 Ok(v) if !cfg.quota.is_empty() => v,

@@ -63,6 +63,14 @@ pub struct Config {
     pub(crate) settings: Vec<Setting>,
     /// Where Prometheus metrics are served (`--metrics`; None: nowhere).
     pub(crate) metrics: Option<std::net::SocketAddr>,
+    /// Serve other users through daemons of their own (`--serve-users`, root only).
+    pub(crate) serve_users: bool,
+    /// A user's canald: the channel its connections arrive on (`--user-channel`).
+    pub(crate) user_channel: Option<i32>,
+    /// `--config`, if given (a user's canald reads the same file).
+    pub(crate) config_file: Option<PathBuf>,
+    /// The settings the command line set (a user's canald gets them too).
+    pub(crate) cli_settings: Vec<Setting>,
     /// Quotas and policy per guest (configuration files).
     pub(crate) quota: std::sync::Arc<crate::quota::QuotaTable>,
 }
@@ -131,6 +139,10 @@ impl Config {
             dns: crate::network::host_resolver(),
             settings: Vec::new(),
             metrics: None,
+            serve_users: false,
+            user_channel: None,
+            config_file: None,
+            cli_settings: Vec::new(),
             quota: Default::default(),
         }
     }
@@ -206,6 +218,10 @@ pub enum ConfigError {
         line: usize,
         reason: String,
     },
+    #[error(
+        "--serve-users needs canald to run as root (it starts each user's canald as that user)"
+    )]
+    ServeUsersNeedsRoot,
     /// A quota table that parses but cannot apply (an unknown user, a bad cgroup).
     #[error("{0}")]
     Quota(String),
@@ -223,6 +239,7 @@ impl ConfigError {
             ConfigError::RingTooLarge => &["ring-kib", "data-mib"],
             ConfigError::Workers(_) => &["workers"],
             ConfigError::Quota(_) => &["quota"],
+            ConfigError::ServeUsersNeedsRoot => &["serve-users"],
             ConfigError::File { .. } | ConfigError::Blamed { .. } => &[],
         }
     }

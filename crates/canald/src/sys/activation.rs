@@ -76,3 +76,40 @@ fn bound_path(fd: RawFd) -> Option<PathBuf> {
         .collect();
     (!path.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(&path)))
 }
+
+/// The channel a host-wide canald passed to a user's canald as descriptor `fd`
+/// (`users.rs`): checked to be a connected AF_UNIX SOCK_SEQPACKET socket, then owned,
+/// close-on-exec and non-blocking.
+pub fn inherited_channel(fd: RawFd) -> io::Result<OwnedFd> {
+    let int = |name| -> io::Result<i32> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: v and len are valid for writing an int.
+        cvt(unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut i32).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(v)
+    };
+    if int(libc::SO_DOMAIN).ok() != Some(libc::AF_UNIX)
+        || int(libc::SO_TYPE).ok() != Some(libc::SOCK_SEQPACKET)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "descriptor {fd} is not the AF_UNIX SOCK_SEQPACKET channel of a host-wide canald"
+            ),
+        ));
+    }
+    // SAFETY: the descriptor was passed to this process to own (--user-channel).
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain call on our descriptor.
+    cvt(unsafe { libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    set_nonblocking(&owned)?;
+    Ok(owned)
+}

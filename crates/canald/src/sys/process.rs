@@ -70,3 +70,23 @@ pub fn new_session_on_exec(cmd: &mut std::process::Command) {
         });
     }
 }
+
+/// Makes `fd` descriptor 3 of the program `cmd` runs (the rest stay close-on-exec): a
+/// per-user canald's channel from the host-wide one (`users.rs`).
+pub(crate) fn pass_as_fd3_on_exec(cmd: &mut std::process::Command, fd: std::os::fd::RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: dup2 and fcntl are async-signal-safe and touch no memory of the parent;
+    // `fd` stays open in the parent until the child has exec'd (Command::spawn waits).
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

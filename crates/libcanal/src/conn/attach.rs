@@ -220,7 +220,9 @@ fn check_dir(path: &[u8], uid: u32) -> Result<(), AttachErr> {
             "the control directory belongs to another user",
         ));
     }
-    if mode & 0o022 != 0 || (owner == uid && mode & 0o077 != 0) {
+    // A user's own directory must be private; root's may be a system service's
+    // (/run/canal, 0755): closed to writes is what matters there (canald::ctldir).
+    if mode & 0o022 != 0 || (owner == uid && uid != 0 && mode & 0o077 != 0) {
         return Err((
             libc::EACCES,
             "the control directory is open to other users (not 0700)",
