@@ -264,21 +264,25 @@ impl DaemonArgs {
     }
 }
 
+/// canald's command line `v` (tests of this module and of `layers`).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(super) fn parse_cli(v: &[&str]) -> Result<DaemonArgs, clap::Error> {
     use clap::Parser;
-
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         args: DaemonArgs,
     }
+    Cli::try_parse_from(std::iter::once("canald").chain(v.iter().copied())).map(|c| c.args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn parse_args(v: &[&str]) -> Result<Config, String> {
-        let cli = Cli::try_parse_from(std::iter::once("canald").chain(v.iter().copied()))
-            .map_err(|e| e.to_string())?;
-        cli.args.config().map_err(|e| e.to_string())
+        let args = parse_cli(v).map_err(|e| e.to_string())?;
+        args.config().map_err(|e| e.to_string())
     }
 
     #[test]

@@ -36,11 +36,17 @@ pub(crate) fn load_all(explicit: Option<&Path>) -> Result<Vec<ConfigFile>, Confi
     if let Some(p) = explicit {
         return Ok(vec![load(p)?]);
     }
-    let mut out = Vec::new();
-    for p in std::iter::once(PathBuf::from(SYSTEM_FILE)).chain(user_file()) {
+    let mut out = load_system()?;
+    if let Some(p) = user_file() {
         match std::fs::metadata(&p) {
             Ok(_) => out.push(load(&p)?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Not there, or under a home this process may not search (a program run
+            // as another user with HOME still set): no user file to apply.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                ) => {}
             Err(e) => return Err(file_error(&p, 0, e.to_string())),
         }
     }

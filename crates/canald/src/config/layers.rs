@@ -317,18 +317,9 @@ pub(crate) fn render(settings: &[Setting]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: DaemonArgs,
-    }
 
     fn cli(v: &[&str]) -> DaemonArgs {
-        Cli::try_parse_from(std::iter::once("canald").chain(v.iter().copied()))
-            .unwrap()
-            .args
+        super::super::args::parse_cli(v).unwrap()
     }
 
     fn file(path: &str, text: &str) -> ConfigFile {
