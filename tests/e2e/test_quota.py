@@ -149,6 +149,22 @@ except OSError as e:
     assert int(words[1]) <= 20, r.describe()
 
 
+def test_quota_by_cgroup(canal_bin, procs, python, progs, server, tmp_path):
+    """[quota.cgroup."PATH"] applies to a guest in PATH or below it: "/" holds every
+    process, so its deny list applies whatever cgroup the test runs in; a cgroup the
+    guest is not in does not apply."""
+    conf = _config(tmp_path, f"""
+[quota.cgroup."/"]
+deny = ["127.0.0.1:{server}"]
+[quota.cgroup."/no-such-slice/none.service"]
+deny = ["127.0.0.2"]
+""")
+    d = Canald(canal_bin, procs, args=["--config", conf]).start()
+    out = lambda *a: procs.run(d.argv([python, progs / "quota.py", "connect", *a]), timeout=30).stdout.strip()  # noqa: E731
+    assert out("127.0.0.1", server) == "ERR EPERM Operation not permitted"
+    assert out("127.0.0.2", 1) == "ERR ECONNREFUSED Connection refused"
+
+
 def test_invalid_quota_fails_at_start(canald_bin, tmp_path):
     for text, why in (('[quota.default]\nconect-rate = 5\n', "unknown field `conect-rate`"),
                       ('[quota.default]\nallow = ["10.0.0.0/99"]\n', "prefix"),

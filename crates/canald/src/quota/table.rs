@@ -176,12 +176,23 @@ fn uid_of(k: &str) -> Option<u32> {
     })
 }
 
-/// A process's cgroup v2 path (`0::/PATH` of /proc/PID/cgroup).
+/// A process's cgroup path: the unified (v2) hierarchy's (`0::/PATH` of
+/// /proc/PID/cgroup); on a hybrid host where that is only `/`, systemd's v1 hierarchy's
+/// (`N:name=systemd:/PATH`), which names the same units and slices.
 pub fn cgroup_of(pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_string)
+    cgroup_in(&text)
+}
+
+fn cgroup_in(text: &str) -> Option<String> {
+    let v2 = text.lines().find_map(|l| l.strip_prefix("0::"));
+    let systemd = text
+        .lines()
+        .find_map(|l| l.split_once(":name=systemd:").map(|(_, p)| p));
+    match (v2, systemd) {
+        (Some("/") | None, Some(p)) => Some(p.to_string()),
+        (v2, _) => v2.map(str::to_string),
+    }
 }
 
 #[cfg(test)]
@@ -226,6 +237,18 @@ mod tests {
         assert_eq!((l.connect_rate, l.sockets), (Some(7), Some(500)));
         assert!(l.policy().is_some());
         assert!(t.for_guest(&who(1, None, "x")).policy().is_none());
+    }
+
+    #[test]
+    fn cgroup_paths() {
+        assert_eq!(
+            cgroup_in("0::/system.slice/a.service\n").as_deref(),
+            Some("/system.slice/a.service")
+        );
+        let hybrid = "9:name=systemd:/user.slice/x.scope\n4:memory:/m\n0::/\n";
+        assert_eq!(cgroup_in(hybrid).as_deref(), Some("/user.slice/x.scope"));
+        assert_eq!(cgroup_in("0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroup_in("4:memory:/m\n"), None);
     }
 
     #[test]
