@@ -88,6 +88,9 @@ sys.stdin.read()
     assert _guest_value(values, "canal_guest_sockets", pids) == 1
     rounds1 = sum(v for (n, _), v in values.items() if n == "canal_worker_rounds_total")
     assert rounds1 > rounds0
+    # The workers' own counters saw the same traffic.
+    assert sum(v for (n, _), v in values.items() if n == "canal_worker_bytes_total") >= 400_000
+    assert sum(v for (n, _), v in values.items() if n == "canal_worker_requests_total") >= 2
 
     # canal stat --prometheus is the same exposition.
     r = subprocess.run([canal_bin, "stat", "--prometheus", "--socket", d.socket],

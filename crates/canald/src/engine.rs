@@ -181,6 +181,9 @@ pub(crate) struct WorkerStats {
     pub(crate) spin_ns: AtomicU64,
     /// Time spent spinning without work, in total (a sleep ends a spin).
     pub(crate) spun_ns: AtomicU64,
+    /// Requests taken from guests' queues, and bytes moved for them (data rounds).
+    pub(crate) requests: AtomicU64,
+    pub(crate) bytes: AtomicU64,
     pub(crate) t_p_ns: AtomicU64,
     pub(crate) t_v_ns: AtomicU64,
     pub(crate) c_p_ns: AtomicU64,

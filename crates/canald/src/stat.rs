@@ -135,6 +135,9 @@ pub(crate) struct WorkerStat {
     pub(crate) spin_ns: u64,
     /// Time spun without work, in total (ns).
     pub(crate) spun_ns: u64,
+    /// Requests taken and bytes moved by this worker.
+    pub(crate) requests: u64,
+    pub(crate) bytes: u64,
     /// Coalescing split now in force (ns; all 0 when off) and its inputs.
     pub(crate) t_worst_ns: u64,
     pub(crate) t_p_ns: u64,
@@ -165,6 +168,8 @@ impl WorkerStat {
             holds: W::get(&st.holds),
             spin_ns: W::get(&st.spin_ns),
             spun_ns: W::get(&st.spun_ns),
+            requests: W::get(&st.requests),
+            bytes: W::get(&st.bytes),
             t_worst_ns: t_p + t_v,
             t_p_ns: t_p,
             t_v_ns: t_v,
@@ -568,7 +573,7 @@ mod tests {
             j,
             "{\"daemon\":{\"pid\":42,\"socket\":\"/tmp/x/canald.sock\",\"workers\":[\
              {\"id\":0,\"notify\":\"hybrid\",\"guests\":0,\"rounds\":10,\"sleeps\":0,\
-             \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"spun_ns\":0,\"t_worst_ns\":50000,\
+             \"wakes\":0,\"kicks\":0,\"holds\":0,\"spin_ns\":0,\"spun_ns\":0,\"requests\":0,\"bytes\":0,\"t_worst_ns\":50000,\
              \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0,\
              \"sockets\":2}]},\
              \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\

@@ -488,10 +488,13 @@ fn serve_guests(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration)
     *rr = rr.wrapping_add(1);
     let mut work = false;
     let mut wakes = 0;
+    let (mut requests, mut bytes) = (0, 0);
     for i in 0..n {
         if let Some(g) = guests.get_mut(&keys[(*rr + i) % n]) {
             let before = g.wakes;
-            work |= g.service_requests(&w.ep, now).did_work();
+            let st = g.service_requests(&w.ep, now);
+            work |= st.did_work();
+            requests += st.requests as u64;
             wakes += g.wakes - before;
         }
     }
@@ -499,11 +502,17 @@ fn serve_guests(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration)
         if let Some(g) = guests.get_mut(&keys[(*rr + i) % n]) {
             g.wake_window = wake_window;
             let before = g.wakes;
-            work |= g.service_data(&w.ep, now).did_work();
+            let st = g.service_data(&w.ep, now);
+            work |= st.did_work();
+            bytes += st.bytes;
             wakes += g.wakes - before;
         }
     }
     WorkerStats::add(&w.stats.wakes, wakes);
+    if work {
+        WorkerStats::add(&w.stats.requests, requests);
+        WorkerStats::add(&w.stats.bytes, bytes);
+    }
     work
 }
 
@@ -512,13 +521,19 @@ fn serve_guests(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration)
 fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration) -> bool {
     let mut work = false;
     let mut wakes = 0;
+    let mut bytes = 0;
     for g in sh.shadows.values_mut() {
         g.wake_window = wake_window;
         let before = g.wakes;
-        work |= g.service_data(&w.ep, now).did_work();
+        let st = g.service_data(&w.ep, now);
+        work |= st.did_work();
+        bytes += st.bytes;
         wakes += g.wakes - before;
     }
     WorkerStats::add(&w.stats.wakes, wakes);
+    if bytes > 0 {
+        WorkerStats::add(&w.stats.bytes, bytes);
+    }
     work
 }
 

@@ -47,7 +47,7 @@ fn guest_labels(g: &GuestStat) -> String {
 
 /// Per-worker families: name, type, help, value.
 #[allow(clippy::type_complexity)]
-const WORKER_METRICS: [(&str, &str, &str, fn(&crate::stat::WorkerStat) -> String); 9] = [
+const WORKER_METRICS: [(&str, &str, &str, fn(&crate::stat::WorkerStat) -> String); 11] = [
     (
         "canal_worker_guests",
         "gauge",
@@ -65,6 +65,18 @@ const WORKER_METRICS: [(&str, &str, &str, fn(&crate::stat::WorkerStat) -> String
         "counter",
         "Poller rounds.",
         |w| w.rounds.to_string(),
+    ),
+    (
+        "canal_worker_requests_total",
+        "counter",
+        "Requests taken from guests' queues.",
+        |w| w.requests.to_string(),
+    ),
+    (
+        "canal_worker_bytes_total",
+        "counter",
+        "Bytes moved for guests (both directions).",
+        |w| w.bytes.to_string(),
     ),
     (
         "canal_worker_sleeps_total",
