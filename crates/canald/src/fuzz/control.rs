@@ -19,6 +19,7 @@ thread_local! {
 }
 
 fn daemon() -> Box<Daemon> {
+    sweep_stale_dirs();
     let dir = std::env::temp_dir().join(format!("canal-fuzz-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let mut cfg = Config::new(dir.join("c.sock"));
@@ -31,6 +32,27 @@ fn daemon() -> Box<Daemon> {
         Ok(Bound::Serving(d)) => d,
         Ok(Bound::AlreadyRunning) => panic!("another daemon on the fuzz socket"),
         Err(e) => panic!("fuzz daemon: {e}"),
+    }
+}
+
+/// Removes the socket directories of fuzz processes that have exited (a fuzzing
+/// process never drops its daemon: it ends with the process).
+fn sweep_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("canal-fuzz-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
