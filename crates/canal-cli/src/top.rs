@@ -124,18 +124,20 @@ fn render(prev: &Sample, now: &Sample, sockets: bool) -> String {
         .collect();
     let _ = writeln!(
         o,
-        "\n{:>6} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6}",
-        "WORKER", "GUESTS", "SOCKETS", "ROUNDS/s", "SLEEPS/s", "WAKES/s", "SPIN%"
+        "\n{:>6} {:>6} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>6}",
+        "WORKER", "GUESTS", "SOCKETS", "REQ/s", "B/s", "ROUNDS/s", "SLEEPS/s", "WAKES/s", "SPIN%"
     );
     for w in list(d, "workers") {
         let old = old_workers.get(&u(&w, "id"));
         let spun = rate(old, &w, "spun_ns", secs) / 1e9 * 100.0;
         let _ = writeln!(
             o,
-            "{:>6} {:>6} {:>7} {:>9} {:>8} {:>8} {:>5.1}%",
+            "{:>6} {:>6} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>5.1}%",
             u(&w, "id"),
             u(&w, "guests"),
             u(&w, "sockets"),
+            human(rate(old, &w, "requests", secs)),
+            human(rate(old, &w, "bytes", secs)),
             human(rate(old, &w, "rounds", secs)),
             human(rate(old, &w, "sleeps", secs)),
             human(rate(old, &w, "wakes", secs)),
