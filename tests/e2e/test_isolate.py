@@ -553,7 +553,7 @@ def netgo(tmp_path_factory):
 
 def test_static_program_reaches_the_host_and_nothing_else(canald, procs, python, netstatic):
     """A static binary inside --isolate: the host is 10.0.2.2 (and it is 10.0.2.15),
-    UDP as well; 127.0.0.1 is its own, empty; no warning (it is served); canal stat
+    UDP as well (sendto/recvfrom and sendmsg/recvmsg); 127.0.0.1 is its own, empty; no warning (it is served); canal stat
     counts its seccomp-served sockets."""
     port = e2e_util.free_port()
     _host_server(procs, python, port, "HOST")
@@ -562,12 +562,16 @@ def test_static_program_reaches_the_host_and_nothing_else(canald, procs, python,
     p = procs.spawn(isolated(canald, ["sh", "-c",
                                       f"{netstatic} dial 10.0.2.2 {port}; {netstatic} dial 127.0.0.1 {port}; "
                                       f"{netstatic} udp 10.0.2.2 {uport}; {netstatic} udpself {uport}; "
+                                      f"{netstatic} udpmsg 10.0.2.2 {uport}; {netstatic} udpmsgself {uport}; "
                                       "echo done; read x"], name="static"), name="static", stdin=subprocess.PIPE)
     p.wait_line("done", 30)
     out = [l for l in p.stdout().splitlines() if l]
     assert out[0].startswith("got HOST 127.0.0.1 | local 10.0.2.15:") and out[0].endswith(f"peer 10.0.2.2:{port}"), p.describe()
     assert out[1] == f"udp pong:ping from 10.0.2.2:{uport}", p.describe()
     assert out[2].startswith("udpself own from 127.0.0.1:"), p.describe()
+    # sendmsg/recvmsg (the address inside the msghdr, the data in two iovecs each way).
+    assert out[3] == f"udpmsg pong:ping from 10.0.2.2:{uport} (9 bytes, namelen 16)", p.describe()
+    assert out[4].startswith("udpmsgself own from 127.0.0.1:") and out[4].endswith("(3 bytes, namelen 16)"), p.describe()
     assert "connect: Connection refused" in p.stderr(), p.describe()
     assert "statically linked" not in p.stderr(), "a served program gets no warning"
     nets = [n for n in canald.stat().get("networks", []) if n["name"] == "isolated:static"]

@@ -12,7 +12,7 @@
 use std::ffi::CString;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -89,12 +89,12 @@ pub(crate) fn run(mut cmd: Command, iso: Isolation) -> i32 {
     drop(go_r);
     // The child's report: its resolver sockets on success, else its error text.
     let mut text = vec![0u8; 4096];
-    let (resolver, listener) = match canald::sys::recv_with_fds(&ready_r, &mut text) {
+    let resolver = match canald::sys::recv_with_fds(&ready_r, &mut text) {
         Ok(Some(r)) if r.fds.len() >= 2 => {
             let mut fds = r.fds.into_iter();
             let udp = UdpSocket::from(fds.next().expect("two"));
             let tcp = TcpListener::from(fds.next().expect("two"));
-            ((udp, tcp), fds.next())
+            (udp, tcp)
         }
         Ok(r) => {
             let text = String::from_utf8_lossy(&text[..r.map_or(0, |r| r.len)]);
@@ -114,6 +114,18 @@ pub(crate) fn run(mut cmd: Command, iso: Isolation) -> i32 {
             reap(pid);
             return 1;
         }
+    };
+    let listener = if iso.seccomp {
+        match take_listener(&ready_r, pid) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("canal run --isolate: {e}");
+                reap(pid);
+                return 1;
+            }
+        }
+    } else {
+        None
     };
     let handle = std::fs::File::open(format!("/proc/{pid}/ns/net"))
         .map(OwnedFd::from)
@@ -160,14 +172,29 @@ fn child(
     mut go: std::fs::File,
 ) -> ! {
     use canald::sys::send_with_fds;
-    let sent = match setup(resolv, seccomp) {
-        Ok((udp, tcp, l)) => {
-            let mut fds = vec![udp.as_raw_fd(), tcp.as_raw_fd()];
-            fds.extend(l.as_ref().map(|l| l.as_raw_fd()));
-            send_with_fds(&ready, b"ok", &fds, false)
-        }
+    let sent = match setup(resolv) {
+        Ok((udp, tcp)) => send_with_fds(&ready, b"ok", &[udp.as_raw_fd(), tcp.as_raw_fd()], false),
         Err(e) => send_with_fds(&ready, e.to_string().as_bytes(), &[], false).and(Err(e)),
     };
+    // The filter goes in last. From then on sendmsg is notified and nobody serves the
+    // listener yet: its number goes to the parent by write(2), which takes it with
+    // pidfd_getfd.
+    let sent = sent.and_then(|()| {
+        if !seccomp {
+            return Ok(());
+        }
+        let report = match install_filter() {
+            Ok(l) => format!("seccomp {}", l.into_raw_fd()),
+            Err(e) => e.to_string(),
+        };
+        // SAFETY: writes our own buffer to our own socket.
+        let n = unsafe { libc::write(ready.as_raw_fd(), report.as_ptr().cast(), report.len()) };
+        if n == report.len() as isize {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    });
     if sent.is_err() {
         // SAFETY: ends this process without running the parent's atexit handlers.
         unsafe { libc::_exit(1) }
@@ -195,14 +222,35 @@ fn child(
     unsafe { libc::_exit(code) }
 }
 
+/// The child's seccomp listener: its number from the child's second report, the
+/// descriptor itself by pidfd_getfd (the child may no longer sendmsg it).
+fn take_listener(ready: &OwnedFd, pid: libc::pid_t) -> io::Result<OwnedFd> {
+    let mut text = vec![0u8; 4096];
+    let r = canald::sys::recv_with_fds(ready, &mut text)?
+        .ok_or_else(|| io::Error::other("the child did not report its seccomp filter"))?;
+    let text = String::from_utf8_lossy(&text[..r.len]);
+    let Some(fd) = text
+        .strip_prefix("seccomp ")
+        .and_then(|n| n.parse::<i32>().ok())
+    else {
+        return Err(io::Error::other(if text.is_empty() {
+            "the child ended before its seccomp filter".to_string()
+        } else {
+            text.into_owned()
+        }));
+    };
+    let pidfd = canald::sys::pidfd_open(pid as u32)?;
+    canald::sys::take_fd(&pidfd, fd)
+        .map_err(|e| io::Error::new(e.kind(), format!("taking the seccomp listener: {e}")))
+}
+
 fn write_file(path: &str, text: &str) -> io::Result<()> {
     std::fs::write(path, text).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
 }
 
 /// In the child: the namespaces, the uid/gid maps, `lo` up with the resolver's
-/// address, the resolver's sockets (for canal run to serve), the resolver file, and
-/// last the seccomp filter whose listener canald serves.
-fn setup(resolv: &str, seccomp: bool) -> io::Result<(UdpSocket, TcpListener, Option<OwnedFd>)> {
+/// address, the resolver's sockets (for canal run to serve) and the resolver file.
+fn setup(resolv: &str) -> io::Result<(UdpSocket, TcpListener)> {
     // SAFETY: plain system calls without pointers.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let user = uid != 0;
@@ -235,12 +283,7 @@ fn setup(resolv: &str, seccomp: bool) -> io::Result<(UdpSocket, TcpListener, Opt
     let udp = UdpSocket::bind(at).map_err(bound)?;
     let tcp = TcpListener::bind(at).map_err(bound)?;
     bind_resolv(resolv)?;
-    let listener = if seccomp {
-        Some(install_filter()?)
-    } else {
-        None
-    };
-    Ok((udp, tcp, listener))
+    Ok((udp, tcp))
 }
 
 /// The filter of `canald::seccomp::filter` (x86-64 only: elsewhere, nothing).

@@ -6,6 +6,8 @@
  *   netstatic serve PORT N        listen on [::]:PORT (dual stack), answer N clients
  *   netstatic udp HOST PORT       sendto "ping", print the reply and its source
  *   netstatic udpself PORT        a datagram between two own sockets on 127.0.0.1
+ *   netstatic udpmsg HOST PORT    the same as udp with sendmsg/recvmsg (two iovecs each)
+ *   netstatic udpmsgself PORT     the same as udpself with sendmsg/recvmsg
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -130,6 +132,30 @@ static int udpself(int port) {
     return recv_print(u, "udpself");
 }
 
+/* sendmsg of "pi" + "ng" (or "o" + "wn") to a, then recvmsg into two iovecs. */
+static int msg_pair(int tx, int rx, struct sockaddr_in a, const char *p1, const char *p2,
+                    const char *tag) {
+    struct iovec out[2] = {{(void *)p1, strlen(p1)}, {(void *)p2, strlen(p2)}};
+    struct msghdr m = {.msg_name = &a, .msg_namelen = sizeof a, .msg_iov = out, .msg_iovlen = 2};
+    ssize_t want = strlen(p1) + strlen(p2);
+    if (sendmsg(tx, &m, 0) != want) {
+        perror("sendmsg");
+        return 1;
+    }
+    char b1[3] = {0}, b2[100] = {0}, nb[80];
+    struct sockaddr_storage src;
+    struct iovec in[2] = {{b1, 2}, {b2, sizeof b2 - 1}};
+    struct msghdr r = {.msg_name = &src, .msg_namelen = sizeof src, .msg_iov = in, .msg_iovlen = 2};
+    ssize_t n = recvmsg(rx, &r, 0);
+    if (n < 0) {
+        perror("recvmsg");
+        return 1;
+    }
+    printf("%s %s%s from %s (%zd bytes, namelen %u)\n", tag, b1, b2, name(&src, nb), n,
+           (unsigned)r.msg_namelen);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && !strcmp(argv[1], "dial"))
@@ -140,6 +166,19 @@ int main(int argc, char **argv) {
         return udp(argv[2], atoi(argv[3]));
     if (argc == 3 && !strcmp(argv[1], "udpself"))
         return udpself(atoi(argv[2]));
-    fprintf(stderr, "usage: netstatic dial|serve|udp|udpself ...\n");
+    if (argc == 4 && !strcmp(argv[1], "udpmsg")) {
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        return msg_pair(s, s, v4(argv[2], atoi(argv[3])), "pi", "ng", "udpmsg");
+    }
+    if (argc == 3 && !strcmp(argv[1], "udpmsgself")) {
+        int u = socket(AF_INET, SOCK_DGRAM, 0), v = socket(AF_INET, SOCK_DGRAM, 0);
+        struct sockaddr_in a = v4("127.0.0.1", atoi(argv[2]));
+        if (bind(u, (struct sockaddr *)&a, sizeof a) < 0) {
+            perror("bind");
+            return 1;
+        }
+        return msg_pair(v, u, a, "o", "wn", "udpmsgself");
+    }
+    fprintf(stderr, "usage: netstatic dial|serve|udp|udpself|udpmsg|udpmsgself ...\n");
     return 2;
 }

@@ -108,6 +108,8 @@ fn dispatch(ctx: &Ctx, c: &Caller, n: &Notif) -> Reply {
         nr::GETSOCKNAME | nr::GETPEERNAME => name(ctx, c, n, a[0] as i32, a[1], a[2]),
         nr::SENDTO => sendto(ctx, c, n, a),
         nr::RECVFROM => recvfrom(ctx, c, n, a),
+        nr::SENDMSG => sendmsg(ctx, c, n, a),
+        nr::RECVMSG => recvmsg(ctx, c, n, a),
         nr::SETSOCKOPT => v6only(ctx, c, a[0] as i32, a[3], a[4]),
         _ => Ok(Reply::Continue),
     };
@@ -121,6 +123,7 @@ fn blocks(ctx: &Ctx, c: &Caller, n: &Notif) -> bool {
     let waits = match n.nr {
         nr::CONNECT | nr::ACCEPT | nr::ACCEPT4 => true,
         nr::RECVFROM => n.args[3] as i32 & libc::MSG_DONTWAIT == 0,
+        nr::RECVMSG => n.args[2] as i32 & libc::MSG_DONTWAIT == 0,
         _ => false,
     };
     if !waits {
@@ -394,6 +397,30 @@ fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i
 /// Largest datagram or chunk read from or written to the program in one call.
 const MAX_IO: usize = 1 << 20;
 
+/// Where a datagram to `to` goes on host socket `s` (descriptor `fd` of the program):
+/// None if it is lost (an own port nobody holds, as natively). A socket still on the
+/// private loopback that sends outside the network is replaced by a fresh one first.
+fn datagram_dest(
+    ctx: &Ctx,
+    c: &Caller,
+    n: &Notif,
+    fd: i32,
+    s: &mut OwnedFd,
+    to: &CanalAddr,
+) -> Res<Option<CanalAddr>> {
+    let d = match translate_guest_addr(&ctx.view(), to, PROTO_UDP) {
+        Ok(d) => d,
+        Err(e) if e == errno::ECONNREFUSED => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !d.own && at_private(ctx, s) {
+        let f = fresh_like(s)?;
+        install_at(ctx, c, n, fd, &f)?;
+        *s = f;
+    }
+    Ok(Some(d.addr))
+}
+
 fn sendto(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     let fd = a[0] as i32;
     let Some(mut s) = host_socket(ctx, c, fd)? else {
@@ -403,41 +430,35 @@ fn sendto(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
         return Ok(Reply::Continue); // a stream ignores the address
     }
     let to = read_addr(c, a[4], a[5])?;
-    let d = match translate_guest_addr(&ctx.view(), &to, PROTO_UDP) {
-        Ok(d) => d,
-        // An own port nobody holds: the datagram is lost, as natively.
-        Err(e) if e == errno::ECONNREFUSED => return Ok(Reply::Value(a[2] as i64)),
-        Err(e) => return Err(e),
+    let Some(dest) = datagram_dest(ctx, c, n, fd, &mut s, &to)? else {
+        return Ok(Reply::Value(a[2] as i64));
     };
-    if !d.own && at_private(ctx, &s) {
-        let f = fresh_like(&s)?;
-        install_at(ctx, c, n, fd, &f)?;
-        s = f;
-    }
     let data = sys::vm_read(c.pid, a[1], (a[2] as usize).min(MAX_IO)).map_err(|_| errno::EFAULT)?;
-    sys::send_to(&s, &data, a[3] as i32 | libc::MSG_NOSIGNAL, Some(&d.addr))
+    sys::send_to(&s, &data, a[3] as i32 | libc::MSG_NOSIGNAL, Some(&dest))
         .map(|k| Reply::Value(k as i64))
         .map_err(errno_of)
 }
 
-fn recvfrom(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
-    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
-        return Ok(Reply::Continue);
-    };
-    let proto = proto_of(&s);
-    let local = sys::sockname(&s).map_err(errno_of)?;
-    let blocking = sys::status_flags(&s).map_err(errno_of)? & libc::O_NONBLOCK == 0
-        && a[3] as i32 & libc::MSG_DONTWAIT == 0;
-    let mut buf = vec![0u8; (a[2] as usize).min(MAX_IO)];
+/// Waits (when `blocking`) and receives with `recv` until a datagram the network
+/// admits arrives: Ok(None) when the caller stopped waiting (a signal, its exit).
+fn recv_admitted<T>(
+    ctx: &Ctx,
+    n: &Notif,
+    s: &OwnedFd,
+    blocking: bool,
+    mut recv: impl FnMut() -> std::io::Result<(T, Option<CanalAddr>)>,
+) -> Res<Option<(T, CanalAddr)>> {
+    let proto = proto_of(s);
+    let local = sys::sockname(s).map_err(errno_of)?;
     loop {
         if blocking {
             // Wait here, then take the data only while the caller still waits for it.
-            let _ = sys::wait_readable(&s, 1000);
+            let _ = sys::wait_readable(s, 1000);
             if !sys::notif_valid(&ctx.listener, n.id) {
-                return Ok(Reply::Done);
+                return Ok(None);
             }
         }
-        let (k, src) = match sys::recv_from(&s, &mut buf, a[3] as i32 | libc::MSG_DONTWAIT) {
+        let (v, src) = match recv() {
             Ok(r) => r,
             Err(e) if blocking && e.raw_os_error() == Some(libc::EAGAIN) => continue,
             Err(e) => return Err(errno_of(e)),
@@ -446,10 +467,157 @@ fn recvfrom(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
         if proto == PROTO_UDP && !admitted(ctx, PROTO_UDP, &local, &src) {
             continue; // a datagram from outside the network to a private port
         }
-        sys::vm_write(c.pid, a[1], &buf[..k.min(buf.len())]).map_err(|_| errno::EFAULT)?;
-        write_addr(c, a[4], a[5], &translate_host_addr(&ctx.view(), &src))?;
-        return Ok(Reply::Value(k as i64));
+        return Ok(Some((v, translate_host_addr(&ctx.view(), &src))));
     }
+}
+
+/// Whether a receive on `s` with `flags` waits.
+fn waits(s: &OwnedFd, flags: i32) -> Res<bool> {
+    Ok(
+        sys::status_flags(s).map_err(errno_of)? & libc::O_NONBLOCK == 0
+            && flags & libc::MSG_DONTWAIT == 0,
+    )
+}
+
+fn recvfrom(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
+        return Ok(Reply::Continue);
+    };
+    let flags = a[3] as i32;
+    let mut buf = vec![0u8; (a[2] as usize).min(MAX_IO)];
+    let got = recv_admitted(ctx, n, &s, waits(&s, flags)?, || {
+        sys::recv_from(&s, &mut buf, flags | libc::MSG_DONTWAIT)
+    })?;
+    let Some((k, src)) = got else {
+        return Ok(Reply::Done);
+    };
+    sys::vm_write(c.pid, a[1], &buf[..k.min(buf.len())]).map_err(|_| errno::EFAULT)?;
+    write_addr(c, a[4], a[5], &src)?;
+    Ok(Reply::Value(k as i64))
+}
+
+/// A program's `struct msghdr` (x86-64 layout: name, namelen, iov, iovlen, control,
+/// controllen, flags at 0, 8, 16, 24, 32, 40, 48).
+struct MsgHdr {
+    name: u64,
+    namelen: u64,
+    iov: Vec<(u64, usize)>,
+    control: u64,
+    controllen: usize,
+}
+
+const MSGHDR_SIZE: usize = 56;
+/// UIO_MAXIOV: more iovecs than this is EMSGSIZE, as the kernel says.
+const MAX_IOV: u64 = 1024;
+/// Ancillary data carried either way, at most (the kernel's optmem default).
+const MAX_CONTROL: usize = 20480;
+
+fn read_msghdr(c: &Caller, p: u64) -> Res<MsgHdr> {
+    let b = sys::vm_read(c.pid, p, MSGHDR_SIZE).map_err(|_| errno::EFAULT)?;
+    let at = |o: usize| {
+        b.get(o..o + 8)
+            .map_or(0, |w| u64::from_ne_bytes(w.try_into().unwrap_or_default()))
+    };
+    if b.len() < MSGHDR_SIZE {
+        return Err(errno::EFAULT);
+    }
+    let (iov, iovlen) = (at(16), at(24));
+    if iovlen > MAX_IOV {
+        return Err(libc::EMSGSIZE);
+    }
+    let raw = sys::vm_read(c.pid, iov, 16 * iovlen as usize).map_err(|_| errno::EFAULT)?;
+    let iov = raw
+        .chunks_exact(16)
+        .map(|e| {
+            let base = u64::from_ne_bytes(e[..8].try_into().unwrap_or_default());
+            let len = u64::from_ne_bytes(e[8..].try_into().unwrap_or_default());
+            (base, len.min(MAX_IO as u64) as usize)
+        })
+        .collect();
+    Ok(MsgHdr {
+        name: at(0),
+        namelen: at(8) & 0xffff_ffff,
+        iov,
+        control: at(32),
+        controllen: (at(40) as usize).min(MAX_CONTROL),
+    })
+}
+
+/// sendmsg on a datagram host socket with an address: translated as sendto's, the
+/// data gathered from the program's iovecs, its ancillary data passed on.
+fn sendmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let fd = a[0] as i32;
+    let Some(mut s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    if proto_of(&s) == PROTO_TCP {
+        return Ok(Reply::Continue);
+    }
+    let m = read_msghdr(c, a[1])?;
+    if m.name == 0 {
+        return Ok(Reply::Continue); // connected: the kernel sends to its (translated) peer
+    }
+    let to = read_addr(c, m.name, m.namelen)?;
+    let mut data = Vec::new();
+    for &(base, len) in &m.iov {
+        if data.len() + len > MAX_IO {
+            return Err(libc::EMSGSIZE);
+        }
+        data.extend(sys::vm_read(c.pid, base, len).map_err(|_| errno::EFAULT)?);
+    }
+    let Some(dest) = datagram_dest(ctx, c, n, fd, &mut s, &to)? else {
+        return Ok(Reply::Value(data.len() as i64));
+    };
+    let control = match m.controllen {
+        0 => Vec::new(),
+        k => sys::vm_read(c.pid, m.control, k).map_err(|_| errno::EFAULT)?,
+    };
+    sys::send_msg(&s, &data, &control, a[2] as i32 | libc::MSG_NOSIGNAL, &dest)
+        .map(|k| Reply::Value(k as i64))
+        .map_err(errno_of)
+}
+
+/// recvmsg on a datagram host socket: admitted as recvfrom's, scattered into the
+/// program's iovecs, its source in the network's view, ancillary data and flags back.
+fn recvmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
+        return Ok(Reply::Continue);
+    };
+    if proto_of(&s) == PROTO_TCP {
+        return Ok(Reply::Continue);
+    }
+    let m = read_msghdr(c, a[1])?;
+    let flags = a[2] as i32;
+    let room: usize = m.iov.iter().map(|v| v.1).sum::<usize>().min(MAX_IO);
+    let mut buf = vec![0u8; room];
+    let got = recv_admitted(ctx, n, &s, waits(&s, flags)?, || {
+        sys::recv_msg(&s, &mut buf, m.controllen, flags | libc::MSG_DONTWAIT).map(|r| {
+            let src = r.src;
+            (r, src)
+        })
+    })?;
+    let Some((r, src)) = got else {
+        return Ok(Reply::Done);
+    };
+    let mut left = &buf[..r.len.min(buf.len())];
+    for &(base, len) in &m.iov {
+        let k = len.min(left.len());
+        if k == 0 {
+            break;
+        }
+        sys::vm_write(c.pid, base, &left[..k]).map_err(|_| errno::EFAULT)?;
+        left = &left[k..];
+    }
+    let fault = |_| errno::EFAULT;
+    if m.name != 0 {
+        write_addr(c, m.name, a[1] + 8, &src)?;
+    }
+    if m.controllen > 0 {
+        sys::vm_write(c.pid, m.control, &r.control).map_err(fault)?;
+    }
+    sys::vm_write(c.pid, a[1] + 40, &(r.control.len() as u64).to_ne_bytes()).map_err(fault)?;
+    sys::vm_write(c.pid, a[1] + 48, &r.flags.to_ne_bytes()).map_err(fault)?;
+    Ok(Reply::Value(r.len as i64))
 }
 
 /// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY) on a host socket: its own addresses are

@@ -12,14 +12,17 @@ fn arg_lo(i: u32) -> u32 {
     16 + 8 * i
 }
 
-/// Calls notified whatever their arguments.
-const ALWAYS: [i64; 6] = [
+/// Calls notified whatever their arguments (sendmsg/recvmsg: their address is inside
+/// the msghdr, which a filter cannot read; canald lets the others through at once).
+const ALWAYS: [i64; 8] = [
     nr::CONNECT,
     nr::BIND,
     nr::ACCEPT,
     nr::ACCEPT4,
     nr::GETSOCKNAME,
     nr::GETPEERNAME,
+    nr::SENDMSG,
+    nr::RECVMSG,
 ];
 
 /// x86-64 system call numbers canald serves.
@@ -32,6 +35,8 @@ pub mod nr {
     pub const BIND: i64 = 49;
     pub const GETSOCKNAME: i64 = 51;
     pub const GETPEERNAME: i64 = 52;
+    pub const SENDMSG: i64 = 46;
+    pub const RECVMSG: i64 = 47;
     pub const SETSOCKOPT: i64 = 54;
     pub const ACCEPT4: i64 = 288;
 }
@@ -63,8 +68,8 @@ fn ret(v: u32) -> libc::sock_filter {
 }
 
 /// The program: notify for socket(AF_INET/AF_INET6), connect, bind, accept, accept4,
-/// getsockname, getpeername, setsockopt(IPPROTO_IPV6, IPV6_V6ONLY), and sendto/recvfrom
-/// with an address; allow everything else.
+/// getsockname, getpeername, sendmsg, recvmsg, setsockopt(IPPROTO_IPV6, IPV6_V6ONLY),
+/// and sendto/recvfrom with an address; allow everything else.
 pub fn filter_program() -> Vec<libc::sock_filter> {
     let notify = libc::SECCOMP_RET_USER_NOTIF;
     let allow = libc::SECCOMP_RET_ALLOW;

@@ -277,6 +277,72 @@ pub fn send_to(fd: &OwnedFd, data: &[u8], flags: i32, to: Option<&CanalAddr>) ->
     })
 }
 
+/// sendmsg of one buffer with the program's ancillary data and flags, to `to`.
+pub fn send_msg(
+    fd: &OwnedFd,
+    data: &[u8],
+    control: &[u8],
+    flags: i32,
+    to: &CanalAddr,
+) -> io::Result<usize> {
+    let mut ss = zeroed_storage();
+    let len = to_sockaddr(to, &mut ss);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut control = control.to_vec();
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+    m.msg_namelen = len;
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    if !control.is_empty() {
+        m.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        m.msg_controllen = control.len();
+    }
+    // SAFETY: every pointer in `m` names a live local buffer of the given length.
+    cvt_size(unsafe { libc::sendmsg(fd.as_raw_fd(), &m, flags) })
+}
+
+/// What recvmsg returned: bytes, source, ancillary data, msg_flags.
+pub struct MsgIn {
+    pub len: usize,
+    pub src: Option<CanalAddr>,
+    pub control: Vec<u8>,
+    pub flags: i32,
+}
+
+/// recvmsg into `buf` with room for `control_cap` bytes of ancillary data.
+pub fn recv_msg(fd: &OwnedFd, buf: &mut [u8], control_cap: usize, flags: i32) -> io::Result<MsgIn> {
+    let mut ss = zeroed_storage();
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut control = vec![0u8; control_cap];
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+    m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    if control_cap > 0 {
+        m.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        m.msg_controllen = control_cap;
+    }
+    // SAFETY: every pointer in `m` names a live local buffer of the given length.
+    let len = cvt_size(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut m, flags) })?;
+    control.truncate(m.msg_controllen.min(control_cap));
+    Ok(MsgIn {
+        len,
+        src: from_sockaddr(&ss),
+        control,
+        flags: m.msg_flags,
+    })
+}
+
 /// recvfrom with the program's flags: (bytes, source).
 pub fn recv_from(
     fd: &OwnedFd,
