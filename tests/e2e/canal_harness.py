@@ -123,7 +123,8 @@ class Proc:
         process exits first or timeout seconds pass."""
         deadline = time.monotonic() + timeout
         while True:
-            for line in self.stdout().splitlines():
+            # Whole lines only: the program may be half-way through writing the last.
+            for line in self.stdout().split("\n")[:-1]:
                 if line.startswith(prefix):
                     return line
             if self.popen.poll() is not None:
