@@ -35,7 +35,7 @@ enum Command {
     /// Guests and workers refreshed in the terminal, with rates (like top)
     Top(top::TopArgs),
     /// Run canald in the foreground
-    Daemon(canald::config::DaemonArgs),
+    Daemon(Box<canald::config::DaemonArgs>),
     /// Benchmark harness (docs/bench/README.md)
     #[command(
         after_help = "Exit status: 0 when every native baseline ran (canal cells may \

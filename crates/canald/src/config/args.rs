@@ -239,8 +239,9 @@ impl DaemonArgs {
             return Err(ConfigError::ServeUsersNeedsRoot);
         }
         cfg.serve_users = self.serve_users;
-        self.quota.check().map_err(ConfigError::Quota)?;
-        cfg.quota = std::sync::Arc::new(self.quota.clone());
+        let mut quota = self.quota.clone();
+        quota.check().map_err(ConfigError::Quota)?;
+        cfg.quota = std::sync::Arc::new(quota);
         cfg.guest_config()?;
         Ok(cfg)
     }

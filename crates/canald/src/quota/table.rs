@@ -85,6 +85,10 @@ pub struct QuotaTable {
     /// region), else its program's (`comm`, e.g. "nginx").
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub guest: BTreeMap<String, Limits>,
+    /// The uid each `uid` key names, looked up once by `check` (a guest's attach reads
+    /// no /etc/passwd).
+    #[serde(skip)]
+    uid_numbers: BTreeMap<String, u32>,
 }
 
 fn is_default(l: &Limits) -> bool {
@@ -119,10 +123,13 @@ impl QuotaTable {
         }
     }
 
-    /// Checks what parsing cannot: every uid key names a user. Err(reason).
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks what parsing cannot, and resolves the uid keys: every one names a user.
+    /// Err(reason).
+    pub fn check(&mut self) -> Result<(), String> {
+        self.uid_numbers.clear();
         for k in self.uid.keys() {
-            uid_of(k).ok_or_else(|| format!("[quota.uid.{k}]: no such user or uid"))?;
+            let n = uid_of(k).ok_or_else(|| format!("[quota.uid.{k}]: no such user or uid"))?;
+            self.uid_numbers.insert(k.clone(), n);
         }
         for k in self.cgroup.keys() {
             if !k.starts_with('/') {
@@ -134,11 +141,11 @@ impl QuotaTable {
         Ok(())
     }
 
-    /// The limits for `who`.
+    /// The limits for `who` (uid keys as `check` resolved them).
     pub fn for_guest(&self, who: &Who) -> Limits {
         let mut l = self.default.clone();
         for (k, v) in &self.uid {
-            if uid_of(k) == Some(who.uid) {
+            if self.uid_numbers.get(k) == Some(&who.uid) {
                 l.overlay(v);
             }
         }
@@ -209,7 +216,7 @@ mod tests {
 
     #[test]
     fn most_specific_wins_key_by_key() {
-        let t = table(
+        let mut t = table(
             "[quota.default]\nconnect-rate = 100\nsockets = 500\n\
              [quota.uid.0]\nconnect-rate = 50\n\
              [quota.uid.root]\nrequest-rate = 9000\n\
