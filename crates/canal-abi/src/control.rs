@@ -70,7 +70,18 @@ pub mod kind {
     /// through the network's view. Reply: SECCOMP_OK (empty) or ERROR.
     pub const SECCOMP: u16 = 19;
     pub const SECCOMP_OK: u16 = 20;
+    /// guest → host: body `segment: u32` — 0 for the guest's own event log, else a
+    /// pair segment of this guest, for the event log of the guest at its other side
+    /// (protocol.md §8.6). Reply: EVLOG_OK with SCM_RIGHTS [the log's memfd], or ERROR
+    /// (ENOENT: no such segment, or that guest has no log).
+    pub const EVLOG: u16 = 21;
+    /// host → guest: body `owner: u32` (the log's owner key, as in a segment header's
+    /// `owners`), `reserved: u32`, `size: u64`.
+    pub const EVLOG_OK: u16 = 22;
 }
+
+/// EVLOG_OK body bytes.
+pub const EVLOG_OK_BODY: usize = 16;
 
 /// NETWORK body: `flags u32` (0), `npublish u32`, `name [u8; 32]` (as a VM name), then
 /// `npublish` entries of NETWORK_PUBLISH bytes: `host_ip [u8; 4], host_port u16,

@@ -14,6 +14,7 @@ pub mod addr;
 pub mod bias;
 pub mod consts;
 pub mod control;
+pub mod evlog;
 pub mod queue;
 pub mod region;
 pub mod ring;

@@ -60,7 +60,18 @@ pub struct SegSide {
     /// publish without a fence. Written (once, 0 → 1) by a sleeper of this side
     /// before it counts itself; 0 from an older guest library.
     pub deferred_barrier: AtomicU32,
-    pub reserved: [u32; 12],
+    /// (§8.6) Epoll sets of this side that rely on this side's event log for this
+    /// connection. While it is non-zero the other side, after producing or consuming,
+    /// appends `watch_index` to this side's log (once per `logged`).
+    pub watched: AtomicU32,
+    /// This side's socket-table index (written by this side before it counts itself
+    /// in `watched`).
+    pub watch_index: AtomicU32,
+    /// 1 while an appended entry for this connection has not been looked at: the
+    /// other side swaps it to 1 and appends only if it read 0; a reader of this side
+    /// swaps it to 0 before it looks at the socket.
+    pub logged: AtomicU32,
+    pub reserved: [u32; 9],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest
@@ -82,7 +93,11 @@ pub struct SegHeader {
     pub flags: u32,
     /// With SEG_FLAG_ZONES: bytes of each direction's zone (§10.4), else 0.
     pub zone_size: u64,
-    pub reserved1: [u64; 2],
+    /// (§8.6) The owner keys of the two sides' event logs (connector, acceptor), as
+    /// EVLOG_OK names them: a side that maps the other's log once serves every
+    /// connection to that guest with it.
+    pub owners: [u32; 2],
+    pub reserved1: [u64; 1],
     // --- 64
     pub reserved2: [u64; 8],
     // --- 128: ring 0 (connector → acceptor), 256: ring 1 (acceptor → connector)
@@ -181,6 +196,11 @@ pub const fn tail_offset(dir: u32) -> u64 {
 /// Offset of a side's `wake_seq` futex word (canald wakes futex sleepers there).
 pub const fn wake_seq_offset(side: u32) -> u64 {
     384 + side as u64 * 64 + 8
+}
+
+/// Offset of `owners[side]` (canald writes both before either guest maps the segment).
+pub const fn owners_offset(side: u32) -> u64 {
+    48 + side as u64 * 4
 }
 
 /// Line 0 of a segment with zones of `zone_size` bytes per direction.

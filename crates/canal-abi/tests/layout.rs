@@ -141,7 +141,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0500 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0600 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -378,6 +378,12 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, futex_sleepers), 4);
     assert_eq!(offset_of!(SegSide, wake_seq), 8);
     assert_eq!(offset_of!(SegSide, deferred_barrier), 12);
+    // §8.6 (1.6): the event-log words and the sides' log owners.
+    assert_eq!(offset_of!(SegSide, watched), 16);
+    assert_eq!(offset_of!(SegSide, watch_index), 20);
+    assert_eq!(offset_of!(SegSide, logged), 24);
+    assert_eq!(offset_of!(SegHeader, owners), 48);
+    assert_eq!(owners_offset(1), 52);
     // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.
     const { assert!(canal_abi::VERSION_MINOR >= 3) };
     assert_eq!(wake_seq_offset(0), 384 + 8);
