@@ -46,6 +46,7 @@ impl Daemon {
             kind::STAT => self.on_stat(key, body),
             kind::WATCH => self.on_watch(key, body, fds),
             kind::SEGMENT => self.on_segment(key, body),
+            kind::EVLOG => self.on_evlog(key, body),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
@@ -338,6 +339,46 @@ impl Daemon {
                 }
                 None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
             }
+        }
+    }
+
+    /// EVLOG: the guest's own event log, or that of the guest at the other side of
+    /// one of its pair segments (protocol §8.6).
+    fn on_evlog(&mut self, key: u32, body: &[u8]) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let Some(seg) = control::leading_u32(body) else {
+            return send_error(&conn.fd, errno::EINVAL, "short EVLOG").is_ok();
+        };
+        let owner = if seg == 0 {
+            Some(key)
+        } else {
+            let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+            sh.segments
+                .get(&seg)
+                .filter(|r| r.conns.contains(&key))
+                .map(|r| {
+                    if r.conns[0] == key {
+                        r.conns[1]
+                    } else {
+                        r.conns[0]
+                    }
+                })
+        };
+        let file = owner.and_then(|o| {
+            let w = self.conns.get(&o)?.worker?;
+            let sh = self.workers.get(w)?.lock();
+            sh.guests.get(&o)?.evlog.clone().map(|f| (o, f))
+        });
+        match file {
+            Some((owner, f)) => {
+                let mut reply = [0u8; control::EVLOG_OK_BODY];
+                reply[0..4].copy_from_slice(&owner.to_le_bytes());
+                reply[8..16].copy_from_slice(&canal_abi::evlog::EVLOG_SIZE.to_le_bytes());
+                send_msg(&conn.fd, kind::EVLOG_OK, &reply, &[f.fd.as_raw_fd()]).is_ok()
+            }
+            None => send_error(&conn.fd, errno::ENOENT, "no event log").is_ok(),
         }
     }
 

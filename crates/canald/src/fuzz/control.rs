@@ -158,6 +158,17 @@ mod tests {
         };
         let r = fuzz_control(&msg(kind::HELLO, &hello.encode()));
         assert_eq!(r, vec![kind::HELLO_OK], "{r:?}");
+        // An attached guest gets its event log; a segment it does not have, none.
+        let mut two = msg(kind::HELLO, &hello.encode());
+        two.extend(msg(kind::EVLOG, &0u32.to_le_bytes()));
+        two.extend(msg(kind::EVLOG, &7u32.to_le_bytes()));
+        let r = fuzz_control(&two);
+        assert_eq!(
+            r,
+            vec![kind::HELLO_OK, kind::EVLOG_OK, kind::ERROR],
+            "{r:?}"
+        );
+        assert_eq!(fuzz_control(&msg(kind::EVLOG, &[])), vec![kind::ERROR]);
         // Messages that need a descriptor are refused without one (WATCH has no
         // reply: a watch without a descriptor is dropped).
         assert!(fuzz_control(&msg(kind::WATCH, &[0; 16])).is_empty());

@@ -476,6 +476,7 @@ pub(crate) struct Seed {
     pub(crate) boxes: Boxes,
     pub(crate) departed: Arc<AtomicBool>,
     pub(crate) sc: Option<SharedRef>,
+    pub(crate) evlog: Option<Arc<sys::EvLogFile>>,
 }
 
 /// Per-instance virtual RSS state.

@@ -760,17 +760,8 @@ pub(crate) fn pair(
         .then(|| canal_abi::zone::plan(id, &zone_classes(ring_size)).ok())
         .flatten();
     let zone_size = zone_layout.map_or(0, |l| l.zone_size);
-    let seg = backlog.and_then(|_| {
-        let fd = sys::create_segment_zones(id, ring_size, zone_size).ok()?;
-        let len = segment::segment_size_zones(ring_size, zone_size) as usize;
-        let map = sys::Mapping::map(&fd, len).ok()?;
-        if let Some(l) = &zone_layout {
-            if !map.init_zones(ring_size, l) {
-                return None;
-            }
-        }
-        Some((fd, map))
-    });
+    let seg =
+        backlog.and_then(|_| new_segment(id, ring_size, zone_layout.as_ref(), [p.conn, p.lconn]));
     // The listener's guest instance here: its home, or the shadow owning it.
     let lg = if at_home {
         guests.get_mut(&p.lconn)
@@ -836,6 +827,30 @@ pub(crate) fn pair(
     };
     lock(shared).post(me, job);
     None
+}
+
+/// A pair segment's memfd and canald's mapping, its header, owners (the connector's
+/// and the acceptor's event-log keys, §8.6) and zones written before either guest
+/// maps it.
+fn new_segment(
+    id: u32,
+    ring_size: u64,
+    zones: Option<&canal_abi::zone::ZoneLayout>,
+    owners: [u32; 2],
+) -> Option<(OwnedFd, sys::Mapping)> {
+    let zone_size = zones.map_or(0, |l| l.zone_size);
+    let fd = sys::create_segment_zones(id, ring_size, zone_size).ok()?;
+    let len = segment::segment_size_zones(ring_size, zone_size) as usize;
+    let map = sys::Mapping::map(&fd, len).ok()?;
+    for (sd, owner) in [(side::CONNECTOR, owners[0]), (side::ACCEPTOR, owners[1])] {
+        map.write_at(segment::owners_offset(sd) as usize, &owner.to_le_bytes());
+    }
+    if let Some(l) = zones {
+        if !map.init_zones(ring_size, l) {
+            return None;
+        }
+    }
+    Some((fd, map))
 }
 
 pub(crate) fn lock_ring_size(g: &Guest) -> u64 {

@@ -86,6 +86,9 @@ pub(crate) struct Guest {
     pub(crate) failed: u64,
     /// Bytes sent and received by sockets already freed.
     pub(crate) freed_bytes: (u64, u64),
+    /// The guest's event log (protocol §8.6; None for a VM guest, or if it could not
+    /// be created: the guest's epoll sets then look at every socket).
+    pub(crate) evlog: Option<Arc<sys::EvLogFile>>,
     // The mapping must outlive every use of `region`; it is dropped last.
     pub(crate) map: Arc<sys::Mapping>,
 }
@@ -132,10 +135,9 @@ impl Guest {
         features: u64,
     ) -> io::Result<(Guest, OwnedFd)> {
         let (memfd, map, region) = sys::Mapping::create_region(cfg.layout, id, features)?;
-        Ok((
-            Guest::with_region(id, conn, pid, comm, cfg, map, region),
-            memfd,
-        ))
+        let mut g = Guest::with_region(id, conn, pid, comm, cfg, map, region);
+        g.evlog = sys::EvLogFile::create(conn).ok().map(Arc::new);
+        Ok((g, memfd))
     }
 
     /// A guest on a region already created and mapped (`map` holds `region`).
@@ -204,6 +206,7 @@ impl Guest {
             served: 0,
             failed: 0,
             freed_bytes: (0, 0),
+            evlog: None,
             map,
         }
     }

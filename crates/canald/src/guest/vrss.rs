@@ -92,6 +92,7 @@ impl Guest {
             boxes: vr.boxes.clone(),
             departed: vr.departed.clone(),
             sc: self.sc.clone(),
+            evlog: self.evlog.clone(),
         }))
     }
 
@@ -107,6 +108,7 @@ impl Guest {
             seed.region,
         );
         g.ports = seed.ports.clone();
+        g.evlog = seed.evlog.clone();
         g.vr = Some(Box::new(State {
             me,
             home: seed.home,

@@ -161,6 +161,15 @@ impl Guest {
         // §6: we stored indices/flags/event_seq, fence, then read the sleep words; the
         // guest stores sleep, fences, re-checks readiness.
         fence(Ordering::SeqCst);
+        // §8.6: after the same fence, the event log's readers: an epoll set that
+        // counted itself after our check looks at every socket once.
+        if let Some(log) = self.evlog.as_ref().and_then(|f| f.log()) {
+            if log.has_readers() {
+                for &i in &self.changed {
+                    log.append(i);
+                }
+            }
+        }
         if h.event_waiters.load(Ordering::Relaxed) > 0 {
             for i in 0..self.cfg.layout.slot_count {
                 let Some(slot) = self.region.slot(i) else {
