@@ -36,6 +36,7 @@
 mod bridge;
 mod cmd;
 mod conn;
+mod evlog;
 mod fdtable;
 mod fork;
 mod handoff;

@@ -9,6 +9,12 @@ quota: the same program natively and under canal (tests/e2e/test_scale.py).
   probe PORT M      M non-blocking connects, 2 s to complete: "ESTABLISHED k"
   quota PORT        accept until accept fails: "STOPPED k errno"; then close 5
                     accepted connections and accept again: "AGAIN n" (n accepted)
+  epserver PORT ET  one epoll set over the listener and every connection (ET=1:
+                    edge-triggered, drained to EAGAIN), echoing, until every client
+                    closed: "SERVED bytes closed" and "EVLOG yes|no" (whether canal's
+                    event log served the set); exits 1 if 30 s pass without an event
+  epclient PORT N   N connections, then rounds of a byte on 64 of them at a time, each
+                    echo checked: "ECHOED n"; then close them all
 """
 
 import errno
@@ -113,6 +119,71 @@ def quota(port):
     sys.stdin.readline()
 
 
+def epserver(port, et):
+    l = listener(port, 4096)
+    l.setblocking(False)
+    ep = select.epoll()
+    ep.register(l.fileno(), select.EPOLLIN)
+    flags = select.EPOLLIN | (select.EPOLLET if et else 0)
+    conns, served, closed, accepted = {}, 0, 0, 0
+    print("LISTEN", flush=True)
+    while accepted == 0 or conns:
+        events = ep.poll(30)
+        if not events:
+            print(f"STUCK served={served} open={len(conns)}", flush=True)
+            sys.exit(1)
+        for fd, _ in events:
+            if fd == l.fileno():
+                while True:
+                    try:
+                        c, _ = l.accept()
+                    except BlockingIOError:
+                        break
+                    c.setblocking(False)
+                    conns[c.fileno()] = c
+                    ep.register(c.fileno(), flags)
+                    accepted += 1
+                continue
+            c = conns[fd]
+            while True:
+                try:
+                    b = c.recv(4096)
+                except BlockingIOError:
+                    break
+                if not b:
+                    ep.unregister(fd)
+                    del conns[fd]
+                    c.close()
+                    closed += 1
+                    break
+                c.sendall(b)
+                served += len(b)
+                if not et:
+                    break  # level-triggered: the rest is reported again
+    print(f"SERVED {served} {closed}", flush=True)
+    mapped = any("canal-evlog" in line for line in open("/proc/self/maps"))
+    print(f"EVLOG {'yes' if mapped else 'no'}", flush=True)
+
+
+def epclient(port, n):
+    import random
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    for s in conns:
+        s.settimeout(20)
+    rng = random.Random(n)
+    echoed = 0
+    for r in range(150):
+        batch = rng.sample(conns, min(64, n))
+        for i, s in enumerate(batch):
+            s.sendall(bytes([65 + (r + i) % 26]))
+        for i, s in enumerate(batch):
+            assert s.recv(1) == bytes([65 + (r + i) % 26])
+            echoed += 1
+    print(f"ECHOED {echoed}", flush=True)
+    for s in conns:
+        s.close()
+
+
 def main():
     mode, port = sys.argv[1], int(sys.argv[2])
     arg = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -120,7 +191,8 @@ def main():
         raise_nofile(int(os.environ.get("SCALE_NOFILE", "0")) or None)
     else:
         raise_nofile()
-    {"server": server, "client": client, "backlog": backlog, "probe": probe}.get(
+    {"server": server, "client": client, "backlog": backlog, "probe": probe,
+     "epserver": epserver, "epclient": epclient}.get(
         mode, lambda p, a: quota(p))(port, arg)
 
 

@@ -28,7 +28,35 @@ pub(crate) fn sleep_ready(
     sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
     match own_slot(g) {
-        Some(s) => sleep_events(&s, index, timeout_ns, cond, extra, sigmask),
+        Some(s) => sleep_events(&s, Scope::One(index), timeout_ns, cond, extra, sigmask),
+        None => sleep_backoff(g, timeout_ns, cond, extra, sigmask),
+    }
+}
+
+/// What a sleeping thread waits for: one socket (or WAIT_ANY: any of the guest's), or
+/// an epoll set that relies on the event log (§8.6): any socket (its changes come
+/// through the log, whose `sleepers` word it counts itself in), plus the listed
+/// short-circuited sockets the set still looks at directly.
+#[derive(Clone, Copy)]
+pub(crate) enum Scope<'a> {
+    One(u32),
+    Logged {
+        direct: &'a [u32],
+        log_sleepers: &'a AtomicU32,
+    },
+}
+
+/// `sleep_ready` for an epoll set that relies on the event log.
+pub(crate) fn sleep_ready_logged(
+    g: &'static Guest,
+    scope: Scope<'_>,
+    timeout_ns: Option<i64>,
+    cond: &mut dyn FnMut() -> bool,
+    extra: &mut [libc::pollfd],
+    sigmask: sys::SigMask,
+) -> Result<usize, i32> {
+    match own_slot(g) {
+        Some(s) => sleep_events(&s, scope, timeout_ns, cond, extra, sigmask),
         None => sleep_backoff(g, timeout_ns, cond, extra, sigmask),
     }
 }
@@ -133,7 +161,7 @@ const RECHECK_NS: i64 = 1_000_000_000;
 /// own entries with events (0 if `cond` already held).
 pub(crate) fn sleep_events(
     s: &SlotRef,
-    index: u32,
+    scope: Scope<'_>,
     timeout_ns: Option<i64>,
     cond: &mut dyn FnMut() -> bool,
     extra: &mut [libc::pollfd],
@@ -169,7 +197,21 @@ pub(crate) fn sleep_events(
     // §8: count ourselves as a sleeper of every short-circuited connection we wait
     // on, so its peer raises attention (and canald wakes us) after changing it.
     let mut seg_sleepers = SegSleepers::new();
-    seg_sleepers.enter(g, index);
+    let (index, log_sleepers) = match scope {
+        Scope::One(index) => {
+            seg_sleepers.enter(g, index);
+            (index, None)
+        }
+        Scope::Logged {
+            direct,
+            log_sleepers,
+        } => {
+            seg_sleepers.enter_listed(g, direct);
+            // Appenders read it after their SeqCst append (canal_abi::evlog).
+            log_sleepers.fetch_add(1, Ordering::SeqCst);
+            (WAIT_ANY, Some(log_sleepers))
+        }
+    };
     s.slot.wait_socket.store(index, Ordering::Relaxed);
     s.slot.sleep.store(sleep_kind::EVENTS, Ordering::Relaxed);
     h.event_waiters.fetch_add(1, Ordering::Relaxed);
@@ -209,6 +251,9 @@ pub(crate) fn sleep_events(
     };
     s.slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
     h.event_waiters.fetch_sub(1, Ordering::Relaxed);
+    if let Some(w) = log_sleepers {
+        w.fetch_sub(1, Ordering::Relaxed);
+    }
     seg_sleepers.leave();
     let mut own_events = 0;
     if fds[n].revents != 0 && fds[n].fd >= 0 {
@@ -327,6 +372,20 @@ impl SegSleepers {
         }
     }
 
+    /// Before the sleeper's fence: the listed sockets only (an epoll set's direct ones).
+    fn enter_listed(&mut self, g: &Guest, indices: &[u32]) {
+        if indices.is_empty() || g.region.header().features & feature::SHORTCUT == 0 {
+            return;
+        }
+        self.active = true;
+        crate::shortcut::seg::sleep_enter();
+        for &i in indices {
+            if let Some(e) = g.region.socket(i) {
+                self.add(e);
+            }
+        }
+    }
+
     fn leave(&mut self) {
         for w in &self.words[..self.n] {
             // SAFETY: each pointer names a sleeper word of a segment that was mapped
@@ -345,6 +404,7 @@ impl SegSleepers {
 /// Wakes this process's own threads sleeping on `index` (local events the host does
 /// not see, e.g. shutdown(SHUT_RD) or close by another thread).
 pub(crate) fn wake_local(g: &Guest, index: u32) {
+    crate::evlog::note_local(index);
     if let Some((seg, side)) = seg_of(g, index) {
         seg.futex_wake(side);
     }

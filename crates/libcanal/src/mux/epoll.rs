@@ -27,9 +27,13 @@
 //!
 //! The interest lists are process memory: after fork the child has its own copy (the
 //! kernel's is shared), and they do not survive exec (docs/compat.md).
+//!
+//! Which items a scan looks at — all of a small set, or (a large one) those the
+//! guest's event log named — is `evset`'s business (protocol §8.6).
 
 use crate::conn::guest::Guest;
 use crate::fdtable::{Entry, TABLE};
+use crate::mux::evset::{Item, Set, Target, EPOLLEXCLUSIVE};
 use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::sync::Ordering;
@@ -38,57 +42,11 @@ use core::cell::UnsafeCell;
 use core::sync::atomic::AtomicU32;
 use libc::{c_int, epoll_event};
 
-const EPOLLIN: u32 = libc::EPOLLIN as u32;
-const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
-const EPOLLERR: u32 = libc::EPOLLERR as u32;
-const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
-const EPOLLET: u32 = libc::EPOLLET as u32;
-const EPOLLONESHOT: u32 = libc::EPOLLONESHOT as u32;
-const EPOLLEXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
-const EPOLLWAKEUP: u32 = libc::EPOLLWAKEUP as u32;
-/// The input flags that are not events.
-const CONTROL: u32 = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
-
 /// Ordinary descriptors are checked for real on the first round and then every
 /// ORDINARY_EVERY rounds of the spin phase (each check is a system call).
 const ORDINARY_EVERY: u32 = 64;
 /// A hybrid wait's spin yields the CPU every this many rounds (see the loop).
 const YIELD_EVERY: u32 = 16;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Target {
-    /// A canal socket with this handle.
-    Canal(u32),
-    /// An epoll fd that itself watches canal sockets.
-    Nested(c_int),
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Item {
-    fd: c_int,
-    target: Target,
-    /// Requested events and control flags (EPOLLET, EPOLLONESHOT…).
-    events: u32,
-    data: u64,
-    /// Edge state: the socket's event_seq at the last report, the bits last seen, and
-    /// "report once whatever the sequence says" (set by ADD/MOD).
-    last_seq: u32,
-    last_bits: u32,
-    /// A short-circuited socket's outgoing ring tail at the last report (the
-    /// write-space edge after a send found the ring full, `Sock::edge_seq`).
-    last_tx: u32,
-    fresh: bool,
-    /// EPOLLONESHOT fired: nothing is reported until MOD.
-    disarmed: bool,
-}
-
-struct Set {
-    epfd: c_int,
-    items: Vec<Item>,
-    /// Rotates the scan start so that level-triggered sockets cannot starve others
-    /// when maxevents is small (the kernel requeues them at the tail).
-    rot: usize,
-}
 
 struct Sets {
     lock: AtomicU32,
@@ -129,6 +87,8 @@ pub(crate) fn fork_parent() {
 pub(crate) fn fork_child() {
     // The child's only thread is the one that took the lock in fork_prepare.
     SETS.lock.store(0, Ordering::Relaxed);
+    // Its copies of the sets watch the same connections and read the same log.
+    with(|sets| sets.iter_mut().for_each(Set::forked));
 }
 
 /// Whether `fd` is an epoll instance: ours (tagged), or the kernel says so.
@@ -182,40 +142,48 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
             .map_or((0, None), |s| s.edge_seq()),
         Target::Nested(_) => (0, None),
     };
+    // A set about to rely on the event log maps it first (a round trip to canald,
+    // never under the sets' lock).
+    let log = if op == libc::EPOLL_CTL_ADD
+        && matches!(target, Target::Canal(_))
+        && with(|sets| {
+            sets.iter()
+                .find(|s| s.epfd == epfd)
+                .map_or(crate::mux::evset::log_at() <= 1, Set::wants_log)
+        }) {
+        crate::conn::guest::guest().and_then(crate::evlog::own)
+    } else {
+        None
+    };
     let r = with(|sets| {
         let si = sets.iter().position(|s| s.epfd == epfd);
-        let ii = si.and_then(|si| sets[si].items.iter().position(|i| i.fd == fd));
+        let present = si.is_some_and(|si| sets[si].contains(fd));
         match op {
             libc::EPOLL_CTL_ADD => {
-                if ii.is_some() {
+                if present {
                     return Err(libc::EEXIST);
                 }
                 let (events, data) = want.ok_or(libc::EFAULT)?;
-                let item = Item {
-                    fd,
-                    target,
-                    events,
-                    data,
-                    last_seq: seq.0,
-                    last_bits: 0,
-                    last_tx: seq.1.unwrap_or(0),
-                    fresh: true,
-                    disarmed: false,
-                };
-                match si {
-                    Some(si) => sets[si].items.push(item),
-                    None => sets.push(Set {
-                        epfd,
-                        items: vec![item],
-                        rot: 0,
-                    }),
+                let si = si.unwrap_or_else(|| {
+                    sets.push(Set::new(epfd));
+                    sets.len() - 1
+                });
+                let s = &mut sets[si];
+                if let Some(log) =
+                    log.filter(|_| matches!(target, Target::Canal(_)) && s.wants_log())
+                {
+                    s.enter_log(log);
                 }
+                s.add(Item::new(fd, target, events, data, seq));
                 Ok(true)
             }
             libc::EPOLL_CTL_MOD => {
-                let (si, ii) = si.zip(ii).ok_or(libc::ENOENT)?;
+                let s = si
+                    .filter(|_| present)
+                    .map(|si| &mut sets[si])
+                    .ok_or(libc::ENOENT)?;
                 let (events, data) = want.ok_or(libc::EFAULT)?;
-                let it = &mut sets[si].items[ii];
+                let it = s.get_mut(fd).ok_or(libc::ENOENT)?;
                 if events & EPOLLEXCLUSIVE != 0 || it.events & EPOLLEXCLUSIVE != 0 {
                     return Err(libc::EINVAL);
                 }
@@ -225,11 +193,15 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
                 it.disarmed = false;
                 it.last_seq = seq.0;
                 it.last_tx = seq.1.unwrap_or(it.last_tx);
+                s.touched(fd);
                 Ok(false)
             }
             libc::EPOLL_CTL_DEL => {
-                let (si, ii) = si.zip(ii).ok_or(libc::ENOENT)?;
-                sets[si].items.remove(ii);
+                let s = si
+                    .filter(|_| present)
+                    .map(|si| &mut sets[si])
+                    .ok_or(libc::ENOENT)?;
+                s.remove(fd);
                 Ok(false)
             }
             _ => Err(libc::EINVAL),
@@ -246,9 +218,11 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
 /// An epoll fd that was closed loses its interest list.
 pub(crate) fn forget_fd(fd: c_int) {
     with(|sets| {
-        sets.retain(|s| s.epfd != fd);
+        if let Some(i) = sets.iter().position(|s| s.epfd == fd) {
+            sets.swap_remove(i).drop_all();
+        }
         for s in sets.iter_mut() {
-            s.items.retain(|i| i.fd != fd);
+            s.remove(fd);
         }
     });
 }
@@ -257,18 +231,9 @@ pub(crate) fn forget_fd(fd: c_int) {
 /// to the real epoll instances, with the same events and data.
 pub(crate) fn move_to_kernel(fd: c_int) {
     let moved: Vec<(c_int, u32, u64)> = with(|sets| {
-        let mut v = Vec::new();
-        for s in sets.iter_mut() {
-            s.items.retain(|i| {
-                if i.fd == fd {
-                    v.push((s.epfd, i.events, i.data));
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-        v
+        sets.iter_mut()
+            .filter_map(|s| s.remove(fd).map(|i| (s.epfd, i.events, i.data)))
+            .collect()
     });
     for (epfd, events, data) in moved {
         let mut ev = epoll_event { events, u64: data };
@@ -285,85 +250,9 @@ pub(crate) fn move_to_kernel(fd: c_int) {
     }
 }
 
-/// What an item reports now (0: nothing). With `commit`, edge and one-shot state
-/// advance as for a delivered event; without, this only peeks.
-fn eval(g: &'static Guest, it: &mut Item, commit: bool, depth: u32) -> u32 {
-    if it.disarmed {
-        return 0;
-    }
-    let interest = (it.events & !CONTROL) | EPOLLERR | EPOLLHUP;
-    let mut sock = None;
-    let (seq, tx, bits) = match it.target {
-        Target::Canal(h) => {
-            if crate::conn::guest::is_dead(g) {
-                (it.last_seq, None, crate::ready::DEAD as u16 as u32)
-            } else {
-                match Sock::new(g, h) {
-                    Ok(s) => {
-                        // The sequence first: a change after it is seen next time.
-                        let (seq, tx) = s.edge_seq();
-                        sock = Some(s);
-                        (seq, tx, s.readiness() as u16 as u32)
-                    }
-                    // The socket is gone (closed behind our back): nothing to report.
-                    Err(_) => return 0,
-                }
-            }
-        }
-        Target::Nested(inner) => {
-            let r = if depth < 4 && peek_set(g, inner, depth + 1) {
-                EPOLLIN
-            } else {
-                0
-            };
-            (it.last_seq, None, r)
-        }
-    };
-    let m = bits & interest;
-    let fire = if it.events & EPOLLET != 0 {
-        let space = tx.is_some_and(|t| t != it.last_tx);
-        let f = m != 0 && (it.fresh || seq != it.last_seq || space || m & !it.last_bits != 0);
-        if commit {
-            it.last_bits = m;
-            if f {
-                it.last_seq = seq;
-                it.last_tx = tx.unwrap_or(it.last_tx);
-                it.fresh = false;
-                if m & EPOLLOUT != 0 {
-                    if let Some(s) = sock {
-                        s.clear_nospace();
-                    }
-                }
-            }
-        }
-        f
-    } else {
-        m != 0
-    };
-    if fire && commit && it.events & EPOLLONESHOT != 0 {
-        it.disarmed = true;
-    }
-    if fire {
-        m
-    } else {
-        0
-    }
-}
-
 /// Whether the set of `epfd` has anything to report (canal items, or its real part).
 fn peek_set(g: &'static Guest, epfd: c_int, depth: u32) -> bool {
-    let items: Vec<Item> = with(|sets| {
-        sets.iter()
-            .find(|s| s.epfd == epfd)
-            .map(|s| s.items.clone())
-            .unwrap_or_default()
-    });
-    for mut it in items {
-        if eval(g, &mut it, false, depth) != 0 {
-            return true;
-        }
-    }
-    real_readable(epfd)
+    peek_items(g, epfd, depth) || real_readable(epfd)
 }
 
 /// The real epoll fd has events (poll on an epoll fd does not consume them).
@@ -387,105 +276,44 @@ pub(crate) fn poll_revents(g: &'static Guest, epfd: c_int, events: libc::c_short
 
 /// Collects the canal events of `epfd` into `out`; returns how many.
 fn scan(g: &'static Guest, epfd: c_int, out: &mut [epoll_event]) -> usize {
-    // Nested items need the lock themselves: evaluate them on a copy first.
-    let nested: Vec<(c_int, bool)> = with(|sets| {
-        sets.iter()
-            .find(|s| s.epfd == epfd)
-            .map(|s| {
-                s.items
-                    .iter()
-                    .filter_map(|i| match i.target {
-                        Target::Nested(f) => Some(f),
-                        _ => None,
-                    })
-                    .map(|f| (f, false))
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
-    let nested: Vec<(c_int, bool)> = nested
+    // Nested items need the lock themselves: evaluate them first.
+    let nested: Vec<(c_int, bool)> = nested_fds(epfd)
         .into_iter()
-        .map(|(f, _)| (f, peek_set(g, f, 1)))
+        .map(|f| (f, peek_set(g, f, 1)))
         .collect();
-    with(|sets| {
-        let Some(s) = sets.iter_mut().find(|s| s.epfd == epfd) else {
-            return 0;
-        };
-        let len = s.items.len();
-        if len == 0 {
-            return 0;
-        }
-        let start = s.rot % len;
-        let mut n = 0;
-        let mut last = start;
-        for k in 0..len {
-            if n == out.len() {
-                break;
-            }
-            let i = (start + k) % len;
-            let it = &mut s.items[i];
-            let ev = match it.target {
-                Target::Canal(_) => eval(g, it, true, 0),
-                Target::Nested(f) => {
-                    let ready = nested.iter().any(|&(nf, r)| nf == f && r);
-                    let interest = it.events & !CONTROL;
-                    if it.disarmed || !ready || interest & EPOLLIN == 0 {
-                        0
-                    } else {
-                        if it.events & EPOLLONESHOT != 0 {
-                            it.disarmed = true;
-                        }
-                        EPOLLIN
-                    }
-                }
-            };
-            if ev != 0 {
-                out[n] = epoll_event {
-                    events: ev,
-                    u64: it.data,
-                };
-                n += 1;
-                last = i;
-            }
-        }
-        if n > 0 {
-            s.rot = last + 1;
-        }
-        n
+    with(|sets| match sets.iter_mut().find(|s| s.epfd == epfd) {
+        Some(s) => s.scan(g, &nested, out),
+        None => 0,
     })
 }
 
 /// Peek: whether any canal item of `epfd` would report now.
-fn any_canal(g: &'static Guest, epfd: c_int) -> bool {
-    peek_items(g, epfd)
-}
-
-fn peek_items(g: &'static Guest, epfd: c_int) -> bool {
+fn peek_items(g: &'static Guest, epfd: c_int, depth: u32) -> bool {
     let items: Vec<Item> = with(|sets| {
-        sets.iter()
+        sets.iter_mut()
             .find(|s| s.epfd == epfd)
-            .map(|s| s.items.clone())
+            .map(|s| s.peek_items(g))
             .unwrap_or_default()
     });
     items
         .into_iter()
-        .any(|mut it| eval(g, &mut it, false, 0) != 0)
+        .any(|mut it| crate::mux::evset::eval(g, &mut it, false, depth, peek_set) != 0)
 }
 
 fn nested_fds(epfd: c_int) -> Vec<c_int> {
     with(|sets| {
         sets.iter()
             .find(|s| s.epfd == epfd)
-            .map(|s| {
-                s.items
-                    .iter()
-                    .filter_map(|i| match i.target {
-                        Target::Nested(f) => Some(f),
-                        _ => None,
-                    })
-                    .collect()
-            })
+            .map(Set::nested_fds)
             .unwrap_or_default()
+    })
+}
+
+/// A logged set's sleep scope: its direct short-circuited sockets and its log.
+fn logged_scope(epfd: c_int) -> Option<(Vec<u32>, canal_abi::evlog::EvLog<'static>)> {
+    with(|sets| {
+        let s = sets.iter().find(|s| s.epfd == epfd)?;
+        Some((s.direct_sockets(), s.log()?))
     })
 }
 
@@ -599,9 +427,23 @@ pub(crate) fn wait(
             }; 2],
         );
         let remaining = deadline.map(|d| d - now);
-        let mut cond = || any_canal(g, epfd);
-        let r =
-            crate::conn::sleep::sleep_ready(g, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask);
+        let mut cond = || peek_items(g, epfd, 0);
+        let r = match logged_scope(epfd) {
+            Some((direct, log)) => crate::conn::sleep::sleep_ready_logged(
+                g,
+                crate::conn::sleep::Scope::Logged {
+                    direct: &direct,
+                    log_sleepers: &log.header.sleepers,
+                },
+                remaining,
+                &mut cond,
+                &mut fds,
+                sigmask,
+            ),
+            None => crate::conn::sleep::sleep_ready(
+                g, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask,
+            ),
+        };
         slept = true;
         r?;
         // Re-check everything (past the spin phase: real checks each time).
@@ -615,29 +457,22 @@ mod tests {
     #[test]
     fn forget_drops_sets_and_items() {
         with(|sets| {
-            sets.push(Set {
-                epfd: 1000,
-                items: vec![Item {
-                    fd: 1001,
-                    target: Target::Canal(7),
-                    events: EPOLLIN,
-                    data: 5,
-                    last_seq: 0,
-                    last_bits: 0,
-                    last_tx: 0,
-                    fresh: true,
-                    disarmed: false,
-                }],
-                rot: 0,
-            })
+            let mut s = Set::new(1000);
+            s.add(Item::new(
+                1001,
+                Target::Canal(7),
+                crate::mux::evset::EPOLLIN,
+                5,
+                (0, None),
+            ));
+            sets.push(s);
         });
         forget_fd(1001);
-        assert!(with(|s| s
+        assert!(with(|s| !s
             .iter()
             .find(|s| s.epfd == 1000)
             .unwrap()
-            .items
-            .is_empty()));
+            .contains(1001)));
         forget_fd(1000);
         assert!(with(|s| s.iter().all(|s| s.epfd != 1000)));
     }

@@ -2,5 +2,6 @@
 //! of canal and ordinary descriptors; `pollwait` is their shared kernel wait.
 
 pub(crate) mod epoll;
+pub(crate) mod evset;
 pub(crate) mod poll;
 pub(crate) mod pollwait;

@@ -94,6 +94,24 @@ impl Seg {
     pub(crate) fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].wake_seq
     }
+    /// The side's event-log words (§8.6, crate::evlog).
+    pub(crate) fn watched(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].watched
+    }
+    pub(crate) fn watch_index(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].watch_index
+    }
+    pub(crate) fn logged(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].logged
+    }
+    /// The key of the side's event log, as canald wrote it (0: an older canald).
+    pub(crate) fn owner(&self, side: u32) -> u32 {
+        self.header().owners[side.min(1) as usize]
+    }
+    /// canald's id of the segment.
+    pub(crate) fn id(&self) -> u32 {
+        self.header().id
+    }
 
     /// Wakes `side`'s futex sleepers (after a change they wait for).
     pub(crate) fn futex_wake(&self, side: u32) {

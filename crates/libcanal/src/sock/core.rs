@@ -79,7 +79,15 @@ impl Rings {
                 if seg.futex_sleepers(side).load(Ordering::Relaxed) != 0 {
                     seg.futex_wake(side);
                 }
-                if seg.sleepers(side).load(Ordering::Relaxed) != 0 {
+                let mut wake = seg.sleepers(side).load(Ordering::Relaxed) != 0;
+                // §8.6: a large epoll set of the peer follows this connection through
+                // its event log rather than looking at it on every round.
+                if seg.watched(side).load(Ordering::Relaxed) != 0
+                    && crate::evlog::tell(s.g, seg, side)
+                {
+                    wake = true;
+                }
+                if wake {
                     attention(s.g, s.idx);
                 }
             }

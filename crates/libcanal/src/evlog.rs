@@ -1,0 +1,150 @@
+//! Event logs (protocol §8.6): this guest's, read by its large epoll sets
+//! (`mux::evset`), and its short-circuit peers', appended to after moving a ring of a
+//! connection the peer watches.
+//!
+//! Logs are mapped once per process and kept for its life (a few pages each): ours on
+//! the first epoll set that relies on it, a peer's on the first publish to a connection
+//! of that peer that it watches. `LOGS` maps an owner key (canald's, from EVLOG_OK) to
+//! the mapping; a segment names both sides' owners in its header.
+use crate::conn::guest::Guest;
+use crate::shortcut::seg::Seg;
+use crate::sys;
+use canal_abi::control::{self, kind as ck};
+use canal_abi::evlog::{EvLog, EvLogHeader, EVLOG_ENTRIES, EVLOG_HEADER_SIZE, EVLOG_SIZE};
+use canal_abi::sync::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicUsize};
+
+/// Logs this process may map (its own and its peers').
+const MAX_LOGS: usize = 64;
+/// A `LOGS` slot whose owner refused us (no log): appenders fall back to attention.
+const REFUSED: usize = 1;
+
+struct Slot {
+    owner: AtomicU32,
+    base: AtomicUsize,
+}
+
+static LOGS: [Slot; MAX_LOGS] = [const {
+    Slot {
+        owner: AtomicU32::new(0),
+        base: AtomicUsize::new(0),
+    }
+}; MAX_LOGS];
+/// Serialises filling `LOGS` (lookups are lock-free).
+static LOCK: AtomicU32 = AtomicU32::new(0);
+/// Our own log's base (0: not mapped yet, REFUSED: canald has none for us).
+static OWN: AtomicUsize = AtomicUsize::new(0);
+
+fn view(base: usize) -> Option<EvLog<'static>> {
+    if base <= REFUSED {
+        return None;
+    }
+    // SAFETY: base maps EVLOG_SIZE bytes for the life of the process (never
+    // unmapped); the header and the entries accept any bit pattern.
+    let (h, e) = unsafe {
+        (
+            &*(base as *const EvLogHeader),
+            core::slice::from_raw_parts(
+                (base + EVLOG_HEADER_SIZE as usize) as *const AtomicU64,
+                EVLOG_ENTRIES as usize,
+            ),
+        )
+    };
+    EvLog::new(h, e)
+}
+
+/// Maps the log canald sends for EVLOG `seg` (0: ours). (owner, base) or None.
+fn fetch(g: &Guest, seg: u32) -> Option<(u32, usize)> {
+    let (fd, owner) =
+        crate::conn::ctl::ctl_exchange(g, ck::EVLOG, &seg.to_le_bytes(), -1, |k, body, fds| {
+            let ok = k == ck::EVLOG_OK
+                && body.len() >= control::EVLOG_OK_BODY
+                && fds.len() == 1
+                && body[8..16] == EVLOG_SIZE.to_le_bytes();
+            ok.then(|| (fds[0], control::leading_u32(body).unwrap_or(0)))
+        })
+        .ok()?;
+    let size_ok = matches!(sys::file_size(fd), Ok(s) if s >= EVLOG_SIZE);
+    let base = if size_ok {
+        sys::mmap_shared(fd, EVLOG_SIZE as usize).ok()
+    } else {
+        None
+    };
+    let _ = sys::close(fd);
+    let base = base? as usize;
+    if view(base).is_none() {
+        sys::munmap(base as *mut u8, EVLOG_SIZE as usize);
+        return None;
+    }
+    Some((owner, base))
+}
+
+/// Our own log, mapped on first use; None if canald has none for us (an older
+/// canald, a VM guest).
+pub(crate) fn own(g: &Guest) -> Option<EvLog<'static>> {
+    let b = OWN.load(Ordering::Acquire);
+    if b != 0 {
+        return view(b);
+    }
+    crate::rt::lock(&LOCK);
+    if OWN.load(Ordering::Acquire) == 0 {
+        let b = fetch(g, 0).map_or(REFUSED, |(_, b)| b);
+        OWN.store(b, Ordering::Release);
+    }
+    crate::rt::unlock(&LOCK);
+    view(OWN.load(Ordering::Acquire))
+}
+
+fn lookup(owner: u32) -> Option<usize> {
+    LOGS.iter()
+        .find(|s| owner != 0 && s.owner.load(Ordering::Acquire) == owner)
+        .map(|s| s.base.load(Ordering::Acquire))
+}
+
+/// The log of the guest at `side` of `seg` (mapped on first use; None: none to use).
+fn peer(g: &Guest, seg: Seg, side: u32) -> Option<EvLog<'static>> {
+    let owner = seg.owner(side);
+    if let Some(b) = lookup(owner) {
+        return view(b);
+    }
+    crate::rt::lock(&LOCK);
+    let b = match lookup(owner) {
+        Some(b) => b,
+        None => {
+            let (key, b) = fetch(g, seg.id()).map_or((owner, REFUSED), |(k, b)| (k, b));
+            // Kept under the key the segment names, so this lookup is not repeated.
+            // (A peer that wrote another guest's key there only misdirects its own
+            // hints: the other guest looks at a socket that did not change.)
+            if let Some(s) = LOGS.iter().find(|s| s.owner.load(Ordering::Relaxed) == 0) {
+                s.base.store(b, Ordering::Relaxed);
+                s.owner
+                    .store(if owner != 0 { owner } else { key }, Ordering::Release);
+            }
+            b
+        }
+    };
+    crate::rt::unlock(&LOCK);
+    view(b)
+}
+
+/// After we moved a ring of a connection whose `side` (the peer's) relies on its event
+/// log: append the peer's socket, once until the peer looked at it. Returns whether
+/// canald must wake the peer (it sleeps on its log, or we could not append).
+#[inline]
+pub(crate) fn tell(g: &Guest, seg: Seg, side: u32) -> bool {
+    if seg.logged(side).swap(1, Ordering::SeqCst) != 0 {
+        return false;
+    }
+    match peer(g, seg, side) {
+        Some(log) => log.append(seg.watch_index(side).load(Ordering::Relaxed)),
+        None => true,
+    }
+}
+
+/// A change to our socket `index` canald does not see (wake_local: a shutdown, a
+/// close by another thread): our epoll sets that rely on the log must look at it.
+pub(crate) fn note_local(index: u32) {
+    if let Some(log) = view(OWN.load(Ordering::Acquire)) {
+        log.append(index);
+    }
+}
