@@ -6,7 +6,8 @@
 //!   connection's whole life (connect to close). It ends the server with a connection
 //!   that sends `Q`.
 //! - `hold` (B13): the client connects its request-response connection first, then
-//!   `--idle` connections the server accepts and holds; it prints `BASE` before and
+//!   `--idle` connections the server accepts and holds, all in one epoll set with the
+//!   listener (one thread, as a real server); it prints `BASE` before and
 //!   `HELD n` after them and waits each time (the harness samples every process's
 //!   memory then), then runs the usual
 //!   64-byte ping-pong on the first connection among the idle ones.
@@ -150,15 +151,76 @@ pub(crate) fn client_conns(
     ))
 }
 
-/// B13 server: after the first (request-response) connection, accepts and holds every
-/// further one for the life of the process.
-pub(crate) fn hold_the_rest(l: TcpListener) {
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        while let Ok((c, _)) = l.accept() {
-            held.push(c);
+/// B13 server, as a real server holds many clients: one thread, one epoll set with the
+/// listener and every connection. It echoes `size`-byte requests on `rr` (accepted
+/// first) and holds the others, until `rr` ends; returns the requests served.
+pub(crate) fn serve_epoll(l: TcpListener, mut rr: TcpStream, size: usize) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
         }
-    });
+    };
+    // SAFETY: plain epoll system calls on descriptors this function owns; `ev` and
+    // `evs` are live locals the kernel reads or fills.
+    let ep = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    let add = |fd: libc::c_int| {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: as above.
+        check(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) })
+    };
+    l.set_nonblocking(true)?;
+    add(l.as_raw_fd())?;
+    add(rr.as_raw_fd())?;
+    let mut held = std::collections::HashMap::new();
+    let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    let mut buf = vec![0u8; size];
+    let mut msgs = 0u64;
+    'serve: loop {
+        // SAFETY: as above.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), evs.len() as i32, -1) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        for ev in &evs[..n as usize] {
+            let fd = ev.u64 as libc::c_int;
+            if fd == l.as_raw_fd() {
+                while let Ok((c, _)) = l.accept() {
+                    add(c.as_raw_fd())?;
+                    held.insert(c.as_raw_fd(), c);
+                }
+            } else if fd == rr.as_raw_fd() {
+                if let Err(e) = rr.read_exact(&mut buf) {
+                    if e.kind() == io::ErrorKind::UnexpectedEof {
+                        break 'serve;
+                    }
+                    return Err(e);
+                }
+                rr.write_all(&buf)?;
+                msgs += 1;
+            } else if let Some(mut c) = held.remove(&fd) {
+                // A held client closed (or sent): let it go.
+                let mut b = [0u8; 64];
+                if !matches!(c.read(&mut b), Ok(n) if n > 0) {
+                    drop(c);
+                } else {
+                    held.insert(fd, c);
+                }
+            }
+        }
+    }
+    // SAFETY: ep is ours.
+    unsafe { libc::close(ep) };
+    Ok(msgs)
 }
 
 /// B13 client, before the ping-pong: `idle` connections to `addr`, then `HELD n` and a

@@ -210,7 +210,14 @@ fn server(g: &GenArgs) -> io::Result<String> {
             }
             let c = l.accept()?.0;
             if g.mode == Mode::Hold {
-                crate::conngen::hold_the_rest(l);
+                c.set_nodelay(true)?;
+                let cpu0 = self_cpu_seconds();
+                let msgs = crate::conngen::serve_epoll(l, c, g.size)?;
+                return Ok(format!(
+                    "RESULT role=server msgs={msgs} bytes={} cpu_s={:.6}",
+                    msgs * 2 * g.size as u64,
+                    self_cpu_seconds() - cpu0
+                ));
             }
             Conn::Tcp(c)
         }
