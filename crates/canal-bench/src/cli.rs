@@ -180,7 +180,7 @@ mod tests {
         assert!(parse(&["--full"]).unwrap().pinned());
         assert!(!parse(&["--full", "--no-pin"]).unwrap().pinned());
         assert!(parse(&["--quick", "--pin"]).unwrap().pinned());
-        assert_eq!(parse(&[]).unwrap().exps.len(), 13);
-        assert_eq!(parse(&["all", "B1"]).unwrap().exps.len(), 13);
+        assert_eq!(parse(&[]).unwrap().exps.len(), 14);
+        assert_eq!(parse(&["all", "B1"]).unwrap().exps.len(), 14);
     }
 }

@@ -1,5 +1,6 @@
 //! The built-in traffic generator behind `canal-bench-gen`: blocking-socket ping-pong
-//! (request-response) and one-way stream over TCP or Unix stream sockets.
+//! (request-response) and one-way stream over TCP or Unix stream sockets (UDP:
+//! `udpgen`).
 //!
 //! It uses only the plain BSD calls a typical program makes through Rust's std
 //! (`socket`, `bind`, `listen`, `accept4`, `connect`, `send`, `recv`, `shutdown`), so the
@@ -28,6 +29,8 @@ use std::time::{Duration, Instant};
 pub(crate) enum Net {
     Tcp,
     Unix,
+    /// Datagrams (`udpgen`; modes rr and stream).
+    Udp,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -190,9 +193,25 @@ pub fn run(g: &GenArgs) -> Result<String, String> {
     if let Some(c) = g.cpu {
         pin_to(c)?;
     }
-    match g.role {
-        Role::Server => server(g).map_err(|e| format!("server: {e}")),
-        Role::Client => client(g).map_err(|e| format!("client: {e}")),
+    if g.net == Net::Udp && !matches!(g.mode, Mode::Rr | Mode::Stream) {
+        return Err(format!(
+            "--net udp serves modes rr and stream, not {:?}",
+            g.mode
+        ));
+    }
+    let udp = crate::udpgen::UdpArgs {
+        addr: &g.addr,
+        stream: g.mode == Mode::Stream,
+        size: g.size,
+        duration: g.duration,
+        count: g.count,
+        warmup: g.warmup,
+    };
+    match (g.role, g.net) {
+        (Role::Server, Net::Udp) => crate::udpgen::server(&udp).map_err(|e| format!("server: {e}")),
+        (Role::Client, Net::Udp) => crate::udpgen::client(&udp).map_err(|e| format!("client: {e}")),
+        (Role::Server, _) => server(g).map_err(|e| format!("server: {e}")),
+        (Role::Client, _) => client(g).map_err(|e| format!("client: {e}")),
     }
 }
 
@@ -230,6 +249,7 @@ fn server(g: &GenArgs) -> io::Result<String> {
             let _ = std::fs::remove_file(&g.addr);
             c
         }
+        Net::Udp => return Err(io::Error::other("datagrams are udpgen's")),
     };
     // CPU is counted from here: start-up (and whatever a preload library does before
     // main) is not part of the transfer.
@@ -272,6 +292,7 @@ fn connect(g: &GenArgs) -> io::Result<Conn> {
         let r = match g.net {
             Net::Tcp => TcpStream::connect(&g.addr).map(Conn::Tcp),
             Net::Unix => UnixStream::connect(&g.addr).map(Conn::Unix),
+            Net::Udp => Err(io::Error::other("datagrams have no connection (udpgen)")),
         };
         match r {
             Ok(c) => return Ok(c),
@@ -467,7 +488,13 @@ mod tests {
         );
         assert!(parse_args(s(&["client", "--addr", "x"])).is_err());
         assert!(parse_args(s(&["server", "--addr", "x", "--size", "0"])).is_err());
-        assert!(parse_args(s(&["server", "--addr=x", "--net=udp"])).is_err());
+        assert!(parse_args(s(&["server", "--addr=x", "--net=sctp"])).is_err());
+        assert_eq!(
+            parse_args(s(&["server", "--addr=x", "--net=udp"]))
+                .unwrap()
+                .net,
+            Net::Udp
+        );
         assert!(parse_args(s(&["server", "--addr=x"])).is_ok());
     }
 

@@ -20,6 +20,7 @@ pub(crate) mod report;
 pub(crate) mod runner;
 pub(crate) mod stats;
 mod tools;
+pub(crate) mod udpgen;
 
 use cli::Opts;
 use model::{Cell, Experiment, System, Variant};

@@ -21,6 +21,10 @@ pub(crate) enum System {
 pub(crate) const ALL_SYSTEMS: [System; 4] =
     [System::Tcp, System::Uds, System::CanalGG, System::CanalGN];
 
+/// UDP ends: native (kernel UDP, shown in the `tcp` column), both under canal, client
+/// under canal (B15).
+const UDP_PLACEMENTS: [System; 3] = [System::Tcp, System::CanalGG, System::CanalGN];
+
 /// Every placement of TCP ends, native and under canal (B12, B13).
 const TCP_PLACEMENTS: [System; 4] = [
     System::Tcp,
@@ -94,6 +98,10 @@ pub(crate) enum Workload {
     ConnRate,
     /// Built-in generator: `size` idle connections held, 64-byte ping-pong on one more.
     Hold,
+    /// Built-in generator over UDP (B15): datagram request-response.
+    UdpRr,
+    /// Built-in generator over UDP (B15): one-way datagrams, throughput of what arrived.
+    UdpStream,
 }
 
 impl Workload {
@@ -110,6 +118,8 @@ impl Workload {
             Workload::Nginx => "nginx-wrk",
             Workload::ConnRate => "conn-rate",
             Workload::Hold => "hold",
+            Workload::UdpRr => "udp-rr",
+            Workload::UdpStream => "udp-stream",
         }
     }
 }
@@ -283,8 +293,8 @@ pub(crate) struct Plan {
     pub(crate) variants: Option<Vec<String>>,
 }
 
-pub(crate) const EXPERIMENT_IDS: [&str; 13] = [
-    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12", "B13",
+pub(crate) const EXPERIMENT_IDS: [&str; 14] = [
+    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12", "B13", "B15",
 ];
 
 fn cells(
@@ -550,6 +560,18 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
             measures: "RR p50 at 64 B on one connection while n idle ones are held (the size column is n), and memory per held connection: every process's PSS (client, server, canald) plus the kernel's slab and TCP memory, after − before, / n",
             target: "RR p50 with 10,000 idle connections ≤ 1.1× with none; memory per idle connection ≤ the kernel's",
             cells: cells(plan, &[Hold], &pick(&[0, 300], &[0, 1000, 3000]), &[1], &["default"], &TCP_PLACEMENTS),
+            unavailable: None,
+        },
+        "B15" => Experiment {
+            id: "B15",
+            title: "UDP",
+            measures: "datagram request-response p50 (64 B, 1 KiB) and one-way datagram throughput of what arrived (64 B, 1 KiB, 8 KiB); the kernel column is kernel UDP over 127.0.0.1",
+            target: "guest↔guest RR p50 ≤ 1/20 of kernel UDP; guest→native ≥ 0.95× kernel UDP throughput",
+            cells: [
+                cells(plan, &[UdpRr], &pick(&[64], &[64, 1024]), &[1], &["default"], &UDP_PLACEMENTS),
+                cells(plan, &[UdpStream], &pick(&[1024], &[64, 1024, 8192]), &[1], &["default"], &UDP_PLACEMENTS),
+            ]
+            .concat(),
             unavailable: None,
         },
         _ => return None,

@@ -342,7 +342,9 @@ impl Runner {
             | Workload::Stream
             | Workload::Idle
             | Workload::ConnRate
-            | Workload::Hold => self.run_gen(cell, None),
+            | Workload::Hold
+            | Workload::UdpRr
+            | Workload::UdpStream => self.run_gen(cell, None),
             Workload::SysRr | Workload::SysStream => self.run_syscalls(cell),
             Workload::Sockperf => self.run_sockperf(cell),
             Workload::Iperf3 => self.run_iperf3(cell),
@@ -359,8 +361,8 @@ impl Runner {
         cpu: Option<usize>,
     ) -> Vec<String> {
         let mode = match cell.workload {
-            Workload::Rr | Workload::SysRr => "rr",
-            Workload::Stream | Workload::SysStream => "stream",
+            Workload::Rr | Workload::SysRr | Workload::UdpRr => "rr",
+            Workload::Stream | Workload::SysStream | Workload::UdpStream => "stream",
             Workload::ConnRate => "conn",
             Workload::Hold => "hold",
             _ => "idle",
@@ -371,6 +373,8 @@ impl Runner {
             "--net".into(),
             if cell.system == System::Uds {
                 "unix"
+            } else if matches!(cell.workload, Workload::UdpRr | Workload::UdpStream) {
+                "udp"
             } else {
                 "tcp"
             }
@@ -552,7 +556,10 @@ impl Runner {
                 "0".into(),
             ]),
             None => {
-                let warm = if matches!(cell.workload, Workload::Rr | Workload::Hold) {
+                let warm = if matches!(
+                    cell.workload,
+                    Workload::Rr | Workload::Hold | Workload::UdpRr
+                ) {
                     "100"
                 } else {
                     "0"
@@ -616,7 +623,7 @@ impl Runner {
                 put("conn_p50_us", mean("p50_ns") / 1e3);
                 put("conn_p99_us", max("p99_ns") / 1e3);
             }
-            Workload::Rr | Workload::Hold => {
+            Workload::Rr | Workload::Hold | Workload::UdpRr => {
                 put("rtt_p50_us", mean("p50_ns") / 1e3);
                 put("rtt_p99_us", max("p99_ns") / 1e3);
                 put("rtt_mean_us", mean("mean_ns") / 1e3);
@@ -634,11 +641,18 @@ impl Runner {
                     put("cpu_per_rt_us", cpu_total / elapsed / rate * 1e6);
                 }
             }
-            Workload::Stream => {
+            Workload::Stream | Workload::UdpStream => {
                 let bps: f64 = sum("bytes_per_s");
                 put("gbit_s", bps * 8.0 / 1e9);
                 put("bytes_s", bps);
                 put("msgs_s", sum("msgs_per_s"));
+                if cell.workload == Workload::UdpStream {
+                    // Datagrams the receiver never got (natively too, under a fast sender).
+                    let sent = sum("sent");
+                    if sent > 0.0 {
+                        put("lost_pct", (sent - sum("msgs")) / sent * 100.0);
+                    }
+                }
             }
             _ => {
                 if d0.is_some() {

@@ -1,5 +1,6 @@
 //! The Markdown sections of the connection experiments: B12 (connection rate) and B13
-//! (many connections held), each beside kernel TCP measured in the same run.
+//! (many connections held), each beside kernel TCP measured in the same run; and B15
+//! (UDP), beside kernel UDP.
 use crate::model::{Cell, System, Workload};
 use crate::report::table::{ratio_table, size_rows, sys_col, Col, RowSpec, Table};
 
@@ -72,6 +73,47 @@ pub(crate) fn b13(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
         "Memory per connection ÷ kernel TCP",
         &mem,
         &against_tcp(),
+    );
+    s
+}
+
+/// B15: UDP request-response and stream, beside kernel UDP (the `tcp` column's system
+/// runs the same generator over UDP).
+pub(crate) fn b15(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
+    use System::*;
+    let mut s = String::new();
+    let rtt = size_rows(cells, Workload::UdpRr, "rtt_p50_us");
+    s += &t.render(
+        "UDP request-response p50 (the tcp column: kernel UDP)",
+        "µs",
+        &rtt,
+        sys,
+    );
+    let per = |a: System| (sys_col(a), sys_col(Tcp));
+    s += &ratio_table(
+        t,
+        "UDP RR p50 ÷ kernel UDP",
+        &rtt,
+        &[per(CanalGG), per(CanalGN)],
+    );
+    let bw = size_rows(cells, Workload::UdpStream, "gbit_s");
+    s += &t.render(
+        "UDP stream, what arrived (the tcp column: kernel UDP)",
+        "Gbit/s",
+        &bw,
+        sys,
+    );
+    s += &ratio_table(
+        t,
+        "UDP stream ÷ kernel UDP",
+        &bw,
+        &[per(CanalGG), per(CanalGN)],
+    );
+    s += &t.render(
+        "UDP stream: datagrams lost",
+        "%",
+        &size_rows(cells, Workload::UdpStream, "lost_pct"),
+        sys,
     );
     s
 }

@@ -46,6 +46,7 @@ pub(crate) fn experiment_section(
         "B10" => b10(&mut t, &sys),
         "B12" => crate::report::conn_sections::b12(&mut t, cells, &sys),
         "B13" => crate::report::conn_sections::b13(&mut t, cells, &sys),
+        "B15" => crate::report::conn_sections::b15(&mut t, cells, &sys),
         _ => String::new(),
     };
     s
