@@ -17,6 +17,7 @@ pub(crate) mod json;
 pub(crate) mod model;
 pub(crate) mod procs;
 pub(crate) mod report;
+pub(crate) mod rrloop;
 pub(crate) mod runner;
 pub(crate) mod stats;
 mod tools;

@@ -105,7 +105,7 @@ fn rr(
     let mut out = vec![0x5au8; g.size];
     let mut back = vec![0u8; g.size + 1];
     let k = g.size.min(8);
-    let mut one = |seq: u64| -> io::Result<()> {
+    let one = |seq: u64| -> io::Result<()> {
         out[..k].copy_from_slice(&seq.to_le_bytes()[..k]);
         s.send(&out)?;
         let n = s
@@ -119,39 +119,7 @@ fn rr(
         }
         Ok(())
     };
-    let mut seq = 0;
-    for _ in 0..g.warmup {
-        one(seq)?;
-        seq += 1;
-    }
-    let mut lat: Vec<u64> = Vec::with_capacity(1 << 16);
-    let start = Instant::now();
-    while (lat.len() as u64) < max {
-        let t0 = Instant::now();
-        one(seq)?;
-        let t1 = Instant::now();
-        seq += 1;
-        lat.push((t1 - t0).as_nanos() as u64);
-        if deadline.is_some_and(|d| t1 >= d) || lat.len() >= 50_000_000 {
-            break;
-        }
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let n = lat.len() as u64;
-    let mean = lat.iter().sum::<u64>() as f64 / n.max(1) as f64;
-    lat.sort_unstable();
-    let pct = |p: f64| crate::stats::percentile_sorted_u64(&lat, p);
-    Ok(format!(
-        "RESULT role=client mode=rr size={} msgs={n} bytes={} elapsed_s={elapsed:.6} \
-         p50_ns={:.0} p99_ns={:.0} mean_ns={mean:.0} min_ns={} max_ns={} cpu_s={:.6}",
-        g.size,
-        n * 2 * g.size as u64,
-        pct(50.0),
-        pct(99.0),
-        lat.first().copied().unwrap_or(0),
-        lat.last().copied().unwrap_or(0),
-        self_cpu_seconds() - cpu0,
-    ))
+    crate::rrloop::run(g.size, g.warmup, max, deadline, cpu0, one)
 }
 
 fn stream(

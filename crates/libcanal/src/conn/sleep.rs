@@ -27,10 +27,7 @@ pub(crate) fn sleep_ready(
     extra: &mut [libc::pollfd],
     sigmask: sys::SigMask,
 ) -> Result<usize, i32> {
-    match own_slot(g) {
-        Some(s) => sleep_events(&s, Scope::One(index), timeout_ns, cond, extra, sigmask),
-        None => sleep_backoff(g, timeout_ns, cond, extra, sigmask),
-    }
+    sleep_ready_in(g, Scope::One(index), timeout_ns, cond, extra, sigmask)
 }
 
 /// What a sleeping thread waits for: one socket (or WAIT_ANY: any of the guest's), or
@@ -46,8 +43,8 @@ pub(crate) enum Scope<'a> {
     },
 }
 
-/// `sleep_ready` for an epoll set that relies on the event log.
-pub(crate) fn sleep_ready_logged(
+/// `sleep_ready` for what `scope` names (an epoll set that relies on the event log).
+pub(crate) fn sleep_ready_in(
     g: &'static Guest,
     scope: Scope<'_>,
     timeout_ns: Option<i64>,

@@ -429,7 +429,7 @@ pub(crate) fn wait(
         let remaining = deadline.map(|d| d - now);
         let mut cond = || peek_items(g, epfd, 0);
         let r = match logged_scope(epfd) {
-            Some((direct, log)) => crate::conn::sleep::sleep_ready_logged(
+            Some((direct, log)) => crate::conn::sleep::sleep_ready_in(
                 g,
                 crate::conn::sleep::Scope::Logged {
                     direct: &direct,
