@@ -48,6 +48,9 @@ pub(crate) struct Guest {
     pub(crate) dirty: Vec<u32>,
     pub(crate) changed: Vec<u32>,
     pub(crate) changed_mark: Vec<u64>,
+    /// Some socket of this round's `changed` was not appended to the event log when it
+    /// was marked (no set relied on the log then): the round's end appends them all.
+    pub(crate) log_behind: bool,
     pub(crate) scratch: Vec<u8>,
     /// Some(when): the guest's control connection closed.
     pub(crate) gone: Option<Instant>,
@@ -185,6 +188,7 @@ impl Guest {
             dirty: Vec::new(),
             changed: Vec::new(),
             changed_mark: vec![0; n.div_ceil(64)],
+            log_behind: false,
             scratch: vec![0; DGRAM_MAX],
             gone: None,
             wakes: 0,

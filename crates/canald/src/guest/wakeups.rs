@@ -33,10 +33,11 @@ impl Guest {
     }
 
     pub(crate) fn mark_changed(&mut self, index: u32) {
-        self.mark_to_wake(index);
+        // The sequence first: an event-log entry (mark_to_wake) must follow it.
         if let Some(e) = self.region.socket(index) {
             e.event_seq.fetch_add(1, Ordering::Release);
         }
+        self.mark_to_wake(index);
     }
 
     /// Wakes the socket's event sleepers at the round's end without counting an event
@@ -47,6 +48,14 @@ impl Guest {
             if *word & (1 << b) == 0 {
                 *word |= 1 << b;
                 self.changed.push(index);
+                // §8.6: a set relying on the log sees the socket now, not at the
+                // round's end (a spinning reader would wait for the rest of the round).
+                match self.evlog.as_ref().and_then(|f| f.log()) {
+                    Some(log) if log.has_readers() => {
+                        log.append(index);
+                    }
+                    _ => self.log_behind = true,
+                }
             }
         }
     }
@@ -161,12 +170,16 @@ impl Guest {
         // §6: we stored indices/flags/event_seq, fence, then read the sleep words; the
         // guest stores sleep, fences, re-checks readiness.
         fence(Ordering::SeqCst);
-        // §8.6: after the same fence, the event log's readers: an epoll set that
-        // counted itself after our check looks at every socket once.
-        if let Some(log) = self.evlog.as_ref().and_then(|f| f.log()) {
-            if log.has_readers() {
-                for &i in &self.changed {
-                    log.append(i);
+        // §8.6: sockets were appended as they changed while a set relied on the log.
+        // One marked while none did (or whose check raced with a set counting itself:
+        // that needs this fence) is appended now; the set looks at everything once
+        // after counting itself, so a change before both is not lost either.
+        if std::mem::take(&mut self.log_behind) {
+            if let Some(log) = self.evlog.as_ref().and_then(|f| f.log()) {
+                if log.has_readers() {
+                    for &i in &self.changed {
+                        log.append(i);
+                    }
                 }
             }
         }
