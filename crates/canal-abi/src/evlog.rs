@@ -71,6 +71,16 @@ pub const fn encode(pos: u64, index: u32) -> u64 {
 
 const TAG_MASK: u64 = (1 << 48) - 1;
 
+/// The header line 0 canald writes when it creates a log (64 bytes, little-endian).
+pub fn encode_header(owner: u32) -> [u8; 64] {
+    let mut h = [0u8; 64];
+    h[0..8].copy_from_slice(&EVLOG_MAGIC.to_le_bytes());
+    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[12..16].copy_from_slice(&(EVLOG_ENTRIES as u32).to_le_bytes());
+    h[16..20].copy_from_slice(&owner.to_le_bytes());
+    h
+}
+
 /// A mapped log.
 #[derive(Clone, Copy)]
 pub struct EvLog<'a> {
@@ -98,6 +108,29 @@ impl<'a> EvLog<'a> {
         let n = header.entries as usize;
         let ok = header.magic == EVLOG_MAGIC && n.is_power_of_two() && entries.len() == n;
         ok.then_some(EvLog { header, entries })
+    }
+
+    /// The log mapped at `base` (a log file's EVLOG_SIZE bytes); None if its header is
+    /// not a log of ours.
+    ///
+    /// # Safety
+    /// `base` must be page-aligned and map EVLOG_SIZE bytes for as long as the result
+    /// is used.
+    #[cfg(not(loom))]
+    pub unsafe fn from_base(base: *const u8) -> Option<EvLog<'a>> {
+        // SAFETY: by the contract, the header (192 bytes) and EVLOG_ENTRIES u64 words
+        // after the header page lie inside the mapping; both accept any bit pattern
+        // and are only accessed atomically.
+        let (h, e) = unsafe {
+            (
+                &*(base as *const EvLogHeader),
+                core::slice::from_raw_parts(
+                    base.add(EVLOG_HEADER_SIZE as usize) as *const AtomicU64,
+                    EVLOG_ENTRIES as usize,
+                ),
+            )
+        };
+        EvLog::new(h, e)
     }
 
     /// Appends socket `index`; returns whether a reader sleeps on the log (the caller
@@ -229,6 +262,25 @@ mod tests {
         assert!(!log.append(1));
         h.sleepers.store(1, Ordering::SeqCst);
         assert!(log.append(1));
+    }
+
+    #[test]
+    fn a_created_log_reads_back() {
+        let mut mem = vec![0u64; (EVLOG_SIZE / 8) as usize];
+        let h = encode_header(7);
+        for (i, w) in h.chunks(8).enumerate() {
+            mem[i] = u64::from_le_bytes(w.try_into().unwrap());
+        }
+        // SAFETY: mem is 8-aligned and EVLOG_SIZE bytes for the test's life.
+        let log = unsafe { EvLog::from_base(mem.as_ptr() as *const u8) }.unwrap();
+        assert_eq!(
+            (log.header.owner, log.entries.len()),
+            (7, EVLOG_ENTRIES as usize)
+        );
+        assert!(!log.append(3));
+        let mut seen = Vec::new();
+        assert_eq!(log.sweep(&mut 0, |i| seen.push(i)), Sweep::Done);
+        assert_eq!(seen, [3]);
     }
 
     #[test]

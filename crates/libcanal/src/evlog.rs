@@ -4,14 +4,14 @@
 //!
 //! Logs are mapped once per process and kept for its life (a few pages each): ours on
 //! the first epoll set that relies on it, a peer's on the first publish to a connection
-//! of that peer that it watches. `LOGS` maps an owner key (canald's, from EVLOG_OK) to
-//! the mapping; a segment names both sides' owners in its header.
+//! of that peer that it watches. `LOGS` maps an owner key (canald's, as a segment names
+//! both sides' owners in its header) to the mapping.
 use crate::conn::guest::Guest;
 use crate::shortcut::seg::Seg;
 use crate::sys;
 use canal_abi::control::{self, kind as ck};
-use canal_abi::evlog::{EvLog, EvLogHeader, EVLOG_ENTRIES, EVLOG_HEADER_SIZE, EVLOG_SIZE};
-use canal_abi::sync::{AtomicU64, Ordering};
+use canal_abi::evlog::{EvLog, EVLOG_SIZE};
+use canal_abi::sync::Ordering;
 use core::sync::atomic::{AtomicU32, AtomicUsize};
 
 /// Logs this process may map (its own and its peers').
@@ -39,29 +39,19 @@ fn view(base: usize) -> Option<EvLog<'static>> {
     if base <= REFUSED {
         return None;
     }
-    // SAFETY: base maps EVLOG_SIZE bytes for the life of the process (never
-    // unmapped); the header and the entries accept any bit pattern.
-    let (h, e) = unsafe {
-        (
-            &*(base as *const EvLogHeader),
-            core::slice::from_raw_parts(
-                (base + EVLOG_HEADER_SIZE as usize) as *const AtomicU64,
-                EVLOG_ENTRIES as usize,
-            ),
-        )
-    };
-    EvLog::new(h, e)
+    // SAFETY: base maps EVLOG_SIZE bytes for the life of the process (never unmapped).
+    unsafe { EvLog::from_base(base as *const u8) }
 }
 
-/// Maps the log canald sends for EVLOG `seg` (0: ours). (owner, base) or None.
-fn fetch(g: &Guest, seg: u32) -> Option<(u32, usize)> {
-    let (fd, owner) =
+/// Maps the log canald sends for EVLOG `seg` (0: ours); its base.
+fn fetch(g: &Guest, seg: u32) -> Option<usize> {
+    let fd =
         crate::conn::ctl::ctl_exchange(g, ck::EVLOG, &seg.to_le_bytes(), -1, |k, body, fds| {
             let ok = k == ck::EVLOG_OK
                 && body.len() >= control::EVLOG_OK_BODY
                 && fds.len() == 1
                 && body[8..16] == EVLOG_SIZE.to_le_bytes();
-            ok.then(|| (fds[0], control::leading_u32(body).unwrap_or(0)))
+            ok.then_some(fds[0])
         })
         .ok()?;
     let size_ok = matches!(sys::file_size(fd), Ok(s) if s >= EVLOG_SIZE);
@@ -76,7 +66,7 @@ fn fetch(g: &Guest, seg: u32) -> Option<(u32, usize)> {
         sys::munmap(base as *mut u8, EVLOG_SIZE as usize);
         return None;
     }
-    Some((owner, base))
+    Some(base)
 }
 
 /// Our own log, mapped on first use; None if canald has none for us (an older
@@ -88,7 +78,7 @@ pub(crate) fn own(g: &Guest) -> Option<EvLog<'static>> {
     }
     crate::rt::lock(&LOCK);
     if OWN.load(Ordering::Acquire) == 0 {
-        let b = fetch(g, 0).map_or(REFUSED, |(_, b)| b);
+        let b = fetch(g, 0).unwrap_or(REFUSED);
         OWN.store(b, Ordering::Release);
     }
     crate::rt::unlock(&LOCK);
@@ -102,29 +92,30 @@ fn lookup(owner: u32) -> Option<usize> {
 }
 
 /// The log of the guest at `side` of `seg` (mapped on first use; None: none to use).
+/// A segment naming no owner (an older canald) or a peer beyond `MAX_LOGS` gets no
+/// log and no request either: a lookup that cannot be kept would be a round trip to
+/// canald on every publish (the caller falls back to canald's wake-up relay).
 fn peer(g: &Guest, seg: Seg, side: u32) -> Option<EvLog<'static>> {
     let owner = seg.owner(side);
+    if owner == 0 {
+        return None;
+    }
     if let Some(b) = lookup(owner) {
         return view(b);
     }
     crate::rt::lock(&LOCK);
-    let b = match lookup(owner) {
-        Some(b) => b,
-        None => {
-            let (key, b) = fetch(g, seg.id()).map_or((owner, REFUSED), |(k, b)| (k, b));
-            // Kept under the key the segment names, so this lookup is not repeated.
-            // (A peer that wrote another guest's key there only misdirects its own
-            // hints: the other guest looks at a socket that did not change.)
-            if let Some(s) = LOGS.iter().find(|s| s.owner.load(Ordering::Relaxed) == 0) {
-                s.base.store(b, Ordering::Relaxed);
-                s.owner
-                    .store(if owner != 0 { owner } else { key }, Ordering::Release);
-            }
-            b
-        }
-    };
+    let b = lookup(owner).or_else(|| {
+        let slot = LOGS.iter().find(|s| s.owner.load(Ordering::Relaxed) == 0)?;
+        let b = fetch(g, seg.id()).unwrap_or(REFUSED);
+        // Kept under the key the segment names, so this lookup is not repeated. (A
+        // peer that wrote another guest's key there only misdirects its own hints: the
+        // other guest looks at a socket that did not change.)
+        slot.base.store(b, Ordering::Relaxed);
+        slot.owner.store(owner, Ordering::Release);
+        Some(b)
+    });
     crate::rt::unlock(&LOCK);
-    view(b)
+    view(b?)
 }
 
 /// After we moved a ring of a connection whose `side` (the peer's) relies on its event

@@ -268,13 +268,8 @@ pub(crate) struct EvLogFile {
 impl EvLogFile {
     /// A fresh log owned by the guest of control connection `owner`.
     pub(crate) fn create(owner: u32) -> io::Result<EvLogFile> {
-        use canal_abi::evlog::{EVLOG_ENTRIES, EVLOG_MAGIC, EVLOG_SIZE};
-        let mut h = [0u8; 64];
-        h[0..8].copy_from_slice(&EVLOG_MAGIC.to_le_bytes());
-        h[8..12].copy_from_slice(&1u32.to_le_bytes());
-        h[12..16].copy_from_slice(&(EVLOG_ENTRIES as u32).to_le_bytes());
-        h[16..20].copy_from_slice(&owner.to_le_bytes());
-        let fd = sealed_memfd("canal-evlog", EVLOG_SIZE, &h)?;
+        use canal_abi::evlog::{encode_header, EVLOG_SIZE};
+        let fd = sealed_memfd("canal-evlog", EVLOG_SIZE, &encode_header(owner))?;
         let map = Mapping::map(&fd, EVLOG_SIZE as usize)?;
         Ok(EvLogFile { fd, map })
     }
@@ -282,20 +277,8 @@ impl EvLogFile {
     /// The log (its header was written at creation; guests may scribble on the rest,
     /// which `EvLog` tolerates).
     pub(crate) fn log(&self) -> Option<canal_abi::evlog::EvLog<'_>> {
-        use canal_abi::evlog::{EvLog, EvLogHeader, EVLOG_ENTRIES, EVLOG_HEADER_SIZE};
-        // SAFETY: the mapping is EVLOG_SIZE bytes, page-aligned: the header (192
-        // bytes) and EVLOG_ENTRIES u64 words after the header page lie inside; both
-        // types accept any bit pattern and are only accessed atomically.
-        let (h, e) = unsafe {
-            (
-                &*(self.map.base as *const EvLogHeader),
-                std::slice::from_raw_parts(
-                    self.map.base.add(EVLOG_HEADER_SIZE as usize)
-                        as *const canal_abi::sync::AtomicU64,
-                    EVLOG_ENTRIES as usize,
-                ),
-            )
-        };
-        EvLog::new(h, e)
+        // SAFETY: the mapping is EVLOG_SIZE bytes, page-aligned, and lives as long as
+        // `self`.
+        unsafe { canal_abi::evlog::EvLog::from_base(self.map.base) }
     }
 }

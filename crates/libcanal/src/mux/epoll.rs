@@ -157,10 +157,11 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     };
     let r = with(|sets| {
         let si = sets.iter().position(|s| s.epfd == epfd);
-        let present = si.is_some_and(|si| sets[si].contains(fd));
+        // The set that has `fd` (MOD and DEL need one).
+        let holder = si.filter(|&si| sets[si].contains(fd));
         match op {
             libc::EPOLL_CTL_ADD => {
-                if present {
+                if holder.is_some() {
                     return Err(libc::EEXIST);
                 }
                 let (events, data) = want.ok_or(libc::EFAULT)?;
@@ -169,19 +170,16 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
                     sets.len() - 1
                 });
                 let s = &mut sets[si];
-                if let Some(log) =
-                    log.filter(|_| matches!(target, Target::Canal(_)) && s.wants_log())
-                {
+                // `log` is Some only for a canal socket that takes the set over the
+                // threshold.
+                if let Some(log) = log.filter(|_| s.wants_log()) {
                     s.enter_log(log);
                 }
                 s.add(Item::new(fd, target, events, data, seq));
                 Ok(true)
             }
             libc::EPOLL_CTL_MOD => {
-                let s = si
-                    .filter(|_| present)
-                    .map(|si| &mut sets[si])
-                    .ok_or(libc::ENOENT)?;
+                let s = &mut sets[holder.ok_or(libc::ENOENT)?];
                 let (events, data) = want.ok_or(libc::EFAULT)?;
                 let it = s.get_mut(fd).ok_or(libc::ENOENT)?;
                 if events & EPOLLEXCLUSIVE != 0 || it.events & EPOLLEXCLUSIVE != 0 {
@@ -197,11 +195,7 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
                 Ok(false)
             }
             libc::EPOLL_CTL_DEL => {
-                let s = si
-                    .filter(|_| present)
-                    .map(|si| &mut sets[si])
-                    .ok_or(libc::ENOENT)?;
-                s.remove(fd);
+                sets[holder.ok_or(libc::ENOENT)?].remove(fd);
                 Ok(false)
             }
             _ => Err(libc::EINVAL),

@@ -285,10 +285,12 @@ impl Set {
             Target::Nested(_) => self.nested -= 1,
         }
         if let Some(l) = self.logged.as_mut() {
-            if let Some(v) = it.index().and_then(|i| l.by_index.get_mut(&i)) {
-                v.retain(|&f| f != fd);
-                if v.is_empty() {
-                    l.by_index.remove(&it.index().unwrap_or(0));
+            if let Some(i) = it.index() {
+                if let Some(v) = l.by_index.get_mut(&i) {
+                    v.retain(|&f| f != fd);
+                    if v.is_empty() {
+                        l.by_index.remove(&i);
+                    }
                 }
             }
             l.direct.retain(|&f| f != fd);
@@ -359,18 +361,13 @@ impl Set {
 
     fn enqueue(&mut self, fd: c_int) {
         if let Some(l) = self.logged.as_mut() {
-            enqueue_in(l, &mut self.items, &self.pos, fd);
+            enqueue_in(&mut l.queue, &mut self.items, &self.pos, fd);
         }
     }
 
     fn enqueue_all(&mut self) {
         if let Some(l) = self.logged.as_mut() {
-            for it in self.items.iter_mut() {
-                if !it.queued {
-                    it.queued = true;
-                    l.queue.push_back(it.fd);
-                }
-            }
+            self.items.iter_mut().for_each(|it| queue(&mut l.queue, it));
         }
     }
 
@@ -432,29 +429,16 @@ impl Set {
                 if let Some(a) = pos.get(&fd).and_then(|&p| items[p].armed.as_mut()) {
                     a.at = 0;
                 }
-                enqueue_in(l, items, pos, fd);
+                enqueue_in(&mut l.queue, items, pos, fd);
             }
         }
         if all {
-            for it in items.iter_mut() {
-                if !it.queued {
-                    it.queued = true;
-                    l.queue.push_back(it.fd);
-                }
-            }
+            items.iter_mut().for_each(|it| queue(&mut l.queue, it));
             return;
         }
         for i in named {
-            let Some(fds) = l.by_index.get(&i) else {
-                continue;
-            };
-            for &fd in fds {
-                if let Some(it) = pos.get(&fd).and_then(|&p| items.get_mut(p)) {
-                    if !it.queued {
-                        it.queued = true;
-                        l.queue.push_back(fd);
-                    }
-                }
+            for &fd in l.by_index.get(&i).into_iter().flatten() {
+                enqueue_in(&mut l.queue, items, pos, fd);
             }
         }
     }
@@ -787,12 +771,18 @@ pub(super) fn eval(
     }
 }
 
-fn enqueue_in(l: &mut Logged, items: &mut [Item], pos: &HashMap<c_int, usize>, fd: c_int) {
+/// Puts an item in the queue `q` unless it is there already.
+fn queue(q: &mut VecDeque<c_int>, it: &mut Item) {
+    if !it.queued {
+        it.queued = true;
+        q.push_back(it.fd);
+    }
+}
+
+/// `queue` for the item at `fd`, if the set has one.
+fn enqueue_in(q: &mut VecDeque<c_int>, items: &mut [Item], pos: &HashMap<c_int, usize>, fd: c_int) {
     if let Some(it) = pos.get(&fd).and_then(|&p| items.get_mut(p)) {
-        if !it.queued {
-            it.queued = true;
-            l.queue.push_back(fd);
-        }
+        queue(q, it);
     }
 }
 
@@ -827,6 +817,6 @@ fn cool(l: &mut Logged, items: &mut [Item], pos: &HashMap<c_int, usize>, now: i6
     l.hot -= cooled.len();
     l.direct.retain(|fd| !cooled.contains(fd));
     for fd in cooled {
-        enqueue_in(l, items, pos, fd);
+        enqueue_in(&mut l.queue, items, pos, fd);
     }
 }
