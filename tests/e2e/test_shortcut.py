@@ -202,3 +202,43 @@ def test_no_shortcut_flag(canal_bin, procs, python, progs):
         assert r.returncode == 0 and "OK tcp-msgs" in r.stdout, r.describe()
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("arenas", ["on", "off"])
+def test_short_connections_share_the_pair_arena(canal_bin, procs, python, progs, arenas):
+    """240 short connections between two guests (200 one after another, then 40 held
+    at once), every echo checked: with arenas (protocol §8.7, the default) the client
+    has mapped no per-connection segment, only its pair arenas (40 held connections
+    need two of 32 slots; the serial ones reused slots instead of growing them); with
+    `--arenas off` every held connection has a segment file of its own. The same
+    client natively maps neither (test_churn_native)."""
+    d = Canald(canal_bin, procs)
+    d.proc = procs.spawn([canal_bin, "daemon", "--socket", d.socket, "--arenas", arenas],
+                         name=f"canald-arenas-{arenas}")
+    e2e_util.wait_for(lambda: os.path.exists(d.socket), 15, what="canald to start")
+    try:
+        server = d.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")
+        port = int(server.wait_line("READY", 30).split()[1])
+        d.wait_served(server, kind="tcp-listener")
+        r = d.spawn([python, progs / "churn.py", "--port", port], name="churn").finish(120)
+        assert r.returncode == 0, r.describe()
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["connections"] == 240, got
+        if arenas == "on":
+            assert got["segments"] == 0, got
+            assert 2 <= got["arenas"] <= 3, got
+        else:
+            assert got["arenas"] == 0, got
+            assert got["segments"] >= 40, got
+    finally:
+        d.stop()
+
+
+def test_churn_native(procs, python, progs):
+    """churn.py's checks hold natively (no canal: no mappings of canal's files)."""
+    server = procs.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-native")
+    port = int(server.wait_line("READY", 30).split()[1])
+    r = procs.spawn([python, progs / "churn.py", "--port", port], name="churn-native").finish(120)
+    assert r.returncode == 0, r.describe()
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {
+        "arenas": 0, "segments": 0, "connections": 240}

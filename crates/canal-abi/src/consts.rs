@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 6;
+pub const VERSION_MINOR: u16 = 7;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -49,8 +49,13 @@ pub mod feature {
     /// sockets in the header's spare ring, and `socket()` takes one without a
     /// request. Set only for guests that announced `hello_flag::SPARES`.
     pub const SPARES: u64 = 1 << 8;
+    /// Pair arenas (protocol §8.7, minor 7): a pair segment may be a slot of an arena
+    /// shared by the two guests (`SocketEntry::arena` ≠ 0); the guest maps the arena
+    /// once (control ARENA) and finds each later segment in it without a request.
+    /// Set only for guests that announced `hello_flag::ARENAS`.
+    pub const ARENAS: u64 = 1 << 9;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES;
+    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES | ARENAS;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

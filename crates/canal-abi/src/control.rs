@@ -78,6 +78,12 @@ pub mod kind {
     /// host → guest: body `owner: u32` (the log's owner key, as in a segment header's
     /// `owners`), `reserved: u32`, `size: u64`.
     pub const EVLOG_OK: u16 = 22;
+    /// guest → host, only with `feature::ARENAS`: body `arena: u32` (an arena id from
+    /// a socket entry). Reply: ARENA_OK with SCM_RIGHTS [the arena's memfd], or ERROR
+    /// (ENOENT: no such arena of this guest). protocol.md §8.7.
+    pub const ARENA: u16 = 23;
+    /// host → guest: body `arena: u32, slots: u32, size: u64` (the SEGMENT_OK shape).
+    pub const ARENA_OK: u16 = 24;
 }
 
 /// EVLOG_OK body bytes.
@@ -139,6 +145,8 @@ pub mod hello_flag {
     pub const VRSS: u32 = 1 << 1;
     /// The guest takes spare sockets from the header's ring (`feature::SPARES`).
     pub const SPARES: u32 = 1 << 8;
+    /// The guest finds pair segments in arenas (`feature::ARENAS`, protocol §8.7).
+    pub const ARENAS: u32 = 1 << 9;
 }
 
 /// SEGMENT_OK body bytes.

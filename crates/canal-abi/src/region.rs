@@ -169,8 +169,12 @@ pub struct SocketEntry {
     /// With `segment` ≠ 0: which side of the connection this entry is
     /// (`segment::side::CONNECTOR` sends on ring 0, `ACCEPTOR` on ring 1).
     pub segment_side: AtomicU32,
-    pub reserved1a: u32,
-    pub reserved1: [u64; 2],
+    /// With `segment` ≠ 0 and feature::ARENAS (minor 7): the pair arena holding the
+    /// segment (0: the segment is a file of its own, control SEGMENT), and the
+    /// segment's byte offset in it (protocol §8.7). Written before `segment`.
+    pub arena: AtomicU32,
+    pub arena_offset: AtomicU64,
+    pub reserved1: u64,
     // --- 64: host live state
     /// sock_flag::*
     pub flags: AtomicU32,

@@ -185,6 +185,31 @@ pub const fn segment_size(ring_size: u64) -> u64 {
     SEG_HEADER_SIZE + 2 * ring_size
 }
 
+/// Segments per pair arena (protocol §8.7): an arena is `ARENA_SLOTS` segments of one
+/// ring size back to back, each a whole segment (header page, two rings) at a
+/// page-aligned offset.
+pub const ARENA_SLOTS: u32 = 32;
+
+/// Bytes of an arena whose segments have rings of `ring_size` bytes.
+pub const fn arena_size(ring_size: u64) -> u64 {
+    ARENA_SLOTS as u64 * segment_size(ring_size)
+}
+
+/// Where slot `slot`'s segment starts in such an arena.
+pub const fn arena_slot_offset(slot: u32, ring_size: u64) -> u64 {
+    slot as u64 * segment_size(ring_size)
+}
+
+/// A guest's check of the place a socket entry names for its segment in an arena it
+/// mapped (`arena_len` bytes): page-aligned, with a whole header page inside. The
+/// header itself is then checked with [`check_header`] against `arena_len - offset`.
+pub fn arena_place_ok(arena_len: u64, offset: u64) -> bool {
+    offset.is_multiple_of(4096)
+        && offset
+            .checked_add(SEG_HEADER_SIZE)
+            .is_some_and(|end| end <= arena_len)
+}
+
 /// Offsets of a direction's `head` and `tail` words (for canald's `pread`).
 pub const fn head_offset(dir: u32) -> u64 {
     128 + dir as u64 * 128

@@ -76,6 +76,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, rx_offset), 32);
     assert_eq!(offset_of!(SocketEntry, segment), 12);
     assert_eq!(offset_of!(SocketEntry, segment_side), 40);
+    assert_eq!(offset_of!(SocketEntry, arena), 44);
+    assert_eq!(offset_of!(SocketEntry, arena_offset), 48);
     assert_eq!(offset_of!(SocketEntry, flags), 64);
     assert_eq!(offset_of!(SocketEntry, pending_error), 68);
     assert_eq!(offset_of!(SocketEntry, tx_tail), 72);
@@ -141,7 +143,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0600 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0700 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -198,8 +200,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 9,
-        HeaderError::UnknownFeatures(1 << 9),
+        &|h| h.features |= 1 << 10,
+        HeaderError::UnknownFeatures(1 << 10),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -321,11 +323,32 @@ fn addr_roundtrip_and_validation() {
 }
 
 #[test]
+fn arena_places() {
+    use canal_abi::segment::{self, ARENA_SLOTS};
+    let rs = 1 << 20;
+    let size = segment::arena_size(rs);
+    assert_eq!(size, ARENA_SLOTS as u64 * segment::segment_size(rs));
+    let last = segment::arena_slot_offset(ARENA_SLOTS - 1, rs);
+    assert!(segment::arena_place_ok(size, 0));
+    assert!(segment::arena_place_ok(size, last));
+    assert_eq!(
+        last + segment::segment_size(rs),
+        size,
+        "slots fill the arena"
+    );
+    assert!(!segment::arena_place_ok(size, last + 1), "unaligned");
+    assert!(!segment::arena_place_ok(size, size), "past the end");
+    assert!(!segment::arena_place_ok(size, u64::MAX - 4095), "overflow");
+    assert_eq!(canal_abi::control::kind::ARENA, 23);
+    assert_eq!(feature::ARENAS, 1 << 9);
+}
+
+#[test]
 fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111_1111);
+    assert_eq!(feature::KNOWN, 0b11_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,

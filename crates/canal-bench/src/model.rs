@@ -186,6 +186,9 @@ impl Variant {
             Some(("disable", "shortcut")) => {
                 Ok(v(&["--no-shortcut"], &[], &[("shortcut", "false")]))
             }
+            // A segment file per short-circuited connection instead of pair arenas
+            // (protocol §8.7): what the arenas save on short connections (B12).
+            Some(("disable", "arenas")) => Ok(v(&["--arenas", "off"], &[], &[("arenas", "false")])),
             // Zero copy in canal's sense: buffer zones (sends beyond the ring's free
             // space posted by (zone, offset) descriptors, protocol §10). Off by
             // default; `zones=on` measures them against it.
@@ -218,7 +221,7 @@ impl Variant {
             }
             _ => Err(format!(
                 "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
-                 disable=poll|batch|coalesce|shortcut|zerocopy, zones=on|off, coalesce=on, \
+                 disable=poll|batch|coalesce|shortcut|zerocopy|arenas, zones=on|off, coalesce=on, \
                  split=adaptive|0.0..1.0, workers=1..16)"
             )),
         }

@@ -45,7 +45,7 @@ impl Daemon {
             kind::DOORBELLS => self.doorbells(key),
             kind::STAT => self.on_stat(key, body),
             kind::WATCH => self.on_watch(key, body, fds),
-            kind::SEGMENT => self.on_segment(key, body),
+            kind::SEGMENT | kind::ARENA => self.on_segment(key, k, body),
             kind::EVLOG => self.on_evlog(key, body),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
@@ -71,6 +71,7 @@ impl Daemon {
             let hello_flags = hello.flags;
             let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
             let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
+            let arenas = sc && hello_flags & control::hello_flag::ARENAS != 0;
             // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
             let vrss = (2..=canal_abi::MAX_WORKERS).contains(&self.workers.len())
                 && hello_flags & control::hello_flag::VRSS != 0;
@@ -78,6 +79,11 @@ impl Daemon {
                 | canal_abi::feature::WATCH
                 | if sc { canal_abi::feature::SHORTCUT } else { 0 }
                 | if zones { canal_abi::feature::ZONES } else { 0 }
+                | if arenas {
+                    canal_abi::feature::ARENAS
+                } else {
+                    0
+                }
                 | if vrss { canal_abi::feature::VRSS } else { 0 }
                 | if hello_flags & control::hello_flag::SPARES != 0 {
                     canal_abi::feature::SPARES
@@ -321,24 +327,37 @@ impl Daemon {
     }
 
     /// SEGMENT: a pair segment's memfd for a short-circuited connection.
-    fn on_segment(&mut self, key: u32, body: &[u8]) -> bool {
+    /// ARENA: a pair arena's memfd (protocol §8.7), the same way.
+    fn on_segment(&mut self, key: u32, asked: u16, body: &[u8]) -> bool {
         let Some(conn) = self.conns.get(&key) else {
             return false;
         };
-        {
-            let Some(id) = control::leading_u32(body) else {
-                return send_error(&conn.fd, errno::EINVAL, "short SEGMENT").is_ok();
+        let arena = asked == kind::ARENA;
+        let Some(id) = control::leading_u32(body) else {
+            let what = if arena {
+                "short ARENA"
+            } else {
+                "short SEGMENT"
             };
-            let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
-            match sh.segment_fd(id, key) {
-                Some((fd, size)) => {
-                    let mut reply = [0u8; control::SEGMENT_OK_BODY];
-                    reply[0..4].copy_from_slice(&id.to_le_bytes());
-                    reply[8..16].copy_from_slice(&size.to_le_bytes());
-                    send_msg(&conn.fd, kind::SEGMENT_OK, &reply, &[fd.as_raw_fd()]).is_ok()
-                }
-                None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
+            return send_error(&conn.fd, errno::EINVAL, what).is_ok();
+        };
+        let sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+        let (file, ok_kind, slots) = if arena {
+            let slots = canal_abi::segment::ARENA_SLOTS;
+            (sh.arenas.file_for(id, key), kind::ARENA_OK, slots)
+        } else {
+            (sh.segment_fd(id, key), kind::SEGMENT_OK, 0)
+        };
+        match file {
+            Some((fd, size)) => {
+                let mut reply = [0u8; control::SEGMENT_OK_BODY];
+                reply[0..4].copy_from_slice(&id.to_le_bytes());
+                reply[4..8].copy_from_slice(&slots.to_le_bytes());
+                reply[8..16].copy_from_slice(&size.to_le_bytes());
+                send_msg(&conn.fd, ok_kind, &reply, &[fd.as_raw_fd()]).is_ok()
             }
+            None if arena => send_error(&conn.fd, errno::ENOENT, "no such arena").is_ok(),
+            None => send_error(&conn.fd, errno::ENOENT, "no such segment").is_ok(),
         }
     }
 

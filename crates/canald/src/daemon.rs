@@ -169,7 +169,11 @@ impl Daemon {
         };
         let seg_ring = (cfg.shortcut_ring_kib.clamp(64, 1 << 20) * 1024).next_power_of_two();
         let shortcut = ShortcutShared::new(cfg.shortcut, seg_ring);
-        shortcut.lock().unwrap_or_else(|e| e.into_inner()).zones = cfg.zones;
+        {
+            let mut sh = shortcut.lock().unwrap_or_else(|e| e.into_inner());
+            sh.zones = cfg.zones;
+            sh.use_arenas = cfg.arenas;
+        }
         let w0 = Worker::new(0, shortcut.clone())
             .map_err(|e| BindError::Io("cannot make worker 0".into(), e))?;
         w0.ep

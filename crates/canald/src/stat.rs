@@ -202,6 +202,9 @@ pub(crate) struct ConfigStat {
     /// Buffer zones on short-circuited connections (`--zones on`, and the shortcut in
     /// force).
     pub(crate) zones: bool,
+    /// Pair arenas for short-circuited connections (`--arenas`, and the shortcut in
+    /// force).
+    pub(crate) arenas: bool,
     /// Every option's effective value and where it came from (as `--print-config`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) settings: Vec<crate::config::Setting>,
@@ -225,6 +228,7 @@ impl ConfigStat {
             workers: c.workers as u64,
             shortcut: c.shortcut,
             zones: c.zones && c.shortcut,
+            arenas: c.arenas && c.shortcut,
             settings: c.settings.clone(),
         }
     }
@@ -620,7 +624,7 @@ mod tests {
             render_json(&s),
             "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"config\":{\"notify\":\"sleep\",\
              \"batch\":false,\"coalesce\":\"fixed\",\"t_worst_us\":100,\"split_us\":25,\
-             \"workers\":1,\"shortcut\":false,\"zones\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
+             \"workers\":1,\"shortcut\":false,\"zones\":false,\"arenas\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
         );
         c.coalesce = crate::engine::CoalesceCfg::Off;
         let cs = ConfigStat::from_config(&c);

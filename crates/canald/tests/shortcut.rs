@@ -54,7 +54,11 @@ struct End<'a> {
 
 impl<'a> End<'a> {
     fn new(m: &'a Mapping, g: &TestGuest, h: u32) -> End<'a> {
-        let (seg, rings) = m.segment_view().unwrap();
+        End::at(m, 0, g, h)
+    }
+    /// The end of a segment `off` bytes into `m` (an arena slot).
+    fn at(m: &'a Mapping, off: u64, g: &TestGuest, h: u32) -> End<'a> {
+        let (seg, rings) = m.segment_view_at(off as usize).unwrap();
         End {
             seg,
             rings,
@@ -344,4 +348,120 @@ fn no_shortcut_without_the_flag() {
     s2.wait_record(l2);
     assert_eq!(c2.entry(h2).segment.load(Ordering::Relaxed), 0);
     assert!(!d2.stat().contains("tcp-shortcut"));
+}
+
+/// Asks for arena `id` (ARENA / ARENA_OK): Ok(mapping) or Err(errno).
+fn map_arena(g: &TestGuest, id: u32) -> Result<Mapping, i32> {
+    send_ctl(&g.ctl, kind::ARENA, &id.to_le_bytes(), &[]);
+    let (k, body, mut fds) = recv_ctl(&g.ctl);
+    if k == kind::ERROR {
+        assert!(fds.is_empty());
+        return Err(i32::from_le_bytes(body[..4].try_into().unwrap()));
+    }
+    assert_eq!(k, kind::ARENA_OK, "{body:?}");
+    assert_eq!(u32::from_le_bytes(body[..4].try_into().unwrap()), id);
+    let size = u64::from_le_bytes(body[8..16].try_into().unwrap());
+    Ok(Mapping::map(&fds.pop().expect("memfd"), size as usize).unwrap())
+}
+
+/// (arena, offset) an entry names.
+fn place(g: &TestGuest, h: u32) -> (u32, u64) {
+    let e = g.entry(h);
+    (
+        e.arena.load(Ordering::Acquire),
+        e.arena_offset.load(Ordering::Acquire),
+    )
+}
+
+/// Guests that announced ARENAS get their connections' segments as slots of one
+/// arena of theirs (protocol §8.7): both map it once, a third guest cannot, SEGMENT
+/// does not hand out a slot, and a slot both ends closed comes back empty (its
+/// pages punched) for the pair's next connection.
+#[test]
+fn shortcut_segments_in_pair_arenas() {
+    let d = TestDaemon::start(&[]);
+    let flags = hello_flag::SHORTCUT | hello_flag::ARENAS;
+    let mut srv = TestGuest::attach_with(&d.path, "srv", flags);
+    let mut cli = TestGuest::attach_with(&d.path, "cli", flags);
+    let other = TestGuest::attach_with(&d.path, "other", flags);
+    let (l, port) = listen(&mut srv);
+    let conns: Vec<(u32, u32)> = (0..3).map(|_| connect(&mut cli, &srv, l, port)).collect();
+    let (arena, _) = place(&cli, conns[0].0);
+    assert_ne!(arena, 0, "no arena for two guests with ARENAS");
+    let mut offsets = Vec::new();
+    for &(c, a) in &conns {
+        assert_eq!(place(&cli, c), place(&srv, a), "the two ends disagree");
+        assert_eq!(place(&cli, c).0, arena, "one arena per guest pair");
+        offsets.push(place(&cli, c).1);
+    }
+    offsets.sort();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 3, "each connection has a slot of its own");
+
+    let id = cli.entry(conns[0].0).segment.load(Ordering::Acquire);
+    send_ctl(&cli.ctl, kind::SEGMENT, &id.to_le_bytes(), &[]);
+    let (k, _, fds) = recv_ctl(&cli.ctl);
+    assert!(
+        k == kind::ERROR && fds.is_empty(),
+        "SEGMENT handed out an arena slot"
+    );
+    assert_eq!(map_arena(&other, arena).err(), Some(errno::ENOENT));
+    let (cm, am) = (
+        map_arena(&cli, arena).unwrap(),
+        map_arena(&srv, arena).unwrap(),
+    );
+
+    // Bytes cross through the two guests' own mappings of the arena.
+    let (c0, a0) = conns[0];
+    let off = place(&cli, c0).1;
+    let (ce, ae) = (End::at(&cm, off, &cli, c0), End::at(&am, off, &srv, a0));
+    assert_eq!(ce.send(b"left in the ring"), 16);
+    let ring = canal_abi::segment::ring_offset(side::CONNECTOR, ce.seg.ring_size) + off;
+    assert_eq!(read_at(&am, ring, 16), b"left in the ring");
+    let mut buf = [0u8; 4];
+    assert_eq!(ae.recv(&mut buf), 4);
+    assert_eq!(&buf, b"left");
+
+    // Both ends close (the server with 12 bytes unread: a reset for nobody, the
+    // client is gone): the slot comes back zeroed for the pair's next connection.
+    assert_eq!(cli.request(op::CLOSE, c0, [0; 4], &[]).0, 0);
+    srv.wait_flags(a0, sock_flag::RX_EOF);
+    assert_eq!(srv.request(op::CLOSE, a0, [0; 4], &[]).0, 0);
+    let mut reused = None;
+    for _ in 0..50 {
+        let (c, a) = connect(&mut cli, &srv, l, port);
+        if place(&cli, c) == (arena, off) {
+            reused = Some((c, a));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (c, a) = reused.expect("the freed slot was never reused");
+    assert_eq!(
+        read_at(&am, ring, 16),
+        [0u8; 16],
+        "the old connection's bytes"
+    );
+    let (ce, ae) = (End::at(&cm, off, &cli, c), End::at(&am, off, &srv, a));
+    assert_eq!(ae.send(b"fresh"), 5);
+    let mut buf = [0u8; 8];
+    assert_eq!(ce.recv(&mut buf), 5);
+    assert_eq!(&buf[..5], b"fresh");
+}
+
+/// `--arenas off`: the same guests get a segment file per connection.
+#[test]
+fn arenas_off_gives_a_file_per_connection() {
+    let d = TestDaemon::start(&["--arenas", "off"]);
+    let flags = hello_flag::SHORTCUT | hello_flag::ARENAS;
+    let mut srv = TestGuest::attach_with(&d.path, "srv", flags);
+    let mut cli = TestGuest::attach_with(&d.path, "cli", flags);
+    let (l, port) = listen(&mut srv);
+    let (c, _) = connect(&mut cli, &srv, l, port);
+    assert_eq!(place(&cli, c).0, 0);
+    map_segment(&cli, c);
+}
+
+fn read_at(m: &Mapping, off: u64, n: usize) -> Vec<u8> {
+    m.read_bytes(off as usize, n)
 }

@@ -111,6 +111,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     #[serde(default, deserialize_with = "de_on_off")]
     pub zones: Option<bool>,
+    /// Short-circuited connections between two guests share the guests' pair arenas
+    /// (protocol §8.7) instead of a file each [default: on; also CANAL_ARENAS=off in
+    /// canald's environment]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    #[serde(default, deserialize_with = "de_on_off")]
+    pub arenas: Option<bool>,
     /// The resolver isolated and VM guests reach as 10.0.2.3:53 (IP or IP:PORT)
     /// [default: the first IPv4 nameserver of /etc/resolv.conf]
     #[arg(long, value_name = "ADDR", value_parser = parse_dns)]
@@ -232,6 +238,9 @@ impl DaemonArgs {
         if let Some(z) = self.zones {
             cfg.zones = z;
         }
+        if let Some(on) = self.arenas {
+            cfg.arenas = on;
+        }
         cfg.verbose = self.verbose;
         cfg.metrics = self.metrics;
         cfg.user_channel = self.user_channel;
@@ -319,6 +328,8 @@ mod tests {
         assert!(parse_args(&["--pin", "a,1"]).is_err());
         assert!(parse_args(&["--zones", "maybe"]).is_err());
         assert!(parse_args(&["--zones", "on"]).unwrap().zones);
+        assert!(!parse_args(&["--arenas", "off"]).unwrap().arenas);
+        assert!(parse_args(&[]).unwrap().arenas || std::env::var_os("CANAL_ARENAS").is_some());
         let c = parse_args(&["--rx-quantum-kib", "8", "--no-shortcut"]).unwrap();
         assert_eq!(c.rx_quantum, 8192);
         assert!(!c.shortcut);

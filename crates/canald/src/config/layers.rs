@@ -58,7 +58,7 @@ fn merge(cli: &DaemonArgs, files: &[ConfigFile]) -> (DaemonArgs, BTreeMap<&'stat
         }
         take!(opt: socket idle_exit slots sockets data_mib ring_kib spin budget notify
                    t_worst_us split_us rx_quantum_kib tx_quantum_kib workers shortcut_ring_kib
-                   zones dns metrics;
+                   zones arenas dns metrics;
               flag: coalesce no_batch loopback_only no_shortcut verbose serve_users);
         if !src.pin.is_empty() {
             out.pin = src.pin.clone();
@@ -110,6 +110,7 @@ const KEYS: &[&str] = &[
     "no-shortcut",
     "shortcut-ring-kib",
     "zones",
+    "arenas",
     "dns",
     "metrics",
     "serve-users",
@@ -238,6 +239,7 @@ fn settings(
             "no-shortcut" => Value::Boolean(!cfg.shortcut),
             "shortcut-ring-kib" => int(cfg.shortcut_ring_kib),
             "zones" => Value::Boolean(cfg.zones),
+            "arenas" => Value::Boolean(cfg.arenas),
             "dns" => match cfg.dns {
                 Some(d) => Value::String(d.to_string()),
                 None => continue,
@@ -270,6 +272,7 @@ fn env_origin(key: &str) -> Origin {
     match key {
         "no-shortcut" if set("CANAL_NO_SHORTCUT") => Origin::Env("CANAL_NO_SHORTCUT"),
         "zones" if set("CANAL_ZONES") => Origin::Env("CANAL_ZONES"),
+        "arenas" if set("CANAL_ARENAS") => Origin::Env("CANAL_ARENAS"),
         "socket" if set("CANAL_SOCKET") => Origin::Env("CANAL_SOCKET"),
         _ => Origin::Default,
     }

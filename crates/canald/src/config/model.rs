@@ -42,6 +42,10 @@ pub struct Config {
     /// ring's free space (protocol §10). Off by default (docs/bench/README.md, B8);
     /// `CANAL_ZONES=on` in canald's environment turns them on (test suites).
     pub(crate) zones: bool,
+    /// `--arenas on|off`: the segments of two guests' connections are slots of their
+    /// pair arenas (protocol §8.7) instead of a file each. On by default;
+    /// `CANAL_ARENAS=off` in canald's environment turns them off.
+    pub(crate) arenas: bool,
     pub(crate) verbose: bool,
     /// How the poller waits (`--notify`).
     pub(crate) notify: NotifyMode,
@@ -125,6 +129,7 @@ impl Config {
             shortcut: std::env::var_os("CANAL_NO_SHORTCUT").is_none_or(|v| v.is_empty()),
             shortcut_ring_kib: DEFAULT_SHORTCUT_RING_KIB,
             zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
+            arenas: std::env::var_os("CANAL_ARENAS").is_none_or(|v| v != "off"),
             verbose: false,
             notify: NotifyMode::Hybrid,
             // Off unless asked for: on this design a woken guest spins through the

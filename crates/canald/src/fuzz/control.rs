@@ -169,6 +169,12 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(fuzz_control(&msg(kind::EVLOG, &[])), vec![kind::ERROR]);
+        // An arena it is not one of the two guests of, or a short ARENA: ERROR.
+        let mut arena = msg(kind::HELLO, &hello.encode());
+        arena.extend(msg(kind::ARENA, &1u32.to_le_bytes()));
+        arena.extend(msg(kind::ARENA, &[1, 0]));
+        let r = fuzz_control(&arena);
+        assert_eq!(r, vec![kind::HELLO_OK, kind::ERROR, kind::ERROR], "{r:?}");
         // Messages that need a descriptor are refused without one (WATCH has no
         // reply: a watch without a descriptor is dropped).
         assert!(fuzz_control(&msg(kind::WATCH, &[0; 16])).is_empty());

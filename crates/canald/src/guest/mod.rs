@@ -11,11 +11,13 @@
 //! translation every request goes through: loopback rules, then the network's view), `socket` (a host socket's state),
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
 //! `wakeups`, `ops` (socket operations), `stream` and `dgram` (data pumps), `service`
-//! (a service round and request dispatch); `shortcut` (co-resident pairs) and `vrss`
+//! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
+//! segments' shared files) and `vrss`
 //! (spreading one guest's sockets over workers).
 #![forbid(unsafe_code)]
 
 pub mod addr_view;
+pub mod arena;
 pub mod config;
 pub mod dgram;
 pub mod entries;

@@ -4,6 +4,8 @@
 //! The two refer to each other (a vRSS message carries a pending short-circuit; the
 //! registry pokes workers' mailboxes), so they live in one file.
 
+use crate::guest::arena::ArenaMem;
+use crate::guest::arena::Arenas;
 use crate::guest::config::GuestConfig;
 use crate::guest::socket::HostSocket;
 use crate::guest::socket::SegLink;
@@ -35,9 +37,11 @@ pub(crate) struct Pending {
     pub(crate) conn: u32,
     pub(crate) handle: u32,
     pub(crate) dst: CanalAddr,
-    /// The connector's reserved local address, and whether its guest has zones.
+    /// The connector's reserved local address, and whether its guest has zones and
+    /// arenas.
     pub(crate) local: CanalAddr,
     pub(crate) zones: bool,
+    pub(crate) arenas: bool,
     pub(crate) lconn: u32,
     pub(crate) lhandle: u32,
 }
@@ -92,15 +96,52 @@ pub(crate) enum Event {
     },
 }
 
+/// Where a pair segment's memory is.
+pub(crate) enum SegMem {
+    /// A memfd of its own and canald's mapping (segments with zones, and guests
+    /// without feature::ARENAS).
+    File { fd: OwnedFd, map: sys::Mapping },
+    /// Slot `slot` of a pair arena, `base` bytes into it (protocol §8.7).
+    Arena {
+        mem: Arc<ArenaMem>,
+        slot: u32,
+        base: u64,
+    },
+}
+
 pub(crate) struct SegmentRec {
-    pub(crate) fd: OwnedFd,
-    /// canald's own mapping, only to wake futex sleepers after a state change.
-    pub(crate) map: sys::Mapping,
+    pub(crate) mem: SegMem,
     pub(crate) conns: [u32; 2],
     pub(crate) open: [bool; 2],
     pub(crate) ring_size: u64,
     /// Bytes of each direction's zone (0: a segment without zones).
     pub(crate) zone_size: u64,
+}
+
+impl SegmentRec {
+    /// The little-endian u64 at `off` of the segment (guest-written: untrusted).
+    pub(crate) fn read_u64(&self, off: u64) -> Option<u64> {
+        match &self.mem {
+            SegMem::File { fd, .. } => sys::pread_u64(fd, off),
+            SegMem::Arena { mem, base, .. } => sys::pread_u64(&mem.fd, base + off),
+        }
+    }
+
+    /// Bumps the u32 at `off` and wakes its futex waiters (a side's `wake_seq`).
+    pub(crate) fn futex_bump_wake(&self, off: u64) {
+        match &self.mem {
+            SegMem::File { map, .. } => map.futex_bump_wake(off as usize),
+            SegMem::Arena { mem, base, .. } => mem.map.futex_bump_wake((base + off) as usize),
+        }
+    }
+
+    /// The arena id and offset a socket entry names (0, 0: a file of its own).
+    pub(crate) fn place(&self) -> (u32, u64) {
+        match &self.mem {
+            SegMem::File { .. } => (0, 0),
+            SegMem::Arena { mem, base, .. } => (mem.id, *base),
+        }
+    }
 }
 
 /// State shared by the daemon and every guest that may short-circuit.
@@ -117,6 +158,10 @@ pub(crate) struct Shared {
     /// Every worker's mailbox, to poke a worker that has jobs (several workers).
     pub(crate) boxes: Option<Boxes>,
     pub(crate) segments: HashMap<u32, SegmentRec>,
+    /// `--arenas on`: segments between two guests that announced ARENAS are slots of
+    /// their pair arenas (protocol §8.7).
+    pub(crate) use_arenas: bool,
+    pub(crate) arenas: Arenas,
     pub(crate) next_id: u32,
 }
 
@@ -133,16 +178,34 @@ impl Shared {
             homes: HashMap::new(),
             boxes: None,
             segments: HashMap::new(),
+            use_arenas: true,
+            arenas: Arenas::default(),
             next_id: 1,
         }))
     }
 
-    /// The memfd of segment `id` if guest `conn` is one of its two ends.
+    /// The memfd of segment `id` (one of its own) if guest `conn` is one of its two
+    /// ends.
     pub(crate) fn segment_fd(&self, id: u32, conn: u32) -> Option<(&OwnedFd, u64)> {
         let s = self.segments.get(&id)?;
-        s.conns
-            .contains(&conn)
-            .then(|| (&s.fd, segment::segment_size_zones(s.ring_size, s.zone_size)))
+        match &s.mem {
+            SegMem::File { fd, .. } if s.conns.contains(&conn) => {
+                Some((fd, segment::segment_size_zones(s.ring_size, s.zone_size)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Segment `id` is gone from both guests (or was never handed out): its record
+    /// goes, and an arena slot is free again.
+    pub(crate) fn drop_segment(&mut self, id: u32) {
+        if let Some(r) = self.segments.remove(&id) {
+            if let SegMem::Arena { mem, slot, .. } = r.mem {
+                let homes = &self.homes;
+                self.arenas
+                    .give_back(mem.id, slot, |c| homes.contains_key(&c));
+            }
+        }
     }
 
     /// Lets jobs for other workers poke them (the daemon, once every worker exists).
@@ -293,7 +356,7 @@ impl ScAccept {
     /// goes, the connector connects for real.
     pub(crate) fn failed(&self, me: u32) {
         let mut sh = lock(&self.shared);
-        sh.segments.remove(&self.id);
+        sh.drop_segment(self.id);
         sh.post(
             me,
             Job::Fallback {

@@ -28,7 +28,9 @@ use crate::guest::shared::Job;
 use crate::guest::shared::ListenerReg;
 use crate::guest::shared::Pending;
 use crate::guest::shared::ScAccept;
+use crate::guest::shared::SegMem;
 use crate::guest::shared::SegmentRec;
+use crate::guest::shared::Shared;
 use crate::guest::shared::SharedRef;
 use crate::guest::shared::TCP_CLOSE;
 use crate::guest::shared::TCP_CLOSE_WAIT;
@@ -109,7 +111,9 @@ impl Guest {
         if self.is_shadow() {
             return None;
         }
-        let zones = self.region.header().features & canal_abi::feature::ZONES != 0;
+        let features = self.region.header().features;
+        let zones = features & canal_abi::feature::ZONES != 0;
+        let arenas = features & canal_abi::feature::ARENAS != 0;
         let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         if s.kind() != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
             return None;
@@ -157,6 +161,7 @@ impl Guest {
                 dst: *dst,
                 local,
                 zones,
+                arenas,
                 lconn: l.conn,
                 lhandle: l.handle,
             }),
@@ -301,8 +306,14 @@ impl Guest {
 
     /// Writes the segment fields of an entry (before its flags say CONNECTED).
     pub(crate) fn sc_publish_link(&self, index: u32, link: &SegLink) {
-        let rs = lock_ring_size(self);
+        let (rs, (arena, arena_offset)) = self.sc.as_ref().map_or((0, (0, 0)), |sc| {
+            let sh = lock(sc);
+            let place = sh.segments.get(&link.id).map_or((0, 0), |r| r.place());
+            (sh.ring_size, place)
+        });
         let e = self.entry(index);
+        e.arena.store(arena, Ordering::Relaxed);
+        e.arena_offset.store(arena_offset, Ordering::Relaxed);
         let (tx_dir, rx_dir) = if link.side == side::CONNECTOR {
             (0, 1)
         } else {
@@ -498,13 +509,13 @@ impl Guest {
         let Some(link) = s.seg else { return };
         let rx_dir = 1 - link.side.min(1);
         let unread = sh.segments.get(&link.id).is_some_and(|r| {
-            let h = sys::pread_u64(&r.fd, segment::head_offset(rx_dir));
-            let t = sys::pread_u64(&r.fd, segment::tail_offset(rx_dir));
+            let h = r.read_u64(segment::head_offset(rx_dir));
+            let t = r.read_u64(segment::tail_offset(rx_dir));
             let ring = matches!((h, t), (Some(h), Some(t)) if h != t);
             // Zone-sent bytes not consumed yet are unread data too (§10.4).
             let zone = r.zone_size != 0 && {
-                let h = sys::pread_u64(&r.fd, segment::zone_head_offset(rx_dir));
-                let t = sys::pread_u64(&r.fd, segment::zone_tail_offset(rx_dir));
+                let h = r.read_u64(segment::zone_head_offset(rx_dir));
+                let t = r.read_u64(segment::zone_tail_offset(rx_dir));
                 matches!((h, t), (Some(h), Some(t)) if h != t)
             };
             ring || zone
@@ -528,8 +539,8 @@ impl Guest {
         let link = s.seg?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
-        let tx = sys::pread_u64(&r.fd, segment::head_offset(link.side.min(1)))?;
-        let rx = sys::pread_u64(&r.fd, segment::tail_offset(1 - link.side.min(1)))?;
+        let tx = r.read_u64(segment::head_offset(link.side.min(1)))?;
+        let rx = r.read_u64(segment::tail_offset(1 - link.side.min(1)))?;
         Some((tx, rx))
     }
 
@@ -541,7 +552,7 @@ impl Guest {
         if r.zone_size == 0 {
             return None;
         }
-        sys::pread_u64(&r.fd, segment::zone_head_offset(link.side.min(1)))
+        r.read_u64(segment::zone_head_offset(link.side.min(1)))
     }
 
     pub(crate) fn sc_event(&mut self, ev: Event) {
@@ -590,8 +601,7 @@ impl Guest {
             return;
         };
         if let Some(r) = lock(sc).segments.get(&link.id) {
-            r.map
-                .futex_bump_wake(segment::wake_seq_offset(link.side.min(1)) as usize);
+            r.futex_bump_wake(segment::wake_seq_offset(link.side.min(1)));
         }
     }
 }
@@ -603,7 +613,9 @@ pub(crate) fn has_work(shared: &SharedRef, me: u32) -> bool {
 
 /// Drops a guest that left (its home reaped it) from the routing table.
 pub(crate) fn forget(shared: &SharedRef, conn: u32) {
-    lock(shared).homes.remove(&conn);
+    let mut sh = lock(shared);
+    sh.homes.remove(&conn);
+    sh.arenas.forget(conn);
 }
 
 /// Runs worker `me`'s jobs: pairings, completions and peer events for the guests it
@@ -664,7 +676,7 @@ pub(crate) fn run(
                         if let Some(r) = sh.segments.get_mut(&id) {
                             r.open[side.min(1) as usize] = false;
                             if r.open == [false, false] {
-                                sh.segments.remove(&id);
+                                sh.drop_segment(id);
                             }
                         }
                     }
@@ -723,12 +735,14 @@ pub(crate) fn pair(
             return None;
         }
     }
-    // Zones only between two guests that both have the ZONES feature (§10.4).
-    let want_zones = p.zones
-        && guests
-            .get(&p.lconn)
-            .or(shadows.get(&p.lconn))
-            .is_some_and(|g| g.region.header().features & canal_abi::feature::ZONES != 0);
+    // Zones only between two guests that both have the ZONES feature (§10.4); arenas
+    // between two that both have ARENAS (§8.7), for segments without zones.
+    let lfeatures = guests
+        .get(&p.lconn)
+        .or(shadows.get(&p.lconn))
+        .map_or(0, |g| g.region.header().features);
+    let want_zones = p.zones && lfeatures & canal_abi::feature::ZONES != 0;
+    let want_arenas = p.arenas && lfeatures & canal_abi::feature::ARENAS != 0;
     let (id, ring_size, backlog, zones) = {
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
@@ -760,8 +774,14 @@ pub(crate) fn pair(
         .then(|| canal_abi::zone::plan(id, &zone_classes(ring_size)).ok())
         .flatten();
     let zone_size = zone_layout.map_or(0, |l| l.zone_size);
-    let seg =
-        backlog.and_then(|_| new_segment(id, ring_size, zone_layout.as_ref(), [p.conn, p.lconn]));
+    let owners = [p.conn, p.lconn];
+    let seg = backlog.and_then(|_| {
+        if want_arenas && zone_layout.is_none() {
+            arena_segment(&mut lock(shared), id, ring_size, owners)
+        } else {
+            new_segment(id, ring_size, zone_layout.as_ref(), owners)
+        }
+    });
     // The listener's guest instance here: its home, or the shadow owning it.
     let lg = if at_home {
         guests.get_mut(&p.lconn)
@@ -769,13 +789,12 @@ pub(crate) fn pair(
         shadows.get_mut(&p.lconn)
     };
     let accepted = match (backlog, seg, lg) {
-        (Some(backlog), Some((fd, map)), Some(l)) => {
+        (Some(backlog), Some(mem), Some(l)) => {
             // Register the segment first: the accepted entry names it.
             lock(shared).segments.insert(
                 id,
                 SegmentRec {
-                    fd,
-                    map,
+                    mem,
                     conns: [p.conn, p.lconn],
                     open: [true, true],
                     ring_size,
@@ -795,7 +814,7 @@ pub(crate) fn pair(
                 // and completes the pair (`vrss::Guest::accept_done`).
                 Ok(Accepted::Forwarded) => return None,
                 other => {
-                    lock(shared).segments.remove(&id);
+                    lock(shared).drop_segment(id);
                     if matches!(other, Ok(Accepted::Full)) {
                         return Some(p); // accept queue full: retry
                     }
@@ -837,7 +856,7 @@ fn new_segment(
     ring_size: u64,
     zones: Option<&canal_abi::zone::ZoneLayout>,
     owners: [u32; 2],
-) -> Option<(OwnedFd, sys::Mapping)> {
+) -> Option<SegMem> {
     let zone_size = zones.map_or(0, |l| l.zone_size);
     let fd = sys::create_segment_zones(id, ring_size, zone_size).ok()?;
     let len = segment::segment_size_zones(ring_size, zone_size) as usize;
@@ -850,9 +869,30 @@ fn new_segment(
             return None;
         }
     }
-    Some((fd, map))
+    Some(SegMem::File { fd, map })
 }
 
-pub(crate) fn lock_ring_size(g: &Guest) -> u64 {
-    g.sc.as_ref().map_or(0, |s| lock(s).ring_size)
+/// A segment in a free slot of the two guests' arena (protocol §8.7), `use_arenas`
+/// permitting: its header and owners written into the slot (zeros since its last
+/// use) before either guest is told of it. None: per-connection segments only, or no
+/// arena could be made (the caller falls back to the kernel's connect).
+fn arena_segment(sh: &mut Shared, id: u32, ring_size: u64, owners: [u32; 2]) -> Option<SegMem> {
+    if !sh.use_arenas {
+        return new_segment(id, ring_size, None, owners);
+    }
+    let place = sh.arenas.take(owners[0], owners[1], ring_size).ok()?;
+    let base = place.base as usize;
+    let map = &place.mem.map;
+    map.write_at(base, &segment::encode_header(id, ring_size));
+    for (sd, owner) in [(side::CONNECTOR, owners[0]), (side::ACCEPTOR, owners[1])] {
+        map.write_at(
+            base + segment::owners_offset(sd) as usize,
+            &owner.to_le_bytes(),
+        );
+    }
+    Some(SegMem::Arena {
+        mem: place.mem,
+        slot: place.slot,
+        base: place.base,
+    })
 }

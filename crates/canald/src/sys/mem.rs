@@ -108,16 +108,23 @@ impl Mapping {
     /// sparse: pages are committed as rings are written and returned here, never
     /// reserved up front.
     pub(crate) fn release_data(&self, layout: &Layout, off: u64, size: u64) {
-        let Some(start) = layout.data_offset.checked_add(off) else {
-            return;
-        };
+        if let Some(start) = layout.data_offset.checked_add(off) {
+            self.punch(start, size);
+        }
+    }
+
+    /// Punches `size` bytes at `start` (page-aligned, inside the mapping; otherwise
+    /// nothing happens) out of the shared file: every mapping of it reads zeros there
+    /// and the pages go back to the system.
+    pub(crate) fn punch(&self, start: u64, size: u64) {
         if size == 0 || start.saturating_add(size) > self.len as u64 || !start.is_multiple_of(4096)
         {
             return;
         }
         // SAFETY: [start, start + size) lies inside this mapping (checked above); the
-        // range holds a ring nobody uses any more (freed), and MADV_REMOVE only
-        // replaces its contents with zeros, which both sides may read at any time.
+        // callers punch only memory nobody uses any more (a freed ring or segment),
+        // and MADV_REMOVE only replaces its contents with zeros, which both sides
+        // may read at any time.
         unsafe {
             libc::madvise(
                 self.base.add(start as usize) as *mut libc::c_void,
@@ -125,6 +132,16 @@ impl Mapping {
                 libc::MADV_REMOVE,
             )
         };
+    }
+
+    /// A copy of `n` bytes at `off` (clamped to the mapping; tests read shared memory
+    /// with it).
+    pub fn read_bytes(&self, off: usize, n: usize) -> Vec<u8> {
+        let n = n.min(self.len.saturating_sub(off));
+        let mut v = vec![0u8; n];
+        // SAFETY: off + n <= len: inside the mapping; plain bytes.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), v.as_mut_ptr(), n) };
+        v
     }
 
     /// Overwrites bytes at `off` (clamped to the mapping).
@@ -167,6 +184,12 @@ pub(crate) fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> i
     };
     let fd = sealed_memfd("canal-segment", len, &h)?;
     Ok(fd)
+}
+
+/// A pair arena's file (protocol §8.7): `size` zero bytes, sealed against resizing;
+/// canald writes each slot's header as the slot is taken.
+pub(crate) fn create_arena(size: u64) -> io::Result<OwnedFd> {
+    sealed_memfd("canal-arena", size, &[])
 }
 
 /// Reads the little-endian u64 at `off` of a file (a segment's index word). The value
@@ -240,20 +263,32 @@ impl Mapping {
     /// A mapped pair segment (tests play a guest with it): its header and its two
     /// rings, if the mapping is large enough for the ring size its header claims.
     pub fn segment_view(&self) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {
+        self.segment_view_at(0)
+    }
+
+    /// As `segment_view`, for the segment `off` bytes into the mapping (a slot of a
+    /// pair arena, protocol §8.7).
+    pub fn segment_view_at(
+        &self,
+        off: usize,
+    ) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {
         use canal_abi::segment;
-        if self.len < segment::SEG_HEADER_SIZE as usize {
+        let room = self.len.checked_sub(off)?;
+        if room < segment::SEG_HEADER_SIZE as usize || !off.is_multiple_of(4096) {
             return None;
         }
-        // SAFETY: the mapping holds at least the 4096-byte page 0; SegHeader (512
-        // bytes) accepts any bit pattern and is used through shared references.
-        let h = unsafe { &*(self.base as *const segment::SegHeader) };
+        // SAFETY: the mapping holds at least the 4096-byte page at `off` (checked),
+        // page-aligned; SegHeader (512 bytes) accepts any bit pattern and is used
+        // through shared references.
+        let base = unsafe { self.base.add(off) };
+        // SAFETY: as above.
+        let h = unsafe { &*(base as *const segment::SegHeader) };
         let rs = h.ring_size;
-        if !rs.is_power_of_two() || segment::segment_size(rs) > self.len as u64 {
+        if !rs.is_power_of_two() || segment::segment_size(rs) > room as u64 {
             return None;
         }
         // SAFETY: both rings lie inside the mapping (checked), rs is a power of two.
-        let r =
-            |d| unsafe { RawRing::new(self.base.add(segment::ring_offset(d, rs) as usize), rs) };
+        let r = |d| unsafe { RawRing::new(base.add(segment::ring_offset(d, rs) as usize), rs) };
         Some((h, [r(0), r(1)]))
     }
 }

@@ -294,7 +294,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         flags: control::hello_flag::SHORTCUT
             | control::hello_flag::ZONES
             | control::hello_flag::VRSS
-            | control::hello_flag::SPARES,
+            | control::hello_flag::SPARES
+            | control::hello_flag::ARENAS,
         comm,
     }
     .encode();

@@ -185,8 +185,19 @@ pub(crate) fn register_port(g: &Guest, idx: u32, efd: c_int) -> Result<(), i32> 
 
 /// Asks canald for pair segment `id` (SEGMENT / SEGMENT_OK): its memfd and size.
 pub(crate) fn ctl_segment(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
-    ctl_exchange(g, ck::SEGMENT, &id.to_le_bytes(), -1, |k, body, fds| {
-        let ok = k == ck::SEGMENT_OK
+    ctl_file(g, ck::SEGMENT, ck::SEGMENT_OK, id)
+}
+
+/// Asks canald for pair arena `id` (ARENA / ARENA_OK, protocol §8.7): its memfd and
+/// size.
+pub(crate) fn ctl_arena(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
+    ctl_file(g, ck::ARENA, ck::ARENA_OK, id)
+}
+
+/// A request for the memfd named `id` answered in the SEGMENT_OK shape.
+fn ctl_file(g: &Guest, ask: u16, answer: u16, id: u32) -> Result<(c_int, u64), i32> {
+    ctl_exchange(g, ask, &id.to_le_bytes(), -1, |k, body, fds| {
+        let ok = k == answer
             && body.len() >= control::SEGMENT_OK_BODY
             && control::leading_u32(body) == Some(id)
             && fds.len() == 1;

@@ -1,7 +1,8 @@
 //! Short-circuited connections between co-resident guests (protocol §8): pair segments
-//! (`seg`), their memory zones (`zones`), the cross-guest barrier (`barrier`) and the
+//! (`seg`) and the pair arenas that hold them (`arena`), their memory zones (`zones`), the cross-guest barrier (`barrier`) and the
 //! biased side locks (`sidelock`).
 
+pub(crate) mod arena;
 pub(crate) mod barrier;
 pub(crate) mod seg;
 pub(crate) mod sidelock;

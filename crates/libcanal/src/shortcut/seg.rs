@@ -30,6 +30,8 @@ struct Cached {
     ring_size: AtomicUsize,
     /// Bytes of each direction's zone (0: no zones).
     zone_size: AtomicUsize,
+    /// The pair arena holding the segment (0: a mapping of its own, `len` bytes).
+    arena: AtomicU32,
 }
 
 static TABLE: [Cached; CACHE] = [const {
@@ -39,6 +41,7 @@ static TABLE: [Cached; CACHE] = [const {
         len: AtomicUsize::new(0),
         ring_size: AtomicUsize::new(0),
         zone_size: AtomicUsize::new(0),
+        arena: AtomicU32::new(0),
     }
 }; CACHE];
 
@@ -215,9 +218,13 @@ pub(crate) fn mapped(id: u32) -> Option<Seg> {
     find(id)
 }
 
-/// The segment `id`, mapping it on first use. EIO if canald does not give it to us
-/// or it is malformed.
-pub(crate) fn get(g: &Guest, id: u32) -> Result<Seg, i32> {
+/// Where a socket entry says its segment is: (arena, offset), arena 0 for a segment
+/// in a file of its own (protocol §8.7).
+pub(crate) type Place = (u32, u64);
+
+/// The segment `id`, mapping it (or its arena) on first use. EIO if canald does not
+/// give it to us or it is malformed.
+pub(crate) fn get(g: &Guest, id: u32, place: Place) -> Result<Seg, i32> {
     if id == 0 {
         return Err(libc::EIO);
     }
@@ -225,20 +232,13 @@ pub(crate) fn get(g: &Guest, id: u32) -> Result<Seg, i32> {
         return Ok(s);
     }
     crate::rt::lock(&LOCK);
-    let r = map_locked(g, id);
+    let r = map_locked(g, id, place);
     crate::rt::unlock(&LOCK);
     r
 }
 
-fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
-    if let Some(s) = find(id) {
-        return Ok(s);
-    }
-    let start = id as usize % CACHE;
-    let slot = (0..CACHE)
-        .map(|k| &TABLE[(start + k) % CACHE])
-        .find(|c| matches!(c.id.load(Ordering::Relaxed), 0 | TOMB))
-        .ok_or(libc::ENOBUFS)?;
+/// A segment file of its own, mapped: (base, mapped bytes).
+fn map_file(g: &Guest, id: u32) -> Result<(*mut u8, u64), i32> {
     let (fd, size) = crate::conn::ctl::ctl_segment(g, id)?;
     let actual = sys::file_size(fd);
     let ok = matches!(actual, Ok(a) if a >= size) && (4096..=(1 << 34)).contains(&size);
@@ -248,7 +248,34 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
         Err(libc::EIO)
     };
     let _ = sys::close(fd);
-    let base = base?;
+    Ok((base?, size))
+}
+
+fn map_locked(g: &Guest, id: u32, (arena, offset): Place) -> Result<Seg, i32> {
+    if let Some(s) = find(id) {
+        return Ok(s);
+    }
+    let start = id as usize % CACHE;
+    let slot = (0..CACHE)
+        .map(|k| &TABLE[(start + k) % CACHE])
+        .find(|c| matches!(c.id.load(Ordering::Relaxed), 0 | TOMB))
+        .ok_or(libc::ENOBUFS)?;
+    let arenas = g.region.header().features & canal_abi::feature::ARENAS != 0;
+    let (base, size) = if arena == 0 {
+        map_file(g, id)?
+    } else if arenas {
+        crate::shortcut::arena::take(g, arena, offset)?
+    } else {
+        return Err(libc::EIO);
+    };
+    // Undoes the mapping (or the arena use) of a segment we refuse.
+    let drop_it = || {
+        if arena == 0 {
+            sys::munmap(base, size as usize);
+        } else {
+            crate::shortcut::arena::put(arena, unmap_or_defer);
+        }
+    };
     // SAFETY: base maps `size` ≥ 4096 bytes; SegHeader (512 bytes) accepts any bit
     // pattern.
     let h = unsafe { &*(base as *const SegHeader) };
@@ -263,12 +290,16 @@ fn map_locked(g: &Guest, id: u32) -> Result<Seg, i32> {
     let (ring_size, zone_size) = match checked {
         Ok(x) => x,
         Err(_) => {
-            sys::munmap(base, size as usize);
+            drop_it();
             return Err(libc::EIO);
         }
     };
     slot.base.store(base as usize, Ordering::Relaxed);
-    slot.len.store(size as usize, Ordering::Relaxed);
+    slot.len.store(
+        if arena == 0 { size as usize } else { 0 },
+        Ordering::Relaxed,
+    );
+    slot.arena.store(arena, Ordering::Relaxed);
     slot.ring_size.store(ring_size as usize, Ordering::Relaxed);
     slot.zone_size.store(zone_size as usize, Ordering::Relaxed);
     slot.id.store(id, Ordering::Release);
@@ -313,28 +344,39 @@ pub(crate) fn forget(g: &Guest, id: u32) {
             vacate(i);
             let base = c.base.swap(0, Ordering::Relaxed);
             let len = c.len.swap(0, Ordering::Relaxed);
-            if base == 0 {
-                break;
+            let arena = c.arena.swap(0, Ordering::Relaxed);
+            if arena != 0 {
+                crate::shortcut::arena::put(arena, unmap_or_defer);
+            } else if base != 0 {
+                unmap_or_defer(base, len);
             }
-            if SLEEPING.load(Ordering::SeqCst) == 0 {
-                sys::munmap(base as *mut u8, len);
-                for (b, l) in &DEFERRED {
-                    let b = b.swap(0, Ordering::Relaxed);
-                    if b != 0 {
-                        sys::munmap(b as *mut u8, l.load(Ordering::Relaxed));
-                    }
-                }
-            } else if let Some((b, l)) = DEFERRED
-                .iter()
-                .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
-            {
-                l.store(len, Ordering::Relaxed);
-                b.store(base, Ordering::Relaxed);
-            } // else: left mapped until exit (bounded by the program's own closes)
             break;
         }
     }
     crate::rt::unlock(&LOCK);
+}
+
+/// Under LOCK: unmaps `len` bytes at `base`, or, while some thread sleeps with
+/// pointers into shared memory, defers it to a later unmap.
+fn unmap_or_defer(base: usize, len: usize) {
+    if base == 0 {
+        return;
+    }
+    if SLEEPING.load(Ordering::SeqCst) == 0 {
+        sys::munmap(base as *mut u8, len);
+        for (b, l) in &DEFERRED {
+            let b = b.swap(0, Ordering::Relaxed);
+            if b != 0 {
+                sys::munmap(b as *mut u8, l.load(Ordering::Relaxed));
+            }
+        }
+    } else if let Some((b, l)) = DEFERRED
+        .iter()
+        .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
+    {
+        l.store(len, Ordering::Relaxed);
+        b.store(base, Ordering::Relaxed);
+    } // else: left mapped until exit (bounded by the program's own closes)
 }
 
 /// A blocking call's wait on one short-circuited socket (§8.4): count ourselves in

@@ -156,7 +156,11 @@ impl Sock {
                 peer: None,
             });
         }
-        let seg = crate::shortcut::seg::get(self.g, id)?;
+        let place = (
+            self.e.arena.load(Ordering::Relaxed),
+            self.e.arena_offset.load(Ordering::Relaxed),
+        );
+        let seg = crate::shortcut::seg::get(self.g, id, place)?;
         crate::notify::note_segment_mapped();
         let side = self.e.segment_side.load(Ordering::Relaxed).min(1);
         // Our sleepers follow the deferred rule: the peer may publish fence-less.

@@ -1,0 +1,218 @@
+//! Pair arenas (protocol §8.7): the pair segments of two guests' short-circuited
+//! connections, as slots of a few shared files instead of one file per connection.
+//!
+//! A per-connection segment costs canald a memfd, seals and a mapping, and each guest
+//! a SEGMENT round trip, an mmap and an munmap — most of a short connection's life.
+//! An arena is `ARENA_SLOTS` segments of one ring size in one sealed memfd that both
+//! guests map once (control ARENA); a new connection between them takes a free slot,
+//! canald writes its header, and the socket entry says where it is. A slot both ends
+//! closed has its pages punched out (the memory goes back, the next user reads
+//! zeros) and is free again. An arena holds only connections between its two guests,
+//! so reuse never shows one guest's bytes to a third; an empty arena goes once one of
+//! its guests has left.
+
+use crate::sys;
+use canal_abi::segment;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+/// One arena's file and canald's mapping of it.
+pub(crate) struct ArenaMem {
+    pub(crate) id: u32,
+    pub(crate) fd: OwnedFd,
+    pub(crate) map: sys::Mapping,
+    pub(crate) ring_size: u64,
+}
+
+impl ArenaMem {
+    pub(crate) fn size(&self) -> u64 {
+        segment::arena_size(self.ring_size)
+    }
+}
+
+struct Arena {
+    mem: Arc<ArenaMem>,
+    /// The two guests (connection keys, sorted) whose connections it holds.
+    conns: [u32; 2],
+    /// Bit `s` set: slot `s` holds a live segment.
+    used: u32,
+}
+
+/// A slot taken for a new segment.
+pub(crate) struct Place {
+    pub(crate) mem: Arc<ArenaMem>,
+    pub(crate) slot: u32,
+    /// The segment's byte offset in the arena.
+    pub(crate) base: u64,
+}
+
+/// Every arena canald has, by id.
+#[derive(Default)]
+pub(crate) struct Arenas {
+    by_id: HashMap<u32, Arena>,
+    next_id: u32,
+}
+
+const ALL_USED: u32 = if segment::ARENA_SLOTS == 32 {
+    u32::MAX
+} else {
+    (1u32 << segment::ARENA_SLOTS) - 1
+};
+
+fn pair_key(a: u32, b: u32) -> [u32; 2] {
+    [a.min(b), a.max(b)]
+}
+
+impl Arenas {
+    /// A free slot for a segment between guests `a` and `b` with rings of `ring_size`
+    /// bytes, in an arena of theirs or a new one; its header page (zeros after a
+    /// previous use) is the caller's to write.
+    pub(crate) fn take(&mut self, a: u32, b: u32, ring_size: u64) -> io::Result<Place> {
+        let conns = pair_key(a, b);
+        let found = self
+            .by_id
+            .values_mut()
+            .find(|x| x.conns == conns && x.mem.ring_size == ring_size && x.used != ALL_USED);
+        let arena = match found {
+            Some(x) => x,
+            None => {
+                let id = self.fresh_id();
+                let size = segment::arena_size(ring_size);
+                let fd = sys::create_arena(size)?;
+                let map = sys::Mapping::map(&fd, size as usize)?;
+                let mem = Arc::new(ArenaMem {
+                    id,
+                    fd,
+                    map,
+                    ring_size,
+                });
+                self.by_id.entry(id).or_insert(Arena {
+                    mem,
+                    conns,
+                    used: 0,
+                })
+            }
+        };
+        let slot = (!arena.used).trailing_zeros();
+        arena.used |= 1 << slot;
+        Ok(Place {
+            mem: arena.mem.clone(),
+            slot,
+            base: segment::arena_slot_offset(slot, ring_size),
+        })
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        loop {
+            self.next_id = self.next_id.wrapping_add(1).max(1);
+            if !self.by_id.contains_key(&self.next_id) {
+                return self.next_id;
+            }
+        }
+    }
+
+    /// Both ends of the segment in `slot` of arena `id` are gone: its pages go back
+    /// to the system and the slot is free. An arena left empty goes too when one of
+    /// its guests has left (`live` says which guests are still attached).
+    pub(crate) fn give_back(&mut self, id: u32, slot: u32, live: impl Fn(u32) -> bool) {
+        let Some(a) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        let size = segment::segment_size(a.mem.ring_size);
+        a.mem
+            .map
+            .punch(segment::arena_slot_offset(slot, a.mem.ring_size), size);
+        a.used &= !(1u32 << slot.min(31));
+        if a.used == 0 && !(live(a.conns[0]) && live(a.conns[1])) {
+            self.by_id.remove(&id);
+        }
+    }
+
+    /// Guest `conn` left: its empty arenas go now, the others when their last
+    /// segment does.
+    pub(crate) fn forget(&mut self, conn: u32) {
+        self.by_id
+            .retain(|_, a| !(a.used == 0 && a.conns.contains(&conn)));
+    }
+
+    /// Arena `id`'s memfd and size, if guest `conn` is one of its two.
+    pub(crate) fn file_for(&self, id: u32, conn: u32) -> Option<(&OwnedFd, u64)> {
+        let a = self.by_id.get(&id)?;
+        a.conns.contains(&conn).then(|| (&a.mem.fd, a.mem.size()))
+    }
+
+    /// Arenas and slots in use.
+    #[cfg(test)]
+    fn counts(&self) -> (usize, u32) {
+        let slots = self.by_id.values().map(|a| a.used.count_ones()).sum();
+        (self.by_id.len(), slots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RING: u64 = 4096;
+
+    #[test]
+    fn slots_are_reused_within_a_pair_only() {
+        let mut ar = Arenas::default();
+        let p = ar.take(1, 2, RING).unwrap();
+        let q = ar.take(2, 1, RING).unwrap();
+        assert_eq!(p.mem.id, q.mem.id, "one arena per guest pair, either order");
+        assert_ne!(p.slot, q.slot);
+        let other = ar.take(1, 3, RING).unwrap();
+        assert_ne!(other.mem.id, p.mem.id, "another pair never shares an arena");
+        ar.give_back(p.mem.id, p.slot, |_| true);
+        let r = ar.take(1, 2, RING).unwrap();
+        assert_eq!(
+            (r.mem.id, r.slot),
+            (p.mem.id, p.slot),
+            "a freed slot is reused"
+        );
+        assert!(ar.file_for(p.mem.id, 1).is_some());
+        assert!(
+            ar.file_for(p.mem.id, 3).is_none(),
+            "a third guest gets no arena"
+        );
+    }
+
+    #[test]
+    fn a_full_arena_opens_another_and_reuse_reads_zeros() {
+        let mut ar = Arenas::default();
+        let places: Vec<Place> = (0..segment::ARENA_SLOTS + 1)
+            .map(|_| ar.take(4, 5, RING).unwrap())
+            .collect();
+        let first = places[0].mem.id;
+        assert!(places[..segment::ARENA_SLOTS as usize]
+            .iter()
+            .all(|p| p.mem.id == first));
+        assert_ne!(places.last().unwrap().mem.id, first);
+        let p = &places[3];
+        p.mem.map.write_at(p.base as usize + 8192, b"secret!!");
+        assert_ne!(sys::pread_u64(&p.mem.fd, p.base + 8192), Some(0));
+        ar.give_back(p.mem.id, p.slot, |_| true);
+        let after = sys::pread_u64(&p.mem.fd, p.base + 8192);
+        assert_eq!(after, Some(0), "a freed slot's pages are punched out");
+        assert_eq!(ar.counts(), (2, segment::ARENA_SLOTS));
+    }
+
+    #[test]
+    fn empty_arenas_go_with_their_guest() {
+        let mut ar = Arenas::default();
+        let p = ar.take(7, 8, RING).unwrap();
+        let q = ar.take(7, 9, RING).unwrap();
+        ar.give_back(q.mem.id, q.slot, |_| true);
+        ar.forget(7);
+        assert_eq!(ar.counts(), (1, 1), "the empty arena of 7 and 9 went");
+        ar.give_back(p.mem.id, p.slot, |c| c != 7);
+        assert_eq!(
+            ar.counts(),
+            (0, 0),
+            "the last segment of a gone guest's arena"
+        );
+    }
+}
