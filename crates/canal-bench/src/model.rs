@@ -554,7 +554,7 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
             title: "connection rate",
             measures: "connections/s of clients that connect, echo 1 byte and close, one after another (1 and 16 concurrent clients; the size column is the number of clients), and one connection's life p50",
             target: "guest↔guest ≥ 5× kernel TCP; guest→native and native→guest ≥ 1.0×",
-            cells: cells(plan, &[ConnRate], &[1, 16], &[1], &["default"], &TCP_PLACEMENTS),
+            cells: cells(plan, &[ConnRate], &[1, 16], &[1], &["default", "disable=arenas"], &TCP_PLACEMENTS),
             unavailable: None,
         },
         "B13" => Experiment {

@@ -87,6 +87,16 @@ impl Guest {
         }
     }
 
+    /// Returns rings no byte ever went through (their indices never moved) to the
+    /// allocator only: their pages were punched out when they were last freed and
+    /// neither side has written them since (a guest that wrote one anyway only keeps
+    /// its own region's memory committed, within its data area).
+    pub(crate) fn free_unused_rings(&mut self, rings: &[(u64, u64)]) {
+        for &(off, size) in rings {
+            self.alloc.free(off, size);
+        }
+    }
+
     /// Allocates an entry, rings and epoll registration for `fd`. Publishes the entry
     /// (kind last). Err(errno) leaves nothing allocated.
     pub(crate) fn install(
@@ -393,7 +403,9 @@ impl Guest {
         let (tx, rx) = self.sc_bytes(&s).unwrap_or((s.tx_bytes, s.rx_bytes));
         self.freed_bytes.0 = self.freed_bytes.0.wrapping_add(tx);
         self.freed_bytes.1 = self.freed_bytes.1.wrapping_add(rx);
-        if let Some(fd) = &s.fd {
+        // A short-circuited socket's host socket is only bound (connector) or plain
+        // (accepted end), out of epoll since the pairing: closing it sends nothing.
+        if let Some(fd) = s.fd.as_ref().filter(|_| s.seg.is_none()) {
             ep.delete(fd.as_raw_fd());
             // Host streams are abortive ({1, 0}) while canald drives them, so canald's
             // death resets them; an orderly close clears that first. Neither blocks.

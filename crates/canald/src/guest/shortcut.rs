@@ -360,7 +360,14 @@ impl Guest {
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
         }
-        self.free_rings(&[(tx.off, tx.size), (rx.off, rx.size)]);
+        // A connecting stream moves no bytes: unless the guest's producer index says
+        // otherwise, its rings are as clean as when they were last punched.
+        let e = self.entry(index);
+        if e.tx_head.load(Ordering::Acquire) == 0 && e.rx_head.load(Ordering::Relaxed) == 0 {
+            self.free_unused_rings(&[(tx.off, tx.size), (rx.off, rx.size)]);
+        } else {
+            self.free_rings(&[(tx.off, tx.size), (rx.off, rx.size)]);
+        }
         let e = self.entry(index);
         e.tx_head.store(0, Ordering::Relaxed);
         e.rx_tail.store(0, Ordering::Relaxed);

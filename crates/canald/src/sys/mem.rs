@@ -134,6 +134,18 @@ impl Mapping {
         };
     }
 
+    /// The u64 at `off` (8-aligned, inside the mapping; otherwise None), read
+    /// atomically: a word of shared memory a guest may be writing (untrusted).
+    pub(crate) fn load_u64(&self, off: usize) -> Option<u64> {
+        if !off.is_multiple_of(8) || off.checked_add(8)? > self.len {
+            return None;
+        }
+        // SAFETY: off is 8-aligned and inside the mapping (checked); an AtomicU64 over
+        // shared memory accepts any bit pattern.
+        let w = unsafe { &*(self.base.add(off) as *const std::sync::atomic::AtomicU64) };
+        Some(w.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     /// A copy of `n` bytes at `off` (clamped to the mapping; tests read shared memory
     /// with it).
     pub fn read_bytes(&self, off: usize, n: usize) -> Vec<u8> {
@@ -190,14 +202,6 @@ pub(crate) fn create_segment_zones(id: u32, ring_size: u64, zone_size: u64) -> i
 /// canald writes each slot's header as the slot is taken.
 pub(crate) fn create_arena(size: u64) -> io::Result<OwnedFd> {
     sealed_memfd("canal-arena", size, &[])
-}
-
-/// Reads the little-endian u64 at `off` of a file (a segment's index word). The value
-/// is guest-written: callers treat it as untrusted.
-pub(crate) fn pread_u64(fd: &OwnedFd, off: u64) -> Option<u64> {
-    let mut b = [0u8; 8];
-    let n = rustix::io::pread(fd, &mut b, off).ok()?;
-    (n == 8).then(|| u64::from_le_bytes(b))
 }
 
 /// A memfd of `len` bytes starting with `head`, sealed against shrinking and growing:
