@@ -70,3 +70,20 @@ def test_echo_tcp_32_connections(request, mode, python, progs):
     _client(request, mode, python, progs,
             ["tcp-bulk", "--port", str(port), "--conns", "32", "--bytes", str(16 << 20)], 100, "tcp", 32)
     assert server.poll() is None, f"echo server died\n{server.describe()}"
+
+
+@pytest.mark.parametrize("mode", ["native", "canal-client"])
+def test_udp_burst_to_two_receivers(request, mode, python, progs):
+    """3,000 datagrams sent back to back from one socket, every third to a second
+    receiver: canald relays what it finds queued in batches (one sendmmsg for up to 32
+    datagrams), and each datagram must still reach its own destination, intact and in
+    order, none lost (4 MiB receive buffers on loopback)."""
+    recv = runner(request, "native").spawn([python, progs / "udpburst.py", "recv", "--count", "3000"],
+                                           name="udpburst-recv")
+    ports = recv.wait_line("READY", 30).split()[1:]
+    run = runner(request, "canal" if mode != "native" else "native")
+    r = run.spawn([python, progs / "udpburst.py", "send", "--ports", *ports, "--count", "3000"],
+                  name="udpburst-send").finish(60)
+    assert r.returncode == 0, r.describe()
+    got = recv.finish(60)
+    assert got.returncode == 0 and "OK 3000" in got.stdout, got.describe()

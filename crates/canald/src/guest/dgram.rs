@@ -23,6 +23,10 @@ impl Guest {
         self.fill_dgram_rx(index, st)
     }
 
+    /// Sends the datagrams the guest queued, up to SEND_BATCH per `sendmmsg`. A scout
+    /// reads records ahead of the consumer, which releases ring space only for what
+    /// was sent or dropped; a batch the socket took in part is resumed at the first
+    /// datagram it did not take (which then reports its error).
     pub(crate) fn flush_dgram_tx(
         &mut self,
         index: u32,
@@ -33,6 +37,11 @@ impl Guest {
             return Ok(());
         }
         let view = self.view();
+        let budget = if self.gone.is_some() {
+            i64::MAX
+        } else {
+            self.tx_deficit
+        };
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
         let ring = self.region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
         let e = self.region.socket(index).ok_or(Corrupt)?;
@@ -45,72 +54,112 @@ impl Guest {
         let mut sent = 0u64;
         let mut err = None;
         let start = c.tail;
-        let budget = if self.gone.is_some() {
-            i64::MAX
-        } else {
-            self.tx_deficit
+        let none = sys::RingDatagram {
+            pos: 0,
+            len: 0,
+            to: None,
         };
-        while let Some(info) = c.next_record().map_err(|_| Corrupt)? {
-            if (sent as i64) >= budget {
-                self.out_of_budget = true;
-                break;
-            }
-            if info.kind != record_kind::DATAGRAM {
-                return Err(Corrupt);
-            }
-            let dest = match info.addr_len as usize {
-                0 => None,
-                canal_abi::addr::ADDR_SIZE => {
-                    let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
-                    c.record_addr(&info, &mut b);
-                    match CanalAddr::decode(&b).map(|a| translate_guest_addr(&view, &a, PROTO_UDP))
-                    {
-                        Some(Ok(d)) => {
-                            if let (true, Some(net)) = (d.own, &view.net) {
-                                // Best effort: without it the datagram leaves from the
-                                // kernel's autobound address.
-                                let _ = bind_own_source(s, net, &d.addr);
+        loop {
+            let ahead = canal_abi::sync::AtomicU64::new(0);
+            let mut scout = Consumer {
+                storage: &ring,
+                head_shared: &e.tx_head,
+                tail_shared: &ahead,
+                tail: c.tail,
+            };
+            let mut batch = [none; sys::SEND_BATCH];
+            let mut ends = [0u64; sys::SEND_BATCH];
+            let (mut n, mut planned, mut drops_end) = (0, sent, None);
+            while n < sys::SEND_BATCH {
+                if (planned as i64) >= budget {
+                    self.out_of_budget = true;
+                    break;
+                }
+                let Some(info) = scout.next_record().map_err(|_| Corrupt)? else {
+                    break;
+                };
+                if info.kind != record_kind::DATAGRAM {
+                    return Err(Corrupt);
+                }
+                let dest = match info.addr_len as usize {
+                    0 => Ok(None),
+                    canal_abi::addr::ADDR_SIZE => {
+                        let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
+                        scout.record_addr(&info, &mut b);
+                        let d = CanalAddr::decode(&b)
+                            .map(|a| translate_guest_addr(&view, &a, PROTO_UDP));
+                        match d {
+                            Some(Ok(d)) => {
+                                if let (true, Some(net)) = (d.own, &view.net) {
+                                    // Best effort: without it the datagram leaves
+                                    // from the kernel's autobound address.
+                                    let _ = bind_own_source(s, net, &d.addr);
+                                }
+                                Ok(Some(d.addr))
                             }
-                            Some(d.addr)
+                            // A destination the quota policy refuses: dropped, and the
+                            // socket's next call reports EPERM (sendto returned before
+                            // canald saw the datagram; an ICMP error is reported the
+                            // same way).
+                            Some(Err(e)) if e == libc::EPERM => Err(Some(libc::EPERM)),
+                            // An address the guest library should have refused: drop.
+                            _ => Err(None),
                         }
-                        // A destination the quota policy refuses: dropped, and the
-                        // socket's next call reports EPERM (sendto returned before canald
-                        // saw the datagram; an ICMP error is reported the same way).
-                        Some(Err(e)) if e == libc::EPERM => {
-                            err = Some(libc::EPERM);
-                            c.consume_record(&info);
-                            continue;
-                        }
-                        // An address the guest library should have refused: drop it.
-                        _ => {
-                            c.consume_record(&info);
-                            continue;
+                    }
+                    _ => return Err(Corrupt),
+                };
+                let pos = scout.record_payload_pos(&info);
+                scout.consume_record(&info);
+                match dest {
+                    Ok(to) => {
+                        batch[n] = sys::RingDatagram {
+                            pos,
+                            len: info.len as u64,
+                            to,
+                        };
+                        ends[n] = scout.tail;
+                        n += 1;
+                        planned += info.len as u64;
+                        drops_end = None;
+                    }
+                    Err(code) => {
+                        err = code.or(err);
+                        if n == 0 {
+                            c.release(scout.tail.wrapping_sub(c.tail));
+                        } else {
+                            drops_end = Some(scout.tail);
                         }
                     }
                 }
-                _ => return Err(Corrupt),
+            }
+            let Some(fd) = s.fd.as_ref().filter(|_| n > 0) else {
+                break;
             };
-            let Some(fd) = &s.fd else { break };
-            let pos = c.record_payload_pos(&info);
-            match sys::sendmsg_ring(fd, &ring, pos, info.len as u64, dest.as_ref()) {
-                Ok(_) => {
-                    sent += info.len as u64;
-                    c.consume_record(&info);
+            match sys::sendmmsg_ring(fd, &ring, &batch[..n]) {
+                Ok(k) if k > 0 => {
+                    let k = k.min(n);
+                    sent += batch[..k].iter().map(|d| d.len).sum::<u64>();
+                    let end = match drops_end {
+                        Some(d) if k == n => d,
+                        _ => ends[k - 1],
+                    };
+                    c.release(end.wrapping_sub(c.tail));
                 }
+                Ok(_) => break,
                 Err(e) => match e.raw_os_error() {
                     Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
                         s.writable = false;
                         break;
                     }
                     Some(libc::EINTR) => {}
-                    // Like a datagram lost on the way; a refused peer is reported.
-                    Some(code) => {
-                        if code == libc::ECONNREFUSED {
-                            err = Some(code);
+                    // The first datagram is lost, as on the way; a refused peer is
+                    // reported.
+                    code => {
+                        if code == Some(libc::ECONNREFUSED) {
+                            err = code;
                         }
-                        c.consume_record(&info);
+                        c.release(ends[0].wrapping_sub(c.tail));
                     }
-                    None => c.consume_record(&info),
                 },
             }
         }

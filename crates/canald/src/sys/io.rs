@@ -1,7 +1,7 @@
 //! Descriptors canald reads and writes: ring I/O (readv/writev/sendmsg over ring slices), eventfds, pidfds, signals.
 
 use super::inet::{to_sockaddr, zeroed_storage};
-use super::util::{cvt, cvt_size, empty_msghdr, owned};
+use super::util::{cvt, cvt_size, owned};
 use canal_abi::ring::RawRing;
 use canal_abi::CanalAddr;
 use std::io;
@@ -43,28 +43,63 @@ pub(crate) fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> i
     cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n) })
 }
 
-/// Sends ring bytes `pos..pos+len` (contiguous or wrapping) as one datagram, to `to`
-/// or to the connected peer.
-pub(crate) fn sendmsg_ring(
+/// Datagrams one `sendmmsg_ring` call sends at most.
+pub(crate) const SEND_BATCH: usize = 32;
+
+/// One datagram of a batch: ring bytes `pos..pos+len`, to `to` or the connected peer.
+#[derive(Clone, Copy)]
+pub(crate) struct RingDatagram {
+    pub(crate) pos: u64,
+    pub(crate) len: u64,
+    pub(crate) to: Option<CanalAddr>,
+}
+
+/// Sends up to SEND_BATCH datagrams of ring bytes with one `sendmmsg`; returns how many
+/// went (as `sendmmsg`: an error only if the first one failed; the caller retries the
+/// rest, whose first then reports its error).
+pub(crate) fn sendmmsg_ring(
     fd: &OwnedFd,
     ring: &RawRing,
-    pos: u64,
-    len: u64,
-    to: Option<&CanalAddr>,
+    dgrams: &[RingDatagram],
 ) -> io::Result<usize> {
-    let (mut iov, n) = ring_iovecs(ring, pos, len);
-    let mut ss: libc::sockaddr_storage = zeroed_storage();
-    let mut msg = empty_msghdr();
-    if let Some(a) = to {
-        let sl = to_sockaddr(a, &mut ss);
-        msg.msg_name = &mut ss as *mut _ as *mut libc::c_void;
-        msg.msg_namelen = sl;
+    let n = dgrams.len().min(SEND_BATCH);
+    if n == 0 {
+        return Ok(0);
     }
-    msg.msg_iov = iov.as_mut_ptr();
-    msg.msg_iovlen = n as _;
-    // SAFETY: msg points at live locals (address, iovecs inside the mapped ring, see
-    // readv_ring); the kernel only reads them.
-    cvt_size(unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })
+    let mut iovs = [[libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2]; SEND_BATCH];
+    let mut names = [zeroed_storage(); SEND_BATCH];
+    // SAFETY: mmsghdr is plain data; all-zero (null pointers, zero lengths) is valid.
+    let mut msgs: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, d) in dgrams[..n].iter().enumerate() {
+        let (iov, k) = ring_iovecs(ring, d.pos, d.len);
+        iovs[i] = iov;
+        let m = &mut msgs[i].msg_hdr;
+        if let Some(a) = &d.to {
+            m.msg_namelen = to_sockaddr(a, &mut names[i]);
+            m.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
+        }
+        m.msg_iov = iovs[i].as_mut_ptr();
+        m.msg_iovlen = k as _;
+    }
+    // SAFETY: every msghdr points at live locals (addresses, iovecs inside the mapped
+    // ring, see readv_ring) for the call's duration; the kernel only reads them and
+    // writes msg_len.
+    let r = unsafe {
+        libc::sendmmsg(
+            fd.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            n as u32,
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
 }
 
 pub(crate) fn ignore_sigpipe() {
