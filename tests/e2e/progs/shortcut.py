@@ -48,6 +48,8 @@ def serve_conn(c):
                 if not b:
                     break
                 c.sendall(b)
+        elif cmd == b"O":
+            c.sendall((accepted_options(c) + "\n").encode())
         elif cmd == b"R":
             time.sleep(0.3)
         elif cmd == b"B":
@@ -56,6 +58,25 @@ def serve_conn(c):
                 time.sleep(60)
     finally:
         c.close()
+
+
+def accepted_options(c):
+    """What an accepted, connected stream answers to option and address calls: set
+    and read back TCP_NODELAY and SO_KEEPALIVE, TCP_INFO's state, and the errno of
+    bind and listen (a connected socket refuses both with EINVAL)."""
+    out = []
+    for level, name in ((socket.IPPROTO_TCP, socket.TCP_NODELAY), (socket.SOL_SOCKET, socket.SO_KEEPALIVE)):
+        before = c.getsockopt(level, name)
+        c.setsockopt(level, name, 1)
+        out.append(f"{before}>{c.getsockopt(level, name)}")
+    out.append(f"state={c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[0]}")
+    for call in (lambda: c.bind((HOST, 0)), lambda: c.listen(1)):
+        try:
+            call()
+            out.append("ok")
+        except OSError as e:
+            out.append(errno.errorcode.get(e.errno, str(e.errno)))
+    return " ".join(out)
 
 
 def serve(args):
@@ -190,8 +211,20 @@ def check_nonblocking_connect(port):
     print(f"OK nonblocking connect ({'EINPROGRESS' if r else 'immediate'}), writable, SO_ERROR 0")
 
 
+def check_accepted_options(port):
+    s = connect(port)
+    s.sendall(b"O")
+    got = recv_all(s).decode().strip()
+    want = "0>1 0>1 state=1 EINVAL EINVAL"
+    if got != want:
+        fail(f"accepted end's options: {got!r}, natively {want!r}")
+    s.close()
+    print(f"OK accepted end's options and names: {got}")
+
+
 def check(args):
     check_names(args.port)
+    check_accepted_options(args.port)
     check_half_close(args.port)
     check_reset(args.port)
     check_fin(args.port)

@@ -19,6 +19,11 @@ impl Guest {
         a: &CanalAddr,
     ) -> Result<(), i32> {
         let s = self.live(index)?;
+        if s.seg.is_some() {
+            // A short-circuited stream is connected, so bound: the kernel's EINVAL
+            // (its host socket, if any, is a port reservation or an options holder).
+            return Err(canal_abi::errno::EINVAL);
+        }
         let proto = s.proto();
         let host = translate_guest_bind(view, a, proto)?;
         let fd = fd_of(s)?;

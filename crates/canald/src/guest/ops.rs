@@ -169,7 +169,7 @@ impl Guest {
                 handle,
                 KindState::new(kind),
                 family,
-                fd,
+                Some(fd),
                 (phase, flags),
                 (ring(tx_off), ring(rx_off)),
             ),

@@ -312,7 +312,7 @@ impl Guest {
                 let s = self.live(index)?;
                 let dgram = matches!(s.state, KindState::Dgram { .. });
                 crate::sockopt::check_set(s.family, dgram, level, name, &value)?;
-                sys::setsockopt_bytes(fd_of(s)?, level, name, &value)
+                sys::setsockopt_bytes(self.option_fd(index)?, level, name, &value)
                     .map_err(|e| sys::errno_of(&e))?;
                 Ok((0, 0))
             }
@@ -323,7 +323,7 @@ impl Guest {
                 let s = self.live(index)?;
                 let dgram = matches!(s.state, KindState::Dgram { .. });
                 crate::sockopt::check_get(s.family, dgram, level, name)?;
-                let n = sys::getsockopt_bytes(fd_of(s)?, level, name, &mut out[..len])
+                let n = sys::getsockopt_bytes(self.option_fd(index)?, level, name, &mut out[..len])
                     .map_err(|e| sys::errno_of(&e))?;
                 Ok((0, n))
             }

@@ -221,10 +221,10 @@ impl Guest {
         }
         // The connector as the listener's guest sees it.
         let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &link.peer);
-        // A plain socket for socket options (never bound or connected).
-        let ty = libc::SOCK_STREAM;
-        let fd = sys::socket(family as i32, ty, 0).map_err(|_| ())?;
         if self.is_shadow() {
+            // The home installs the entry; the hand-off carries a plain socket for
+            // its options (the rare path: a listener another worker owns).
+            let fd = sys::socket(family as i32, libc::SOCK_STREAM, 0).map_err(|_| ())?;
             if let Some(q) = self.sockets[index as usize]
                 .as_mut()
                 .and_then(|l| l.accepts_mut())
@@ -243,7 +243,9 @@ impl Guest {
             );
             return Ok(Accepted::Forwarded);
         }
-        let handle = self.sc_install(fd, family, link).map_err(|_| ())?;
+        // No host socket: one is made if the program ever sets or reads an option
+        // (`option_fd`), so a short connection costs no socket and close here.
+        let handle = self.sc_install(None, family, link).map_err(|_| ())?;
         if !self.push_accept(index, handle, &peer).unwrap_or(false) {
             let ni = canal_abi::handle_index(handle);
             if let Some(s) = self.sockets.get_mut(ni as usize) {
@@ -260,7 +262,7 @@ impl Guest {
     /// Allocates an entry backed by segment `link.id` (no data-area rings).
     pub(super) fn sc_install(
         &mut self,
-        fd: OwnedFd,
+        fd: Option<OwnedFd>,
         family: u16,
         link: SegLink,
     ) -> Result<u32, i32> {
@@ -457,7 +459,7 @@ impl Guest {
     /// its tcp_info with the connection's state (from this end's shutdown and the
     /// entry's flags) and byte counts (from the segment) written in. None: not ours.
     pub(super) fn sc_tcp_info(
-        &self,
+        &mut self,
         index: u32,
         level: i32,
         name: i32,
@@ -471,11 +473,15 @@ impl Guest {
             return None; // the usual path answers
         }
         let link = s.seg?;
-        let fd = s.fd.as_ref()?;
+        let fd = match self.option_fd(index) {
+            Ok(fd) => fd,
+            Err(e) => return Some(Err(e)),
+        };
         let n = match sys::getsockopt_bytes(fd, level, name, out) {
             Ok(n) => n,
             Err(e) => return Some(Err(sys::errno_of(&e))),
         };
+        let s = self.sockets.get(index as usize)?.as_ref()?;
         let flags = s.flags;
         let state = if flags & sock_flag::ERROR != 0 {
             TCP_CLOSE
@@ -499,6 +505,22 @@ impl Guest {
             }
         }
         Some(Ok((0, n)))
+    }
+
+    /// The host socket that holds socket `index`'s options: a short-circuited accepted
+    /// end gets a plain one (never bound or connected) the first time it needs it.
+    pub(crate) fn option_fd(&mut self, index: u32) -> Result<&OwnedFd, i32> {
+        let s = self
+            .sockets
+            .get_mut(index as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(errno::EBADF)?;
+        if s.fd.is_none() && s.seg.is_some() {
+            let fd = sys::socket(s.family as i32, libc::SOCK_STREAM, 0)
+                .map_err(|e| sys::errno_of(&e))?;
+            s.fd = Some(fd);
+        }
+        crate::guest::socket::fd_of(s)
     }
 
     /// An entry is being freed: tell the other end (FIN, or RESET if this end left

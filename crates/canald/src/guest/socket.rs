@@ -224,7 +224,7 @@ impl HostSocket {
         handle: u32,
         state: KindState,
         family: u16,
-        fd: OwnedFd,
+        fd: Option<OwnedFd>,
         (phase, flags): (Phase, u32),
         (tx, rx): (RingPos, RingPos),
     ) -> HostSocket {
@@ -232,7 +232,7 @@ impl HostSocket {
             handle,
             state,
             family,
-            fd: Some(fd),
+            fd,
             phase,
             tx,
             rx,
@@ -317,6 +317,10 @@ impl HostSocket {
 pub(crate) fn fd_of(s: &HostSocket) -> Result<&OwnedFd, i32> {
     s.fd.as_ref().ok_or(match s.phase {
         Phase::Broken => errno::EIO,
+        // A short-circuited accepted end (no host socket until an option needs one,
+        // `Guest::option_fd`): what needs one more is bind/listen/connect, which a
+        // connected stream refuses natively with EINVAL.
+        _ if s.seg.is_some() => errno::EINVAL,
         _ => errno::EBADF,
     })
 }

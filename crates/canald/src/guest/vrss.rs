@@ -503,7 +503,7 @@ impl Guest {
         let handle = if self.gone.is_some() {
             0 // the guest left: the connection is dropped
         } else if let Some(sc) = &sc {
-            self.sc_install(fd, family, sc.link()).unwrap_or(0)
+            self.sc_install(Some(fd), family, sc.link()).unwrap_or(0)
         } else {
             match self.install(
                 ep,
