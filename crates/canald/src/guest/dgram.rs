@@ -25,6 +25,31 @@ fn charge(len: u64) -> u64 {
     len.max(DGRAM_CHARGE)
 }
 
+/// Where a datagram record's address sends it: Ok(host destination), or Err(the errno
+/// the socket reports next, if any) for a record that is dropped.
+fn dgram_dest(
+    view: &crate::guest::addr_view::GuestView,
+    s: &mut crate::guest::socket::HostSocket,
+    raw: &[u8; canal_abi::addr::ADDR_SIZE],
+) -> Result<Option<CanalAddr>, Option<i32>> {
+    match CanalAddr::decode(raw).map(|a| translate_guest_addr(view, &a, PROTO_UDP)) {
+        Some(Ok(d)) => {
+            if let (true, Some(net)) = (d.own, &view.net) {
+                // Best effort: without it the datagram leaves from the kernel's
+                // autobound address.
+                let _ = bind_own_source(s, net, &d.addr);
+            }
+            Ok(Some(d.addr))
+        }
+        // A destination the quota policy refuses: dropped, and the socket's next call
+        // reports EPERM (sendto returned before canald saw the datagram; an ICMP error
+        // is reported the same way).
+        Some(Err(e)) if e == libc::EPERM => Err(Some(libc::EPERM)),
+        // An address the guest library should have refused: dropped.
+        _ => Err(None),
+    }
+}
+
 impl Guest {
     pub(crate) fn service_dgram(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
         if self.sockets[index as usize].as_ref().ok_or(Corrupt)?.phase == Phase::Broken {
@@ -98,25 +123,7 @@ impl Guest {
                     canal_abi::addr::ADDR_SIZE => {
                         let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
                         scout.record_addr(&info, &mut b);
-                        let d = CanalAddr::decode(&b)
-                            .map(|a| translate_guest_addr(&view, &a, PROTO_UDP));
-                        match d {
-                            Some(Ok(d)) => {
-                                if let (true, Some(net)) = (d.own, &view.net) {
-                                    // Best effort: without it the datagram leaves
-                                    // from the kernel's autobound address.
-                                    let _ = bind_own_source(s, net, &d.addr);
-                                }
-                                Ok(Some(d.addr))
-                            }
-                            // A destination the quota policy refuses: dropped, and the
-                            // socket's next call reports EPERM (sendto returned before
-                            // canald saw the datagram; an ICMP error is reported the
-                            // same way).
-                            Some(Err(e)) if e == libc::EPERM => Err(Some(libc::EPERM)),
-                            // An address the guest library should have refused: drop.
-                            _ => Err(None),
-                        }
+                        dgram_dest(&view, s, &b)
                     }
                     _ => return Err(Corrupt),
                 };
