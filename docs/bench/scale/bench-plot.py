@@ -334,6 +334,8 @@ def main():
 
     if has("conn-rate") or has("hold"):
         connections(rows, out, footer)
+    if has("udp-rr") or has("udp-stream"):
+        udp(rows, out, footer)
 
 
 def connections(rows, out, footer):
@@ -368,6 +370,40 @@ def connections(rows, out, footer):
                 ent.append((f"{label}\n{n} idle", r, color))
     bars(c, ent, "KiB per idle connection", "B13 memory per idle connection, all processes + kernel")
     save(fig, out, "connections.png", footer)
+
+
+def udp(rows, out, footer):
+    """B15: UDP request-response, stream (what arrived) and loss; the tcp system is kernel UDP."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    panels = (("udp-rr", "rtt_p50_us", "RR p50 (µs)", "B15 UDP request-response p50 (lower is better)", False),
+              ("udp-stream", "gbit_s", "Gbit/s that arrived", "B15 UDP stream, what arrived (higher is better)", True),
+              ("udp-stream", "lost_pct", "% of datagrams lost", "B15 UDP stream: datagrams lost", False))
+    for ax, (w, metric, ylabel, title, logy) in zip(axes, panels):
+        drew = False
+        for s, label, color, mark in SYSTEMS:
+            ok = sorted([r for r in rows if r["workload"] == w and r["system"] == s and r["metric"] == metric
+                         and r["median"] is not None], key=lambda r: r["size"])
+            if ok:
+                ax.errorbar([r["size"] for r in ok], [r["median"] for r in ok], yerr=errbars(ok),
+                            label=label.replace("kernel TCP", "kernel UDP"), color=color, marker=mark, capsize=3)
+                drew = True
+        ax.set_xscale("log", base=2)
+        sizes = sorted({r["size"] for r in rows if r["workload"] == w})
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([size_label(x) for x in sizes], fontsize=8)
+        ax.set_xlabel("datagram size")
+        if logy and drew:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(PLAIN)
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if drew:
+            ax.legend(fontsize=8)
+    save(fig, out, "udp.png", footer)
 
 
 if __name__ == "__main__":
