@@ -119,22 +119,25 @@ pub(crate) struct SegmentRec {
 }
 
 impl SegmentRec {
+    /// canald's mapping that holds the segment, and the segment's offset in it.
+    fn mapping(&self) -> (&sys::Mapping, usize) {
+        match &self.mem {
+            SegMem::File { map, .. } => (map, 0),
+            SegMem::Arena { mem, base, .. } => (&mem.map, *base as usize),
+        }
+    }
+
     /// The u64 at `off` of the segment, through canald's mapping (no system call;
     /// guest-written: untrusted).
     pub(crate) fn read_u64(&self, off: u64) -> Option<u64> {
-        let (map, at) = match &self.mem {
-            SegMem::File { map, .. } => (map, off),
-            SegMem::Arena { mem, base, .. } => (&mem.map, base.checked_add(off)?),
-        };
-        map.load_u64(usize::try_from(at).ok()?)
+        let (map, base) = self.mapping();
+        map.load_u64(base.checked_add(usize::try_from(off).ok()?)?)
     }
 
     /// Bumps the u32 at `off` and wakes its futex waiters (a side's `wake_seq`).
     pub(crate) fn futex_bump_wake(&self, off: u64) {
-        match &self.mem {
-            SegMem::File { map, .. } => map.futex_bump_wake(off as usize),
-            SegMem::Arena { mem, base, .. } => mem.map.futex_bump_wake((base + off) as usize),
-        }
+        let (map, base) = self.mapping();
+        map.futex_bump_wake(base + off as usize);
     }
 
     /// The arena id and offset a socket entry names (0, 0: a file of its own).

@@ -772,9 +772,10 @@ pub(crate) fn pair(
         .map_or(0, |g| g.region.header().features);
     let want_zones = p.zones && lfeatures & canal_abi::feature::ZONES != 0;
     let want_arenas = p.arenas && lfeatures & canal_abi::feature::ARENAS != 0;
-    let (id, ring_size, backlog, zones) = {
+    let (id, ring_size, backlog, zones, arenas) = {
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
+        let arenas = sh.use_arenas && want_arenas;
         let backlog = sh
             .listeners
             .iter()
@@ -782,7 +783,7 @@ pub(crate) fn pair(
             .map(|l| l.backlog);
         let id = sh.next_id;
         sh.next_id = sh.next_id.wrapping_add(1).max(1);
-        (id, sh.ring_size, backlog, zones)
+        (id, sh.ring_size, backlog, zones, arenas)
     };
     let mut dst = p.dst;
     if is_unspecified(&dst) {
@@ -805,7 +806,7 @@ pub(crate) fn pair(
     let zone_size = zone_layout.map_or(0, |l| l.zone_size);
     let owners = [p.conn, p.lconn];
     let seg = backlog.and_then(|_| {
-        if want_arenas && zone_layout.is_none() {
+        if arenas && zone_layout.is_none() {
             arena_segment(&mut lock(shared), id, ring_size, owners)
         } else {
             new_segment(id, ring_size, zone_layout.as_ref(), owners)
@@ -890,9 +891,7 @@ fn new_segment(
     let fd = sys::create_segment_zones(id, ring_size, zone_size).ok()?;
     let len = segment::segment_size_zones(ring_size, zone_size) as usize;
     let map = sys::Mapping::map(&fd, len).ok()?;
-    for (sd, owner) in [(side::CONNECTOR, owners[0]), (side::ACCEPTOR, owners[1])] {
-        map.write_at(segment::owners_offset(sd) as usize, &owner.to_le_bytes());
-    }
+    write_owners(&map, 0, owners);
     if let Some(l) = zones {
         if !map.init_zones(ring_size, l) {
             return None;
@@ -901,24 +900,29 @@ fn new_segment(
     Some(SegMem::File { fd, map })
 }
 
-/// A segment in a free slot of the two guests' arena (protocol §8.7), `use_arenas`
-/// permitting: its header and owners written into the slot (zeros since its last
-/// use) before either guest is told of it. None: per-connection segments only, or no
-/// arena could be made (the caller falls back to the kernel's connect).
-fn arena_segment(sh: &mut Shared, id: u32, ring_size: u64, owners: [u32; 2]) -> Option<SegMem> {
-    if !sh.use_arenas {
-        return new_segment(id, ring_size, None, owners);
-    }
-    let place = sh.arenas.take(owners[0], owners[1], ring_size).ok()?;
-    let base = place.base as usize;
-    let map = &place.mem.map;
-    map.write_at(base, &segment::encode_header(id, ring_size));
+/// Writes `owners` (the connector's and the acceptor's event-log keys, §8.6) into the
+/// header of the segment `base` bytes into `map`.
+fn write_owners(map: &sys::Mapping, base: usize, owners: [u32; 2]) {
     for (sd, owner) in [(side::CONNECTOR, owners[0]), (side::ACCEPTOR, owners[1])] {
         map.write_at(
             base + segment::owners_offset(sd) as usize,
             &owner.to_le_bytes(),
         );
     }
+}
+
+/// A segment in a free slot of the two guests' arena (protocol §8.7): its header and
+/// owners written into the slot (zeros since its last use) before either guest is
+/// told of it. None: no arena could be made (the caller falls back to the kernel's
+/// connect).
+fn arena_segment(sh: &mut Shared, id: u32, ring_size: u64, owners: [u32; 2]) -> Option<SegMem> {
+    let place = sh.arenas.take(owners[0], owners[1], ring_size).ok()?;
+    let base = place.base as usize;
+    place
+        .mem
+        .map
+        .write_at(base, &segment::encode_header(id, ring_size));
+    write_owners(&place.mem.map, base, owners);
     Some(SegMem::Arena {
         mem: place.mem,
         slot: place.slot,
