@@ -54,14 +54,7 @@ fn fetch(g: &Guest, seg: u32) -> Option<usize> {
             ok.then_some(fds[0])
         })
         .ok()?;
-    let size_ok = matches!(sys::file_size(fd), Ok(s) if s >= EVLOG_SIZE);
-    let base = if size_ok {
-        sys::mmap_shared(fd, EVLOG_SIZE as usize).ok()
-    } else {
-        None
-    };
-    let _ = sys::close(fd);
-    let base = base? as usize;
+    let base = sys::map_memfd(fd, EVLOG_SIZE, EVLOG_SIZE).ok()?.0 as usize;
     if view(base).is_none() {
         sys::munmap(base as *mut u8, EVLOG_SIZE as usize);
         return None;

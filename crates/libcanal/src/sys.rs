@@ -443,6 +443,20 @@ pub(crate) fn now_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// Maps a memfd canald handed over (`size`: what canald says it holds) and closes the
+/// descriptor: (base, mapped bytes). EIO unless the file is at least that size and the
+/// size lies in 4096..=`max`.
+pub(crate) fn map_memfd(fd: c_int, size: u64, max: u64) -> Result<(*mut u8, u64), i32> {
+    let ok = matches!(file_size(fd), Ok(a) if a >= size) && (4096..=max).contains(&size);
+    let base = if ok {
+        mmap_shared(fd, size as usize)
+    } else {
+        Err(libc::EIO)
+    };
+    let _ = close(fd);
+    Ok((base?, size))
+}
+
 /// mmap(MAP_SHARED) of `len` bytes of `fd` (or anonymous memory with fd = -1).
 pub(crate) fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
     let flags = if fd < 0 {

@@ -11,7 +11,6 @@
 //! `seg`'s table lock.
 
 use crate::conn::guest::Guest;
-use crate::sys;
 use canal_abi::segment;
 use canal_abi::sync::{AtomicU32, Ordering};
 use core::sync::atomic::{AtomicU64, AtomicUsize};
@@ -85,15 +84,7 @@ fn map(g: &Guest, id: u32) -> Result<&'static Mapped, i32> {
         .find(|(_, m)| m.id.load(Ordering::Relaxed) == 0)
         .ok_or(libc::ENOBUFS)?;
     let (fd, size) = crate::conn::ctl::ctl_arena(g, id)?;
-    let actual = sys::file_size(fd);
-    let ok = matches!(actual, Ok(a) if a >= size) && (4096..=(1 << 40)).contains(&size);
-    let base = if ok {
-        sys::mmap_shared(fd, size as usize)
-    } else {
-        Err(libc::EIO)
-    };
-    let _ = sys::close(fd);
-    let base = base?;
+    let (base, size) = crate::sys::map_memfd(fd, size, 1 << 40)?;
     free.base.store(base as usize, Ordering::Relaxed);
     free.len.store(size as usize, Ordering::Relaxed);
     free.users.store(0, Ordering::Relaxed);

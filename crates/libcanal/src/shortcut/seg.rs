@@ -240,15 +240,7 @@ pub(crate) fn get(g: &Guest, id: u32, place: Place) -> Result<Seg, i32> {
 /// A segment file of its own, mapped: (base, mapped bytes).
 fn map_file(g: &Guest, id: u32) -> Result<(*mut u8, u64), i32> {
     let (fd, size) = crate::conn::ctl::ctl_segment(g, id)?;
-    let actual = sys::file_size(fd);
-    let ok = matches!(actual, Ok(a) if a >= size) && (4096..=(1 << 34)).contains(&size);
-    let base = if ok {
-        sys::mmap_shared(fd, size as usize)
-    } else {
-        Err(libc::EIO)
-    };
-    let _ = sys::close(fd);
-    Ok((base?, size))
+    sys::map_memfd(fd, size, 1 << 34)
 }
 
 fn map_locked(g: &Guest, id: u32, (arena, offset): Place) -> Result<Seg, i32> {
