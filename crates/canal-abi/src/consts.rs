@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 7;
+pub const VERSION_MINOR: u16 = 8;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -54,8 +54,15 @@ pub mod feature {
     /// once (control ARENA) and finds each later segment in it without a request.
     /// Set only for guests that announced `hello_flag::ARENAS`.
     pub const ARENAS: u64 = 1 << 9;
+    /// Direct peer wake-ups (protocol §8.8, minor 8): a thread sleeping on arena
+    /// connections registers a bell eventfd per peer guest (BELL_SET) and names it in
+    /// the segment's bell word; the peer, given the bell by canald (BELL_GET), wakes
+    /// it without canald. Set only with ARENAS, for guests that announced
+    /// `hello_flag::BELLS`.
+    pub const BELLS: u64 = 1 << 10;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 = ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES | ARENAS;
+    pub const KNOWN: u64 =
+        ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES | ARENAS | BELLS;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

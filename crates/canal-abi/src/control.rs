@@ -84,7 +84,22 @@ pub mod kind {
     pub const ARENA: u16 = 23;
     /// host → guest: body `arena: u32, slots: u32, size: u64` (the SEGMENT_OK shape).
     pub const ARENA_OK: u16 = 24;
+    /// guest → host, only with `feature::BELLS`: body `arena: u32, tag: u32` +
+    /// SCM_RIGHTS [an eventfd]: the calling thread's bell (tag `tag`, protocol §8.8)
+    /// for the guest at the other side of `arena`. Reply: BELL_OK (no fd) or ERROR
+    /// (ENOENT: not one of this guest's arenas; EINVAL: a bad tag or not an eventfd;
+    /// ENOSPC: too many bells).
+    pub const BELL_SET: u16 = 25;
+    /// guest → host, only with `feature::BELLS`: body `arena: u32, tag: u32`: the bell
+    /// that the guest at the other side of `arena` registered with `tag` for the
+    /// asker. Reply: BELL_OK with SCM_RIGHTS [that eventfd], or ERROR (ENOENT).
+    pub const BELL_GET: u16 = 26;
+    /// host → guest: body `arena: u32, tag: u32` (the request's).
+    pub const BELL_OK: u16 = 27;
 }
+
+/// BELL_SET, BELL_GET and BELL_OK body bytes.
+pub const BELL_BODY: usize = 8;
 
 /// EVLOG_OK body bytes.
 pub const EVLOG_OK_BODY: usize = 16;
@@ -147,6 +162,9 @@ pub mod hello_flag {
     pub const SPARES: u32 = 1 << 8;
     /// The guest finds pair segments in arenas (`feature::ARENAS`, protocol §8.7).
     pub const ARENAS: u32 = 1 << 9;
+    /// The guest rings its peers' bells and registers its own (`feature::BELLS`,
+    /// protocol §8.8).
+    pub const BELLS: u32 = 1 << 10;
 }
 
 /// SEGMENT_OK body bytes.

@@ -143,7 +143,11 @@ pub struct Slot {
     /// Guest's request counter; the host copies it into `done_seq` when done.
     pub seq: AtomicU32,
     pub done_seq: AtomicU32,
-    pub reserved: [u32; 12],
+    /// (§8.8, minor 8) Bindings of this slot so far, guest-wide: a thread that keeps
+    /// the slot takes the next value as the generation of its bell tags, so a peer's
+    /// cached bell of an earlier holder never matches a later one.
+    pub bell_gen: AtomicU32,
+    pub reserved: [u32; 11],
     payload: UnsafeCell<[u8; SLOT_PAYLOAD]>,
 }
 

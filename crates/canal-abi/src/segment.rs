@@ -15,6 +15,80 @@ use crate::sync::{AtomicU32, AtomicU64};
 
 /// "CANALSEG" read as a little-endian u64.
 pub const SEG_MAGIC: u64 = u64::from_le_bytes(*b"CANALSEG");
+/// Direct peer wake-ups (protocol §8.8, minor 8): bell tags and the bell word.
+pub mod bell {
+    use crate::sync::{AtomicU64, Ordering};
+
+    /// The bell word's tag when more than one thread (or one without a bell for this
+    /// peer) sleeps: the peer must have canald relay the wake-up.
+    pub const SEVERAL: u32 = u32::MAX;
+    /// Bits of a tag that name the slot (`MAX_SLOTS` = 4096).
+    pub const SLOT_BITS: u32 = 12;
+    /// Generations run 1..=GEN_MAX (never 0, so a tag is never 0 or SEVERAL).
+    pub const GEN_MAX: u32 = (u32::MAX >> SLOT_BITS) - 1;
+
+    /// The tag of the thread holding `slot` in its `gen`-th binding of it.
+    pub const fn tag(slot: u32, gen: u32) -> u32 {
+        ((gen % GEN_MAX + 1) << SLOT_BITS) | (slot & ((1 << SLOT_BITS) - 1))
+    }
+
+    /// The slot a tag names.
+    pub const fn slot_of(tag: u32) -> u32 {
+        tag & ((1 << SLOT_BITS) - 1)
+    }
+
+    const fn pack(count: u32, tag: u32) -> u64 {
+        (tag as u64) << 32 | count as u64
+    }
+
+    /// A sleeper with bell `tag` (or `None`: it has none for this peer) counts itself.
+    pub fn enter(word: &AtomicU64, tag: Option<u32>) {
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let (n, t) = (cur as u32, (cur >> 32) as u32);
+            let next_tag = match tag {
+                Some(mine) if n == 0 || t == mine => mine,
+                _ => SEVERAL,
+            };
+            match word.compare_exchange_weak(
+                cur,
+                pack(n.wrapping_add(1), next_tag),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// A sleeper that counted itself with `enter` woke.
+    pub fn leave(word: &AtomicU64) {
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let (n, t) = (cur as u32, (cur >> 32) as u32);
+            let n = n.saturating_sub(1);
+            let next = if n == 0 { 0 } else { pack(n, t) };
+            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// The tag to ring, from the bell word the publisher read after its fence (having
+    /// found the side's `sleepers` non-zero): `Some` when the word names one sleeper
+    /// with a bell. None: have canald relay — several sleepers, one without a bell, or
+    /// an empty word (a side whose library does not use bells; all processes of a
+    /// guest run one library, as for the deferred barrier). A sleeper counts itself in
+    /// both words before its fence and re-check, so a sleeper the publisher may fail
+    /// to wake is one whose re-check sees the publish (Dekker, per word).
+    pub fn target(word: u64) -> Option<u32> {
+        let (n, t) = (word as u32, (word >> 32) as u32);
+        (n != 0 && t != 0 && t != SEVERAL).then_some(t)
+    }
+}
+
 /// Bytes of page 0 (header, index words, sleeper counters).
 pub const SEG_HEADER_SIZE: u64 = 4096;
 
@@ -71,7 +145,14 @@ pub struct SegSide {
     /// other side swaps it to 1 and appends only if it read 0; a reader of this side
     /// swaps it to 0 before it looks at the socket.
     pub logged: AtomicU32,
-    pub reserved: [u32; 9],
+    pub reserved0: u32,
+    /// (§8.8, minor 8) This side's poll sleepers as a bell word: low 32 bits their
+    /// count, high 32 bits the bell tag of the only one (`bell::tag`), 0 while none
+    /// sleeps, or `bell::SEVERAL`. The other side, seeing exactly the sleepers this
+    /// word counts and one tag, writes that thread's bell eventfd itself instead of
+    /// having canald relay the wake-up.
+    pub bell: AtomicU64,
+    pub reserved: [u32; 6],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest

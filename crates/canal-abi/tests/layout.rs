@@ -57,7 +57,8 @@ fn slot_offsets() {
     assert_eq!(offset_of!(Slot, result), 64);
     assert_eq!(offset_of!(Slot, seq), 72);
     assert_eq!(offset_of!(Slot, done_seq), 76);
-    assert_eq!(offset_of!(Slot, reserved), 80);
+    assert_eq!(offset_of!(Slot, bell_gen), 80);
+    assert_eq!(offset_of!(Slot, reserved), 84);
     assert_eq!(size_of::<Slot>() as u64, SLOT_SIZE);
     assert_eq!(
         SLOT_PAYLOAD_OFFSET as usize + SLOT_PAYLOAD,
@@ -143,7 +144,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0700 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0800 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -200,8 +201,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 10,
-        HeaderError::UnknownFeatures(1 << 10),
+        &|h| h.features |= 1 << 11,
+        HeaderError::UnknownFeatures(1 << 11),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -344,11 +345,68 @@ fn arena_places() {
 }
 
 #[test]
+fn bell_wire_values() {
+    // protocol.md §2 (kinds 25..27), §3 (feature bit 10), §8.8.
+    use canal_abi::control::{hello_flag, kind, BELL_BODY};
+    use canal_abi::segment::bell;
+    assert_eq!(
+        (kind::BELL_SET, kind::BELL_GET, kind::BELL_OK),
+        (25, 26, 27)
+    );
+    assert_eq!(BELL_BODY, 8);
+    assert_eq!(feature::BELLS, 1 << 10);
+    assert_eq!(hello_flag::BELLS, 1 << 10);
+    assert_eq!(bell::tag(5, 0), (1 << 12) | 5);
+    assert_eq!(bell::slot_of(bell::tag(4095, 77)), 4095);
+    // Every generation gives a tag that is neither 0 nor SEVERAL.
+    for gen in [0, 1, bell::GEN_MAX - 1, bell::GEN_MAX, u32::MAX] {
+        let t = bell::tag(4095, gen);
+        assert!(t != 0 && t != bell::SEVERAL, "gen {gen}: {t:#x}");
+    }
+}
+
+#[test]
+fn bell_word_names_the_only_sleeper() {
+    use canal_abi::segment::bell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let w = AtomicU64::new(0);
+    let (a, b) = (bell::tag(1, 1), bell::tag(2, 1));
+    let target = |w: &AtomicU64| bell::target(w.load(Ordering::Relaxed));
+    assert_eq!(
+        target(&w),
+        None,
+        "nobody: an older library's sleepers are relayed"
+    );
+    bell::enter(&w, Some(a));
+    assert_eq!(target(&w), Some(a));
+    bell::enter(&w, Some(b));
+    assert_eq!(target(&w), None, "two sleepers");
+    bell::leave(&w);
+    // Still one counted, but which one is no longer known: relay.
+    assert_eq!(target(&w), None);
+    bell::leave(&w);
+    assert_eq!(w.load(Ordering::Relaxed), 0, "none left: cleared");
+    bell::enter(&w, None);
+    assert_eq!(target(&w), None, "no bell");
+    bell::enter(&w, Some(a));
+    assert_eq!(target(&w), None, "one of two has no bell");
+    bell::leave(&w);
+    bell::leave(&w);
+    bell::enter(&w, Some(b));
+    bell::enter(&w, Some(b));
+    assert_eq!(
+        target(&w),
+        Some(b),
+        "one thread on two connections of a side"
+    );
+}
+
+#[test]
 fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b11_1111_1111);
+    assert_eq!(feature::KNOWN, 0b111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -405,6 +463,8 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, watched), 16);
     assert_eq!(offset_of!(SegSide, watch_index), 20);
     assert_eq!(offset_of!(SegSide, logged), 24);
+    // §8.8 (1.8): the bell word.
+    assert_eq!(offset_of!(SegSide, bell), 32);
     assert_eq!(offset_of!(SegHeader, owners), 48);
     assert_eq!(owners_offset(1), 52);
     // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.

@@ -397,6 +397,59 @@ fn segment_wake_handshake() {
     });
 }
 
+/// Bells (protocol §8.8): two sleepers of one side — B with a bell, C with a bell or
+/// without one — each counting itself in the bell word, then in `sleepers`; and a
+/// publisher A that, after its fence, finds `sleepers` non-zero and then rings the one
+/// tag the bell word names, or has canald relay (which wakes every sleeper).
+/// Property: a thread that sleeps is woken — its own bell rung, or the relay.
+#[test]
+fn bell_wake_handshake() {
+    use canal_abi::segment::bell;
+    for c_bell in [true, false] {
+        bounded().check(move || {
+            let data = Arc::new(AtomicU32::new(0));
+            let sleepers = Arc::new(AtomicU32::new(0));
+            let word = Arc::new(AtomicU64::new(0));
+            let sleeper = |tag: Option<u32>| {
+                let (data, sleepers, word) = (data.clone(), sleepers.clone(), word.clone());
+                thread::spawn(move || {
+                    bell::enter(&word, tag);
+                    sleepers.fetch_add(1, Ordering::Release);
+                    fence(Ordering::SeqCst);
+                    if data.load(Ordering::Relaxed) == 1 {
+                        sleepers.fetch_sub(1, Ordering::Relaxed);
+                        bell::leave(&word);
+                        return None; // the re-check saw it
+                    }
+                    Some(tag) // sleeps on its bell (if any) and its slot eventfd
+                })
+            };
+            let (tb, tc) = (bell::tag(1, 1), bell::tag(2, 1));
+            let b = sleeper(Some(tb));
+            let c = sleeper(c_bell.then_some(tc));
+            let a = {
+                let (data, sleepers, word) = (data.clone(), sleepers.clone(), word.clone());
+                thread::spawn(move || {
+                    data.store(1, Ordering::Relaxed);
+                    fence(Ordering::SeqCst);
+                    if sleepers.load(Ordering::Acquire) == 0 {
+                        return (None, false);
+                    }
+                    match bell::target(word.load(Ordering::Relaxed)) {
+                        Some(t) => (Some(t), false),
+                        None => (None, true),
+                    }
+                })
+            };
+            let (rung, relayed) = a.join().unwrap();
+            for slept in [b.join().unwrap(), c.join().unwrap()].into_iter().flatten() {
+                let woken = relayed || (slept.is_some() && rung == slept);
+                assert!(woken, "a sleeper ({slept:?}) is never woken: rung {rung:?}");
+            }
+        });
+    }
+}
+
 /// Zones: one buffer, handed from a sender to a receiver by (shared reference,
 /// posted name). The sender drops its reference right after posting and allocates
 /// again; it can get the buffer back only after both released it, and loom

@@ -47,6 +47,7 @@ impl Daemon {
             kind::WATCH => self.on_watch(key, body, fds),
             kind::SEGMENT | kind::ARENA => self.on_segment(key, k, body),
             kind::EVLOG => self.on_evlog(key, body),
+            kind::BELL_SET | kind::BELL_GET => self.on_bell(key, k, body, fds),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
@@ -72,6 +73,10 @@ impl Daemon {
             let sc = self.cfg.shortcut && hello_flags & control::hello_flag::SHORTCUT != 0;
             let zones = sc && self.cfg.zones && hello_flags & control::hello_flag::ZONES != 0;
             let arenas = sc && hello_flags & control::hello_flag::ARENAS != 0;
+            let bells = arenas
+                && self.cfg.arenas
+                && self.cfg.bells
+                && hello_flags & control::hello_flag::BELLS != 0;
             // Virtual RSS: offered with 2..=MAX_WORKERS workers to guests that know it.
             let vrss = (2..=canal_abi::MAX_WORKERS).contains(&self.workers.len())
                 && hello_flags & control::hello_flag::VRSS != 0;
@@ -84,6 +89,7 @@ impl Daemon {
                 } else {
                     0
                 }
+                | if bells { canal_abi::feature::BELLS } else { 0 }
                 | if vrss { canal_abi::feature::VRSS } else { 0 }
                 | if hello_flags & control::hello_flag::SPARES != 0 {
                     canal_abi::feature::SPARES
@@ -263,10 +269,57 @@ impl Daemon {
             let Some(fd) = fds.into_iter().next() else {
                 return send_error(&conn.fd, errno::EINVAL, "PORT without eventfd").is_ok();
             };
-            match g.set_port(slot, fd) {
-                Ok(()) => send_msg(&conn.fd, kind::PORT_OK, &slot.to_le_bytes(), &[]).is_ok(),
+            let set = g.set_port(slot, fd);
+            drop(sh);
+            match set {
+                Ok(()) => {
+                    // A new holder of the slot: its predecessors' bells go (§8.8).
+                    let mut shc = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+                    shc.bells.forget_slot(key, slot);
+                    drop(shc);
+                    send_msg(&conn.fd, kind::PORT_OK, &slot.to_le_bytes(), &[]).is_ok()
+                }
                 Err(e) => send_error(&conn.fd, e, "bad PORT").is_ok(),
             }
+        }
+    }
+
+    /// BELL_SET: a guest thread's bell for the guest at the other side of an arena.
+    /// BELL_GET: the bell the guest at the other side registered for the asker
+    /// (protocol §8.8).
+    fn on_bell(&mut self, key: u32, asked: u16, body: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let (Some(arena), Some(tag)) = (
+            control::leading_u32(body),
+            body.get(4..8)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ) else {
+            return send_error(&conn.fd, errno::EINVAL, "short BELL").is_ok();
+        };
+        if tag == 0 || tag == canal_abi::segment::bell::SEVERAL {
+            return send_error(&conn.fd, errno::EINVAL, "bad bell tag").is_ok();
+        }
+        let mut sh = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(peer) = sh.arenas.peer_of(arena, key) else {
+            return send_error(&conn.fd, errno::ENOENT, "no such arena").is_ok();
+        };
+        let reply = &body[..control::BELL_BODY];
+        if asked == kind::BELL_GET {
+            return match sh.bells.get(peer, tag, key) {
+                Some(fd) => send_msg(&conn.fd, kind::BELL_OK, reply, &[fd.as_raw_fd()]).is_ok(),
+                None => send_error(&conn.fd, errno::ENOENT, "no such bell").is_ok(),
+            };
+        }
+        // Only an eventfd: a peer writes 8 bytes to it on its data path, which a pipe
+        // or a socket of the owner's choosing could make block or send elsewhere.
+        let Some(fd) = fds.into_iter().next().filter(sys::is_eventfd) else {
+            return send_error(&conn.fd, errno::EINVAL, "BELL_SET without an eventfd").is_ok();
+        };
+        match sh.bells.set(key, tag, peer, fd) {
+            Ok(()) => send_msg(&conn.fd, kind::BELL_OK, reply, &[]).is_ok(),
+            Err(e) => send_error(&conn.fd, e, "too many bells").is_ok(),
         }
     }
 

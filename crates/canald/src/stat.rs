@@ -205,6 +205,8 @@ pub(crate) struct ConfigStat {
     /// Pair arenas for short-circuited connections (`--arenas`, and the shortcut in
     /// force).
     pub(crate) arenas: bool,
+    /// Direct peer wake-ups (`--bells`, with arenas in force).
+    pub(crate) bells: bool,
     /// Every option's effective value and where it came from (as `--print-config`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) settings: Vec<crate::config::Setting>,
@@ -229,6 +231,7 @@ impl ConfigStat {
             shortcut: c.shortcut,
             zones: c.zones && c.shortcut,
             arenas: c.arenas && c.shortcut,
+            bells: c.bells && c.arenas && c.shortcut,
             settings: c.settings.clone(),
         }
     }
@@ -624,7 +627,7 @@ mod tests {
             render_json(&s),
             "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"config\":{\"notify\":\"sleep\",\
              \"batch\":false,\"coalesce\":\"fixed\",\"t_worst_us\":100,\"split_us\":25,\
-             \"workers\":1,\"shortcut\":false,\"zones\":false,\"arenas\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
+             \"workers\":1,\"shortcut\":false,\"zones\":false,\"arenas\":false,\"bells\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
         );
         c.coalesce = crate::engine::CoalesceCfg::Off;
         let cs = ConfigStat::from_config(&c);

@@ -465,3 +465,96 @@ fn arenas_off_gives_a_file_per_connection() {
 fn read_at(m: &Mapping, off: u64, n: usize) -> Vec<u8> {
     m.read_bytes(off as usize, n)
 }
+
+/// BELL_SET / BELL_GET with `fd` (or none): Ok(the fds of BELL_OK) or Err(errno).
+fn bell(
+    g: &TestGuest,
+    k: u16,
+    arena: u32,
+    tag: u32,
+    fd: &[i32],
+) -> Result<Vec<std::os::fd::OwnedFd>, i32> {
+    let mut body = arena.to_le_bytes().to_vec();
+    body.extend_from_slice(&tag.to_le_bytes());
+    send_ctl(&g.ctl, k, &body, fd);
+    let (rk, rb, fds) = recv_ctl(&g.ctl);
+    if rk == kind::ERROR {
+        assert!(fds.is_empty());
+        return Err(i32::from_le_bytes(rb[..4].try_into().unwrap()));
+    }
+    assert_eq!((rk, &rb[..]), (kind::BELL_OK, &body[..]));
+    Ok(fds)
+}
+
+/// Bells (protocol §8.8): a guest's thread registers an eventfd for the guest at the
+/// other side of an arena; only that guest gets it (the same file: what it writes, the
+/// owner reads), never a third guest, never the owner asking as if it were the peer;
+/// only an eventfd is taken; a new holder of the slot (PORT) drops the old bells.
+#[test]
+fn bells_go_only_to_the_peer_they_were_registered_for() {
+    use canal_abi::segment::bell::tag;
+    use std::os::fd::AsRawFd;
+    let d = TestDaemon::start(&[]);
+    let flags = hello_flag::SHORTCUT | hello_flag::ARENAS | hello_flag::BELLS;
+    let mut srv = TestGuest::attach_with(&d.path, "srv", flags);
+    let mut cli = TestGuest::attach_with(&d.path, "cli", flags);
+    let other = TestGuest::attach_with(&d.path, "other", flags);
+    assert_ne!(srv.region.header().features & canal_abi::feature::BELLS, 0);
+    let (l, port) = listen(&mut srv);
+    let (c, _) = connect(&mut cli, &srv, l, port);
+    let (arena, _) = place(&cli, c);
+    let efd = canald::sys::eventfd().unwrap();
+    let t = tag(1, 7);
+    assert_eq!(
+        bell(&srv, kind::BELL_SET, arena, t, &[efd.as_raw_fd()]).map(|f| f.len()),
+        Ok(0)
+    );
+    assert_eq!(
+        bell(&other, kind::BELL_GET, arena, t, &[]).err(),
+        Some(errno::ENOENT)
+    );
+    assert_eq!(
+        bell(&other, kind::BELL_SET, arena, t, &[efd.as_raw_fd()]).err(),
+        Some(errno::ENOENT)
+    );
+    assert_eq!(
+        bell(&srv, kind::BELL_GET, arena, t, &[]).err(),
+        Some(errno::ENOENT),
+        "the owner"
+    );
+    assert_eq!(
+        bell(&cli, kind::BELL_GET, arena, tag(1, 8), &[]).err(),
+        Some(errno::ENOENT)
+    );
+    assert_eq!(
+        bell(&cli, kind::BELL_GET, arena, 0, &[]).err(),
+        Some(errno::EINVAL)
+    );
+    let got = bell(&cli, kind::BELL_GET, arena, t, &[]).unwrap();
+    assert_eq!(got.len(), 1);
+    canald::sys::eventfd_write(got[0].as_raw_fd()).unwrap();
+    assert_eq!(
+        canald::sys::eventfd_read(&efd).unwrap(),
+        1,
+        "not the owner's eventfd"
+    );
+    // A Unix socket is not a bell (a peer must never block or send writing one).
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    assert_eq!(
+        bell(&srv, kind::BELL_SET, arena, tag(2, 1), &[a.as_raw_fd()]).err(),
+        Some(errno::EINVAL)
+    );
+    // Slot 1 gets a new holder: its old bells go.
+    let port_fd = canald::sys::eventfd().unwrap();
+    send_ctl(
+        &srv.ctl,
+        kind::PORT,
+        &1u32.to_le_bytes(),
+        &[port_fd.as_raw_fd()],
+    );
+    assert_eq!(recv_ctl(&srv.ctl).0, kind::PORT_OK);
+    assert_eq!(
+        bell(&cli, kind::BELL_GET, arena, t, &[]).err(),
+        Some(errno::ENOENT)
+    );
+}

@@ -37,6 +37,7 @@ extern "C" fn child() {
     PID.store(sys::getpid(), Ordering::Relaxed);
     crate::ownfd::fork_child();
     crate::conn::slots::forget_in_child();
+    crate::shortcut::bells::fork_child();
     crate::conn::wait::forget_pins_in_child();
     crate::mux::epoll::fork_child();
 }

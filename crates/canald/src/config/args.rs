@@ -117,6 +117,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     #[serde(default, deserialize_with = "de_on_off")]
     pub arenas: Option<bool>,
+    /// A thread sleeping on short-circuited arena connections is woken by its peer
+    /// directly, through a bell eventfd canald hands over (protocol §8.8), instead of
+    /// through canald [default: on; also CANAL_BELLS=off in canald's environment]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    #[serde(default, deserialize_with = "de_on_off")]
+    pub bells: Option<bool>,
     /// The resolver isolated and VM guests reach as 10.0.2.3:53 (IP or IP:PORT)
     /// [default: the first IPv4 nameserver of /etc/resolv.conf]
     #[arg(long, value_name = "ADDR", value_parser = parse_dns)]
@@ -241,6 +247,9 @@ impl DaemonArgs {
         if let Some(on) = self.arenas {
             cfg.arenas = on;
         }
+        if let Some(on) = self.bells {
+            cfg.bells = on;
+        }
         cfg.verbose = self.verbose;
         cfg.metrics = self.metrics;
         cfg.user_channel = self.user_channel;
@@ -330,6 +339,7 @@ mod tests {
         assert!(parse_args(&["--zones", "on"]).unwrap().zones);
         assert!(!parse_args(&["--arenas", "off"]).unwrap().arenas);
         assert!(parse_args(&[]).unwrap().arenas || std::env::var_os("CANAL_ARENAS").is_some());
+        assert!(!parse_args(&["--bells", "off"]).unwrap().bells);
         let c = parse_args(&["--rx-quantum-kib", "8", "--no-shortcut"]).unwrap();
         assert_eq!(c.rx_quantum, 8192);
         assert!(!c.shortcut);

@@ -58,7 +58,7 @@ fn merge(cli: &DaemonArgs, files: &[ConfigFile]) -> (DaemonArgs, BTreeMap<&'stat
         }
         take!(opt: socket idle_exit slots sockets data_mib ring_kib spin budget notify
                    t_worst_us split_us rx_quantum_kib tx_quantum_kib workers shortcut_ring_kib
-                   zones arenas dns metrics;
+                   zones arenas bells dns metrics;
               flag: coalesce no_batch loopback_only no_shortcut verbose serve_users);
         if !src.pin.is_empty() {
             out.pin = src.pin.clone();
@@ -111,6 +111,7 @@ const KEYS: &[&str] = &[
     "shortcut-ring-kib",
     "zones",
     "arenas",
+    "bells",
     "dns",
     "metrics",
     "serve-users",
@@ -240,6 +241,7 @@ fn settings(
             "shortcut-ring-kib" => int(cfg.shortcut_ring_kib),
             "zones" => Value::Boolean(cfg.zones),
             "arenas" => Value::Boolean(cfg.arenas),
+            "bells" => Value::Boolean(cfg.bells),
             "dns" => match cfg.dns {
                 Some(d) => Value::String(d.to_string()),
                 None => continue,
@@ -273,6 +275,7 @@ fn env_origin(key: &str) -> Origin {
         "no-shortcut" if set("CANAL_NO_SHORTCUT") => Origin::Env("CANAL_NO_SHORTCUT"),
         "zones" if set("CANAL_ZONES") => Origin::Env("CANAL_ZONES"),
         "arenas" if set("CANAL_ARENAS") => Origin::Env("CANAL_ARENAS"),
+        "bells" if set("CANAL_BELLS") => Origin::Env("CANAL_BELLS"),
         "socket" if set("CANAL_SOCKET") => Origin::Env("CANAL_SOCKET"),
         _ => Origin::Default,
     }

@@ -46,6 +46,9 @@ pub struct Config {
     /// pair arenas (protocol §8.7) instead of a file each. On by default;
     /// `CANAL_ARENAS=off` in canald's environment turns them off.
     pub(crate) arenas: bool,
+    /// `--bells on|off`: direct peer wake-ups between arena connections' guests
+    /// (protocol §8.8). On by default; `CANAL_BELLS=off` turns them off.
+    pub(crate) bells: bool,
     pub(crate) verbose: bool,
     /// How the poller waits (`--notify`).
     pub(crate) notify: NotifyMode,
@@ -130,6 +133,7 @@ impl Config {
             shortcut_ring_kib: DEFAULT_SHORTCUT_RING_KIB,
             zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
             arenas: std::env::var_os("CANAL_ARENAS").is_none_or(|v| v != "off"),
+            bells: std::env::var_os("CANAL_BELLS").is_none_or(|v| v != "off"),
             verbose: false,
             notify: NotifyMode::Hybrid,
             // Off unless asked for: on this design a woken guest spins through the

@@ -175,6 +175,18 @@ mod tests {
         arena.extend(msg(kind::ARENA, &[1, 0]));
         let r = fuzz_control(&arena);
         assert_eq!(r, vec![kind::HELLO_OK, kind::ERROR, kind::ERROR], "{r:?}");
+        // Bells (§8.8): short, tag 0, an arena not its own, BELL_SET without an fd.
+        let mut bells = msg(kind::HELLO, &hello.encode());
+        bells.extend(msg(kind::BELL_GET, &[1, 0, 0, 0]));
+        bells.extend(msg(kind::BELL_GET, &[0; 8]));
+        bells.extend(msg(kind::BELL_GET, &[1, 0, 0, 0, 1, 16, 0, 0]));
+        bells.extend(msg(kind::BELL_SET, &[1, 0, 0, 0, 1, 16, 0, 0]));
+        let r = fuzz_control(&bells);
+        assert_eq!(
+            r,
+            [&[kind::HELLO_OK][..], &[kind::ERROR; 4]].concat(),
+            "{r:?}"
+        );
         // Messages that need a descriptor are refused without one (WATCH has no
         // reply: a watch without a descriptor is dropped).
         assert!(fuzz_control(&msg(kind::WATCH, &[0; 16])).is_empty());

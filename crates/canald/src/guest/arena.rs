@@ -137,6 +137,17 @@ impl Arenas {
             .retain(|_, a| !(a.used == 0 && a.conns.contains(&conn)));
     }
 
+    /// The guest at the other side of arena `id` from guest `conn` (None if `conn` is
+    /// not one of its two).
+    pub(crate) fn peer_of(&self, id: u32, conn: u32) -> Option<u32> {
+        let a = self.by_id.get(&id)?;
+        match a.conns {
+            [x, y] if x == conn => Some(y),
+            [x, y] if y == conn => Some(x),
+            _ => None,
+        }
+    }
+
     /// Arena `id`'s memfd and size, if guest `conn` is one of its two.
     pub(crate) fn file_for(&self, id: u32, conn: u32) -> Option<(&OwnedFd, u64)> {
         let a = self.by_id.get(&id)?;

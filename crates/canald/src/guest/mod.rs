@@ -18,6 +18,7 @@
 
 pub mod addr_view;
 pub mod arena;
+pub mod bells;
 pub mod config;
 pub mod dgram;
 pub mod entries;

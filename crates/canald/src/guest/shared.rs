@@ -167,6 +167,8 @@ pub(crate) struct Shared {
     /// their pair arenas (protocol §8.7).
     pub(crate) use_arenas: bool,
     pub(crate) arenas: Arenas,
+    /// Direct peer wake-ups (protocol §8.8).
+    pub(crate) bells: super::bells::Bells,
     pub(crate) next_id: u32,
 }
 
@@ -185,6 +187,7 @@ impl Shared {
             segments: HashMap::new(),
             use_arenas: true,
             arenas: Arenas::default(),
+            bells: Default::default(),
             next_id: 1,
         }))
     }

@@ -645,6 +645,7 @@ pub(crate) fn forget(shared: &SharedRef, conn: u32) {
     let mut sh = lock(shared);
     sh.homes.remove(&conn);
     sh.arenas.forget(conn);
+    sh.bells.forget(conn);
 }
 
 /// Runs worker `me`'s jobs: pairings, completions and peer events for the guests it

@@ -295,7 +295,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
             | control::hello_flag::ZONES
             | control::hello_flag::VRSS
             | control::hello_flag::SPARES
-            | control::hello_flag::ARENAS,
+            | control::hello_flag::ARENAS
+            | control::hello_flag::BELLS,
         comm,
     }
     .encode();

@@ -12,6 +12,7 @@ use canal_abi::feature;
 use canal_abi::sleep_kind;
 use canal_abi::sync::fence;
 use canal_abi::sync::AtomicU32;
+use canal_abi::sync::AtomicU64;
 use canal_abi::sync::Ordering;
 use canal_abi::SocketEntry;
 use canal_abi::WAIT_ANY;
@@ -37,6 +38,10 @@ pub(crate) fn sleep_ready(
 #[derive(Clone, Copy)]
 pub(crate) enum Scope<'a> {
     One(u32),
+    /// Any of the listed sockets (a poll set's): canald wakes it for any socket, but
+    /// only their connections count it as a sleeper, so a peer rings its bell (§8.8)
+    /// rather than finding every sleeping thread of the process counted there.
+    Listed(&'a [u32]),
     Logged {
         direct: &'a [u32],
         log_sleepers: &'a AtomicU32,
@@ -193,11 +198,15 @@ pub(crate) fn sleep_events(
     }
     // §8: count ourselves as a sleeper of every short-circuited connection we wait
     // on, so its peer raises attention (and canald wakes us) after changing it.
-    let mut seg_sleepers = SegSleepers::new();
+    let mut seg_sleepers = SegSleepers::new(s.idx);
     let (index, log_sleepers) = match scope {
         Scope::One(index) => {
             seg_sleepers.enter(g, index);
             (index, None)
+        }
+        Scope::Listed(indices) => {
+            seg_sleepers.enter_listed(g, indices);
+            (WAIT_ANY, None)
         }
         Scope::Logged {
             direct,
@@ -209,6 +218,7 @@ pub(crate) fn sleep_events(
             (WAIT_ANY, Some(log_sleepers))
         }
     };
+    let mut bell_events = 0;
     s.slot.wait_socket.store(index, Ordering::Relaxed);
     s.slot.sleep.store(sleep_kind::EVENTS, Ordering::Relaxed);
     h.event_waiters.fetch_add(1, Ordering::Relaxed);
@@ -238,12 +248,31 @@ pub(crate) fn sleep_events(
         } else {
             Some(timeout_ns.map_or(RECHECK_NS, |t| t.min(RECHECK_NS)))
         };
-        if seg_sleepers.n > 0 {
-            // Counted on a connection whose peer may publish without a fence: the
-            // deferred barrier (barrier.rs) before sleeping longer than DEFER_NS.
-            deferred_ppoll(fds, n, t, sigmask, cond)
+        let poll = |all: &mut [libc::pollfd], cond: &mut dyn FnMut() -> bool| {
+            if seg_sleepers.n > 0 {
+                // Counted on a connection whose peer may publish without a fence: the
+                // deferred barrier (barrier.rs) before sleeping longer than DEFER_NS.
+                deferred_ppoll(all, t, sigmask, cond)
+            } else {
+                sys::ppoll(all, t, sigmask)
+            }
+        };
+        if seg_sleepers.rings == 0 {
+            poll(fds, cond)
         } else {
-            sys::ppoll(fds, t, sigmask)
+            // The bells this sleep named (§8.8) are polled too, after our own two.
+            let mut all = fds.to_vec();
+            all.extend(seg_sleepers.bell_pollfds(s.idx));
+            let r = poll(&mut all, cond);
+            let (own, bells) = all.split_at(fds.len());
+            for (j, p) in bells.iter().enumerate().filter(|(_, p)| p.revents != 0) {
+                crate::shortcut::bells::drain(s.idx, seg_sleepers.bell_index(j), p);
+                bell_events += 1;
+            }
+            for (f, o) in fds.iter_mut().zip(own) {
+                f.revents = o.revents;
+            }
+            r
         }
     };
     s.slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
@@ -263,7 +292,7 @@ pub(crate) fn sleep_events(
     if ctl_hung_up_in(g, &fds[n + 1]) {
         mark_dead();
     }
-    r.map(|c| c.saturating_sub(own_events))
+    r.map(|c| c.saturating_sub(own_events + bell_events))
 }
 
 /// `ppoll` for a sleeper counted on short-circuited connections (§8.4, barrier.rs):
@@ -271,7 +300,6 @@ pub(crate) fn sleep_events(
 /// with no descriptor ready, as a wake-up would), then the rest of `timeout`.
 fn deferred_ppoll(
     fds: &mut [libc::pollfd],
-    n: usize,
     timeout: Option<i64>,
     sigmask: sys::SigMask,
     cond: &mut dyn FnMut() -> bool,
@@ -297,7 +325,7 @@ fn deferred_ppoll(
             r.min(crate::shortcut::barrier::DEFER_NS)
         }))
     };
-    for f in fds.iter_mut().take(n + 2) {
+    for f in fds.iter_mut() {
         f.revents = 0;
     }
     sys::ppoll(fds, rest, sigmask)
@@ -307,22 +335,50 @@ fn deferred_ppoll(
 /// decrements exactly those.
 struct SegSleepers {
     words: [*const AtomicU32; 64],
+    /// The bell word (§8.8) of each counted connection, or null (not counted there).
+    bell_words: [*const AtomicU64; 64],
     n: usize,
     overflow: bool,
     active: bool,
+    /// The sleeping thread's slot.
+    slot: u32,
+    /// Bit j: the thread named its bell j in some bell word (poll it).
+    rings: u32,
 }
 
 impl SegSleepers {
-    fn new() -> Self {
+    fn new(slot: u32) -> Self {
         SegSleepers {
             words: [core::ptr::null(); 64],
+            bell_words: [core::ptr::null(); 64],
             n: 0,
             overflow: false,
             active: false,
+            slot,
+            rings: 0,
         }
     }
 
-    fn add(&mut self, e: &SocketEntry) {
+    /// Pollfds for the bells named in this sleep (in `bell_index` order).
+    fn bell_pollfds(&self, slot: u32) -> impl Iterator<Item = libc::pollfd> + '_ {
+        (0..crate::shortcut::bells::PER_THREAD)
+            .filter(|j| self.rings & (1 << j) != 0)
+            .map(move |j| libc::pollfd {
+                fd: crate::shortcut::bells::fd(slot, j),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+    }
+
+    /// The bell polled at position `k` of `bell_pollfds`.
+    fn bell_index(&self, k: usize) -> usize {
+        (0..crate::shortcut::bells::PER_THREAD)
+            .filter(|j| self.rings & (1 << j) != 0)
+            .nth(k)
+            .unwrap_or(0)
+    }
+
+    fn add(&mut self, g: &Guest, e: &SocketEntry) {
         if e.kind.load(Ordering::Acquire) != canal_abi::sock_kind::STREAM {
             return;
         }
@@ -335,6 +391,19 @@ impl SegSleepers {
         }
         let side = e.segment_side.load(Ordering::Relaxed);
         crate::shortcut::barrier::announce(seg.deferred_barrier(side));
+        // §8.8: count ourselves in the bell word too, naming our bell for this peer if
+        // we have one (before the fence, as `sleepers`: Dekker holds for each word).
+        self.bell_words[self.n] = core::ptr::null();
+        if crate::shortcut::bells::enabled(g) {
+            let arena = e.arena.load(Ordering::Relaxed);
+            let peer = seg.owner(1 - side.min(1));
+            let mine = crate::shortcut::bells::for_sleep(g, self.slot, peer, arena);
+            if let Some((_, j)) = mine {
+                self.rings |= 1 << j;
+            }
+            canal_abi::segment::bell::enter(seg.bell(side), mine.map(|(t, _)| t));
+            self.bell_words[self.n] = seg.bell(side);
+        }
         let w = seg.sleepers(side);
         w.fetch_add(1, Ordering::Relaxed);
         self.words[self.n] = w;
@@ -356,14 +425,14 @@ impl SegSleepers {
         crate::shortcut::seg::sleep_enter();
         if index != WAIT_ANY {
             if let Some(e) = g.region.socket(index) {
-                self.add(e);
+                self.add(g, e);
             }
             return;
         }
         for i in 0..g.region.entries_in_use_bound() {
             if let Some(e) = g.region.socket(i) {
                 if e.segment.load(Ordering::Relaxed) != 0 {
-                    self.add(e);
+                    self.add(g, e);
                 }
             }
         }
@@ -378,18 +447,23 @@ impl SegSleepers {
         crate::shortcut::seg::sleep_enter();
         for &i in indices {
             if let Some(e) = g.region.socket(i) {
-                self.add(e);
+                self.add(g, e);
             }
         }
     }
 
     fn leave(&mut self) {
-        for w in &self.words[..self.n] {
+        for (w, b) in self.words[..self.n].iter().zip(&self.bell_words) {
             // SAFETY: each pointer names a sleeper word of a segment that was mapped
             // when we counted ourselves; crate::shortcut::seg::forget defers every unmap while a
             // thread is between sleep_enter and sleep_exit.
             unsafe { &**w }.fetch_sub(1, Ordering::Relaxed);
+            if !b.is_null() {
+                // SAFETY: as above (the same segment's bell word).
+                canal_abi::segment::bell::leave(unsafe { &**b });
+            }
         }
+        self.rings = 0;
         self.n = 0;
         if self.active {
             self.active = false;
@@ -461,7 +535,6 @@ mod tests {
         let t0 = sys::now_ns();
         let r = deferred_ppoll(
             &mut fds,
-            0,
             Some(10_000_000_000),
             sys::SigMask::NONE,
             &mut cond,
@@ -474,7 +547,7 @@ mod tests {
         // A short timeout ends within its first step, without a re-check.
         let mut never = || false;
         assert_eq!(
-            deferred_ppoll(&mut fds, 0, Some(1_000_000), sys::SigMask::NONE, &mut never),
+            deferred_ppoll(&mut fds, Some(1_000_000), sys::SigMask::NONE, &mut never),
             Ok(0)
         );
     }

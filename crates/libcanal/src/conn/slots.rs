@@ -98,6 +98,9 @@ impl Drop for SlotRef<'_> {
 }
 
 pub(crate) fn release_slot(g: &Guest, idx: u32, efd: c_int) {
+    if efd >= 0 {
+        crate::shortcut::bells::release(idx);
+    }
     if let Some(s) = g.region.slot(idx) {
         s.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
         // A slot is only released IDLE (no request outstanding). Release pairs with

@@ -101,12 +101,14 @@ pub(crate) fn poll(
     // own socket would all wake for each one's reply).
     let mut wait_on: Option<u32> = None;
     let mut any = false;
+    let mut nested = false;
     for p in fds.iter().filter(|p| p.fd >= 0) {
         match TABLE.get(p.fd) {
             Some(Entry::Canal(h)) if wait_on.is_none_or(|w| w == canal_abi::handle_index(h)) => {
                 wait_on = Some(canal_abi::handle_index(h));
             }
-            Some(Entry::Canal(_)) | Some(Entry::Epoll) => any = true,
+            Some(Entry::Canal(_)) => any = true,
+            Some(Entry::Epoll) => (any, nested) = (true, true),
             _ => {}
         }
     }
@@ -168,11 +170,25 @@ pub(crate) fn poll(
         }
         // Sleep.
         let remaining = deadline.map(|d| d - now);
+        // Several canal sockets and no epoll set: those are all it waits on.
+        let listed: Vec<u32> = if wait_on == WAIT_ANY && !nested {
+            fds.iter()
+                .filter_map(|p| TABLE.handle(p.fd))
+                .map(canal_abi::handle_index)
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut cond = || scan_canal(g, fds) > 0;
         for w in work[..n].iter_mut() {
             w.revents = 0;
         }
-        let r = crate::conn::sleep::sleep_ready(g, wait_on, remaining, &mut cond, work, sigmask);
+        let scope = if listed.is_empty() {
+            crate::conn::sleep::Scope::One(wait_on)
+        } else {
+            crate::conn::sleep::Scope::Listed(&listed)
+        };
+        let r = crate::conn::sleep::sleep_ready_in(g, scope, remaining, &mut cond, work, sigmask);
         match r {
             Err(libc::EINTR) => return Err(libc::EINTR),
             Err(e) => return Err(e),

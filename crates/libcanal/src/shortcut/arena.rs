@@ -120,6 +120,7 @@ pub(super) fn put(id: u32, unmap: impl Fn(usize, usize)) {
         .filter(|m| m.id.load(Ordering::Relaxed) != 0 && m.users.load(Ordering::Relaxed) == 0)
         .min_by_key(|m| m.stamp.load(Ordering::Relaxed));
     if let Some(old) = idle {
+        crate::shortcut::bells::forget_arena(old.id.load(Ordering::Relaxed));
         old.id.store(0, Ordering::Relaxed);
         IDLE.fetch_sub(1, Ordering::Relaxed);
         unmap(

@@ -107,6 +107,10 @@ impl Seg {
     pub(crate) fn logged(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].logged
     }
+    /// The side's bell word (§8.8, crate::shortcut::bells).
+    pub(crate) fn bell(&self, side: u32) -> &'static canal_abi::sync::AtomicU64 {
+        &self.header().sides[side.min(1) as usize].bell
+    }
     /// The key of the side's event log, as canald wrote it (0: an older canald).
     pub(crate) fn owner(&self, side: u32) -> u32 {
         self.header().owners[side.min(1) as usize]

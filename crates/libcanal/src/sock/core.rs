@@ -80,6 +80,14 @@ impl Rings {
                     seg.futex_wake(side);
                 }
                 let mut wake = seg.sleepers(side).load(Ordering::Relaxed) != 0;
+                // §8.8: one sleeping thread with a bell for us: ring it ourselves.
+                if wake && crate::shortcut::bells::enabled(s.g) {
+                    let word = seg.bell(side).load(Ordering::Relaxed);
+                    if let Some(tag) = canal_abi::segment::bell::target(word) {
+                        let arena = s.e.arena.load(Ordering::Relaxed);
+                        wake = !crate::shortcut::bells::ring(s.g, arena, tag);
+                    }
+                }
                 // §8.6: a large epoll set of the peer follows this connection through
                 // its event log rather than looking at it on every round.
                 if seg.watched(side).load(Ordering::Relaxed) != 0
