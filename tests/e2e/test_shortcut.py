@@ -244,21 +244,23 @@ def test_churn_native(procs, python, progs):
         "arenas": 0, "segments": 0, "connections": 240}
 
 
-@pytest.mark.parametrize("bells,group", [("on", 1), ("on", 2), ("off", 1)])
+@pytest.mark.parametrize("bells,group", [("on", "1"), ("on", "2"), ("on", "2-epoll"), ("off", "1")])
 def test_poll_sleepers_are_woken_by_their_peer(canal_bin, procs, python, progs, bells, group):
     """Protocol §8.8: a thread sleeping in select()/poll() on a short-circuited
     connection is woken by its peer writing the thread's bell, not by canald. Both
     guests wait by sleeping only (CANAL_NOTIFY=sleep), four connections with a client
     thread each, 150 checked round trips per connection; the server has a thread per
-    connection (select on one socket) or per two (poll on both: two threads asleep at
-    once must each be counted on its own connections only). With bells the eventfd
+    connection (select on one socket) or per two (poll on both, or an epoll set of the
+    thread's own: two threads asleep at once must each be counted on its own
+    connections only). With bells the eventfd
     wake-ups canald sent the server stay a small fraction of the round trips (setup,
     close); with `--bells off` canald relays about one per round trip."""
     d = Canald(canal_bin, procs, args=["--bells", bells])
     d.start()
     env = clean_env({"CANAL_NOTIFY": "sleep"})
     try:
-        server = d.spawn([python, progs / "bells.py", "serve", "--group", str(group)], name="bells-server", env=env)
+        how = ["--group", group[0]] + (["--epoll"] if group.endswith("epoll") else [])
+        server = d.spawn([python, progs / "bells.py", "serve", *how], name="bells-server", env=env)
         port = int(server.wait_line("READY", 30).split()[1])
         d.wait_served(server, kind="tcp-listener")
         r = d.run([python, progs / "bells.py", "client", "--port", port, "--count", "150", "--conns", "4"],

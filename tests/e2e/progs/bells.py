@@ -1,9 +1,10 @@
 """Request/response between two guests whose every wait is a poll/select sleep
 (tests/e2e/test_shortcut.py, protocol §8.8 bells).
 
-  bells.py serve [--group K]         echo server: one thread per K connections (1:
-                                     select() on its one; more: poll() on all of its
-                                     K before every recv)
+  bells.py serve [--group K] [--epoll]
+                                     echo server: one thread per K connections (1:
+                                     select() on its one; more: poll(), or an epoll
+                                     set of the thread's own, on all of its K)
   bells.py client --port P --count N [--conns C]
                                      C connections (threads), N round trips each;
                                      poll() before every recv; every reply checked
@@ -17,7 +18,7 @@ import sys
 import threading
 
 
-def serve(group):
+def serve(group, use_epoll):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", 0))
@@ -34,7 +35,7 @@ def serve(group):
                 c.sendall(data)
 
     def echo_group(conns):
-        p = select.poll()
+        p = select.epoll() if use_epoll else select.poll()
         by_fd = {c.fileno(): c for c in conns}
         for c in conns:
             p.register(c, select.POLLIN)
@@ -43,7 +44,7 @@ def serve(group):
                 c = by_fd[fd]
                 data = c.recv(65536)
                 if not data:
-                    p.unregister(fd)
+                    p.unregister(c)
                     del by_fd[fd]
                     c.close()
                     continue
@@ -103,9 +104,10 @@ def main():
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--conns", type=int, default=1)
     ap.add_argument("--group", type=int, default=1)
+    ap.add_argument("--epoll", action="store_true")
     a = ap.parse_args()
     if a.mode == "serve":
-        serve(a.group)
+        serve(a.group, a.epoll)
     else:
         client(a.port, a.count, a.conns)
 

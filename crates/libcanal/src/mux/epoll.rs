@@ -304,6 +304,16 @@ fn nested_fds(epfd: c_int) -> Vec<c_int> {
 }
 
 /// A logged set's sleep scope: its direct short-circuited sockets and its log.
+/// A small set's canal sockets, if it has no nested sets (`Set::canal_sockets`).
+fn listed_scope(epfd: c_int) -> Vec<u32> {
+    with(|sets| {
+        sets.iter()
+            .find(|s| s.epfd == epfd)
+            .and_then(|s| s.canal_sockets())
+            .unwrap_or_default()
+    })
+}
+
 fn logged_scope(epfd: c_int) -> Option<(Vec<u32>, canal_abi::evlog::EvLog<'static>)> {
     with(|sets| {
         let s = sets.iter().find(|s| s.epfd == epfd)?;
@@ -434,9 +444,17 @@ pub(crate) fn wait(
                 &mut fds,
                 sigmask,
             ),
-            None => crate::conn::sleep::sleep_ready(
-                g, WAIT_ANY, remaining, &mut cond, &mut fds, sigmask,
-            ),
+            None => {
+                let listed = listed_scope(epfd);
+                let scope = if listed.is_empty() {
+                    crate::conn::sleep::Scope::One(WAIT_ANY)
+                } else {
+                    crate::conn::sleep::Scope::Listed(&listed)
+                };
+                crate::conn::sleep::sleep_ready_in(
+                    g, scope, remaining, &mut cond, &mut fds, sigmask,
+                )
+            }
         };
         slept = true;
         r?;

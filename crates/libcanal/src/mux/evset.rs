@@ -456,6 +456,13 @@ impl Set {
             .collect()
     }
 
+    /// A set without nested sets: its canal sockets, all a sleeper on it waits for
+    /// (so only their connections count it as a sleeper: protocol §8.8). None with
+    /// nested sets (their sockets are not listed here).
+    pub(super) fn canal_sockets(&self) -> Option<Vec<u32>> {
+        (self.nested == 0).then(|| self.items.iter().filter_map(Item::index).collect())
+    }
+
     pub(super) fn log(&self) -> Option<EvLog<'static>> {
         self.logged.as_ref().map(|l| l.log)
     }
