@@ -39,6 +39,7 @@ mod tests {
             ]
         );
         assert!(parse_wrk("Socket errors: connect 10\nRequests/sec: 1\n").is_err());
+        assert!(parse_wrk("  Non-2xx or 3xx responses: 7\nRequests/sec: 1\n").is_err());
         let st = "% time     seconds  usecs/call     calls    errors syscall\n------ ----------- ----------- --------- --------- ----------------\n \
                   60.00    0.000300          10        30           sendto\n 40.00    0.000200          10        20         2 recvfrom\n\
                   ------ ----------- ----------- --------- --------- ----------------\n100.00    0.000500          10        50         2 total\n";

@@ -72,7 +72,12 @@ pub(crate) fn parse_wrk(out: &str) -> Result<Vec<(String, f64)>, String> {
             m.extend(wrk_time_us(v).map(|x| ("p99_us".to_string(), x)));
         }
     }
-    if let Some(e) = out.lines().find(|l| l.contains("Socket errors")) {
+    // A fast run of failures is no result: socket errors, or answers that were not
+    // the page (wrk counts them in Requests/sec).
+    if let Some(e) = out
+        .lines()
+        .find(|l| l.contains("Socket errors") || l.contains("Non-2xx or 3xx responses"))
+    {
         return Err(format!("wrk: {}", e.trim()));
     }
     if !m.iter().any(|(k, _)| k == "req_s") {
