@@ -189,6 +189,9 @@ impl Variant {
             // A segment file per short-circuited connection instead of pair arenas
             // (protocol §8.7): what the arenas save on short connections (B12).
             Some(("disable", "arenas")) => Ok(v(&["--arenas", "off"], &[], &[("arenas", "false")])),
+            // Sleepers woken by canald's relay instead of their peer's bell (protocol
+            // §8.8): what the bells save servers that wait in epoll/poll (B10 g↔g).
+            Some(("disable", "bells")) => Ok(v(&["--bells", "off"], &[], &[("bells", "false")])),
             // Zero copy in canal's sense: buffer zones (sends beyond the ring's free
             // space posted by (zone, offset) descriptors, protocol §10). Off by
             // default; `zones=on` measures them against it.
@@ -221,7 +224,7 @@ impl Variant {
             }
             _ => Err(format!(
                 "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
-                 disable=poll|batch|coalesce|shortcut|zerocopy|arenas, zones=on|off, coalesce=on, \
+                 disable=poll|batch|coalesce|shortcut|zerocopy|arenas|bells, zones=on|off, coalesce=on, \
                  split=adaptive|0.0..1.0, workers=1..16)"
             )),
         }
@@ -529,6 +532,7 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
         "B10" => {
             let mut c = cells(plan, &[Redis], &[0], &[1], &["default"], &all);
             c.extend(cells(plan, &[Nginx], &[0], &[1], &["default"], &[Tcp, CanalGG, CanalGN]));
+            c.extend(cells(plan, &[Redis, Nginx], &[0], &[1], &["disable=bells"], &[CanalGG]));
             Experiment {
                 id: "B10",
                 title: "real applications",
