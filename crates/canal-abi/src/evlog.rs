@@ -53,7 +53,10 @@ pub struct EvLogHeader {
     /// non-zero (it reads it after its SeqCst fence that follows the changes; a set
     /// counts itself, then looks at every socket once).
     pub readers: AtomicU32,
-    pub reserved2: [u32; 14],
+    /// (protocol §8.8, minor 8) The log's sleepers as a bell word (`segment::bell`):
+    /// an appender that finds one tag there rings that thread's bell itself.
+    pub bell: AtomicU64,
+    pub reserved2: [u32; 12],
 }
 
 // SAFETY: repr(C) of integers, integer atomics and arrays of them.
@@ -143,6 +146,13 @@ impl<'a> EvLog<'a> {
         // Pairs with the sleeper's fence between counting itself and sweeping.
         fence(Ordering::SeqCst);
         self.header.sleepers.load(Ordering::Relaxed) != 0
+    }
+
+    /// The bell word of the log's sleepers (read after `append` returned true: its
+    /// fence orders this load after the entry, as the `sleepers` load).
+    #[inline]
+    pub fn bell(&self) -> u64 {
+        self.header.bell.load(Ordering::Relaxed)
     }
 
     /// Whether some epoll set of the owner relies on the log (canald's gate).

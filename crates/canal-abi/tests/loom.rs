@@ -621,14 +621,18 @@ fn small_log() -> (Box<canal_abi::evlog::EvLogHeader>, Vec<AtomicU64>) {
         reserved1: [0; 7],
         sleepers: AtomicU32::new(0),
         readers: AtomicU32::new(1),
-        reserved2: [0; 14],
+        bell: AtomicU64::new(0),
+        reserved2: [0; 12],
     };
     (Box::new(h), (0..4).map(|_| AtomicU64::new(0)).collect())
 }
 
 /// E1/E2: a peer publishes data and appends; the owner's epoll waiter counts itself a
-/// sleeper, then sweeps. Either the sweep names the socket (and the data is visible
-/// then), or the appender sees the sleeper and has canald wake it — never neither.
+/// sleeper (in the bell word too, §8.8), then sweeps. Either the sweep names the
+/// socket (and the data is visible then), or the appender sees the sleeper and rings
+/// its bell or has canald wake it — never neither, and never another tag.
+const LOG_SLEEPER_TAG: u32 = canal_abi::segment::bell::tag(3, 1);
+
 #[test]
 fn event_log_append_and_sleeper_never_lose_a_change() {
     bounded().check(|| {
@@ -640,12 +644,16 @@ fn event_log_append_and_sleeper_never_lose_a_change() {
                 let log = canal_abi::evlog::EvLog::new(&s.0, &s.1).unwrap();
                 s.2.store(1, Ordering::Release); // the ring head moves
                 if log.append(7) {
-                    s.3.store(1, Ordering::Relaxed); // canald wakes the sleeper
+                    // Its bell rung (2), or canald relays (1).
+                    let rung = canal_abi::segment::bell::target(log.bell());
+                    assert!(rung.is_none() || rung == Some(LOG_SLEEPER_TAG));
+                    s.3.store(if rung.is_some() { 2 } else { 1 }, Ordering::Relaxed);
                 }
             })
         };
         let log = canal_abi::evlog::EvLog::new(&shared.0, &shared.1).unwrap();
         // The sleeper's W2 fence (libcanal conn::sleep) after counting itself.
+        canal_abi::segment::bell::enter(&shared.0.bell, Some(LOG_SLEEPER_TAG));
         shared.0.sleepers.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let mut cursor = 0;
@@ -664,7 +672,7 @@ fn event_log_append_and_sleeper_never_lose_a_change() {
         } else {
             // Nothing seen (or an entry still being written): the sleeper must be woken.
             assert!(
-                shared.3.load(Ordering::Relaxed) == 1 || sweep == canal_abi::evlog::Sweep::Pending,
+                shared.3.load(Ordering::Relaxed) != 0 || sweep == canal_abi::evlog::Sweep::Pending,
                 "a change neither named nor woken"
             );
         }

@@ -111,17 +111,32 @@ fn peer(g: &Guest, seg: Seg, side: u32) -> Option<EvLog<'static>> {
     view(b?)
 }
 
+/// What an append asks of the appender.
+pub(crate) enum Tell {
+    /// Nothing: nobody sleeps on the log (or an entry is already pending).
+    Quiet,
+    /// The peer must be woken by canald (it sleeps on its log, or we could not append).
+    Relay,
+    /// One thread sleeps on the log with this bell tag (protocol §8.8): ring it.
+    Ring(u32),
+}
+
 /// After we moved a ring of a connection whose `side` (the peer's) relies on its event
-/// log: append the peer's socket, once until the peer looked at it. Returns whether
-/// canald must wake the peer (it sleeps on its log, or we could not append).
+/// log: append the peer's socket, once until the peer looked at it.
 #[inline]
-pub(crate) fn tell(g: &Guest, seg: Seg, side: u32) -> bool {
+pub(crate) fn tell(g: &Guest, seg: Seg, side: u32) -> Tell {
     if seg.logged(side).swap(1, Ordering::SeqCst) != 0 {
-        return false;
+        return Tell::Quiet;
     }
-    match peer(g, seg, side) {
-        Some(log) => log.append(seg.watch_index(side).load(Ordering::Relaxed)),
-        None => true,
+    let Some(log) = peer(g, seg, side) else {
+        return Tell::Relay;
+    };
+    if !log.append(seg.watch_index(side).load(Ordering::Relaxed)) {
+        return Tell::Quiet;
+    }
+    match canal_abi::segment::bell::target(log.bell()) {
+        Some(tag) if crate::shortcut::bells::enabled(g) => Tell::Ring(tag),
+        _ => Tell::Relay,
     }
 }
 

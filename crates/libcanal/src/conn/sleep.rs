@@ -44,7 +44,7 @@ pub(crate) enum Scope<'a> {
     Listed(&'a [u32]),
     Logged {
         direct: &'a [u32],
-        log_sleepers: &'a AtomicU32,
+        log: &'a canal_abi::evlog::EvLogHeader,
     },
 }
 
@@ -208,14 +208,19 @@ pub(crate) fn sleep_events(
             seg_sleepers.enter_listed(g, indices);
             (WAIT_ANY, None)
         }
-        Scope::Logged {
-            direct,
-            log_sleepers,
-        } => {
+        Scope::Logged { direct, log } => {
             seg_sleepers.enter_listed(g, direct);
+            // §8.8: in the log's bell word too (before the fence, as `sleepers`), with
+            // our tag if we have a bell: an appender that has one for us rings it.
+            if crate::shortcut::bells::enabled(g) {
+                let (tag, mask) = crate::shortcut::bells::for_log_sleep(g, s.idx);
+                canal_abi::segment::bell::enter(&log.bell, tag);
+                seg_sleepers.rings |= mask;
+                seg_sleepers.log_bell = &log.bell;
+            }
             // Appenders read it after their SeqCst append (canal_abi::evlog).
-            log_sleepers.fetch_add(1, Ordering::SeqCst);
-            (WAIT_ANY, Some(log_sleepers))
+            log.sleepers.fetch_add(1, Ordering::SeqCst);
+            (WAIT_ANY, Some(&log.sleepers))
         }
     };
     let mut bell_events = 0;
@@ -344,6 +349,8 @@ struct SegSleepers {
     slot: u32,
     /// Bit j: the thread named its bell j in some bell word (poll it).
     rings: u32,
+    /// The event log's bell word it counted itself in (§8.8), or null.
+    log_bell: *const AtomicU64,
 }
 
 impl SegSleepers {
@@ -356,6 +363,7 @@ impl SegSleepers {
             active: false,
             slot,
             rings: 0,
+            log_bell: core::ptr::null(),
         }
     }
 
@@ -464,6 +472,11 @@ impl SegSleepers {
             }
         }
         self.rings = 0;
+        if !self.log_bell.is_null() {
+            // SAFETY: the guest's own event log, mapped for the life of the process.
+            canal_abi::segment::bell::leave(unsafe { &*self.log_bell });
+            self.log_bell = core::ptr::null();
+        }
         self.n = 0;
         if self.active {
             self.active = false;

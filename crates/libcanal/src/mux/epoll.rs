@@ -437,7 +437,7 @@ pub(crate) fn wait(
                 g,
                 crate::conn::sleep::Scope::Logged {
                     direct: &direct,
-                    log_sleepers: &log.header.sleepers,
+                    log: log.header,
                 },
                 remaining,
                 &mut cond,

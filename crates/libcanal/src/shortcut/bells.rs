@@ -94,6 +94,21 @@ pub(crate) fn for_sleep(g: &Guest, slot: u32, peer_key: u32, arena: u32) -> Opti
     }
 }
 
+/// For a sleep on an event log (§8.6), which any peer may append to: the calling
+/// thread's tag if it has a bell at all (the appender's ring works only if it has one
+/// for that appender; otherwise canald refuses the appender, which then relays), and
+/// the mask of every bell it has, to poll.
+pub(crate) fn for_log_sleep(g: &Guest, slot: u32) -> (Option<u32>, u32) {
+    let Some(o) = own(slot).filter(|_| enabled(g)) else {
+        return (None, 0);
+    };
+    let mask = (0..PER_THREAD)
+        .filter(|&j| o.fd[j].load(Ordering::Relaxed) >= 0)
+        .fold(0u32, |m, j| m | 1 << j);
+    let tag = o.tag.load(Ordering::Relaxed);
+    ((mask != 0 && tag != 0).then_some(tag), mask)
+}
+
 /// The eventfd of the calling thread's bell `j` (slot `slot`), -1 if none.
 pub(crate) fn fd(slot: u32, j: usize) -> c_int {
     own(slot).map_or(-1, |o| o.fd[j].load(Ordering::SeqCst))
@@ -137,16 +152,23 @@ const CACHED: usize = 64;
 struct Peer {
     /// `arena << 32 | tag`; 0 free. Cleared before the descriptor changes.
     key: AtomicU64,
-    /// -1: canald had no such bell (that tag is relayed).
+    /// -1: canald had no such bell (that tag is relayed until ASK_AGAIN_NS later: the
+    /// owner may register one for us after it named the tag in a log's bell word).
     fd: AtomicI32,
+    /// When canald was asked (ns).
+    asked: AtomicU64,
 }
 
 static PEER: [Peer; CACHED] = [const {
     Peer {
         key: AtomicU64::new(0),
         fd: AtomicI32::new(-1),
+        asked: AtomicU64::new(0),
     }
 }; CACHED];
+
+/// How long a refused bell is not asked for again.
+const ASK_AGAIN_NS: u64 = 1_000_000_000;
 static PEER_LOCK: AtomicU32 = AtomicU32::new(0);
 static VICTIM: AtomicUsize = AtomicUsize::new(0);
 
@@ -158,6 +180,9 @@ fn peer_key(arena: u32, tag: u32) -> u64 {
 /// `arena` names. False if it could not (no such bell, a slot being replaced): the
 /// caller then has canald relay the wake-up, as without bells.
 pub(crate) fn ring(g: &Guest, arena: u32, tag: u32) -> bool {
+    if arena == 0 {
+        return false; // a segment of its own: bells are for arena connections
+    }
     let want = peer_key(arena, tag);
     if let Some(r) = ring_cached(want) {
         return r;
@@ -165,28 +190,47 @@ pub(crate) fn ring(g: &Guest, arena: u32, tag: u32) -> bool {
     // First wake-up of this thread by us: ask canald (once), then ring it.
     let got = crate::conn::ctl::ctl_bell_get(g, arena, tag).map(crate::ownfd::adopt);
     let fd = *got.as_ref().unwrap_or(&-1);
+    let now = sys::now_ns() as u64;
     crate::rt::lock(&PEER_LOCK);
-    let present = PEER.iter().any(|p| p.key.load(Ordering::Relaxed) == want);
-    let evicted = if present {
-        None
-    } else {
-        let v = &PEER[VICTIM.fetch_add(1, Ordering::Relaxed) % CACHED];
-        v.key.store(0, Ordering::SeqCst);
-        let old = v.fd.swap(fd, Ordering::SeqCst);
-        v.key.store(want, Ordering::SeqCst);
-        Some(old)
+    let cached = PEER.iter().find(|p| p.key.load(Ordering::Relaxed) == want);
+    // Another thread cached it meanwhile (keep that), or it is a refusal to renew.
+    let old = match cached {
+        Some(p) if p.fd.load(Ordering::Relaxed) >= 0 || !stale(p, now) => fd,
+        Some(p) => fill(p, want, fd, now),
+        None => fill(
+            &PEER[VICTIM.fetch_add(1, Ordering::Relaxed) % CACHED],
+            want,
+            fd,
+            now,
+        ),
     };
     crate::rt::unlock(&PEER_LOCK);
-    match evicted {
-        Some(old) => retire(old),
-        None => retire(fd), // another thread cached it meanwhile
-    }
+    retire(old);
     ring_cached(want).unwrap_or(false)
 }
 
-/// Rings the cached bell `want`: None if not cached, Some(false) if canald had none.
+/// Under PEER_LOCK: entry `p` now holds bell `want` (`fd`, -1 for a refusal); returns
+/// the descriptor it held.
+fn fill(p: &Peer, want: u64, fd: c_int, now: u64) -> c_int {
+    p.key.store(0, Ordering::SeqCst);
+    let old = p.fd.swap(fd, Ordering::SeqCst);
+    p.asked.store(now, Ordering::Relaxed);
+    p.key.store(want, Ordering::SeqCst);
+    old
+}
+
+/// A refusal old enough to ask canald again.
+fn stale(p: &Peer, now: u64) -> bool {
+    now.saturating_sub(p.asked.load(Ordering::Relaxed)) > ASK_AGAIN_NS
+}
+
+/// Rings the cached bell `want`: None if not cached (or refused long ago), Some(false)
+/// if canald had none.
 fn ring_cached(want: u64) -> Option<bool> {
     let p = PEER.iter().find(|p| p.key.load(Ordering::SeqCst) == want)?;
+    if p.fd.load(Ordering::Relaxed) < 0 && stale(p, sys::now_ns() as u64) {
+        return None;
+    }
     Some(crate::ownfd::using(|| {
         let fd = p.fd.load(Ordering::SeqCst);
         // The entry may have been replaced between the two loads: its key is cleared

@@ -90,10 +90,17 @@ impl Rings {
                 }
                 // §8.6: a large epoll set of the peer follows this connection through
                 // its event log rather than looking at it on every round.
-                if seg.watched(side).load(Ordering::Relaxed) != 0
-                    && crate::evlog::tell(s.g, seg, side)
-                {
-                    wake = true;
+                if seg.watched(side).load(Ordering::Relaxed) != 0 {
+                    match crate::evlog::tell(s.g, seg, side) {
+                        crate::evlog::Tell::Quiet => {}
+                        crate::evlog::Tell::Relay => wake = true,
+                        crate::evlog::Tell::Ring(tag) => {
+                            let arena = s.e.arena.load(Ordering::Relaxed);
+                            if !crate::shortcut::bells::ring(s.g, arena, tag) {
+                                wake = true;
+                            }
+                        }
+                    }
                 }
                 if wake {
                     attention(s.g, s.idx);
