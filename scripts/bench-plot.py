@@ -290,10 +290,10 @@ def main():
             a.legend(fontsize=8)
         annotate(a, notes[:6])
         save(fig, out, "coalescing.png", footer)
-    if has("redis-benchmark") or has("nginx-wrk"):
+    if has("redis-benchmark") or has("nginx-wrk") or has("memcached"):
         fig, a = plt.subplots(figsize=(10, 4.8))
         groups = [("redis-benchmark", "set_rps", "redis SET"), ("redis-benchmark", "get_rps", "redis GET"),
-                  ("nginx-wrk", "req_s", "nginx + wrk")]
+                  ("nginx-wrk", "req_s", "nginx + wrk"), ("memcached", "ops_rps", "memcached + memaslap")]
         width = 0.2
         notes = []
         for j, (s, label, color, _) in enumerate(SYSTEMS):
@@ -315,7 +315,7 @@ def main():
         a.set_xticks(range(len(groups)))
         a.set_xticklabels([g[2] for g in groups])
         a.set_xlim(-0.6, len(groups) - 0.4)
-        a.set_ylabel("requests per second")
+        a.set_ylabel("requests (operations) per second")
         a.set_title("B10 applications (higher is better)", fontsize=10)
         a.grid(True, axis="y", alpha=0.3)
         a.legend(fontsize=8)

@@ -412,6 +412,7 @@ fn headline_metrics(outcome: &runner::Outcome) -> String {
                 "syscalls_per_msg",
                 "get_rps",
                 "req_s",
+                "ops_rps",
                 "daemon_cpu_pct",
                 "guests_cpu_pct",
             ]

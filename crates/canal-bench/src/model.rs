@@ -94,6 +94,8 @@ pub(crate) enum Workload {
     Iperf3,
     Redis,
     Nginx,
+    /// memcached with memaslap (B10).
+    Memcached,
     /// Built-in generator: connect, 1-byte echo, close; `size` = concurrent clients.
     ConnRate,
     /// Built-in generator: `size` idle connections held, 64-byte ping-pong on one more.
@@ -116,6 +118,7 @@ impl Workload {
             Workload::Iperf3 => "iperf3",
             Workload::Redis => "redis-benchmark",
             Workload::Nginx => "nginx-wrk",
+            Workload::Memcached => "memcached",
             Workload::ConnRate => "conn-rate",
             Workload::Hold => "hold",
             Workload::UdpRr => "udp-rr",
@@ -532,11 +535,12 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
         "B10" => {
             let mut c = cells(plan, &[Redis], &[0], &[1], &["default"], &all);
             c.extend(cells(plan, &[Nginx], &[0], &[1], &["default"], &[Tcp, CanalGG, CanalGN]));
-            c.extend(cells(plan, &[Redis, Nginx], &[0], &[1], &["disable=bells"], &[CanalGG]));
+            c.extend(cells(plan, &[Memcached], &[0], &[1], &["default"], &[Tcp, CanalGG, CanalGN]));
+            c.extend(cells(plan, &[Redis, Nginx, Memcached], &[0], &[1], &["disable=bells"], &[CanalGG]));
             Experiment {
                 id: "B10",
                 title: "real applications",
-                measures: "redis-benchmark SET/GET req/s and p99; nginx + wrk req/s and p99",
+                measures: "redis-benchmark SET/GET req/s and p99; nginx + wrk req/s and p99; memcached + memaslap ops/s (2 threads, 16 connections, 9:1 get:set, a tenth of gets verified)",
                 target: "guest↔guest ≥ 1.5× native loopback; guest→native ≥ 0.95× native",
                 cells: c,
                 unavailable: None,

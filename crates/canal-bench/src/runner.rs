@@ -350,6 +350,7 @@ impl Runner {
             Workload::Iperf3 => self.run_iperf3(cell),
             Workload::Redis => self.run_redis(cell),
             Workload::Nginx => self.run_nginx(cell),
+            Workload::Memcached => self.run_memcached(cell),
         }
     }
 

@@ -226,7 +226,7 @@ pub(crate) fn markdown(
 pub(crate) fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String {
     use System::*;
     use Workload::*;
-    let items: [(&str, Workload, usize, &str, bool); 11] = [
+    let items: [(&str, Workload, usize, &str, bool); 12] = [
         ("RR round trip p50, 64 B (µs)", Rr, 64, "rtt_p50_us", false),
         ("RR round trip p99, 64 B (µs)", Rr, 64, "rtt_p99_us", false),
         (
@@ -256,6 +256,13 @@ pub(crate) fn headline(aggs: &[CellAgg], notes_out: &mut Vec<String>) -> String 
         ),
         ("redis GET (req/s)", Redis, 0, "get_rps", true),
         ("nginx + wrk (req/s)", Nginx, 0, "req_s", true),
+        (
+            "memcached + memaslap (ops/s)",
+            Memcached,
+            0,
+            "ops_rps",
+            true,
+        ),
     ];
     let find = |s: System, w: Workload, size: usize| {
         aggs.iter().find(|a| {

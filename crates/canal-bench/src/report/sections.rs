@@ -405,6 +405,7 @@ fn b10(t: &mut Table, sys: &[Col]) -> String {
         mk(Redis, "get_p99_us", "redis GET p99 µs"),
         mk(Nginx, "req_s", "nginx+wrk req/s"),
         mk(Nginx, "p99_us", "nginx+wrk p99 µs"),
+        mk(Memcached, "ops_rps", "memcached+memaslap ops/s"),
     ];
     s += &t.render("Applications", "", &rows, sys);
     s += &ratio_table(

@@ -1,8 +1,9 @@
 //! The external tools a cell may run, one file each: sockperf, iperf3, redis-benchmark,
-//! nginx with wrk, and strace (system calls per message). Each adds its `run_*` to
+//! nginx with wrk, memcached with memaslap, and strace (system calls per message). Each adds its `run_*` to
 //! `Runner` and parses the tool's output.
 
 pub(crate) mod iperf3;
+pub(crate) mod memcached;
 pub(crate) mod nginx;
 pub(crate) mod redis;
 pub(crate) mod sockperf;
@@ -10,6 +11,7 @@ pub(crate) mod strace;
 
 #[cfg(test)]
 mod tests {
+    use super::memcached::parse_memaslap;
     use super::nginx::parse_wrk;
     use super::redis::parse_redis_csv;
     use super::sockperf::parse_sockperf;
@@ -40,6 +42,14 @@ mod tests {
         );
         assert!(parse_wrk("Socket errors: connect 10\nRequests/sec: 1\n").is_err());
         assert!(parse_wrk("  Non-2xx or 3xx responses: 7\nRequests/sec: 1\n").is_err());
+        let mc = "cmd_get: 318676\nverify_failed: 0\nexpired_get: 0\n\n\
+                  Run time: 3.0s Ops: 354092 TPS: 118017 Net_rate: 132.0M/s\n";
+        assert_eq!(
+            parse_memaslap(mc).unwrap(),
+            vec![("ops_rps".to_string(), 118017.0)]
+        );
+        assert!(parse_memaslap(&mc.replace("verify_failed: 0", "verify_failed: 3")).is_err());
+        assert!(parse_memaslap("servers: 127.0.0.1:1\n").is_err());
         let st = "% time     seconds  usecs/call     calls    errors syscall\n------ ----------- ----------- --------- --------- ----------------\n \
                   60.00    0.000300          10        30           sendto\n 40.00    0.000200          10        20         2 recvfrom\n\
                   ------ ----------- ----------- --------- --------- ----------------\n100.00    0.000500          10        50         2 total\n";
