@@ -307,10 +307,12 @@ impl Daemon {
         };
         let reply = &body[..control::BELL_BODY];
         if asked == kind::BELL_GET {
-            return match sh.bells.get(peer, tag, key) {
-                Some(fd) => send_msg(&conn.fd, kind::BELL_OK, reply, &[fd.as_raw_fd()]).is_ok(),
-                None => send_error(&conn.fd, errno::ENOENT, "no such bell").is_ok(),
+            let sent = match sh.bells.get(peer, tag, key) {
+                Some(fd) => send_msg(&conn.fd, kind::BELL_OK, reply, &[fd.as_raw_fd()]),
+                None => return send_error(&conn.fd, errno::ENOENT, "no such bell").is_ok(),
             };
+            sh.bells.gave(key);
+            return sent.is_ok();
         }
         // Only an eventfd: a peer writes 8 bytes to it on its data path, which a pipe
         // or a socket of the owner's choosing could make block or send elsewhere.

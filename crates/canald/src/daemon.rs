@@ -547,9 +547,14 @@ impl Daemon {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut guests = Vec::new();
         let mut workers = Vec::new();
+        // Guest id → connection key, for what the short-circuit registry keeps by key
+        // (read after the worker locks are released: the registry's lock comes first
+        // elsewhere).
+        let mut keys = std::collections::HashMap::new();
         for w in &self.workers {
             let sh = w.lock();
-            for g in sh.guests.values() {
+            for (&key, g) in sh.guests.iter() {
+                keys.insert(g.id, key);
                 let mut gs = stat::guest_stat(g);
                 gs.worker = w.id;
                 for k in &mut gs.sockets {
@@ -581,6 +586,15 @@ impl Daemon {
                 gs.errors += g.failed;
                 gs.closed_tx_bytes += g.freed_bytes.0;
                 gs.closed_rx_bytes += g.freed_bytes.1;
+            }
+        }
+        {
+            let shc = self.shortcut.lock().unwrap_or_else(|e| e.into_inner());
+            for g in &mut guests {
+                let (registered, given) = keys.get(&g.id).map_or((0, 0), |&k| shc.bells.counts(k));
+                if registered + given > 0 {
+                    g.bells = Some(stat::BellStat { registered, given });
+                }
             }
         }
         for g in &mut guests {

@@ -49,6 +49,19 @@ pub(crate) struct GuestStat {
     /// the listed sockets').
     pub(crate) closed_tx_bytes: u64,
     pub(crate) closed_rx_bytes: u64,
+    /// Bells (protocol §8.8): its threads' bells canald holds, and the peers' bells
+    /// canald handed to it (None: neither).
+    pub(crate) bells: Option<BellStat>,
+}
+
+/// A guest's bells (protocol §8.8), as `canal stat` shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub(crate) struct BellStat {
+    /// Bells of its threads canald holds (one per thread and live peer guest).
+    pub(crate) registered: u64,
+    /// Peers' bells canald handed to it over its life (BELL_GET answered): the
+    /// threads it wakes itself.
+    pub(crate) given: u64,
 }
 
 impl GuestStat {
@@ -312,6 +325,7 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         errors: g.failed,
         closed_tx_bytes: g.freed_bytes.0,
         closed_rx_bytes: g.freed_bytes.1,
+        bells: None,
         quota: {
             let [denied, connect_waits, request_waits] = g.cfg.policy.hits();
             QuotaStat {
@@ -359,6 +373,8 @@ struct GuestJson<'a> {
     doorbell: Option<DoorbellJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     network: Option<&'a NetStat>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bells: Option<BellStat>,
     sockets: &'a [SockStat],
 }
 
@@ -397,6 +413,7 @@ pub(crate) fn render_json(s: &Snapshot) -> String {
                     interrupts: g.wakes,
                 }),
                 network: g.network.as_ref(),
+                bells: g.bells,
                 sockets: &g.sockets,
             })
             .collect(),
@@ -465,6 +482,13 @@ pub(crate) fn render_text(s: &Snapshot) -> String {
             g.wakes,
             g.deferred_wakes
         );
+        if let Some(b) = g.bells {
+            let _ = writeln!(
+                o,
+                "  bells: {} of its threads', {} of its peers' (protocol §8.8)",
+                b.registered, b.given
+            );
+        }
         if let Some(n) = &g.network {
             let _ = writeln!(
                 o,
@@ -555,6 +579,7 @@ mod tests {
                 errors: 2,
                 closed_tx_bytes: 0,
                 closed_rx_bytes: 0,
+                bells: None,
                 quota: QuotaStat {
                     connect_waits: 4,
                     ..Default::default()

@@ -24,6 +24,8 @@ pub(crate) struct Bells {
     /// (owner, tag, peer) → the owner thread's eventfd for that peer.
     by_key: HashMap<(u32, u32, u32), OwnedFd>,
     per_owner: HashMap<u32, usize>,
+    /// Bells handed to each guest (BELL_GET answered), for `canal stat`.
+    given: HashMap<u32, u64>,
     limit: usize,
 }
 
@@ -32,6 +34,7 @@ impl Default for Bells {
         Bells {
             by_key: HashMap::new(),
             per_owner: HashMap::new(),
+            given: HashMap::new(),
             limit: MAX_PER_GUEST,
         }
     }
@@ -57,6 +60,19 @@ impl Bells {
         self.by_key.get(&(owner, tag, peer))
     }
 
+    /// Counts a bell handed to guest `to`.
+    pub(crate) fn gave(&mut self, to: u32) {
+        *self.given.entry(to).or_default() += 1;
+    }
+
+    /// (bells of `conn`'s threads held, bells handed to `conn`), for `canal stat`.
+    pub(crate) fn counts(&self, conn: u32) -> (u64, u64) {
+        (
+            self.per_owner.get(&conn).copied().unwrap_or(0) as u64,
+            self.given.get(&conn).copied().unwrap_or(0),
+        )
+    }
+
     /// `owner`'s slot `slot` has a new holder: the old holders' bells go.
     pub(crate) fn forget_slot(&mut self, owner: u32, slot: u32) {
         self.drop_where(|&(o, t, _)| o == owner && canal_abi::segment::bell::slot_of(t) == slot);
@@ -66,6 +82,7 @@ impl Bells {
     pub(crate) fn forget(&mut self, conn: u32) {
         self.drop_where(|&(o, _, p)| o == conn || p == conn);
         self.per_owner.remove(&conn);
+        self.given.remove(&conn);
     }
 
     fn drop_where(&mut self, gone: impl Fn(&(u32, u32, u32)) -> bool) {
