@@ -262,6 +262,31 @@ impl HelloOk {
     }
 }
 
+/// BELL_SET, BELL_GET and BELL_OK: a bell named by an arena of the pair and the owner
+/// thread's tag (protocol §8.8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bell {
+    pub arena: u32,
+    pub tag: u32,
+}
+
+impl Bell {
+    pub fn encode(&self) -> [u8; BELL_BODY] {
+        let mut b = [0u8; BELL_BODY];
+        b[0..4].copy_from_slice(&self.arena.to_le_bytes());
+        b[4..8].copy_from_slice(&self.tag.to_le_bytes());
+        b
+    }
+
+    /// None if the body is short.
+    pub fn decode(b: &[u8]) -> Option<Bell> {
+        Some(Bell {
+            arena: u32_at(b, 0)?,
+            tag: u32_at(b, 4)?,
+        })
+    }
+}
+
 /// The leading `u32` of a body: PORT's slot, STAT's format, WATCH's handle, SEGMENT's
 /// id, VM_PID's pid, ERROR's errno. None if the body is shorter.
 pub fn leading_u32(b: &[u8]) -> Option<u32> {
@@ -294,6 +319,13 @@ mod tests {
         };
         assert_eq!(HelloOk::decode(&ok.encode()), Some(ok));
         assert_eq!(HelloOk::decode(&[0; 15]), None);
+        let bell = Bell {
+            arena: 3,
+            tag: 0x2005,
+        };
+        assert_eq!(bell.encode(), [3, 0, 0, 0, 5, 0x20, 0, 0]);
+        assert_eq!(Bell::decode(&bell.encode()), Some(bell));
+        assert_eq!(Bell::decode(&[3, 0, 0, 0, 5]), None);
         assert_eq!(leading_u32(&[9, 0, 0, 0, 1]), Some(9));
         assert_eq!(leading_u32(&[9, 0, 0]), None);
     }

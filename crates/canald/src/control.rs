@@ -291,11 +291,7 @@ impl Daemon {
         let Some(conn) = self.conns.get(&key) else {
             return false;
         };
-        let (Some(arena), Some(tag)) = (
-            control::leading_u32(body),
-            body.get(4..8)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        ) else {
+        let Some(control::Bell { arena, tag }) = control::Bell::decode(body) else {
             return send_error(&conn.fd, errno::EINVAL, "short BELL").is_ok();
         };
         if tag == 0 || tag == canal_abi::segment::bell::SEVERAL {
@@ -305,10 +301,10 @@ impl Daemon {
         let Some(peer) = sh.arenas.peer_of(arena, key) else {
             return send_error(&conn.fd, errno::ENOENT, "no such arena").is_ok();
         };
-        let reply = &body[..control::BELL_BODY];
+        let reply = control::Bell { arena, tag }.encode();
         if asked == kind::BELL_GET {
             let sent = match sh.bells.get(peer, tag, key) {
-                Some(fd) => send_msg(&conn.fd, kind::BELL_OK, reply, &[fd.as_raw_fd()]),
+                Some(fd) => send_msg(&conn.fd, kind::BELL_OK, &reply, &[fd.as_raw_fd()]),
                 None => return send_error(&conn.fd, errno::ENOENT, "no such bell").is_ok(),
             };
             sh.bells.gave(key);
@@ -320,7 +316,7 @@ impl Daemon {
             return send_error(&conn.fd, errno::EINVAL, "BELL_SET without an eventfd").is_ok();
         };
         match sh.bells.set(key, tag, peer, fd) {
-            Ok(()) => send_msg(&conn.fd, kind::BELL_OK, reply, &[]).is_ok(),
+            Ok(()) => send_msg(&conn.fd, kind::BELL_OK, &reply, &[]).is_ok(),
             Err(e) => send_error(&conn.fd, e, "too many bells").is_ok(),
         }
     }

@@ -474,8 +474,7 @@ fn bell(
     tag: u32,
     fd: &[i32],
 ) -> Result<Vec<std::os::fd::OwnedFd>, i32> {
-    let mut body = arena.to_le_bytes().to_vec();
-    body.extend_from_slice(&tag.to_le_bytes());
+    let body = canal_abi::control::Bell { arena, tag }.encode();
     send_ctl(&g.ctl, k, &body, fd);
     let (rk, rb, fds) = recv_ctl(&g.ctl);
     if rk == kind::ERROR {

@@ -197,28 +197,20 @@ pub(crate) fn ctl_arena(g: &Guest, id: u32) -> Result<(c_int, u64), i32> {
 /// Registers `efd` as the calling thread's bell `tag` for the guest at the other side
 /// of arena `arena` (BELL_SET / BELL_OK, protocol §8.8).
 pub(crate) fn ctl_bell_set(g: &Guest, arena: u32, tag: u32, efd: c_int) -> Result<(), i32> {
-    let body = bell_body(arena, tag);
-    ctl_exchange(g, ck::BELL_SET, &body, efd, |k, b, _| {
-        (k == ck::BELL_OK && b.get(..control::BELL_BODY) == Some(&body[..])).then_some(())
+    let bell = control::Bell { arena, tag };
+    ctl_exchange(g, ck::BELL_SET, &bell.encode(), efd, |k, b, _| {
+        (k == ck::BELL_OK && control::Bell::decode(b) == Some(bell)).then_some(())
     })
 }
 
 /// The bell that the guest at the other side of arena `arena` registered with `tag`
 /// for us (BELL_GET / BELL_OK with the eventfd, protocol §8.8).
 pub(crate) fn ctl_bell_get(g: &Guest, arena: u32, tag: u32) -> Result<c_int, i32> {
-    let body = bell_body(arena, tag);
-    ctl_exchange(g, ck::BELL_GET, &body, -1, |k, b, fds| {
-        let ok =
-            k == ck::BELL_OK && b.get(..control::BELL_BODY) == Some(&body[..]) && fds.len() == 1;
+    let bell = control::Bell { arena, tag };
+    ctl_exchange(g, ck::BELL_GET, &bell.encode(), -1, |k, b, fds| {
+        let ok = k == ck::BELL_OK && control::Bell::decode(b) == Some(bell) && fds.len() == 1;
         ok.then(|| fds[0])
     })
-}
-
-fn bell_body(arena: u32, tag: u32) -> [u8; control::BELL_BODY] {
-    let mut b = [0u8; control::BELL_BODY];
-    b[..4].copy_from_slice(&arena.to_le_bytes());
-    b[4..].copy_from_slice(&tag.to_le_bytes());
-    b
 }
 
 /// A request for the memfd named `id` answered in the SEGMENT_OK shape.
