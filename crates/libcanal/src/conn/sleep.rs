@@ -213,7 +213,7 @@ pub(crate) fn sleep_events(
             // §8.8: in the log's bell word too (before the fence, as `sleepers`), with
             // our tag if we have a bell: an appender that has one for us rings it.
             if crate::shortcut::bells::enabled(g) {
-                let (tag, mask) = crate::shortcut::bells::for_log_sleep(g, s.idx);
+                let (tag, mask) = crate::shortcut::bells::for_log_sleep(s.idx);
                 canal_abi::segment::bell::enter(&log.bell, tag);
                 seg_sleepers.rings |= mask;
                 seg_sleepers.log_bell = &log.bell;

@@ -59,9 +59,9 @@ pub(crate) fn enabled(g: &Guest) -> bool {
 /// Before sleeping on a connection of arena `arena` with the guest whose key is
 /// `peer_key`: the calling thread's (holding `slot`) tag and the index of its bell for
 /// that peer, registering one first if it has none and a place is free. None: the
-/// sleep is relayed by canald for this connection.
+/// sleep is relayed by canald for this connection. (Callers check `enabled`.)
 pub(crate) fn for_sleep(g: &Guest, slot: u32, peer_key: u32, arena: u32) -> Option<(u32, usize)> {
-    if peer_key == 0 || arena == 0 || !enabled(g) {
+    if peer_key == 0 || arena == 0 {
         return None;
     }
     let o = own(slot)?;
@@ -97,9 +97,9 @@ pub(crate) fn for_sleep(g: &Guest, slot: u32, peer_key: u32, arena: u32) -> Opti
 /// For a sleep on an event log (§8.6), which any peer may append to: the calling
 /// thread's tag if it has a bell at all (the appender's ring works only if it has one
 /// for that appender; otherwise canald refuses the appender, which then relays), and
-/// the mask of every bell it has, to poll.
-pub(crate) fn for_log_sleep(g: &Guest, slot: u32) -> (Option<u32>, u32) {
-    let Some(o) = own(slot).filter(|_| enabled(g)) else {
+/// the mask of every bell it has, to poll. (Callers check `enabled`.)
+pub(crate) fn for_log_sleep(slot: u32) -> (Option<u32>, u32) {
+    let Some(o) = own(slot) else {
         return (None, 0);
     };
     let mask = (0..PER_THREAD)
@@ -205,7 +205,7 @@ pub(crate) fn ring(g: &Guest, arena: u32, tag: u32) -> bool {
         ),
     };
     crate::rt::unlock(&PEER_LOCK);
-    retire(old);
+    retire(&[old]);
     ring_cached(want).unwrap_or(false)
 }
 
@@ -239,12 +239,16 @@ fn ring_cached(want: u64) -> Option<bool> {
     }))
 }
 
-/// Closes a peer bell no entry names any more, once no ring can still be using it.
-fn retire(fd: c_int) {
-    if fd >= 0 {
-        crate::ownfd::wait_unused();
-        TABLE.take(fd);
-        let _ = sys::close(fd);
+/// Closes peer bells no entry names any more (-1s are skipped), once no ring can
+/// still be using them.
+fn retire(fds: &[c_int]) {
+    if fds.iter().all(|&f| f < 0) {
+        return;
+    }
+    crate::ownfd::wait_unused();
+    for &f in fds.iter().filter(|&&f| f >= 0) {
+        TABLE.take(f);
+        let _ = sys::close(f);
     }
 }
 
@@ -260,13 +264,7 @@ pub(crate) fn forget_arena(arena: u32) {
         }
     }
     crate::rt::unlock(&PEER_LOCK);
-    if gone.iter().any(|&f| f >= 0) {
-        crate::ownfd::wait_unused();
-        for f in gone.into_iter().filter(|&f| f >= 0) {
-            TABLE.take(f);
-            let _ = sys::close(f);
-        }
-    }
+    retire(&gone);
 }
 
 /// Points whichever bell holds `old` at `new` (it moved: ownfd.rs).
