@@ -48,6 +48,17 @@ pub(crate) enum Scope<'a> {
     },
 }
 
+impl<'a> Scope<'a> {
+    /// The listed sockets, or (none listed) socket `otherwise` (WAIT_ANY: any).
+    pub(crate) fn listed_or(listed: &'a [u32], otherwise: u32) -> Scope<'a> {
+        if listed.is_empty() {
+            Scope::One(otherwise)
+        } else {
+            Scope::Listed(listed)
+        }
+    }
+}
+
 /// `sleep_ready` for what `scope` names (an epoll set that relies on the event log).
 pub(crate) fn sleep_ready_in(
     g: &'static Guest,

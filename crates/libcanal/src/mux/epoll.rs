@@ -303,7 +303,6 @@ fn nested_fds(epfd: c_int) -> Vec<c_int> {
     })
 }
 
-/// A logged set's sleep scope: its direct short-circuited sockets and its log.
 /// A small set's canal sockets, if it has no nested sets (`Set::canal_sockets`).
 fn listed_scope(epfd: c_int) -> Vec<u32> {
     with(|sets| {
@@ -314,6 +313,7 @@ fn listed_scope(epfd: c_int) -> Vec<u32> {
     })
 }
 
+/// A logged set's sleep scope: its direct short-circuited sockets and its log.
 fn logged_scope(epfd: c_int) -> Option<(Vec<u32>, canal_abi::evlog::EvLog<'static>)> {
     with(|sets| {
         let s = sets.iter().find(|s| s.epfd == epfd)?;
@@ -446,11 +446,7 @@ pub(crate) fn wait(
             ),
             None => {
                 let listed = listed_scope(epfd);
-                let scope = if listed.is_empty() {
-                    crate::conn::sleep::Scope::One(WAIT_ANY)
-                } else {
-                    crate::conn::sleep::Scope::Listed(&listed)
-                };
+                let scope = crate::conn::sleep::Scope::listed_or(&listed, WAIT_ANY);
                 crate::conn::sleep::sleep_ready_in(
                     g, scope, remaining, &mut cond, &mut fds, sigmask,
                 )

@@ -183,11 +183,7 @@ pub(crate) fn poll(
         for w in work[..n].iter_mut() {
             w.revents = 0;
         }
-        let scope = if listed.is_empty() {
-            crate::conn::sleep::Scope::One(wait_on)
-        } else {
-            crate::conn::sleep::Scope::Listed(&listed)
-        };
+        let scope = crate::conn::sleep::Scope::listed_or(&listed, wait_on);
         let r = crate::conn::sleep::sleep_ready_in(g, scope, remaining, &mut cond, work, sigmask);
         match r {
             Err(libc::EINTR) => return Err(libc::EINTR),
