@@ -349,6 +349,9 @@ impl Poller {
                 guests, shadows, ..
             } = &mut *sh;
             work |= shortcut::run(&w.shortcut, w.id, guests, shadows, &w.ep);
+            for g in guests.values_mut().filter(|g| !g.held_answers.is_empty()) {
+                g.answer_held();
+            }
         }
         // A departing guest's sockets close and the guest is dropped in rounds that may
         // have no other work (a drain deadline's timeout): its counts must still change.

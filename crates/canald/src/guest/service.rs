@@ -201,10 +201,9 @@ impl Guest {
     /// Executes a request taken from slot `idx` and completes the slot (DONE, then
     /// the §6 wake-up of its thread if it sleeps).
     pub(crate) fn run_request(&mut self, ep: &Epoll, idx: u32, req: &Request) {
-        let region = self.region;
-        let Some(slot) = region.slot(idx) else {
+        if self.region.slot(idx).is_none() {
             return;
-        };
+        }
         let mut out = [0u8; SLOT_PAYLOAD];
         let (result, out_len) = match self.execute(ep, req, &mut out) {
             Ok(v) => v,
@@ -214,12 +213,33 @@ impl Guest {
         if result < 0 && ![errno::EAGAIN, errno::EINPROGRESS].contains(&(-result as i32)) {
             self.failed += 1;
         }
-        if out_len > 0 {
-            slot.write_payload(0, &out[..out_len.min(SLOT_PAYLOAD)]);
+        if std::mem::take(&mut self.hold_answer) {
+            self.held_answers.push((idx, req.seq, result));
+            return;
         }
-        slot.out_len.store(out_len as u32, Ordering::Relaxed);
+        self.answer(idx, req.seq, result, &out[..out_len.min(SLOT_PAYLOAD)]);
+    }
+
+    /// Answers the requests held for this round's pairings (`held_answers`); called
+    /// by the worker after the short-circuit jobs ran, before it can sleep.
+    pub(crate) fn answer_held(&mut self) {
+        for (idx, seq, result) in std::mem::take(&mut self.held_answers) {
+            self.answer(idx, seq, result, &[]);
+        }
+    }
+
+    /// Completes slot `idx` (DONE, then the §6 wake-up of its thread if it sleeps).
+    fn answer(&mut self, idx: u32, seq: u32, result: i64, payload: &[u8]) {
+        let region = self.region;
+        let Some(slot) = region.slot(idx) else {
+            return;
+        };
+        if !payload.is_empty() {
+            slot.write_payload(0, payload);
+        }
+        slot.out_len.store(payload.len() as u32, Ordering::Relaxed);
         slot.result.store(result, Ordering::Relaxed);
-        slot.done_seq.store(req.seq, Ordering::Relaxed);
+        slot.done_seq.store(seq, Ordering::Relaxed);
         // Publishes result/payload; pairs with the guest's Acquire load of DONE.
         slot.state.store(slot_state::DONE, Ordering::Release);
         // §6 wake: the guest stores `sleep`, fences, re-checks `state`; we store

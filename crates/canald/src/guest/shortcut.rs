@@ -99,7 +99,8 @@ impl Guest {
     }
 
     /// CONNECT: if `dst` is a canal listener's address, starts a short-circuit and
-    /// returns the request's answer (EINPROGRESS; the daemon completes it).
+    /// returns the request's answer (EINPROGRESS; the daemon completes it), held until
+    /// the round's pairing jobs ran (`answer_held`).
     pub(super) fn sc_try_connect(
         &mut self,
         index: u32,
@@ -166,6 +167,9 @@ impl Guest {
                 lhandle: l.handle,
             }),
         );
+        // Answered after this round's pairing, usually with the entry CONNECTED: a
+        // blocking connect then costs its thread one wake-up, not two.
+        self.hold_answer = true;
         Some(Ok((-(errno::EINPROGRESS as i64), 0)))
     }
 

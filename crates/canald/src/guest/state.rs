@@ -71,6 +71,11 @@ pub(crate) struct Guest {
     pub(crate) out_of_budget: bool,
     /// Set when this guest may short-circuit connections (§8).
     pub(crate) sc: Option<ShortcutRef>,
+    /// Short-circuit CONNECTs answered only after this round's pairing (slot, seq,
+    /// result): the connector then wakes once, already CONNECTED (`answer_held`).
+    pub(crate) held_answers: Vec<(u32, u32, i64)>,
+    /// Set by the request being executed when its answer is to be held so.
+    pub(crate) hold_answer: bool,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     pub(crate) earliest_close: Option<Instant>,
     /// Sockets this instance owns, one bit per entry index: it takes only their
@@ -201,6 +206,8 @@ impl Guest {
             tx_deficit: 0,
             out_of_budget: false,
             sc: None,
+            held_answers: Vec::new(),
+            hold_answer: false,
             earliest_close: None,
             owned: vec![0; n.div_ceil(64)],
             owned_words: 0,
