@@ -113,6 +113,55 @@ def unread_holder_code(port):
     )
 
 
+def test_kept_options_cost_no_request(canald, python, progs):
+    """TCP_NODELAY, SO_KEEPALIVE and the keepalive timers of a short-circuited
+    connection are kept by the library (protocol §3.4 `options`): the checks of
+    shortcut.py's options mode hold (inherited from the listener, read back, refused
+    as natively: test_semantics_native runs them without canal), and 500 set/get
+    pairs on one connection reach canald as (nearly) no requests — they were two
+    round trips each."""
+    p = canald.spawn([python, progs / "shortcut.py", "options", "--spin", "500"], name="options")
+    p.wait_line("BEFORE", 30)
+    canald.wait_served(p, kind="tcp-shortcut", count=2)
+    before = canald.guest(p)["requests"]
+    p.wait_line("AFTER", 60)
+    spent = canald.guest(p)["requests"] - before
+    assert spent < 20, f"{spent} requests for 1,000 option calls on a short-circuit\n{p.describe()}"
+    assert "OK kept options" in p.stdout(), p.describe()
+
+
+# select() looks at the connection's rings, which maps its segment (a control
+# exchange with canald) before canald is frozen.
+FIN_WAITER = (
+    "import select,socket,sys\n"
+    "s=socket.create_connection(('127.0.0.1',{port}))\n"
+    "select.select([s],[],[],0)\n"
+    "print('CONNECTED',flush=True)\n"
+    "sys.stdin.readline()\n"
+    "s.sendall(b'F')\n"
+    "print('EOF' if s.recv(10)==b'' else 'DATA',flush=True)\n"
+)
+
+
+def test_close_reaches_a_blocked_peer_while_canald_is_stopped(canald, python, progs):
+    """The last close of a short-circuited connection with nothing unread tells the
+    peer through the segment's FIN word (protocol §8.3, minor 9): a peer blocked in
+    recv sees EOF even while canald is frozen (SIGSTOP) — the end of a connection
+    no longer waits for canald to notice the close."""
+    server, port = _start_server(canald, python, progs)
+    client = canald.spawn([python, "-c", FIN_WAITER.format(port=port)], name="fin-waiter",
+                          stdin=subprocess.PIPE)
+    client.wait_line("CONNECTED", 30)
+    _assert_shortcut(canald, client, server, port)
+    os.kill(canald.pid, signal.SIGSTOP)
+    try:
+        client.send_line("go")
+        client.wait_line("EOF", 10)
+    finally:
+        os.kill(canald.pid, signal.SIGCONT)
+    assert client.finish(10).returncode == 0, client.describe()
+
+
 def test_peer_death_with_unread_data_is_reset(canald, python, progs):
     """A guest killed with bytes it never read resets the connection: its peer's
     recv fails with ECONNRESET (the kernel's rule for close)."""

@@ -153,7 +153,7 @@ pub struct Slot {
 
 /// Per-socket entry of the socket table. Line 0 is set by the host when it allocates
 /// the entry; line 1 is the host's live state; line 2 belongs to the guest (the host
-/// reads only `tx_head` and `rx_tail`, and checks them); line 3 is reserved.
+/// reads only `tx_head` and `rx_tail`, and checks them); line 3 is guest-only too.
 #[repr(C)]
 pub struct SocketEntry {
     /// sock_kind::*; FREE when unused.
@@ -234,7 +234,11 @@ pub struct SocketEntry {
     /// waits here, up to that long, for its transmit ring to drain.
     pub linger: AtomicU32,
     pub reserved4a: u32,
-    pub reserved4: [u64; 4],
+    /// Guest-only: options libcanal keeps itself for a short-circuited stream
+    /// (TCP_NODELAY, SO_KEEPALIVE, the keepalive timers: protocol §3.4), recorded for
+    /// every socket so an accepted connection inherits its listener's, as natively.
+    pub options: AtomicU64,
+    pub reserved4: [u64; 3],
 }
 
 // SAFETY: all three are repr(C) structs of integers, integer atomics and byte arrays;
@@ -274,6 +278,7 @@ impl SocketEntry {
         self.rcvtimeo_ns.store(0, Ordering::Relaxed);
         self.sndtimeo_ns.store(0, Ordering::Relaxed);
         self.linger.store(0, Ordering::Relaxed);
+        self.options.store(0, Ordering::Relaxed);
         self.tx_tail_seen.store(0, Ordering::Relaxed);
         self.rx_head_seen.store(0, Ordering::Relaxed);
         self.clear_side_locks();

@@ -152,7 +152,11 @@ pub struct SegSide {
     /// word counts and one tag, writes that thread's bell eventfd itself instead of
     /// having canald relay the wake-up.
     pub bell: AtomicU64,
-    pub reserved: [u32; 6],
+    /// (§8.3, minor 9) 1 once this side's program closed the connection (its last
+    /// descriptor, with nothing unread): stored (Release) after its last `head`, so the other side, reading it (Acquire) before the head, returns
+    /// end-of-file once the ring is drained — without waiting for canald's RX_EOF.
+    pub fin: AtomicU32,
+    pub reserved: [u32; 5],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest

@@ -101,7 +101,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, tx_busy), 208);
     assert_eq!(offset_of!(SocketEntry, rx_busy), 212);
     assert_eq!(offset_of!(SocketEntry, linger), 216);
-    assert_eq!(offset_of!(SocketEntry, reserved4), 224);
+    assert_eq!(offset_of!(SocketEntry, options), 224);
+    assert_eq!(offset_of!(SocketEntry, reserved4), 232);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
     assert_eq!(size_of::<QueueCell>(), 8);
 }
@@ -144,7 +145,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0800 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0900 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -465,6 +466,8 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, logged), 24);
     // §8.8 (1.8): the bell word.
     assert_eq!(offset_of!(SegSide, bell), 32);
+    // §8.3 (1.9): the FIN word.
+    assert_eq!(offset_of!(SegSide, fin), 40);
     assert_eq!(offset_of!(SegHeader, owners), 48);
     assert_eq!(owners_offset(1), 52);
     // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.

@@ -12,6 +12,12 @@ from both ends. Runs natively too (that is how its expectations are validated).
         B  print "HOLDING" and block without reading until killed
   shortcut.py check --port P
       Run the N, H, R, F and non-blocking-connect checks; print "OK <what>" per check.
+  shortcut.py options [--spin N]
+      Within this one process (under canal: a short-circuit between two sockets of
+      one guest): the options a connection keeps — inherited from the listener,
+      read back, refused with the kernel's errno — as "OK kept options"; with
+      --spin, then print "BEFORE", wait 1 s, set and read TCP_NODELAY N times, print
+      "AFTER" and sleep until killed.
   shortcut.py hold --port P
       Connect, send B, print "CONNECTED", then block in recv() until the peer goes away;
       print "PEER-GONE eof" or "PEER-GONE reset" (exit 0), fail after 20 s.
@@ -222,6 +228,78 @@ def check_accepted_options(port):
     print(f"OK accepted end's options and names: {got}")
 
 
+def kept_options():
+    """A connection's TCP_NODELAY, SO_KEEPALIVE and keepalive timers: the accepted end
+    inherits the listener's, values read back, bad ones fail as the kernel fails them
+    and change nothing. Returns (report, client end, accepted end, listener)."""
+    T, S = socket.IPPROTO_TCP, socket.SOL_SOCKET
+    ls = socket.socket()
+    ls.bind((HOST, 0))
+    ls.listen(4)
+    ls.setsockopt(T, socket.TCP_NODELAY, 1)
+    ls.setsockopt(S, socket.SO_KEEPALIVE, 1)
+    ls.setsockopt(T, socket.TCP_KEEPIDLE, 30)
+    c = socket.create_connection(ls.getsockname(), timeout=10)
+    a, _ = ls.accept()
+    out = ["accepted", *(str(a.getsockopt(T, n)) for n in (socket.TCP_NODELAY, socket.TCP_KEEPIDLE))]
+    out.append(str(a.getsockopt(S, socket.SO_KEEPALIVE)))
+    out += ["client", str(c.getsockopt(T, socket.TCP_NODELAY)), str(c.getsockopt(S, socket.SO_KEEPALIVE))]
+    # A timer never set: the network namespace's default.
+    with open("/proc/sys/net/ipv4/tcp_keepalive_time") as f:
+        default = int(f.read())
+    out.append("idle=default" if c.getsockopt(T, socket.TCP_KEEPIDLE) == default else "idle!=default")
+
+    def err(f):
+        try:
+            f()
+            return "ok"
+        except OSError as e:
+            return errno.errorcode.get(e.errno, str(e.errno))
+
+    for name, v in (("TCP_KEEPIDLE", 0), ("TCP_KEEPIDLE", 32768), ("TCP_KEEPINTVL", -1),
+                    ("TCP_KEEPCNT", 128), ("TCP_KEEPCNT", 127), ("TCP_KEEPINTVL", 32767)):
+        out.append(f"{name}={v}:{err(lambda: c.setsockopt(T, getattr(socket, name), v))}")
+    out.append(f"short:{err(lambda: c.setsockopt(T, socket.TCP_NODELAY, bytes([1, 0])))}")
+    out.append(f"short:{err(lambda: c.setsockopt(S, socket.SO_KEEPALIVE, bytes([1])))}")
+    out.append(f"long:{err(lambda: c.setsockopt(T, socket.TCP_NODELAY, bytes([1] + [0] * 7)))}")
+    out.append(f"nodelay={c.getsockopt(T, socket.TCP_NODELAY)}")
+    out.append(f"cnt={c.getsockopt(T, socket.TCP_KEEPCNT)} intvl={c.getsockopt(T, socket.TCP_KEEPINTVL)}")
+    out.append(f"1byte={c.getsockopt(T, socket.TCP_NODELAY, 1).hex()}")
+    c.setsockopt(T, socket.TCP_NODELAY, 0)
+    out.append(f"off={c.getsockopt(T, socket.TCP_NODELAY)}")
+    return " ".join(out), c, a, ls
+
+
+KEPT_NATIVE = (
+    "accepted 1 30 1 client 0 0 idle=default TCP_KEEPIDLE=0:EINVAL TCP_KEEPIDLE=32768:EINVAL "
+    "TCP_KEEPINTVL=-1:EINVAL TCP_KEEPCNT=128:EINVAL TCP_KEEPCNT=127:ok TCP_KEEPINTVL=32767:ok "
+    "short:EINVAL short:EINVAL long:ok nodelay=1 cnt=127 intvl=32767 1byte=01 off=0"
+)
+
+
+def check_kept_options():
+    got, c, a, ls = kept_options()
+    if got != KEPT_NATIVE:
+        fail(f"kept options:\n  got      {got}\n  natively {KEPT_NATIVE}")
+    for s in (c, a, ls):
+        s.close()
+    print("OK kept options: inherited, read back, refused as natively")
+
+
+def options(args):
+    check_kept_options()
+    if args.spin:
+        _, c, a, ls = kept_options()
+        print("BEFORE", flush=True)
+        time.sleep(1)
+        for i in range(args.spin):
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, i & 1)
+            if c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != i & 1:
+                fail(f"TCP_NODELAY did not read back at round {i}")
+        print("AFTER", flush=True)
+        time.sleep(60)
+
+
 def check(args):
     check_names(args.port)
     check_accepted_options(args.port)
@@ -229,6 +307,7 @@ def check(args):
     check_reset(args.port)
     check_fin(args.port)
     check_nonblocking_connect(args.port)
+    check_kept_options()
     print("OK all")
 
 
@@ -251,10 +330,11 @@ def hold(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["serve", "check", "hold"])
+    ap.add_argument("mode", choices=["serve", "check", "hold", "options"])
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--spin", type=int, default=0)
     args = ap.parse_args()
-    {"serve": serve, "check": check, "hold": hold}[args.mode](args)
+    {"serve": serve, "check": check, "hold": hold, "options": options}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                             crate::sock::core::init_guest_line(
                                 ns.e,
                                 flags & libc::SOCK_NONBLOCK != 0,
-                                s.e.rcvtimeo_ns.load(Ordering::Relaxed),
-                                s.e.sndtimeo_ns.load(Ordering::Relaxed),
+                                Some(s.e),
                             );
                             let _ = TABLE.set_canal(fd, h);
                             arm(s.g, h, wend);

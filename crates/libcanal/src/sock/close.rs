@@ -89,6 +89,11 @@ pub(crate) fn release(g: &'static Guest, handle: u32) {
         crate::policy::forget(handle);
         crate::conn::sleep::wake_local(g, s.idx);
         let seg = s.e.segment.load(Ordering::Acquire);
+        if seg != 0 && s.kind() == sock_kind::STREAM && !crate::conn::guest::is_dead(g) {
+            if let Ok(r) = s.rings() {
+                r.fin_on_close(&s);
+            }
+        }
         if !crate::conn::guest::is_dead(g) && !close_by_watch(&s) {
             linger_before_close(&s);
             let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);

@@ -18,9 +18,13 @@ use canal_abi::sync::Ordering;
 use canal_abi::SocketEntry;
 use libc::c_int;
 
-/// Initialises the guest line of a fresh entry (new socket or accepted connection).
+/// Initialises the guest line of a fresh entry: a new socket, or a connection accepted
+/// on `listener`, whose timeouts and kept options (`sock::kept`) it inherits as a
+/// kernel socket does.
 #[inline]
-pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sndtimeo: u64) {
+pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, listener: Option<&SocketEntry>) {
+    let inherit =
+        |f: fn(&SocketEntry) -> &AtomicU64| listener.map_or(0, |l| f(l).load(Ordering::Relaxed));
     e.refs.store(1, Ordering::Relaxed);
     // Also here, not only by the host: a canald before minor 3 does not clear them.
     e.tx_tail_seen.store(0, Ordering::Relaxed);
@@ -36,8 +40,11 @@ pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, rcvtimeo: u64, sn
     e.tx_lock.store(0, Ordering::Relaxed);
     e.rx_lock.store(0, Ordering::Relaxed);
     e.clear_side_locks();
-    e.rcvtimeo_ns.store(rcvtimeo, Ordering::Relaxed);
-    e.sndtimeo_ns.store(sndtimeo, Ordering::Relaxed);
+    e.rcvtimeo_ns
+        .store(inherit(|l| &l.rcvtimeo_ns), Ordering::Relaxed);
+    e.sndtimeo_ns
+        .store(inherit(|l| &l.sndtimeo_ns), Ordering::Relaxed);
+    e.options.store(inherit(|l| &l.options), Ordering::Relaxed);
     e.linger.store(0, Ordering::Relaxed);
 }
 
@@ -110,6 +117,37 @@ impl Rings {
     }
 }
 
+impl Rings {
+    /// RX_EOF if the peer of a short-circuited stream set its FIN word (§8.3, minor 9):
+    /// it closed before canald told us so. Loaded (Acquire) before the caller reads
+    /// the receive head, so every byte it sent is seen before the end.
+    #[inline]
+    pub(crate) fn peer_fin(&self) -> u32 {
+        match self.peer {
+            Some((seg, side)) if seg.fin(side).load(Ordering::Acquire) != 0 => {
+                canal_abi::sock_flag::RX_EOF
+            }
+            _ => 0,
+        }
+    }
+
+    /// The last close of a short-circuited stream with nothing unread: tells the peer
+    /// the end through the segment (after our last head, Release) and wakes it as
+    /// bytes would, so its recv returns 0 without waiting for canald to see the close.
+    /// With unread bytes or SO_LINGER {on, 0} the close is a reset, which only canald
+    /// reports (it reads both rings' indices).
+    pub(crate) fn fin_on_close(&self, s: &Sock) {
+        let Some((seg, peer)) = self.peer else { return };
+        let unread = self.rx_head.load(Ordering::Acquire) != self.rx_tail.load(Ordering::Relaxed)
+            || (seg.has_zones() && crate::shortcut::zones::pending(seg, peer) > 0);
+        if unread || s.e.linger.load(Ordering::Relaxed) == 1 {
+            return;
+        }
+        seg.fin(1 - peer).store(1, Ordering::Release);
+        self.notify(s, false);
+    }
+}
+
 /// A canal socket resolved from its handle.
 #[derive(Clone, Copy)]
 pub(crate) struct Sock {
@@ -152,6 +190,11 @@ impl Sock {
     }
 
     #[inline]
+    /// A stream whose bytes go through a pair segment (protocol §8), not a host socket.
+    pub(crate) fn short_circuited(&self) -> bool {
+        self.kind() == canal_abi::sock_kind::STREAM && self.e.segment.load(Ordering::Acquire) != 0
+    }
+
     pub(crate) fn flags(&self) -> u32 {
         self.e.flags.load(Ordering::Acquire)
     }
@@ -247,7 +290,7 @@ impl Sock {
         let e = self.e;
         // Flags first (Acquire): a short-circuit completing publishes the segment
         // fields before CONNECTED.
-        let flags = e.flags.load(Ordering::Acquire);
+        let mut flags = e.flags.load(Ordering::Acquire);
         let tx_size = e.tx_size.load(Ordering::Relaxed) as u64;
         let rx_size = e.rx_size.load(Ordering::Relaxed) as u64;
         let mut zone = None;
@@ -255,6 +298,7 @@ impl Sock {
             (0, _) | (_, Err(_)) => (&e.tx_head, &e.tx_tail, &e.rx_head, &e.rx_tail),
             (_, Ok(r)) => {
                 zone = r.peer.filter(|(g, _)| g.has_zones());
+                flags |= r.peer_fin();
                 (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail)
             }
         };
@@ -300,7 +344,10 @@ impl Sock {
         }
         match self.rings() {
             Ok(r) if r.peer.is_some() => {
-                let mut rx = seq.wrapping_add(r.rx_head.load(Ordering::Acquire) as u32);
+                // The peer's FIN word is an edge too (the end arriving, natively).
+                let mut rx = seq
+                    .wrapping_add(r.rx_head.load(Ordering::Acquire) as u32)
+                    .wrapping_add(r.peer_fin());
                 if let Some((seg, dir)) = r.peer.filter(|(g, _)| g.has_zones()) {
                     // A zone-sent piece arrives without moving the ring head.
                     rx = rx.wrapping_add(crate::shortcut::zones::posted(seg, dir) as u32);

@@ -145,7 +145,7 @@ pub(crate) fn socket(
             return Err(e);
         }
     };
-    crate::sock::core::init_guest_line(s.e, nonblock, 0, 0);
+    crate::sock::core::init_guest_line(s.e, nonblock, None);
     arm(g, handle, peer);
     let _ = TABLE.set_canal(fd, handle);
     crate::rt::debug!(g, "canal: socket fd {fd} -> handle {handle:#x}\n");

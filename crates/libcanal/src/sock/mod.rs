@@ -11,5 +11,6 @@ pub(crate) mod core;
 pub(crate) mod create;
 pub(crate) mod data;
 pub(crate) mod dgram;
+pub(crate) mod kept;
 pub(crate) mod opts;
 pub(crate) mod stream;

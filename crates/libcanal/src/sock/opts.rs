@@ -1,7 +1,9 @@
-//! Socket options: timeouts kept in the library, everything else as a request to canald.
+//! Socket options: timeouts kept in the library, and on a short-circuited stream the
+//! options that cannot change it (`kept`); everything else as a request to canald.
 use crate::conn::request::request;
 use crate::sock::core::dead_err;
 use crate::sock::core::Sock;
+use crate::sock::kept::Kept;
 use canal_abi::op;
 use canal_abi::sock_kind;
 use canal_abi::sync::Ordering;
@@ -71,6 +73,10 @@ pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Resu
         }
         return Ok(());
     }
+    let kept = Kept::of(level, name);
+    if let Some(k) = kept.filter(|_| s.short_circuited()) {
+        return update_kept(&s, |w| k.set(w, val));
+    }
     if val.len() > canal_abi::SLOT_PAYLOAD {
         return Err(libc::EINVAL);
     }
@@ -93,7 +99,23 @@ pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Resu
         };
         s.e.linger.store(word, Ordering::Relaxed);
     }
+    if let Some(k) = kept {
+        // The kernel took it: remember it for an accepted connection to inherit, and
+        // for this socket once it is short-circuited. Same checks, so no error here.
+        let _ = update_kept(&s, |w| k.set(w, val));
+    }
     Ok(())
+}
+
+/// Applies `f` to the entry's kept options atomically (threads may set options at once).
+fn update_kept(s: &Sock, f: impl Fn(u64) -> Result<u64, i32>) -> Result<(), i32> {
+    let mut err = 0;
+    let r =
+        s.e.options
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                f(w).map_err(|e| err = e).ok()
+            });
+    r.map(|_| ()).map_err(|_| err)
 }
 
 /// getsockopt: writes up to `out.len()` bytes, returns the option's real length.
@@ -116,6 +138,12 @@ pub(crate) fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> 
         let n = out.len().min(16);
         out[..n].copy_from_slice(&b[..n]);
         return Ok(n);
+    }
+    if let Some(v) = Kept::of(level, name)
+        .filter(|_| s.short_circuited())
+        .and_then(|k| k.get(s.e.options.load(Ordering::Relaxed)))
+    {
+        return int(v, out);
     }
     if level == libc::SOL_SOCKET {
         let kind = s.kind();

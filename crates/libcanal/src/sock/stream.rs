@@ -275,7 +275,7 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         if got > 0 && (!waitall || got == total) {
             return Ok(got);
         }
-        let fl = s.flags();
+        let fl = s.flags() | r.peer_fin();
         // Nothing (more) queued: errors, then EOF.
         let zone_left =
             zone.is_some_and(|(seg, dir)| crate::shortcut::zones::pending(seg, dir) > 0);
