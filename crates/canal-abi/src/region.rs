@@ -256,6 +256,52 @@ unsafe impl AnyBitPattern for QueueCell {}
 // REQUESTED, the host after BUSY); a hostile peer can only garble bytes.
 unsafe impl Sync for Slot {}
 
+/// The encoding of `SocketEntry::options` (protocol §3.4, minor 9): TCP_NODELAY and
+/// SO_KEEPALIVE as bits, the three keepalive timers as "set" bits and fields.
+pub mod kept_opt {
+    pub const NODELAY: u64 = 1 << 0;
+    pub const KEEPALIVE: u64 = 1 << 1;
+
+    /// One timer's place in the word.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Timer {
+        /// Set once the program set this timer.
+        pub has: u64,
+        pub shift: u32,
+        pub width: u32,
+    }
+
+    pub const KEEPIDLE: Timer = Timer {
+        has: 1 << 2,
+        shift: 8,
+        width: 16,
+    };
+    pub const KEEPINTVL: Timer = Timer {
+        has: 1 << 3,
+        shift: 24,
+        width: 16,
+    };
+    pub const KEEPCNT: Timer = Timer {
+        has: 1 << 4,
+        shift: 40,
+        width: 8,
+    };
+
+    impl Timer {
+        fn mask(self) -> u64 {
+            ((1u64 << self.width) - 1) << self.shift
+        }
+        /// The timer's value; None if never set.
+        pub fn get(self, word: u64) -> Option<u32> {
+            (word & self.has != 0).then(|| ((word & self.mask()) >> self.shift) as u32)
+        }
+        /// `word` with the timer set to `v` (cut to its width: callers check ranges).
+        pub fn set(self, word: u64, v: u32) -> u64 {
+            (word & !self.mask()) | self.has | ((u64::from(v) << self.shift) & self.mask())
+        }
+    }
+}
+
 /// Guest-only flag bits in `SocketEntry::guest_flags`.
 pub mod guest_flag {
     pub const NONBLOCK: u32 = 1 << 0;

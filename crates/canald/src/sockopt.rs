@@ -222,12 +222,69 @@ pub(crate) fn check_get(family: u16, dgram: bool, level: c_int, name: c_int) -> 
     may_get(level, name).map_err(Refusal::errno)
 }
 
+/// Applies to a host stream what changed in its guest's kept options (entry
+/// `options`, protocol §3.4: TCP_NODELAY, SO_KEEPALIVE, the keepalive timers) from
+/// `old` to `new`. The word is the guest's, unchecked: the kernel refuses a value out
+/// of range (EINVAL), which is ignored — the guest's library checked it already, so
+/// only a guest writing the word by hand gets there, and only for its own socket.
+pub(crate) fn apply_kept(fd: &std::os::fd::OwnedFd, old: u64, new: u64) {
+    use canal_abi::kept_opt::{self, KEEPALIVE, NODELAY};
+    let set = |level: c_int, name: c_int, v: u32| {
+        let _ = crate::sys::setsockopt_bytes(fd, level, name, &(v as i32).to_ne_bytes());
+    };
+    for (bit, level, name) in [
+        (NODELAY, libc::IPPROTO_TCP, libc::TCP_NODELAY),
+        (KEEPALIVE, libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    ] {
+        if (old ^ new) & bit != 0 {
+            set(level, name, u32::from(new & bit != 0));
+        }
+    }
+    for (t, name) in [
+        (kept_opt::KEEPIDLE, libc::TCP_KEEPIDLE),
+        (kept_opt::KEEPINTVL, libc::TCP_KEEPINTVL),
+        (kept_opt::KEEPCNT, libc::TCP_KEEPCNT),
+    ] {
+        if let Some(v) = t.get(new).filter(|&v| t.get(old) != Some(v)) {
+            set(libc::IPPROTO_TCP, name, v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn int(v: i32) -> [u8; 4] {
         v.to_ne_bytes()
+    }
+
+    #[test]
+    fn kept_options_reach_a_real_socket_and_only_the_changed_ones() {
+        use canal_abi::kept_opt::{self, KEEPALIVE, NODELAY};
+        let fd = crate::sys::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+        let get = |level, name| {
+            let mut b = [0u8; 4];
+            crate::sys::getsockopt_bytes(&fd, level, name, &mut b).unwrap();
+            i32::from_ne_bytes(b)
+        };
+        let w = kept_opt::KEEPIDLE.set(NODELAY | KEEPALIVE, 77);
+        let w = kept_opt::KEEPCNT.set(w, 4);
+        apply_kept(&fd, 0, w);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_NODELAY), 1);
+        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 77);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 4);
+        // Unchanged bits are not applied again: set NODELAY behind the word's back and
+        // move only KEEPALIVE; NODELAY keeps the socket's own value.
+        crate::sys::setsockopt_bytes(&fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, &int(0)).unwrap();
+        apply_kept(&fd, w, w & !KEEPALIVE);
+        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_NODELAY), 0);
+        // A timer past the kernel's range (a guest writing the word by hand) is
+        // refused by the kernel and leaves the old value.
+        apply_kept(&fd, w, kept_opt::KEEPIDLE.set(w, 65535));
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 77);
     }
 
     #[test]

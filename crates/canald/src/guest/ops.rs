@@ -286,6 +286,16 @@ impl Guest {
                     sock_flag::CONNECTING,
                     sock_flag::ERROR | sock_flag::HUP,
                 );
+                // A loopback handshake has ended before connect returns: finish it now
+                // (the answer stays EINPROGRESS, as natively), so a blocking connect
+                // finds CONNECTED when it wakes instead of waiting for the next round's
+                // epoll event and a second wake-up.
+                if let Some(s) = self.sockets[index as usize].as_mut() {
+                    if s.fd.as_ref().is_some_and(sys::settled_now) {
+                        s.writable = true;
+                        self.finish_connect(index);
+                    }
+                }
                 self.mark_dirty(index);
                 Ok((-(errno::EINPROGRESS as i64), 0))
             }

@@ -140,6 +140,9 @@ pub(crate) struct HostSocket {
     pub(crate) named: bool,
     /// Its entry in its guest network's translation table (bound port, own client).
     pub(crate) net: NetTie,
+    /// The guest's kept options (entry `options`, protocol §3.4) as last applied to
+    /// the host socket (`sockopt::apply_kept`).
+    pub(crate) applied_opts: u64,
 }
 
 /// A listener's accept queue as canald sees it.
@@ -249,6 +252,7 @@ impl HostSocket {
             seg: None,
             named: false,
             net: NetTie::default(),
+            applied_opts: 0,
         }
     }
 

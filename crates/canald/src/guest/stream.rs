@@ -108,39 +108,62 @@ impl Guest {
         self.discard_tx(index)
     }
 
+    /// A host connect in progress after an event on its socket: CONNECTED, or the
+    /// error, once the handshake ended. Whether the socket is past connecting.
+    pub(crate) fn finish_connect(&mut self, index: u32) -> bool {
+        let Some(s) = self
+            .sockets
+            .get_mut(index as usize)
+            .and_then(|s| s.as_mut())
+        else {
+            return false;
+        };
+        if !s.writable && !s.readable {
+            return false;
+        }
+        let Some(fd) = &s.fd else { return false };
+        match sys::so_error(fd) {
+            // No error yet: connected only if the peer name is known (a stale event
+            // may arrive while the handshake is still under way).
+            0 if sys::peername(fd).is_err() => {
+                s.readable = false;
+                s.writable = false;
+                false
+            }
+            0 => {
+                // The writable edge that completed the connect is consumed here.
+                s.phase = Phase::Connected;
+                s.writable = true;
+                s.readable = true;
+                self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+                true
+            }
+            e if e == libc::EINPROGRESS || e == libc::EALREADY => false,
+            e => {
+                s.phase = Phase::Failed;
+                self.set_error(index, e, sock_flag::HUP, sock_flag::CONNECTING);
+                true
+            }
+        }
+    }
+
     pub(crate) fn service_stream(
         &mut self,
         index: u32,
         st: &mut RoundStats,
     ) -> Result<(), Corrupt> {
+        // Options the guest's library set without a request (§3.4 `options`) reach
+        // the host socket before any byte the program sent after setting them.
+        let word = self.entry(index).options.load(Ordering::Relaxed);
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-        if s.phase == Phase::Connecting {
-            if !s.writable && !s.readable {
-                return Ok(());
+        if word != s.applied_opts {
+            if let Some(fd) = &s.fd {
+                crate::sockopt::apply_kept(fd, s.applied_opts, word);
             }
-            let Some(fd) = &s.fd else { return Ok(()) };
-            match sys::so_error(fd) {
-                // No error yet: connected only if the peer name is known (a stale event
-                // may arrive while the handshake is still under way).
-                0 if sys::peername(fd).is_err() => {
-                    s.readable = false;
-                    s.writable = false;
-                    return Ok(());
-                }
-                0 => {
-                    // The writable edge that completed the connect is consumed here.
-                    s.phase = Phase::Connected;
-                    s.writable = true;
-                    s.readable = true;
-                    self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
-                }
-                e if e == libc::EINPROGRESS || e == libc::EALREADY => return Ok(()),
-                e => {
-                    s.phase = Phase::Failed;
-                    self.set_error(index, e, sock_flag::HUP, sock_flag::CONNECTING);
-                    return Ok(());
-                }
-            }
+            s.applied_opts = word;
+        }
+        if s.phase == Phase::Connecting && !self.finish_connect(index) {
+            return Ok(());
         }
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
         if s.phase == Phase::Failed {
@@ -377,9 +400,13 @@ impl Guest {
                 Err(_) => continue, // the connection is dropped (closed)
             };
             let new_index = canal_abi::handle_index(handle);
+            // The kernel's accepted socket inherited the listener's options, which
+            // the guest's library copies into the new entry's word.
+            let inherited = self.entry(index).options.load(Ordering::Relaxed);
             if let Some(Some(ns)) = self.sockets.get_mut(new_index as usize) {
                 ns.writable = true;
                 ns.readable = true;
+                ns.applied_opts = inherited;
             }
             self.mark_dirty(new_index);
             // Owner chosen (and written to the entry) before the handle is published.

@@ -165,6 +165,21 @@ pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
         && p[0].revents().contains(PollFlags::IN)
 }
 
+/// Whether `fd` reports POLLOUT or POLLERR/POLLHUP right now (no wait): a connect in
+/// progress that already ended, as a loopback handshake has before connect returns.
+pub(crate) fn settled_now(fd: &OwnedFd) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(fd, PollFlags::OUT)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut p, Some(&zero)), Ok(n) if n > 0)
+        && p[0]
+            .revents()
+            .intersects(PollFlags::OUT | PollFlags::ERR | PollFlags::HUP)
+}
+
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
 /// a guest cannot hand it a pipe that blocks).
 pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {

@@ -1,5 +1,5 @@
-//! Socket options: timeouts kept in the library, and on a short-circuited stream the
-//! options that cannot change it (`kept`); everything else as a request to canald.
+//! Socket options: timeouts kept in the library, TCP_NODELAY and the keepalive options
+//! of a stream in its entry (`kept`); everything else as a request to canald.
 use crate::conn::request::request;
 use crate::sock::core::dead_err;
 use crate::sock::core::Sock;
@@ -74,8 +74,13 @@ pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Resu
         return Ok(());
     }
     let kept = Kept::of(level, name);
-    if let Some(k) = kept.filter(|_| s.short_circuited()) {
-        return update_kept(&s, |w| k.set(w, val));
+    if let Some(k) = kept.filter(|_| s.kind() == sock_kind::STREAM) {
+        update_kept(&s, |w| k.set(w, val))?;
+        if !s.short_circuited() {
+            // canald applies it to the host socket before it next moves bytes.
+            crate::conn::request::attention(s.g, s.idx);
+        }
+        return Ok(());
     }
     if val.len() > canal_abi::SLOT_PAYLOAD {
         return Err(libc::EINVAL);
@@ -140,7 +145,7 @@ pub(crate) fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> 
         return Ok(n);
     }
     if let Some(v) = Kept::of(level, name)
-        .filter(|_| s.short_circuited())
+        .filter(|_| s.kind() == sock_kind::STREAM)
         .and_then(|k| k.get(s.e.options.load(Ordering::Relaxed)))
     {
         return int(v, out);
