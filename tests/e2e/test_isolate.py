@@ -580,6 +580,39 @@ def test_static_program_reaches_the_host_and_nothing_else(canald, procs, python,
     assert p.finish(20).returncode == 0, p.describe()
 
 
+def test_static_program_batches_datagrams(canald, procs, python, netstatic):
+    """sendmmsg/recvmmsg from a static binary inside --isolate are translated as
+    sendmsg/recvmsg are: 3 datagrams with addresses to the host's echo at 10.0.2.2
+    come back from 10.0.2.2 (each msg_len written back); 2 between two own sockets in
+    one blocking recvmmsg come from 127.0.0.1 (the private loopback, never a host
+    address); on a connected socket (no addresses) the kernel's own batch runs."""
+    udp = procs.spawn([python, "-c", UDP_ECHO], name="udp-echo")
+    uport = int(udp.wait_line("port", 10).split()[1])
+    own = e2e_util.free_port()
+    p = procs.spawn(isolated(canald, ["sh", "-c",
+                                      f"{netstatic} udpmmsg 10.0.2.2 {uport}; "
+                                      f"{netstatic} udpmmsgself {own}; "
+                                      f"{netstatic} udpmmsgconn 10.0.2.2 {uport}; echo done"],
+                             name="mmsg"), name="mmsg")
+    p.wait_line("done", 30)
+    out = [l for l in p.stdout().splitlines() if l]
+    host = f"10.0.2.2:{uport}"
+    assert out[:4] == ["udpmmsg sent 3: 2 3 4",
+                       f"udpmmsg got pong:m1 (7 bytes) from {host}",
+                       f"udpmmsg got pong:m22 (8 bytes) from {host}",
+                       f"udpmmsg got pong:m333 (9 bytes) from {host}"], p.describe()
+    assert out[4] == "udpmmsgself sent 2: 4 5", p.describe()
+    srcs = {l.split(" from ")[1] for l in out[5:7]}
+    assert len(srcs) == 1 and srcs.pop().startswith("127.0.0.1:"), p.describe()
+    assert [l.split(" from ")[0] for l in out[5:7]] == ["udpmmsgself got own1 (4 bytes)",
+                                                         "udpmmsgself got own22 (5 bytes)"], p.describe()
+    assert out[7] == "udpmmsgself 2 in 1 call(s)", p.describe()
+    assert out[8:11] == ["udpmmsgconn sent 2: 2 3",
+                         f"udpmmsgconn got pong:c1 (7 bytes) from {host}",
+                         f"udpmmsgconn got pong:c22 (8 bytes) from {host}"], p.describe()
+    assert p.finish(20).returncode == 0, p.describe()
+
+
 UDP_ECHO = r"""
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0))

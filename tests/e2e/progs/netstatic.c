@@ -8,7 +8,14 @@
  *   netstatic udpself PORT        a datagram between two own sockets on 127.0.0.1
  *   netstatic udpmsg HOST PORT    the same as udp with sendmsg/recvmsg (two iovecs each)
  *   netstatic udpmsgself PORT     the same as udpself with sendmsg/recvmsg
+ *   netstatic udpmmsg HOST PORT   sendmmsg of 3 datagrams with addresses, then recvmmsg
+ *                                 (MSG_WAITFORONE) until 3 replies; each with its source
+ *   netstatic udpmmsgself PORT    sendmmsg of 2 datagrams between two own sockets, one
+ *                                 blocking recvmmsg of both (no MSG_WAITFORONE)
+ *   netstatic udpmmsgconn HOST PORT  the same as udpmmsg on a connected socket (no
+ *                                 addresses: the kernel sends to the peer)
  */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -156,6 +163,65 @@ static int msg_pair(int tx, int rx, struct sockaddr_in a, const char *p1, const 
     return 0;
 }
 
+/* sendmmsg of the NUL-separated payloads in `p` (n of them) to a (NULL: connected). */
+static int mmsg_send(int s, struct sockaddr_in *a, const char **p, int n, const char *tag) {
+    struct mmsghdr m[4];
+    struct iovec v[4];
+    memset(m, 0, sizeof m);
+    for (int i = 0; i < n; i++) {
+        v[i] = (struct iovec){(void *)p[i], strlen(p[i])};
+        m[i].msg_hdr.msg_iov = &v[i];
+        m[i].msg_hdr.msg_iovlen = 1;
+        if (a) {
+            m[i].msg_hdr.msg_name = a;
+            m[i].msg_hdr.msg_namelen = sizeof *a;
+        }
+    }
+    int k = sendmmsg(s, m, n, 0);
+    if (k != n) {
+        perror("sendmmsg");
+        return 1;
+    }
+    printf("%s sent %d:", tag, k);
+    for (int i = 0; i < n; i++)
+        printf(" %u", m[i].msg_len);
+    printf("\n");
+    return 0;
+}
+
+/* recvmmsg until `want` datagrams arrived (`flags` each call); print each. */
+static int mmsg_recv(int s, int want, int flags, const char *tag) {
+    char buf[4][64], nb[80];
+    struct sockaddr_storage src[4];
+    struct mmsghdr m[4];
+    struct iovec v[4];
+    int got = 0, calls = 0;
+    while (got < want) {
+        memset(m, 0, sizeof m);
+        for (int i = 0; i < 4; i++) {
+            v[i] = (struct iovec){buf[i], sizeof buf[i] - 1};
+            m[i].msg_hdr.msg_iov = &v[i];
+            m[i].msg_hdr.msg_iovlen = 1;
+            m[i].msg_hdr.msg_name = &src[i];
+            m[i].msg_hdr.msg_namelen = sizeof src[i];
+        }
+        int k = recvmmsg(s, m, want - got, flags, NULL);
+        if (k <= 0) {
+            perror("recvmmsg");
+            return 1;
+        }
+        calls++;
+        for (int i = 0; i < k; i++) {
+            buf[i][m[i].msg_len] = 0;
+            printf("%s got %s (%u bytes) from %s\n", tag, buf[i], m[i].msg_len, name(&src[i], nb));
+        }
+        got += k;
+    }
+    if (flags == 0)
+        printf("%s %d in %d call(s)\n", tag, got, calls);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && !strcmp(argv[1], "dial"))
@@ -179,6 +245,34 @@ int main(int argc, char **argv) {
         }
         return msg_pair(v, u, a, "o", "wn", "udpmsgself");
     }
-    fprintf(stderr, "usage: netstatic dial|serve|udp|udpself|udpmsg|udpmsgself ...\n");
+    if (argc == 4 && !strcmp(argv[1], "udpmmsg")) {
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        struct sockaddr_in a = v4(argv[2], atoi(argv[3]));
+        const char *p[] = {"m1", "m22", "m333"};
+        return mmsg_send(s, &a, p, 3, "udpmmsg") || mmsg_recv(s, 3, MSG_WAITFORONE, "udpmmsg");
+    }
+    if (argc == 4 && !strcmp(argv[1], "udpmmsgconn")) {
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        struct sockaddr_in a = v4(argv[2], atoi(argv[3]));
+        if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+            perror("connect");
+            return 1;
+        }
+        const char *p[] = {"c1", "c22"};
+        return mmsg_send(s, NULL, p, 2, "udpmmsgconn") ||
+               mmsg_recv(s, 2, MSG_WAITFORONE, "udpmmsgconn");
+    }
+    if (argc == 3 && !strcmp(argv[1], "udpmmsgself")) {
+        int u = socket(AF_INET, SOCK_DGRAM, 0), v = socket(AF_INET, SOCK_DGRAM, 0);
+        struct sockaddr_in a = v4("127.0.0.1", atoi(argv[2]));
+        if (bind(u, (struct sockaddr *)&a, sizeof a) < 0) {
+            perror("bind");
+            return 1;
+        }
+        const char *p[] = {"own1", "own22"};
+        return mmsg_send(v, &a, p, 2, "udpmmsgself") || mmsg_recv(u, 2, 0, "udpmmsgself");
+    }
+    fprintf(stderr, "usage: netstatic dial|serve|udp|udpself|udpmsg|udpmsgself|udpmmsg|"
+                    "udpmmsgself|udpmmsgconn ...\n");
     return 2;
 }

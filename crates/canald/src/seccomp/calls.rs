@@ -110,6 +110,8 @@ fn dispatch(ctx: &Ctx, c: &Caller, n: &Notif) -> Reply {
         nr::RECVFROM => recvfrom(ctx, c, n, a),
         nr::SENDMSG => sendmsg(ctx, c, n, a),
         nr::RECVMSG => recvmsg(ctx, c, n, a),
+        nr::SENDMMSG => sendmmsg(ctx, c, n, a),
+        nr::RECVMMSG => recvmmsg(ctx, c, n, a),
         nr::SETSOCKOPT => v6only(ctx, c, a[0] as i32, a[3], a[4]),
         _ => Ok(Reply::Continue),
     };
@@ -124,6 +126,7 @@ fn blocks(ctx: &Ctx, c: &Caller, n: &Notif) -> bool {
         nr::CONNECT | nr::ACCEPT | nr::ACCEPT4 => true,
         nr::RECVFROM => n.args[3] as i32 & libc::MSG_DONTWAIT == 0,
         nr::RECVMSG => n.args[2] as i32 & libc::MSG_DONTWAIT == 0,
+        nr::RECVMMSG => n.args[3] as i32 & libc::MSG_DONTWAIT == 0,
         _ => false,
     };
     if !waits {
@@ -557,7 +560,22 @@ fn sendmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     if m.name == 0 {
         return Ok(Reply::Continue); // connected: the kernel sends to its (translated) peer
     }
-    let to = read_addr(c, m.name, m.namelen)?;
+    send_one(ctx, c, n, fd, &mut s, &m, a[2] as i32).map(|k| Reply::Value(k as i64))
+}
+
+/// Sends one message of the program's (`m`) on datagram host socket `s`: its address
+/// translated as sendto's (none: the connected peer), its iovecs gathered, its
+/// ancillary data passed on. The bytes sent (all of them for a datagram the network
+/// drops, as natively for an own port nobody holds).
+fn send_one(
+    ctx: &Ctx,
+    c: &Caller,
+    n: &Notif,
+    fd: i32,
+    s: &mut OwnedFd,
+    m: &MsgHdr,
+    flags: i32,
+) -> Res<usize> {
     let mut data = Vec::new();
     for &(base, len) in &m.iov {
         if data.len() + len > MAX_IO {
@@ -565,16 +583,68 @@ fn sendmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
         }
         data.extend(sys::vm_read(c.pid, base, len).map_err(|_| errno::EFAULT)?);
     }
-    let Some(dest) = datagram_dest(ctx, c, n, fd, &mut s, &to)? else {
-        return Ok(Reply::Value(data.len() as i64));
+    let dest = match m.name {
+        0 => None,
+        p => match datagram_dest(ctx, c, n, fd, s, &read_addr(c, p, m.namelen)?)? {
+            Some(d) => Some(d),
+            None => return Ok(data.len()),
+        },
     };
     let control = match m.controllen {
         0 => Vec::new(),
         k => sys::vm_read(c.pid, m.control, k).map_err(|_| errno::EFAULT)?,
     };
-    sys::send_msg(&s, &data, &control, a[2] as i32 | libc::MSG_NOSIGNAL, &dest)
-        .map(|k| Reply::Value(k as i64))
-        .map_err(errno_of)
+    sys::send_msg(
+        s,
+        &data,
+        &control,
+        flags | libc::MSG_NOSIGNAL,
+        dest.as_ref(),
+    )
+    .map_err(errno_of)
+}
+
+/// A `struct mmsghdr` (x86-64): a msghdr, then msg_len (u32) at 56; 64 bytes.
+const MMSGHDR_SIZE: u64 = 64;
+const MSG_LEN_AT: u64 = 56;
+
+/// sendmmsg on a datagram host socket with an address in any of its messages: each
+/// sent as sendmsg's, its msg_len written back; the number sent, or the first
+/// message's error (the kernel's rule: an error after the first ends the batch).
+/// Without any address the kernel sends to the (translated) peer itself.
+fn sendmmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let fd = a[0] as i32;
+    let Some(mut s) = host_socket(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    if proto_of(&s) == PROTO_TCP {
+        return Ok(Reply::Continue);
+    }
+    let vlen = a[2].min(MAX_IOV); // UIO_MAXIOV, as the kernel caps it
+    let mut msgs = Vec::new();
+    for i in 0..vlen {
+        match read_msghdr(c, a[1] + i * MMSGHDR_SIZE) {
+            Ok(m) => msgs.push(m),
+            Err(e) if i == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    if msgs.iter().all(|m| m.name == 0) {
+        return Ok(Reply::Continue);
+    }
+    let mut sent = 0u64;
+    for (i, m) in msgs.iter().enumerate() {
+        let r = send_one(ctx, c, n, fd, &mut s, m, a[3] as i32).and_then(|k| {
+            let at = a[1] + i as u64 * MMSGHDR_SIZE + MSG_LEN_AT;
+            sys::vm_write(c.pid, at, &(k as u32).to_ne_bytes()).map_err(|_| errno::EFAULT)
+        });
+        match r {
+            Ok(()) => sent += 1,
+            Err(e) if sent == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(Reply::Value(sent as i64))
 }
 
 /// recvmsg on a datagram host socket: admitted as recvfrom's, scattered into the
@@ -599,6 +669,21 @@ fn recvmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     let Some((r, src)) = got else {
         return Ok(Reply::Done);
     };
+    deliver(c, a[1], &m, &buf, &r, &src)?;
+    Ok(Reply::Value(r.len as i64))
+}
+
+/// Writes one received datagram into the program's msghdr at `hdr` (`m`, as read):
+/// the bytes scattered over its iovecs, the source in the network's view, the
+/// ancillary data, msg_controllen and msg_flags.
+fn deliver(
+    c: &Caller,
+    hdr: u64,
+    m: &MsgHdr,
+    buf: &[u8],
+    r: &sys::MsgIn,
+    src: &CanalAddr,
+) -> Res<()> {
     let mut left = &buf[..r.len.min(buf.len())];
     for &(base, len) in &m.iov {
         let k = len.min(left.len());
@@ -610,14 +695,75 @@ fn recvmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     }
     let fault = |_| errno::EFAULT;
     if m.name != 0 {
-        write_addr(c, m.name, a[1] + 8, &src)?;
+        write_addr(c, m.name, hdr + 8, src)?;
     }
     if m.controllen > 0 {
         sys::vm_write(c.pid, m.control, &r.control).map_err(fault)?;
     }
-    sys::vm_write(c.pid, a[1] + 40, &(r.control.len() as u64).to_ne_bytes()).map_err(fault)?;
-    sys::vm_write(c.pid, a[1] + 48, &r.flags.to_ne_bytes()).map_err(fault)?;
-    Ok(Reply::Value(r.len as i64))
+    sys::vm_write(c.pid, hdr + 40, &(r.control.len() as u64).to_ne_bytes()).map_err(fault)?;
+    sys::vm_write(c.pid, hdr + 48, &r.flags.to_ne_bytes()).map_err(fault)
+}
+
+/// recvmmsg on a datagram host socket: each message as recvmsg's (admitted, its
+/// source in the network's view), its msg_len written back. As the kernel: the first
+/// waits unless the socket or MSG_DONTWAIT says not; later ones wait too unless
+/// MSG_WAITFORONE, and the timeout is looked at after each datagram; an error after
+/// the first ends the batch with the count received.
+fn recvmmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
+    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
+        return Ok(Reply::Continue);
+    };
+    if proto_of(&s) == PROTO_TCP || a[2] == 0 {
+        return Ok(Reply::Continue);
+    }
+    let flags = a[3] as i32;
+    let deadline = match a[4] {
+        0 => None,
+        p => {
+            let t = sys::vm_read(c.pid, p, 16).map_err(|_| errno::EFAULT)?;
+            let word = |o: usize| i64::from_ne_bytes(t[o..o + 8].try_into().unwrap_or_default());
+            let (sec, nsec) = (word(0), word(8));
+            if t.len() < 16 || sec < 0 || !(0..1_000_000_000).contains(&nsec) {
+                return Err(errno::EINVAL);
+            }
+            let d = std::time::Duration::new(sec as u64, nsec as u32);
+            Some(std::time::Instant::now() + d)
+        }
+    };
+    let mut blocking = waits(&s, flags)?;
+    let mut got = 0u64;
+    for i in 0..a[2].min(MAX_IOV) {
+        if got > 0
+            && (flags & libc::MSG_WAITFORONE != 0
+                || deadline.is_some_and(|d| std::time::Instant::now() >= d))
+        {
+            blocking = false;
+        }
+        let hdr = a[1] + i * MMSGHDR_SIZE;
+        let r = read_msghdr(c, hdr).and_then(|m| {
+            let room: usize = m.iov.iter().map(|v| v.1).sum::<usize>().min(MAX_IO);
+            let mut buf = vec![0u8; room];
+            let rflags = (flags & !libc::MSG_WAITFORONE) | libc::MSG_DONTWAIT;
+            let got = recv_admitted(ctx, n, &s, blocking, || {
+                sys::recv_msg(&s, &mut buf, m.controllen, rflags).map(|r| {
+                    let src = r.src;
+                    (r, src)
+                })
+            })?;
+            let Some((r, src)) = got else { return Ok(None) };
+            deliver(c, hdr, &m, &buf, &r, &src)?;
+            sys::vm_write(c.pid, hdr + MSG_LEN_AT, &(r.len as u32).to_ne_bytes())
+                .map_err(|_| errno::EFAULT)?;
+            Ok(Some(()))
+        });
+        match r {
+            Ok(Some(())) => got += 1,
+            Ok(None) if got == 0 => return Ok(Reply::Done), // the caller stopped waiting
+            Err(e) if got == 0 => return Err(e),
+            _ => break,
+        }
+    }
+    Ok(Reply::Value(got as i64))
 }
 
 /// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY) on a host socket: its own addresses are

@@ -12,9 +12,10 @@ fn arg_lo(i: u32) -> u32 {
     16 + 8 * i
 }
 
-/// Calls notified whatever their arguments (sendmsg/recvmsg: their address is inside
-/// the msghdr, which a filter cannot read; canald lets the others through at once).
-const ALWAYS: [i64; 8] = [
+/// Calls notified whatever their arguments (sendmsg/recvmsg and their batch forms:
+/// their address is inside the msghdr, which a filter cannot read; canald lets the
+/// others through at once).
+const ALWAYS: [i64; 10] = [
     nr::CONNECT,
     nr::BIND,
     nr::ACCEPT,
@@ -23,6 +24,8 @@ const ALWAYS: [i64; 8] = [
     nr::GETPEERNAME,
     nr::SENDMSG,
     nr::RECVMSG,
+    nr::SENDMMSG,
+    nr::RECVMMSG,
 ];
 
 /// x86-64 system call numbers canald serves.
@@ -39,6 +42,8 @@ pub mod nr {
     pub const RECVMSG: i64 = 47;
     pub const SETSOCKOPT: i64 = 54;
     pub const ACCEPT4: i64 = 288;
+    pub const RECVMMSG: i64 = 299;
+    pub const SENDMMSG: i64 = 307;
 }
 
 fn stmt(code: u32, k: u32) -> libc::sock_filter {
@@ -68,7 +73,8 @@ fn ret(v: u32) -> libc::sock_filter {
 }
 
 /// The program: notify for socket(AF_INET/AF_INET6), connect, bind, accept, accept4,
-/// getsockname, getpeername, sendmsg, recvmsg, setsockopt(IPPROTO_IPV6, IPV6_V6ONLY),
+/// getsockname, getpeername, sendmsg, recvmsg, sendmmsg, recvmmsg,
+/// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY),
 /// and sendto/recvfrom with an address; allow everything else.
 pub fn filter_program() -> Vec<libc::sock_filter> {
     let notify = libc::SECCOMP_RET_USER_NOTIF;

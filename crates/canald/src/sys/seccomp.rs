@@ -277,16 +277,17 @@ pub fn send_to(fd: &OwnedFd, data: &[u8], flags: i32, to: Option<&CanalAddr>) ->
     })
 }
 
-/// sendmsg of one buffer with the program's ancillary data and flags, to `to`.
+/// sendmsg of one buffer with the program's ancillary data and flags, to `to` (None:
+/// the connected peer).
 pub fn send_msg(
     fd: &OwnedFd,
     data: &[u8],
     control: &[u8],
     flags: i32,
-    to: &CanalAddr,
+    to: Option<&CanalAddr>,
 ) -> io::Result<usize> {
     let mut ss = zeroed_storage();
-    let len = to_sockaddr(to, &mut ss);
+    let len = to.map_or(0, |a| to_sockaddr(a, &mut ss));
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -294,8 +295,10 @@ pub fn send_msg(
     let mut control = control.to_vec();
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-    m.msg_name = &mut ss as *mut _ as *mut libc::c_void;
-    m.msg_namelen = len;
+    if to.is_some() {
+        m.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+        m.msg_namelen = len;
+    }
     m.msg_iov = &mut iov;
     m.msg_iovlen = 1;
     if !control.is_empty() {
