@@ -105,7 +105,14 @@ pub mod side {
 pub struct SegDir {
     /// Producer index (written by the sending side only).
     pub head: AtomicU64,
-    pub reserved0: [u64; 7],
+    /// (§8.3, minor 9) 1 once the sending side's program closed the connection (its
+    /// last descriptor, with nothing unread): stored (Release) after its last `head`,
+    /// on the head's line, so the receiver, reading it (Acquire) before the head at no
+    /// extra cost, returns end-of-file once the ring is drained — without waiting for
+    /// canald's RX_EOF.
+    pub fin: AtomicU32,
+    pub reserved0a: u32,
+    pub reserved0: [u64; 6],
     /// Consumer index (written by the receiving side only).
     pub tail: AtomicU64,
     pub reserved1: [u64; 7],
@@ -152,11 +159,7 @@ pub struct SegSide {
     /// word counts and one tag, writes that thread's bell eventfd itself instead of
     /// having canald relay the wake-up.
     pub bell: AtomicU64,
-    /// (§8.3, minor 9) 1 once this side's program closed the connection (its last
-    /// descriptor, with nothing unread): stored (Release) after its last `head`, so the other side, reading it (Acquire) before the head, returns
-    /// end-of-file once the ring is drained — without waiting for canald's RX_EOF.
-    pub fin: AtomicU32,
-    pub reserved: [u32; 5],
+    pub reserved: [u32; 6],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest

@@ -453,6 +453,8 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegHeader, dirs), 128);
     assert_eq!(size_of::<SegDir>(), 128);
     assert_eq!(offset_of!(SegDir, head), 0);
+    // §8.3 (1.9): the FIN word, on the head's line.
+    assert_eq!(offset_of!(SegDir, fin), 8);
     assert_eq!(offset_of!(SegDir, tail), 64);
     assert_eq!(offset_of!(SegHeader, sides), 384);
     assert_eq!(size_of::<SegSide>(), 64);
@@ -466,8 +468,6 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, logged), 24);
     // §8.8 (1.8): the bell word.
     assert_eq!(offset_of!(SegSide, bell), 32);
-    // §8.3 (1.9): the FIN word.
-    assert_eq!(offset_of!(SegSide, fin), 40);
     assert_eq!(offset_of!(SegHeader, owners), 48);
     assert_eq!(owners_offset(1), 52);
     // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.

@@ -397,6 +397,89 @@ fn segment_wake_handshake() {
     });
 }
 
+/// FIN word (protocol §8.3, minor 9): A publishes a byte, then its FIN word
+/// (Release), fences and wakes B's futex sleepers if it finds any; B, reading the FIN
+/// word (Acquire) before the head, declares end-of-file only with the ring drained,
+/// else counts itself a sleeper, fences and re-checks before it would sleep.
+/// Properties: B never declares the end before it has the byte; a B that sleeps is
+/// woken.
+#[test]
+fn fin_follows_the_last_byte_and_wakes_a_sleeper() {
+    loom::model(|| {
+        let storage = Arc::new(LoomStorage::new(8));
+        let head = Arc::new(AtomicU64::new(0));
+        let tail = Arc::new(AtomicU64::new(0));
+        let fin = Arc::new(AtomicU32::new(0));
+        let sleepers = Arc::new(AtomicU32::new(0));
+
+        let a = {
+            let (storage, head, tail, fin, sleepers) = (
+                storage.clone(),
+                head.clone(),
+                tail.clone(),
+                fin.clone(),
+                sleepers.clone(),
+            );
+            thread::spawn(move || {
+                let mut p = Producer {
+                    storage: &*storage,
+                    head_shared: &head,
+                    tail_shared: &tail,
+                    head: 0,
+                };
+                assert_eq!(p.push(&[42]).unwrap(), 1);
+                fin.store(1, Ordering::Release);
+                fence(Ordering::SeqCst);
+                sleepers.load(Ordering::Relaxed) != 0 // FUTEX_WAKE
+            })
+        };
+        let b = {
+            let (storage, head, tail, fin, sleepers) = (
+                storage.clone(),
+                head.clone(),
+                tail.clone(),
+                fin.clone(),
+                sleepers.clone(),
+            );
+            thread::spawn(move || {
+                let mut c = Consumer {
+                    storage: &*storage,
+                    head_shared: &head,
+                    tail_shared: &tail,
+                    tail: 0,
+                };
+                let mut got = false;
+                let mut buf = [0u8; 1];
+                // One look: the end (ring drained), or the byte, or nothing yet.
+                let mut look = |c: &mut Consumer<'_, LoomStorage>, got: &mut bool| {
+                    let ended = fin.load(Ordering::Acquire) != 0;
+                    if c.pop(&mut buf).unwrap() == 1 {
+                        assert_eq!(buf[0], 42);
+                        *got = true;
+                    }
+                    if ended {
+                        assert!(*got, "end of file before the last byte");
+                    }
+                    ended
+                };
+                if look(&mut c, &mut got) {
+                    return false;
+                }
+                sleepers.fetch_add(1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                if look(&mut c, &mut got) || got {
+                    sleepers.fetch_sub(1, Ordering::Relaxed);
+                    return false;
+                }
+                true // FUTEX_WAIT
+            })
+        };
+        let woke = a.join().unwrap();
+        let slept = b.join().unwrap();
+        assert!(!slept || woke, "B sleeps but A does not wake it");
+    });
+}
+
 /// Bells (protocol §8.8): two sleepers of one side — B with a bell, C with a bell or
 /// without one — each counting itself in the bell word, then in `sleepers`; and a
 /// publisher A that, after its fence, finds `sleepers` non-zero and then rings the one

@@ -111,10 +111,6 @@ impl Seg {
     pub(crate) fn bell(&self, side: u32) -> &'static canal_abi::sync::AtomicU64 {
         &self.header().sides[side.min(1) as usize].bell
     }
-    /// The side's FIN word (§8.3, minor 9): it closed, nothing more will come from it.
-    pub(crate) fn fin(&self, side: u32) -> &'static AtomicU32 {
-        &self.header().sides[side.min(1) as usize].fin
-    }
     /// The key of the side's event log, as canald wrote it (0: an older canald).
     pub(crate) fn owner(&self, side: u32) -> u32 {
         self.header().owners[side.min(1) as usize]

@@ -124,7 +124,8 @@ impl Rings {
     #[inline]
     pub(crate) fn peer_fin(&self) -> u32 {
         match self.peer {
-            Some((seg, side)) if seg.fin(side).load(Ordering::Acquire) != 0 => {
+            // The peer sends on the ring of its own side's number.
+            Some((seg, side)) if seg.dir(side).fin.load(Ordering::Acquire) != 0 => {
                 canal_abi::sock_flag::RX_EOF
             }
             _ => 0,
@@ -143,7 +144,7 @@ impl Rings {
         if unread || s.e.linger.load(Ordering::Relaxed) == 1 {
             return;
         }
-        seg.fin(1 - peer).store(1, Ordering::Release);
+        seg.dir(1 - peer).fin.store(1, Ordering::Release);
         self.notify(s, false);
     }
 }
@@ -294,12 +295,14 @@ impl Sock {
         let tx_size = e.tx_size.load(Ordering::Relaxed) as u64;
         let rx_size = e.rx_size.load(Ordering::Relaxed) as u64;
         let mut zone = None;
+        let mut peer = None;
         let (txh, txt, rxh, rxt) = match (e.segment.load(Ordering::Acquire), self.rings()) {
             (0, _) | (_, Err(_)) => (&e.tx_head, &e.tx_tail, &e.rx_head, &e.rx_tail),
             (_, Ok(r)) => {
                 zone = r.peer.filter(|(g, _)| g.has_zones());
-                flags |= r.peer_fin();
-                (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail)
+                let ends = (r.tx_head, r.tx_tail, r.rx_head, r.rx_tail);
+                peer = Some(r);
+                ends
             }
         };
         // R3-style Acquire loads of the other side's indices.
@@ -307,11 +310,20 @@ impl Sock {
             .load(Ordering::Relaxed)
             .wrapping_sub(txt.load(Ordering::Acquire))
             .min(tx_size);
-        let rx_used = rxh
-            .load(Ordering::Acquire)
-            .wrapping_sub(rxt.load(Ordering::Relaxed))
-            .min(rx_size)
-            + zone.map_or(0, |(seg, dir)| crate::shortcut::zones::pending(seg, dir));
+        let rx_used_now = || {
+            rxh.load(Ordering::Acquire)
+                .wrapping_sub(rxt.load(Ordering::Relaxed))
+                .min(rx_size)
+                + zone.map_or(0, |(seg, dir)| crate::shortcut::zones::pending(seg, dir))
+        };
+        let mut rx_used = rx_used_now();
+        // The peer's FIN word (§8.3) on the head's line, read after the head so a
+        // spinning wait polls nothing more than before; seen set, the head is read
+        // again after it (Acquire), so every byte sent before the end is counted.
+        if let Some(fin) = peer.as_ref().map(Rings::peer_fin).filter(|&f| f != 0) {
+            flags |= fin;
+            rx_used = rx_used_now();
+        }
         SockState {
             kind: e.kind.load(Ordering::Acquire),
             flags,
