@@ -118,11 +118,37 @@ struct R {
 
 /// An empty 4-byte ring.
 fn ring4() -> Arc<R> {
+    ring(4)
+}
+
+/// An empty ring of `size` bytes.
+fn ring(size: usize) -> Arc<R> {
     Arc::new(R {
-        s: LoomStorage::new(4),
+        s: LoomStorage::new(size),
         head: AtomicU64::new(0),
         tail: AtomicU64::new(0),
     })
+}
+
+impl R {
+    /// Its producer end, starting at index 0.
+    fn producer(&self) -> Producer<'_, LoomStorage> {
+        Producer {
+            storage: &self.s,
+            head_shared: &self.head,
+            tail_shared: &self.tail,
+            head: 0,
+        }
+    }
+    /// Its consumer end, starting at index 0.
+    fn consumer(&self) -> Consumer<'_, LoomStorage> {
+        Consumer {
+            storage: &self.s,
+            head_shared: &self.head,
+            tail_shared: &self.tail,
+            tail: 0,
+        }
+    }
 }
 
 /// A model whose threads wait for each other's progress: preemptions are bounded so it
@@ -320,28 +346,15 @@ fn sleep_flag_handshake_never_loses_a_wakeup() {
 #[test]
 fn segment_wake_handshake() {
     loom::model(|| {
-        let storage = Arc::new(LoomStorage::new(8));
-        let head = Arc::new(AtomicU64::new(0));
-        let tail = Arc::new(AtomicU64::new(0));
+        let r = ring(8);
         let sleepers = Arc::new(AtomicU32::new(0));
         let sleep = Arc::new(AtomicU32::new(0));
         let attention = Arc::new(AtomicU32::new(0));
 
         let a = {
-            let (storage, head, tail, sleepers, attention) = (
-                storage.clone(),
-                head.clone(),
-                tail.clone(),
-                sleepers.clone(),
-                attention.clone(),
-            );
+            let (r, sleepers, attention) = (r.clone(), sleepers.clone(), attention.clone());
             thread::spawn(move || {
-                let mut p = Producer {
-                    storage: &*storage,
-                    head_shared: &head,
-                    tail_shared: &tail,
-                    head: 0,
-                };
+                let mut p = r.producer();
                 assert_eq!(p.push(&[42]).unwrap(), 1);
                 fence(Ordering::SeqCst);
                 if sleepers.load(Ordering::Relaxed) != 0 {
@@ -353,20 +366,9 @@ fn segment_wake_handshake() {
             })
         };
         let b = {
-            let (storage, head, tail, sleepers, sleep) = (
-                storage.clone(),
-                head.clone(),
-                tail.clone(),
-                sleepers.clone(),
-                sleep.clone(),
-            );
+            let (r, sleepers, sleep) = (r.clone(), sleepers.clone(), sleep.clone());
             thread::spawn(move || {
-                let mut c = Consumer {
-                    storage: &*storage,
-                    head_shared: &head,
-                    tail_shared: &tail,
-                    tail: 0,
-                };
+                let mut c = r.consumer();
                 let mut buf = [0u8; 1];
                 if c.pop(&mut buf).unwrap() == 1 {
                     assert_eq!(buf[0], 42);
@@ -406,27 +408,14 @@ fn segment_wake_handshake() {
 #[test]
 fn fin_follows_the_last_byte_and_wakes_a_sleeper() {
     loom::model(|| {
-        let storage = Arc::new(LoomStorage::new(8));
-        let head = Arc::new(AtomicU64::new(0));
-        let tail = Arc::new(AtomicU64::new(0));
+        let r = ring(8);
         let fin = Arc::new(AtomicU32::new(0));
         let sleepers = Arc::new(AtomicU32::new(0));
 
         let a = {
-            let (storage, head, tail, fin, sleepers) = (
-                storage.clone(),
-                head.clone(),
-                tail.clone(),
-                fin.clone(),
-                sleepers.clone(),
-            );
+            let (r, fin, sleepers) = (r.clone(), fin.clone(), sleepers.clone());
             thread::spawn(move || {
-                let mut p = Producer {
-                    storage: &*storage,
-                    head_shared: &head,
-                    tail_shared: &tail,
-                    head: 0,
-                };
+                let mut p = r.producer();
                 assert_eq!(p.push(&[42]).unwrap(), 1);
                 fin.store(1, Ordering::Release);
                 fence(Ordering::SeqCst);
@@ -434,20 +423,9 @@ fn fin_follows_the_last_byte_and_wakes_a_sleeper() {
             })
         };
         let b = {
-            let (storage, head, tail, fin, sleepers) = (
-                storage.clone(),
-                head.clone(),
-                tail.clone(),
-                fin.clone(),
-                sleepers.clone(),
-            );
+            let (r, fin, sleepers) = (r.clone(), fin.clone(), sleepers.clone());
             thread::spawn(move || {
-                let mut c = Consumer {
-                    storage: &*storage,
-                    head_shared: &head,
-                    tail_shared: &tail,
-                    tail: 0,
-                };
+                let mut c = r.consumer();
                 let mut got = false;
                 let mut buf = [0u8; 1];
                 // One look: the end (ring drained), or the byte, or nothing yet.
