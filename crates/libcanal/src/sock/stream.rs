@@ -170,6 +170,25 @@ fn other_index(
     Ok(used)
 }
 
+/// Whether a receiver waiting on `s` (rings `r`, segment `seg` when it began) should
+/// look again, read straight from the rings rather than through a whole snapshot (a
+/// spinning wait polls this): bytes, the peer's end, an error, a local SHUT_RD, or the
+/// socket's rings changing under it (a connect completing as a short-circuit). The
+/// caller's loop re-reads everything in order.
+#[inline(always)]
+fn recv_may_go_on(s: &Sock, r: &crate::sock::core::Rings, seg: u32) -> bool {
+    let fl = s.flags() | r.peer_fin();
+    r.rx_head.load(Ordering::Acquire) != r.rx_tail.load(Ordering::Relaxed)
+        || r.peer
+            .filter(|(g, _)| g.has_zones())
+            .is_some_and(|(g, d)| crate::shortcut::zones::pending(g, d) > 0)
+        || fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
+        || fl & (f::CONNECTED | f::CONNECTING) == 0
+        || s.e.pending_error.load(Ordering::Relaxed) != 0
+        || s.local() & local::SHUT_RD != 0
+        || s.e.segment.load(Ordering::Relaxed) != seg
+}
+
 // Its only caller is `data::recv` (see `send_stream`).
 #[inline(always)]
 pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
@@ -305,20 +324,9 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         if deadline.is_none() {
             deadline = Some(s.deadline(true));
         }
-        // What ends the wait, read straight from the rings resolved above rather than
-        // through a whole snapshot (a spinning wait polls this): bytes, the peer's
-        // end, an error, a local SHUT_RD, or the socket's rings changing under us (a
-        // connect completing as a short-circuit). The loop above re-reads it all.
         let seg = s.e.segment.load(Ordering::Relaxed);
         let w = wait_until(s.g, s.idx, deadline.flatten(), || {
-            let fl = s.flags() | r.peer_fin();
-            r.rx_head.load(Ordering::Acquire) != r.rx_tail.load(Ordering::Relaxed)
-                || zone.is_some_and(|(g, d)| crate::shortcut::zones::pending(g, d) > 0)
-                || fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
-                || fl & (f::CONNECTED | f::CONNECTING) == 0
-                || s.e.pending_error.load(Ordering::Relaxed) != 0
-                || s.local() & local::SHUT_RD != 0
-                || s.e.segment.load(Ordering::Relaxed) != seg
+            recv_may_go_on(&s, &r, seg)
         });
         if w != Wait::Ready {
             return if got > 0 {
