@@ -1,6 +1,6 @@
 """Kept options on a stream whose bytes go through canald (protocol §3.4 `options`):
 TCP_NODELAY, SO_KEEPALIVE and the keepalive timers are set without a request, and
-canald applies them to its host socket before it next moves the socket's bytes — here
+canald applies them to its host socket when it next services the socket — here
 with no byte moving at all, seen from the kernel's side with `ss` (the keepalive timer
 of the host socket canald holds). The short-circuit's side of the same word is in
 test_shortcut.py (test_kept_options_cost_no_request)."""

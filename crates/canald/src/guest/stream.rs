@@ -153,7 +153,7 @@ impl Guest {
         st: &mut RoundStats,
     ) -> Result<(), Corrupt> {
         // Options the guest's library set without a request (§3.4 `options`) reach
-        // the host socket before any byte the program sent after setting them.
+        // the host socket before this service moves the socket's bytes.
         let word = self.entry(index).options.load(Ordering::Relaxed);
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
         if word != s.applied_opts {

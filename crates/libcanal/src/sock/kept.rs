@@ -9,8 +9,8 @@
 //! - on a short-circuited stream that is all: they cannot change a connection whose
 //!   bytes never meet TCP (canald notices either end's death itself);
 //! - on any other stream it raises the socket's attention bit, and canald applies what
-//!   changed to the host socket before it next moves the socket's bytes (so no byte
-//!   sent after the call goes out under the old setting).
+//!   changed to the host socket in the round that takes the bit, before that round's
+//!   bytes.
 //!
 //! Listeners and datagram sockets keep the request (a listener's options are inherited
 //! by the kernel's accepted sockets, so they must be on the host listener at once); the

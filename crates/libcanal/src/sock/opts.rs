@@ -77,7 +77,7 @@ pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Resu
     if let Some(k) = kept.filter(|_| s.kind() == sock_kind::STREAM) {
         update_kept(&s, |w| k.set(w, val))?;
         if !s.short_circuited() {
-            // canald applies it to the host socket before it next moves bytes.
+            // canald applies it to the host socket in the round that takes this bit.
             crate::conn::request::attention(s.g, s.idx);
         }
         return Ok(());
