@@ -6,6 +6,7 @@ of the host socket canald holds). The short-circuit's side of the same word is i
 test_shortcut.py (test_kept_options_cost_no_request)."""
 
 import re
+import socket
 import subprocess
 
 import e2e_util
@@ -34,11 +35,26 @@ SERVER = (
 )
 
 
-def _keepalive_timer(port):
-    """Seconds left on the keepalive timer of the established socket connected to
-    `port` (the host socket canald holds for the guest), or None without one."""
+LISTENER = (
+    "import socket,sys\n"
+    "l=socket.socket()\n"
+    "l.setsockopt(socket.SOL_SOCKET,socket.SO_KEEPALIVE,1)\n"
+    "l.setsockopt(socket.IPPROTO_TCP,socket.TCP_KEEPIDLE,{idle})\n"
+    "l.bind(('127.0.0.1',0)); l.listen(4)\n"
+    "print('READY',l.getsockname()[1],flush=True)\n"
+    "c,_=l.accept()\n"
+    "print('ACCEPTED',c.getsockopt(socket.SOL_SOCKET,socket.SO_KEEPALIVE),"
+    "c.getsockopt(socket.IPPROTO_TCP,socket.TCP_KEEPIDLE),flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+def _keepalive_timer(port, end="dport"):
+    """Seconds left on the keepalive timer of the established socket whose `end`
+    (dport: remote, sport: local) is `port` — the host socket canald holds for the
+    guest — or None without one."""
     ss = need_tool("ss")
-    out = subprocess.run([ss, "-tno", "state", "established", f"( dport = :{port} )"],
+    out = subprocess.run([ss, "-tno", "state", "established", f"( {end} = :{port} )"],
                          capture_output=True, text=True, timeout=10).stdout
     # ss prints "72min", "1min16sec" or "9.5sec".
     m = re.search(r"timer:\(keepalive,(?:(\d+)min)?(?:([\d.]+)sec)?,", out)
@@ -66,3 +82,21 @@ def test_keepalive_reaches_the_host_socket_without_requests(canald, procs, pytho
     assert spent < 20, f"{spent} requests for 202 option calls\n{client.describe()}"
     e2e_util.wait_for(lambda: (_keepalive_timer(port) or 0) > 4000, 10,
                       what="canald's host socket to carry the guest's keepalive")
+
+
+def test_options_set_before_listen_are_inherited_by_accepted_connections(canald, procs, python):
+    """SO_KEEPALIVE and TCP_KEEPIDLE set on a guest's socket before listen() (kept in
+    its entry, no request) are the listener's: a native client's connection, accepted
+    by canald's host listener, inherits them in the kernel (`ss` shows the accepted
+    host socket's keepalive timer), and the guest's accepted socket reads them back."""
+    server = canald.spawn([python, "-c", LISTENER.format(idle=4321)], name="listener",
+                          stdin=subprocess.PIPE)
+    port = int(server.wait_line("READY", 30).split()[1])
+    c = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        assert server.wait_line("ACCEPTED", 30) == "ACCEPTED 1 4321", server.describe()
+        e2e_util.wait_for(lambda: (_keepalive_timer(port, "sport") or 0) > 4000, 10,
+                          what="the accepted host socket to inherit the listener's keepalive")
+    finally:
+        c.close()
+        server.send_line("")

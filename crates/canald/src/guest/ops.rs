@@ -207,6 +207,9 @@ impl Guest {
     }
 
     pub(crate) fn op_listen(&mut self, index: u32, backlog: i32) -> Result<(i64, usize), i32> {
+        // Options set on the stream before listen (§3.4 `options`, no request) are the
+        // listener's: on the host socket before the first connection can arrive.
+        self.sync_kept_options(index);
         let s = self.live(index)?;
         if s.kind() == Kind::Dgram {
             return Err(errno::EOPNOTSUPP);

@@ -108,6 +108,25 @@ impl Guest {
         self.discard_tx(index)
     }
 
+    /// Applies to socket `index`'s host socket what changed in its guest's kept
+    /// options (entry `options`, protocol §3.4) since canald last looked.
+    pub(crate) fn sync_kept_options(&mut self, index: u32) {
+        let word = self.entry(index).options.load(Ordering::Relaxed);
+        let Some(s) = self
+            .sockets
+            .get_mut(index as usize)
+            .and_then(|s| s.as_mut())
+        else {
+            return;
+        };
+        if word != s.applied_opts {
+            if let Some(fd) = &s.fd {
+                crate::sockopt::apply_kept(fd, s.applied_opts, word);
+            }
+            s.applied_opts = word;
+        }
+    }
+
     /// A host connect in progress after an event on its socket: CONNECTED, or the
     /// error, once the handshake ended. Whether the socket is past connecting.
     pub(crate) fn finish_connect(&mut self, index: u32) -> bool {
@@ -152,16 +171,10 @@ impl Guest {
         index: u32,
         st: &mut RoundStats,
     ) -> Result<(), Corrupt> {
-        // Options the guest's library set without a request (§3.4 `options`) reach
-        // the host socket before this service moves the socket's bytes.
-        let word = self.entry(index).options.load(Ordering::Relaxed);
+        // Options the guest's library set without a request reach the host socket
+        // before this service moves the socket's bytes.
+        self.sync_kept_options(index);
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-        if word != s.applied_opts {
-            if let Some(fd) = &s.fd {
-                crate::sockopt::apply_kept(fd, s.applied_opts, word);
-            }
-            s.applied_opts = word;
-        }
         if s.phase == Phase::Connecting && !self.finish_connect(index) {
             return Ok(());
         }
@@ -325,6 +338,9 @@ impl Guest {
     }
 
     pub(crate) fn service_listener(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
+        // Set before listen, they are the listener's own (its accepted sockets inherit
+        // them): on the host listener before it accepts.
+        self.sync_kept_options(index);
         let r = if self.is_shadow() {
             self.accept_away(index) // the home allocates the entries
         } else {
