@@ -416,9 +416,14 @@ impl Guest {
                 Err(_) => continue, // the connection is dropped (closed)
             };
             let new_index = canal_abi::handle_index(handle);
-            // The kernel's accepted socket inherited the listener's options, which
-            // the guest's library copies into the new entry's word.
+            // The kernel's accepted socket inherited the listener's options: its
+            // entry starts with the listener's word (the guest's library copies it
+            // again when it takes the connection), so no service of the socket before
+            // then mistakes the fresh entry's 0 for options turned off.
             let inherited = self.entry(index).options.load(Ordering::Relaxed);
+            self.entry(new_index)
+                .options
+                .store(inherited, Ordering::Relaxed);
             if let Some(Some(ns)) = self.sockets.get_mut(new_index as usize) {
                 ns.writable = true;
                 ns.readable = true;
