@@ -152,32 +152,32 @@ pub fn eventfd_read(fd: &OwnedFd) -> io::Result<u64> {
     }
 }
 
-/// poll() for readability of one descriptor, up to `ms` (-1: forever); whether it is
-/// readable. EINTR counts as not readable.
-pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
+/// poll() of one descriptor for `events`, up to `ms` (-1: forever; 0: no wait); the
+/// events it reports, empty on a timeout or EINTR.
+fn poll_one(fd: &OwnedFd, events: rustix::event::PollFlags, ms: i32) -> rustix::event::PollFlags {
     use rustix::event::{PollFd, PollFlags, Timespec};
-    let mut p = [PollFd::new(fd, PollFlags::IN)];
+    let mut p = [PollFd::new(fd, events)];
     let timeout = (ms >= 0).then(|| Timespec {
         tv_sec: i64::from(ms / 1000),
         tv_nsec: i64::from(ms % 1000) * 1_000_000,
     });
-    matches!(rustix::event::poll(&mut p, timeout.as_ref()), Ok(n) if n > 0)
-        && p[0].revents().contains(PollFlags::IN)
+    match rustix::event::poll(&mut p, timeout.as_ref()) {
+        Ok(n) if n > 0 => p[0].revents(),
+        _ => PollFlags::empty(),
+    }
+}
+
+/// poll() for readability of one descriptor, up to `ms` (-1: forever); whether it is
+/// readable. EINTR counts as not readable.
+pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
+    poll_one(fd, rustix::event::PollFlags::IN, ms).contains(rustix::event::PollFlags::IN)
 }
 
 /// Whether `fd` reports POLLOUT or POLLERR/POLLHUP right now (no wait): a connect in
 /// progress that already ended, as a loopback handshake has before connect returns.
 pub(crate) fn settled_now(fd: &OwnedFd) -> bool {
-    use rustix::event::{PollFd, PollFlags, Timespec};
-    let mut p = [PollFd::new(fd, PollFlags::OUT)];
-    let zero = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    matches!(rustix::event::poll(&mut p, Some(&zero)), Ok(n) if n > 0)
-        && p[0]
-            .revents()
-            .intersects(PollFlags::OUT | PollFlags::ERR | PollFlags::HUP)
+    use rustix::event::PollFlags;
+    poll_one(fd, PollFlags::OUT, 0).intersects(PollFlags::OUT | PollFlags::ERR | PollFlags::HUP)
 }
 
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so

@@ -132,6 +132,15 @@ impl Rings {
         }
     }
 
+    /// A short-circuit with buffer zones (§10.4) has zone-sent pieces waiting for us
+    /// (they sit between ring bytes without moving the ring's head).
+    #[inline]
+    pub(crate) fn rx_zone_pending(&self) -> bool {
+        self.peer.is_some_and(|(seg, dir)| {
+            seg.has_zones() && crate::shortcut::zones::pending(seg, dir) > 0
+        })
+    }
+
     /// The last close of a short-circuited stream with nothing unread: tells the peer
     /// the end through the segment (after our last head, Release) and wakes it as
     /// bytes would, so its recv returns 0 without waiting for canald to see the close.
@@ -140,7 +149,7 @@ impl Rings {
     pub(crate) fn fin_on_close(&self, s: &Sock) {
         let Some((seg, peer)) = self.peer else { return };
         let unread = self.rx_head.load(Ordering::Acquire) != self.rx_tail.load(Ordering::Relaxed)
-            || (seg.has_zones() && crate::shortcut::zones::pending(seg, peer) > 0);
+            || self.rx_zone_pending();
         if unread || s.e.linger.load(Ordering::Relaxed) == 1 {
             return;
         }

@@ -179,9 +179,7 @@ fn other_index(
 fn recv_may_go_on(s: &Sock, r: &crate::sock::core::Rings, seg: u32) -> bool {
     let fl = s.flags() | r.peer_fin();
     r.rx_head.load(Ordering::Acquire) != r.rx_tail.load(Ordering::Relaxed)
-        || r.peer
-            .filter(|(g, _)| g.has_zones())
-            .is_some_and(|(g, d)| crate::shortcut::zones::pending(g, d) > 0)
+        || r.rx_zone_pending()
         || fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
         || fl & (f::CONNECTED | f::CONNECTING) == 0
         || s.e.pending_error.load(Ordering::Relaxed) != 0
@@ -296,9 +294,9 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         }
         let fl = s.flags() | r.peer_fin();
         // Nothing (more) queued: errors, then EOF.
-        let zone_left =
-            zone.is_some_and(|(seg, dir)| crate::shortcut::zones::pending(seg, dir) > 0);
-        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed) && !zone_left {
+        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed)
+            && !r.rx_zone_pending()
+        {
             let pe = s.take_error();
             if pe != 0 {
                 return if got > 0 { Ok(got) } else { Err(pe as i32) };
