@@ -157,6 +157,13 @@ fn host_socket(ctx: &Ctx, c: &Caller, fd: i32) -> Res<Option<OwnedFd>> {
     }
 }
 
+/// The program's descriptor `fd` if it is a host datagram socket — where an address in
+/// a send or a source on a receive is the network's to translate; None for a stream
+/// (which ignores the address: the kernel's own call runs) and for anything not ours.
+fn host_datagram(ctx: &Ctx, c: &Caller, fd: i32) -> Res<Option<OwnedFd>> {
+    Ok(host_socket(ctx, c, fd)?.filter(|s| proto_of(s) != PROTO_TCP))
+}
+
 fn proto_of(s: &OwnedFd) -> u8 {
     match sys::sockopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE) {
         Ok(libc::SOCK_DGRAM) => PROTO_UDP,
@@ -426,12 +433,9 @@ fn datagram_dest(
 
 fn sendto(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     let fd = a[0] as i32;
-    let Some(mut s) = host_socket(ctx, c, fd)? else {
+    let Some(mut s) = host_datagram(ctx, c, fd)? else {
         return Ok(Reply::Continue);
     };
-    if proto_of(&s) == PROTO_TCP {
-        return Ok(Reply::Continue); // a stream ignores the address
-    }
     let to = read_addr(c, a[4], a[5])?;
     let Some(dest) = datagram_dest(ctx, c, n, fd, &mut s, &to)? else {
         return Ok(Reply::Value(a[2] as i64));
@@ -550,12 +554,9 @@ fn read_msghdr(c: &Caller, p: u64) -> Res<MsgHdr> {
 /// data gathered from the program's iovecs, its ancillary data passed on.
 fn sendmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     let fd = a[0] as i32;
-    let Some(mut s) = host_socket(ctx, c, fd)? else {
+    let Some(mut s) = host_datagram(ctx, c, fd)? else {
         return Ok(Reply::Continue);
     };
-    if proto_of(&s) == PROTO_TCP {
-        return Ok(Reply::Continue);
-    }
     let m = read_msghdr(c, a[1])?;
     if m.name == 0 {
         return Ok(Reply::Continue); // connected: the kernel sends to its (translated) peer
@@ -614,12 +615,9 @@ const MSG_LEN_AT: u64 = 56;
 /// Without any address the kernel sends to the (translated) peer itself.
 fn sendmmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     let fd = a[0] as i32;
-    let Some(mut s) = host_socket(ctx, c, fd)? else {
+    let Some(mut s) = host_datagram(ctx, c, fd)? else {
         return Ok(Reply::Continue);
     };
-    if proto_of(&s) == PROTO_TCP {
-        return Ok(Reply::Continue);
-    }
     let vlen = a[2].min(MAX_IOV); // UIO_MAXIOV, as the kernel caps it
     let mut msgs = Vec::new();
     for i in 0..vlen {
@@ -650,12 +648,9 @@ fn sendmmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
 /// recvmsg on a datagram host socket: admitted as recvfrom's, scattered into the
 /// program's iovecs, its source in the network's view, ancillary data and flags back.
 fn recvmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
-    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
+    let Some(s) = host_datagram(ctx, c, a[0] as i32)? else {
         return Ok(Reply::Continue);
     };
-    if proto_of(&s) == PROTO_TCP {
-        return Ok(Reply::Continue);
-    }
     let m = read_msghdr(c, a[1])?;
     let flags = a[2] as i32;
     let room: usize = m.iov.iter().map(|v| v.1).sum::<usize>().min(MAX_IO);
@@ -710,20 +705,19 @@ fn deliver(
 /// MSG_WAITFORONE, and the timeout is looked at after each datagram; an error after
 /// the first ends the batch with the count received.
 fn recvmmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
-    let Some(s) = host_socket(ctx, c, a[0] as i32)? else {
+    let Some(s) = host_datagram(ctx, c, a[0] as i32)?.filter(|_| a[2] > 0) else {
         return Ok(Reply::Continue);
     };
-    if proto_of(&s) == PROTO_TCP || a[2] == 0 {
-        return Ok(Reply::Continue);
-    }
     let flags = a[3] as i32;
     let deadline = match a[4] {
         0 => None,
         p => {
+            // vm_read gives all 16 bytes or EFAULT (a timespec only partly readable,
+            // as the kernel's copy says), so both words are there.
             let t = sys::vm_read(c.pid, p, 16).map_err(|_| errno::EFAULT)?;
             let word = |o: usize| i64::from_ne_bytes(t[o..o + 8].try_into().unwrap_or_default());
             let (sec, nsec) = (word(0), word(8));
-            if t.len() < 16 || sec < 0 || !(0..1_000_000_000).contains(&nsec) {
+            if sec < 0 || !(0..1_000_000_000).contains(&nsec) {
                 return Err(errno::EINVAL);
             }
             let d = std::time::Duration::new(sec as u64, nsec as u32);
