@@ -642,7 +642,18 @@ def test_static_and_canal_programs_share_one_network(canald, procs, python, nets
     assert "got static [::ffff:127.0.0.1]:" in out, p.describe()
     assert "canal-client static [::ffff:127.0.0.1]:" in out, p.describe()
     assert f"got container 127.0.0.1 | local 127.0.0.1:" in out, "a static client of a canal server"
-    lo = next(n["loopback"] for n in canald.stat()["networks"] if n["name"] == "isolated:mixed")
+    net = next(n for n in canald.stat()["networks"] if n["name"] == "isolated:mixed")
+    # canal stat lists the seccomp-served sockets still open: the static server's
+    # listener only (its clients exited, its accepted connections are closed).
+    open_ = net["seccomp"]["open"]
+    assert [(s["kind"], s["state"], s["local"], s["host_local"]) for s in open_] == [
+        ("tcp-listener", "listen", f"[::]:{g}", f"[::ffff:127.0.0.1]:{h}")], open_
+    assert Path(f"/proc/{open_[0]['pid']}/comm").read_text().strip() == "netstatic", open_
+    text = subprocess.run([canald.canal_bin, "stat", "--socket", canald.socket], capture_output=True,
+                          text=True, timeout=20).stdout
+    row = f"{open_[0]['pid']}  {open_[0]['fd']:>5}  tcp-listener  listen"
+    assert "(served by seccomp)" in text and row in text, text
+    lo = net["loopback"]
     got = _connect(lo, g)
     assert got.startswith("error") or got == "", f"the host reached the unpublished static server: {got}"
     assert _connect("127.0.0.1", h).startswith("static [::ffff:10.0.2.2]:")

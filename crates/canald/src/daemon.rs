@@ -611,7 +611,7 @@ impl Daemon {
                 .networks
                 .views()
                 .iter()
-                .map(|n| stat::net_stat(n))
+                .map(|n| stat::net_stat(n, true))
                 .collect(),
         }
     }

@@ -112,10 +112,45 @@ pub(crate) struct SeccompStat {
     pub(crate) passed: u64,
     pub(crate) replaced: u64,
     pub(crate) errors: u64,
+    /// The installed sockets still open (the daemon's list of networks only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) open: Option<Vec<SeccompSockStat>>,
 }
 
-/// A network's line in the listing.
-pub(crate) fn net_stat(n: &crate::guest::netview::NetView) -> NetStat {
+/// A socket served through seccomp that is still open.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct SeccompSockStat {
+    pub(crate) pid: u32,
+    pub(crate) fd: i32,
+    /// "tcp", "tcp-listener" or "udp".
+    pub(crate) kind: &'static str,
+    /// As `ss` names it ("established", "listen", "syn-sent", …; "bound" for a socket
+    /// neither listening nor connected, "connected" for a connected datagram socket).
+    pub(crate) state: &'static str,
+    /// Both ends in the guest's view (the name it bound, while unconnected), and the
+    /// host's local address (what the outside sees).
+    pub(crate) local: String,
+    pub(crate) peer: String,
+    pub(crate) host_local: String,
+}
+
+impl SeccompSockStat {
+    fn of(n: &crate::guest::netview::NetView, s: crate::seccomp::installed::OpenSocket) -> Self {
+        SeccompSockStat {
+            pid: s.pid,
+            fd: s.fd,
+            kind: s.kind,
+            state: s.state,
+            local: fmt_addr(s.bound.or(s.host_local.map(|h| n.local(&h)))),
+            peer: fmt_addr(s.host_peer.map(|p| n.peer(&p))),
+            host_local: fmt_addr(s.host_local),
+        }
+    }
+}
+
+/// A network's line in the listing; `with_open`: with its seccomp-served sockets still
+/// open (found under /proc: the daemon's list of networks, not each guest's line).
+pub(crate) fn net_stat(n: &crate::guest::netview::NetView, with_open: bool) -> NetStat {
     let (bound, own_conns) = n.counts();
     let [sockets, calls, passed, replaced, errors] = n.served.snapshot();
     NetStat {
@@ -130,6 +165,12 @@ pub(crate) fn net_stat(n: &crate::guest::netview::NetView) -> NetStat {
             passed,
             replaced,
             errors,
+            open: with_open.then(|| {
+                let open = n.served.installed.open();
+                open.into_iter()
+                    .map(|s| SeccompSockStat::of(n, s))
+                    .collect()
+            }),
         }),
     }
 }
@@ -320,7 +361,7 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         deferred_wakes: g.deferred_wakes,
         worker: 0,
         doorbell_kicks: g.doorbell.map(|d| d.kicks),
-        network: g.cfg.net.as_deref().map(net_stat),
+        network: g.cfg.net.as_deref().map(|n| net_stat(n, false)),
         requests: g.served,
         errors: g.failed,
         closed_tx_bytes: g.freed_bytes.0,
@@ -469,6 +510,10 @@ pub(crate) fn render_text(s: &Snapshot) -> String {
             n.loopback,
             n.published.join(", ")
         );
+        let open = n.seccomp.as_ref().and_then(|c| c.open.as_deref());
+        if let Some(open) = open.filter(|o| !o.is_empty()) {
+            render_seccomp_sockets(&mut o, open);
+        }
     }
     for g in &s.guests {
         let _ = writeln!(
@@ -524,6 +569,36 @@ pub(crate) fn render_text(s: &Snapshot) -> String {
         }
     }
     o
+}
+
+/// A network's sockets served through seccomp, under its line: the guest's view of
+/// each end, and the host address the outside sees.
+fn render_seccomp_sockets(o: &mut String, open: &[SeccompSockStat]) {
+    let dash = |a: &str| {
+        if a.is_empty() {
+            "-".to_string()
+        } else {
+            a.to_string()
+        }
+    };
+    let _ = writeln!(
+        o,
+        "  {:>8}  {:>5}  {:<12}  {:<11}  {:<22}  {:<22}  {:<22}  (served by seccomp)",
+        "PID", "FD", "KIND", "STATE", "LOCAL", "PEER", "HOST"
+    );
+    for k in open {
+        let _ = writeln!(
+            o,
+            "  {:>8}  {:>5}  {:<12}  {:<11}  {:<22}  {:<22}  {:<22}",
+            k.pid,
+            k.fd,
+            k.kind,
+            k.state,
+            dash(&k.local),
+            dash(&k.peer),
+            dash(&k.host_local)
+        );
+    }
 }
 
 /// The listing the tests render (also `metrics::prom`'s).

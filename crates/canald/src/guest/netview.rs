@@ -95,6 +95,8 @@ pub(crate) struct Served {
     pub(crate) replaced: AtomicU64,
     /// Calls answered with an error.
     pub(crate) errors: AtomicU64,
+    /// The sockets installed, their bound names, which are open (`canal stat`).
+    pub(crate) installed: crate::seccomp::installed::Installed,
 }
 
 impl Served {

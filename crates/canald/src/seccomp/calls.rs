@@ -227,6 +227,12 @@ fn socket(ctx: &Ctx, n: &Notif, domain: i32, ty: i32, proto: i32) -> Res<Reply> 
     )
     .map_err(errno_of)?;
     ctx.net.served.sockets.fetch_add(1, Ordering::Relaxed);
+    let proto = if base == libc::SOCK_DGRAM {
+        PROTO_UDP
+    } else {
+        PROTO_TCP
+    };
+    ctx.net.served.installed.add(&s, proto, None);
     Ok(Reply::Done)
 }
 
@@ -268,8 +274,16 @@ fn fresh_like(s: &OwnedFd) -> Res<OwnedFd> {
     Ok(f)
 }
 
-/// Puts `s` at the program's descriptor number `fd` (keeping its close-on-exec flag).
-fn install_at(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, s: &OwnedFd) -> Res<()> {
+/// Puts `s` at the program's descriptor number `fd` (keeping its close-on-exec flag),
+/// recording the name the program bound it to, if it did.
+fn install_at(
+    ctx: &Ctx,
+    c: &Caller,
+    n: &Notif,
+    fd: i32,
+    s: &OwnedFd,
+    name: Option<CanalAddr>,
+) -> Res<()> {
     let cloexec = std::fs::read_to_string(format!("/proc/{}/fdinfo/{fd}", c.pid))
         .ok()
         .and_then(|t| {
@@ -279,6 +293,7 @@ fn install_at(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, s: &OwnedFd) -> Res<()>
         .is_some_and(|f| f & libc::O_CLOEXEC as i64 != 0);
     sys::notif_addfd(&ctx.listener, n.id, s, Some(fd as u32), cloexec, false).map_err(errno_of)?;
     ctx.net.served.replaced.fetch_add(1, Ordering::Relaxed);
+    ctx.net.served.installed.add(s, proto_of(s), name);
     Ok(())
 }
 
@@ -303,7 +318,7 @@ fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<R
         // Not the network's own: from an unbound socket, as the kernel picks (the host
         // then sees 127.0.0.1 or its own address, as from any canal guest).
         let f = fresh_like(&s)?;
-        install_at(ctx, c, n, fd, &f)?;
+        install_at(ctx, c, n, fd, &f, None)?;
         s = f;
     }
     match sys::connect(&s, &d.addr) {
@@ -324,20 +339,8 @@ fn bind(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<Repl
     if name.port == 0 {
         name.port = sys::sockname(&f).map_or(0, |b| b.port);
     }
-    install_at(ctx, c, n, fd, &f)?;
-    remember_name(ctx, &f, name);
+    install_at(ctx, c, n, fd, &f, Some(name))?;
     Ok(Reply::Value(0))
-}
-
-/// The name a program bound, for getsockname while the socket is unconnected (the
-/// wildcard stays the wildcard). Bounded: a full table starts over.
-fn remember_name(ctx: &Ctx, s: &OwnedFd, name: CanalAddr) {
-    let Ok(ino) = sys::inode_of(s) else { return };
-    let mut m = ctx.names.lock().unwrap_or_else(|e| e.into_inner());
-    if m.len() >= 65536 {
-        m.clear();
-    }
-    m.insert(ino, name);
 }
 
 fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Reply> {
@@ -346,11 +349,13 @@ fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Rep
     };
     let view = ctx.view();
     let a = if n.nr == nr::GETSOCKNAME {
-        let bound = sys::inode_of(&s).ok().and_then(|i| {
-            let m = ctx.names.lock().unwrap_or_else(|e| e.into_inner());
-            m.get(&i).copied()
-        });
-        match bound.filter(|_| sys::peername(&s).is_err()) {
+        match ctx
+            .net
+            .served
+            .installed
+            .name_of(&s)
+            .filter(|_| sys::peername(&s).is_err())
+        {
             Some(b) => b,
             None => translate_host_local(&view, &sys::sockname(&s).map_err(errno_of)?),
         }
@@ -400,6 +405,7 @@ fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i
         let cloexec = flags & libc::SOCK_CLOEXEC != 0;
         sys::notif_addfd(&ctx.listener, n.id, &conn, None, cloexec, true).map_err(errno_of)?;
         ctx.net.served.sockets.fetch_add(1, Ordering::Relaxed);
+        ctx.net.served.installed.add(&conn, PROTO_TCP, None);
         return Ok(Reply::Done);
     }
 }
@@ -425,7 +431,7 @@ fn datagram_dest(
     };
     if !d.own && at_private(ctx, s) {
         let f = fresh_like(s)?;
-        install_at(ctx, c, n, fd, &f)?;
+        install_at(ctx, c, n, fd, &f, None)?;
         *s = f;
     }
     Ok(Some(d.addr))

@@ -3,7 +3,7 @@ use crate::guest::addr_view::GuestView;
 use crate::guest::netview::NetView;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Blocking calls (a blocking connect, accept or recvfrom) served at once, each on a
 /// thread of its own; beyond this a call gets EAGAIN.
@@ -19,8 +19,6 @@ pub(crate) struct Ctx {
     /// canald's own network namespace, as sockets report it.
     pub(crate) own_cookie: u64,
     pub(crate) blocked: AtomicUsize,
-    /// The names programs bound (by socket inode): getsockname answers them.
-    pub(crate) names: Mutex<std::collections::HashMap<u64, canal_abi::CanalAddr>>,
 }
 
 impl Ctx {

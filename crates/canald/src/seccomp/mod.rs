@@ -23,6 +23,7 @@
 mod calls;
 mod ctx;
 pub mod filter;
+pub(crate) mod installed;
 
 use crate::guest::netview::NetView;
 use crate::sys;
@@ -48,7 +49,6 @@ pub(crate) fn serve(
         loopback_only,
         policy,
         blocked: AtomicUsize::new(0),
-        names: Default::default(),
     });
     std::thread::Builder::new()
         .name("canald-seccomp".into())
