@@ -8,6 +8,7 @@ loopback or another guest's, and the host reaches a guest only on a published po
 
 import errno
 import json
+import re
 import os
 import shutil
 import signal
@@ -131,7 +132,8 @@ def test_two_isolated_guests_each_have_their_own_loopback(canald, procs, python)
         out = [l for l in p.stdout().splitlines() if l]
         assert out[0] == f"listener :: {port}", p.describe()
         assert out[1] == f"own 127.0.0.1 {tag} ::ffff:127.0.0.1 | 127.0.0.1 127.0.0.1 {port}", p.describe()
-        assert out[2] == f"own ::1 {tag} ::ffff:127.0.0.1 | ::ffff:127.0.0.1 ::ffff:127.0.0.1 {port}", p.describe()
+        # As natively: a client of ::1 is ::1 at both ends (it speaks from lo6).
+        assert out[2] == f"own ::1 {tag} ::1 | ::1 ::1 {port}", p.describe()
         assert out[3].startswith(f"own 10.0.2.15 {tag} "), p.describe()
         assert out[4] == f"udp 127.0.0.1 pong:ping 127.0.0.1 {port}", p.describe()
     na, nb = _network_of(canald, a), _network_of(canald, b)
@@ -770,3 +772,50 @@ prog = ctypes.create_string_buffer(struct.pack("=HxxxxxxQ", 1, ctypes.addressof(
 assert libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(prog)), 0, 0) == 0, os.strerror(ctypes.get_errno())  # PR_SET_SECCOMP
 os.execv(sys.argv[1], [sys.argv[1], "-c", "import socket; socket.socket()"])
 """
+
+
+# ---- IPv6-only sockets (IPV6_V6ONLY): their own port space, as natively -------------
+
+def _natively_in_a_namespace(procs, argv):
+    """argv run natively in a fresh network namespace (loopback up): the reference."""
+    unshare = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    r = procs.run([*unshare, sys.executable, str(PROGS / "lo_up.py"), *map(str, argv)], timeout=60)
+    assert r.returncode == 0, r.describe()
+    return r.stdout
+
+
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_ipv6_only_sockets_behave_as_natively(canal_bin, procs, python, mode):
+    """A program with an IPv4 and an IPV6_V6ONLY socket on one port (asyncio's
+    start_server without a host; before, its bind was EINVAL inside --isolate): each
+    takes its own family's clients, a lone one refuses the other family, the kernel's
+    rules for the option (read back, EINVAL after bind or on a mapped address,
+    ENETUNREACH to one, ENOPROTOOPT on IPv4), UDP, the dual-stack/IPv6-only collision,
+    every peer and local name — line for line as the same program natively in a
+    namespace of its own; short-circuited and through canald."""
+    base = e2e_util.free_port()
+    argv = [python, PROGS / "v6only.py", base]
+    native = _natively_in_a_namespace(procs, argv)
+    assert "::1 -> listener 1 peer ::1 local ::1:0" in native and native.endswith("done\n"), native
+    with serving_canald(canal_bin, procs, args=["--no-shortcut"] if mode == "no-shortcut" else []) as d:
+        r = procs.run(isolated(d, argv), timeout=60)
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == native, f"natively:\n{native}\nunder canal ({mode}):\n{r.stdout}"
+
+
+def test_static_and_go_ipv6_only_listeners(canald, procs, netstatic, netgo):
+    """The same for programs served through seccomp: a static C program's IPv4 and
+    IPV6_V6ONLY listeners on one port (getsockopt answered, the kernel's rules), and a
+    Go "tcp6" listener on ::1 (Go probes IPV6_V6ONLY at start: refused, it believed the
+    namespace had no IPv6 and dialled ::1 as 127.0.0.1)."""
+    port = e2e_util.free_port()
+    native = _natively_in_a_namespace(procs, [netstatic, "v6only", port])
+    assert "::1: listener v6 peer [::1]" in native, native
+    r = procs.run(isolated(canald, [netstatic, "v6only", port]), timeout=60)
+    assert r.returncode == 0 and r.stdout == native, f"natively:\n{native}\nunder canal:\n{r.describe()}"
+    script = f"{netgo} serve6 {port} 1 & sleep 1; {netgo} dial [::1]:{port}; {netgo} dial 127.0.0.1:{port}; wait"
+    native = _natively_in_a_namespace(procs, ["sh", "-c", script])
+    r = procs.run(isolated(canald, ["sh", "-c", script]), timeout=60)
+    strip = lambda out: re.sub(r"\]:\d+ local \[::1\]:\d+", "]:P local [::1]:P", out)
+    assert f"listening [::1]:{port}" in native and "connection refused" in native, native
+    assert strip(r.stdout) == strip(native), f"natively:\n{native}\nunder canal:\n{r.describe()}"

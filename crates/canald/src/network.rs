@@ -9,7 +9,7 @@
 //! a namespace and live while a guest or the registering connection uses them.
 #![forbid(unsafe_code)]
 
-use crate::guest::netview::{NetView, Publish, PRIVATE_LO, PROTO_TCP, PROTO_UDP};
+use crate::guest::netview::{is_private_ip, NetView, Publish, PRIVATE_LO, PROTO_TCP, PROTO_UDP};
 use crate::sys::{self, NsId};
 use canal_abi::control::{NETWORK_BODY, NETWORK_OK_BODY, NETWORK_PUBLISH, VM_MAX_PUBLISH};
 use canal_abi::{errno, CanalAddr};
@@ -167,7 +167,7 @@ impl Networks {
 /// range, and name real ports.
 fn check_publish(publish: &[Publish], live: &[Arc<NetView>]) -> Result<(), (i32, String)> {
     for (i, p) in publish.iter().enumerate() {
-        if p.host_port == 0 || p.guest_port == 0 || p.host_ip[..2] == PRIVATE_LO {
+        if p.host_port == 0 || p.guest_port == 0 || is_private_ip(p.host_ip) {
             return Err((errno::EINVAL, format!("cannot publish {}", show(p))));
         }
         let clash = |q: &Publish| {
@@ -227,7 +227,7 @@ pub fn parse_publish(s: &str) -> Result<Publish, String> {
         host_port: port(h)?,
         guest_port: port(g)?,
     };
-    if p.host_ip[..2] == PRIVATE_LO {
+    if is_private_ip(p.host_ip) {
         return Err(format!("{ip} is in canald's private range 127.100.0.0/16"));
     }
     Ok(p)

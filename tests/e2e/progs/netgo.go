@@ -21,8 +21,13 @@ func main() {
 		}
 		line, _ := bufio.NewReader(c).ReadString('\n')
 		fmt.Printf("got %s local %s remote %s\n", line[:len(line)-1], c.LocalAddr(), c.RemoteAddr())
-	case "serve":
-		l, err := net.Listen("tcp", ":"+os.Args[2])
+	case "serve", "serve6":
+		// serve6: an IPv6-only listener on ::1 ("tcp6": Go sets IPV6_V6ONLY).
+		network, addr := "tcp", ":"+os.Args[2]
+		if os.Args[1] == "serve6" {
+			network, addr = "tcp6", "[::1]:"+os.Args[2]
+		}
+		l, err := net.Listen(network, addr)
 		if err != nil {
 			fmt.Println("error", err)
 			os.Exit(1)

@@ -14,9 +14,15 @@
  *                                 blocking recvmmsg of both (no MSG_WAITFORONE)
  *   netstatic udpmmsgconn HOST PORT  the same as udpmmsg on a connected socket (no
  *                                 addresses: the kernel sends to the peer)
+ *   netstatic v6only PORT         an IPv4 and an IPV6_V6ONLY listener on one port (as
+ *                                 asyncio and nginx make them): which one a client of
+ *                                 127.0.0.1 and of ::1 reaches, what each side sees,
+ *                                 and the kernel's IPV6_V6ONLY rules
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +106,89 @@ static int serve(int port, int n) {
         write(c, out, k);
         close(c);
     }
+    return 0;
+}
+
+static int listen_on(int family, int port, int v6only) {
+    int s = socket(family, SOCK_STREAM, 0), one = 1;
+    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (family == AF_INET6 && setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only) < 0)
+        perror("IPV6_V6ONLY");
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+    struct sockaddr_in a4 = v4("0.0.0.0", port);
+    int r = family == AF_INET6 ? bind(s, (struct sockaddr *)&a6, sizeof a6)
+                               : bind(s, (struct sockaddr *)&a4, sizeof a4);
+    if (r < 0 || listen(s, 4) < 0) {
+        perror("bind/listen");
+        exit(1);
+    }
+    return s;
+}
+
+/* Connects to host:port ("::1" or an IPv4 address); prints which of the two listeners
+ * took it, the peer it saw and the client's names. */
+static void dial_pair(const char *host, int port, int l4, int l6) {
+    struct sockaddr_storage d = {0};
+    socklen_t dl;
+    if (strchr(host, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&d;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons(port);
+        inet_pton(AF_INET6, host, &a->sin6_addr);
+        dl = sizeof *a;
+    } else {
+        *(struct sockaddr_in *)&d = v4(host, port);
+        dl = sizeof(struct sockaddr_in);
+    }
+    int c = socket(d.ss_family, SOCK_STREAM, 0);
+    if (connect(c, (struct sockaddr *)&d, dl) < 0) {
+        printf("%s: connect: %s\n", host, strerror(errno));
+        close(c);
+        return;
+    }
+    struct pollfd p[2] = {{.fd = l4, .events = POLLIN}, {.fd = l6, .events = POLLIN}};
+    poll(p, 2, 2000);
+    int which = p[0].revents & POLLIN ? 0 : 1;
+    struct sockaddr_storage ps, ls, cl;
+    socklen_t pl = sizeof ps, ll = sizeof ls, cll = sizeof cl;
+    int a = accept(which ? l6 : l4, (struct sockaddr *)&ps, &pl);
+    getsockname(a, (struct sockaddr *)&ls, &ll);
+    getsockname(c, (struct sockaddr *)&cl, &cll);
+    char b1[80], b2[80], b3[80];
+    /* Ports: the listener's is fixed, the client's the kernel's: shown as "P". */
+    *strrchr(name(&ps, b1), ':') = 0;
+    *strrchr(name(&cl, b3), ':') = 0;
+    printf("%s: listener %s peer %s local %s client %s\n", host, which ? "v6" : "v4", b1,
+           name(&ls, b2), b3);
+    close(a);
+    close(c);
+}
+
+static int v6only_pair(int port) {
+    int l4 = listen_on(AF_INET, port, 0), l6 = listen_on(AF_INET6, port, 1), v = -1;
+    socklen_t vl = sizeof v;
+    getsockopt(l6, IPPROTO_IPV6, IPV6_V6ONLY, &v, &vl);
+    printf("IPV6_V6ONLY reads %d (%u bytes)\n", v, vl);
+    dial_pair("127.0.0.1", port, l4, l6);
+    dial_pair("::1", port, l4, l6);
+    int zero = 0, one = 1;
+    if (setsockopt(l6, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0)
+        printf("set after bind: %s\n", strerror(errno));
+    int s = socket(AF_INET6, SOCK_STREAM, 0);
+    setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    struct sockaddr_in6 m = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+    inet_pton(AF_INET6, "::ffff:127.0.0.1", &m.sin6_addr);
+    if (connect(s, (struct sockaddr *)&m, sizeof m) < 0)
+        printf("v6only to a mapped address: %s\n", strerror(errno));
+    close(s);
+    close(l4);
+    close(l6);
+    /* Alone, the IPv6-only listener refuses IPv4 clients. */
+    l6 = listen_on(AF_INET6, port + 1, 1);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = v4("127.0.0.1", port + 1);
+    if (connect(s, (struct sockaddr *)&a, sizeof a) < 0)
+        printf("IPv4 to a lone IPv6-only listener: %s\n", strerror(errno));
     return 0;
 }
 
@@ -226,6 +315,8 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && !strcmp(argv[1], "dial"))
         return dial(argv[2], atoi(argv[3]));
+    if (argc == 3 && !strcmp(argv[1], "v6only"))
+        return v6only_pair(atoi(argv[2]));
     if (argc == 4 && !strcmp(argv[1], "serve"))
         return serve(atoi(argv[2]), atoi(argv[3]));
     if (argc == 4 && !strcmp(argv[1], "udp"))

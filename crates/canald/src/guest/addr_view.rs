@@ -13,9 +13,10 @@ pub(crate) fn translate_guest_addr(
     guest: &GuestView,
     a: &CanalAddr,
     proto: u8,
+    v6only: bool,
 ) -> Result<Dest, i32> {
     let d = match &guest.net {
-        Some(n) => match n.dest(a, proto) {
+        Some(n) => match n.dest(a, proto, v6only) {
             // An own port the table does not know may be a seccomp-served program's.
             Err(e) if e == errno::ECONNREFUSED => Dest {
                 addr: n.held_by_program(a, proto).ok_or(e)?,
@@ -45,9 +46,10 @@ pub(crate) fn translate_guest_bind(
     guest: &GuestView,
     a: &CanalAddr,
     proto: u8,
+    v6only: bool,
 ) -> Result<CanalAddr, i32> {
     let a = match &guest.net {
-        Some(n) => n.bind(a, proto)?,
+        Some(n) => n.bind(a, proto, v6only)?,
         None if is_private_lo(a) => return Err(errno::EADDRNOTAVAIL),
         None => *a,
     };
@@ -65,10 +67,28 @@ pub(crate) fn translate_host_addr(guest: &GuestView, a: &CanalAddr) -> CanalAddr
     }
 }
 
-/// Host address → guest view of a local address (getsockname).
-pub(crate) fn translate_host_local(guest: &GuestView, a: &CanalAddr) -> CanalAddr {
+/// Host address → guest view of a connected socket's peer (getpeername); `local`:
+/// the socket's own host address (`NetView::peer_from`).
+pub(crate) fn translate_host_peer(
+    guest: &GuestView,
+    a: &CanalAddr,
+    local: Option<&CanalAddr>,
+) -> CanalAddr {
     match &guest.net {
-        Some(n) => n.local(a),
+        Some(n) => n.peer_from(a, local),
+        None => *a,
+    }
+}
+
+/// Host address → guest view of a local address (getsockname); `peer`: the host
+/// address of a connected socket's peer (`NetView::local_toward`).
+pub(crate) fn translate_host_local(
+    guest: &GuestView,
+    a: &CanalAddr,
+    peer: Option<&CanalAddr>,
+) -> CanalAddr {
+    match &guest.net {
+        Some(n) => n.local_toward(a, peer),
         None => *a,
     }
 }

@@ -2,6 +2,7 @@
 use crate::guest::addr_view::translate_guest_addr;
 use crate::guest::addr_view::translate_host_addr;
 use crate::guest::netops::bind_own_source;
+use crate::guest::netview::is_plain_v6;
 use crate::guest::netview::PROTO_UDP;
 use crate::guest::socket::Corrupt;
 use crate::guest::socket::Phase;
@@ -32,12 +33,13 @@ fn dgram_dest(
     s: &mut crate::guest::socket::HostSocket,
     raw: &[u8; canal_abi::addr::ADDR_SIZE],
 ) -> Result<Option<CanalAddr>, Option<i32>> {
-    match CanalAddr::decode(raw).map(|a| translate_guest_addr(view, &a, PROTO_UDP)) {
+    let guest = CanalAddr::decode(raw);
+    match guest.map(|a| translate_guest_addr(view, &a, PROTO_UDP, s.v6only)) {
         Some(Ok(d)) => {
-            if let (true, Some(net)) = (d.own, &view.net) {
+            if let (true, Some(net), Some(a)) = (d.own, &view.net, guest) {
                 // Best effort: without it the datagram leaves from the kernel's
                 // autobound address.
-                let _ = bind_own_source(s, net, &d.addr);
+                let _ = bind_own_source(s, net, &d.addr, is_plain_v6(&a));
             }
             Ok(Some(d.addr))
         }

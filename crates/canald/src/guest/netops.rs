@@ -2,7 +2,7 @@
 //! the destination of connect, and the source a socket reaching its own network
 //! speaks from (`netview.rs`).
 use crate::guest::addr_view::{translate_guest_addr, translate_guest_bind, GuestView};
-use crate::guest::netview::{in_family, Dest, NetView, PROTO_UDP};
+use crate::guest::netview::{in_family, is_plain_v6, Dest, NetView, PROTO_UDP};
 use crate::guest::socket::{fd_of, HostSocket};
 use crate::guest::state::Guest;
 use crate::sys;
@@ -25,7 +25,7 @@ impl Guest {
             return Err(canal_abi::errno::EINVAL);
         }
         let proto = s.proto();
-        let host = translate_guest_bind(view, a, proto)?;
+        let host = translate_guest_bind(view, a, proto, s.v6only)?;
         let fd = fd_of(s)?;
         sys::bind(fd, &host).map_err(|e| sys::errno_of(&e))?;
         if let Some(net) = &view.net {
@@ -48,22 +48,65 @@ impl Guest {
         a: &CanalAddr,
     ) -> Result<Dest, i32> {
         let s = self.live(index)?;
-        let d = translate_guest_addr(view, a, s.proto())?;
+        let d = translate_guest_addr(view, a, s.proto(), s.v6only)?;
         if let (true, Some(net)) = (d.own, &view.net) {
-            bind_own_source(s, net, &d.addr)?;
+            bind_own_source(s, net, &d.addr, is_plain_v6(a))?;
         }
         Ok(d)
     }
 }
 
-/// A socket reaching one of its network's own sockets speaks from the network's
-/// loopback (so the peer sees 127.0.0.1, and an unpublished listener admits it):
-/// bound there first, any port, unless it already has an address; then recorded so
-/// the peer can answer (UDP) or be admitted (TCP).
+/// IPV6_V6ONLY in a network's view: kept by canald (`HostSocket::v6only`), not
+/// given to the host socket, whose own addresses are IPv4-mapped private ones.
+pub(crate) fn is_v6only(view: &GuestView, level: i32, name: i32) -> bool {
+    view.net.is_some() && level == libc::IPPROTO_IPV6 && name == libc::IPV6_V6ONLY
+}
+
+impl Guest {
+    /// setsockopt(IPV6_V6ONLY) in a network's view, with the kernel's checks: an
+    /// AF_INET6 socket (else ENOPROTOOPT), at least an int, not once bound or
+    /// connected (EINVAL).
+    pub(crate) fn set_view_v6only(&mut self, index: u32, value: &[u8]) -> Result<(), i32> {
+        let s = self.live(index)?;
+        if s.family != canal_abi::addr::FAMILY_INET6 {
+            return Err(libc::ENOPROTOOPT);
+        }
+        let v: [u8; 4] = value
+            .get(..4)
+            .and_then(|v| v.try_into().ok())
+            .ok_or(libc::EINVAL)?;
+        let bound = s.seg.is_some()
+            || s.net.is_tied()
+            || s.fd
+                .as_ref()
+                .is_some_and(|fd| sys::sockname(fd).is_ok_and(|a| a.port != 0));
+        if bound {
+            return Err(libc::EINVAL);
+        }
+        s.v6only = i32::from_ne_bytes(v) != 0;
+        Ok(())
+    }
+
+    /// getsockopt(IPV6_V6ONLY) in a network's view.
+    pub(crate) fn view_v6only(&mut self, index: u32) -> Result<i32, i32> {
+        let s = self.live(index)?;
+        if s.family != canal_abi::addr::FAMILY_INET6 {
+            return Err(libc::ENOPROTOOPT);
+        }
+        Ok(i32::from(s.v6only))
+    }
+}
+
+/// A socket reaching one of its network's own sockets (at host address `dst`) speaks
+/// from the network's loopback (so the peer sees 127.0.0.1, or ::1 when the guest
+/// named an IPv6 destination, `v6`; and an unpublished listener admits it): bound
+/// there first, any port, unless it already has an address; then recorded so the peer
+/// can answer (UDP) or be admitted (TCP).
 pub(crate) fn bind_own_source(
     s: &mut HostSocket,
     net: &Arc<NetView>,
     dst: &CanalAddr,
+    v6: bool,
 ) -> Result<(), i32> {
     if s.net.is_tied() {
         return Ok(());
@@ -72,15 +115,15 @@ pub(crate) fn bind_own_source(
     if sys::sockname(fd).map_or(true, |a| a.port != 0) {
         return Ok(()); // it has an address already: the kernel's choice stands
     }
-    sys::bind(fd, &net.own_source(dst)).map_err(|e| sys::errno_of(&e))?;
-    let port = sys::sockname(fd).map_err(|e| sys::errno_of(&e))?.port;
+    sys::bind(fd, &net.own_source(dst, v6)).map_err(|e| sys::errno_of(&e))?;
+    let local = sys::sockname(fd).map_err(|e| sys::errno_of(&e))?;
     s.net = if s.proto() == PROTO_UDP {
         // Named as an autobound socket is natively: the wildcard and its port.
-        let mut wild = in_family(dst, [0; 4], port);
+        let mut wild = in_family(dst, [0; 4], local.port);
         wild.addr = [0; 16];
-        net.record_bind(PROTO_UDP, wild, &in_family(dst, net.lo, port))
+        net.record_bind(PROTO_UDP, wild, &local)
     } else {
-        net.record_client(port)
+        net.record_client(&local)
     };
     Ok(())
 }

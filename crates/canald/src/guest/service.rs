@@ -1,7 +1,8 @@
 //! One service round: requests from the queue, their dispatch (`execute`), socket
 //! events, and the sockets marked dirty.
-use crate::guest::addr_view::translate_host_addr;
 use crate::guest::addr_view::translate_host_local;
+use crate::guest::addr_view::translate_host_peer;
+use crate::guest::netops::is_v6only;
 use crate::guest::socket::decode_linger;
 use crate::guest::socket::encode_linger;
 use crate::guest::socket::fd_of;
@@ -316,6 +317,15 @@ impl Guest {
                 Ok((0, 0))
             }
             Cmd::Shutdown(how) => self.op_shutdown(index, how),
+            Cmd::SetOpt { level, name, value } if is_v6only(&view, level, name) => {
+                self.set_view_v6only(index, &value).map(|()| (0, 0))
+            }
+            Cmd::GetOpt { level, name, len } if is_v6only(&view, level, name) => {
+                let v = self.view_v6only(index)?.to_ne_bytes();
+                let n = len.min(v.len());
+                out[..n].copy_from_slice(&v[..n]);
+                Ok((0, n))
+            }
             Cmd::SetOpt { level, name, value } if is_linger(level, name) => {
                 let l = decode_linger(&value)?;
                 self.live(index)?.linger = l;
@@ -356,9 +366,9 @@ impl Guest {
                         l.peer
                     };
                     let a = if cmd == Cmd::SockName {
-                        translate_host_local(&view, &a)
+                        translate_host_local(&view, &a, Some(&l.peer))
                     } else {
-                        translate_host_addr(&view, &a)
+                        translate_host_peer(&view, &a, Some(&l.local))
                     }
                     .encode();
                     out[..a.len()].copy_from_slice(&a);
@@ -374,9 +384,11 @@ impl Guest {
                     return Ok((0, a.len()));
                 }
                 let a = if cmd == Cmd::SockName {
-                    sys::sockname(fd).map(|a| translate_host_local(&view, &a))
+                    let peer = sys::peername(fd).ok();
+                    sys::sockname(fd).map(|a| translate_host_local(&view, &a, peer.as_ref()))
                 } else {
-                    sys::peername(fd).map(|a| translate_host_addr(&view, &a))
+                    let local = sys::sockname(fd).ok();
+                    sys::peername(fd).map(|a| translate_host_peer(&view, &a, local.as_ref()))
                 }
                 .map_err(|e| sys::errno_of(&e))?
                 .encode();

@@ -143,6 +143,9 @@ pub(crate) struct HostSocket {
     /// The guest's kept options (entry `options`, protocol §3.4) as last applied to
     /// the host socket (`sockopt::apply_kept`).
     pub(crate) applied_opts: u64,
+    /// The guest's IPV6_V6ONLY in a network's view, where the host socket stays dual
+    /// stack (its own addresses are IPv4-mapped private ones; `NetView::lo6`).
+    pub(crate) v6only: bool,
 }
 
 /// A listener's accept queue as canald sees it.
@@ -253,6 +256,7 @@ impl HostSocket {
             named: false,
             net: NetTie::default(),
             applied_opts: 0,
+            v6only: false,
         }
     }
 

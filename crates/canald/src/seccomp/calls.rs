@@ -4,8 +4,8 @@
 use super::ctx::{Ctx, MAX_BLOCKED};
 use super::filter::nr;
 use crate::guest::addr_view::{translate_guest_addr, translate_guest_bind};
-use crate::guest::addr_view::{translate_host_addr, translate_host_local};
-use crate::guest::netview::{in_family, is_v4, PROTO_TCP, PROTO_UDP};
+use crate::guest::addr_view::{translate_host_addr, translate_host_local, translate_host_peer};
+use crate::guest::netview::{in_family, is_plain_v6, is_v4, PROTO_TCP, PROTO_UDP};
 use crate::sys::{self, Notif};
 use canal_abi::{errno, CanalAddr};
 use std::cell::RefCell;
@@ -112,7 +112,8 @@ fn dispatch(ctx: &Ctx, c: &Caller, n: &Notif) -> Reply {
         nr::RECVMSG => recvmsg(ctx, c, n, a),
         nr::SENDMMSG => sendmmsg(ctx, c, n, a),
         nr::RECVMMSG => recvmmsg(ctx, c, n, a),
-        nr::SETSOCKOPT => v6only(ctx, c, a[0] as i32, a[3], a[4]),
+        nr::SETSOCKOPT => set_v6only(ctx, c, a[0] as i32, a[3], a[4]),
+        nr::GETSOCKOPT => get_v6only(ctx, c, a[0] as i32, a[3], a[4]),
         _ => Ok(Reply::Continue),
     };
     r.unwrap_or_else(Reply::Errno)
@@ -232,7 +233,7 @@ fn socket(ctx: &Ctx, n: &Notif, domain: i32, ty: i32, proto: i32) -> Res<Reply> 
     } else {
         PROTO_TCP
     };
-    ctx.net.served.installed.add(&s, proto, None);
+    ctx.net.served.installed.add(&s, proto, None, false);
     Ok(Reply::Done)
 }
 
@@ -275,14 +276,14 @@ fn fresh_like(s: &OwnedFd) -> Res<OwnedFd> {
 }
 
 /// Puts `s` at the program's descriptor number `fd` (keeping its close-on-exec flag),
-/// recording the name the program bound it to, if it did.
+/// recording the name the program bound it to, if it did, and its IPV6_V6ONLY.
 fn install_at(
     ctx: &Ctx,
     c: &Caller,
     n: &Notif,
     fd: i32,
     s: &OwnedFd,
-    name: Option<CanalAddr>,
+    (name, v6only): (Option<CanalAddr>, bool),
 ) -> Res<()> {
     let cloexec = std::fs::read_to_string(format!("/proc/{}/fdinfo/{fd}", c.pid))
         .ok()
@@ -293,13 +294,20 @@ fn install_at(
         .is_some_and(|f| f & libc::O_CLOEXEC as i64 != 0);
     sys::notif_addfd(&ctx.listener, n.id, s, Some(fd as u32), cloexec, false).map_err(errno_of)?;
     ctx.net.served.replaced.fetch_add(1, Ordering::Relaxed);
-    ctx.net.served.installed.add(s, proto_of(s), name);
+    ctx.net.served.installed.add(s, proto_of(s), name, v6only);
     Ok(())
 }
 
-/// Whether `s` is still bound to the network's private loopback.
-fn at_private(ctx: &Ctx, s: &OwnedFd) -> bool {
+/// Whether `s` is as `socket()` made it: on `lo`, not bound by the program.
+fn born_here(ctx: &Ctx, s: &OwnedFd) -> bool {
     sys::sockname(s).is_ok_and(|a| is_v4(&a, ctx.net.lo))
+        && ctx.net.served.installed.name_of(s).is_none()
+}
+
+/// Whether `s` is still bound to the network's private loopback (or its IPv6-only
+/// twin).
+fn at_private(ctx: &Ctx, s: &OwnedFd) -> bool {
+    sys::sockname(s).is_ok_and(|a| is_v4(&a, ctx.net.lo) || is_v4(&a, ctx.net.lo6()))
 }
 
 fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<Reply> {
@@ -313,12 +321,20 @@ fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<R
             .map_err(errno_of);
     }
     let a = read_addr(c, p, len)?;
-    let d = translate_guest_addr(&ctx.view(), &a, proto_of(&s))?;
+    let v6only = ctx.net.served.installed.v6only_of(&s);
+    let d = translate_guest_addr(&ctx.view(), &a, proto_of(&s), v6only)?;
     if !d.own && at_private(ctx, &s) {
         // Not the network's own: from an unbound socket, as the kernel picks (the host
         // then sees 127.0.0.1 or its own address, as from any canal guest).
         let f = fresh_like(&s)?;
-        install_at(ctx, c, n, fd, &f, None)?;
+        install_at(ctx, c, n, fd, &f, (None, v6only))?;
+        s = f;
+    } else if d.own && is_plain_v6(&a) && born_here(ctx, &s) {
+        // An IPv6 destination of its own network: from the IPv6 twin, so the peer
+        // sees ::1 as natively (`NetView::own_source`).
+        let f = fresh_like(&s)?;
+        sys::bind(&f, &ctx.net.own_source(&d.addr, true)).map_err(errno_of)?;
+        install_at(ctx, c, n, fd, &f, (None, v6only))?;
         s = f;
     }
     match sys::connect(&s, &d.addr) {
@@ -332,14 +348,15 @@ fn bind(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<Repl
         return Ok(Reply::Continue);
     };
     let a = read_addr(c, p, len)?;
-    let host = translate_guest_bind(&ctx.view(), &a, proto_of(&s))?;
+    let v6only = ctx.net.served.installed.v6only_of(&s);
+    let host = translate_guest_bind(&ctx.view(), &a, proto_of(&s), v6only)?;
     let f = fresh_like(&s)?;
     sys::bind(&f, &host).map_err(errno_of)?;
     let mut name = a;
     if name.port == 0 {
         name.port = sys::sockname(&f).map_or(0, |b| b.port);
     }
-    install_at(ctx, c, n, fd, &f, Some(name))?;
+    install_at(ctx, c, n, fd, &f, (Some(name), v6only))?;
     Ok(Reply::Value(0))
 }
 
@@ -349,18 +366,23 @@ fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Rep
     };
     let view = ctx.view();
     let a = if n.nr == nr::GETSOCKNAME {
+        let peer = sys::peername(&s).ok();
         match ctx
             .net
             .served
             .installed
             .name_of(&s)
-            .filter(|_| sys::peername(&s).is_err())
+            .filter(|_| peer.is_none())
         {
             Some(b) => b,
-            None => translate_host_local(&view, &sys::sockname(&s).map_err(errno_of)?),
+            None => {
+                let local = sys::sockname(&s).map_err(errno_of)?;
+                translate_host_local(&view, &local, peer.as_ref())
+            }
         }
     } else {
-        translate_host_addr(&view, &sys::peername(&s).map_err(errno_of)?)
+        let local = sys::sockname(&s).ok();
+        translate_host_peer(&view, &sys::peername(&s).map_err(errno_of)?, local.as_ref())
     };
     write_addr(c, p, lenp, &a)?;
     Ok(Reply::Value(0))
@@ -405,7 +427,9 @@ fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i
         let cloexec = flags & libc::SOCK_CLOEXEC != 0;
         sys::notif_addfd(&ctx.listener, n.id, &conn, None, cloexec, true).map_err(errno_of)?;
         ctx.net.served.sockets.fetch_add(1, Ordering::Relaxed);
-        ctx.net.served.installed.add(&conn, PROTO_TCP, None);
+        // An accepted socket inherits its listener's IPV6_V6ONLY, as natively.
+        let v6only = ctx.net.served.installed.v6only_of(&s);
+        ctx.net.served.installed.add(&conn, PROTO_TCP, None, v6only);
         return Ok(Reply::Done);
     }
 }
@@ -424,14 +448,15 @@ fn datagram_dest(
     s: &mut OwnedFd,
     to: &CanalAddr,
 ) -> Res<Option<CanalAddr>> {
-    let d = match translate_guest_addr(&ctx.view(), to, PROTO_UDP) {
+    let v6only = ctx.net.served.installed.v6only_of(s);
+    let d = match translate_guest_addr(&ctx.view(), to, PROTO_UDP, v6only) {
         Ok(d) => d,
         Err(e) if e == errno::ECONNREFUSED => return Ok(None),
         Err(e) => return Err(e),
     };
     if !d.own && at_private(ctx, s) {
         let f = fresh_like(s)?;
-        install_at(ctx, c, n, fd, &f, None)?;
+        install_at(ctx, c, n, fd, &f, (None, v6only))?;
         *s = f;
     }
     Ok(Some(d.addr))
@@ -766,19 +791,50 @@ fn recvmmsg(ctx: &Ctx, c: &Caller, n: &Notif, a: [u64; 6]) -> Res<Reply> {
     Ok(Reply::Value(got as i64))
 }
 
-/// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY) on a host socket: its own addresses are
-/// carried on IPv4-mapped ones (docs/isolation.md), so dual stack (0) is what it is
-/// already, and IPv6-only (1) is refused.
-fn v6only(ctx: &Ctx, c: &Caller, fd: i32, p: u64, len: u64) -> Res<Reply> {
-    if host_socket(ctx, c, fd)?.is_none() {
+/// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY) on a host AF_INET6 socket: kept for the
+/// view (the host socket stays dual stack: the network's own addresses are
+/// IPv4-mapped private ones, `NetView::lo6`), with the kernel's checks — at least an
+/// int, and not once the program has bound or connected it (EINVAL).
+fn set_v6only(ctx: &Ctx, c: &Caller, fd: i32, p: u64, len: u64) -> Res<Reply> {
+    let Some(s) = host_inet6(ctx, c, fd)? else {
         return Ok(Reply::Continue);
-    }
+    };
     if len < 4 {
         return Err(errno::EINVAL);
     }
     let v = sys::vm_read(c.pid, p, 4).map_err(|_| errno::EFAULT)?;
-    match i32::from_ne_bytes(v.try_into().map_err(|_| errno::EFAULT)?) {
-        0 => Ok(Reply::Value(0)),
-        _ => Err(errno::EINVAL),
+    let on = i32::from_ne_bytes(v.try_into().map_err(|_| errno::EFAULT)?) != 0;
+    let installed = &ctx.net.served.installed;
+    if installed.name_of(&s).is_some() || sys::peername(&s).is_ok() || !at_private(ctx, &s) {
+        return Err(errno::EINVAL);
     }
+    if !installed.set_v6only(&s, on) {
+        return Ok(Reply::Continue); // not one canald installed: the kernel's own
+    }
+    Ok(Reply::Value(0))
+}
+
+/// getsockopt(IPPROTO_IPV6, IPV6_V6ONLY) on a host AF_INET6 socket: the program's.
+fn get_v6only(ctx: &Ctx, c: &Caller, fd: i32, p: u64, lenp: u64) -> Res<Reply> {
+    let Some(s) = host_inet6(ctx, c, fd)? else {
+        return Ok(Reply::Continue);
+    };
+    let len = sys::vm_read(c.pid, lenp, 4).map_err(|_| errno::EFAULT)?;
+    let len = i32::from_ne_bytes(len.try_into().map_err(|_| errno::EFAULT)?);
+    if len < 0 {
+        return Err(errno::EINVAL);
+    }
+    let v = i32::from(ctx.net.served.installed.v6only_of(&s)).to_ne_bytes();
+    let n = (len as usize).min(4);
+    sys::vm_write(c.pid, p, &v[..n]).map_err(|_| errno::EFAULT)?;
+    sys::vm_write(c.pid, lenp, &(n as i32).to_ne_bytes()).map_err(|_| errno::EFAULT)?;
+    Ok(Reply::Value(0))
+}
+
+/// The program's descriptor `fd` if it is a host AF_INET6 socket (for any other the
+/// kernel answers IPv6 options itself).
+fn host_inet6(ctx: &Ctx, c: &Caller, fd: i32) -> Res<Option<OwnedFd>> {
+    Ok(host_socket(ctx, c, fd)?.filter(|s| {
+        sys::sockopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN).is_ok_and(|d| d == libc::AF_INET6)
+    }))
 }

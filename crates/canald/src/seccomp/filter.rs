@@ -41,6 +41,7 @@ pub mod nr {
     pub const SENDMSG: i64 = 46;
     pub const RECVMSG: i64 = 47;
     pub const SETSOCKOPT: i64 = 54;
+    pub const GETSOCKOPT: i64 = 55;
     pub const ACCEPT4: i64 = 288;
     pub const RECVMMSG: i64 = 299;
     pub const SENDMMSG: i64 = 307;
@@ -74,7 +75,7 @@ fn ret(v: u32) -> libc::sock_filter {
 
 /// The program: notify for socket(AF_INET/AF_INET6), connect, bind, accept, accept4,
 /// getsockname, getpeername, sendmsg, recvmsg, sendmmsg, recvmmsg,
-/// setsockopt(IPPROTO_IPV6, IPV6_V6ONLY),
+/// setsockopt and getsockopt of (IPPROTO_IPV6, IPV6_V6ONLY),
 /// and sendto/recvfrom with an address; allow everything else.
 pub fn filter_program() -> Vec<libc::sock_filter> {
     let notify = libc::SECCOMP_RET_USER_NOTIF;
@@ -85,7 +86,7 @@ pub fn filter_program() -> Vec<libc::sock_filter> {
     let always = ALWAYS;
     // Layout after the dispatch: socket block (5), addr block (6), setsockopt block (5),
     // then NOTIFY, ALLOW.
-    let dispatch = always.len() + 4; // + socket, sendto, recvfrom, setsockopt checks
+    let dispatch = always.len() + 5; // + socket, sendto, recvfrom, set/getsockopt checks
     let socket_at = dispatch + 1; // after the final "allow" of the dispatch
     let addr_at = socket_at + 5;
     let opt_at = addr_at + 6;
@@ -102,8 +103,10 @@ pub fn filter_program() -> Vec<libc::sock_filter> {
         let off = (addr_at - here(&p) - 1) as u8;
         p.push(jeq(n as u32, off, 0));
     }
-    let off = (opt_at - here(&p) - 1) as u8;
-    p.push(jeq(nr::SETSOCKOPT as u32, off, 0));
+    for n in [nr::SETSOCKOPT, nr::GETSOCKOPT] {
+        let off = (opt_at - here(&p) - 1) as u8;
+        p.push(jeq(n as u32, off, 0));
+    }
     p.push(ret(allow));
     // socket: the domain.
     p.push(load(arg_lo(0)));
@@ -122,7 +125,7 @@ pub fn filter_program() -> Vec<libc::sock_filter> {
     p.push(jeq(0, 0, n));
     p.push(ret(allow));
     p.push(ret(allow));
-    // setsockopt: level IPPROTO_IPV6 and name IPV6_V6ONLY.
+    // setsockopt/getsockopt: level IPPROTO_IPV6 and name IPV6_V6ONLY.
     p.push(load(arg_lo(1)));
     p.push(jeq(libc::IPPROTO_IPV6 as u32, 0, 2));
     p.push(load(arg_lo(2)));
@@ -197,6 +200,12 @@ mod tests {
             n,
             "IPV6_V6ONLY"
         );
+        assert_eq!(
+            run(&p, nr::GETSOCKOPT, x, [3, 41, 26, 0, 4, 0]),
+            n,
+            "reading IPV6_V6ONLY"
+        );
+        assert_eq!(run(&p, nr::GETSOCKOPT, x, [3, 6, 1, 0, 4, 0]), a);
         assert_eq!(run(&p, nr::SETSOCKOPT, x, [3, 41, 27, 0, 4, 0]), a);
         assert_eq!(run(&p, nr::SETSOCKOPT, x, [3, 1, 26, 0, 4, 0]), a);
         assert_eq!(run(&p, 0, x, [0; 6]), a, "read");

@@ -1,6 +1,7 @@
 //! The host sockets seccomp service installed in one network's programs, by inode:
 //! the name a program bound (getsockname of an unconnected socket answers it, the
-//! wildcard staying the wildcard) and, for `canal stat`, which are still open, in which
+//! wildcard staying the wildcard), its IPV6_V6ONLY (kept here: the host socket stays
+//! dual stack, `NetView::lo6`) and, for `canal stat`, which are still open, in which
 //! process and descriptor, in what state.
 //!
 //! canald does not hold these sockets and the kernel does not tell it when a program
@@ -24,10 +25,18 @@ pub(crate) struct Installed {
     table: Mutex<Table>,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Sock {
+    /// 6 TCP, 17 UDP.
+    proto: u8,
+    /// The name bound, if the program bound one.
+    name: Option<CanalAddr>,
+    v6only: bool,
+}
+
 #[derive(Debug, Default)]
 struct Table {
-    /// inode → (6 TCP / 17 UDP, the name bound, if the program bound one).
-    socks: HashMap<u64, (u8, Option<CanalAddr>)>,
+    socks: HashMap<u64, Sock>,
     /// The size at which the next insertion prunes.
     prune_at: usize,
 }
@@ -54,8 +63,9 @@ impl Installed {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records socket `s`, just installed in a program, with the name it was bound to.
-    pub(crate) fn add(&self, s: &OwnedFd, proto: u8, name: Option<CanalAddr>) {
+    /// Records socket `s`, just installed in a program, with the name it was bound to
+    /// and the program's IPV6_V6ONLY.
+    pub(crate) fn add(&self, s: &OwnedFd, proto: u8, name: Option<CanalAddr>, v6only: bool) {
         let Ok(ino) = sys::inode_of(s) else { return };
         let mut t = self.lock();
         if t.socks.len() >= t.prune_at.max(PRUNE_FLOOR) {
@@ -63,13 +73,41 @@ impl Installed {
             t.socks.retain(|i, _| open.contains_key(i));
             t.prune_at = 2 * t.socks.len();
         }
-        t.socks.insert(ino, (proto, name));
+        t.socks.insert(
+            ino,
+            Sock {
+                proto,
+                name,
+                v6only,
+            },
+        );
     }
 
     /// The name the program bound socket `s` to, if it did.
     pub(crate) fn name_of(&self, s: &OwnedFd) -> Option<CanalAddr> {
+        self.get(s).and_then(|e| e.name)
+    }
+
+    /// The program's IPV6_V6ONLY for socket `s`.
+    pub(crate) fn v6only_of(&self, s: &OwnedFd) -> bool {
+        self.get(s).is_some_and(|e| e.v6only)
+    }
+
+    /// Sets the program's IPV6_V6ONLY for socket `s`; false if it is not one of ours.
+    pub(crate) fn set_v6only(&self, s: &OwnedFd, on: bool) -> bool {
+        let Ok(ino) = sys::inode_of(s) else {
+            return false;
+        };
+        self.lock()
+            .socks
+            .get_mut(&ino)
+            .map(|e| e.v6only = on)
+            .is_some()
+    }
+
+    fn get(&self, s: &OwnedFd) -> Option<Sock> {
         let ino = sys::inode_of(s).ok()?;
-        self.lock().socks.get(&ino).and_then(|e| e.1)
+        self.lock().socks.get(&ino).copied()
     }
 
     /// The sockets still open, each with its holder and state (the first holder found,
@@ -89,8 +127,8 @@ impl Installed {
         let mut out: Vec<OpenSocket> = open
             .into_iter()
             .filter_map(|(ino, (pid, fd))| {
-                let (proto, name) = socks.get(&ino).copied()?;
-                describe(pid, fd, ino, proto, name)
+                let e = socks.get(&ino)?;
+                describe(pid, fd, ino, e.proto, e.name)
             })
             .collect();
         out.sort_by_key(|s| (s.pid, s.fd));
@@ -199,9 +237,9 @@ mod tests {
         let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let owned = |s: &dyn std::os::fd::AsFd| s.as_fd().try_clone_to_owned().unwrap();
         let (lo, co, uo) = (owned(&l), owned(&c), owned(&u));
-        inst.add(&lo, 6, None);
-        inst.add(&co, 6, None);
-        inst.add(&uo, 17, Some(CanalAddr::v4([0, 0, 0, 0], 53)));
+        inst.add(&lo, 6, None, false);
+        inst.add(&co, 6, None, false);
+        inst.add(&uo, 17, Some(CanalAddr::v4([0, 0, 0, 0], 53)), false);
         drop((lo, co, uo));
         let open = inst.open();
         let kinds: Vec<_> = open.iter().map(|s| (s.kind, s.state)).collect();
@@ -226,7 +264,7 @@ mod tests {
         let inst = Installed::default();
         for _ in 0..PRUNE_FLOOR + 10 {
             let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            inst.add(&std::os::fd::OwnedFd::from(u), 17, None);
+            inst.add(&std::os::fd::OwnedFd::from(u), 17, None, false);
         }
         assert!(inst.lock().socks.len() <= 10, "pruned on the way in");
     }

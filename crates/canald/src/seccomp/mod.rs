@@ -11,7 +11,8 @@
 //! through the kernel at its own speed, unnotified.
 //!
 //! **The invariant that makes races harmless.** A host socket the program holds is
-//! either bound to its network's private loopback (every socket is, from birth) or in
+//! either bound to its network's private loopback or its IPv6-only twin (every socket
+//! is on the first from birth) or in
 //! a state canald gave it after translating (bound where the view says, or connected
 //! where the view allowed). A call canald lets through (SECCOMP_USER_NOTIF_FLAG_CONTINUE,
 //! for descriptors that are not such sockets) could meet such a socket if the program
