@@ -6,8 +6,11 @@
 //! An arena is `ARENA_SLOTS` segments of one ring size in one sealed memfd that both
 //! guests map once (control ARENA); a new connection between them takes a free slot,
 //! canald writes its header, and the socket entry says where it is. A slot both ends
-//! closed has its pages punched out (the memory goes back, the next user reads
-//! zeros) and is free again. An arena holds only connections between its two guests,
+//! closed is free again: up to `WARM_SLOTS` of an arena's free slots keep their pages
+//! (the pair's next connection takes one with its header page zeroed, and neither
+//! guest nor canald faults the pages in again: on short connections that was a tenth
+//! of a client's time), the others have their pages punched out (the memory goes back,
+//! the next user reads zeros). An arena holds only connections between its two guests,
 //! so reuse never shows one guest's bytes to a third; an empty arena goes once one of
 //! its guests has left.
 
@@ -38,7 +41,12 @@ struct Arena {
     conns: [u32; 2],
     /// Bit `s` set: slot `s` holds a live segment.
     used: u32,
+    /// Bit `s` set: slot `s` is free and its pages were kept (not punched).
+    warm: u32,
 }
+
+/// Free slots per arena whose pages are kept for the pair's next connections.
+const WARM_SLOTS: u32 = 2;
 
 /// A slot taken for a new segment.
 pub(crate) struct Place {
@@ -92,10 +100,22 @@ impl Arenas {
                     mem,
                     conns,
                     used: 0,
+                    warm: 0,
                 })
             }
         };
-        let slot = (!arena.used).trailing_zeros();
+        // A warm slot first; its header page still holds the last connection's state.
+        let slot = match arena.warm & !arena.used {
+            0 => (!arena.used).trailing_zeros(),
+            warm => warm.trailing_zeros(),
+        };
+        if arena.warm & (1 << slot) != 0 {
+            arena.warm &= !(1 << slot);
+            let base = segment::arena_slot_offset(slot, ring_size) as usize;
+            const ZEROS: [u8; segment::SEG_HEADER_SIZE as usize] =
+                [0; segment::SEG_HEADER_SIZE as usize];
+            arena.mem.map.write_at(base, &ZEROS);
+        }
         arena.used |= 1 << slot;
         Ok(Place {
             mem: arena.mem.clone(),
@@ -113,18 +133,24 @@ impl Arenas {
         }
     }
 
-    /// Both ends of the segment in `slot` of arena `id` are gone: its pages go back
-    /// to the system and the slot is free. An arena left empty goes too when one of
-    /// its guests has left (`live` says which guests are still attached).
+    /// Both ends of the segment in `slot` of arena `id` are gone: the slot is free,
+    /// warm (its pages kept) while the arena has fewer than `WARM_SLOTS` such, else
+    /// its pages go back to the system. An arena left empty goes too when one of its
+    /// guests has left (`live` says which guests are still attached).
     pub(crate) fn give_back(&mut self, id: u32, slot: u32, live: impl Fn(u32) -> bool) {
         let Some(a) = self.by_id.get_mut(&id) else {
             return;
         };
-        let size = segment::segment_size(a.mem.ring_size);
-        a.mem
-            .map
-            .punch(segment::arena_slot_offset(slot, a.mem.ring_size), size);
-        a.used &= !(1u32 << slot.min(31));
+        let bit = 1u32 << slot.min(31);
+        if a.warm.count_ones() < WARM_SLOTS {
+            a.warm |= bit;
+        } else {
+            let size = segment::segment_size(a.mem.ring_size);
+            a.mem
+                .map
+                .punch(segment::arena_slot_offset(slot, a.mem.ring_size), size);
+        }
+        a.used &= !bit;
         if a.used == 0 && !(live(a.conns[0]) && live(a.conns[1])) {
             self.by_id.remove(&id);
         }
@@ -202,13 +228,21 @@ mod tests {
             .iter()
             .all(|p| p.mem.id == first));
         assert_ne!(places.last().unwrap().mem.id, first);
-        let p = &places[3];
-        p.mem.map.write_at(p.base as usize + 8192, b"secret!!");
-        assert_ne!(p.mem.map.load_u64(p.base as usize + 8192), Some(0));
-        ar.give_back(p.mem.id, p.slot, |_| true);
-        let after = p.mem.map.load_u64(p.base as usize + 8192);
-        assert_eq!(after, Some(0), "a freed slot's pages are punched out");
-        assert_eq!(ar.counts(), (2, segment::ARENA_SLOTS));
+        // The first WARM_SLOTS freed slots keep their pages; later ones are punched.
+        let word = |p: &Place, off: usize| p.mem.map.load_u64(p.base as usize + off);
+        for p in &places[1..4] {
+            p.mem.map.write_at(p.base as usize + 8192, b"secret!!");
+            p.mem.map.write_at(p.base as usize + 64, b"stale!!!");
+            ar.give_back(p.mem.id, p.slot, |_| true);
+        }
+        assert_ne!(word(&places[1], 8192), Some(0), "warm");
+        assert_ne!(word(&places[2], 8192), Some(0), "warm");
+        assert_eq!(word(&places[3], 8192), Some(0), "a freed slot's pages are punched out");
+        assert_eq!(ar.counts(), (2, segment::ARENA_SLOTS - 2));
+        // The next connection takes a warm slot, its header page zeroed.
+        let r = ar.take(4, 5, RING).unwrap();
+        assert_eq!(r.slot, places[1].slot);
+        assert_eq!(word(&r, 64), Some(0), "the last connection's header is gone");
     }
 
     #[test]
