@@ -237,12 +237,20 @@ mod tests {
         }
         assert_ne!(word(&places[1], 8192), Some(0), "warm");
         assert_ne!(word(&places[2], 8192), Some(0), "warm");
-        assert_eq!(word(&places[3], 8192), Some(0), "a freed slot's pages are punched out");
+        assert_eq!(
+            word(&places[3], 8192),
+            Some(0),
+            "a freed slot's pages are punched out"
+        );
         assert_eq!(ar.counts(), (2, segment::ARENA_SLOTS - 2));
         // The next connection takes a warm slot, its header page zeroed.
         let r = ar.take(4, 5, RING).unwrap();
         assert_eq!(r.slot, places[1].slot);
-        assert_eq!(word(&r, 64), Some(0), "the last connection's header is gone");
+        assert_eq!(
+            word(&r, 64),
+            Some(0),
+            "the last connection's header is gone"
+        );
     }
 
     #[test]

@@ -20,6 +20,12 @@ use canal_abi::sock_flag;
 use canal_abi::sock_kind;
 use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
+
+/// Ring blocks of closed sockets a guest keeps warm (two sockets' worth).
+const WARM_RINGS: usize = 4;
+/// A ring stays warm only if at most this many bytes went through it (its touched
+/// pages, kept committed, are then at most four).
+const WARM_TOUCHED: u64 = 16 << 10;
 use canal_abi::SocketEntry;
 use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
@@ -59,21 +65,60 @@ impl Guest {
         let others = self.entries.available() as u64;
         let reserve = others.saturating_mul(2 * MIN_RING);
         let mut size = self.cfg.ring_size;
-        while size > MIN_RING && 2 * size + reserve > self.alloc.free_bytes() {
+        while size > MIN_RING && 2 * size + reserve > self.ring_room() {
             size /= 2;
         }
         // A fragmented area may still lack a block of this size: halve on.
         loop {
-            if let Some(tx) = self.alloc.alloc(size) {
-                if let Some(rx) = self.alloc.alloc(size) {
+            if let Some(tx) = self.ring_block(size) {
+                if let Some(rx) = self.ring_block(size) {
                     return Ok((tx, rx, size));
                 }
                 self.alloc.free(tx, size);
+            }
+            if !self.warm_rings.is_empty() {
+                // Room the warm rings hold goes back first.
+                for (off, size) in std::mem::take(&mut self.warm_rings) {
+                    self.free_rings(&[(off, size)]);
+                }
+                continue;
             }
             if size <= MIN_RING {
                 return Err(errno::ENOBUFS);
             }
             size /= 2;
+        }
+    }
+
+    /// Data-area bytes rings can still have: the allocator's free blocks and the
+    /// warm rings (which go back when the allocator runs short).
+    pub(crate) fn ring_room(&self) -> u64 {
+        self.alloc.free_bytes() + self.warm_rings.iter().map(|r| r.1).sum::<u64>()
+    }
+
+    /// A ring block of `size` bytes: a warm one (its touched pages still in every
+    /// mapping) if there is one, else a fresh one from the allocator.
+    fn ring_block(&mut self, size: u64) -> Option<u64> {
+        match self.warm_rings.iter().position(|r| r.1 == size) {
+            Some(i) => Some(self.warm_rings.swap_remove(i).0),
+            None => self.alloc.alloc(size),
+        }
+    }
+
+    /// A closed socket's rings: kept warm — allocated, pages not punched — when at
+    /// most `WARM_TOUCHED` bytes went through each and fewer than `WARM_RINGS` are
+    /// kept (a short connection's next socket then faults no page in, on either
+    /// side: on one-client short connections punching and faulting the two ring pages
+    /// was a sixth of all CPU); otherwise freed with their pages (`free_rings`). Stale
+    /// bytes in a warm ring are this guest's own and count only between indices,
+    /// which a new socket starts at zero.
+    pub(crate) fn retire_rings(&mut self, rings: [&RingPos; 2]) {
+        let small = |r: &RingPos| r.idx.max(r.seen) <= WARM_TOUCHED.min(r.size);
+        if rings.iter().all(|r| small(r)) && self.warm_rings.len() + 2 <= WARM_RINGS {
+            self.warm_rings
+                .extend(rings.iter().map(|r| (r.off, r.size)));
+        } else {
+            self.free_rings(&rings.map(|r| (r.off, r.size)));
         }
     }
 
@@ -189,7 +234,7 @@ impl Guest {
         if self.table_full() {
             return Err(errno::EMFILE);
         }
-        if self.alloc.free_bytes() < 2 * MIN_RING {
+        if self.ring_room() < 2 * MIN_RING {
             return Err(errno::ENOBUFS);
         }
         // canald out of descriptors is the whole system's table for the guest.
@@ -451,7 +496,7 @@ impl Guest {
         if self.give_back(index, next, rings) {
             return; // a shadow: the home reuses the entry and the rings
         }
-        self.free_rings(&[(s.tx.off, s.tx.size), (s.rx.off, s.rx.size)]);
+        self.retire_rings([&s.tx, &s.rx]);
         self.generations[index as usize] = next;
         self.entries.give(index);
         // A listener that stopped accepting for lack of entries can go on, and so can
@@ -478,5 +523,75 @@ impl Guest {
         }
         let sending = s.phase == Phase::Connected && s.flags & sock_flag::TX_CLOSED == 0;
         sending && self.tx_avail(index).map_or(true, |q| q > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::guest::config::GuestConfig;
+    use crate::guest::state::Guest;
+    use crate::request::Request;
+    use crate::sys::Epoll;
+    use canal_abi::sync::Ordering;
+    use canal_abi::{op, Layout, SLOT_PAYLOAD};
+
+    const RING: u64 = 64 * 1024;
+
+    fn guest() -> (Guest, Epoll, std::os::fd::OwnedFd) {
+        let cfg = GuestConfig {
+            loopback_only: true,
+            ..GuestConfig::with_layout(Layout::new(4, 4, 8 * RING).unwrap(), RING)
+        };
+        let (g, memfd) = Guest::new(1, 1, 0, "warm".into(), cfg).unwrap();
+        (g, Epoll::new().unwrap(), memfd)
+    }
+
+    fn socket(g: &mut Guest, ep: &Epoll) -> (u32, u64, u64) {
+        let mut out = [0u8; SLOT_PAYLOAD];
+        let req = Request::new(op::SOCKET, 0, [2, 1, 0, 0], &[]);
+        let h = g.execute(ep, &req, &mut out).unwrap().0 as u32;
+        let e = g.entry(canal_abi::handle_index(h));
+        let offs = (
+            e.tx_offset.load(Ordering::Relaxed),
+            e.rx_offset.load(Ordering::Relaxed),
+        );
+        (h, offs.0, offs.1)
+    }
+
+    fn close(g: &mut Guest, ep: &Epoll, h: u32) {
+        let mut out = [0u8; SLOT_PAYLOAD];
+        g.execute(ep, &Request::new(op::CLOSE, h, [0; 4], &[]), &mut out)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_closed_sockets_rings_stay_warm_and_go_to_the_next_socket() {
+        let (mut g, ep, _m) = guest();
+        let (a, tx, rx) = socket(&mut g, &ep);
+        close(&mut g, &ep, a);
+        assert_eq!(g.warm_rings.len(), 2, "kept, not punched");
+        assert_eq!(g.ring_room(), 8 * RING, "still room for them");
+        let (_, tx2, rx2) = socket(&mut g, &ep);
+        let (mut was, mut now) = ([tx, rx], [tx2, rx2]);
+        was.sort();
+        now.sort();
+        assert_eq!(was, now, "the warm rings, reused");
+        assert!(g.warm_rings.is_empty());
+    }
+
+    #[test]
+    fn warm_rings_are_bounded_and_every_entry_still_gets_rings() {
+        let (mut g, ep, _m) = guest();
+        let all: Vec<_> = (0..4).map(|_| socket(&mut g, &ep).0).collect();
+        for h in all {
+            close(&mut g, &ep, h);
+        }
+        assert_eq!(g.warm_rings.len(), super::WARM_RINGS, "two sockets' worth");
+        // Four sockets of whole rings still fit: the warm ones first, then the rest
+        // of the area, once the allocator has the punched ones back.
+        for _ in 0..4 {
+            socket(&mut g, &ep);
+        }
+        assert!(g.warm_rings.is_empty());
     }
 }

@@ -372,7 +372,7 @@ impl Guest {
         if e.tx_head.load(Ordering::Acquire) == 0 && e.rx_head.load(Ordering::Relaxed) == 0 {
             self.free_unused_rings(&[(tx.off, tx.size), (rx.off, rx.size)]);
         } else {
-            self.free_rings(&[(tx.off, tx.size), (rx.off, rx.size)]);
+            self.retire_rings([&tx, &rx]);
         }
         let e = self.entry(index);
         e.tx_head.store(0, Ordering::Relaxed);

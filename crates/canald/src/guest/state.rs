@@ -45,6 +45,9 @@ pub(crate) struct Guest {
     /// Next generation per entry index (1..=0xffff; handles are never 0).
     pub(crate) generations: Vec<u16>,
     pub(crate) alloc: DataAlloc,
+    /// Rings of closed sockets kept allocated with their few touched pages
+    /// (`Guest::retire_rings`): the next sockets take them without faulting pages in.
+    pub(crate) warm_rings: Vec<(u64, u64)>,
     pub(crate) dirty: Vec<u32>,
     pub(crate) changed: Vec<u32>,
     pub(crate) changed_mark: Vec<u64>,
@@ -190,6 +193,7 @@ impl Guest {
             spares: Default::default(),
             generations: vec![1; n],
             alloc: DataAlloc::new(cfg.layout.data_size),
+            warm_rings: Vec::new(),
             dirty: Vec::new(),
             changed: Vec::new(),
             changed_mark: vec![0; n.div_ceil(64)],

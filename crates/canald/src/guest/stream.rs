@@ -394,7 +394,7 @@ impl Guest {
             if free == 0 || self.backlog_full(index) {
                 return Ok(());
             }
-            if self.table_full() || self.alloc.free_bytes() < 2 * MIN_RING {
+            if self.table_full() || self.ring_room() < 2 * MIN_RING {
                 // Retried when an entry is freed; meanwhile accept says EMFILE.
                 self.listeners_stalled = true;
                 self.set_flags(index, sock_flag::NO_ENTRY, 0);

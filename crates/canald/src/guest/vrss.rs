@@ -485,8 +485,8 @@ impl Guest {
         listener: u32,
         acc: Box<Accept>,
     ) {
-        let full = self.table_full()
-            || (acc.sc.is_none() && self.alloc.free_bytes() < 2 * self.cfg.ring_size);
+        let full =
+            self.table_full() || (acc.sc.is_none() && self.ring_room() < 2 * self.cfg.ring_size);
         if self.gone.is_none() && full {
             if let Some(vr) = self.vr.as_mut() {
                 vr.waiting.push_back((from, listener, acc));
