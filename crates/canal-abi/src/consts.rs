@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 9;
+pub const VERSION_MINOR: u16 = 10;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -60,9 +60,15 @@ pub mod feature {
     /// it without canald. Set only with ARENAS, for guests that announced
     /// `hello_flag::BELLS`.
     pub const BELLS: u64 = 1 << 10;
+    /// Exclusive accept wake-ups (protocol §6, minor 10): a thread blocked in
+    /// accept() sleeps with `wait_socket` = index | `WAIT_ACCEPT`, and canald wakes
+    /// such sleepers of a listener only as many as it has connections waiting, as
+    /// the kernel wakes one exclusive waiter per connection. Set only for guests that
+    /// announced `hello_flag::ACCEPT_ONE`.
+    pub const ACCEPT_ONE: u64 = 1 << 11;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 =
-        ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES | ARENAS | BELLS;
+        ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES | ARENAS | BELLS | ACCEPT_ONE;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.
@@ -120,6 +126,9 @@ pub mod sleep_kind {
 
 /// `wait_socket` value meaning "any socket of this region".
 pub const WAIT_ANY: u32 = u32::MAX;
+/// `wait_socket` bit (with `feature::ACCEPT_ONE`, never in WAIT_ANY's sense): the
+/// thread is blocked in accept() on the listener in the low bits.
+pub const WAIT_ACCEPT: u32 = 1 << 31;
 
 /// Socket kinds (entry `kind`).
 pub mod sock_kind {

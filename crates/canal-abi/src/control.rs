@@ -165,6 +165,8 @@ pub mod hello_flag {
     /// The guest rings its peers' bells and registers its own (`feature::BELLS`,
     /// protocol §8.8).
     pub const BELLS: u32 = 1 << 10;
+    /// The guest marks threads blocked in accept() (`feature::ACCEPT_ONE`, §6).
+    pub const ACCEPT_ONE: u32 = 1 << 11;
 }
 
 /// SEGMENT_OK body bytes.

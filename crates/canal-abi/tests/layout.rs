@@ -145,7 +145,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0900 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0a00 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -202,8 +202,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 11,
-        HeaderError::UnknownFeatures(1 << 11),
+        &|h| h.features |= 1 << 12,
+        HeaderError::UnknownFeatures(1 << 12),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -407,7 +407,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -662,4 +662,17 @@ fn doorbell_wire_values() {
     // protocol.md §2 (VM_REGION flags, VM_REGION_OK) and §3/§9.5 (feature bit 7).
     assert_eq!(feature::DOORBELL, 1 << 7);
     assert_eq!(canal_abi::control::vm_flag::DOORBELL, 1);
+}
+
+#[test]
+fn exclusive_accept_wakeups() {
+    // protocol.md §3 (feature bit 11), §6 (WAIT_ACCEPT), minor 10.
+    use canal_abi::control::hello_flag;
+    assert_eq!(feature::ACCEPT_ONE, 1 << 11);
+    assert_eq!(hello_flag::ACCEPT_ONE, 1 << 11);
+    assert_eq!(canal_abi::WAIT_ACCEPT, 1 << 31);
+    const { assert!(canal_abi::VERSION_MINOR >= 10) };
+    assert_ne!(feature::KNOWN & feature::ACCEPT_ONE, 0);
+    // A marked index never reads as WAIT_ANY.
+    assert_ne!(65_534 | canal_abi::WAIT_ACCEPT, canal_abi::WAIT_ANY);
 }

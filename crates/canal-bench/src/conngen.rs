@@ -51,15 +51,33 @@ pub(crate) fn serve_conns(l: TcpListener, clients: usize) -> io::Result<String> 
     let cpu0 = self_cpu_seconds();
     let l = Arc::new(l);
     let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (tx, rx) = std::sync::mpsc::channel::<io::Result<()>>();
     for _ in 0..clients.max(1) {
         let (l, tx, served) = (l.clone(), tx.clone(), served.clone());
         std::thread::spawn(move || loop {
-            let Ok((c, _)) = l.accept() else { continue };
+            let c = match l.accept() {
+                Ok((c, _)) => c,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EINTR | libc::ECONNABORTED | libc::EAGAIN | libc::EPROTO) => {
+                        continue
+                    }
+                    // Out of descriptors or memory: natively too; try again shortly.
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        continue;
+                    }
+                    // The listener is gone (e.g. EIO: canald went away): the server
+                    // ends with the error instead of retrying it forever.
+                    _ => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                },
+            };
             let _ = c.set_nodelay(true);
             match serve_one(c) {
                 Ok(true) => {
-                    let _ = tx.send(());
+                    let _ = tx.send(Ok(()));
                     return;
                 }
                 Ok(false) => {
@@ -69,7 +87,9 @@ pub(crate) fn serve_conns(l: TcpListener, clients: usize) -> io::Result<String> 
             }
         });
     }
-    let _ = rx.recv();
+    if let Ok(Err(e)) = rx.recv() {
+        return Err(io::Error::new(e.kind(), format!("accept: {e}")));
+    }
     let served = served.load(Ordering::Relaxed);
     Ok(format!(
         "RESULT role=server msgs={served} bytes={served} cpu_s={:.6}",

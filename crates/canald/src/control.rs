@@ -95,6 +95,11 @@ impl Daemon {
                     canal_abi::feature::SPARES
                 } else {
                     0
+                }
+                | if hello_flags & control::hello_flag::ACCEPT_ONE != 0 {
+                    canal_abi::feature::ACCEPT_ONE
+                } else {
+                    0
                 };
             let mut gcfg = self.gcfg.clone();
             if let Some((ns, nsfd)) = &conn.netns {

@@ -5,6 +5,7 @@ use canal_abi::errno;
 use canal_abi::sleep_kind;
 use canal_abi::sync::fence;
 use canal_abi::sync::Ordering;
+use canal_abi::WAIT_ACCEPT;
 use canal_abi::WAIT_ANY;
 use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
@@ -184,6 +185,11 @@ impl Guest {
             }
         }
         if h.event_waiters.load(Ordering::Relaxed) > 0 {
+            // Threads blocked in accept() on one listener: as many as it has
+            // connections waiting, not all (the kernel's exclusive wake-up; sixteen
+            // accepting threads woke sixteen times per connection). Others waiting on
+            // it (poll) all wake, as natively.
+            let mut accept_budget: Vec<(u32, u32)> = Vec::new();
             for i in 0..self.cfg.layout.slot_count {
                 let Some(slot) = self.region.slot(i) else {
                     break;
@@ -191,21 +197,62 @@ impl Guest {
                 if slot.sleep.load(Ordering::Relaxed) != sleep_kind::EVENTS {
                     continue;
                 }
-                let ws = slot.wait_socket.load(Ordering::Relaxed);
+                let marked = slot.wait_socket.load(Ordering::Relaxed);
+                // A thread blocked in accept() (feature ACCEPT_ONE) marks its wait.
+                let accepting = marked != WAIT_ANY && marked & WAIT_ACCEPT != 0;
+                let ws = if accepting {
+                    marked & !WAIT_ACCEPT
+                } else {
+                    marked
+                };
                 let hit = ws == WAIT_ANY
                     || self
                         .changed_mark
                         .get((ws / 64) as usize)
                         .is_some_and(|w| w & (1 << (ws % 64)) != 0);
-                if hit {
-                    self.wake_slot(i);
+                if !hit {
+                    continue;
                 }
+                if accepting {
+                    let at = match accept_budget.iter().position(|b| b.0 == ws) {
+                        Some(at) => at,
+                        None => {
+                            accept_budget.push((ws, self.accept_wakes(ws)));
+                            accept_budget.len() - 1
+                        }
+                    };
+                    let left = &mut accept_budget[at].1;
+                    if *left == 0 {
+                        continue;
+                    }
+                    *left -= 1;
+                }
+                self.wake_slot(i);
             }
         }
         for i in self.changed.drain(..) {
             if let Some(w) = self.changed_mark.get_mut((i / 64) as usize) {
                 *w = 0;
             }
+        }
+    }
+
+    /// How many threads sleeping on socket `index` to wake: for a listener in its
+    /// ordinary state, one per connection waiting in its queue; for anything else
+    /// (and a listener that failed, closed or ran out of entries: every waiter must
+    /// see it) all of them.
+    fn accept_wakes(&self, index: u32) -> u32 {
+        let quiet = canal_abi::sock_flag::LISTENING;
+        let news = canal_abi::sock_flag::ERROR
+            | canal_abi::sock_flag::HUP
+            | canal_abi::sock_flag::RX_EOF
+            | canal_abi::sock_flag::BROKEN
+            | canal_abi::sock_flag::CLOSING
+            | canal_abi::sock_flag::NO_ENTRY;
+        let s = self.sockets.get(index as usize).and_then(|s| s.as_ref());
+        match s.and_then(|s| s.accepts().map(|q| (s.flags, q))) {
+            Some((flags, q)) if flags & quiet != 0 && flags & news == 0 => q.unclaimed.len() as u32,
+            _ => u32::MAX,
         }
     }
 

@@ -18,19 +18,6 @@ use canal_abi::SocketEntry;
 use canal_abi::WAIT_ANY;
 use core::cell::Cell;
 
-/// Sleeps once on readiness: on the thread's own slot (`sleep_events`), or, for a
-/// thread without one, in backoff (`sleep_backoff`).
-pub(crate) fn sleep_ready(
-    g: &'static Guest,
-    index: u32,
-    timeout_ns: Option<i64>,
-    cond: &mut dyn FnMut() -> bool,
-    extra: &mut [libc::pollfd],
-    sigmask: sys::SigMask,
-) -> Result<usize, i32> {
-    sleep_ready_in(g, Scope::One(index), timeout_ns, cond, extra, sigmask)
-}
-
 /// What a sleeping thread waits for: one socket (or WAIT_ANY: any of the guest's), or
 /// an epoll set that relies on the event log (§8.6): any socket (its changes come
 /// through the log, whose `sleepers` word it counts itself in), plus the listed
@@ -38,6 +25,9 @@ pub(crate) fn sleep_ready(
 #[derive(Clone, Copy)]
 pub(crate) enum Scope<'a> {
     One(u32),
+    /// A listener a thread is blocked in accept() on: with `feature::ACCEPT_ONE`
+    /// canald wakes only as many such threads as connections wait (§6).
+    Accept(u32),
     /// Any of the listed sockets (a poll set's): canald wakes it for any socket, but
     /// only their connections count it as a sleeper, so a peer rings its bell (§8.8)
     /// rather than finding every sleeping thread of the process counted there.
@@ -59,7 +49,8 @@ impl<'a> Scope<'a> {
     }
 }
 
-/// `sleep_ready` for what `scope` names (an epoll set that relies on the event log).
+/// Sleeps once on readiness of what `scope` names: on the thread's own slot
+/// (`sleep_events`), or, for a thread without one, in backoff (`sleep_backoff`).
 pub(crate) fn sleep_ready_in(
     g: &'static Guest,
     scope: Scope<'_>,
@@ -215,6 +206,7 @@ pub(crate) fn sleep_events(
             seg_sleepers.enter(g, index);
             (index, None)
         }
+        Scope::Accept(index) => (index | canal_abi::WAIT_ACCEPT, None),
         Scope::Listed(indices) => {
             seg_sleepers.enter_listed(g, indices);
             (WAIT_ANY, None)

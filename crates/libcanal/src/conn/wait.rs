@@ -7,7 +7,8 @@ use crate::conn::guest::mark_dead;
 use crate::conn::guest::Guest;
 use crate::conn::sleep::new_wait;
 use crate::conn::sleep::seg_of;
-use crate::conn::sleep::sleep_ready;
+use crate::conn::sleep::sleep_ready_in;
+use crate::conn::sleep::Scope;
 use crate::fdtable::TABLE;
 use crate::notify;
 use crate::sys;
@@ -30,6 +31,28 @@ pub(crate) enum Wait {
 pub(crate) fn wait_until(
     g: &'static Guest,
     index: u32,
+    deadline: Option<i64>,
+    cond: impl FnMut() -> bool,
+) -> Wait {
+    wait_until_as(g, index, false, deadline, cond)
+}
+
+/// `wait_until` for a thread blocked in accept() on listener `index`: its sleep is
+/// marked so canald wakes one such thread per waiting connection (`ACCEPT_ONE`).
+pub(crate) fn wait_accept(
+    g: &'static Guest,
+    index: u32,
+    deadline: Option<i64>,
+    cond: impl FnMut() -> bool,
+) -> Wait {
+    let exclusive = g.region.header().features & canal_abi::feature::ACCEPT_ONE != 0;
+    wait_until_as(g, index, exclusive, deadline, cond)
+}
+
+fn wait_until_as(
+    g: &'static Guest,
+    index: u32,
+    accepting: bool,
     deadline: Option<i64>,
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
@@ -135,7 +158,12 @@ pub(crate) fn wait_until(
             }
         }
         let remaining = deadline.map(|d| d - now);
-        let r = sleep_ready(g, index, remaining, &mut cond, &mut [], sys::SigMask::NONE);
+        let scope = if accepting {
+            Scope::Accept(index)
+        } else {
+            Scope::One(index)
+        };
+        let r = sleep_ready_in(g, scope, remaining, &mut cond, &mut [], sys::SigMask::NONE);
         match r {
             Ok(_) => {}
             // A handler with SA_RESTART restarts a socket call without a timeout (the

@@ -1,6 +1,6 @@
 //! accept(): taking a connection canald (or a co-resident peer) queued on a listener.
 use crate::conn::request::attention;
-use crate::conn::wait::wait_until;
+use crate::conn::wait::wait_accept;
 use crate::conn::wait::Wait;
 use crate::fdtable::TABLE;
 use crate::sock::core::dead_err;
@@ -117,7 +117,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
         if deadline.is_none() {
             deadline = Some(s.deadline(true));
         }
-        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
+        let w = wait_accept(s.g, s.idx, deadline.flatten(), || {
             let st = s.snapshot();
             st.rx_used > 0
                 || st.pending_error != 0
