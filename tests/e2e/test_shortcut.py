@@ -335,3 +335,38 @@ def test_poll_sleepers_are_woken_by_their_peer(canal_bin, procs, python, progs, 
             assert wakes >= 300, f"only {wakes} relayed wake-ups without bells: the test proves nothing"
     finally:
         d.stop()
+
+
+WRITE_AND_CLOSE = r"""
+import socket, sys
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+print("PORT", l.getsockname()[1], flush=True)
+while True:
+    c, _ = l.accept()
+    c.sendall(b"x")
+    c.close()
+"""
+
+CONNECT_READ = r"""
+import socket, sys
+for i in range(int(sys.argv[2])):
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    assert c.recv(1) == b"x" and c.recv(1) == b"", i
+    c.close()
+print("DONE", flush=True)
+"""
+
+
+def test_connect_succeeds_when_the_peer_closed_before_it_returned(canald, python):
+    """A server that writes and closes at once may finish before the client's
+    connect() has looked: natively connect returns 0 (the socket is in CLOSE_WAIT)
+    and recv gives the byte, then EOF. The short-circuited connect reported
+    ECONNRESET for such an orderly close (both directions over read as a reset)
+    within a few dozen connections."""
+    server = canald.spawn([python, "-c", WRITE_AND_CLOSE], name="write-close")
+    port = int(server.wait_line("PORT", 20).split()[1])
+    c = canald.spawn([python, "-c", CONNECT_READ, port, 400], name="connect-read")
+    assert c.wait_line("DONE", 60) == "DONE", c.describe()
+    assert c.finish(20).returncode == 0, c.describe()

@@ -104,7 +104,11 @@ fn finish_connect(s: Sock) -> Result<(), i32> {
     if pe != 0 {
         return Err(pe as i32);
     }
-    if fl & f::CONNECTED != 0 && fl & (f::ERROR | f::HUP | f::BROKEN) == 0 {
+    // Established, then closed in order by the peer before we looked (HUP: both
+    // directions over) is still a connect that succeeded, as natively (the kernel's
+    // socket is in CLOSE_WAIT, and recv returns the peer's bytes, then EOF); only a
+    // reset or a broken socket fails it.
+    if fl & f::CONNECTED != 0 && fl & (f::ERROR | f::BROKEN) == 0 {
         Ok(())
     } else if fl & f::CONNECTED != 0 {
         Err(libc::ECONNRESET)
