@@ -20,16 +20,16 @@ use canal_abi::sock_flag;
 use canal_abi::sock_kind;
 use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
+use canal_abi::SocketEntry;
+use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
 
 /// Ring blocks of closed sockets a guest keeps warm (two sockets' worth).
 const WARM_RINGS: usize = 4;
 /// A ring stays warm only if at most this many bytes went through it (its touched
 /// pages, kept committed, are then at most four).
 const WARM_TOUCHED: u64 = 16 << 10;
-use canal_abi::SocketEntry;
-use std::os::fd::AsRawFd;
-use std::os::fd::OwnedFd;
-use std::time::Instant;
 
 impl Guest {
     /// Index of a live (not closing) socket named by `handle`, else EBADF.
@@ -74,7 +74,8 @@ impl Guest {
                 if let Some(rx) = self.ring_block(size) {
                     return Ok((tx, rx, size));
                 }
-                self.alloc.free(tx, size);
+                // With its pages: it may have been a warm block.
+                self.free_rings(&[(tx, size)]);
             }
             if !self.warm_rings.is_empty() {
                 // Room the warm rings hold goes back first.
