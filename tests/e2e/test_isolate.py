@@ -790,13 +790,13 @@ def test_ipv6_only_sockets_behave_as_natively(canal_bin, procs, python, mode):
     start_server without a host; before, its bind was EINVAL inside --isolate): each
     takes its own family's clients, a lone one refuses the other family, the kernel's
     rules for the option (read back, EINVAL after bind or on a mapped address,
-    ENETUNREACH to one, ENOPROTOOPT on IPv4), UDP, the dual-stack/IPv6-only collision,
-    every peer and local name — line for line as the same program natively in a
+    ENETUNREACH to one, ENOPROTOOPT on IPv4, inherited by an accepted socket), UDP,
+    the dual-stack/IPv6-only collision, every peer and local name — line for line as the same program natively in a
     namespace of its own; short-circuited and through canald."""
     base = e2e_util.free_port()
     argv = [python, PROGS / "v6only.py", base]
     native = _natively_in_a_namespace(procs, argv)
-    assert "::1 -> listener 1 peer ::1 local ::1:0" in native and native.endswith("done\n"), native
+    assert "::1 -> listener 1 peer ::1 local ::1:0 v6only 1" in native and native.endswith("done\n"), native
     with serving_canald(canal_bin, procs, args=["--no-shortcut"] if mode == "no-shortcut" else []) as d:
         r = procs.run(isolated(d, argv), timeout=60)
         assert r.returncode == 0, r.describe()

@@ -58,7 +58,9 @@ def case(name, *listeners, host, port):
             a, peer = l.accept()
         except socket.timeout:
             continue
-        print(name, f"listener {i}", "peer", peer[0], "local", show(a.getsockname()),
+        # An accepted AF_INET6 socket inherits its listener's IPV6_V6ONLY.
+        inherited = f" v6only {a.getsockopt(*V6)}" if a.family == socket.AF_INET6 else ""
+        print(name, f"listener {i}", "peer", peer[0], "local", show(a.getsockname()) + inherited,
               "| client", c.getsockname()[0], "to", show(c.getpeername()))
         a.close()
         break

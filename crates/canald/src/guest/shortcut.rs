@@ -196,7 +196,7 @@ impl Guest {
         if l.kind() != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
             return Err(());
         }
-        let family = l.family;
+        let (family, v6only) = (l.family, l.v6only);
         // Accepts in flight to the home (an away listener) hold queue places and
         // ring room too.
         let inflight = l.accepts().map_or(0, |q| q.accepting);
@@ -239,6 +239,7 @@ impl Guest {
                 lhandle,
                 crate::guest::shared::Accept {
                     family,
+                    v6only,
                     peer,
                     fd,
                     host_peer: None,
@@ -250,6 +251,7 @@ impl Guest {
         // No host socket: one is made if the program ever sets or reads an option
         // (`option_fd`), so a short connection costs no socket and close here.
         let handle = self.sc_install(None, family, link).map_err(|_| ())?;
+        self.inherit_v6only(handle, v6only);
         if !self.push_accept(index, handle, &peer).unwrap_or(false) {
             let ni = canal_abi::handle_index(handle);
             if let Some(s) = self.sockets.get_mut(ni as usize) {
@@ -308,6 +310,15 @@ impl Guest {
         // Its attention bit is this guest instance's to take.
         self.set_owned(index, true);
         Ok(handle)
+    }
+
+    /// An accepted socket (`handle`, 0: none) inherits its listener's IPV6_V6ONLY, as
+    /// the kernel's does.
+    pub(crate) fn inherit_v6only(&mut self, handle: u32, v6only: bool) {
+        let i = canal_abi::handle_index(handle) as usize;
+        if let (true, Some(Some(s))) = (handle != 0, self.sockets.get_mut(i)) {
+            s.v6only = v6only;
+        }
     }
 
     /// Writes the segment fields of an entry (before its flags say CONNECTED).

@@ -422,7 +422,7 @@ impl Guest {
             }
             self.sync_host_backlog(index, 1);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            let (family, listener) = (s.family, s.handle);
+            let (family, listener, v6only) = (s.family, s.handle, s.v6only);
             let (conn, host_peer) = match crate::guest::socket::accept_one(s) {
                 crate::guest::socket::Accepted::Conn(c, p) => (c, p),
                 crate::guest::socket::Accepted::Again => continue,
@@ -437,6 +437,7 @@ impl Guest {
                 listener,
                 Accept {
                     family,
+                    v6only,
                     peer,
                     fd: conn,
                     host_peer: Some(host_peer),
@@ -495,6 +496,7 @@ impl Guest {
         }
         let Accept {
             family,
+            v6only,
             peer,
             fd,
             host_peer,
@@ -503,7 +505,9 @@ impl Guest {
         let handle = if self.gone.is_some() {
             0 // the guest left: the connection is dropped
         } else if let Some(sc) = &sc {
-            self.sc_install(Some(fd), family, sc.link()).unwrap_or(0)
+            let h = self.sc_install(Some(fd), family, sc.link()).unwrap_or(0);
+            self.inherit_v6only(h, v6only);
+            h
         } else {
             match self.install(
                 ep,
@@ -517,6 +521,7 @@ impl Guest {
                     if let Some(Some(s)) = self.sockets.get_mut(i as usize) {
                         s.readable = true;
                         s.writable = true;
+                        s.v6only = v6only;
                     }
                     self.mark_dirty(i);
                     // Owner chosen (and written to the entry) before the owner of the
