@@ -624,6 +624,48 @@ while True:
 """
 
 
+GUEST_UDP_BOUND = r"""
+import socket, sys
+port, hport = int(sys.argv[1]), int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", port))
+print("bound", flush=True)
+s.sendto(b"ping", ("10.0.2.2", hport))
+d, a = s.recvfrom(100)
+print("udpbound %s from %s:%d" % (d.decode(), a[0], a[1]), flush=True)
+print("name %s:%d" % s.getsockname(), flush=True)
+s.connect(("10.0.2.2", hport)); s.send(b"ping")
+d, a = s.recvfrom(100)
+print("udpbound connected %s from %s:%d" % (d.decode(), a[0], a[1]), flush=True)
+print("name %s:%d" % s.getsockname(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["canal", "static"])
+def test_a_bound_datagram_socket_keeps_its_port_and_takes_its_replies(canald, procs, python, netstatic, kind):
+    """A UDP socket bound to a port inside --isolate that talks to a host server (a
+    resolver, an NTP or syslog server): the host sees that port, the replies arrive
+    (sent to, then connected), the socket's name stays the guest's; a stranger
+    sending to the same host address is still dropped."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.settimeout(20)
+    hport = srv.getsockname()[1]
+    g = e2e_util.free_port()
+    argv = ([python, "-c", GUEST_UDP_BOUND, g, hport] if kind == "canal"
+            else [netstatic, "udpbound", g, "10.0.2.2", hport])
+    p = procs.spawn(isolated(canald, argv, name=f"udpbound-{kind}"), name=f"udpbound-{kind}")
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(2):
+        d, src = srv.recvfrom(100)
+        assert d == b"ping" and src[1] == g, (d, src, p.describe())
+        stranger.sendto(b"intruder", src)
+        time.sleep(0.2)
+        srv.sendto(b"pong", src)
+    r = p.finish(20)
+    assert _lines(r) == ["bound", f"udpbound pong from 10.0.2.2:{hport}", f"name 0.0.0.0:{g}",
+                         f"udpbound connected pong from 10.0.2.2:{hport}", f"name 10.0.2.15:{g}"], r.describe()
+
+
 def test_static_and_canal_programs_share_one_network(canald, procs, python, netstatic):
     """In one namespace a static server and clients of both kinds: each reaches the
     other as 127.0.0.1 (a canal server from a static client, a static server from a

@@ -6,6 +6,9 @@
  *   netstatic serve PORT N        listen on [::]:PORT (dual stack), answer N clients
  *   netstatic udp HOST PORT       sendto "ping", print the reply and its source
  *   netstatic udpself PORT        a datagram between two own sockets on 127.0.0.1
+ *   netstatic udpbound PORT HOST HPORT  bind 0.0.0.0:PORT, sendto HOST:HPORT and print
+ *                                 the reply, its source and our port; then connect
+ *                                 there, send, print the reply and our name
  *   netstatic udpmsg HOST PORT    the same as udp with sendmsg/recvmsg (two iovecs each)
  *   netstatic udpmsgself PORT     the same as udpself with sendmsg/recvmsg
  *   netstatic udpmmsg HOST PORT   sendmmsg of 3 datagrams with addresses, then recvmmsg
@@ -217,6 +220,37 @@ static int udp(const char *host, int port) {
     return recv_print(s, "udp");
 }
 
+static int udpbound(int port, const char *host, int hport) {
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in me = v4("0.0.0.0", port), to = v4(host, hport);
+    struct sockaddr_storage ls;
+    socklen_t ll = sizeof ls;
+    char b[80];
+    if (bind(s, (struct sockaddr *)&me, sizeof me) < 0) {
+        perror("bind");
+        return 1;
+    }
+    printf("bound\n");
+    if (sendto(s, "ping", 4, 0, (struct sockaddr *)&to, sizeof to) != 4) {
+        perror("sendto");
+        return 1;
+    }
+    if (recv_print(s, "udpbound"))
+        return 1;
+    getsockname(s, (struct sockaddr *)&ls, &ll);
+    printf("name %s\n", name(&ls, b));
+    if (connect(s, (struct sockaddr *)&to, sizeof to) < 0 || send(s, "ping", 4, 0) != 4) {
+        perror("connect");
+        return 1;
+    }
+    if (recv_print(s, "udpbound connected"))
+        return 1;
+    ll = sizeof ls;
+    getsockname(s, (struct sockaddr *)&ls, &ll);
+    printf("name %s\n", name(&ls, b));
+    return 0;
+}
+
 static int udpself(int port) {
     int u = socket(AF_INET, SOCK_DGRAM, 0), v = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = v4("127.0.0.1", port);
@@ -321,6 +355,8 @@ int main(int argc, char **argv) {
         return serve(atoi(argv[2]), atoi(argv[3]));
     if (argc == 4 && !strcmp(argv[1], "udp"))
         return udp(argv[2], atoi(argv[3]));
+    if (argc == 5 && !strcmp(argv[1], "udpbound"))
+        return udpbound(atoi(argv[2]), argv[3], atoi(argv[4]));
     if (argc == 3 && !strcmp(argv[1], "udpself"))
         return udpself(atoi(argv[2]));
     if (argc == 4 && !strcmp(argv[1], "udpmsg")) {

@@ -40,6 +40,8 @@ fn dgram_dest(
                 // Best effort: without it the datagram leaves from the kernel's
                 // autobound address.
                 let _ = bind_own_source(s, net, &d.addr, is_plain_v6(&a));
+            } else if !d.own {
+                s.net.note_contact(&d.addr);
             }
             Ok(Some(d.addr))
         }
@@ -227,13 +229,12 @@ impl Guest {
                 let Some(fd) = &s.fd else { return Ok(()) };
                 match sys::recvfrom(fd, &mut self.scratch) {
                     // A datagram socket on a network's private loopback takes datagrams
-                    // from its own network only (a host process that found it is not).
+                    // from its own network and from those it sent to only (a host
+                    // process that found it is not).
                     Ok(Some((_, src)))
-                        if s.net.private_bound().is_some_and(|n| {
-                            !src.is_some_and(|a| {
-                                n.admits_any(PROTO_UDP, &a, || sys::sockname(fd).ok())
-                            })
-                        }) =>
+                        if !s
+                            .net
+                            .takes_datagram(src.as_ref(), || sys::sockname(fd).ok()) =>
                     {
                         continue;
                     }

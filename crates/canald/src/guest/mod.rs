@@ -6,7 +6,8 @@
 //! validated (requests), checked against the host's own copy (ring indices), or only
 //! used as a hint (attention bits, queue entries, sleep words).
 //!
-//! Files, bottom-up: `config` (per-guest settings), `netview` (a guest network's
+//! Files, bottom-up: `config` (per-guest settings), `contacts` (the outside addresses a
+//! private datagram socket spoke to, whose replies it takes), `netview` (a guest network's
 //! own address view and translation table: VMs, isolated namespaces), `addr_view` (the
 //! translation every request goes through: loopback rules, then the network's view), `socket` (a host socket's state),
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
@@ -20,6 +21,7 @@ pub mod addr_view;
 pub mod arena;
 pub mod bells;
 pub mod config;
+pub mod contacts;
 pub mod dgram;
 pub mod entries;
 pub mod netops;

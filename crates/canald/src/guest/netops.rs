@@ -51,6 +51,8 @@ impl Guest {
         let d = translate_guest_addr(view, a, s.proto(), s.v6only)?;
         if let (true, Some(net)) = (d.own, &view.net) {
             bind_own_source(s, net, &d.addr, is_plain_v6(a))?;
+        } else if !d.own && s.proto() == PROTO_UDP {
+            s.net.note_contact(&d.addr); // its replies reach a socket on `lo`
         }
         Ok(d)
     }

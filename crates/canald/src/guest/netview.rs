@@ -26,6 +26,7 @@
 //! connect an own listener may close, and a host listener bound to the wildcard on the
 //! same port would then take the connection.
 
+use crate::guest::contacts::Contacts;
 use canal_abi::addr::{FAMILY_INET, FAMILY_INET6};
 use canal_abi::errno;
 use canal_abi::CanalAddr;
@@ -158,6 +159,8 @@ enum Tie {
         guest: CanalAddr,
         published: bool,
         listening: bool,
+        /// Outside addresses it sent to, whose datagrams it takes (unpublished UDP).
+        contacts: Contacts,
     },
     Client((u16, bool)),
 }
@@ -389,6 +392,7 @@ impl NetView {
                     guest,
                     published,
                     listening: false,
+                    contacts: Contacts::default(),
                 },
             )),
         }
@@ -526,10 +530,15 @@ impl NetView {
 
     /// `local` for a connected socket whose peer is at host address `peer`: a
     /// connection that came from `lo6` (the guest named an IPv6 destination) reached
-    /// `::1`, as natively, even on a dual-stack listener bound on `lo`.
+    /// `::1`, as natively, even on a dual-stack listener bound on `lo`; a socket bound
+    /// on `lo` whose peer is outside the network speaks from 10.0.2.15 (the route's
+    /// source toward 10.0.2.2, as from an unbound one).
     pub(crate) fn local_toward(&self, a: &CanalAddr, peer: Option<&CanalAddr>) -> CanalAddr {
         match peer {
             Some(p) if self.v6_connection(a, p) => loopback_v6(a, a.port),
+            Some(p) if is_v4(a, self.lo) && self.own_space(p).is_none() => {
+                in_family(a, GUEST_SELF_ADDR, a.port)
+            }
             _ => self.local(a),
         }
     }
@@ -575,6 +584,40 @@ impl NetTie {
             Some((_, Tie::Bound { guest, .. })) => Some(*guest),
             _ => None,
         }
+    }
+
+    /// A datagram socket sent to host address `dst`, not one of its network's own:
+    /// if it is bound on `lo` (not published), that address's replies may now reach it.
+    pub(crate) fn note_contact(&mut self, dst: &CanalAddr) {
+        if let Some((
+            _,
+            Tie::Bound {
+                published: false,
+                contacts,
+                ..
+            },
+        )) = &mut self.tie
+        {
+            contacts.note(dst);
+        }
+    }
+
+    /// Whether a datagram from host address `src` may reach this socket: any may,
+    /// unless it is bound on `lo` (not published); then only its own network's
+    /// sockets and the outside addresses it sent to (`contacts.rs`). `local`: its host
+    /// address.
+    pub(crate) fn takes_datagram(
+        &self,
+        src: Option<&CanalAddr>,
+        local: impl FnOnce() -> Option<CanalAddr>,
+    ) -> bool {
+        let Some(n) = self.private_bound() else {
+            return true;
+        };
+        let Some(a) = src else { return false };
+        let contacted =
+            matches!(&self.tie, Some((_, Tie::Bound { contacts, .. })) if contacts.has(a));
+        contacted || n.admits_any(PROTO_UDP, a, local)
     }
 
     /// A socket bound on `lo` (not published): it admits only its own network.

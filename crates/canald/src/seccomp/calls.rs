@@ -3,7 +3,7 @@
 //! performs the call on the host's side through the network's view, and answers.
 use super::ctx::{Ctx, MAX_BLOCKED};
 use super::filter::nr;
-use crate::guest::addr_view::{translate_guest_addr, translate_guest_bind};
+use crate::guest::addr_view::{is_loopback, translate_guest_addr, translate_guest_bind};
 use crate::guest::addr_view::{translate_host_addr, translate_host_local, translate_host_peer};
 use crate::guest::netview::{in_family, is_plain_v6, is_v4, PROTO_TCP, PROTO_UDP};
 use crate::sys::{self, Notif};
@@ -304,6 +304,15 @@ fn born_here(ctx: &Ctx, s: &OwnedFd) -> bool {
         && ctx.net.served.installed.name_of(s).is_none()
 }
 
+/// Whether `s`, on the private loopback, keeps its address for host destination
+/// `dst` outside the network: when the program bound it (its port is the program's)
+/// and `dst` is on the host's loopback, which a private source reaches. The host then
+/// sees the private address and that port, and a datagram socket takes the replies
+/// (`guest::contacts`). Elsewhere a loopback source cannot go.
+fn keeps_port(ctx: &Ctx, s: &OwnedFd, dst: &CanalAddr) -> bool {
+    is_loopback(dst) && ctx.net.served.installed.name_of(s).is_some()
+}
+
 /// Whether `s` is still bound to the network's private loopback (or its IPv6-only
 /// twin).
 fn at_private(ctx: &Ctx, s: &OwnedFd) -> bool {
@@ -323,7 +332,7 @@ fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<R
     let a = read_addr(c, p, len)?;
     let v6only = ctx.net.served.installed.v6only_of(&s);
     let d = translate_guest_addr(&ctx.view(), &a, proto_of(&s), v6only)?;
-    if !d.own && at_private(ctx, &s) {
+    if !d.own && at_private(ctx, &s) && !keeps_port(ctx, &s, &d.addr) {
         // Not the network's own: from an unbound socket, as the kernel picks (the host
         // then sees 127.0.0.1 or its own address, as from any canal guest).
         let f = fresh_like(&s)?;
@@ -338,7 +347,12 @@ fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<R
         s = f;
     }
     match sys::connect(&s, &d.addr) {
-        Ok(()) => Ok(Reply::Value(0)),
+        Ok(()) => {
+            if !d.own && proto_of(&s) == PROTO_UDP {
+                ctx.net.served.installed.note_contact(&s, &d.addr);
+            }
+            Ok(Reply::Value(0))
+        }
         Err(e) => Err(errno_of(e)),
     }
 }
@@ -439,7 +453,8 @@ const MAX_IO: usize = 1 << 20;
 
 /// Where a datagram to `to` goes on host socket `s` (descriptor `fd` of the program):
 /// None if it is lost (an own port nobody holds, as natively). A socket still on the
-/// private loopback that sends outside the network is replaced by a fresh one first.
+/// private loopback that sends outside the network is replaced by a fresh one first,
+/// unless it keeps its port (`keeps_port`).
 fn datagram_dest(
     ctx: &Ctx,
     c: &Caller,
@@ -455,9 +470,13 @@ fn datagram_dest(
         Err(e) => return Err(e),
     };
     if !d.own && at_private(ctx, s) {
-        let f = fresh_like(s)?;
-        install_at(ctx, c, n, fd, &f, (None, v6only))?;
-        *s = f;
+        if keeps_port(ctx, s, &d.addr) {
+            ctx.net.served.installed.note_contact(s, &d.addr);
+        } else {
+            let f = fresh_like(s)?;
+            install_at(ctx, c, n, fd, &f, (None, v6only))?;
+            *s = f;
+        }
     }
     Ok(Some(d.addr))
 }
@@ -502,8 +521,11 @@ fn recv_admitted<T>(
             Err(e) => return Err(errno_of(e)),
         };
         let src = src.unwrap_or_default();
-        if proto == PROTO_UDP && !admitted(ctx, PROTO_UDP, &local, &src) {
-            continue; // a datagram from outside the network to a private port
+        if proto == PROTO_UDP
+            && !admitted(ctx, PROTO_UDP, &local, &src)
+            && !ctx.net.served.installed.contacted(s, &src)
+        {
+            continue; // from outside the network to a private port, not a reply
         }
         return Ok(Some((v, translate_host_addr(&ctx.view(), &src))));
     }

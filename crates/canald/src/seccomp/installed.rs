@@ -11,6 +11,7 @@
 //! and closes a million connections keeps it as large as its open sockets.
 #![forbid(unsafe_code)]
 
+use crate::guest::contacts::Contacts;
 use crate::sys;
 use canal_abi::CanalAddr;
 use std::collections::HashMap;
@@ -25,13 +26,16 @@ pub(crate) struct Installed {
     table: Mutex<Table>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Sock {
     /// 6 TCP, 17 UDP.
     proto: u8,
     /// The name bound, if the program bound one.
     name: Option<CanalAddr>,
     v6only: bool,
+    /// Outside addresses it sent to from the private loopback, whose datagrams it
+    /// takes (`guest::contacts`).
+    contacts: Contacts,
 }
 
 #[derive(Debug, Default)]
@@ -79,18 +83,19 @@ impl Installed {
                 proto,
                 name,
                 v6only,
+                contacts: Contacts::default(),
             },
         );
     }
 
     /// The name the program bound socket `s` to, if it did.
     pub(crate) fn name_of(&self, s: &OwnedFd) -> Option<CanalAddr> {
-        self.get(s).and_then(|e| e.name)
+        self.with(s, |e| e.name).flatten()
     }
 
     /// The program's IPV6_V6ONLY for socket `s`.
     pub(crate) fn v6only_of(&self, s: &OwnedFd) -> bool {
-        self.get(s).is_some_and(|e| e.v6only)
+        self.with(s, |e| e.v6only).unwrap_or(false)
     }
 
     /// Sets the program's IPV6_V6ONLY for socket `s`; false if it is not one of ours.
@@ -105,9 +110,22 @@ impl Installed {
             .is_some()
     }
 
-    fn get(&self, s: &OwnedFd) -> Option<Sock> {
+    /// Datagram socket `s` sent to host address `dst` from the private loopback.
+    pub(crate) fn note_contact(&self, s: &OwnedFd, dst: &CanalAddr) {
+        let Ok(ino) = sys::inode_of(s) else { return };
+        if let Some(e) = self.lock().socks.get_mut(&ino) {
+            e.contacts.note(dst);
+        }
+    }
+
+    /// Whether socket `s` sent to host address `a`.
+    pub(crate) fn contacted(&self, s: &OwnedFd, a: &CanalAddr) -> bool {
+        self.with(s, |e| e.contacts.has(a)).unwrap_or(false)
+    }
+
+    fn with<T>(&self, s: &OwnedFd, f: impl FnOnce(&Sock) -> T) -> Option<T> {
         let ino = sys::inode_of(s).ok()?;
-        self.lock().socks.get(&ino).copied()
+        self.lock().socks.get(&ino).map(f)
     }
 
     /// The sockets still open, each with its holder and state (the first holder found,
