@@ -11,7 +11,8 @@ from both ends. Runs natively too (that is how its expectations are validated).
         F  close at once (FIN; nothing unread)
         B  print "HOLDING" and block without reading until killed
   shortcut.py check --port P
-      Run the N, H, R, F and non-blocking-connect checks; print "OK <what>" per check.
+      Run the N, H, R, F, poll-after-F and non-blocking-connect checks; print "OK <what>"
+      per check.
   shortcut.py options [--spin N]
       Within this one process (under canal: a short-circuit between two sockets of
       one guest): the options a connection keeps — inherited from the listener,
@@ -196,6 +197,47 @@ def check_fin(port):
     print(f"OK fin: EOF, then send fails (after {i} successful sends)")
 
 
+def readiness(s):
+    """What poll and epoll report for s now, each as a set of names."""
+    p = select.poll()
+    p.register(s, select.POLLIN | select.POLLOUT | select.POLLRDHUP)
+    ev = p.poll(0)
+    e = select.epoll()
+    e.register(s, select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP)
+    eev = e.poll(0)
+    e.close()
+
+    def names(m, prefix):
+        return {n for n in ("IN", "OUT", "RDHUP", "HUP", "ERR") if m & getattr(select, prefix + n)}
+    return names(ev[0][1] if ev else 0, "POLL"), names(eev[0][1] if eev else 0, "EPOLL")
+
+
+def check_poll_after_fin(port):
+    """The peer's orderly close leaves this end in CLOSE_WAIT: readable (EOF),
+    writable, RDHUP, no HUP; HUP once this end shuts down writing too."""
+    s = connect(port)
+    s.sendall(b"F")
+    select.select([s], [], [], 10)
+    time.sleep(0.3)  # whatever follows the FIN (canald's flags) has landed
+    closed_wait = {"IN", "OUT", "RDHUP"}
+    got = readiness(s)
+    if got != (closed_wait, closed_wait):
+        fail(f"poll/epoll after the peer's close: {got}, natively {closed_wait}")
+    if s.recv(10) != b"":
+        fail("poll after fin: no EOF")
+    got = readiness(s)
+    if got != (closed_wait, closed_wait):
+        fail(f"poll/epoll after reading EOF: {got}, natively {closed_wait}")
+    s.shutdown(socket.SHUT_WR)
+    time.sleep(0.1)
+    both = closed_wait | {"HUP"}
+    got = readiness(s)
+    if got != (both, both):
+        fail(f"poll/epoll after SHUT_WR too: {got}, natively {both}")
+    s.close()
+    print("OK poll after the peer's close: IN OUT RDHUP, HUP only after SHUT_WR")
+
+
 def check_nonblocking_connect(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setblocking(False)
@@ -306,6 +348,7 @@ def check(args):
     check_half_close(args.port)
     check_reset(args.port)
     check_fin(args.port)
+    check_poll_after_fin(args.port)
     check_nonblocking_connect(args.port)
     check_kept_options()
     print("OK all")

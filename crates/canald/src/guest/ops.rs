@@ -407,14 +407,20 @@ impl Guest {
         Ok((0, 0))
     }
 
-    /// Publishes flag changes (adds HUP when both directions are over).
+    /// Publishes flag changes (adds HUP when both directions are over: the kernel's
+    /// POLLHUP once it has shut down both ways).
     pub(crate) fn set_flags(&mut self, index: u32, add: u32, remove: u32) {
         let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
             return;
         };
         let mut f = (s.flags | add) & !remove;
         let both = sock_flag::RX_EOF | sock_flag::TX_CLOSED;
-        if f & both == both {
+        // A short-circuited peer's close sets TX_CLOSED too (nobody reads: a write
+        // fails with EPIPE), but this end has only received the FIN, as in the
+        // kernel's CLOSE_WAIT (POLLIN|POLLRDHUP, no POLLHUP) until it shuts down
+        // writing itself.
+        let sent_fin = s.seg.as_ref().is_none_or(|l| l.shut_wr);
+        if f & both == both && sent_fin {
             f |= sock_flag::HUP;
         }
         if f != s.flags {
