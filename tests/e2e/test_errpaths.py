@@ -21,6 +21,7 @@ CHECKS = [
     "nonblocking_recv_eagain",
     "half_close",
     "select_pipe_and_socket",
+    "listener_fionread",
 ]
 
 

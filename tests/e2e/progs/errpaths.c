@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -456,6 +457,22 @@ static void test_select_mix(void) {
     close(pfd[1]);
 }
 
+/* FIONREAD on a listener: EINVAL, as tcp_ioctl answers (not a count of waiting
+ * connections). */
+static void test_listener_fionread(void) {
+    const char *name = "listener_fionread";
+    int l = socket(AF_INET, SOCK_STREAM, 0), n = -1;
+    struct sockaddr_in a = addr_of(0);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 4) != 0) {
+        report(name, "bind/listen: %s", en(errno));
+    } else if (ioctl(l, FIONREAD, &n) == 0) {
+        report(name, "FIONREAD succeeded (%d), want %s", n, en(EINVAL));
+    } else {
+        report(name, errno == EINVAL ? NULL : "FIONREAD: %s, want %s", en(errno), en(EINVAL));
+    }
+    close(l);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "pause") != 0)) {
         fprintf(stderr, "usage: %s PEER_PORT CLOSED_PORT [pause]\n", argv[0]);
@@ -479,6 +496,7 @@ int main(int argc, char **argv) {
     test_nonblocking_recv();
     test_half_close();
     test_select_mix();
+    test_listener_fionread();
     printf("%d failed\n", failures);
     return failures ? 1 : 0;
 }

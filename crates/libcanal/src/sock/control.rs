@@ -157,6 +157,9 @@ pub(crate) fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
 /// Bytes FIONREAD reports: queued stream bytes, or the next datagram's size.
 pub(crate) fn fionread(s: Sock) -> Result<c_int, i32> {
     let st = s.snapshot();
+    if st.kind == sock_kind::LISTENER {
+        return Err(libc::EINVAL); // as tcp_ioctl answers for a listener
+    }
     if st.kind != sock_kind::DGRAM {
         return Ok(st.rx_used.min(i32::MAX as u64) as c_int);
     }
