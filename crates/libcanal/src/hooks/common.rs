@@ -153,16 +153,18 @@ pub(crate) fn real_result(r: isize) -> Result<isize, i32> {
 
 /// The destination of sendto/sendmsg. TCP ignores it entirely once the kernel has
 /// copied it in (only the length is checked: EINVAL above sockaddr_storage), so a
-/// stream socket never parses it — servers pass whatever recvfrom left there.
+/// stream socket never parses it — servers pass whatever recvfrom left there — except
+/// with MSG_FASTOPEN, where it is the address to connect to.
 pub(crate) fn dest_in(
     s: Sock,
     addr: *const SockAddr,
     len: socklen_t,
+    flags: c_int,
 ) -> Result<Option<canal_abi::CanalAddr>, i32> {
     if addr.is_null() {
         return Ok(None);
     }
-    if s.kind() != canal_abi::sock_kind::DGRAM {
+    if s.kind() != canal_abi::sock_kind::DGRAM && flags & libc::MSG_FASTOPEN == 0 {
         if len as usize > core::mem::size_of::<libc::sockaddr_storage>() {
             return Err(libc::EINVAL);
         }

@@ -89,7 +89,7 @@ pub unsafe extern "C" fn sendto(
         fd,
         real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen),
         |s| {
-            let to = dest_in(s, addr, alen)?;
+            let to = dest_in(s, addr, alen, flags)?;
             if let Some(a) = &to {
                 if leave_to_kernel(fd, &s, a)? {
                     // SAFETY: forwarding to libc's sendto on the kernel socket now at `fd`.
@@ -272,7 +272,7 @@ fn sendmsg_one(s: Sock, msg: *const msghdr, flags: c_int) -> Result<isize, i32> 
     let to = if m.msg_name.is_null() || m.msg_namelen == 0 {
         None
     } else {
-        dest_in(s, m.msg_name as *const SockAddr, m.msg_namelen)?
+        dest_in(s, m.msg_name as *const SockAddr, m.msg_namelen, flags)?
     };
     if to.is_some() {
         crate::policy::commit(&s);

@@ -8,7 +8,6 @@ use crate::sock::dgram::send_dgram;
 use crate::sock::stream::recv_stream;
 use crate::sock::stream::send_stream;
 use canal_abi::addr::CanalAddr;
-use canal_abi::sock_flag as f;
 use canal_abi::sock_kind;
 use libc::c_int;
 use libc::iovec;
@@ -26,13 +25,19 @@ pub(crate) fn send(
     }
     match s.kind() {
         sock_kind::DGRAM => send_dgram(s, iov, flags, to),
-        sock_kind::STREAM => {
-            if to.is_some() && s.flags() & f::CONNECTED != 0 {
-                // Linux ignores the address on a connected TCP socket (EISCONN only
-                // for TCP Fast Open); we do the same.
-            }
-            send_stream(s, iov, flags)
+        sock_kind::STREAM if flags & libc::MSG_FASTOPEN != 0 => {
+            // TCP Fast Open (sendto/sendmsg with an address on an unconnected socket):
+            // connect, then send, as the kernel does without a cookie: a blocking
+            // socket returns what it sent; a non-blocking one EINPROGRESS with nothing
+            // sent (the program sends again once connected). No address: EINVAL; a
+            // connected or connecting socket: EISCONN / EALREADY.
+            let a = to.ok_or(libc::EINVAL)?;
+            crate::sock::control::connect(s, a)?;
+            send_stream(s, iov, flags & !libc::MSG_FASTOPEN)
         }
+        // Linux ignores the address on a connected TCP socket (EISCONN only for TCP
+        // Fast Open); we do the same.
+        sock_kind::STREAM => send_stream(s, iov, flags),
         // A listening socket: not connected.
         _ => Err(epipe(flags)),
     }
