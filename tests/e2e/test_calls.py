@@ -1,7 +1,8 @@
 """Socket calls beyond the suite's programs whose answers must be the kernel's
-(progs/calls.py: TCP Fast Open's sendto/sendmsg with MSG_FASTOPEN, which canal
-refused with EPIPE): the same lines natively and under canal, short-circuited and
-through canald."""
+(progs/calls.py): TCP Fast Open's sendto/sendmsg with MSG_FASTOPEN, which canal
+refused with EPIPE; splice(2) between canal sockets and pipes, which read
+end-of-file from a canal socket and lost what it wrote into one. The same lines
+natively and under canal, short-circuited and through canald."""
 
 import pytest
 

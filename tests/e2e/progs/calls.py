@@ -1,17 +1,25 @@
-"""Socket calls whose answers must be the kernel's, one line per case; run natively and
-under canal (short-circuited and through canald), the lines must be equal.
+"""Socket calls beyond the suite's programs whose answers must be the kernel's, one line
+per case; run natively and under canal (short-circuited and through canald), the lines
+must be equal.
 
     calls.py      (a listener on 127.0.0.1:0 and its clients, all in this process)
 
-TCP Fast Open (sendto/sendmsg with MSG_FASTOPEN and an address on an unconnected
-socket: connect and send in one call, as curl --tcp-fastopen does). Only the blocking
-form is compared: a non-blocking one depends on the kernel's cookie cache (EINPROGRESS
-without a cookie, the bytes with one).
+- TCP Fast Open: sendto/sendmsg with MSG_FASTOPEN and an address on an unconnected
+  socket connect and send in one call, as curl --tcp-fastopen does. Only the blocking
+  form is compared: a non-blocking one depends on the kernel's cookie cache
+  (EINPROGRESS without a cookie, the bytes with one).
+- splice(2) between TCP sockets and pipes, both ways: 300,000 bytes each way
+  hash-checked, the non-blocking cases, the kernel's errors.
 """
 import errno
+import hashlib
+import os
 import socket
+import threading
 
 MSG_FASTOPEN = getattr(socket, "MSG_FASTOPEN", 0x20000000)
+SIZE = 300_000  # several pipefuls
+NB = os.SPLICE_F_NONBLOCK
 
 
 def err(e):
@@ -25,12 +33,31 @@ def attempt(label, call):
         print(label, "->", err(e))
 
 
+def pump(step, sink=None):
+    """Calls step() until it returns 0 or empty; each result goes to sink (bytes) or
+    is counted (a number of bytes moved). Returns the bytes moved."""
+    moved = 0
+    while True:
+        r = step()
+        if not r:
+            return moved
+        if sink:
+            sink(r)
+        moved += r if isinstance(r, int) else len(r)
+
+
 listener = socket.socket()
 listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_FASTOPEN, 8)
 listener.bind(("127.0.0.1", 0))
 listener.listen(8)
 listener.settimeout(10)
 where = listener.getsockname()
+
+
+def pair():
+    c = socket.create_connection(where)
+    a, _ = listener.accept()
+    return c, a
 
 
 def read_n(a, n):
@@ -44,33 +71,104 @@ def read_n(a, n):
     return got
 
 
-# Blocking: connects, sends, returns the count; the server reads the bytes.
-c = socket.socket()
-attempt("fastopen sendto", lambda: c.sendto(b"hello fast open", MSG_FASTOPEN, where))
-a, _ = listener.accept()
-print("server got", read_n(a, 15))
-attempt("fastopen again on the connected socket", lambda: c.sendto(b"x", MSG_FASTOPEN, where))
-attempt("plain send after", lambda: c.send(b"y"))
-print("server got", read_n(a, 1))
-c.close()
-a.close()
-# sendmsg with an address.
-c = socket.socket()
-attempt("fastopen sendmsg", lambda: c.sendmsg([b"two ", b"parts"], [], MSG_FASTOPEN, where))
-a, _ = listener.accept()
-print("server got", read_n(a, 9))
-c.close()
-a.close()
-# No address: nothing to connect to.
-c = socket.socket()
-attempt("fastopen without an address", lambda: c.send(b"z", MSG_FASTOPEN))
-c.close()
-# A refused destination.
-spare = socket.socket()
-spare.bind(("127.0.0.1", 0))
-closed = spare.getsockname()
-spare.close()
-c = socket.socket()
-attempt("fastopen to a closed port", lambda: c.sendto(b"z", MSG_FASTOPEN, closed))
-c.close()
+def fast_open():
+    # Blocking: connects, sends, returns the count; the server reads the bytes.
+    c = socket.socket()
+    attempt("fastopen sendto", lambda: c.sendto(b"hello fast open", MSG_FASTOPEN, where))
+    a, _ = listener.accept()
+    print("server got", read_n(a, 15))
+    attempt("fastopen again on the connected socket", lambda: c.sendto(b"x", MSG_FASTOPEN, where))
+    attempt("plain send after", lambda: c.send(b"y"))
+    print("server got", read_n(a, 1))
+    c.close()
+    a.close()
+    # sendmsg with an address.
+    c = socket.socket()
+    attempt("fastopen sendmsg", lambda: c.sendmsg([b"two ", b"parts"], [], MSG_FASTOPEN, where))
+    a, _ = listener.accept()
+    print("server got", read_n(a, 9))
+    c.close()
+    a.close()
+    # No address: nothing to connect to.
+    c = socket.socket()
+    attempt("fastopen without an address", lambda: c.send(b"z", MSG_FASTOPEN))
+    c.close()
+    # A refused destination.
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    closed = spare.getsockname()
+    spare.close()
+    c = socket.socket()
+    attempt("fastopen to a closed port", lambda: c.sendto(b"z", MSG_FASTOPEN, closed))
+    c.close()
+
+
+def through_pipe(to_pipe):
+    """SIZE bytes through splice, then end of file: socket -> pipe (a peer sends and
+    closes, a thread drains the pipe) or pipe -> socket (a thread fills the pipe and
+    closes it, the peer reads)."""
+    data = os.urandom(SIZE)
+    c, a = pair()
+    r, w = os.pipe()
+    got = bytearray()
+    if to_pipe:
+        read_end, fill = (lambda: os.read(r, 65536)), (lambda: (c.sendall(data), c.close()))
+        step, finish = (lambda: os.splice(a.fileno(), w, 1 << 20)), (lambda: os.close(w))
+    else:
+        read_end, fill = (lambda: c.recv(65536)), (lambda: (os.write(w, data), os.close(w)))
+        step, finish = (lambda: os.splice(r, a.fileno(), 1 << 20)), a.close
+    reader = threading.Thread(target=pump, args=(read_end, got.extend))
+    reader.start()
+    threading.Thread(target=fill).start()
+    moved = pump(step)
+    finish()  # the reader's end of file
+    reader.join()
+    same = hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+    print("socket -> pipe:" if to_pipe else "pipe -> socket:", moved, "bytes",
+          "intact" if same else "CORRUPT", "then EOF")
+    os.close(r)
+    a.close()
+    c.close()
+
+
+def edges():
+    c, a = pair()
+    r, w = os.pipe()
+    a.setblocking(False)
+    attempt("empty non-blocking socket -> pipe", lambda: os.splice(a.fileno(), w, 100))
+    attempt("empty pipe -> socket, SPLICE_F_NONBLOCK", lambda: os.splice(r, a.fileno(), 100, flags=NB))
+    a.setblocking(True)
+    # A full pipe: nothing moves without blocking, and the socket keeps its bytes.
+    os.set_blocking(w, False)
+    filled = 0
+    try:
+        while True:
+            filled += os.write(w, b"f" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)
+    c.sendall(b"kept")
+    attempt("socket -> full pipe, SPLICE_F_NONBLOCK", lambda: os.splice(a.fileno(), w, 100, flags=NB))
+    os.read(r, filled)
+    attempt("the socket still has", lambda: a.recv(100))
+    attempt("socket -> socket", lambda: os.splice(a.fileno(), c.fileno(), 10))
+    attempt("socket -> pipe with an offset", lambda: os.splice(a.fileno(), w, 10, offset_src=0))
+    attempt("socket -> pipe with a pipe offset", lambda: os.splice(a.fileno(), w, 10, offset_dst=0))
+    attempt("pipe -> socket with a pipe offset", lambda: os.splice(r, a.fileno(), 10, offset_src=0))
+    attempt("pipe -> socket with an offset", lambda: os.splice(r, a.fileno(), 10, offset_dst=0))
+    with open(os.devnull, "wb") as f:
+        attempt("socket -> /dev/null", lambda: os.splice(a.fileno(), f.fileno(), 10))
+    attempt("socket -> pipe, 0 bytes", lambda: os.splice(a.fileno(), w, 0))
+    os.close(w)
+    attempt("pipe without a writer -> socket", lambda: os.splice(r, a.fileno(), 10))
+    c.close()
+    attempt("closed peer -> pipe", lambda: os.splice(a.fileno(), os.pipe()[1], 10))
+    os.close(r)
+    a.close()
+
+
+fast_open()
+through_pipe(True)
+through_pipe(False)
+edges()
 print("done")
