@@ -141,6 +141,18 @@ def udp():
             except socket.timeout:
                 continue
         c.close()
+    # A dual-stack socket that first spoke to ::1 (so autobound there) takes IPv4
+    # datagrams on its port too.
+    dual = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    dual.sendto(b"hi", ("::1", p))
+    six.settimeout(2)
+    six.recvfrom(100)
+    c4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c4.sendto(b"four", ("127.0.0.1", dual.getsockname()[1]))
+    dual.settimeout(2)
+    data, src = dual.recvfrom(100)
+    print("udp dual after ::1, 127.0.0.1 ->", data.decode(), "from", src[0])
+    dual.close(), c4.close()
     four.close(), six.close()
 
 

@@ -123,7 +123,11 @@ pub(crate) fn bind_own_source(
         // Named as an autobound socket is natively: the wildcard and its port.
         let mut wild = in_family(dst, [0; 4], local.port);
         wild.addr = [0; 16];
-        net.record_bind(PROTO_UDP, wild, &local)
+        let tie = net.record_bind(PROTO_UDP, wild, &local);
+        if v6 && !s.v6only {
+            net.mark_dual(local.port); // on `lo6`, but IPv4 reaches it too
+        }
+        tie
     } else {
         net.record_client(&local)
     };

@@ -143,6 +143,10 @@ struct Bound {
     /// Bound by an AF_INET6 socket (an IPv6 destination reaches it; natively an
     /// AF_INET socket takes IPv4 only).
     family6: bool,
+    /// A dual-stack datagram socket autobound on `lo6` (it first spoke to an IPv6
+    /// destination of its own network): IPv4 destinations reach it too, as natively
+    /// its wildcard port takes both.
+    dual: bool,
 }
 
 /// A socket's entry in its network's table; dropping it (the socket closing) removes
@@ -291,7 +295,8 @@ impl NetView {
                 other.filter(|b| b.family6).filter(takes)
             })
         } else {
-            t.bound.get(&(proto, a.port, false)).filter(takes)
+            let four = t.bound.get(&(proto, a.port, false)).filter(takes);
+            four.or_else(|| t.bound.get(&(proto, a.port, true)).filter(|b| b.dual))
         };
         match found {
             Some(b) => Ok(Dest {
@@ -382,6 +387,7 @@ impl NetView {
             sockets: 0,
             listening: 0,
             family6: guest.family == FAMILY_INET6,
+            dual: false,
         });
         b.sockets += 1;
         NetTie {
@@ -395,6 +401,14 @@ impl NetView {
                     contacts: Contacts::default(),
                 },
             )),
+        }
+    }
+
+    /// The datagram socket just recorded on `lo6` at `port` is dual stack (not
+    /// IPv6-only): IPv4 destinations of that port reach it too (`Bound::dual`).
+    pub(crate) fn mark_dual(&self, port: u16) {
+        if let Some(b) = self.table().bound.get_mut(&(PROTO_UDP, port, true)) {
+            b.dual = true;
         }
     }
 
