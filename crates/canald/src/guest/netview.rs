@@ -625,13 +625,17 @@ impl NetTie {
         src: Option<&CanalAddr>,
         local: impl FnOnce() -> Option<CanalAddr>,
     ) -> bool {
-        let Some(n) = self.private_bound() else {
-            return true;
-        };
-        let Some(a) = src else { return false };
-        let contacted =
-            matches!(&self.tie, Some((_, Tie::Bound { contacts, .. })) if contacts.has(a));
-        contacted || n.admits_any(PROTO_UDP, a, local)
+        match &self.tie {
+            Some((
+                n,
+                Tie::Bound {
+                    published: false,
+                    contacts,
+                    ..
+                },
+            )) => src.is_some_and(|a| contacts.has(a) || n.admits_any(PROTO_UDP, a, local)),
+            _ => true,
+        }
     }
 
     /// A socket bound on `lo` (not published): it admits only its own network.

@@ -403,9 +403,17 @@ fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Rep
 }
 
 /// Whether a connection or datagram from `peer` may reach a socket bound at `local`
-/// on the private loopback: only from the network's own sockets.
-fn admitted(ctx: &Ctx, proto: u8, local: &CanalAddr, peer: &CanalAddr) -> bool {
-    !is_v4(local, ctx.net.lo) || ctx.net.admits_any(proto, peer, || Some(*local))
+/// on the private loopback: only from the network's own sockets, or (a datagram)
+/// when `replied()`: the socket sent to `peer` (`guest::contacts`). That is asked
+/// before the network's sockets, whose last resort is a sock_diag lookup.
+fn admitted(
+    ctx: &Ctx,
+    proto: u8,
+    local: &CanalAddr,
+    peer: &CanalAddr,
+    replied: impl FnOnce() -> bool,
+) -> bool {
+    !is_v4(local, ctx.net.lo) || replied() || ctx.net.admits_any(proto, peer, || Some(*local))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -430,7 +438,7 @@ fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i
             sys::accept_flags(&s, (flags & libc::SOCK_NONBLOCK) | libc::SOCK_CLOEXEC)
                 .map_err(errno_of)?;
         let peer = peer.unwrap_or_default();
-        if !admitted(ctx, PROTO_TCP, &local, &peer) {
+        if !admitted(ctx, PROTO_TCP, &local, &peer, || false) {
             let _ = sys::set_abortive_close(&conn, true);
             continue;
         }
@@ -521,10 +529,8 @@ fn recv_admitted<T>(
             Err(e) => return Err(errno_of(e)),
         };
         let src = src.unwrap_or_default();
-        if proto == PROTO_UDP
-            && !admitted(ctx, PROTO_UDP, &local, &src)
-            && !ctx.net.served.installed.contacted(s, &src)
-        {
+        let replied = || ctx.net.served.installed.contacted(s, &src);
+        if proto == PROTO_UDP && !admitted(ctx, PROTO_UDP, &local, &src, replied) {
             continue; // from outside the network to a private port, not a reply
         }
         return Ok(Some((v, translate_host_addr(&ctx.view(), &src))));

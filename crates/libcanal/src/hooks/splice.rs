@@ -163,14 +163,12 @@ fn pipe_to_socket(pipe: c_int, s: Sock, len: usize, flags: c_uint) -> Result<isi
         }
     };
     let mut want = len.min(queued).min(CHUNK);
-    if s.nonblocking() {
-        let room = s.snapshot().tx_free() as usize;
-        if room == 0 && s.kind() == canal_abi::sock_kind::STREAM {
-            return Err(libc::EAGAIN);
-        }
-        if s.kind() == canal_abi::sock_kind::STREAM {
-            want = want.min(room);
-        }
+    if s.nonblocking() && s.kind() == canal_abi::sock_kind::STREAM {
+        // A datagram is one record whatever the room: the send below waits for it.
+        want = match s.snapshot().tx_free() as usize {
+            0 => return Err(libc::EAGAIN),
+            room => want.min(room),
+        };
     }
     let mut buf = vec![0u8; want];
     let got = sys::read(pipe, &mut buf)?;
