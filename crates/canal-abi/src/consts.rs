@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 10;
+pub const VERSION_MINOR: u16 = 11;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -66,9 +66,25 @@ pub mod feature {
     /// the kernel wakes one exclusive waiter per connection. Set only for guests that
     /// announced `hello_flag::ACCEPT_ONE`.
     pub const ACCEPT_ONE: u64 = 1 << 11;
+    /// Close marks (protocol §5.4, minor 11): canald reads `SocketEntry::close_mark`
+    /// when it serves a socket's attention bit and closes a socket whose mark is its
+    /// handle. A guest process that has never shared its descriptors (no fork, exec,
+    /// spawn, bridge or SCM_RIGHTS yet) then gives its sockets lone dummies without a
+    /// WATCH and closes them by a mark. Set only for guests that announced
+    /// `hello_flag::CLOSE_MARK`.
+    pub const CLOSE_MARK: u64 = 1 << 12;
     /// Every bit this version understands (the optional ones included).
-    pub const KNOWN: u64 =
-        ALL_V1 | WATCH | SHORTCUT | VRSS | ZONES | DOORBELL | SPARES | ARENAS | BELLS | ACCEPT_ONE;
+    pub const KNOWN: u64 = ALL_V1
+        | WATCH
+        | SHORTCUT
+        | VRSS
+        | ZONES
+        | DOORBELL
+        | SPARES
+        | ARENAS
+        | BELLS
+        | ACCEPT_ONE
+        | CLOSE_MARK;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -167,6 +167,8 @@ pub mod hello_flag {
     pub const BELLS: u32 = 1 << 10;
     /// The guest marks threads blocked in accept() (`feature::ACCEPT_ONE`, §6).
     pub const ACCEPT_ONE: u32 = 1 << 11;
+    /// The guest closes unwatched sockets by a close mark (`feature::CLOSE_MARK`).
+    pub const CLOSE_MARK: u32 = 1 << 12;
 }
 
 /// SEGMENT_OK body bytes.

@@ -233,7 +233,12 @@ pub struct SocketEntry {
     /// seconds). canald emulates SO_LINGER; the guest's close of a lingering stream
     /// waits here, up to that long, for its transmit ring to drain.
     pub linger: AtomicU32,
-    pub reserved4a: u32,
+    /// Guest-written (feature::CLOSE_MARK, minor 11): the socket's handle once the
+    /// guest's last descriptor of it is gone and no WATCH backs it. The guest then
+    /// raises the socket's attention bit, and canald closes it in its next round as
+    /// a CLOSE request would (no round trip). Any other value means nothing; canald
+    /// clears it when it hands the entry out again.
+    pub close_mark: AtomicU32,
     /// Guest-only: options libcanal keeps itself for a short-circuited stream
     /// (TCP_NODELAY, SO_KEEPALIVE, the keepalive timers: protocol §3.4), recorded for
     /// every socket so an accepted connection inherits its listener's, as natively.
@@ -324,6 +329,7 @@ impl SocketEntry {
         self.rcvtimeo_ns.store(0, Ordering::Relaxed);
         self.sndtimeo_ns.store(0, Ordering::Relaxed);
         self.linger.store(0, Ordering::Relaxed);
+        self.close_mark.store(0, Ordering::Relaxed);
         self.options.store(0, Ordering::Relaxed);
         self.tx_tail_seen.store(0, Ordering::Relaxed);
         self.rx_head_seen.store(0, Ordering::Relaxed);

@@ -101,6 +101,7 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, tx_busy), 208);
     assert_eq!(offset_of!(SocketEntry, rx_busy), 212);
     assert_eq!(offset_of!(SocketEntry, linger), 216);
+    assert_eq!(offset_of!(SocketEntry, close_mark), 220);
     assert_eq!(offset_of!(SocketEntry, options), 224);
     assert_eq!(offset_of!(SocketEntry, reserved4), 232);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
@@ -145,7 +146,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0a00 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0b00 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -202,8 +203,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 12,
-        HeaderError::UnknownFeatures(1 << 12),
+        &|h| h.features |= 1 << 13,
+        HeaderError::UnknownFeatures(1 << 13),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -407,7 +408,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b1_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -675,4 +676,14 @@ fn exclusive_accept_wakeups() {
     assert_ne!(feature::KNOWN & feature::ACCEPT_ONE, 0);
     // A marked index never reads as WAIT_ANY.
     assert_ne!(65_534 | canal_abi::WAIT_ACCEPT, canal_abi::WAIT_ANY);
+}
+
+#[test]
+fn close_marks() {
+    // protocol.md §3 (feature bit 12), §5.4 (the mark at entry offset 220), minor 11.
+    use canal_abi::control::hello_flag;
+    assert_eq!(feature::CLOSE_MARK, 1 << 12);
+    assert_eq!(hello_flag::CLOSE_MARK, 1 << 12);
+    const { assert!(canal_abi::VERSION_MINOR >= 11) };
+    assert_ne!(feature::KNOWN & feature::CLOSE_MARK, 0);
 }

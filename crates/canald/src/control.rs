@@ -100,6 +100,11 @@ impl Daemon {
                     canal_abi::feature::ACCEPT_ONE
                 } else {
                     0
+                }
+                | if hello_flags & control::hello_flag::CLOSE_MARK != 0 {
+                    canal_abi::feature::CLOSE_MARK
+                } else {
+                    0
                 };
             let mut gcfg = self.gcfg.clone();
             if let Some((ns, nsfd)) = &conn.netns {

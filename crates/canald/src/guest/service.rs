@@ -453,6 +453,10 @@ impl Guest {
             s.dirty = false;
             self.out_of_budget = false;
             st.sockets += 1;
+            self.take_close_mark(index);
+            let Some(Some(s)) = self.sockets.get(index as usize) else {
+                continue;
+            };
             if s.seg.is_some() {
                 self.sc_service(index);
                 self.finish_if_closed(ep, index, now);
@@ -476,6 +480,23 @@ impl Guest {
         list.clear();
         if self.dirty.is_empty() {
             self.dirty = list;
+        }
+    }
+
+    /// A socket whose entry carries its own handle as the close mark (feature
+    /// CLOSE_MARK, protocol §4 Close): the guest's last descriptor of it is gone and
+    /// no WATCH backs it, so it closes as by CLOSE. The mark names one generation, so
+    /// a stale one (the entry's previous socket) closes nothing; a guest without the
+    /// feature never writes the word (it was reserved, and zeroed with the entry).
+    fn take_close_mark(&mut self, index: u32) {
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        let handle = canal_abi::make_handle(index, s.generation() as u32);
+        let e = self.entry(index);
+        if e.close_mark.load(Ordering::Acquire) == handle && !s.is_closing() {
+            e.close_mark.store(0, Ordering::Relaxed);
+            self.op_close(index);
         }
     }
 
