@@ -202,6 +202,8 @@ struct Launch {
 }
 
 fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, token: c_int) -> Result<(), i32> {
+    // The helper shares the control connection and holds the socket (sock/watch.rs).
+    crate::sock::watch::share(g);
     let ids = crate::conn::guest::rejoin_fds(g).ok_or(libc::ENOTSUP)?;
     let rejoin = crate::conn::inherit::encode(ids, u32::MAX, &[(HELPER_SOCK, h)], &[], &[]);
     let rejoin = CString::new(format!("{}={rejoin}", crate::conn::inherit::VAR))

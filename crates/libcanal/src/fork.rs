@@ -13,6 +13,9 @@ extern "C" fn prepare() {
     crate::mux::epoll::fork_prepare();
     lock(&ATTACH_LOCK);
     crate::shortcut::seg::fork_prepare();
+    // Sockets with lone dummies get their WATCH before the child can hold a copy; the
+    // descriptor lock stays taken until the fork is over (sock/watch.rs).
+    crate::sock::watch::fork_prepare(guest());
     if let Some(g) = guest() {
         // Every canal descriptor is about to exist twice: count the child's copies now,
         // before the parent could close its own and drop the last reference.
@@ -25,6 +28,7 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
+    crate::sock::watch::fork_parent();
     crate::shortcut::seg::fork_done();
     unlock(&ATTACH_LOCK);
     crate::mux::epoll::fork_parent();
@@ -32,6 +36,7 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     sys::forget_tid();
+    crate::sock::watch::fork_child();
     crate::shortcut::seg::fork_child();
     ATTACH_LOCK.store(0, Ordering::Relaxed);
     PID.store(sys::getpid(), Ordering::Relaxed);

@@ -68,7 +68,9 @@ pub(crate) fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> 
         }
     }
     let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0).map_or(0, |f| f as c_int) & libc::FD_CLOEXEC;
-    // The number stops being canal's before the kernel socket takes it.
+    // The number stops being canal's before the kernel socket takes it, and no WATCH
+    // is put there meanwhile (sock/watch.rs).
+    let held = crate::sock::watch::hold();
     TABLE.take(fd);
     // SAFETY: plain descriptor call.
     let r = sys::check(unsafe {
@@ -84,6 +86,7 @@ pub(crate) fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> 
         let _ = TABLE.set_canal(fd, h);
         return Err(e);
     }
+    drop(held);
     crate::mux::epoll::move_to_kernel(fd);
     crate::sock::close::release(g, h);
     crate::rt::debug!(

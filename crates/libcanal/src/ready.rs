@@ -21,6 +21,8 @@ pub(crate) mod local {
     /// SOCK_NOSPACE): until an edge-triggered epoll reports EPOLLOUT, the peer freeing
     /// space is an edge (`Sock::edge_seq`).
     pub(crate) const NOSPACE: u32 = 1 << 5;
+    /// A socket created with a lone dummy has had a WATCH armed for it (`sock::watch`).
+    pub(crate) const ARMED: u32 = 1 << 6;
 }
 
 pub(crate) const POLLIN: c_short = libc::POLLIN;

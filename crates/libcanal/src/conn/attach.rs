@@ -297,7 +297,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
             | control::hello_flag::SPARES
             | control::hello_flag::ARENAS
             | control::hello_flag::BELLS
-            | control::hello_flag::ACCEPT_ONE,
+            | control::hello_flag::ACCEPT_ONE
+            | control::hello_flag::CLOSE_MARK,
         comm,
     }
     .encode();
@@ -359,6 +360,7 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
         wdoor: Default::default(),
         nworkers: AtomicU32::new(0),
     };
+    crate::sock::watch::attached(&g);
     debug!(
         g,
         "canal: attached as guest {} (region {} bytes, {} slots, {} sockets, spin {}{})\n",

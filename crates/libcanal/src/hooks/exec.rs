@@ -44,6 +44,10 @@ fn before_exec() -> Vec<(c_int, u32)> {
     let Some(_r) = Reentry::enter() else {
         return dropped;
     };
+    // The new image shares the control connection and inherits descriptors: every
+    // socket gets its WATCH now (sock/watch.rs), so a close-on-exec one closes with
+    // this image.
+    crate::sock::watch::share(g);
     let _ = catch_unwind(AssertUnwindSafe(|| {
         TABLE.for_each_canal(|fd, h| {
             let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0)

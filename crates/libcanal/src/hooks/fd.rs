@@ -51,6 +51,8 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     let Some(_g) = Reentry::enter() else {
         return real(first, last);
     };
+    // No WATCH is put on these numbers while they close (sock/watch.rs).
+    let _held = crate::sock::watch::hold();
     let mut canal_fds: Vec<(c_int, u32)> = Vec::new();
     let mut internal: Vec<c_uint> = Vec::new();
     let high = TABLE.high_water() as u64;
@@ -146,6 +148,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
                 // SAFETY: forwarding to libc's close.
                 return unsafe { real!(c"close", FnInt)(fd) };
             };
+            let _held = crate::sock::watch::hold();
             run(|| {
                 if let Some(Entry::Canal(h)) = TABLE.take(fd) {
                     crate::mux::epoll::forget_fd(fd);
@@ -170,6 +173,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let r = dispatch!(fd, real!(c"dup", FnInt)(fd), |s| {
+        let _held = crate::sock::watch::hold();
         let nfd = sys::fcntl_int(fd, libc::F_DUPFD, 0)? as c_int;
         install_dup(s, nfd)
     }) as c_int;
@@ -231,6 +235,7 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
     let Some(_g) = Reentry::enter() else {
         return real();
     };
+    let _held = crate::sock::watch::hold();
     if TABLE.get(new) == Some(Entry::Internal) && old != new {
         // The program wants this number: ours moves away first (never EBUSY).
         if let Err(e) = make_room(new) {
@@ -353,7 +358,7 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
             FcntlAction::SetFl(v) => {
                 s.set_nonblocking(v & libc::O_NONBLOCK != 0);
                 // The dummy keeps the other flags (O_ASYNC etc. are not emulated) and
-                // its own O_NONBLOCK (see crate::sock::create::dummy).
+                // its own O_NONBLOCK (see crate::sock::watch::dummy).
                 let keep = sys::fcntl_int(fd, libc::F_GETFL, 0).map_or(0, |f| f as c_int)
                     & libc::O_NONBLOCK;
                 let r = real(libc::F_SETFL, ((v & !libc::O_NONBLOCK) | keep) as c_ulong);
@@ -363,6 +368,7 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
                 Ok(0)
             }
             FcntlAction::Dup { .. } => {
+                let _held = crate::sock::watch::hold();
                 let r = real(cmd, arg);
                 if r < 0 {
                     return Err(sys::errno());

@@ -154,6 +154,8 @@ unsafe fn bridge_passed_sockets(msg: *const msghdr) {
                 // SAFETY: n ints follow the header within cmsg_len.
                 let fd = unsafe { data.add(i).read_unaligned() };
                 if let Some(hd) = crate::fdtable::TABLE.handle(fd) {
+                    // The receiver holds a copy: counted by the kernel (sock/watch.rs).
+                    crate::sock::watch::share(g);
                     crate::bridge::bridge_if_connected(g, fd, hd);
                 }
             }

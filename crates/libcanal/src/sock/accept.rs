@@ -6,8 +6,6 @@ use crate::fdtable::TABLE;
 use crate::sock::core::dead_err;
 use crate::sock::core::wait_err;
 use crate::sock::core::Sock;
-use crate::sock::create::arm;
-use crate::sock::create::dummy;
 use crate::sys;
 use canal_abi::addr::CanalAddr;
 use canal_abi::addr::ADDR_SIZE;
@@ -51,7 +49,8 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 c.consume_record(&info);
                 None
             }
-            Ok(Some(info)) => match dummy(s.g, flags & libc::SOCK_CLOEXEC != 0) {
+            Ok(Some(info)) => match crate::sock::watch::dummy(s.g, flags & libc::SOCK_CLOEXEC != 0)
+            {
                 // No descriptor for it: leave the connection queued (as the kernel does).
                 Err(e) => Some(Err(e)),
                 Ok((fd, wend)) => {
@@ -74,7 +73,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                                 Some(s.e),
                             );
                             let _ = TABLE.set_canal(fd, h);
-                            arm(s.g, h, wend);
+                            crate::sock::watch::created(s.g, h, fd, wend);
                             Some(Ok((fd, peer)))
                         }
                         _ => {

@@ -75,8 +75,20 @@ fn close_by_watch(s: &Sock) -> bool {
         && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= s.g.region.layout().socket_count
 }
 
+/// Whether the last close of `s` may be a close mark instead (feature CLOSE_MARK,
+/// `sock::watch`): the same streams as `close_by_watch`, in a process whose sockets
+/// have lone dummies (no WATCH; nothing else holds a copy of its descriptors).
+fn close_by_mark(s: &Sock) -> bool {
+    let fl = s.flags();
+    crate::sock::watch::marked()
+        && s.kind() == sock_kind::STREAM
+        && fl & canal_abi::sock_flag::CONNECTED != 0
+        && s.e.linger.load(Ordering::Relaxed) == 0
+        && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= s.g.region.layout().socket_count
+}
+
 /// Drops one descriptor's reference; the last one sends CLOSE (or lets the WATCH
-/// close it, `close_by_watch`).
+/// close it, `close_by_watch`, or marks it closed, `close_by_mark`).
 pub(crate) fn release(g: &'static Guest, handle: u32) {
     let Ok(s) = Sock::new(g, handle) else { return };
     let prev =
@@ -95,8 +107,15 @@ pub(crate) fn release(g: &'static Guest, handle: u32) {
             }
         }
         if !crate::conn::guest::is_dead(g) && !close_by_watch(&s) {
-            linger_before_close(&s);
-            let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
+            if close_by_mark(&s) {
+                // The mark before the attention bit (its Release): canald reads it
+                // when it serves the bit, and closes the socket in that round.
+                s.e.close_mark.store(handle, Ordering::Release);
+                crate::conn::request::attention(g, s.idx);
+            } else {
+                linger_before_close(&s);
+                let _ = request(g, op::CLOSE, handle, [0; 4], &[], &mut []);
+            }
         }
         crate::shortcut::seg::forget(g, seg);
         crate::rt::debug!(g, "canal: close handle {handle:#x}\n");

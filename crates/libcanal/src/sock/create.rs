@@ -1,4 +1,4 @@
-//! socket(): the table entry, the dummy descriptor the program holds, and arming it.
+//! socket(): the table entry and the dummy descriptor the program holds (`watch`).
 use crate::conn::guest::Guest;
 use crate::conn::request::request;
 use crate::fdtable::TABLE;
@@ -7,64 +7,6 @@ use crate::sys;
 use canal_abi::op;
 use canal_abi::sync::Ordering;
 use libc::c_int;
-
-/// A fresh dummy descriptor, so numbers never collide and fstat says S_IFSOCK.
-///
-/// With canald's WATCH feature it is one end of a Unix stream socketpair; the other end
-/// (returned second) goes to canald (`arm`), which closes the socket when the kernel
-/// says the last copy of this end is gone — after close, `_exit`, kill or exec, in any
-/// process (docs/architecture.md). This end is shut for reading and non-blocking, so a
-/// program that inherits it over exec without knowing it reads EOF and gets EAGAIN
-/// on writes instead of hanging (docs/compat.md). Without the feature: a lone AF_UNIX
-/// datagram socket, and the second value is -1.
-pub(crate) fn dummy(g: &Guest, cloexec: bool) -> Result<(c_int, c_int), i32> {
-    let ce = if cloexec { libc::SOCK_CLOEXEC } else { 0 };
-    let (fd, peer) = if crate::conn::ctl::watch_enabled(g) {
-        let mut sv = [-1 as c_int; 2];
-        // SAFETY: sv is a writable array of two ints.
-        sys::check(unsafe {
-            libc::syscall(
-                libc::SYS_socketpair,
-                libc::AF_UNIX as libc::c_long,
-                (libc::SOCK_STREAM | libc::SOCK_NONBLOCK | ce) as libc::c_long,
-                0 as libc::c_long,
-                sv.as_mut_ptr(),
-            )
-        })?;
-        // The peer end must not leak into children: close-on-exec while we hold it
-        // (already, when the program asked for SOCK_CLOEXEC: both ends got it).
-        if ce == 0 {
-            let _ = sys::fcntl_int(sv[1], libc::F_SETFD, libc::FD_CLOEXEC as libc::c_long);
-        }
-        // SAFETY: shutting down our own fresh socket.
-        unsafe {
-            libc::syscall(
-                libc::SYS_shutdown,
-                sv[0] as libc::c_long,
-                libc::SHUT_RD as libc::c_long,
-            )
-        };
-        (sv[0], sv[1])
-    } else {
-        (sys::socket(libc::AF_UNIX, libc::SOCK_DGRAM | ce, 0)?, -1)
-    };
-    if fd as usize >= TABLE.capacity() {
-        let _ = sys::close(fd);
-        if peer >= 0 {
-            let _ = sys::close(peer);
-        }
-        return Err(libc::EMFILE);
-    }
-    Ok((fd, peer))
-}
-
-/// Hands the dummy's other end to canald for `handle` (WATCH) and closes our copy.
-pub(crate) fn arm(g: &Guest, handle: u32, peer: c_int) {
-    if peer >= 0 {
-        crate::conn::ctl::send_watch(g, handle, peer);
-        let _ = sys::close(peer);
-    }
-}
 
 /// A fresh AF_INET stream socket from the header's spare ring (feature SPARES), taken
 /// without a request; None when the ring is empty (or the feature is off).
@@ -108,7 +50,7 @@ pub(crate) fn socket(
     nonblock: bool,
     cloexec: bool,
 ) -> Result<c_int, i32> {
-    let (fd, peer) = dummy(g, cloexec)?;
+    let (fd, peer) = crate::sock::watch::dummy(g, cloexec)?;
     let tcp4 = domain == libc::AF_INET
         && base == libc::SOCK_STREAM
         && (proto == 0 || proto == libc::IPPROTO_TCP);
@@ -146,8 +88,8 @@ pub(crate) fn socket(
         }
     };
     crate::sock::core::init_guest_line(s.e, nonblock, None);
-    arm(g, handle, peer);
     let _ = TABLE.set_canal(fd, handle);
+    crate::sock::watch::created(g, handle, fd, peer);
     crate::rt::debug!(g, "canal: socket fd {fd} -> handle {handle:#x}\n");
     Ok(fd)
 }

@@ -14,3 +14,4 @@ pub(crate) mod dgram;
 pub(crate) mod kept;
 pub(crate) mod opts;
 pub(crate) mod stream;
+pub(crate) mod watch;
