@@ -1253,6 +1253,82 @@ static void check_fork_shared_connection(void)
     EXPECT(strcmp(q, "EOF") == 0, "the parent's close, the last one, closes it (peer: %s)", q);
 }
 
+/* Forks a child that reports on res (its write end) and stays until hold (its read
+ * end) reaches end of file; each side keeps only its own ends. */
+static pid_t fork_reporting(int res[2], int hold[2])
+{
+    if (pipe(res) < 0 || pipe(hold) < 0)
+        FATAL("pipe: %s", ename(errno));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        FATAL("fork: %s", ename(errno));
+    close(pid == 0 ? res[0] : res[1]);
+    close(pid == 0 ? hold[1] : hold[0]);
+    return pid;
+}
+
+/* The byte a reporting process wrote on res (0 if none within 8 s). */
+static char read_report(int fd, const char *what)
+{
+    char ok = 0;
+    STEP(what);
+    if (!is_ready(fd, POLLIN, 8000) || read(fd, &ok, 1) != 1)
+        return 0;
+    return ok;
+}
+
+/* A process that has never forked makes a connection and forks; then it is killed.
+ * The connection lives on in its child (the only copy left), and the child's close
+ * closes it while the child lives on: under canal, the fork armed a kernel-counted
+ * watch for a socket that had none until then (the killed parent never dropped its
+ * reference). */
+static void check_fork_then_killed(void)
+{
+    char *tag = new_tag();
+    int res[2], hold[2];
+    pid_t x = fork_reporting(res, hold);
+    if (x == 0) {
+        /* X: its first socket, in a process that has not forked since. */
+        int s = peer_cmd(tag, "ECHO");
+        char buf[16];
+        if (send_all(s, "x", 1) < 0 || recv_n(s, buf, 1) != 1)
+            _exit(1);
+        pid_t me = getpid();
+        pid_t y = fork();
+        if (y < 0)
+            _exit(2);
+        if (y == 0) {
+            /* Y: wait for X's death, use the inherited connection, close it, and
+             * stay until the parent has asked the peer. */
+            for (int i = 0; i < 500 && getppid() == me; i++)
+                usleep(10000);
+            usleep(200000);
+            char ok = (getppid() != me && send_all(s, "grandchild", 10) == 0 && recv_n(s, buf, 10) == 10
+                       && memcmp(buf, "grandchild", 10) == 0) ? 'y' : 'n';
+            close(s);
+            if (write(res[1], &ok, 1) != 1)
+                _exit(3);
+            while (read(hold[0], buf, 1) < 0 && errno == EINTR)
+                ;
+            _exit(0);
+        }
+        raise(SIGKILL);
+        _exit(4);
+    }
+    int st = wait_child(x, "waiting for the forking child to be killed");
+    EXPECT(st == 128 + SIGKILL, "the child that made the connection, forked and killed itself: status %d", st);
+    const char *q = peer_query(tag, 100);
+    EXPECT(strcmp(q, "OPEN") == 0, "its connection outlives it in the grandchild (peer: %s)", q);
+    char ok = read_report(res[0], "reading the grandchild's result");
+    EXPECT(ok == 'y', "the grandchild echoed through the inherited connection after its parent died (%c)",
+           ok ? ok : '-');
+    q = peer_query(tag, 3000);
+    EXPECT(strcmp(q, "EOF") == 0, "the grandchild's close, of the last copy, closes it while it lives (peer: %s)", q);
+    close(hold[1]);
+    close(res[0]);
+}
+
 static void child_argv(char **argv, char *port)
 {
     snprintf(port, 16, "%d", P_TCP4);
@@ -1371,6 +1447,53 @@ static int child_inherited(int fd, int clofd)
         return 1;
     }
     return 0;
+}
+
+/* child-exec-wait: child_inherited's checks, the result on RES, then stay until HOLD
+ * reaches end of file. */
+static int child_exec_wait(int fd, int clofd, int resfd, int holdfd)
+{
+    char ok = child_inherited(fd, clofd) == 0 ? 'y' : 'n';
+    if (write(resfd, &ok, 1) != 1)
+        return 1;
+    char b;
+    while (read(holdfd, &b, 1) < 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+/* A process that has never forked execs: its close-on-exec connection closes with the
+ * old image while the new one runs, and the new image uses the other one. Under canal
+ * the exec armed a kernel-counted watch for sockets that had none until then. */
+static void check_exec_closes_cloexec(void)
+{
+    char *t1 = new_tag(), *t2 = new_tag();
+    int res[2], hold[2];
+    pid_t x = fork_reporting(res, hold);
+    if (x == 0) {
+        int s = peer_cmd(t1, "ECHO");
+        int c = peer_cmd_flags(SOCK_CLOEXEC, t2, "ECHO");
+        char a[4][16];
+        snprintf(a[0], 16, "%d", s);
+        snprintf(a[1], 16, "%d", c);
+        snprintf(a[2], 16, "%d", res[1]);
+        snprintf(a[3], 16, "%d", hold[0]);
+        char *argv[] = { self_exe, "child-exec-wait", a[0], a[1], a[2], a[3], NULL };
+        execve(self_exe, argv, environ);
+        _exit(127);
+    }
+    char ok = read_report(res[0], "reading the exec'd image's result");
+    EXPECT(ok == 'y', "the exec'd image uses the socket it inherited, and not the CLOEXEC one (%c)", ok ? ok : '-');
+    const char *q = peer_query(t2, 3000);
+    EXPECT(strcmp(q, "EOF") == 0, "the CLOEXEC connection closed with the old image, the new one running (peer: %s)", q);
+    q = peer_query(t1, 100);
+    EXPECT(strcmp(q, "OPEN") == 0, "the inherited one is open (peer: %s)", q);
+    close(hold[1]);
+    int st = wait_child(x, "waiting for the exec'd image");
+    EXPECT(st == 0, "the exec'd image exits: status %d", st);
+    q = peer_query(t1, 3000);
+    EXPECT(strcmp(q, "EOF") == 0, "and its exit closes the inherited connection (peer: %s)", q);
+    close(res[0]);
 }
 
 /* ---------- data calls ---------- */
@@ -2404,9 +2527,11 @@ static const struct {
     { "dup2_over_socket", "client", "tcp4", check_dup2_over_socket },
     { "sock_nonblock_cloexec", "client", "tcp4", check_sock_nonblock_cloexec },
     { "fork_shared_connection", "client", "tcp4", check_fork_shared_connection },
+    { "fork_then_killed", "client", "tcp4", check_fork_then_killed },
     { "vfork_exec", "client", "tcp4", check_vfork_exec },
     { "posix_spawn", "client", "tcp4", check_posix_spawn },
     { "exec_inherits_socket", "client", "tcp4", check_exec_inherits_socket },
+    { "exec_closes_cloexec", "client", "tcp4", check_exec_closes_cloexec },
     { "sendfile", "client", "tcp4", check_sendfile },
     { "msg_flags", "client", "tcp4", check_msg_flags },
     { "udp_msg_trunc", "client", "udp4", check_udp_msg_trunc },
@@ -2444,6 +2569,10 @@ int main(int argc, char **argv)
     if (argc == 4 && strcmp(argv[1], "child-scm") == 0) {
         alarm(10);
         return child_scm(atoi(argv[2]), argv[3]);
+    }
+    if (argc == 6 && strcmp(argv[1], "child-exec-wait") == 0) {
+        alarm(10);
+        return child_exec_wait(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     }
     if (argc == 4 && strcmp(argv[1], "child-inherited") == 0) {
         alarm(10);
