@@ -23,6 +23,10 @@ pub(crate) mod local {
     pub(crate) const NOSPACE: u32 = 1 << 5;
     /// A socket created with a lone dummy has had a WATCH armed for it (`sock::watch`).
     pub(crate) const ARMED: u32 = 1 << 6;
+    /// A short-circuited stream sent once after its peer's orderly close: the bytes
+    /// were dropped as the kernel's peer would drop them, answering with a reset
+    /// (`sock::stream`); from now on the connection is reset (HUP, sends fail).
+    pub(crate) const RESET_SENT: u32 = 1 << 7;
 }
 
 pub(crate) const POLLIN: c_short = libc::POLLIN;
@@ -96,7 +100,8 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
             let connected = s.flags & f::CONNECTED != 0;
             let connecting = s.flags & f::CONNECTING != 0 && !connected && !closed;
             let fresh = !connected && !connecting && !closed && s.flags & f::LISTENING == 0;
-            if s.flags & f::HUP != 0 || closed || fresh || (shut_rd && shut_wr) {
+            let reset_sent = s.guest_flags & local::RESET_SENT != 0;
+            if s.flags & f::HUP != 0 || closed || fresh || (shut_rd && shut_wr) || reset_sent {
                 m |= POLLHUP;
             }
             if s.flags & f::RX_EOF != 0 || shut_rd || closed {

@@ -183,8 +183,13 @@ def check_fin(port):
     s.sendall(b"F")
     if s.recv(10) != b"":
         fail("fin: no EOF after the server closed")
-    # Linux: the first send after the peer closed may still succeed (the peer then
-    # answers RST); a later one fails with EPIPE.
+    # Linux: the first send after the peer closed still succeeds (the bytes reach a
+    # peer that has no socket for them, which answers with a reset); a later one fails
+    # with EPIPE, and poll then says HUP.
+    try:
+        s.send(b"y")
+    except OSError as e:
+        fail(f"fin: the first send after the peer's close failed ({e}); natively it succeeds")
     for i in range(5):
         try:
             s.send(b"y")
@@ -193,8 +198,11 @@ def check_fin(port):
         time.sleep(0.1)
     else:
         fail("fin: sends to a closed peer keep succeeding")
+    got = readiness(s)
+    if "HUP" not in got[0] or "HUP" not in got[1]:
+        fail(f"fin: poll/epoll after the reset: {got}, natively with HUP")
     s.close()
-    print(f"OK fin: EOF, then send fails (after {i} successful sends)")
+    print("OK fin: EOF, the first send succeeds, a later one fails, then HUP")
 
 
 def readiness(s):

@@ -16,6 +16,36 @@ use canal_abi::sync::Ordering;
 use libc::c_int;
 use libc::iovec;
 
+/// A short-circuited stream whose peer closed in order (RX_EOF and TX_CLOSED, no
+/// error), this end still open for writing, sending for the first time since: the
+/// kernel's CLOSE_WAIT socket still accepts that send — the bytes go to the peer,
+/// which has no socket left to read them and answers with a reset, so only a later
+/// send fails (EPIPE). The bytes are dropped here, as there; the reset is recorded
+/// (`local::RESET_SENT`: HUP in poll, and every later send fails). A program that
+/// writes a request on a kept-alive connection the server closed then sees the
+/// failure where it reads the answer (EOF), as natively, instead of an EPIPE (and
+/// SIGPIPE) on the write. Host-served streams need none of this: canald's host
+/// socket behaves so itself.
+fn first_send_after_peer_close(s: &Sock, fl: u32) -> bool {
+    let peer_closed = f::RX_EOF | f::TX_CLOSED;
+    if fl & peer_closed != peer_closed
+        || fl & (f::ERROR | f::HUP | f::BROKEN) != 0
+        || s.e.segment.load(Ordering::Relaxed) == 0
+        || s.local() & (local::SHUT_WR | local::RESET_SENT) != 0
+    {
+        return false;
+    }
+    let was =
+        s.e.guest_flags
+            .fetch_or(local::RESET_SENT, Ordering::AcqRel);
+    if was & local::RESET_SENT != 0 {
+        return false;
+    }
+    // Its pollers see HUP now.
+    crate::conn::sleep::wake_local(s.g, s.idx);
+    true
+}
+
 // Its only caller is `data::send`: inlined there as when both were one module (a 64 B
 // short-circuited round trip paid ~20 ns for the call otherwise; docs/bench/why.md).
 #[inline(always)]
@@ -31,6 +61,9 @@ pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         let pe = s.take_error();
         if pe != 0 {
             return if sent > 0 { Ok(sent) } else { Err(pe as i32) };
+        }
+        if sent == 0 && total > 0 && first_send_after_peer_close(&s, fl) {
+            return Ok(total);
         }
         if fl & f::TX_CLOSED != 0
             || s.local() & local::SHUT_WR != 0
