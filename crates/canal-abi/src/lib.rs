@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), no_std)]
 
 pub mod addr;
+pub mod armlock;
 pub mod bias;
 pub mod consts;
 pub mod control;

@@ -778,3 +778,78 @@ fn event_log_two_appenders_two_readers() {
         }
     });
 }
+
+/// The arming lock (libcanal sock/watch.rs): a thread closing a descriptor (shared
+/// side) and a thread arming (exclusive side) never overlap, and a thread that holds
+/// a shared side itself can still take the exclusive side (a dup2 onto stdout that
+/// starts a bridge). The closer's "descriptor" is a cell loom checks for races.
+#[test]
+fn arm_lock_excludes_closers_and_lets_a_holder_arm() {
+    use canal_abi::armlock::ArmLock;
+    loom::model(|| {
+        let lock = Arc::new(ArmLock::new());
+        let fd = Arc::new(UnsafeCell::new(0u32));
+        let (l2, f2) = (lock.clone(), fd.clone());
+        let closer = thread::spawn(move || {
+            while !l2.try_shared() {
+                thread::yield_now();
+            }
+            // SAFETY: loom reports an access that races with the arming thread's.
+            f2.with_mut(|p| unsafe { *p += 1 });
+            l2.release_shared();
+        });
+        // This thread holds a shared side, then arms.
+        while !lock.try_shared() {
+            thread::yield_now();
+        }
+        while !lock.try_exclusive(1) {
+            thread::yield_now();
+        }
+        // SAFETY: as above.
+        fd.with_mut(|p| unsafe { *p += 10 });
+        lock.release_exclusive();
+        lock.release_shared();
+        closer.join().unwrap();
+        // SAFETY: both threads are done.
+        assert_eq!(fd.with(|p| unsafe { *p }), 11);
+        assert!(lock.try_exclusive(0), "the lock is free again");
+    });
+}
+
+/// A socket created while its process becomes shared is armed exactly once: the
+/// creator publishes it in the descriptor table, fences, and arms it itself if the
+/// mode is no longer "marked"; the sharer stores the new mode and fences before it
+/// reads the table and arms what it finds (without that fence loom finds neither
+/// arming: a SeqCst store alone does not order the later table reads). Either may see the other, or both, never
+/// neither; the claim (fetch_or of ARMED) lets only one of them arm.
+#[test]
+fn socket_created_while_sharing_is_armed_once() {
+    const MARKED: u32 = 1;
+    const ARMING: u32 = 2;
+    loom::model(|| {
+        let mode = Arc::new(AtomicU32::new(MARKED));
+        let table = Arc::new(AtomicU32::new(0));
+        let claimed = Arc::new(AtomicU32::new(0));
+        let arms = Arc::new(AtomicU32::new(0));
+        let arm = |claimed: &AtomicU32, arms: &AtomicU32| {
+            if claimed.fetch_or(1, Ordering::AcqRel) == 0 {
+                arms.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let (m2, t2, c2, a2) = (mode.clone(), table.clone(), claimed.clone(), arms.clone());
+        let creator = thread::spawn(move || {
+            t2.store(1, Ordering::Release);
+            fence(Ordering::SeqCst);
+            if m2.load(Ordering::Relaxed) != MARKED {
+                arm(&c2, &a2);
+            }
+        });
+        mode.store(ARMING, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if table.load(Ordering::Relaxed) == 1 {
+            arm(&claimed, &arms);
+        }
+        creator.join().unwrap();
+        assert_eq!(arms.load(Ordering::Relaxed), 1, "armed by exactly one side");
+    });
+}

@@ -23,8 +23,9 @@
 use crate::conn::guest::Guest;
 use crate::fdtable::TABLE;
 use crate::sys;
+use canal_abi::armlock::ArmLock;
 use canal_abi::sync::Ordering;
-use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU8};
+use core::sync::atomic::{AtomicI32, AtomicU8};
 use libc::c_int;
 
 /// Sockets are watched (no CLOSE_MARK, shared, or not attached).
@@ -36,9 +37,8 @@ const ARMING: u8 = 2;
 
 static MODE: AtomicU8 = AtomicU8::new(WATCHED);
 
-/// The descriptor lock: the count of holders of the shared side, or `EXCLUSIVE`.
-static LOCK: AtomicU32 = AtomicU32::new(0);
-const EXCLUSIVE: u32 = 1 << 31;
+/// The descriptor lock (canal-abi's `ArmLock`, model-checked there).
+static LOCK: ArmLock = ArmLock::new();
 /// The thread holding the exclusive side (0: none): its own hooks (a signal handler's
 /// close during a fork's prepare) must not wait for it.
 static OWNER: AtomicI32 = AtomicI32::new(0);
@@ -82,25 +82,18 @@ pub(crate) fn hold() -> Hold {
         return Hold(false);
     }
     let mut spins = 0u32;
-    loop {
-        let s = LOCK.load(Ordering::Acquire);
-        if s & EXCLUSIVE == 0
-            && LOCK
-                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-        {
-            count_here(1);
-            return Hold(true);
-        }
+    while !LOCK.try_shared() {
         back_off(&mut spins);
     }
+    count_here(1);
+    Hold(true)
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         if self.0 {
             count_here(-1);
-            LOCK.fetch_sub(1, Ordering::Release);
+            LOCK.release_shared();
         }
     }
 }
@@ -119,10 +112,7 @@ fn back_off(spins: &mut u32) {
 fn lock_exclusive() {
     let mine = held_here();
     let mut spins = 0u32;
-    while LOCK
-        .compare_exchange_weak(mine, EXCLUSIVE | mine, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
+    while !LOCK.try_exclusive(mine) {
         back_off(&mut spins);
     }
     OWNER.store(sys::gettid(), Ordering::Relaxed);
@@ -130,7 +120,7 @@ fn lock_exclusive() {
 
 fn unlock_exclusive() {
     OWNER.store(0, Ordering::Relaxed);
-    LOCK.fetch_and(!EXCLUSIVE, Ordering::Release);
+    LOCK.release_exclusive();
 }
 
 /// A second process may hold this process's descriptors or control connection from
@@ -164,7 +154,7 @@ pub(crate) fn fork_parent() {
 /// says belonged to the parent's threads (and after `fork_prepare`, nothing did).
 pub(crate) fn fork_child() {
     OWNER.store(0, Ordering::Relaxed);
-    LOCK.store(0, Ordering::Release);
+    LOCK.reset();
 }
 
 /// Under the exclusive side: from now on sockets are watched; every live one is armed.
@@ -172,9 +162,11 @@ fn arm_all(g: &'static Guest) {
     if MODE.load(Ordering::Acquire) != MARKED {
         return;
     }
-    // Before the table is read (SeqCst, with the fence in `created`): a socket being
-    // created now is either in the table below or sees the mode and arms itself.
+    // Before the table is read (store and fence, paired with the fence in `created`):
+    // a socket being created now is either in the table below or sees the mode and
+    // arms itself (loom: canal-abi tests/loom.rs).
     MODE.store(ARMING, Ordering::SeqCst);
+    canal_abi::sync::fence(Ordering::SeqCst);
     let mut socks: Vec<(u32, Vec<c_int>)> = Vec::new();
     TABLE.for_each_canal(|fd, h| match socks.iter_mut().find(|x| x.0 == h) {
         Some(x) => x.1.push(fd),
