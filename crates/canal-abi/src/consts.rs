@@ -66,7 +66,7 @@ pub mod feature {
     /// the kernel wakes one exclusive waiter per connection. Set only for guests that
     /// announced `hello_flag::ACCEPT_ONE`.
     pub const ACCEPT_ONE: u64 = 1 << 11;
-    /// Close marks (protocol §5.4, minor 11): canald reads `SocketEntry::close_mark`
+    /// Close marks (protocol §4 Close, minor 11): canald reads `SocketEntry::close_mark`
     /// when it serves a socket's attention bit and closes a socket whose mark is its
     /// handle. A guest process that has never shared its descriptors (no fork, exec,
     /// spawn, bridge or SCM_RIGHTS yet) then gives its sockets lone dummies without a

@@ -680,7 +680,7 @@ fn exclusive_accept_wakeups() {
 
 #[test]
 fn close_marks() {
-    // protocol.md §3 (feature bit 12), §5.4 (the mark at entry offset 220), minor 11.
+    // protocol.md §3 (feature bit 12), §3.4 (the mark at entry offset 220), §4 Close, minor 11.
     use canal_abi::control::hello_flag;
     assert_eq!(feature::CLOSE_MARK, 1 << 12);
     assert_eq!(hello_flag::CLOSE_MARK, 1 << 12);
