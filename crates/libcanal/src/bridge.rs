@@ -338,11 +338,7 @@ fn adopt_bridge(g: &'static Guest, h: u32, p: c_int) {
         }
     });
     for fd in fds {
-        let cloexec =
-            sys::fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0);
-        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-        // SAFETY: dup3 onto our own descriptor number (replacing the dummy).
-        if unsafe { libc::syscall(libc::SYS_dup3, p, fd, flags) } < 0 {
+        if sys::replace_fd(p, fd).is_err() {
             continue;
         }
         crate::mux::epoll::forget_fd(fd);

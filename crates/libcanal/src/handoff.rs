@@ -67,20 +67,11 @@ pub(crate) fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> 
             );
         }
     }
-    let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0).map_or(0, |f| f as c_int) & libc::FD_CLOEXEC;
     // The number stops being canal's before the kernel socket takes it, and no WATCH
     // is put there meanwhile (sock/watch.rs).
     let held = crate::sock::watch::hold();
     TABLE.take(fd);
-    // SAFETY: plain descriptor call.
-    let r = sys::check(unsafe {
-        libc::syscall(
-            libc::SYS_dup3,
-            nfd as libc::c_long,
-            fd as libc::c_long,
-            if cloexec != 0 { libc::O_CLOEXEC } else { 0 } as libc::c_long,
-        )
-    });
+    let r = sys::replace_fd(nfd, fd);
     let _ = sys::close(nfd);
     if let Err(e) = r {
         let _ = TABLE.set_canal(fd, h);

@@ -116,6 +116,16 @@ pub(crate) fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32
     check(unsafe { libc::syscall(libc::SYS_fcntl, fd as c_long, cmd as c_long, arg) })
 }
 
+/// Makes descriptor number `fd` a copy of `src` (dup3), keeping the close-on-exec flag
+/// `fd` had: the library swapping the file behind a number the program holds.
+pub(crate) fn replace_fd(src: c_int, fd: c_int) -> Result<(), i32> {
+    let cloexec = fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0);
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: dup3 on descriptor numbers only.
+    check(unsafe { libc::syscall(libc::SYS_dup3, src as c_long, fd as c_long, flags as c_long) })
+        .map(|_| ())
+}
+
 pub(crate) fn eventfd() -> Result<c_int, i32> {
     if confined() {
         return Err(libc::EPERM);

@@ -1,5 +1,5 @@
-//! posix_spawn, system, popen: glibc execs the child itself, where no hook runs (no CANAL_REJOIN, no
-//! bridge). What it does to the child's descriptors is known in advance, though: a
+//! posix_spawn, system, popen: glibc execs the child itself, where no hook runs (no
+//! CANAL_REJOIN, no bridge). What it does to the child's descriptors is known in advance, though: a
 //! program that redirects a connected canal socket onto a standard stream
 //! (`posix_spawn_file_actions_adddup2(fa, sock, 0..2)`: Rust's `Command`, GLib, many
 //! launchers) has the connection bridged right then (bridge.rs), so the child inherits
@@ -34,12 +34,14 @@ pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(
 /// library: the child inherits this process's descriptors without close-on-exec, so
 /// its sockets get their WATCH first (sock/watch.rs), as for fork.
 fn before_spawn() {
-    if let Some(g) = crate::conn::guest::guest() {
-        if !crate::hooks::exec::vfork_child() {
-            if let Some(_r) = crate::hooks::common::Reentry::enter() {
-                crate::sock::watch::share(g);
-            }
-        }
+    let Some(g) = crate::conn::guest::guest() else {
+        return;
+    };
+    if crate::hooks::exec::vfork_child() {
+        return;
+    }
+    if let Some(_r) = crate::hooks::common::Reentry::enter() {
+        crate::sock::watch::share(g);
     }
 }
 

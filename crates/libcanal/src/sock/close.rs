@@ -59,32 +59,29 @@ const TCPI_NOTSENT_BYTES: usize = 144;
 /// no `socket` or `accept` can find the table full before canald has seen the close.
 const ASYNC_CLOSE_ROOM: u32 = 64;
 
-/// Whether the last close of `s` may skip the CLOSE round trip: a connected stream
-/// whose WATCH canald holds (the hang-up of our descriptor's last copy, which the
-/// caller is about to close, closes it as CLOSE would), not lingering, in a table far
-/// from full. Listeners and datagram sockets keep the synchronous CLOSE: a program may
-/// bind their address again right after closing them.
-fn close_by_watch(s: &Sock) -> bool {
-    let fl = s.flags();
-    // (An older canald sets neither WATCHED nor `entries_used`, so the bound is then
-    // the whole table: never room.)
+/// Whether the last close of `s` needs no CLOSE round trip once something else tells
+/// canald: a connected stream, not lingering, in a table far from full. Listeners
+/// and datagram sockets keep the synchronous CLOSE: a program may bind their address
+/// again right after closing them. (An older canald sets no `entries_used`, so the
+/// bound is then the whole table: never room.)
+fn closes_without_request(s: &Sock) -> bool {
     s.kind() == sock_kind::STREAM
-        && fl & canal_abi::sock_flag::WATCHED != 0
-        && fl & canal_abi::sock_flag::CONNECTED != 0
+        && s.flags() & canal_abi::sock_flag::CONNECTED != 0
         && s.e.linger.load(Ordering::Relaxed) == 0
         && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= s.g.region.layout().socket_count
 }
 
-/// Whether the last close of `s` may be a close mark instead (feature CLOSE_MARK,
-/// `sock::watch`): the same streams as `close_by_watch`, in a process whose sockets
-/// have lone dummies (no WATCH; nothing else holds a copy of its descriptors).
+/// Such a stream whose WATCH canald holds (WATCHED): the hang-up of our descriptor's
+/// last copy, which the caller is about to close, closes it as CLOSE would.
+fn close_by_watch(s: &Sock) -> bool {
+    s.flags() & canal_abi::sock_flag::WATCHED != 0 && closes_without_request(s)
+}
+
+/// Such a stream in a process whose sockets have lone dummies (feature CLOSE_MARK,
+/// `sock::watch`: no WATCH; nothing else holds a copy of its descriptors): a close
+/// mark tells canald.
 fn close_by_mark(s: &Sock) -> bool {
-    let fl = s.flags();
-    crate::sock::watch::marked()
-        && s.kind() == sock_kind::STREAM
-        && fl & canal_abi::sock_flag::CONNECTED != 0
-        && s.e.linger.load(Ordering::Relaxed) == 0
-        && s.g.region.entries_in_use_bound() + ASYNC_CLOSE_ROOM <= s.g.region.layout().socket_count
+    crate::sock::watch::marked() && closes_without_request(s)
 }
 
 /// Drops one descriptor's reference; the last one sends CLOSE (or lets the WATCH

@@ -78,7 +78,11 @@ fn count_here(d: i32) {
 }
 
 pub(crate) fn hold() -> Hold {
-    if MODE.load(Ordering::Acquire) == WATCHED || OWNER.load(Ordering::Relaxed) == sys::gettid() {
+    if MODE.load(Ordering::Acquire) == WATCHED {
+        return Hold(false);
+    }
+    let owner = OWNER.load(Ordering::Relaxed);
+    if owner != 0 && owner == sys::gettid() {
         return Hold(false);
     }
     let mut spins = 0u32;
@@ -167,13 +171,13 @@ fn arm_all(g: &'static Guest) {
     // arms itself (loom: canal-abi tests/loom.rs).
     MODE.store(ARMING, Ordering::SeqCst);
     canal_abi::sync::fence(Ordering::SeqCst);
-    let mut socks: Vec<(u32, Vec<c_int>)> = Vec::new();
-    TABLE.for_each_canal(|fd, h| match socks.iter_mut().find(|x| x.0 == h) {
-        Some(x) => x.1.push(fd),
-        None => socks.push((h, vec![fd])),
-    });
-    for (h, fds) in socks {
-        arm(g, h, &fds);
+    // Each socket's descriptors together (dups share one dummy, and so one pair).
+    let mut held: Vec<(u32, c_int)> = Vec::new();
+    TABLE.for_each_canal(|fd, h| held.push((h, fd)));
+    held.sort_unstable();
+    for one in held.chunk_by(|a, b| a.0 == b.0) {
+        let fds: Vec<c_int> = one.iter().map(|x| x.1).collect();
+        arm(g, one[0].0, &fds);
     }
     MODE.store(WATCHED, Ordering::SeqCst);
 }
@@ -216,12 +220,8 @@ fn arm(g: &'static Guest, h: u32, fds: &[c_int]) {
         return;
     };
     for &fd in fds {
-        let cloexec =
-            sys::fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0);
-        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-        // SAFETY: dup3 onto the socket's own descriptor number (replacing its dummy);
-        // the descriptor lock keeps the program from closing or reusing it meanwhile.
-        unsafe { libc::syscall(libc::SYS_dup3, end, fd, flags) };
+        // The descriptor lock keeps the program from closing or reusing `fd` meanwhile.
+        let _ = sys::replace_fd(end, fd);
     }
     let _ = sys::close(end);
     send(g, h, peer);
