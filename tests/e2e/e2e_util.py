@@ -56,7 +56,7 @@ def tcp_listening(port, host=HOST):
     return False
 
 
-class _ThreadedServer:
+class ThreadedServer:
     """A TCP listener on 127.0.0.1 with one thread per connection (daemon threads)."""
 
     def __init__(self):
@@ -114,7 +114,7 @@ class _ThreadedServer:
         self.close()
 
 
-class PeerServer(_ThreadedServer):
+class PeerServer(ThreadedServer):
     """The peer of progs/errpaths.c: reads one command line per connection.
 
     CLOSE: close at once. HOLD: send nothing, discard input until EOF. HALF: send b"hello",
@@ -159,7 +159,7 @@ class PeerServer(_ThreadedServer):
                 conn.sendall(b)
 
 
-class SinkServer(_ThreadedServer):
+class SinkServer(ThreadedServer):
     """Reads and discards; counts bytes; records how each connection ended and when."""
 
     def __init__(self):
@@ -184,7 +184,7 @@ class SinkServer(_ThreadedServer):
                 self.received += len(b)
 
 
-class HoldServer(_ThreadedServer):
+class HoldServer(ThreadedServer):
     """Accepts and keeps connections open without sending; ends when the client closes."""
 
     def handle(self, conn):

@@ -19,49 +19,37 @@ from canal_harness import Canald, clean_env
 MiB = 1 << 20
 
 
-class PausedReader:
+class PausedReader(e2e_util.ThreadedServer):
     """A native listener: each connection is accepted at once, left unread for `pause`
-    seconds, then read to its end. `results[i]` = (bytes, sha256, "eof" | "reset: ...")."""
+    seconds, then read to its end. `results[i]` = (bytes, sha256, "eof" | "reset: ...").
+    Closed with `with` (the shared server's close wakes its accept thread: a thread left
+    blocked in accept can take the next test's connections once the descriptor number
+    is reused)."""
 
     def __init__(self, pause):
-        self.pause = pause
-        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Small receive buffer: the guest's bytes stay queued on its side of the pause.
+        super().__init__()
+        # Small receive buffer (accepted sockets inherit it): the guest's bytes stay
+        # queued on its side of the pause.
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(64)
-        self.port = self.lsock.getsockname()[1]
+        self.pause = pause
         self.results = []
         self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.lsock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read, args=(c,), daemon=True).start()
-
-    def _read(self, c):
+    def handle(self, conn):
         time.sleep(self.pause)
         h, n, end = hashlib.sha256(), 0, "eof"
         try:
             while True:
-                b = c.recv(1 << 20)
+                b = conn.recv(1 << 20)
                 if not b:
                     break
                 h.update(b)
                 n += len(b)
         except OSError as e:
             end = f"reset: {e}"
-        c.close()
+        conn.close()
         with self.lock:
             self.results.append((n, h.hexdigest(), end))
-
-    def close(self):
-        self.lsock.close()
 
 
 def _sent(proc):
@@ -74,40 +62,39 @@ def _sent(proc):
 def test_every_byte_arrives_after_close(canald, python, progs, pause):
     """1, 2, 4 and 8 MiB sent to a reader that pauses, by a guest that closes and exits
     at once and by one that closes and stays: every byte arrives, then a clean EOF."""
-    reader = PausedReader(pause)
-    guests = []
-    for size in (1, 2, 4, 8):
-        for stay in (False, True):
-            argv = [python, progs / "closer.py", "send", "--port", reader.port, "--bytes", size * MiB]
-            p = canald.spawn(argv + (["--stay"] if stay else []), name=f"closer-{size}-{stay}",
-                             stdin=subprocess.PIPE)
-            guests.append((p, size, stay))
-    for p, _, _ in guests:
-        p.wait_line("CONNECTED", 30)
-    want = {}
-    for p, size, stay in guests:
-        n, digest = _sent(p)
-        assert n == size * MiB
-        want.setdefault((n, digest), 0)
-        want[(n, digest)] += 1
-    for p, _, stay in guests:
-        if stay:
-            p.wait_line("CLOSED", 60)
-            assert canald.guest(p), f"canald does not list {p.name}: canal did not carry it"
-    e2e_util.wait_for(lambda: len(reader.results) == len(guests), pause + 60, interval=0.1,
-                      what="every connection to be read to its end")
-    for p, _, stay in guests:
-        if stay:
-            p.send_line()
-        r = p.finish(30)
-        assert r.returncode == 0, r.describe()
-    got = {}
-    for n, digest, end in reader.results:
-        assert end == "eof", f"a connection ended with {end} after {n} bytes"
-        got.setdefault((n, digest), 0)
-        got[(n, digest)] += 1
-    assert got == want, f"bytes lost at close: received {sorted(got)} wanted {sorted(want)}"
-    reader.close()
+    with PausedReader(pause) as reader:
+        guests = []
+        for size in (1, 2, 4, 8):
+            for stay in (False, True):
+                argv = [python, progs / "closer.py", "send", "--port", reader.port, "--bytes", size * MiB]
+                p = canald.spawn(argv + (["--stay"] if stay else []), name=f"closer-{size}-{stay}",
+                                 stdin=subprocess.PIPE)
+                guests.append((p, size, stay))
+        for p, _, _ in guests:
+            p.wait_line("CONNECTED", 30)
+        want = {}
+        for p, size, stay in guests:
+            n, digest = _sent(p)
+            assert n == size * MiB
+            want.setdefault((n, digest), 0)
+            want[(n, digest)] += 1
+        for p, _, stay in guests:
+            if stay:
+                p.wait_line("CLOSED", 60)
+                assert canald.guest(p), f"canald does not list {p.name}: canal did not carry it"
+        e2e_util.wait_for(lambda: len(reader.results) == len(guests), pause + 60, interval=0.1,
+                          what="every connection to be read to its end")
+        for p, _, stay in guests:
+            if stay:
+                p.send_line()
+            r = p.finish(30)
+            assert r.returncode == 0, r.describe()
+        got = {}
+        for n, digest, end in reader.results:
+            assert end == "eof", f"a connection ended with {end} after {n} bytes"
+            got.setdefault((n, digest), 0)
+            got[(n, digest)] += 1
+        assert got == want, f"bytes lost at close: received {sorted(got)} wanted {sorted(want)}"
 
 
 @pytest.mark.deadline(90)
@@ -116,17 +103,16 @@ def test_killed_canald_resets_its_peers(canal_bin, procs, python, progs):
     never a clean end of a stream that was cut short."""
     d = Canald(canal_bin, procs).start()
     try:
-        reader = PausedReader(4)
-        p = d.spawn([python, progs / "closer.py", "send", "--port", reader.port, "--bytes", 8 * MiB,
-                     "--stay"], stdin=subprocess.PIPE)
-        p.wait_line("CONNECTED", 30)
-        d.wait_served(p, kind="tcp", peer_port=reader.port)
-        time.sleep(1)  # let the guest fill its ring and canald the kernel's buffers
-        os.kill(d.pid, signal.SIGKILL)
-        e2e_util.wait_for(lambda: reader.results, 30, interval=0.1, what="the reader to finish")
-        n, _, end = reader.results[0]
-        assert end.startswith("reset"), f"the peer saw a clean end of stream after {n} of {8 * MiB} bytes"
-        reader.close()
+        with PausedReader(4) as reader:
+            p = d.spawn([python, progs / "closer.py", "send", "--port", reader.port, "--bytes", 8 * MiB,
+                         "--stay"], stdin=subprocess.PIPE)
+            p.wait_line("CONNECTED", 30)
+            d.wait_served(p, kind="tcp", peer_port=reader.port)
+            time.sleep(1)  # let the guest fill its ring and canald the kernel's buffers
+            os.kill(d.pid, signal.SIGKILL)
+            e2e_util.wait_for(lambda: reader.results, 30, interval=0.1, what="the reader to finish")
+            n, _, end = reader.results[0]
+            assert end.startswith("reset"), f"the peer saw a clean end of stream after {n} of {8 * MiB} bytes"
     finally:
         d.stop()
 
@@ -136,8 +122,7 @@ def test_lingering_close_does_not_stall_other_guests(canald, python, progs):
     """A guest sets SO_LINGER {1, 5}, queues 2 MiB to a reader that does not read and
     closes: its close blocks about 5 s, as natively, while another guest's worst 1-byte
     round trip through canald stays under 50 ms."""
-    with e2e_util.PeerServer() as echo:
-        reader = PausedReader(30)
+    with e2e_util.PeerServer() as echo, PausedReader(30) as reader:
         rr = canald.spawn([python, progs / "closer.py", "rr", "--port", echo.port, "--seconds", 4],
                           stdin=subprocess.PIPE)
         rr.wait_line("CONNECTED", 30)
@@ -153,7 +138,6 @@ def test_lingering_close_does_not_stall_other_guests(canald, python, progs):
         took = float(lg.wait_line("CLOSED ", 30).split()[1])
         assert 4.0 <= took <= 8.0, f"the lingering close took {took:.2f} s (natively about 5 s)"
         assert lg.finish(30).returncode == 0
-        reader.close()
 
 
 GREEDY = """
