@@ -589,12 +589,13 @@ fn closing_listener_drops_unclaimed_connections() {
     let c2 = TcpStream::connect(("127.0.0.1", port)).unwrap();
     c1.set_read_timeout(Some(T)).unwrap();
     c2.set_read_timeout(Some(T)).unwrap();
+    // Take one record (canald accepts one ahead until the program takes one), wait
+    // for the other to be accepted and left unclaimed, then close the listener.
+    let (_, _, p) = g.wait_record(l);
+    let taken = u32::from_le_bytes(p[..4].try_into().unwrap());
     g.wait_until("two accepted", || {
         d.stat().matches("\"kind\":\"tcp\"").count() == 2
     });
-    // Take one record, leave the other unclaimed, then close the listener.
-    let (_, _, p) = g.wait_record(l);
-    let taken = u32::from_le_bytes(p[..4].try_into().unwrap());
     assert_eq!(g.request(op::CLOSE, l, [0; 4], &[]).0, 0);
     g.wait_until("unclaimed freed", || {
         let s = d.stat();

@@ -3,6 +3,7 @@ use crate::guest::addr_view::translate_host_addr;
 use crate::guest::config::DRAIN_STALL;
 use crate::guest::config::MIN_RING;
 use crate::guest::socket::accept_one;
+use crate::guest::socket::AcceptQueue;
 use crate::guest::socket::Accepted;
 use crate::guest::socket::Corrupt;
 use crate::guest::socket::Kind;
@@ -350,13 +351,14 @@ impl Guest {
         r
     }
 
-    /// Whether listener `index` holds as many accepted connections as its backlog
-    /// lets the kernel queue; then the program's accept (RX_WANT_SPACE) resumes it.
-    pub(crate) fn backlog_full(&mut self, index: u32) -> bool {
+    /// Whether listener `index` holds as many accepted connections as it may ahead of
+    /// the program (`AcceptQueue::ahead`); then the program's accept (RX_WANT_SPACE)
+    /// resumes it.
+    pub(crate) fn holds_enough(&mut self, index: u32) -> bool {
         let full = self.sockets[index as usize]
             .as_ref()
             .and_then(|l| l.accepts())
-            .is_some_and(|q| q.held() >= q.backlog.max(1));
+            .is_some_and(AcceptQueue::holds_enough);
         if full {
             self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
         }
@@ -391,7 +393,7 @@ impl Guest {
             // Room for the record even if padding is needed first.
             let free = self.want_rx_space(index, 2 * need)?;
             self.drop_claimed(index);
-            if free == 0 || self.backlog_full(index) {
+            if free == 0 || self.holds_enough(index) {
                 return Ok(());
             }
             if self.table_full() || self.ring_room() < 2 * MIN_RING {

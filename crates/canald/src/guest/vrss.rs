@@ -417,7 +417,7 @@ impl Guest {
             // Room for the records in flight and this one, padding included.
             let free = self.want_rx_space(index, (accepting as u64 + 2) * need)?;
             self.drop_claimed(index);
-            if free == 0 || self.backlog_full(index) {
+            if free == 0 || self.holds_enough(index) {
                 return Ok(());
             }
             self.sync_host_backlog(index, 1);
@@ -466,13 +466,16 @@ impl Guest {
         if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
             let seen = l.rx.seen;
             if let Some(q) = l.accepts_mut() {
+                let mut taken = 0;
                 while q
                     .unclaimed
                     .front()
                     .is_some_and(|&(end, _)| (end.wrapping_sub(seen) as i64) <= 0)
                 {
                     q.unclaimed.pop_front();
+                    taken += 1;
                 }
+                q.taken(taken);
             }
         }
     }

@@ -430,6 +430,12 @@ impl TestGuest {
         let mut p = vec![0u8; info.len as usize];
         c.record_payload(&info, 0, &mut p);
         c.consume_record(&info);
+        // Room freed for a listener or datagram socket canald stopped for (§3.4).
+        if e.flags.load(Ordering::Relaxed) & sock_flag::RX_WANT_SPACE != 0 {
+            let i = canal_abi::handle_index(h);
+            self.region.raise_attention(i);
+            self.kick_socket(i);
+        }
         let addr = if info.addr_len == 32 {
             CanalAddr::decode(&a).expect("host address valid")
         } else {
