@@ -334,3 +334,46 @@ def test_400_threads_each_connect_and_echo(canald, python):
         canald.wait_served(p, kind="tcp", peer_port=echo.port, count=400)
         p.send_line()
         assert p.finish(60).returncode == 0, p.describe()
+
+
+UNSEEN_WRITE = r"""
+import ctypes, os, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"seen")
+if os.fork() == 0:  # the process shares: from now on its sockets are WATCHed
+    os._exit(0)
+os.wait()
+# A write no hook sees (as io_uring's or a program's without the library would be).
+libc = ctypes.CDLL(None, use_errno=True)
+n = libc.syscall(1, s.fileno(), b"unseen", 6)  # SYS_write on x86-64
+print("RAW", n, flush=True)
+deadline = time.monotonic() + 10
+while True:
+    try:
+        s.send(b"x")
+    except OSError as e:
+        print("SEND", e.errno, flush=True)
+        break
+    if time.monotonic() > deadline:
+        print("SEND ok", flush=True)
+        break
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.deadline(60)
+def test_a_write_outside_the_hooks_is_an_error_not_a_loss(canald, python):
+    """Bytes written to a canal socket's descriptor by a path no hook sees (here a raw
+    write(2) after the process forked) cannot be delivered: the peer sees a reset, not
+    a stream that ends cleanly without them, and the program's next send fails (EIO)."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw write uses x86-64's system call number")
+    with e2e_util.SinkServer() as sink:
+        p = canald.spawn([python, "-c", UNSEEN_WRITE, sink.port], name="unseen")
+        raw = p.wait_line("RAW", 20)
+        assert raw == "RAW 6", p.describe()  # the dummy takes them, as a socket would
+        assert p.wait_line("SEND", 20) == f"SEND {errno.EIO}", p.describe()
+        assert p.finish(20).returncode == 0, p.describe()
+        e2e_util.wait_for(lambda: sink.ended, 10, what="the peer to see the end")
+        end = sink.ended[0][1]
+        assert end.startswith("error") and "reset" in end, f"the peer saw {end!r}"

@@ -371,6 +371,25 @@ impl Daemon {
                     self.read_control(key);
                 }
             }
+            crate::watch::TOKEN if bits & (sys::EP_HUP | sys::EP_ERR) == 0 => {
+                let unseen = {
+                    let ep = &self.workers[0].ep;
+                    self.watches.unseen_send(ep, tok)
+                };
+                if let Some((conn, index, gen)) = unseen {
+                    if let Some(w) = self
+                        .conns
+                        .get(&conn)
+                        .and_then(|c| c.worker)
+                        .and_then(|i| self.workers.get(i))
+                    {
+                        if let Some(g) = w.lock().guests.get_mut(&conn) {
+                            g.unseen_send(&w.ep, index, gen);
+                        }
+                        w.poke();
+                    }
+                }
+            }
             crate::watch::TOKEN => {
                 let fired = {
                     let ep = &self.workers[0].ep;

@@ -11,7 +11,7 @@
 //! the same index replaces the old one — and only for a socket index the guest has.
 
 use crate::guest::state::Guest;
-use crate::sys::Epoll;
+use crate::sys::{Epoll, EP_IN};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -44,10 +44,11 @@ impl Watches {
         if !g.has_live_socket(index, gen) {
             return false;
         }
-        // Only HUP/ERR are wanted (always reported): the guest end is shut for
-        // reading, so nothing else happens on this end until the last close.
+        // HUP/ERR (always reported): the last close. IN: the guest end is shut for
+        // reading, so bytes arrive here only if the guest wrote to its dummy through a
+        // path no hook sees (`unseen_send`).
         if ep
-            .add(fd.as_raw_fd(), 0, token(conn, gen, index as u16))
+            .add(fd.as_raw_fd(), EP_IN, token(conn, gen, index as u16))
             .is_err()
         {
             return false;
@@ -71,6 +72,22 @@ impl Watches {
         let (_, fd) = self.fds.remove(&(conn, index))?;
         ep.delete(fd.as_raw_fd());
         Some((conn, index, gen))
+    }
+
+    /// A watch is readable without a hang-up: if the guest wrote bytes to its end (an
+    /// io_uring send, a raw system call, a program exec'd without the library), returns
+    /// the socket (conn, index, generation) they were meant for. Either way the watch
+    /// then reports only the last close: once is enough to know.
+    pub(crate) fn unseen_send(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
+        let conn = crate::guest::socket::token::conn(tok);
+        let index = crate::guest::socket::token::index(tok) as u32;
+        let gen = crate::guest::socket::token::gen(tok);
+        let (g, fd) = self.fds.get(&(conn, index))?;
+        if *g != gen {
+            return None;
+        }
+        let _ = ep.modify(fd.as_raw_fd(), 0, tok);
+        crate::sys::has_unread(fd).then_some((conn, index, gen))
     }
 
     /// A guest connection ended: its watches go (its sockets are closed with it).

@@ -381,6 +381,34 @@ impl Guest {
         }
     }
 
+    /// The guest wrote bytes to socket (index, gen)'s dummy descriptor, through a
+    /// path no hook sees (io_uring, a raw system call, a program exec'd without the
+    /// library): they cannot reach the peer. A host stream is reset (its descriptor
+    /// is abortive), so the peer never takes the stream as whole, and the socket's
+    /// later calls fail with EIO: an error instead of a silent loss. Other sockets
+    /// (datagram, short-circuited, served by another worker) are only reported.
+    pub(crate) fn unseen_send(&mut self, ep: &Epoll, index: u32, gen: u16) {
+        let handle = canal_abi::make_handle(index, gen as u32);
+        let reset = matches!(self.sockets.get(index as usize),
+            Some(Some(s)) if s.generation() == gen && s.kind() == Kind::Stream
+                && s.seg.is_none() && s.fd.is_some() && !s.is_closing());
+        log::warn!(
+            "guest {} ({}): bytes written to socket {handle:#x}'s descriptor outside \
+             canal's hooks (io_uring, a raw system call, or a program without the \
+             library) cannot be delivered{}",
+            self.id,
+            self.comm,
+            if reset {
+                "; its connection is reset"
+            } else {
+                ""
+            }
+        );
+        if reset {
+            self.break_socket(ep, index);
+        }
+    }
+
     pub(crate) fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
         if let Some(r) = self.sc_shutdown(index, how) {
             return r;

@@ -173,6 +173,21 @@ pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
     poll_one(fd, rustix::event::PollFlags::IN, ms).contains(rustix::event::PollFlags::IN)
 }
 
+/// Whether a stream socket has bytes queued to read (a peek, no wait).
+pub(crate) fn has_unread(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte peek into a live local buffer.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            b.as_mut_ptr() as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
+}
+
 /// Whether `fd` reports POLLOUT or POLLERR/POLLHUP right now (no wait): a connect in
 /// progress that already ended, as a loopback handshake has before connect returns.
 pub(crate) fn settled_now(fd: &OwnedFd) -> bool {
