@@ -13,6 +13,7 @@ use crate::guest::config::GuestConfig;
 use crate::guest::shared::Shared as ShortcutShared;
 use crate::guest::shared::SharedRef as ShortcutRef;
 use crate::guest::socket::token;
+use crate::guest::state::Guest;
 use crate::stat::{self, Snapshot};
 use crate::sys::{self, Epoll};
 use crate::worker::{Poller, Worker};
@@ -371,31 +372,19 @@ impl Daemon {
                     self.read_control(key);
                 }
             }
-            crate::watch::TOKEN if bits & (sys::EP_HUP | sys::EP_ERR) == 0 => {
-                let unseen = {
-                    let ep = &self.workers[0].ep;
-                    self.watches.unseen_send(ep, tok)
-                };
-                if let Some((conn, index, gen)) = unseen {
-                    if let Some(w) = self
-                        .conns
-                        .get(&conn)
-                        .and_then(|c| c.worker)
-                        .and_then(|i| self.workers.get(i))
-                    {
-                        if let Some(g) = w.lock().guests.get_mut(&conn) {
-                            g.unseen_send(&w.ep, index, gen);
-                        }
-                        w.poke();
-                    }
-                }
-            }
             crate::watch::TOKEN => {
-                let fired = {
-                    let ep = &self.workers[0].ep;
-                    self.watches.fired(ep, tok)
+                let ep = &self.workers[0].ep;
+                // HUP: the guest's last descriptor is gone. IN alone: bytes written
+                // to it outside the hooks.
+                let hup = bits & (sys::EP_HUP | sys::EP_ERR) != 0;
+                let (target, act): (_, fn(&mut Guest, &Epoll, u32, u16)) = if hup {
+                    (self.watches.fired(ep, tok), |g, _, i, gen| {
+                        g.close_unreferenced(i, gen)
+                    })
+                } else {
+                    (self.watches.unseen_send(ep, tok), Guest::unseen_send)
                 };
-                if let Some((conn, index, gen)) = fired {
+                if let Some((conn, index, gen)) = target {
                     if let Some(w) = self
                         .conns
                         .get(&conn)
@@ -403,7 +392,7 @@ impl Daemon {
                         .and_then(|i| self.workers.get(i))
                     {
                         if let Some(g) = w.lock().guests.get_mut(&conn) {
-                            g.close_unreferenced(index, gen);
+                            act(g, &w.ep, index, gen);
                         }
                         w.poke();
                     }
