@@ -50,6 +50,7 @@ CHECKS = {
     "exec_closes_cloexec": "client",
     "sendfile": "client",
     "msg_flags": "client",
+    "outq": "client",
     "udp_msg_trunc": "client",
     "sockopts": "client",
     "ipv6_client": "client",

@@ -117,6 +117,18 @@ pub mod op {
     pub const MAX: u32 = 11;
 }
 
+/// GETSOCKOPT at canal's own level: host socket figures the kernel gives only by
+/// ioctl (protocol §4). A canald that predates them answers ENOPROTOOPT.
+pub mod canal_opt {
+    /// The level ("CNL"): no kernel protocol level has this number.
+    pub const LEVEL: i32 = 0x43_4e_4c;
+    /// i32: the tx ring's bytes canald has not taken plus the host socket's SIOCOUTQ
+    /// (bytes not yet acknowledged, or a datagram socket's queued bytes).
+    pub const OUTQ: i32 = 1;
+    /// i32: the same with the host socket's SIOCOUTQNSD (bytes not yet sent).
+    pub const OUTQ_NOT_SENT: i32 = 2;
+}
+
 /// Slot states (the INR's state flag).
 pub mod slot_state {
     /// Not owned by any guest thread.

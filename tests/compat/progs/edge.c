@@ -1584,6 +1584,53 @@ static void check_msg_flags(void)
     close(s);
 }
 
+/* SIOCOUTQNSD from linux/sockios.h (SIOCOUTQ is TIOCOUTQ's number). */
+#define EDGE_SIOCOUTQNSD 0x894B
+
+static void check_outq(void)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = lo4(0);
+    int v = -1;
+    int r = -1;
+    if (bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 1) == 0)
+        r = ioctl(l, TIOCOUTQ, &v);
+    EXPECT(r == -1 && errno == EINVAL, "SIOCOUTQ on a listener: r=%d %s (want EINVAL)", r, r < 0 ? ename(errno) : "");
+    close(l);
+
+    /* The peer reads nothing for 1.5 s, then reads to the end. */
+    int s = peer_cmd(NULL, "DELAY 1500 x");
+    double t0 = now_ms();
+    /* Natively loopback takes the command line within send(); canal's ring and
+     * canald take it a moment later, as a real network would. */
+    while ((r = ioctl(s, TIOCOUTQ, &v)) == 0 && v > 0 && now_ms() - t0 < 1000)
+        usleep(1000);
+    EXPECT(r == 0 && v == 0, "the command line taken: SIOCOUTQ r=%d value %d", r, v);
+    fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+    static char chunk[65536];
+    size_t total = 0;
+    while (total < (64u << 20)) {
+        ssize_t n = send(s, chunk, sizeof chunk, 0);
+        if (n < 0)
+            break;
+        total += (size_t)n;
+    }
+    int nsd = -1;
+    r = ioctl(s, TIOCOUTQ, &v);
+    int r2 = ioctl(s, EDGE_SIOCOUTQNSD, &nsd);
+    EXPECT(r == 0 && v > 0 && (size_t)v <= total,
+           "the peer not reading: SIOCOUTQ counts the bytes not taken (r=%d, %d of %zu sent)", r, v, total);
+    EXPECT(r2 == 0 && nsd > 0 && nsd <= v, "and SIOCOUTQNSD those not sent yet (r=%d, %d; SIOCOUTQ %d)", r2, nsd, v);
+    fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+    t0 = now_ms();
+    do {
+        usleep(10000);
+        r = ioctl(s, TIOCOUTQ, &v);
+    } while (r == 0 && v > 0 && now_ms() - t0 < 10000);
+    EXPECT(r == 0 && v == 0, "once the peer has read everything SIOCOUTQ is 0 (r=%d, %d after %.0f ms)", r, v, now_ms() - t0);
+    close(s);
+}
+
 static void check_udp_msg_trunc(void)
 {
     int u = socket(AF_INET, SOCK_DGRAM, 0);
@@ -2534,6 +2581,7 @@ static const struct {
     { "exec_closes_cloexec", "client", "tcp4", check_exec_closes_cloexec },
     { "sendfile", "client", "tcp4", check_sendfile },
     { "msg_flags", "client", "tcp4", check_msg_flags },
+    { "outq", "client", "tcp4", check_outq },
     { "udp_msg_trunc", "client", "udp4", check_udp_msg_trunc },
     { "sockopts", "client", "tcp4", check_sockopts },
     { "ipv6_client", "client", "tcp6", check_ipv6_client },

@@ -14,6 +14,7 @@ use crate::request::SOCK_DGRAM;
 use crate::request::SOCK_STREAM;
 use crate::sys;
 use crate::sys::Epoll;
+use canal_abi::canal_opt;
 use canal_abi::errno;
 use canal_abi::make_handle;
 use canal_abi::sock_flag;
@@ -407,6 +408,29 @@ impl Guest {
         if reset {
             self.break_socket(ep, index);
         }
+    }
+
+    /// A socket's send queue (GETSOCKOPT at `canal_opt::LEVEL`): the bytes of its tx
+    /// ring canald has not taken plus what the host socket's SIOCOUTQ (or SIOCOUTQNSD)
+    /// counts, read together here, where no byte can move from one to the other in
+    /// between. A short-circuited socket's queue is its segment ring, which the guest
+    /// counts itself.
+    pub(crate) fn send_queue(&mut self, index: u32, name: i32) -> Result<i32, i32> {
+        let req = match name {
+            canal_opt::OUTQ => sys::SIOCOUTQ,
+            canal_opt::OUTQ_NOT_SENT => sys::SIOCOUTQNSD,
+            _ => return Err(errno::ENOPROTOOPT),
+        };
+        let s = self.live(index)?;
+        if s.kind() == Kind::Listener {
+            return Err(errno::EINVAL); // as tcp_ioctl answers for a listener
+        }
+        let host = match s.fd.as_ref().filter(|_| s.seg.is_none()) {
+            Some(fd) => sys::ioctl_int(fd, req).map_err(|e| sys::errno_of(&e))?,
+            None => 0,
+        };
+        let ring = self.tx_avail(index).map_err(|_| errno::EIO)?;
+        Ok((ring + host.max(0) as u64).min(i32::MAX as u64) as i32)
     }
 
     pub(crate) fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {

@@ -19,6 +19,7 @@ use crate::request::Cmd;
 use crate::request::Request;
 use crate::sys;
 use crate::sys::Epoll;
+use canal_abi::canal_opt;
 use canal_abi::errno;
 use canal_abi::op;
 use canal_abi::sleep_kind;
@@ -345,6 +346,12 @@ impl Guest {
                 sys::setsockopt_bytes(self.option_fd(index)?, level, name, &value)
                     .map_err(|e| sys::errno_of(&e))?;
                 Ok((0, 0))
+            }
+            Cmd::GetOpt { level, name, len } if level == canal_opt::LEVEL => {
+                let v = self.send_queue(index, name)?.to_ne_bytes();
+                let n = len.min(v.len());
+                out[..n].copy_from_slice(&v[..n]);
+                Ok((0, n))
             }
             Cmd::GetOpt { level, name, len } => {
                 if let Some(r) = self.sc_tcp_info(index, level, name, &mut out[..len]) {

@@ -173,6 +173,18 @@ pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
     poll_one(fd, rustix::event::PollFlags::IN, ms).contains(rustix::event::PollFlags::IN)
 }
 
+/// SIOCOUTQ (TIOCOUTQ's number) and SIOCOUTQNSD, from linux/sockios.h.
+pub(crate) const SIOCOUTQ: u64 = 0x5411;
+pub(crate) const SIOCOUTQNSD: u64 = 0x894b;
+
+/// An ioctl that writes one int (SIOCOUTQ and the like).
+pub(crate) fn ioctl_int(fd: &OwnedFd, req: u64) -> io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: these requests write one int to a live local.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), req as _, &mut v as *mut libc::c_int) })?;
+    Ok(v)
+}
+
 /// Whether a stream socket has bytes queued to read (a peek, no wait).
 pub(crate) fn has_unread(fd: &OwnedFd) -> bool {
     let mut b = [0u8; 1];

@@ -387,6 +387,9 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
     }) as c_int
 }
 
+/// SIOCOUTQNSD from linux/sockios.h (SIOCOUTQ is TIOCOUTQ's number).
+const SIOCOUTQNSD: c_ulong = 0x894b;
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     dispatch!(fd, real!(c"ioctl", FnIoctl)(fd, req, arg), |s| {
@@ -406,6 +409,15 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 }
                 let n = crate::sock::control::fionread(s)?;
                 // SAFETY: FIONREAD takes an int* out-parameter.
+                unsafe { *(arg as *mut c_int) = n };
+                Ok(0)
+            }
+            libc::TIOCOUTQ | SIOCOUTQNSD => {
+                if arg.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                let n = crate::sock::control::outq(s, req == SIOCOUTQNSD)?;
+                // SAFETY: SIOCOUTQ (TIOCOUTQ's number) and SIOCOUTQNSD take an int*.
                 unsafe { *(arg as *mut c_int) = n };
                 Ok(0)
             }

@@ -8,6 +8,7 @@ use crate::sock::core::wait_err;
 use crate::sock::core::Sock;
 use canal_abi::addr::CanalAddr;
 use canal_abi::addr::ADDR_SIZE;
+use canal_abi::canal_opt;
 use canal_abi::op;
 use canal_abi::ring::Consumer;
 use canal_abi::sock_flag as f;
@@ -152,6 +153,40 @@ pub(crate) fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
         return Err(libc::EIO);
     }
     CanalAddr::decode(&out).ok_or(libc::EIO)
+}
+
+/// Bytes SIOCOUTQ (or, with `not_sent`, SIOCOUTQNSD) reports: a short-circuited
+/// socket's are those its peer has not read from the segment ring; a host socket's
+/// are canald's count of its tx ring and host socket together (`canal_opt`), or the
+/// ring alone from a canald without it.
+pub(crate) fn outq(s: Sock, not_sent: bool) -> Result<c_int, i32> {
+    let st = s.snapshot();
+    if st.kind == sock_kind::LISTENER {
+        return Err(libc::EINVAL); // as tcp_ioctl answers for a listener
+    }
+    let clamp = |n: u64| n.min(i32::MAX as u64) as c_int;
+    if s.e.segment.load(Ordering::Acquire) != 0 {
+        return Ok(clamp(st.tx_used));
+    }
+    dead_err(s.g, false)?;
+    let name = if not_sent {
+        canal_opt::OUTQ_NOT_SENT
+    } else {
+        canal_opt::OUTQ
+    };
+    let mut out = [0u8; 4];
+    match request(
+        s.g,
+        op::GETSOCKOPT,
+        s.handle,
+        [canal_opt::LEVEL as u64, name as u64, 4, 0],
+        &[],
+        &mut out,
+    ) {
+        Ok((_, 4)) => Ok(i32::from_ne_bytes(out).max(0)),
+        Ok(_) | Err(libc::ENOPROTOOPT) => Ok(clamp(s.snapshot().tx_used)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Bytes FIONREAD reports: queued stream bytes, or the next datagram's size.
