@@ -205,6 +205,43 @@ def check_fin(port):
     print("OK fin: EOF, the first send succeeds, a later one fails, then HUP")
 
 
+def check_reset_after_fin(port):
+    """The reset a CLOSE_WAIT send provokes is the kernel's tcp_reset: poll says ERR
+    (and HUP) and SO_ERROR says EPIPE, once; recv still says EOF (the FIN came first)
+    and leaves the error; a later send fails with EPIPE."""
+    everything = {"IN", "OUT", "RDHUP", "HUP", "ERR"}
+    for read_first in (False, True):
+        s = connect(port)
+        s.sendall(b"F")
+        if s.recv(10) != b"":
+            fail("reset after fin: no EOF after the server closed")
+        s.send(b"y")
+        deadline = time.monotonic() + 5
+        while "ERR" not in readiness(s)[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        got = readiness(s)
+        if got != (everything, everything):
+            fail(f"reset after fin: poll/epoll {got}, natively {everything}")
+        if read_first:
+            if s.recv(10) != b"" or readiness(s) != (everything, everything):
+                fail(f"reset after fin: recv then poll {readiness(s)}, natively EOF and {everything}")
+        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err != errno.EPIPE:
+            fail(f"reset after fin: SO_ERROR {err}, natively EPIPE ({errno.EPIPE})")
+        got = readiness(s)
+        if got != (everything - {"ERR"}, everything - {"ERR"}):
+            fail(f"reset after fin: poll/epoll once the error is taken {got}")
+        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0 or s.recv(10) != b"":
+            fail("reset after fin: the error is reported more than once")
+        try:
+            s.send(b"z")
+            fail("reset after fin: a later send succeeded")
+        except BrokenPipeError:
+            pass
+        s.close()
+    print("OK reset after fin: ERR and SO_ERROR EPIPE once, recv EOF, then sends EPIPE")
+
+
 def readiness(s):
     """What poll and epoll report for s now, each as a set of names."""
     p = select.poll()
@@ -356,6 +393,7 @@ def check(args):
     check_half_close(args.port)
     check_reset(args.port)
     check_fin(args.port)
+    check_reset_after_fin(args.port)
     check_poll_after_fin(args.port)
     check_nonblocking_connect(args.port)
     check_kept_options()

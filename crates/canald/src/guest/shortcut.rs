@@ -618,6 +618,14 @@ impl Guest {
         {
             return;
         }
+        // A reset after the peer's FIN finds this end in CLOSE_WAIT, where the kernel's
+        // tcp_reset reports EPIPE, not ECONNRESET.
+        let after_fin = self.entry(index).flags.load(Ordering::Relaxed) & sock_flag::RX_EOF != 0;
+        let err = if err == errno::ECONNRESET && after_fin {
+            errno::EPIPE
+        } else {
+            err
+        };
         if err != 0 {
             self.set_error(index, err, add, 0);
         } else if add != 0 {

@@ -21,14 +21,18 @@ use libc::iovec;
 /// kernel's CLOSE_WAIT socket still accepts that send — the bytes go to the peer,
 /// which has no socket left to read them and answers with a reset, so only a later
 /// send fails (EPIPE). The bytes are dropped here, as there; the reset is recorded
-/// (`local::RESET_SENT`: HUP in poll, and every later send fails). A program that
+/// (`local::RESET_SENT`: HUP in poll, and every later send fails) with the error the
+/// kernel's tcp_reset gives a CLOSE_WAIT socket: EPIPE, pending (POLLERR, SO_ERROR
+/// once; recv still says EOF first, as the FIN came first). A program that
 /// writes a request on a kept-alive connection the server closed then sees the
 /// failure where it reads the answer (EOF), as natively, instead of an EPIPE (and
 /// SIGPIPE) on the write. Host-served streams need none of this: canald's host
 /// socket behaves so itself.
-fn first_send_after_peer_close(s: &Sock, fl: u32) -> bool {
+/// `fin_word`: the peer's FIN word (§8.3) is set, which says its program closed the
+/// connection before canald's flags say so.
+fn first_send_after_peer_close(s: &Sock, fl: u32, fin_word: bool) -> bool {
     let peer_closed = f::RX_EOF | f::TX_CLOSED;
-    if fl & peer_closed != peer_closed
+    if (fl & peer_closed != peer_closed && !fin_word)
         || fl & (f::ERROR | f::HUP | f::BROKEN) != 0
         || s.e.segment.load(Ordering::Relaxed) == 0
         || s.local() & (local::SHUT_WR | local::RESET_SENT) != 0
@@ -41,7 +45,14 @@ fn first_send_after_peer_close(s: &Sock, fl: u32) -> bool {
     if was & local::RESET_SENT != 0 {
         return false;
     }
-    // Its pollers see HUP now.
+    // Only if no other error is pending (canald's, from the peer, would be newer).
+    let _ = s.e.pending_error.compare_exchange(
+        0,
+        libc::EPIPE as u32,
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    );
+    // Its pollers see HUP and ERR now.
     crate::conn::sleep::wake_local(s.g, s.idx);
     true
 }
@@ -60,9 +71,13 @@ pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         let fl = s.flags();
         let pe = s.take_error();
         if pe != 0 {
-            return if sent > 0 { Ok(sent) } else { Err(pe as i32) };
+            return match (sent, pe as i32) {
+                (0, libc::EPIPE) => Err(epipe(flags)), // SIGPIPE too, as sk_stream_error
+                (0, e) => Err(e),
+                _ => Ok(sent),
+            };
         }
-        if sent == 0 && total > 0 && first_send_after_peer_close(&s, fl) {
+        if sent == 0 && total > 0 && first_send_after_peer_close(&s, fl, false) {
             return Ok(total);
         }
         if fl & f::TX_CLOSED != 0
@@ -87,6 +102,13 @@ pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
             // Resolved here, not before a connect completed: a short-circuit moves
             // the rings into a pair segment.
             let r = s.rings()?;
+            if sent == 0
+                && total > 0
+                && r.peer_fin() != 0
+                && first_send_after_peer_close(&s, fl, true)
+            {
+                return Ok(total);
+            }
             let ring = r.tx;
             let size = RingStorage::size(&ring);
             let held = crate::shortcut::sidelock::enter_tx(s.e);
@@ -330,7 +352,11 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed)
             && !r.rx_zone_pending()
         {
-            let pe = s.take_error();
+            // The reset a send after the peer's FIN provoked came after that FIN: the
+            // kernel's recv says EOF (SOCK_DONE) and leaves the error.
+            let after_fin = s.local() & local::RESET_SENT != 0
+                && s.e.pending_error.load(Ordering::Relaxed) == libc::EPIPE as u32;
+            let pe = if after_fin { 0 } else { s.take_error() };
             if pe != 0 {
                 return if got > 0 { Ok(got) } else { Err(pe as i32) };
             }
