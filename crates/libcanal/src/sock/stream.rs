@@ -80,8 +80,10 @@ pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         if sent == 0 && total > 0 && first_send_after_peer_close(&s, fl, false) {
             return Ok(total);
         }
+        // RESET_SENT: the reset is recorded before canald's flags may say the peer
+        // closed (the FIN word says it first, and across workers much earlier).
         if fl & f::TX_CLOSED != 0
-            || s.local() & local::SHUT_WR != 0
+            || s.local() & (local::SHUT_WR | local::RESET_SENT) != 0
             || fl & (f::ERROR | f::HUP | f::BROKEN) != 0
         {
             return if sent > 0 {
