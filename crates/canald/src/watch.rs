@@ -59,16 +59,22 @@ impl Watches {
         true
     }
 
-    /// A watch fired: the guest's last descriptor of that socket is gone. Returns the
-    /// (index, generation) to close.
-    pub(crate) fn fired(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
+    /// The (conn, index, generation) a watch's epoll token names, if that watch is
+    /// still the one held for it (a newer WATCH for the index replaces it).
+    fn current(&self, tok: u64) -> Option<(u32, u32, u16)> {
         let conn = crate::guest::socket::token::conn(tok);
         let index = crate::guest::socket::token::index(tok) as u32;
         let gen = crate::guest::socket::token::gen(tok);
         match self.fds.get(&(conn, index)) {
-            Some((g, _)) if *g == gen => {}
-            _ => return None,
+            Some((g, _)) if *g == gen => Some((conn, index, gen)),
+            _ => None,
         }
+    }
+
+    /// A watch fired: the guest's last descriptor of that socket is gone. Returns the
+    /// (index, generation) to close.
+    pub(crate) fn fired(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
+        let (conn, index, gen) = self.current(tok)?;
         let (_, fd) = self.fds.remove(&(conn, index))?;
         ep.delete(fd.as_raw_fd());
         Some((conn, index, gen))
@@ -79,15 +85,10 @@ impl Watches {
     /// the socket (conn, index, generation) they were meant for. Either way the watch
     /// then reports only the last close: once is enough to know.
     pub(crate) fn unseen_send(&mut self, ep: &Epoll, tok: u64) -> Option<(u32, u32, u16)> {
-        let conn = crate::guest::socket::token::conn(tok);
-        let index = crate::guest::socket::token::index(tok) as u32;
-        let gen = crate::guest::socket::token::gen(tok);
-        let (g, fd) = self.fds.get(&(conn, index))?;
-        if *g != gen {
-            return None;
-        }
+        let key = self.current(tok)?;
+        let (_, fd) = self.fds.get(&(key.0, key.1))?;
         let _ = ep.modify(fd.as_raw_fd(), 0, tok);
-        crate::sys::has_unread(fd).then_some((conn, index, gen))
+        crate::sys::has_unread(fd).then_some(key)
     }
 
     /// A guest connection ended: its watches go (its sockets are closed with it).

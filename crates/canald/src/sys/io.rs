@@ -173,8 +173,8 @@ pub(crate) fn poll_in(fd: &OwnedFd, ms: i32) -> bool {
     poll_one(fd, rustix::event::PollFlags::IN, ms).contains(rustix::event::PollFlags::IN)
 }
 
-/// SIOCOUTQ (TIOCOUTQ's number) and SIOCOUTQNSD, from linux/sockios.h.
-pub(crate) const SIOCOUTQ: u64 = 0x5411;
+/// SIOCOUTQ is TIOCOUTQ's number; SIOCOUTQNSD is from linux/sockios.h.
+pub(crate) const SIOCOUTQ: u64 = libc::TIOCOUTQ;
 pub(crate) const SIOCOUTQNSD: u64 = 0x894b;
 
 /// An ioctl that writes one int (SIOCOUTQ and the like).
