@@ -124,7 +124,7 @@ impl Daemon {
             // guest out (docs/threat-model.md, "Memory and descriptors").
             log::info!(
                 "socket quota per guest {cap} (asked {}): canald may hold {nofile} \
-                 descriptors, two per socket",
+                 descriptors; a guest's entries and WATCH ends count one each",
                 cfg.sockets
             );
             cfg.sockets = cap as _;
@@ -378,8 +378,9 @@ impl Daemon {
                 // to it outside the hooks.
                 let hup = bits & (sys::EP_HUP | sys::EP_ERR) != 0;
                 let (target, act): (_, fn(&mut Guest, &Epoll, u32, u16)) = if hup {
-                    (self.watches.fired(ep, tok), |g, _, i, gen| {
-                        g.close_unreferenced(i, gen)
+                    (self.watches.fired(ep, tok), |g, ep, i, gen| {
+                        g.close_unreferenced(i, gen);
+                        g.watch_closed(ep);
                     })
                 } else {
                     (self.watches.unseen_send(ep, tok), Guest::unseen_send)

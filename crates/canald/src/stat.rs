@@ -84,6 +84,8 @@ pub(crate) struct QuotaStat {
     /// request rate.
     pub(crate) connect_waits: u64,
     pub(crate) request_waits: u64,
+    /// WATCHes refused at the descriptor quota (`crate::watch`).
+    pub(crate) watches_refused: u64,
     /// Connects waiting for the connection rate now.
     pub(crate) held_connects: u64,
 }
@@ -368,11 +370,12 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         closed_rx_bytes: g.freed_bytes.1,
         bells: None,
         quota: {
-            let [denied, connect_waits, request_waits] = g.cfg.policy.hits();
+            let [denied, connect_waits, request_waits, watches_refused] = g.cfg.policy.hits();
             QuotaStat {
                 denied,
                 connect_waits,
                 request_waits,
+                watches_refused,
                 held_connects: g.rates.held.len() as u64,
             }
         },
@@ -684,7 +687,7 @@ mod tests {
              \"t_p_ns\":20000,\"t_v_ns\":30000,\"c_p_ns\":0,\"c_v_ns\":0,\"active\":0,\
              \"sockets\":2}]},\
              \"guests\":[{\"id\":1,\"pid\":1234,\"comm\":\"cu\\\"rl\\n\",\"worker\":0,\
-             \"wakes\":3,\"deferred_wakes\":1,\"requests\":9,\"errors\":2,\"tx_bytes\":10,\"rx_bytes\":20,\"quota\":{\"denied\":0,\"connect_waits\":4,\"request_waits\":0,\"held_connects\":0},\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
+             \"wakes\":3,\"deferred_wakes\":1,\"requests\":9,\"errors\":2,\"tx_bytes\":10,\"rx_bytes\":20,\"quota\":{\"denied\":0,\"connect_waits\":4,\"request_waits\":0,\"watches_refused\":0,\"held_connects\":0},\"sockets\":[{\"handle\":65537,\"kind\":\"tcp\",\
              \"state\":\"connected\",\"local\":\"127.0.0.1:80\",\"peer\":\"127.0.0.1:5555\",\
              \"tx_bytes\":10,\"rx_bytes\":20,\"worker\":0},{\"handle\":65538,\"kind\":\"tcp-listener\",\
              \"state\":\"listening\",\"local\":\"[::1]:8080\",\"peer\":\"\",\"tx_bytes\":0,\

@@ -9,6 +9,11 @@
 //!
 //! Bounded: at most one watch per (guest connection, socket index) — a new WATCH for
 //! the same index replaces the old one — and only for a socket index the guest has.
+//! Each watch end counts against the guest's descriptor quota (`EntryPool::hold_apart`);
+//! a WATCH beyond it is refused (its end closed at once): that socket then closes by
+//! the guest's CLOSE request, as before the first fork, and only the kernel's count for
+//! a process killed without its hooks (the socket then lives until the guest leaves)
+//! and the check for writes outside the hooks are lost for it.
 
 use crate::guest::state::Guest;
 use crate::sys::{Epoll, EP_IN};
@@ -35,13 +40,20 @@ impl Watches {
         &mut self,
         ep: &Epoll,
         conn: u32,
-        g: &Guest,
+        g: &mut Guest,
         handle: u32,
         fd: OwnedFd,
     ) -> bool {
         let index = canal_abi::handle_index(handle);
         let gen = canal_abi::handle_generation(handle) as u16;
         if !g.has_live_socket(index, gen) {
+            return false;
+        }
+        let replaces = self.fds.contains_key(&(conn, index));
+        if !replaces && !g.entries.hold_apart() {
+            // Counted and logged (rate-limited); the end is closed here, and without
+            // WATCHED the guest's last close sends CLOSE.
+            g.cfg.policy.hit(crate::quota::Hit::Watch);
             return false;
         }
         // HUP/ERR (always reported): the last close. IN: the guest end is shut for
@@ -51,6 +63,9 @@ impl Watches {
             .add(fd.as_raw_fd(), EP_IN, token(conn, gen, index as u16))
             .is_err()
         {
+            if !replaces {
+                g.entries.release_apart();
+            }
             return false;
         }
         if let Some((_, old)) = self.fds.insert((conn, index), (gen, fd)) {

@@ -15,6 +15,11 @@ quota: the same program natively and under canal (tests/e2e/test_scale.py).
                     event log served the set); exits 1 if 30 s pass without an event
   epclient PORT N   N connections, then rounds of a byte on 64 of them at a time, each
                     echo checked: "ECHOED n"; then close them all
+  forkserver PORT N accept N clients and echo one byte on each: "SERVED N"; then run
+                    a program (fork and exec) while holding them all: "RAN"; then, after
+                    a line on stdin, close them all
+  eofclient PORT N  as client, but then wait for the server's close on every
+                    connection: "EOF n" (n connections saw end-of-file within 20 s)
 """
 
 import errno
@@ -64,6 +69,39 @@ def client(port, n):
     print(f"ECHOED {ok}", flush=True)
     for s in conns:
         s.close()
+
+
+def forkserver(port, n):
+    import subprocess
+    l = listener(port, 4096)
+    print("LISTEN", flush=True)
+    conns = [l.accept()[0] for _ in range(n)]
+    for c in conns:
+        assert c.recv(1) == b"x"
+        c.sendall(b"x")
+    print(f"SERVED {len(conns)}", flush=True)
+    subprocess.run(["true"], check=True)
+    print("RAN", flush=True)
+    sys.stdin.readline()
+    for c in conns:
+        c.close()
+
+
+def eofclient(port, n):
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    for s in conns:
+        s.sendall(b"x")
+    ok = sum(1 for s in conns if s.recv(1) == b"x")
+    print(f"ECHOED {ok}", flush=True)
+    eof = 0
+    deadline = time.monotonic() + 20
+    for s in conns:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            eof += s.recv(1) == b""
+        except socket.timeout:
+            pass
+    print(f"EOF {eof}", flush=True)
 
 
 def backlog(port, b):
@@ -192,7 +230,8 @@ def main():
     else:
         raise_nofile()
     {"server": server, "client": client, "backlog": backlog, "probe": probe,
-     "epserver": epserver, "epclient": epclient}.get(
+     "epserver": epserver, "epclient": epclient, "forkserver": forkserver,
+     "eofclient": eofclient}.get(
         mode, lambda p, a: quota(p))(port, arg)
 
 

@@ -5,6 +5,11 @@
 //! and every scan (canald's and the guest's) can stop at the mark. Finding a free
 //! entry is O(log n), not a walk of the table: a server with 10,000 connections opens
 //! and closes the 10,001st at the same cost as the first.
+//!
+//! The quota counts canald's descriptors, not only entries (`crate::fdbudget`): an
+//! entry costs canald at most one (its host socket), and a WATCH end it holds for the
+//! guest (`crate::watch`) is one more, held "apart" from the entries. Entries in use
+//! plus descriptors held apart never exceed the quota.
 #![forbid(unsafe_code)]
 
 use std::cmp::Reverse;
@@ -16,7 +21,11 @@ pub(crate) struct EntryPool {
     freed: BinaryHeap<Reverse<u32>>,
     /// 1 + the highest index ever handed out.
     high: u32,
-    /// Table size: the guest's socket quota.
+    /// Entries handed out and not given back.
+    used: u32,
+    /// canald's descriptors held for the guest besides its entries' (WATCH ends).
+    apart: u32,
+    /// Table size: the guest's quota of canald's descriptors.
     cap: u32,
 }
 
@@ -25,40 +34,63 @@ impl EntryPool {
         EntryPool {
             freed: BinaryHeap::new(),
             high: 0,
+            used: 0,
+            apart: 0,
             cap,
         }
     }
 
     /// The lowest free entry (`is_free` confirms a freed one is still free), or None
-    /// when all `cap` entries are in use.
+    /// when the quota is used up (entries in use and descriptors held apart).
     pub(crate) fn take(&mut self, is_free: impl Fn(u32) -> bool) -> Option<u32> {
-        while let Some(Reverse(i)) = self.freed.pop() {
-            if is_free(i) {
-                return Some(i);
-            }
+        if self.available() == 0 {
+            return None;
         }
-        (self.high < self.cap).then(|| {
-            self.high += 1;
-            self.high - 1
-        })
+        let index = loop {
+            match self.freed.pop() {
+                Some(Reverse(i)) if is_free(i) => break i,
+                Some(_) => continue,
+                None if self.high < self.cap => {
+                    self.high += 1;
+                    break self.high - 1;
+                }
+                None => return None,
+            }
+        };
+        self.used += 1;
+        Some(index)
     }
 
     /// Returns an entry taken before (it may be given back once per take).
     pub(crate) fn give(&mut self, index: u32) {
         if index < self.high {
             self.freed.push(Reverse(index));
+            self.used = self.used.saturating_sub(1);
         }
+    }
+
+    /// Holds one more descriptor apart from the entries, if the quota has room.
+    pub(crate) fn hold_apart(&mut self) -> bool {
+        let room = self.available() > 0;
+        self.apart += room as u32;
+        room
+    }
+
+    /// A descriptor held apart was closed.
+    pub(crate) fn release_apart(&mut self) {
+        self.apart = self.apart.saturating_sub(1);
     }
 
     /// Whether `take` would fail (up to stale freed indices, which make it succeed
     /// less often than this promises, never more).
     pub(crate) fn exhausted(&self) -> bool {
-        self.freed.is_empty() && self.high >= self.cap
+        self.available() == 0 || (self.freed.is_empty() && self.high >= self.cap)
     }
 
-    /// Entries not in use (counting stale freed indices once each).
+    /// How many more entries the quota allows.
     pub(crate) fn available(&self) -> u32 {
-        self.cap - self.high + self.freed.len() as u32
+        self.cap
+            .saturating_sub(self.used.saturating_add(self.apart))
     }
 
     /// 1 + the highest index ever handed out: scans stop here.
@@ -120,5 +152,23 @@ mod tests {
             p.give(i);
         }
         assert_eq!(p.high_water(), 1001);
+    }
+
+    #[test]
+    fn descriptors_held_apart_count_against_the_quota() {
+        let mut p = EntryPool::new(4);
+        let a = p.take(|_| true).unwrap();
+        assert!(p.hold_apart() && p.hold_apart());
+        assert_eq!(p.available(), 1);
+        let _b = p.take(|i| i != a).unwrap();
+        // Two entries and two WATCH ends: the quota is used up, for both kinds.
+        assert!(p.exhausted());
+        assert_eq!(p.take(|_| true), None);
+        assert!(!p.hold_apart());
+        p.release_apart();
+        assert!(!p.exhausted());
+        p.give(a);
+        assert_eq!(p.available(), 2);
+        assert_eq!(p.take(|_| true), Some(a));
     }
 }

@@ -382,6 +382,17 @@ impl Guest {
         }
     }
 
+    /// A WATCH end was closed: its descriptor leaves the guest's quota, and a listener
+    /// that stopped accepting for lack of room can go on.
+    pub(crate) fn watch_closed(&mut self, ep: &Epoll) {
+        let was_full = self.table_full();
+        self.entries.release_apart();
+        if was_full && self.gone.is_none() {
+            self.rearm_listeners();
+            self.retry_accepts(ep);
+        }
+    }
+
     /// The guest wrote bytes to socket (index, gen)'s dummy descriptor, through a
     /// path no hook sees (io_uring, a raw system call, a program exec'd without the
     /// library): they cannot reach the peer. A host stream is reset (its descriptor

@@ -118,7 +118,7 @@ const WORKER_METRICS: [(&str, &str, &str, fn(&crate::stat::WorkerStat) -> String
 
 /// Per-guest families: name, type, help, value.
 #[allow(clippy::type_complexity)]
-const GUEST_METRICS: [(&str, &str, &str, fn(&GuestStat) -> u64); 10] = [
+const GUEST_METRICS: [(&str, &str, &str, fn(&GuestStat) -> u64); 11] = [
     (
         "canal_guest_sockets",
         "gauge",
@@ -178,6 +178,12 @@ const GUEST_METRICS: [(&str, &str, &str, fn(&GuestStat) -> u64); 10] = [
         "counter",
         "Rounds the guest's requests waited for the request rate.",
         |g| g.quota.request_waits,
+    ),
+    (
+        "canal_guest_quota_watches_refused_total",
+        "counter",
+        "WATCHes refused at the guest's descriptor quota (those sockets close by request).",
+        |g| g.quota.watches_refused,
     ),
 ];
 

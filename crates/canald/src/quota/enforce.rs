@@ -22,6 +22,8 @@ pub enum Hit {
     ConnectRate = 1,
     /// Requests waited for the request rate.
     RequestRate = 2,
+    /// A WATCH refused: the guest's descriptors in canald are at its quota.
+    Watch = 3,
 }
 
 impl Hit {
@@ -30,6 +32,10 @@ impl Hit {
             Hit::Denied => "a destination refused by its policy (EPERM)",
             Hit::ConnectRate => "over its connection rate: connects wait",
             Hit::RequestRate => "over its request rate: requests wait",
+            Hit::Watch => {
+                "at its descriptor quota: a WATCH refused (that socket closes by request; \
+                 a process killed without its hooks leaves it open until the guest leaves)"
+            }
         }
     }
 }
@@ -40,9 +46,9 @@ pub struct GuestPolicy {
     /// Who, for log lines ("guest 3 (pid 77 nginx)").
     pub label: String,
     pub dest: Option<DestPolicy>,
-    hits: [AtomicU64; 3],
+    hits: [AtomicU64; 4],
     /// When each kind was last logged (ms since `born`; 0: never).
-    logged: [AtomicU64; 3],
+    logged: [AtomicU64; 4],
     born: Option<Instant>,
 }
 
@@ -83,9 +89,9 @@ impl GuestPolicy {
         }
     }
 
-    /// (denied, connect waits, request waits).
-    pub fn hits(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.hits[i].load(Ordering::Relaxed))
+    /// (denied, connect waits, request waits, watches refused).
+    pub fn hits(&self) -> [u64; 4] {
+        [0, 1, 2, 3].map(|i| self.hits[i].load(Ordering::Relaxed))
     }
 }
 
