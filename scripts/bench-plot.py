@@ -339,15 +339,19 @@ def main():
 
 
 def connections(rows, out, footer):
-    """B12 and B13: connection rate, RR among idle connections, memory per connection."""
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.8))
+    """B12 and B13: connection rate, RR among idle connections, memory per connection
+    (B12's panel only when B12 ran)."""
     ent = []
     for n in (1, 16):
         for s, label, color, _ in SYSTEMS:
             r = one(rows, "conn-rate", "conns_s", s, size=n)
             if r is not None:
                 ent.append((f"{label}\n{n} client(s)", r, color))
-    bars(a, ent, "connections per second", "B12 connect + 1-byte echo + close (higher is better)")
+    if ent:
+        fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.8))
+        bars(a, ent, "connections per second", "B12 connect + 1-byte echo + close (higher is better)")
+    else:
+        fig, (b, c) = plt.subplots(1, 2, figsize=(11, 4.8))
     for s, label, color, mark in SYSTEMS:
         ok = sorted([r for r in rows if r["workload"] == "hold" and r["system"] == s
                      and r["metric"] == "rtt_p50_us" and r["median"] is not None], key=lambda r: r["size"])
