@@ -413,6 +413,7 @@ fn headline_metrics(outcome: &runner::Outcome) -> String {
                 "get_rps",
                 "req_s",
                 "ops_rps",
+                "select_tps",
                 "daemon_cpu_pct",
                 "guests_cpu_pct",
             ]

@@ -228,6 +228,14 @@ impl Proc {
         }
     }
 
+    /// SIGINT to the process group, then waits up to `timeout` for the leader to exit.
+    pub(crate) fn interrupt_and_wait(&mut self, timeout: Duration) {
+        if self.try_wait().is_none() {
+            signal_group(self.pgid, libc::SIGINT);
+            let _ = self.wait(timeout);
+        }
+    }
+
     /// Ends this process group: SIGTERM, then SIGKILL if still there after a moment.
     pub(crate) fn kill(&mut self) {
         if self.try_wait().is_some() {

@@ -92,6 +92,9 @@ pub(crate) struct Runner {
     /// may offer a port again that a server started a moment ago has not bound yet;
     /// 8 pairs' servers then collided with EADDRINUSE).
     pub(crate) ports: std::collections::HashSet<u16>,
+    /// PostgreSQL's binaries and database for B10's pgbench cells, made at the first
+    /// (or why they cannot run).
+    pub(crate) pg: Option<Result<crate::tools::postgres::PgSetup, Status>>,
 }
 
 pub(crate) fn metric_unit(m: &str) -> &'static str {
@@ -101,6 +104,7 @@ pub(crate) fn metric_unit(m: &str) -> &'static str {
         "bytes_s" => "B/s",
         "msgs_s" => "msg/s",
         x if x.ends_with("_rps") || x == "req_s" => "req/s",
+        x if x.ends_with("_tps") => "tx/s",
         "cpu_ns_per_byte" => "ns/B",
         "est_cycles_per_byte" => "cycles/B",
         "cpu_cores" => "cores",
@@ -121,6 +125,7 @@ impl Runner {
             daemon: None,
             seq: 0,
             ports: std::collections::HashSet::new(),
+            pg: None,
         }
     }
 
@@ -351,6 +356,7 @@ impl Runner {
             Workload::Redis => self.run_redis(cell),
             Workload::Nginx => self.run_nginx(cell),
             Workload::Memcached => self.run_memcached(cell),
+            Workload::Postgres => self.run_postgres(cell),
         }
     }
 

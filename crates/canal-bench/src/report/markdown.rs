@@ -150,6 +150,20 @@ pub(crate) fn verdicts(aggs: &[CellAgg]) -> Vec<String> {
             })(),
         );
     }
+    for (m, label) in [("select_tps", "select-only"), ("tpcb_tps", "TPC-B-like")] {
+        judge(
+            &format!("B10 PostgreSQL {label}: both ends ≥ 1.2× native, server only ≥ 0.95×"),
+            (|| {
+                let t = med(Tcp, Postgres, 0, m)?;
+                let g = med(CanalGG, Postgres, 0, m)?;
+                let s = med(CanalNG, Postgres, 0, m)?;
+                Ok((
+                    g >= 1.2 * t && s >= 0.95 * t,
+                    format!("both {}×, server only {}×", fmt_num(g / t), fmt_num(s / t)),
+                ))
+            })(),
+        );
+    }
     out
 }
 

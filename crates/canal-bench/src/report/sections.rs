@@ -406,6 +406,8 @@ fn b10(t: &mut Table, sys: &[Col]) -> String {
         mk(Nginx, "req_s", "nginx+wrk req/s"),
         mk(Nginx, "p99_us", "nginx+wrk p99 µs"),
         mk(Memcached, "ops_rps", "memcached+memaslap ops/s"),
+        mk(Postgres, "select_tps", "PostgreSQL pgbench select-only tps"),
+        mk(Postgres, "tpcb_tps", "PostgreSQL pgbench TPC-B-like tps"),
     ];
     s += &t.render("Applications", "", &rows, sys);
     s += &ratio_table(
@@ -415,6 +417,7 @@ fn b10(t: &mut Table, sys: &[Col]) -> String {
         &[
             (sys_col(CanalGG), sys_col(Tcp)),
             (sys_col(CanalGN), sys_col(Tcp)),
+            (sys_col(CanalNG), sys_col(Tcp)),
             (sys_col(Uds), sys_col(Tcp)),
         ],
     );

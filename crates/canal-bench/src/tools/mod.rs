@@ -1,10 +1,11 @@
 //! The external tools a cell may run, one file each: sockperf, iperf3, redis-benchmark,
-//! nginx with wrk, memcached with memaslap, and strace (system calls per message). Each adds its `run_*` to
+//! nginx with wrk, memcached with memaslap, PostgreSQL with pgbench, and strace (system calls per message). Each adds its `run_*` to
 //! `Runner` and parses the tool's output.
 
 pub(crate) mod iperf3;
 pub(crate) mod memcached;
 pub(crate) mod nginx;
+pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod sockperf;
 pub(crate) mod strace;
