@@ -291,7 +291,12 @@ def main():
         annotate(a, notes[:6])
         save(fig, out, "coalescing.png", footer)
     if has("redis-benchmark") or has("nginx-wrk") or has("memcached"):
-        fig, a = plt.subplots(figsize=(10, 4.8))
+        pg = has("pgbench")
+        if pg:
+            fig, (a, p) = plt.subplots(1, 2, figsize=(15, 4.8), gridspec_kw={"width_ratios": [2, 1]})
+            pgbench_ratios(p, rows)
+        else:
+            fig, a = plt.subplots(figsize=(10, 4.8))
         groups = [("redis-benchmark", "set_rps", "redis SET"), ("redis-benchmark", "get_rps", "redis GET"),
                   ("nginx-wrk", "req_s", "nginx + wrk"), ("memcached", "ops_rps", "memcached + memaslap")]
         width = 0.2
@@ -336,6 +341,32 @@ def main():
         connections(rows, out, footer)
     if has("udp-rr") or has("udp-stream"):
         udp(rows, out, footer)
+
+
+def pgbench_ratios(a, rows):
+    """B10's PostgreSQL cells: tps of each placement ÷ the kernel's, with the targets."""
+    scripts = [("select_tps", "select-only"), ("tpcb_tps", "TPC-B-like")]
+    placements = [s for s in SYSTEMS if s[0] in ("canal-gg", "canal-gn", "canal-ng")]
+    width = 0.25
+    for j, (s, label, color, _) in enumerate(placements):
+        xs, ys = [], []
+        for i, (m, _) in enumerate(scripts):
+            k, r = one(rows, "pgbench", m, "tcp"), one(rows, "pgbench", m, s)
+            if k is None or r is None or k["median"] in (None, 0) or r["median"] is None:
+                continue
+            xs.append(i + (j - 1) * width)
+            ys.append(r["median"] / k["median"])
+        if xs:
+            a.bar(xs, ys, width, label=label, color=color)
+    a.axhline(1.2, color="tab:green", linestyle="--", linewidth=1)
+    a.axhline(0.95, color="tab:purple", linestyle="--", linewidth=1)
+    a.axhline(1.0, color="black", linewidth=0.8)
+    a.set_xticks(range(len(scripts)))
+    a.set_xticklabels([x[1] for x in scripts])
+    a.set_ylabel("tps ÷ kernel TCP (same run)")
+    a.set_title("B10 PostgreSQL + pgbench (targets: both ends 1.2, server only 0.95)", fontsize=10)
+    a.grid(True, axis="y", alpha=0.3)
+    a.legend(fontsize=8)
 
 
 def connections(rows, out, footer):
