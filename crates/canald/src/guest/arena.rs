@@ -6,11 +6,14 @@
 //! An arena is `ARENA_SLOTS` segments of one ring size in one sealed memfd that both
 //! guests map once (control ARENA); a new connection between them takes a free slot,
 //! canald writes its header, and the socket entry says where it is. A slot both ends
-//! closed is free again: up to `WARM_SLOTS` of an arena's free slots keep their pages
-//! (the pair's next connection takes one with its header page zeroed, and neither
-//! guest nor canald faults the pages in again: on short connections that was a tenth
-//! of a client's time), the others have their pages punched out (the memory goes back,
-//! the next user reads zeros). An arena holds only connections between its two guests,
+//! closed is free again: some of an arena's free slots keep their pages ("warm": the
+//! pair's next connection takes one with its header page zeroed, and neither guest nor
+//! canald faults the pages in again: on short connections that was a tenth of a
+//! client's time), the others have their pages punched out (the memory goes back, the
+//! next user reads zeros). Two warm slots whatever their connections moved, and up to
+//! `WARM_SMALL` more whose rings never held more than `SMALL_EXTENT` bytes since their
+//! last punch (a few pages each): with 16 concurrent short connections, punching all
+//! but two cost a tenth of the machine in TLB shoot-downs and page faults. An arena holds only connections between its two guests,
 //! so reuse never shows one guest's bytes to a third; an empty arena goes once one of
 //! its guests has left.
 
@@ -43,10 +46,21 @@ struct Arena {
     used: u32,
     /// Bit `s` set: slot `s` is free and its pages were kept (not punched).
     warm: u32,
+    /// Per slot, the most bytes either ring may have touched since the slot's pages
+    /// were last punched (from its `head` words, which the guests write: a guest that
+    /// lies only makes canald keep or punch pages of its own pair's arena).
+    extent: [u64; segment::ARENA_SLOTS as usize],
 }
 
-/// Free slots per arena whose pages are kept for the pair's next connections.
+/// Free slots per arena whose pages are kept for the pair's next connections, however
+/// much they held.
 const WARM_SLOTS: u32 = 2;
+
+/// Further warm slots, for those that stayed small (`SMALL_EXTENT`).
+const WARM_SMALL: u32 = 14;
+
+/// A slot is small while neither ring has held more than this since its last punch.
+const SMALL_EXTENT: u64 = 16 * 1024;
 
 /// A slot taken for a new segment.
 pub(crate) struct Place {
@@ -101,6 +115,7 @@ impl Arenas {
                     conns,
                     used: 0,
                     warm: 0,
+                    extent: [0; segment::ARENA_SLOTS as usize],
                 })
             }
         };
@@ -134,21 +149,34 @@ impl Arenas {
     }
 
     /// Both ends of the segment in `slot` of arena `id` are gone: the slot is free,
-    /// warm (its pages kept) while the arena has fewer than `WARM_SLOTS` such, else
-    /// its pages go back to the system. An arena left empty goes too when one of its
-    /// guests has left (`live` says which guests are still attached).
+    /// warm (its pages kept) while the arena has fewer than `WARM_SLOTS` such, or
+    /// fewer than `WARM_SLOTS + WARM_SMALL` and this one stayed small; else its pages
+    /// go back to the system. An arena left empty goes too when one of its guests has
+    /// left (`live` says which guests are still attached).
     pub(crate) fn give_back(&mut self, id: u32, slot: u32, live: impl Fn(u32) -> bool) {
         let Some(a) = self.by_id.get_mut(&id) else {
             return;
         };
-        let bit = 1u32 << slot.min(31);
-        if a.warm.count_ones() < WARM_SLOTS {
+        let slot = slot.min(segment::ARENA_SLOTS - 1);
+        let bit = 1u32 << slot;
+        let base = segment::arena_slot_offset(slot, a.mem.ring_size);
+        let ring = a.mem.ring_size;
+        let held = (0..2)
+            .map(|dir| {
+                let off = base + segment::head_offset(dir);
+                a.mem.map.load_u64(off as usize).map_or(ring, |h| h.min(ring))
+            })
+            .max()
+            .unwrap_or(ring);
+        let extent = &mut a.extent[slot as usize];
+        *extent = (*extent).max(held);
+        let warm = a.warm.count_ones();
+        if warm < WARM_SLOTS || (warm < WARM_SLOTS + WARM_SMALL && *extent <= SMALL_EXTENT) {
             a.warm |= bit;
         } else {
-            let size = segment::segment_size(a.mem.ring_size);
-            a.mem
-                .map
-                .punch(segment::arena_slot_offset(slot, a.mem.ring_size), size);
+            let size = segment::segment_size(ring);
+            a.mem.map.punch(base, size);
+            *extent = 0;
         }
         a.used &= !bit;
         if a.used == 0 && !(live(a.conns[0]) && live(a.conns[1])) {
@@ -193,6 +221,43 @@ mod tests {
     use super::*;
 
     const RING: u64 = 4096;
+    const BIG: u64 = 64 * 1024;
+
+    #[test]
+    fn small_slots_stay_warm_up_to_a_bound() {
+        let mut ar = Arenas::default();
+        let places: Vec<Place> = (0..20).map(|_| ar.take(6, 7, BIG).unwrap()).collect();
+        let word = |p: &Place| p.mem.map.load_u64(p.base as usize + 8192);
+        for p in &places {
+            // A short connection's bytes: well inside a page of each ring.
+            p.mem.map.write_at(p.base as usize + 8192, b"echo....");
+            let head = p.base as usize + segment::head_offset(0) as usize;
+            p.mem.map.write_at(head, &100u64.to_ne_bytes());
+            ar.give_back(p.mem.id, p.slot, |_| true);
+        }
+        let warm = WARM_SLOTS + WARM_SMALL;
+        for (i, p) in places.iter().enumerate() {
+            let kept = word(p) != Some(0);
+            assert_eq!(kept, (i as u32) < warm, "slot {i}");
+        }
+        // A slot that once held much is punched when freed beyond the first two, even
+        // if its last connection was small.
+        let mut ar = Arenas::default();
+        let held: Vec<Place> = (0..3).map(|_| ar.take(8, 9, BIG).unwrap()).collect();
+        let big = &held[2];
+        let head = big.base as usize + segment::head_offset(0) as usize;
+        big.mem.map.write_at(head, &50_000u64.to_ne_bytes());
+        ar.give_back(big.mem.id, big.slot, |_| true); // warm: the first
+        let again = ar.take(8, 9, BIG).unwrap();
+        assert_eq!(again.slot, big.slot);
+        again.mem.map.write_at(again.base as usize + 8192, b"small...");
+        again.mem.map.write_at(head, &10u64.to_ne_bytes());
+        for p in &held[..2] {
+            ar.give_back(p.mem.id, p.slot, |_| true);
+        }
+        ar.give_back(again.mem.id, again.slot, |_| true);
+        assert_eq!(again.mem.map.load_u64(again.base as usize + 8192), Some(0));
+    }
 
     #[test]
     fn slots_are_reused_within_a_pair_only() {
@@ -221,18 +286,21 @@ mod tests {
     fn a_full_arena_opens_another_and_reuse_reads_zeros() {
         let mut ar = Arenas::default();
         let places: Vec<Place> = (0..segment::ARENA_SLOTS + 1)
-            .map(|_| ar.take(4, 5, RING).unwrap())
+            .map(|_| ar.take(4, 5, BIG).unwrap())
             .collect();
         let first = places[0].mem.id;
         assert!(places[..segment::ARENA_SLOTS as usize]
             .iter()
             .all(|p| p.mem.id == first));
         assert_ne!(places.last().unwrap().mem.id, first);
-        // The first WARM_SLOTS freed slots keep their pages; later ones are punched.
+        // The first WARM_SLOTS freed slots keep their pages; later ones are punched
+        // unless they stayed small (these moved 40,000 bytes one way).
         let word = |p: &Place, off: usize| p.mem.map.load_u64(p.base as usize + off);
         for p in &places[1..4] {
             p.mem.map.write_at(p.base as usize + 8192, b"secret!!");
             p.mem.map.write_at(p.base as usize + 64, b"stale!!!");
+            let head = p.base as usize + segment::head_offset(1) as usize;
+            p.mem.map.write_at(head, &40_000u64.to_ne_bytes());
             ar.give_back(p.mem.id, p.slot, |_| true);
         }
         assert_ne!(word(&places[1], 8192), Some(0), "warm");
@@ -244,7 +312,7 @@ mod tests {
         );
         assert_eq!(ar.counts(), (2, segment::ARENA_SLOTS - 2));
         // The next connection takes a warm slot, its header page zeroed.
-        let r = ar.take(4, 5, RING).unwrap();
+        let r = ar.take(4, 5, BIG).unwrap();
         assert_eq!(r.slot, places[1].slot);
         assert_eq!(
             word(&r, 64),
