@@ -164,7 +164,10 @@ impl Arenas {
         let held = (0..2)
             .map(|dir| {
                 let off = base + segment::head_offset(dir);
-                a.mem.map.load_u64(off as usize).map_or(ring, |h| h.min(ring))
+                a.mem
+                    .map
+                    .load_u64(off as usize)
+                    .map_or(ring, |h| h.min(ring))
             })
             .max()
             .unwrap_or(ring);
@@ -250,7 +253,10 @@ mod tests {
         ar.give_back(big.mem.id, big.slot, |_| true); // warm: the first
         let again = ar.take(8, 9, BIG).unwrap();
         assert_eq!(again.slot, big.slot);
-        again.mem.map.write_at(again.base as usize + 8192, b"small...");
+        again
+            .mem
+            .map
+            .write_at(again.base as usize + 8192, b"small...");
         again.mem.map.write_at(head, &10u64.to_ne_bytes());
         for p in &held[..2] {
             ar.give_back(p.mem.id, p.slot, |_| true);
