@@ -366,3 +366,87 @@ fn hostile_guests_cannot_hurt_canald_or_honest_guest() {
     // The honest guest still gets requests served.
     assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0);
 }
+
+/// WATCH carries a descriptor of the guest's choosing. Whatever it is — a pipe with
+/// bytes in it, an eventfd with a count, a regular file — canald must stay responsive
+/// and leave the socket alone; a socket pair's end with bytes in it reads as bytes
+/// written outside the hooks, and its hang-up as the last close: both act on that one
+/// socket only (the guest's own, its own choice), never on another.
+#[test]
+fn hostile_watch_descriptors_touch_only_their_own_socket() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "watcher");
+    let (h, mut peer) = connected_pair(&mut g);
+    let (other, mut other_peer) = connected_pair(&mut g);
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fresh descriptors, owned by the test from here on (as is eventfd's).
+    let (pr, pw, efd) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+            std::fs::File::from_raw_fd(libc::eventfd(5, libc::EFD_CLOEXEC)),
+        )
+    };
+    (&pw).write_all(b"not a hang-up").unwrap();
+    let file = std::fs::File::open("/dev/null").unwrap();
+    fn watch(g: &mut TestGuest, fd: i32, h: u32) {
+        send_ctl(&g.ctl, kind::WATCH, &h.to_le_bytes(), &[fd]);
+        // No reply to WATCH; a request after it is served after it.
+        assert_eq!(g.request(op::NOP, 0, [0; 4], &[]).0, 0, "canald answers");
+    }
+    for fd in [pr.as_raw_fd(), efd.as_raw_fd(), file.as_raw_fd()] {
+        watch(&mut g, fd, h);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // The stream still works both ways.
+    g.send_all(h, b"still here");
+    let mut got = [0u8; 10];
+    peer.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still here");
+    peer.write_all(b"and back").unwrap();
+    assert_eq!(g.recv_exact(h, 8), b"and back");
+    assert_eq!(g.flags(h) & (sock_flag::ERROR | sock_flag::BROKEN), 0);
+    // A socket pair's end with bytes waiting: an unseen send, so that socket's
+    // connection is reset (the peer never takes a stream with a hole as whole).
+    let (sa, sb) = std::os::unix::net::UnixStream::pair().unwrap();
+    (&sb).write_all(b"bytes the hooks never saw").unwrap();
+    watch(&mut g, sa.as_raw_fd(), h);
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    let r = peer.read_to_end(&mut rest);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
+    g.wait_flags(h, sock_flag::BROKEN | sock_flag::ERROR);
+    // The guest's other connection is untouched.
+    g.send_all(other, b"other");
+    let mut got = [0u8; 5];
+    other_peer.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"other");
+    // A pipe's write end closed: the hang-up of the watched descriptor, which closes
+    // the socket as the guest's last close would; the native peer reads EOF.
+    let mut fds = [0i32; 2];
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: as above.
+    let (r2, w2) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    watch(&mut g, r2.as_raw_fd(), other);
+    drop(r2);
+    drop(w2);
+    other_peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    other_peer.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(d.stat().contains("watcher"), "canald still serves the guest");
+    drop((pw, efd, file, sb));
+}
