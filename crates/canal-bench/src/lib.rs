@@ -20,6 +20,7 @@ pub(crate) mod report;
 pub(crate) mod rrloop;
 pub(crate) mod runner;
 pub(crate) mod stats;
+pub(crate) mod status;
 mod tools;
 pub(crate) mod udpgen;
 

@@ -7,33 +7,7 @@ use crate::procs::{free_port, pid_cpu_seconds, status_text, wait_connectable, Pr
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Status {
-    Ok,
-    /// It ran and failed (includes canal not working yet).
-    Failed(String),
-    /// The mechanism or switch does not exist in this build.
-    NotAvailable(String),
-    /// Not attempted, e.g. after repeated failures of the same system.
-    Skipped(String),
-}
-
-impl Status {
-    pub(crate) fn word(&self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Failed(_) => "failed",
-            Status::NotAvailable(_) => "not available",
-            Status::Skipped(_) => "skipped",
-        }
-    }
-    pub(crate) fn reason(&self) -> &str {
-        match self {
-            Status::Ok => "",
-            Status::Failed(r) | Status::NotAvailable(r) | Status::Skipped(r) => r,
-        }
-    }
-}
+pub(crate) use crate::status::Status;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Outcome {
@@ -94,7 +68,7 @@ pub(crate) struct Runner {
     pub(crate) ports: std::collections::HashSet<u16>,
     /// PostgreSQL's binaries and database for B10's pgbench cells, made at the first
     /// (or why they cannot run).
-    pub(crate) pg: Option<Result<crate::tools::postgres::PgSetup, Status>>,
+    pub(crate) pg: Option<Result<crate::tools::pg_setup::PgSetup, Status>>,
 }
 
 pub(crate) fn metric_unit(m: &str) -> &'static str {

@@ -7,7 +7,6 @@ use canal_abi::control::hello_flag;
 use canal_abi::sync::Ordering;
 use canal_abi::{feature, op, sock_flag, sock_kind, SPARES};
 use common::*;
-use std::io::{Read, Write};
 use std::net::TcpListener;
 
 /// Takes one spare the way libcanal does; None if the ring is empty.
@@ -54,12 +53,7 @@ fn spares_are_published_taken_and_refilled() {
     );
     let (mut peer, _) = l.accept().unwrap();
     g.wait_flags(h, sock_flag::CONNECTED);
-    g.send_all(h, b"spare");
-    let mut b = [0u8; 5];
-    peer.read_exact(&mut b).unwrap();
-    assert_eq!(&b, b"spare");
-    peer.write_all(b"back").unwrap();
-    assert_eq!(g.recv_exact(h, 4), b"back");
+    echoes_both_ways(&g, h, &mut peer);
     assert!(
         d.stat().contains("\"kind\":\"tcp\""),
         "the taken spare is listed"

@@ -5,6 +5,7 @@
 pub(crate) mod iperf3;
 pub(crate) mod memcached;
 pub(crate) mod nginx;
+pub(crate) mod pg_setup;
 pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod sockperf;

@@ -542,6 +542,17 @@ pub fn fnv(h: &mut u64, data: &[u8]) {
 
 pub const FNV0: u64 = 0xcbf29ce484222325;
 
+/// A few bytes each way between guest socket `h` and its native peer arrive intact.
+pub fn echoes_both_ways(g: &TestGuest, h: u32, peer: &mut TcpStream) {
+    use std::io::{Read, Write};
+    g.send_all(h, b"there");
+    let mut b = [0u8; 5];
+    peer.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"there");
+    peer.write_all(b"back").unwrap();
+    assert_eq!(g.recv_exact(h, 4), b"back");
+}
+
 pub fn connected_pair(g: &mut TestGuest) -> (u32, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
