@@ -28,7 +28,7 @@ fn bin_dir() -> Option<PathBuf> {
         .filter_map(|e| {
             let v = e.file_name().to_str()?.parse::<u32>().ok()?;
             let bin = e.path().join("bin");
-            ["postgres", "initdb", "pgbench"]
+            ["postgres", "initdb", "pgbench", "pg_isready"]
                 .iter()
                 .all(|b| bin.join(b).is_file())
                 .then_some((v, bin))
@@ -202,9 +202,20 @@ impl PgSetup {
         self.argv("pgbench", &a)
     }
 
+    /// The server takes queries: its port accepts, then `pg_isready` says so (a
+    /// postmaster accepts connections while it is still starting up and refuses them
+    /// with "the database system is starting up").
     pub(crate) fn ready(&self, server: &mut Proc, port: u16) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         if wait_connectable(Some(port), None, Duration::from_secs(30)) {
-            return Ok(());
+            let p = port.to_string();
+            let probe = self.argv("pg_isready", &["-h", "127.0.0.1", "-p", &p, "-t", "1"]);
+            while std::time::Instant::now() < deadline && server.try_wait().is_none() {
+                if run_to_end("pg_isready", &probe, 5).is_ok() {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         Err(match server.try_wait() {
             Some(st) => format!("postgres exited ({}): {}", status_text(st), server.tail()),
