@@ -370,3 +370,99 @@ def test_connect_succeeds_when_the_peer_closed_before_it_returned(canald, python
     c = canald.spawn([python, "-c", CONNECT_READ, port, 400], name="connect-read")
     assert c.wait_line("DONE", 60) == "DONE", c.describe()
     assert c.finish(20).returncode == 0, c.describe()
+
+
+DUAL_SERVER = r"""
+import socket, sys
+bind, v6only = sys.argv[1], int(sys.argv[2])
+l = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+l.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+l.bind((bind, 0))
+l.listen(8)
+print("READY", l.getsockname()[1], flush=True)
+c, peer = l.accept()
+print("NAMES", c.getsockname()[:2], c.getpeername()[:2], peer[:2], flush=True)
+c.sendall(c.recv(4).upper())
+sys.stdin.readline()
+"""
+
+V4_CLIENT = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+except OSError as e:
+    print("ERRNO", e.errno, flush=True)
+    sys.exit(0)
+print("NAMES", s.getsockname(), s.getpeername(), flush=True)
+s.sendall(b"ping")
+print("GOT", s.recv(4).decode(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _dual_stack_run(runner, python, bind, v6only, check=None):
+    """The dual-stack server and the IPv4 client: the names each end reports (and
+    `check` while both still hold the connection), or the client's connect errno."""
+    server = runner.spawn([python, "-c", DUAL_SERVER, bind, v6only], name="dual-server",
+                          stdin=subprocess.PIPE)
+    port = int(server.wait_line("READY", 30).split()[1])
+    client = runner.spawn([python, "-c", V4_CLIENT, port], name="v4-client", stdin=subprocess.PIPE)
+    first = client.wait_line("", 30)
+    if first.startswith("ERRNO"):
+        server.stop()
+        assert client.finish(20).returncode == 0, client.describe()
+        return port, None, None, int(first.split()[1])
+    got = client.wait_line("GOT", 30)
+    assert got == "GOT PING", client.describe()
+    snames = server.wait_line("NAMES", 30)
+    if check:
+        check(client, server, port)
+    for p in (client, server):
+        p.send_line()
+        assert p.finish(20).returncode == 0, p.describe()
+    return port, first, snames, None
+
+
+class _NativeRunner:
+    def __init__(self, procs):
+        self.procs = procs
+
+    def spawn(self, argv, name=None, **kw):
+        return self.procs.spawn(argv, name=name, **kw)
+
+
+@pytest.mark.parametrize("bind", ["::", "::ffff:127.0.0.1"])
+def test_ipv4_client_of_a_dual_stack_listener(canald, procs, python, bind):
+    """An AF_INET connect to a dual-stack AF_INET6 listener (node's and nginx's `[::]`)
+    is short-circuited, and both ends name the connection as the kernel's do: the
+    client in IPv4, the accepted AF_INET6 socket in IPv4-mapped form."""
+    def proof(client, server, port):
+        c = canald.wait_served(client, kind="tcp-shortcut", peer_port=port)
+        s = canald.wait_served(server, kind="tcp-shortcut")
+        assert c and s, (c, s)
+        est = _established(port)
+        assert not est, f"kernel TCP connections to port {port} exist:\n" + "\n".join(est)
+
+    nport, nclient, nserver, nerr = _dual_stack_run(_NativeRunner(procs), python, bind, 0)
+    port, cnames, snames, err = _dual_stack_run(canald, python, bind, 0, check=proof)
+    assert nerr is None and err is None, (nerr, err)
+
+    def shape(line, port):
+        # The listener's port differs between the runs; the client's ports are ephemeral.
+        return line.replace(str(port), "PORT")
+
+    import re
+    eph = re.compile(r"(\('(?:::ffff:)?127\.0\.0\.1', )(?!PORT)\d+")
+    for native, canal, p, q in ((nclient, cnames, nport, port), (nserver, snames, nport, port)):
+        assert eph.sub(r"\1EPH", shape(canal, q)) == eph.sub(r"\1EPH", shape(native, p)), (native, canal)
+    # The accepted socket's peer is the client's own name.
+    cport = re.search(r"^NAMES \('127\.0\.0\.1', (\d+)\)", cnames).group(1)
+    assert f"('::ffff:127.0.0.1', {cport})" in snames, (cnames, snames)
+
+
+def test_ipv4_client_of_an_ipv6_only_listener_is_refused(canald, procs, python):
+    """IPV6_V6ONLY on: an IPv4 connect to its port is refused, natively and under canal."""
+    *_, nerr = _dual_stack_run(_NativeRunner(procs), python, "::", 1)
+    *_, err = _dual_stack_run(canald, python, "::", 1)
+    assert nerr == err == 111, (nerr, err)

@@ -30,6 +30,9 @@ pub(crate) struct ListenerReg {
     pub(crate) handle: u32,
     pub(crate) addr: CanalAddr,
     pub(crate) backlog: u32,
+    /// An AF_INET6 listener that takes IPv4 connections too (IPV6_V6ONLY off), in the
+    /// host's own address view.
+    pub(crate) dual_stack: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -256,34 +259,33 @@ impl Shared {
     }
 
     /// The listener a connect from `src` to `dst` reaches, if it is a canal listener.
-    /// A listener bound to `dst`'s address beats a wildcard one (the kernel's score);
-    /// among equals — an SO_REUSEPORT group — the connection's addresses pick one, as
-    /// the kernel's reuseport hash spreads connections over the group.
+    /// The kernel's order: a listener bound to `dst`'s address beats a wildcard one,
+    /// and for an IPv4 destination an AF_INET listener beats a dual-stack AF_INET6 one
+    /// (bound to the IPv4-mapped address, or to `::`); among equals — an SO_REUSEPORT
+    /// group — the connection's addresses pick one, as the kernel's reuseport hash
+    /// spreads connections over the group.
     pub(crate) fn find_listener(&self, dst: &CanalAddr, src: &CanalAddr) -> Option<ListenerReg> {
-        let same = |l: &&ListenerReg| l.addr.port == dst.port && l.addr.family == dst.family;
-        let exact: Vec<ListenerReg> = self
-            .listeners
-            .iter()
-            .filter(same)
-            .filter(|l| l.addr.addr == dst.addr)
-            .copied()
-            .collect();
-        let group = if !exact.is_empty() {
-            exact
-        } else if is_local(dst) {
-            self.listeners
+        let on_port = |l: &&ListenerReg| l.addr.port == dst.port;
+        let own = |l: &&ListenerReg| l.addr.family == dst.family;
+        let dual = |l: &&ListenerReg| dst.family == libc::AF_INET as u16 && l.dual_stack;
+        let mapped = v4_mapped(dst);
+        let local = is_local(dst);
+        let tiers: [&dyn Fn(&&ListenerReg) -> bool; 4] = [
+            &|l| own(l) && l.addr.addr == dst.addr,
+            &|l| dual(l) && l.addr.addr == mapped.addr,
+            &|l| local && own(l) && is_unspecified(&l.addr),
+            &|l| local && dual(l) && is_unspecified(&l.addr),
+        ];
+        tiers.iter().find_map(|tier| {
+            let group: Vec<ListenerReg> = self
+                .listeners
                 .iter()
-                .filter(same)
-                .filter(|l| is_unspecified(&l.addr))
+                .filter(on_port)
+                .filter(|l| tier(l))
                 .copied()
-                .collect()
-        } else {
-            Vec::new()
-        };
-        if group.is_empty() {
-            return None;
-        }
-        Some(group[reuseport_pick(src, dst, group.len())])
+                .collect();
+            (!group.is_empty()).then(|| group[reuseport_pick(src, dst, group.len())])
+        })
     }
 }
 
@@ -299,6 +301,16 @@ pub(crate) fn reuseport_pick(src: &CanalAddr, dst: &CanalAddr, n: usize) -> usiz
 
 pub(crate) fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
     s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An IPv4 address as a dual-stack AF_INET6 socket names it (`::ffff:a.b.c.d`); any
+/// other address as it is.
+pub(crate) fn v4_mapped(a: &CanalAddr) -> CanalAddr {
+    if a.family != libc::AF_INET as u16 {
+        return *a;
+    }
+    let ip = std::net::Ipv4Addr::from(a.ip4()).to_ipv6_mapped();
+    CanalAddr::v6(ip.octets(), a.port, 0, 0)
 }
 
 pub(crate) fn is_unspecified(a: &CanalAddr) -> bool {
@@ -573,5 +585,52 @@ pub(crate) struct State {
 impl State {
     pub(crate) fn is_shadow(&self) -> bool {
         self.me != self.home
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(handle: u32, addr: CanalAddr, dual_stack: bool) -> ListenerReg {
+        ListenerReg {
+            conn: 1,
+            handle,
+            addr,
+            backlog: 5,
+            dual_stack,
+        }
+    }
+
+    #[test]
+    fn ipv4_connects_find_listeners_in_the_kernels_order() {
+        let sh = Shared::new(true, 65536);
+        let mut sh = lock(&sh);
+        let dst = CanalAddr::v4([127, 0, 0, 1], 80);
+        let src = CanalAddr::v4([127, 0, 0, 1], 40000);
+        let any6 = CanalAddr::v6([0; 16], 80, 0, 0);
+        let find = |sh: &Shared| sh.find_listener(&dst, &src).map(|l| l.handle);
+        // An IPv6-only listener takes no IPv4 connection.
+        sh.listeners.push(reg(1, any6, false));
+        assert_eq!(find(&sh), None);
+        // A dual-stack `[::]` one does.
+        sh.listeners.push(reg(2, any6, true));
+        assert_eq!(find(&sh), Some(2));
+        // An AF_INET wildcard beats it.
+        sh.listeners.push(reg(3, CanalAddr::v4([0; 4], 80), false));
+        assert_eq!(find(&sh), Some(3));
+        // A dual-stack one bound to the IPv4-mapped address beats both wildcards.
+        sh.listeners.push(reg(4, v4_mapped(&dst), true));
+        assert_eq!(find(&sh), Some(4));
+        // An AF_INET one bound to the address beats everything.
+        sh.listeners.push(reg(5, dst, false));
+        assert_eq!(find(&sh), Some(5));
+        // Another port is nobody's; an IPv6 destination never reaches AF_INET ones.
+        let other = CanalAddr::v4([127, 0, 0, 1], 81);
+        assert!(sh.find_listener(&other, &src).is_none());
+        let lo6 = loopback(libc::AF_INET6 as u16);
+        let dst6 = CanalAddr { port: 80, ..lo6 };
+        let h6 = sh.find_listener(&dst6, &dst6).map(|l| l.handle);
+        assert!(matches!(h6, Some(1 | 2)), "{h6:?}");
     }
 }

@@ -22,6 +22,7 @@
 use crate::guest::shared::is_unspecified;
 use crate::guest::shared::lock;
 use crate::guest::shared::loopback;
+use crate::guest::shared::v4_mapped;
 use crate::guest::shared::zone_classes;
 use crate::guest::shared::Event;
 use crate::guest::shared::Job;
@@ -84,6 +85,15 @@ impl Guest {
             return;
         };
         let handle = s.handle;
+        // IPv4 clients reach it too (short-circuited only in the host's own view: a
+        // network's IPV6_V6ONLY is canald's, its host sockets are all dual-stack).
+        let dual_stack = addr.family == libc::AF_INET6 as u16
+            && self.cfg.net.is_none()
+            && s.fd.as_ref().is_some_and(|f| {
+                let mut v = [1u8; 4];
+                sys::getsockopt_bytes(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &mut v)
+                    .is_ok_and(|n| n == 4 && i32::from_ne_bytes(v) == 0)
+            });
         let conn = self.conn;
         let mut sh = lock(&sc);
         sh.listeners
@@ -95,6 +105,7 @@ impl Guest {
             // Linux queues backlog + 1 connections; a negative or huge backlog is
             // clamped like somaxconn (4096).
             backlog: (backlog.clamp(0, 4096) as u32) + 1,
+            dual_stack,
         });
     }
 
@@ -800,28 +811,35 @@ pub(crate) fn pair(
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
         let arenas = sh.use_arenas && want_arenas;
-        let backlog = sh
+        let listener = sh
             .listeners
             .iter()
-            .find(|l| l.conn == p.lconn && l.handle == p.lhandle)
-            .map(|l| l.backlog);
+            .find(|l| l.conn == p.lconn && l.handle == p.lhandle);
+        let backlog = listener.map(|l| (l.backlog, l.addr.family));
         let id = sh.next_id;
         sh.next_id = sh.next_id.wrapping_add(1).max(1);
         (id, sh.ring_size, backlog, zones, arenas)
     };
+    let (backlog, lfamily) = (backlog.map(|b| b.0), backlog.map(|b| b.1));
     let mut dst = p.dst;
     if is_unspecified(&dst) {
         let port = dst.port;
         dst = loopback(dst.family);
         dst.port = port;
     }
+    // An IPv4 connection to a dual-stack listener: its accepted end names both
+    // addresses IPv4-mapped, as the kernel's AF_INET6 socket does.
+    let as_listener = |a: &CanalAddr| match lfamily {
+        Some(f) if f == libc::AF_INET6 as u16 => v4_mapped(a),
+        _ => *a,
+    };
     let accepted_link = SegLink {
         id,
         side: side::ACCEPTOR,
         peer_conn: p.conn,
         peer_handle: p.handle,
-        local: dst,
-        peer: p.local,
+        local: as_listener(&dst),
+        peer: as_listener(&p.local),
         shut_wr: false,
     };
     let zone_layout = zones
