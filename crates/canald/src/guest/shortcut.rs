@@ -760,6 +760,25 @@ pub(crate) fn run(
     work
 }
 
+/// The accepted end's link to the connector `p` (which connected to `dst`). An IPv4
+/// connection to a dual-stack listener (`lfamily` AF_INET6): its accepted end names
+/// both addresses IPv4-mapped, as the kernel's AF_INET6 socket does.
+fn acceptor_link(id: u32, p: &Pending, dst: &CanalAddr, lfamily: Option<u16>) -> SegLink {
+    let as_listener = |a: &CanalAddr| match lfamily {
+        Some(f) if f == libc::AF_INET6 as u16 => v4_mapped(a),
+        _ => *a,
+    };
+    SegLink {
+        id,
+        side: side::ACCEPTOR,
+        peer_conn: p.conn,
+        peer_handle: p.handle,
+        local: as_listener(dst),
+        peer: as_listener(&p.local),
+        shut_wr: false,
+    }
+}
+
 /// The listener's half of a pending short-circuit (on the listener guest's home):
 /// creates the segment, installs the accepted end, then queues the connector's half
 /// for its home. Some(p): retry later (the accept queue is full).
@@ -827,21 +846,7 @@ pub(crate) fn pair(
         dst = loopback(dst.family);
         dst.port = port;
     }
-    // An IPv4 connection to a dual-stack listener: its accepted end names both
-    // addresses IPv4-mapped, as the kernel's AF_INET6 socket does.
-    let as_listener = |a: &CanalAddr| match lfamily {
-        Some(f) if f == libc::AF_INET6 as u16 => v4_mapped(a),
-        _ => *a,
-    };
-    let accepted_link = SegLink {
-        id,
-        side: side::ACCEPTOR,
-        peer_conn: p.conn,
-        peer_handle: p.handle,
-        local: as_listener(&dst),
-        peer: as_listener(&p.local),
-        shut_wr: false,
-    };
+    let accepted_link = acceptor_link(id, &p, &dst, lfamily);
     let zone_layout = zones
         .then(|| canal_abi::zone::plan(id, &zone_classes(ring_size)).ok())
         .flatten();
