@@ -1601,19 +1601,34 @@ static void check_outq(void)
     /* The peer reads nothing for 1.5 s, then reads to the end. */
     int s = peer_cmd(NULL, "DELAY 1500 x");
     double t0 = now_ms();
+    double paused_until = t0 + 1500;
     /* Natively loopback takes the command line within send(); canal's ring and
      * canald take it a moment later, as a real network would. */
     while ((r = ioctl(s, TIOCOUTQ, &v)) == 0 && v > 0 && now_ms() - t0 < 1000)
         usleep(1000);
     EXPECT(r == 0 && v == 0, "the command line taken: SIOCOUTQ r=%d value %d", r, v);
     fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+    /* Send until every buffer on the way is full: sends have failed with EAGAIN for
+     * 200 ms. Under canal the first EAGAIN comes from the socket's ring, and canald may
+     * still be moving it into the host socket, all of it in flight (nothing "not
+     * sent") at that instant; natively the first EAGAIN is already that state. */
     static char chunk[65536];
     size_t total = 0;
-    while (total < (64u << 20)) {
+    double blocked_since = 0;
+    while (total < (64u << 20) && now_ms() < paused_until - 300) {
         ssize_t n = send(s, chunk, sizeof chunk, 0);
-        if (n < 0)
+        if (n > 0) {
+            total += (size_t)n;
+            blocked_since = 0;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             break;
-        total += (size_t)n;
+        if (blocked_since == 0)
+            blocked_since = now_ms();
+        else if (now_ms() - blocked_since >= 200)
+            break;
+        usleep(2000);
     }
     int nsd = -1;
     r = ioctl(s, TIOCOUTQ, &v);
