@@ -378,17 +378,25 @@ fn hostile_watch_descriptors_touch_only_their_own_socket() {
     let mut g = TestGuest::attach(&d.path, "watcher");
     let (h, mut peer) = connected_pair(&mut g);
     let (other, mut other_peer) = connected_pair(&mut g);
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe writes two descriptors into the array.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: fresh descriptors, owned by the test from here on (as is eventfd's).
-    let (pr, pw, efd) = unsafe {
+    /// A pipe's (read, write) ends.
+    fn pipe() -> (std::fs::File, std::fs::File) {
         use std::os::fd::FromRawFd;
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-            std::fs::File::from_raw_fd(libc::eventfd(5, libc::EFD_CLOEXEC)),
-        )
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors, owned by the caller from here on.
+        unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        }
+    }
+    let (pr, pw) = pipe();
+    // SAFETY: eventfd makes a fresh descriptor, owned by the test from here on.
+    let efd = unsafe {
+        use std::os::fd::FromRawFd;
+        std::fs::File::from_raw_fd(libc::eventfd(5, libc::EFD_CLOEXEC))
     };
     (&pw).write_all(b"not a hang-up").unwrap();
     let file = std::fs::File::open("/dev/null").unwrap();
@@ -423,17 +431,7 @@ fn hostile_watch_descriptors_touch_only_their_own_socket() {
     assert_eq!(&got, b"other");
     // A pipe's write end closed: the hang-up of the watched descriptor, which closes
     // the socket as the guest's last close would; the native peer reads EOF.
-    let mut fds = [0i32; 2];
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: as above.
-    let (r2, w2) = unsafe {
-        use std::os::fd::FromRawFd;
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
-    };
+    let (r2, w2) = pipe();
     watch(&mut g, r2.as_raw_fd(), other);
     drop(r2);
     drop(w2);

@@ -21,8 +21,6 @@ pub(crate) struct EntryPool {
     freed: BinaryHeap<Reverse<u32>>,
     /// 1 + the highest index ever handed out.
     high: u32,
-    /// Entries handed out and not given back.
-    used: u32,
     /// canald's descriptors held for the guest besides its entries' (WATCH ends).
     apart: u32,
     /// Table size: the guest's quota of canald's descriptors.
@@ -34,7 +32,6 @@ impl EntryPool {
         EntryPool {
             freed: BinaryHeap::new(),
             high: 0,
-            used: 0,
             apart: 0,
             cap,
         }
@@ -46,26 +43,21 @@ impl EntryPool {
         if self.available() == 0 {
             return None;
         }
-        let index = loop {
-            match self.freed.pop() {
-                Some(Reverse(i)) if is_free(i) => break i,
-                Some(_) => continue,
-                None if self.high < self.cap => {
-                    self.high += 1;
-                    break self.high - 1;
-                }
-                None => return None,
+        while let Some(Reverse(i)) = self.freed.pop() {
+            if is_free(i) {
+                return Some(i);
             }
-        };
-        self.used += 1;
-        Some(index)
+        }
+        (self.high < self.cap).then(|| {
+            self.high += 1;
+            self.high - 1
+        })
     }
 
     /// Returns an entry taken before (it may be given back once per take).
     pub(crate) fn give(&mut self, index: u32) {
         if index < self.high {
             self.freed.push(Reverse(index));
-            self.used = self.used.saturating_sub(1);
         }
     }
 
@@ -84,13 +76,13 @@ impl EntryPool {
     /// Whether `take` would fail (up to stale freed indices, which make it succeed
     /// less often than this promises, never more).
     pub(crate) fn exhausted(&self) -> bool {
-        self.available() == 0 || (self.freed.is_empty() && self.high >= self.cap)
+        self.available() == 0
     }
 
-    /// How many more entries the quota allows.
+    /// How many more entries the quota allows: those not in use (counting stale freed
+    /// indices once each) less the descriptors held apart.
     pub(crate) fn available(&self) -> u32 {
-        self.cap
-            .saturating_sub(self.used.saturating_add(self.apart))
+        (self.cap - self.high + self.freed.len() as u32).saturating_sub(self.apart)
     }
 
     /// 1 + the highest index ever handed out: scans stop here.

@@ -385,12 +385,17 @@ impl Guest {
         }
     }
 
-    /// A WATCH end was closed: its descriptor leaves the guest's quota, and a listener
-    /// that stopped accepting for lack of room can go on.
+    /// A WATCH end was closed: its descriptor leaves the guest's quota.
     pub(crate) fn watch_closed(&mut self, ep: &Epoll) {
-        let was_full = self.table_full();
         self.entries.release_apart();
-        if was_full && self.gone.is_none() {
+        self.quota_freed(ep);
+    }
+
+    /// Room in the guest's quota came back (an entry or a WATCH end freed): a listener
+    /// that stopped accepting for lack of it can go on, and so can connections an away
+    /// listener accepted. Both are no-ops when nothing waits.
+    pub(crate) fn quota_freed(&mut self, ep: &Epoll) {
+        if self.gone.is_none() {
             self.rearm_listeners();
             self.retry_accepts(ep);
         }
@@ -572,13 +577,7 @@ impl Guest {
         self.retire_rings([&s.tx, &s.rx]);
         self.generations[index as usize] = next;
         self.entries.give(index);
-        // A listener that stopped accepting for lack of entries can go on, and so can
-        // connections an away listener accepted.
-        if self.gone.is_some() {
-            return;
-        }
-        self.rearm_listeners();
-        self.retry_accepts(ep);
+        self.quota_freed(ep);
     }
 
     /// Whether closing socket `index` now must reset its connection: the guest asked

@@ -90,9 +90,7 @@ impl Guest {
         let dual_stack = addr.family == libc::AF_INET6 as u16
             && self.cfg.net.is_none()
             && s.fd.as_ref().is_some_and(|f| {
-                let mut v = [1u8; 4];
-                sys::getsockopt_bytes(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &mut v)
-                    .is_ok_and(|n| n == 4 && i32::from_ne_bytes(v) == 0)
+                sys::sockopt_int(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).is_ok_and(|v| v == 0)
             });
         let conn = self.conn;
         let mut sh = lock(&sc);
@@ -826,20 +824,20 @@ pub(crate) fn pair(
         .map_or(0, |g| g.region.header().features);
     let want_zones = p.zones && lfeatures & canal_abi::feature::ZONES != 0;
     let want_arenas = p.arenas && lfeatures & canal_abi::feature::ARENAS != 0;
-    let (id, ring_size, backlog, zones, arenas) = {
+    let (id, ring_size, listener, zones, arenas) = {
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
         let arenas = sh.use_arenas && want_arenas;
         let listener = sh
             .listeners
             .iter()
-            .find(|l| l.conn == p.lconn && l.handle == p.lhandle);
-        let backlog = listener.map(|l| (l.backlog, l.addr.family));
+            .find(|l| l.conn == p.lconn && l.handle == p.lhandle)
+            .copied();
         let id = sh.next_id;
         sh.next_id = sh.next_id.wrapping_add(1).max(1);
-        (id, sh.ring_size, backlog, zones, arenas)
+        (id, sh.ring_size, listener, zones, arenas)
     };
-    let (backlog, lfamily) = (backlog.map(|b| b.0), backlog.map(|b| b.1));
+    let (backlog, lfamily) = (listener.map(|l| l.backlog), listener.map(|l| l.addr.family));
     let mut dst = p.dst;
     if is_unspecified(&dst) {
         let port = dst.port;

@@ -398,10 +398,7 @@ impl Guest {
             *g = next_gen;
         }
         self.entries.give(index);
-        if self.gone.is_none() {
-            self.rearm_listeners();
-            self.retry_accepts(ep);
-        }
+        self.quota_freed(ep);
     }
 
     /// Owner of an away listener: accepts connections and sends each to the home for
