@@ -266,16 +266,16 @@ fn run_all(o: &Opts, exps: &[Experiment]) -> anyhow::Result<i32> {
             let key = (cell.system, cell.variant.clone());
             let over_budget = budget.is_some_and(|b| started.elapsed().as_secs_f64() > b);
             let outcome = match (streak.get(&key), &daemon_failed) {
-                _ if over_budget && cell.system.uses_canal() => not_run(Status::Skipped(format!(
+                _ if over_budget && cell.system.uses_canal() => runner::Outcome::not_run(Status::Skipped(format!(
                     "the quick mode's {:.0} s budget for canal cells was spent (canal runs were slow or timed out)",
                     budget.unwrap_or(0.0)
                 ))),
-                (Some((n, why)), _) if *n >= 3 => not_run(Status::Skipped(format!(
+                (Some((n, why)), _) if *n >= 3 => runner::Outcome::not_run(Status::Skipped(format!(
                     "{} failed {n} times in a row in this run; last: {why}",
                     cell.system.id()
                 ))),
                 (_, Some(st)) if cell.system.uses_canal() && cell.variant != "default" => {
-                    not_run(st.clone())
+                    runner::Outcome::not_run(st.clone())
                 }
                 _ => runner.run(cell),
             };
@@ -391,16 +391,6 @@ fn union_cells(exps: &[Experiment]) -> Vec<(Cell, Vec<&str>)> {
     cells
 }
 
-/// An outcome for a cell that was not run.
-fn not_run(status: Status) -> runner::Outcome {
-    runner::Outcome {
-        status,
-        metrics: vec![],
-        raw_command: String::new(),
-        detail: String::new(),
-    }
-}
-
 /// The metrics worth a glance in the progress line.
 fn headline_metrics(outcome: &runner::Outcome) -> String {
     outcome
@@ -508,16 +498,7 @@ fn plot(out: &Path) -> Result<Vec<String>, String> {
         script.to_string_lossy().into_owned(),
         out.to_string_lossy().into_owned(),
     ];
-    let mut p = procs::Proc::spawn("bench-plot.py", &argv, &[])?;
-    let st = p.wait(Duration::from_secs(120))?;
-    if !st.success() {
-        return Err(format!(
-            "{} {}: {}",
-            argv.join(" "),
-            procs::status_text(st),
-            p.tail()
-        ));
-    }
+    let p = procs::run_to_end(&argv.join(" "), &argv, Duration::from_secs(120))?;
     Ok(p.stdout()
         .lines()
         .filter_map(|l| l.strip_prefix("WROTE ").map(|s| s.trim().to_string()))

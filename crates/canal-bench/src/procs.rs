@@ -228,6 +228,16 @@ impl Proc {
         }
     }
 
+    /// Waits until `path` exists, at most `timeout`, giving up if this process exits
+    /// first (a daemon making its socket); whether it exists.
+    pub(crate) fn wait_for_path(&mut self, path: &Path, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !path.exists() && self.try_wait().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        path.exists()
+    }
+
     /// SIGINT to the process group, then waits up to `timeout` for the leader to exit.
     pub(crate) fn interrupt_and_wait(&mut self, timeout: Duration) {
         if self.try_wait().is_none() {
@@ -269,6 +279,17 @@ fn tail_suffix(t: &str) -> String {
     } else {
         format!(": {t}")
     }
+}
+
+/// Runs `argv` to its end (at most `timeout`): the finished process, or why it failed
+/// ("`label` exit 1: its last lines").
+pub(crate) fn run_to_end(label: &str, argv: &[String], timeout: Duration) -> Result<Proc, String> {
+    let mut p = Proc::spawn(label, argv, &[])?;
+    let st = p.wait(timeout)?;
+    if !st.success() {
+        return Err(format!("{label} {}: {}", status_text(st), p.tail()));
+    }
+    Ok(p)
 }
 
 pub(crate) fn status_text(st: ExitStatus) -> String {

@@ -19,6 +19,16 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
+    /// A cell that was not run, and why (`status`).
+    pub(crate) fn not_run(status: Status) -> Outcome {
+        Outcome {
+            status,
+            metrics: vec![],
+            raw_command: String::new(),
+            detail: String::new(),
+        }
+    }
+
     pub(crate) fn fail(reason: String, raw: String) -> Outcome {
         Outcome {
             status: Status::Failed(reason),
@@ -167,13 +177,7 @@ impl Runner {
         match Proc::spawn("canal daemon", &argv, &env) {
             Err(e) => d.problem = Some(Status::Failed(format!("canal daemon did not start: {e}"))),
             Ok(mut p) => {
-                let deadline = std::time::Instant::now() + Duration::from_secs(3);
-                while !socket.exists()
-                    && p.try_wait().is_none()
-                    && std::time::Instant::now() < deadline
-                {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                p.wait_for_path(&socket, Duration::from_secs(3));
                 if let Some(st) = p.try_wait() {
                     d.problem = Some(Status::Failed(format!(
                         "`canal daemon` exited ({}): {}",
@@ -231,15 +235,7 @@ impl Runner {
             socket.to_string_lossy().into_owned(),
             "--json".into(),
         ];
-        let mut p = Proc::spawn("canal stat", &argv, &[])?;
-        let st = p.wait(Duration::from_secs(3))?;
-        if !st.success() {
-            return Err(format!(
-                "`canal stat --json` {}: {}",
-                status_text(st),
-                p.tail()
-            ));
-        }
+        let p = crate::procs::run_to_end("`canal stat --json`", &argv, Duration::from_secs(3))?;
         json::parse(&p.stdout()).map_err(|e| format!("`canal stat --json` output: {e}"))
     }
 
@@ -308,12 +304,7 @@ impl Runner {
                 Err(e) => return Outcome::fail(e, String::new()),
             }
             if let Some(p) = self.daemon.as_ref().and_then(|d| d.problem.clone()) {
-                return Outcome {
-                    status: p,
-                    metrics: vec![],
-                    raw_command: String::new(),
-                    detail: String::new(),
-                };
+                return Outcome::not_run(p);
             }
         }
         match cell.workload {
@@ -680,13 +671,10 @@ impl Runner {
     }
 
     pub(crate) fn tool_missing(&self, tools: &[&str]) -> Option<Outcome> {
-        tools.iter().find(|t| which(t).is_none()).map(|t| Outcome {
-            status: Status::NotAvailable(format!(
+        tools.iter().find(|t| which(t).is_none()).map(|t| {
+            Outcome::not_run(Status::NotAvailable(format!(
                 "{t} is not installed (scripts/packages/bench.txt)"
-            )),
-            metrics: vec![],
-            raw_command: String::new(),
-            detail: String::new(),
+            )))
         })
     }
 

@@ -6,7 +6,7 @@
 //! daemon of its own uid). The database (scale 1) is made once per run, natively, in a
 //! directory of its own beside the run's scratch directory (which is root's, 0700),
 //! removed with the run.
-use crate::procs::{status_text, wait_connectable, Proc};
+use crate::procs::{run_to_end, status_text, wait_connectable, Proc};
 use crate::status::Status;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -57,16 +57,6 @@ fn chown(p: &std::path::Path, ids: Option<(u32, u32)>) -> Result<(), String> {
             .map_err(|e| format!("chown {}: {e}", p.display())),
         None => Ok(()),
     }
-}
-
-/// Runs `argv` to the end (at most `secs`); its stdout, or why it failed.
-pub(crate) fn run_to_end(label: &str, argv: &[String], secs: u64) -> Result<String, String> {
-    let mut p = Proc::spawn(label, argv, &[])?;
-    let st = p.wait(Duration::from_secs(secs))?;
-    if !st.success() {
-        return Err(format!("{label} {}: {}", status_text(st), p.tail()));
-    }
-    Ok(p.stdout() + &p.stderr())
 }
 
 /// pgbench's summary: transactions per second, after checking that no transaction
@@ -153,13 +143,13 @@ impl PgSetup {
                 "--no-sync",
             ],
         );
-        run_to_end("initdb", &initdb, 120).map_err(fail)?;
+        run_to_end("initdb", &initdb, Duration::from_secs(120)).map_err(fail)?;
         let mut server = Proc::spawn("postgres", &s.server_argv(port), &[]).map_err(fail)?;
         let r = s
             .ready(&mut server, port)
             .and_then(|_| {
                 let init = s.pgbench_argv(port, &["-i", "-s", "1", "-q"]);
-                run_to_end("pgbench -i", &init, 120)
+                run_to_end("pgbench -i", &init, Duration::from_secs(120))
             })
             .map_err(fail);
         s.stop(&mut server);
@@ -211,7 +201,7 @@ impl PgSetup {
             let p = port.to_string();
             let probe = self.argv("pg_isready", &["-h", "127.0.0.1", "-p", &p, "-t", "1"]);
             while std::time::Instant::now() < deadline && server.try_wait().is_none() {
-                if run_to_end("pg_isready", &probe, 5).is_ok() {
+                if run_to_end("pg_isready", &probe, Duration::from_secs(5)).is_ok() {
                     return Ok(());
                 }
                 std::thread::sleep(Duration::from_millis(50));

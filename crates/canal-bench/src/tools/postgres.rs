@@ -4,8 +4,9 @@
 //! cells share (binaries, user, database) is `tools::pg_setup`.
 use crate::model::Cell;
 use crate::procs::Proc;
+use crate::procs::{cmdline, run_to_end};
 use crate::runner::{sv, Outcome, Runner, Status};
-use crate::tools::pg_setup::{parse_pgbench, run_to_end, PgSetup};
+use crate::tools::pg_setup::{parse_pgbench, PgSetup};
 use std::time::Duration;
 
 const CLIENTS: &str = "8";
@@ -29,12 +30,7 @@ impl Runner {
             }
             Err(st) => {
                 self.pg = Some(Err(st.clone()));
-                Outcome {
-                    status: st,
-                    metrics: vec![],
-                    raw_command: String::new(),
-                    detail: String::new(),
-                }
+                Outcome::not_run(st)
             }
         }
     }
@@ -61,11 +57,10 @@ impl Runner {
                 Err(e) => return fail(e, String::new()),
             }
             // (A SOCK_SEQPACKET socket: its appearance is the sign, as in `ensure_daemon`.)
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while !socket.exists() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if !socket.exists() {
+            let up = own_daemon
+                .as_mut()
+                .is_some_and(|d| d.wait_for_path(&socket, Duration::from_secs(5)));
+            if !up {
                 let tail = own_daemon.as_ref().map(Proc::tail).unwrap_or_default();
                 return fail(
                     format!("the postgres user's canald did not start: {tail}"),
@@ -81,7 +76,7 @@ impl Runner {
         };
         let via = |guest: bool| guest.then_some((canal.as_str(), socket.as_str()));
         let sargv = setup.wrapped(setup.server_argv(port), via(cell.system.server_is_guest()));
-        let mut raw = procs_cmd(&sargv) + " &";
+        let mut raw = cmdline(&[], &sargv) + " &";
         let mut server = match Proc::spawn("postgres", &sargv, &[]) {
             Ok(p) => p,
             Err(e) => return fail(e, raw),
@@ -100,9 +95,10 @@ impl Runner {
                 setup.pgbench_argv(port, &args),
                 via(cell.system.client_is_guest()),
             );
-            raw.push_str(&format!(" ; {}", procs_cmd(&cargv)));
-            result = run_to_end("pgbench", &cargv, secs + 30 + self.knobs.canal_grace as u64)
-                .and_then(|out| parse_pgbench(&out))
+            raw.push_str(&format!(" ; {}", cmdline(&[], &cargv)));
+            let limit = Duration::from_secs(secs + 30 + self.knobs.canal_grace as u64);
+            result = run_to_end("pgbench", &cargv, limit)
+                .and_then(|p| parse_pgbench(&(p.stdout() + &p.stderr())))
                 .map(|tps| metrics.push((metric.to_string(), tps)));
         }
         setup.stop(&mut server);
@@ -117,8 +113,4 @@ impl Runner {
             Err(e) => fail(e, raw),
         }
     }
-}
-
-fn procs_cmd(argv: &[String]) -> String {
-    crate::procs::cmdline(&[], argv)
 }
