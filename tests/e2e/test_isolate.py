@@ -518,6 +518,21 @@ def test_unpublished_datagram_port_takes_only_its_own(canald, procs, python):
     assert r.returncode == 0 and _lines(r)[-1] == "got own 127.0.0.1", r.describe()
 
 
+def test_datagram_control_messages_name_the_guests_own_addresses(canald, procs, python):
+    """recvmsg's packet info and sendmsg's chosen source inside --isolate, line for line
+    as the same program natively in a namespace of its own (progs/dgram_control.py
+    `view`: it leaves out 127.0.0.2 as an address of its own and IPv6 hop limits, which
+    the view does not carry, docs/isolation.md). The host's private loopback never
+    shows; SO_MARK stays refused (EPERM), which also proves the sockets were canal's."""
+    argv = [python, PROGS / "dgram_control.py", "view"]
+    native = _natively_in_a_namespace(procs, argv)
+    r = procs.run(isolated(canald, argv), timeout=60)
+    assert r.returncode == 0, r.describe()
+    want = native.replace('["SO_MARK", ["sent", 1]]', '["SO_MARK", ["errno", 1]]')
+    assert '["IP_PKTINFO", 1, "127.0.0.1", "127.0.0.1"]' in native, native
+    assert r.stdout == want, f"natively:\n{native}\nunder canal --isolate:\n{r.stdout}"
+
+
 # ---- programs LD_PRELOAD cannot reach: static and Go, served by seccomp notification ---
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 11;
+pub const VERSION_MINOR: u16 = 12;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -73,6 +73,13 @@ pub mod feature {
     /// WATCH and closes them by a mark. Set only for guests that announced
     /// `hello_flag::CLOSE_MARK`.
     pub const CLOSE_MARK: u64 = 1 << 12;
+    /// Control messages in datagram records (protocol §5, minor 12): a DATAGRAM
+    /// record's address section may be longer than the 32-byte address, the rest
+    /// being control messages in the kernel's layout (`canal_abi::cmsg`): on tx the
+    /// ones `sendmsg` was given that canal carries (packet info, TTL, TOS, hop limit,
+    /// traffic class, don't-fragment, UDP segment size), on rx what the host socket's
+    /// `recvmsg` produced. Set for every guest; a guest sends control only when set.
+    pub const DGRAM_CONTROL: u64 = 1 << 13;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -84,7 +91,8 @@ pub mod feature {
         | ARENAS
         | BELLS
         | ACCEPT_ONE
-        | CLOSE_MARK;
+        | CLOSE_MARK
+        | DGRAM_CONTROL;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -13,6 +13,7 @@
 pub mod addr;
 pub mod armlock;
 pub mod bias;
+pub mod cmsg;
 pub mod consts;
 pub mod control;
 pub mod evlog;

@@ -146,7 +146,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0b00 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0c00 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -203,8 +203,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 13,
-        HeaderError::UnknownFeatures(1 << 13),
+        &|h| h.features |= 1 << 14,
+        HeaderError::UnknownFeatures(1 << 14),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -408,7 +408,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b11_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -686,4 +686,27 @@ fn close_marks() {
     assert_eq!(hello_flag::CLOSE_MARK, 1 << 12);
     const { assert!(canal_abi::VERSION_MINOR >= 11) };
     assert_ne!(feature::KNOWN & feature::CLOSE_MARK, 0);
+}
+
+#[test]
+fn datagram_control_messages() {
+    // protocol.md §3 (feature bit 13), §5 (control messages after a record's address),
+    // minor 12: the kernel's 64-bit layout, at most 512 bytes a record.
+    assert_eq!(feature::DGRAM_CONTROL, 1 << 13);
+    const { assert!(canal_abi::VERSION_MINOR >= 12) };
+    assert_ne!(feature::KNOWN & feature::DGRAM_CONTROL, 0);
+    assert_eq!(canal_abi::cmsg::HEADER, 16);
+    assert_eq!(canal_abi::cmsg::MAX_CONTROL, 512);
+    let mut b = [0u8; 24];
+    let mut at = 0;
+    let m = canal_abi::cmsg::Cmsg {
+        level: 0,
+        kind: 2,
+        data: &[9, 0, 0, 0],
+    };
+    assert!(canal_abi::cmsg::push(&mut b, &mut at, &m));
+    assert_eq!(
+        b,
+        [20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]
+    );
 }

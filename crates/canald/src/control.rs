@@ -82,6 +82,7 @@ impl Daemon {
                 && hello_flags & control::hello_flag::VRSS != 0;
             let features = canal_abi::feature::ALL_V1
                 | canal_abi::feature::WATCH
+                | canal_abi::feature::DGRAM_CONTROL
                 | if sc { canal_abi::feature::SHORTCUT } else { 0 }
                 | if zones { canal_abi::feature::ZONES } else { 0 }
                 | if arenas {

@@ -11,7 +11,8 @@
 //! Code map (each module uses only modules listed above it; `scripts/check-layout`):
 //! - `sys`: raw system calls and the real libc functions; `rt`: spin locks, pid,
 //!   debug logging, environment; `fdtable`, `ready`, `sockaddr`, `iov`, `cmd`: pure
-//!   bookkeeping and conversions; `ownfd`: the library's own descriptors, kept high and
+//!   bookkeeping and conversions; `ancillary`: datagram control messages, checked as
+//!   the kernel checks them; `ownfd`: the library's own descriptors, kept high and
 //!   moved out of a program's way.
 //! - `notify`: wait policy (poll/sleep/hybrid, adaptive spin budgets).
 //! - `conn/`: the connection to canald: `guest` state, `attach`, `inherit`
@@ -33,6 +34,7 @@
 // everything reached only from them looks unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod ancillary;
 mod bridge;
 mod cmd;
 mod conn;

@@ -1,6 +1,8 @@
 //! The datagram pump: one ring record per datagram, in both directions.
 use crate::guest::addr_view::translate_guest_addr;
 use crate::guest::addr_view::translate_host_addr;
+use crate::guest::dgram_control::rx_control;
+use crate::guest::dgram_control::tx_control;
 use crate::guest::netops::bind_own_source;
 use crate::guest::netview::is_plain_v6;
 use crate::guest::netview::PROTO_UDP;
@@ -9,6 +11,8 @@ use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
 use crate::guest::wake::RoundStats;
 use crate::sys;
+use canal_abi::addr::ADDR_SIZE;
+use canal_abi::cmsg::MAX_CONTROL;
 use canal_abi::ring::record_kind;
 use canal_abi::ring::Consumer;
 use canal_abi::ring::Producer;
@@ -32,7 +36,7 @@ fn dgram_dest(
     view: &crate::guest::addr_view::GuestView,
     s: &mut crate::guest::socket::HostSocket,
     raw: &[u8; canal_abi::addr::ADDR_SIZE],
-) -> Result<Option<CanalAddr>, Option<i32>> {
+) -> Dest {
     let guest = CanalAddr::decode(raw);
     match guest.map(|a| translate_guest_addr(view, &a, PROTO_UDP, s.v6only)) {
         Some(Ok(d)) => {
@@ -52,6 +56,44 @@ fn dgram_dest(
         // An address the guest library should have refused: dropped.
         _ => Err(None),
     }
+}
+
+/// A datagram's destination (None: the connected peer), or the errno its socket
+/// reports next (if any) for one that is dropped.
+type Dest = Result<Option<CanalAddr>, Option<i32>>;
+
+/// Where a tx record's address section (`section`: empty, or the address and any
+/// control messages) sends its datagram, as `dgram_dest` answers, and where in
+/// `ctl_bytes` its checked control messages went (appended; none for a dropped one).
+fn record_dest(
+    view: &crate::guest::addr_view::GuestView,
+    s: &mut crate::guest::socket::HostSocket,
+    section: &[u8],
+    ctl_bytes: &mut Vec<u8>,
+) -> Result<(Dest, (u32, u32)), Corrupt> {
+    if section.is_empty() {
+        return Ok((Ok(None), (0, 0)));
+    }
+    if section.len() < ADDR_SIZE {
+        return Err(Corrupt);
+    }
+    let (to, ctl) = section.split_at(ADDR_SIZE);
+    let to: &[u8; ADDR_SIZE] = to.try_into().map_err(|_| Corrupt)?;
+    // With control messages, an all-zero address is the connected peer.
+    let dest = if !ctl.is_empty() && *to == [0; ADDR_SIZE] {
+        Ok(None)
+    } else {
+        dgram_dest(view, s, to)
+    };
+    let at = ctl_bytes.len();
+    let dest = dest.and_then(|d| {
+        tx_control(view, ctl, ctl_bytes).map_err(Some)?;
+        Ok(d)
+    });
+    if dest.is_err() {
+        ctl_bytes.truncate(at);
+    }
+    Ok((dest, (at as u32, (ctl_bytes.len() - at) as u32)))
 }
 
 impl Guest {
@@ -99,6 +141,7 @@ impl Guest {
             pos: 0,
             len: 0,
             to: None,
+            control: (0, 0),
         };
         loop {
             let ahead = canal_abi::sync::AtomicU64::new(0);
@@ -109,8 +152,12 @@ impl Guest {
                 tail: c.tail,
             };
             let mut batch = [none; sys::SEND_BATCH];
+            // The batch's control messages (none allocated without any).
+            let mut ctl_bytes: Vec<u8> = Vec::new();
             let mut ends = [0u64; sys::SEND_BATCH];
             let (mut n, mut planned, mut drops_end) = (0, charged, None);
+            // One record's address section at a time (overwritten, never zeroed again).
+            let mut b = [0u8; ADDR_SIZE + MAX_CONTROL];
             while n < sys::SEND_BATCH {
                 if (planned as i64) >= budget {
                     self.out_of_budget = true;
@@ -122,15 +169,12 @@ impl Guest {
                 if info.kind != record_kind::DATAGRAM {
                     return Err(Corrupt);
                 }
-                let dest = match info.addr_len as usize {
-                    0 => Ok(None),
-                    canal_abi::addr::ADDR_SIZE => {
-                        let mut b = [0u8; canal_abi::addr::ADDR_SIZE];
-                        scout.record_addr(&info, &mut b);
-                        dgram_dest(&view, s, &b)
-                    }
+                let section = match info.addr_len as usize {
+                    n if n <= b.len() => &mut b[..n],
                     _ => return Err(Corrupt),
                 };
+                scout.record_addr(&info, section);
+                let (dest, control) = record_dest(&view, s, section, &mut ctl_bytes)?;
                 let pos = scout.record_payload_pos(&info);
                 scout.consume_record(&info);
                 match dest {
@@ -139,6 +183,7 @@ impl Guest {
                             pos,
                             len: info.len as u64,
                             to,
+                            control,
                         };
                         ends[n] = scout.tail;
                         n += 1;
@@ -158,7 +203,7 @@ impl Guest {
             let Some(fd) = s.fd.as_ref().filter(|_| n > 0) else {
                 break;
             };
-            match sys::sendmmsg_ring(fd, &ring, &batch[..n]) {
+            match sys::sendmmsg_ring(fd, &ring, &batch[..n], &ctl_bytes) {
                 Ok(k) if k > 0 => {
                     let k = k.min(n);
                     sent += batch[..k].iter().map(|d| d.len).sum::<u64>();
@@ -227,21 +272,24 @@ impl Guest {
                     return Ok(());
                 }
                 let Some(fd) = &s.fd else { return Ok(()) };
-                match sys::recvfrom(fd, &mut self.scratch) {
+                let mut ctl = [0u8; MAX_CONTROL];
+                match sys::recvmsg_dgram(fd, &mut self.scratch, &mut ctl) {
                     // A datagram socket on a network's private loopback takes datagrams
                     // from its own network and from those it sent to only (a host
                     // process that found it is not).
-                    Ok(Some((_, src)))
+                    Ok(Some(r))
                         if !s
                             .net
-                            .takes_datagram(src.as_ref(), || sys::sockname(fd).ok()) =>
+                            .takes_datagram(r.from.as_ref(), || sys::sockname(fd).ok()) =>
                     {
                         continue;
                     }
-                    Ok(Some((n, src))) => {
-                        let src = src.map(|a| translate_host_addr(&view, &a));
+                    Ok(Some(r)) => {
+                        let src = r.from.map(|a| translate_host_addr(&view, &a));
+                        let mut section = src.unwrap_or_default().encode().to_vec();
+                        rx_control(&view, &ctl[..r.control_len], r.from.as_ref(), &mut section);
                         *s.pending_dgram().ok_or(Corrupt)? =
-                            Some((self.scratch[..n].to_vec(), src));
+                            Some((self.scratch[..r.len].to_vec(), section));
                     }
                     Ok(None) => {
                         s.readable = false;
@@ -266,9 +314,7 @@ impl Guest {
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let rx_size = s.rx.size;
             let rx_idx = s.rx.idx;
-            let (data, src) = s.pending_dgram().ok_or(Corrupt)?.as_ref().ok_or(Corrupt)?;
-            let src = *src;
-            let addr = src.unwrap_or_default().encode();
+            let (data, addr) = s.pending_dgram().ok_or(Corrupt)?.as_ref().ok_or(Corrupt)?;
             let max = canal_abi::ring::max_record_payload(rx_size, addr.len() as u64);
             let len = (data.len() as u64).min(max) as usize;
             let rec = canal_abi::ring::record_size(addr.len() as u64, len as u64);
@@ -279,7 +325,7 @@ impl Guest {
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             let ring = self.region.ring(s.rx.off, s.rx.size).ok_or(Corrupt)?;
-            let (data, _) = s.pending_dgram().ok_or(Corrupt)?.take().ok_or(Corrupt)?;
+            let (data, addr) = s.pending_dgram().ok_or(Corrupt)?.take().ok_or(Corrupt)?;
             let e = self.region.socket(index).ok_or(Corrupt)?;
             let mut p = Producer {
                 storage: &ring,
@@ -297,7 +343,7 @@ impl Guest {
                 Ok(false) => {
                     // Only a guest moving its tail backwards gets here (caught on the
                     // next check); keep the datagram.
-                    *s.pending_dgram().ok_or(Corrupt)? = Some((data, src));
+                    *s.pending_dgram().ok_or(Corrupt)? = Some((data, addr));
                     return Ok(());
                 }
                 Err(_) => return Err(Corrupt),

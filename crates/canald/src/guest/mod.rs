@@ -9,7 +9,9 @@
 //! Files, bottom-up: `config` (per-guest settings), `contacts` (the outside addresses a
 //! private datagram socket spoke to, whose replies it takes), `netview` (a guest network's
 //! own address view and translation table: VMs, isolated namespaces), `addr_view` (the
-//! translation every request goes through: loopback rules, then the network's view), `socket` (a host socket's state),
+//! translation every request goes through: loopback rules, then the network's view),
+//! `dgram_control` (datagram control messages: the list that reaches `sendmsg`, addresses
+//! in the view), `socket` (a host socket's state),
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
 //! `wakeups`, `ops` (socket operations), `stream` and `dgram` (data pumps), `service`
 //! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
@@ -23,6 +25,7 @@ pub mod bells;
 pub mod config;
 pub mod contacts;
 pub mod dgram;
+pub mod dgram_control;
 pub mod entries;
 pub mod netops;
 pub mod netview;

@@ -235,9 +235,10 @@ pub(crate) fn effective_backlog(backlog: i32) -> u32 {
 /// pending datagram.
 pub(crate) enum KindState {
     Stream,
-    /// A datagram received but not yet fitting in the rx ring.
+    /// A datagram received but not yet fitting in the rx ring: its payload and its
+    /// record's address section (the source, then any control messages).
     Dgram {
-        pending: Option<(Vec<u8>, Option<CanalAddr>)>,
+        pending: Option<(Vec<u8>, Vec<u8>)>,
     },
     Listener(AcceptQueue),
 }
@@ -320,7 +321,7 @@ impl HostSocket {
     }
 
     /// A datagram socket's datagram waiting for room (None for other kinds).
-    pub(crate) fn pending_dgram(&mut self) -> Option<&mut Option<(Vec<u8>, Option<CanalAddr>)>> {
+    pub(crate) fn pending_dgram(&mut self) -> Option<&mut Option<(Vec<u8>, Vec<u8>)>> {
         match &mut self.state {
             KindState::Dgram { pending } => Some(pending),
             _ => None,

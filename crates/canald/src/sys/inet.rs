@@ -256,26 +256,44 @@ pub(crate) fn so_error(fd: &OwnedFd) -> i32 {
     }
 }
 
-/// Receives one datagram into `buf`: (bytes, source). Ok(None) when none is pending.
-pub(crate) fn recvfrom(
+/// One received datagram: payload bytes, source, and control bytes (in the buffer
+/// given to `recvmsg_dgram`).
+pub(crate) struct Received {
+    pub(crate) len: usize,
+    pub(crate) from: Option<CanalAddr>,
+    pub(crate) control_len: usize,
+}
+
+/// Receives one datagram into `buf`, its control messages into `control` (what the
+/// socket's options ask for: packet info, TTL, timestamps, ...). Ok(None) when none
+/// is pending.
+pub(crate) fn recvmsg_dgram(
     fd: &OwnedFd,
     buf: &mut [u8],
-) -> io::Result<Option<(usize, Option<CanalAddr>)>> {
+    control: &mut [u8],
+) -> io::Result<Option<Received>> {
     let mut ss = zeroed_storage();
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: the kernel writes at most buf.len() bytes and `len` bytes of address.
-    let r = unsafe {
-        libc::recvfrom(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-            0,
-            &mut ss as *mut _ as *mut libc::sockaddr,
-            &mut len,
-        )
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
     };
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+    m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    m.msg_controllen = control.len() as _;
+    // SAFETY: every pointer in `m` is a live local or borrowed buffer of the length
+    // given; the kernel writes within them.
+    let r = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut m, 0) };
     match cvt_size(r) {
-        Ok(n) => Ok(Some((n, from_sockaddr(&ss)))),
+        Ok(len) => Ok(Some(Received {
+            len,
+            from: from_sockaddr(&ss),
+            control_len: (m.msg_controllen as usize).min(control.len()),
+        })),
         Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
         Err(e) => Err(e),
     }

@@ -46,12 +46,14 @@ pub(crate) fn writev_ring(fd: &OwnedFd, ring: &RawRing, pos: u64, len: u64) -> i
 /// Datagrams one `sendmmsg_ring` call sends at most.
 pub(crate) const SEND_BATCH: usize = 32;
 
-/// One datagram of a batch: ring bytes `pos..pos+len`, to `to` or the connected peer.
+/// One datagram of a batch: ring bytes `pos..pos+len`, to `to` or the connected peer,
+/// with the control messages at `control` of the batch's control bytes.
 #[derive(Clone, Copy)]
 pub(crate) struct RingDatagram {
     pub(crate) pos: u64,
     pub(crate) len: u64,
     pub(crate) to: Option<CanalAddr>,
+    pub(crate) control: (u32, u32),
 }
 
 /// Sends up to SEND_BATCH datagrams of ring bytes with one `sendmmsg`; returns how many
@@ -61,6 +63,7 @@ pub(crate) fn sendmmsg_ring(
     fd: &OwnedFd,
     ring: &RawRing,
     dgrams: &[RingDatagram],
+    control: &[u8],
 ) -> io::Result<usize> {
     let n = dgrams.len().min(SEND_BATCH);
     if n == 0 {
@@ -83,10 +86,16 @@ pub(crate) fn sendmmsg_ring(
         }
         m.msg_iov = iovs[i].as_mut_ptr();
         m.msg_iovlen = k as _;
+        let (at, n) = (d.control.0 as usize, d.control.1 as usize);
+        if let Some(c) = control.get(at..at + n).filter(|c| !c.is_empty()) {
+            // The kernel only reads control bytes (const in spirit, mut in the type).
+            m.msg_control = c.as_ptr() as *mut libc::c_void;
+            m.msg_controllen = c.len() as _;
+        }
     }
     // SAFETY: every msghdr points at live locals (addresses, iovecs inside the mapped
-    // ring, see readv_ring) for the call's duration; the kernel only reads them and
-    // writes msg_len.
+    // ring, see readv_ring; the borrowed control bytes) for the call's duration; the
+    // kernel only reads them and writes msg_len.
     let r = unsafe {
         libc::sendmmsg(
             fd.as_raw_fd(),

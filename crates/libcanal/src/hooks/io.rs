@@ -12,6 +12,7 @@ use crate::sock::core::Sock;
 use crate::sockaddr;
 use crate::sys;
 use crate::sys::real;
+use canal_abi::sync::Ordering;
 use libc::c_int;
 use libc::c_uint;
 use libc::c_void;
@@ -248,6 +249,9 @@ fn recvmsg_one(s: Sock, msg: *mut msghdr, flags: c_int) -> Result<isize, i32> {
     let m = unsafe { &mut *msg };
     let iov = slice_iov(m.msg_iov, m.msg_iovlen as c_int)?;
     let mut meta = RecvMeta::default();
+    if !m.msg_control.is_null() && control_len(m) > 0 {
+        meta.control = Some((m.msg_control as *mut u8, control_len(m)));
+    }
     let n = crate::sock::data::recv(s, iov, flags, &mut meta)?;
     if !m.msg_name.is_null() {
         match meta.from {
@@ -258,8 +262,8 @@ fn recvmsg_one(s: Sock, msg: *mut msghdr, flags: c_int) -> Result<isize, i32> {
             None => m.msg_namelen = 0,
         }
     }
-    // No ancillary data is produced.
-    m.msg_controllen = 0;
+    // Only a datagram's control messages (ancillary.rs); a stream gets none.
+    m.msg_controllen = meta.control_len as _;
     m.msg_flags = meta.msg_flags;
     Ok(n as isize)
 }
@@ -279,7 +283,23 @@ fn sendmsg_one(s: Sock, msg: *const msghdr, flags: c_int) -> Result<isize, i32> 
     if to.is_some() {
         crate::policy::commit(&s);
     }
-    crate::sock::data::send(s, iov, flags, to.as_ref()).map(|n| n as isize)
+    let control = match s.kind() {
+        canal_abi::sock_kind::DGRAM if !m.msg_control.is_null() && control_len(m) > 0 => {
+            if control_len(m) > i32::MAX as usize {
+                return Err(libc::ENOBUFS);
+            }
+            // SAFETY: the application's control buffer: msg_controllen readable bytes.
+            let raw =
+                unsafe { core::slice::from_raw_parts(m.msg_control as *const u8, control_len(m)) };
+            Some(crate::ancillary::outgoing(
+                raw,
+                s.e.family.load(Ordering::Relaxed) as c_int,
+            )?)
+        }
+        _ => None,
+    };
+    let control = control.as_ref().map_or(&[][..], |c| c.bytes());
+    crate::sock::data::send_msg(s, iov, flags, to.as_ref(), control).map(|n| n as isize)
 }
 
 type FnSendMmsg = unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int) -> c_int;

@@ -439,9 +439,14 @@ pub(crate) fn epipe(flags: c_int) -> i32 {
 
 // ---- creation ------------------------------------------------------------------------
 
-/// Source address and flags a receive reports back.
+/// Source address and flags a receive reports back, and where its control messages
+/// go.
 #[derive(Default)]
 pub(crate) struct RecvMeta {
     pub(crate) from: Option<CanalAddr>,
     pub(crate) msg_flags: c_int,
+    /// recvmsg's control buffer (`msg_control`, `msg_controllen`), if it gave one.
+    pub(crate) control: Option<(*mut u8, usize)>,
+    /// Control bytes written there.
+    pub(crate) control_len: usize,
 }

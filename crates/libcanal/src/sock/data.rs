@@ -12,19 +12,31 @@ use canal_abi::sock_kind;
 use libc::c_int;
 use libc::iovec;
 
-/// send/sendto/sendmsg/write/writev.
+/// send/sendto/write/writev.
 pub(crate) fn send(
     s: Sock,
     iov: &[iovec],
     flags: c_int,
     to: Option<&CanalAddr>,
 ) -> Result<usize, i32> {
+    send_msg(s, iov, flags, to, &[])
+}
+
+/// sendmsg: `control` holds the control messages a datagram carries (checked by
+/// `ancillary::outgoing`); a stream's are not carried (docs/compat.md).
+pub(crate) fn send_msg(
+    s: Sock,
+    iov: &[iovec],
+    flags: c_int,
+    to: Option<&CanalAddr>,
+    control: &[u8],
+) -> Result<usize, i32> {
     dead_err(s.g, true)?;
     if flags & libc::MSG_OOB != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     match s.kind() {
-        sock_kind::DGRAM => send_dgram(s, iov, flags, to),
+        sock_kind::DGRAM => send_dgram(s, iov, flags, to, control),
         sock_kind::STREAM if flags & libc::MSG_FASTOPEN != 0 => {
             // TCP Fast Open (sendto/sendmsg with an address on an unconnected socket):
             // connect, then send, as the kernel does without a cookie: a blocking

@@ -11,6 +11,8 @@ use crate::sock::core::RecvMeta;
 use crate::sock::core::Sock;
 use canal_abi::addr::CanalAddr;
 use canal_abi::addr::ADDR_SIZE;
+use canal_abi::cmsg::MAX_CONTROL;
+use canal_abi::feature::DGRAM_CONTROL;
 use canal_abi::ring::check_indices;
 use canal_abi::ring::record_kind;
 use canal_abi::ring::Consumer;
@@ -35,6 +37,7 @@ pub(crate) fn send_dgram(
     iov: &[iovec],
     flags: c_int,
     to: Option<&CanalAddr>,
+    control: &[u8],
 ) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
@@ -45,8 +48,20 @@ pub(crate) fn send_dgram(
     if to.is_none() && !connected {
         return Err(libc::EDESTADDRREQ);
     }
+    // The address section: the destination (none on a connected socket), then, after
+    // a 32-byte address (all zero for the connected peer), the control messages. An
+    // older canald without DGRAM_CONTROL gets none.
+    let with_control = !control.is_empty() && s.g.region.header().features & DGRAM_CONTROL != 0;
     let enc = to.map(|a| a.encode());
-    let addr: &[u8] = enc.as_ref().map_or(&[], |b| &b[..]);
+    let section: [u8; ADDR_SIZE + MAX_CONTROL];
+    let addr: &[u8] = match &enc {
+        _ if with_control => {
+            section = with_address(enc.unwrap_or([0; ADDR_SIZE]), control);
+            &section[..ADDR_SIZE + control.len().min(MAX_CONTROL)]
+        }
+        Some(b) => &b[..],
+        None => &[],
+    };
     let ring = s.tx_ring()?;
     let size = RingStorage::size(&ring);
     if total > udp_max(s.e.family.load(Ordering::Relaxed))
@@ -115,6 +130,33 @@ pub(crate) fn send_dgram(
     }
 }
 
+/// An address section with control messages (`control` at most MAX_CONTROL bytes,
+/// as `ancillary::outgoing` makes them).
+fn with_address(addr: [u8; ADDR_SIZE], control: &[u8]) -> [u8; ADDR_SIZE + MAX_CONTROL] {
+    let mut b = [0u8; ADDR_SIZE + MAX_CONTROL];
+    b[..ADDR_SIZE].copy_from_slice(&addr);
+    let n = control.len().min(MAX_CONTROL);
+    b[ADDR_SIZE..ADDR_SIZE + n].copy_from_slice(&control[..n]);
+    b
+}
+
+/// Writes a received record's control messages into recvmsg's buffer, if it gave
+/// one, with MSG_CTRUNC where they did not all fit.
+fn take_control(from_record: &[u8], meta: &mut RecvMeta) {
+    if from_record.is_empty() {
+        return;
+    }
+    let out = meta.control.map(|(p, n)| {
+        // SAFETY: recvmsg's caller gave `n` writable bytes at `p` (msg_control).
+        unsafe { core::slice::from_raw_parts_mut(p, n) }
+    });
+    let (n, cut) = crate::ancillary::deliver(from_record, out);
+    meta.control_len = n;
+    if cut {
+        meta.msg_flags |= libc::MSG_CTRUNC;
+    }
+}
+
 /// Whether a record of `need` bytes fits now, with the padding `push_record` would
 /// put before it (records never wrap).
 pub(crate) fn record_fits(head: u64, tail: u64, size: u64, need: u64) -> bool {
@@ -163,12 +205,18 @@ pub(crate) fn recv_dgram(
                 // SAFETY: the iovecs are the application's writable buffers; the payload
                 // span lies inside the queued bytes (checked by next_record).
                 unsafe { iov::scatter_from(&ring, pos, iov, 0, n) };
-                if info.addr_len as usize >= ADDR_SIZE {
+                meta.msg_flags = if len > total { libc::MSG_TRUNC } else { 0 };
+                if info.addr_len as usize > ADDR_SIZE {
+                    let mut a = [0u8; ADDR_SIZE + MAX_CONTROL];
+                    let n = (info.addr_len as usize).min(a.len());
+                    c.record_addr(&info, &mut a[..n]);
+                    meta.from = CanalAddr::decode(&a);
+                    take_control(&a[ADDR_SIZE..n], meta);
+                } else if info.addr_len as usize == ADDR_SIZE {
                     let mut a = [0u8; ADDR_SIZE];
                     c.record_addr(&info, &mut a);
                     meta.from = CanalAddr::decode(&a);
                 }
-                meta.msg_flags = if len > total { libc::MSG_TRUNC } else { 0 };
                 if !peek {
                     c.consume_record(&info);
                 }
