@@ -1,9 +1,11 @@
 """UDP control messages (ancillary data, protocol §5 minor 12): programs that learn a
 datagram's destination, TTL or arrival time from recvmsg, and choose a reply's source
-or TTL with sendmsg, see exactly what the kernel would show them.
+or TTL with sendmsg, see exactly what the kernel would show them; so do programs that
+assemble a datagram from parts (MSG_MORE, UDP_CORK) or look at the error queue.
 
 - tests/e2e/progs/dgram_control.py prints every case (receive options, send-side
-  messages, MSG_CTRUNC, the kernel's errnos); natively and under canal the lines must
+  messages, MSG_CTRUNC, the kernel's errnos, parts and corking, MSG_ERRQUEUE, sends
+  and the calls after them); natively and under canal the lines must
   be equal, but for the one documented difference that proves the sockets were canal's:
   an SO_MARK message, which root may send natively and a guest never may (EPERM).
 - dnsmasq in its default mode (a wildcard socket that reads IP_PKTINFO to tell which

@@ -80,6 +80,11 @@ pub mod feature {
     /// traffic class, don't-fragment, UDP segment size), on rx what the host socket's
     /// `recvmsg` produced. Set for every guest; a guest sends control only when set.
     pub const DGRAM_CONTROL: u64 = 1 << 13;
+    /// Datagram parts (protocol §5, minor 12): a tx record may be of kind
+    /// `DATAGRAM_MORE`, a program's `send` with MSG_MORE, which the host sends with
+    /// MSG_MORE so that the next record completes the same datagram. Set for every
+    /// guest; a guest writes such records only when set.
+    pub const DGRAM_MORE: u64 = 1 << 14;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -92,7 +97,8 @@ pub mod feature {
         | BELLS
         | ACCEPT_ONE
         | CLOSE_MARK
-        | DGRAM_CONTROL;
+        | DGRAM_CONTROL
+        | DGRAM_MORE;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

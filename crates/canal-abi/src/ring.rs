@@ -227,6 +227,10 @@ pub mod record_kind {
     pub const DATAGRAM: u16 = 1;
     /// An accepted connection on a listener's rx ring: payload is `AcceptRecord`.
     pub const ACCEPT: u16 = 2;
+    /// A part of a datagram that later parts complete (tx only, feature `DGRAM_MORE`):
+    /// sent with MSG_MORE, so the host socket appends the next record to it as the
+    /// kernel appends a program's `send(..., MSG_MORE)` parts.
+    pub const DATAGRAM_MORE: u16 = 3;
 }
 
 /// Bytes of a record header: `len: u32` (payload bytes), `addr_len: u16` (0 or

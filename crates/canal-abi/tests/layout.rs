@@ -203,8 +203,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 14,
-        HeaderError::UnknownFeatures(1 << 14),
+        &|h| h.features |= 1 << 15,
+        HeaderError::UnknownFeatures(1 << 15),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -408,7 +408,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b11_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b111_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -693,6 +693,8 @@ fn datagram_control_messages() {
     // protocol.md §3 (feature bit 13), §5 (control messages after a record's address),
     // minor 12: the kernel's 64-bit layout, at most 512 bytes a record.
     assert_eq!(feature::DGRAM_CONTROL, 1 << 13);
+    assert_eq!(feature::DGRAM_MORE, 1 << 14);
+    assert_eq!(canal_abi::ring::record_kind::DATAGRAM_MORE, 3);
     const { assert!(canal_abi::VERSION_MINOR >= 12) };
     assert_ne!(feature::KNOWN & feature::DGRAM_CONTROL, 0);
     assert_eq!(canal_abi::cmsg::HEADER, 16);

@@ -83,6 +83,7 @@ impl Daemon {
             let features = canal_abi::feature::ALL_V1
                 | canal_abi::feature::WATCH
                 | canal_abi::feature::DGRAM_CONTROL
+                | canal_abi::feature::DGRAM_MORE
                 | if sc { canal_abi::feature::SHORTCUT } else { 0 }
                 | if zones { canal_abi::feature::ZONES } else { 0 }
                 | if arenas {

@@ -244,7 +244,8 @@ impl Vms {
             let _ = std::fs::remove_file(&path);
             Err(e)
         };
-        let mut features = (feature::ALL_V1 | feature::DGRAM_CONTROL) & !feature::PORT_EVENTFD;
+        let mut features = (feature::ALL_V1 | feature::DGRAM_CONTROL | feature::DGRAM_MORE)
+            & !feature::PORT_EVENTFD;
         if doorbell {
             features |= feature::DOORBELL;
         }

@@ -2,7 +2,11 @@
 case: what recvmsg delivers for the receive options (IP_PKTINFO, IP_RECVTTL, IP_RECVTOS,
 SO_TIMESTAMPNS, IPV6_RECVPKTINFO, IPV6_RECVHOPLIMIT), what sendmsg's messages change
 (IP_TTL, IP_TOS, IPV6_HOPLIMIT, the source chosen by IP_PKTINFO), MSG_CTRUNC with a short
-control buffer or none, and the errnos of messages the kernel refuses.
+control buffer or none, and the errnos of messages the kernel refuses. Then what else a
+program controls about its datagrams: MSG_MORE parts and UDP_CORK making one datagram,
+an empty error queue (MSG_ERRQUEUE), and calls that come after the sends before them
+(a TTL set between two sends, a connect between two, the name an autobinding sendto
+gave).
 
 Usage: dgram_control.py [view]   ("view": leave out what a network's own address view
 cannot show: 127.0.0.2/127.0.0.3 as addresses of their own, IPv6 hop limits)."""
@@ -107,4 +111,45 @@ c6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
 c6.sendmsg([b"v6"], [(socket.IPPROTO_IPV6, socket.IPV6_HOPLIMIT, struct.pack("i", 7))], 0, ("::1", s6.getsockname()[1]))
 data, anc, flags, addr = s6.recvmsg(100, BIG)
 emit("IPv6", data.decode(), shown(anc), flags)
+# Datagrams a program assembles: MSG_MORE parts and UDP_CORK make one datagram.
+UDP_CORK = 1
+a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a.bind(("127.0.0.1", 0))
+a.settimeout(10)
+b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+b.connect(a.getsockname())
+b.send(b"ab", socket.MSG_MORE); b.send(b"cd", socket.MSG_MORE); b.send(b"ef")
+b.setsockopt(socket.IPPROTO_UDP, UDP_CORK, 1)
+b.send(b"12"); b.sendto(b"34", a.getsockname())
+emit("UDP_CORK read back", b.getsockopt(socket.IPPROTO_UDP, UDP_CORK))
+b.setsockopt(socket.IPPROTO_UDP, UDP_CORK, 0)
+b.send(b"alone")
+emit("assembled", [a.recv(100).decode() for _ in range(3)])
+# The error queue is empty: it neither blocks nor takes a datagram.
+b.send(b"kept")
+a.settimeout(0)  # Python's timeout would retry EAGAIN until it expires
+try:
+    a.recvmsg(100, 100, socket.MSG_ERRQUEUE)
+    emit("MSG_ERRQUEUE", "took something")
+except OSError as e:
+    emit("MSG_ERRQUEUE", e.errno)
+a.settimeout(10)
+emit("after MSG_ERRQUEUE", a.recv(100).decode())
+# A call on the socket comes after the sends before it: the TTL each datagram was
+# sent with, the peer each went to, the port an autobinding sendto took.
+a.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTTL, 1)
+c2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a2.bind(("127.0.0.1", 0))
+a2.settimeout(10)
+c2.sendto(b"t1", a.getsockname())
+emit("name after sendto", c2.getsockname()[0], c2.getsockname()[1] != 0)
+c2.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 5)
+c2.sendto(b"t2", a.getsockname())
+c2.connect(a.getsockname()); c2.send(b"to a")
+c2.connect(a2.getsockname()); c2.send(b"to a2")
+for sock, n in ((a, 3), (a2, 1)):
+    for _ in range(n):
+        d, anc, _, _ = sock.recvmsg(100, BIG)
+        emit("in order", d.decode(), [x for x in shown(anc) if x[0] == "IP_TTL"])
 emit("done")

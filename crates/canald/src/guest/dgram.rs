@@ -97,6 +97,28 @@ fn record_dest(
 }
 
 impl Guest {
+    /// Sends everything a datagram socket has queued, whatever the round's budget has
+    /// left (a request on the socket is about to change what later datagrams get).
+    /// Stops where the host socket is full (EAGAIN); no-op for other kinds.
+    pub(crate) fn drain_dgram_tx(&mut self, index: u32) {
+        let dgram = self
+            .sockets
+            .get(index as usize)
+            .and_then(|s| s.as_ref())
+            .is_some_and(|s| {
+                matches!(s.state, crate::guest::socket::KindState::Dgram { .. })
+                    && s.phase != Phase::Broken
+            });
+        if !dgram {
+            return;
+        }
+        let budget = std::mem::replace(&mut self.tx_deficit, i64::MAX / 2);
+        // A guest that broke its ring is found again by the round's own service.
+        let _ = self.flush_dgram_tx(index, &mut RoundStats::default());
+        let spent = i64::MAX / 2 - self.tx_deficit;
+        self.tx_deficit = budget - spent;
+    }
+
     pub(crate) fn service_dgram(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
         if self.sockets[index as usize].as_ref().ok_or(Corrupt)?.phase == Phase::Broken {
             return Ok(());
@@ -156,6 +178,7 @@ impl Guest {
             let mut ctl_bytes: Vec<u8> = Vec::new();
             let mut ends = [0u64; sys::SEND_BATCH];
             let (mut n, mut planned, mut drops_end) = (0, charged, None);
+            let mut part = false;
             // One record's address section at a time (overwritten, never zeroed again).
             let mut b = [0u8; ADDR_SIZE + MAX_CONTROL];
             while n < sys::SEND_BATCH {
@@ -166,8 +189,14 @@ impl Guest {
                 let Some(info) = scout.next_record().map_err(|_| Corrupt)? else {
                     break;
                 };
-                if info.kind != record_kind::DATAGRAM {
-                    return Err(Corrupt);
+                let more = match info.kind {
+                    record_kind::DATAGRAM => false,
+                    record_kind::DATAGRAM_MORE => true,
+                    _ => return Err(Corrupt),
+                };
+                // A part goes alone, with MSG_MORE (sendmmsg's flags are the batch's).
+                if more && n > 0 {
+                    break;
                 }
                 let section = match info.addr_len as usize {
                     n if n <= b.len() => &mut b[..n],
@@ -189,6 +218,10 @@ impl Guest {
                         n += 1;
                         planned += charge(info.len as u64);
                         drops_end = None;
+                        if more {
+                            part = true;
+                            break;
+                        }
                     }
                     Err(code) => {
                         err = code.or(err);
@@ -203,7 +236,7 @@ impl Guest {
             let Some(fd) = s.fd.as_ref().filter(|_| n > 0) else {
                 break;
             };
-            match sys::sendmmsg_ring(fd, &ring, &batch[..n], &ctl_bytes) {
+            match sys::sendmmsg_ring(fd, &ring, &batch[..n], &ctl_bytes, part) {
                 Ok(k) if k > 0 => {
                     let k = k.min(n);
                     sent += batch[..k].iter().map(|d| d.len).sum::<u64>();
@@ -237,6 +270,17 @@ impl Guest {
         s.tx_bytes = s.tx_bytes.wrapping_add(sent);
         st.bytes += sent;
         self.tx_deficit -= charged as i64;
+        self.after_dgram_flush(index, moved, err)
+    }
+
+    /// After a flush that freed `moved` ring bytes: the furthest head seen, the socket
+    /// marked changed, and the errno its next call reports.
+    fn after_dgram_flush(
+        &mut self,
+        index: u32,
+        moved: u64,
+        err: Option<i32>,
+    ) -> Result<(), Corrupt> {
         // The consumer may have read a newer head than tx_avail: remember the furthest.
         let head_now = self.entry(index).tx_head.load(Ordering::Acquire);
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;

@@ -280,6 +280,11 @@ impl Guest {
                 _ => Ok((0, 0)),
             };
         };
+        // What a datagram socket's program sent before this call leaves first, under
+        // the settings, peer and name it was sent with (an option, a connect, UDP_CORK's
+        // push, getsockname after an autobinding sendto), as in the kernel, where the
+        // send was done before the call began.
+        self.drain_dgram_tx(index);
         let view = self.view();
         match cmd {
             Cmd::Bind(a) => {

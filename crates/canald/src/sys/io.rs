@@ -56,7 +56,8 @@ pub(crate) struct RingDatagram {
     pub(crate) control: (u32, u32),
 }
 
-/// Sends up to SEND_BATCH datagrams of ring bytes with one `sendmmsg`; returns how many
+/// Sends up to SEND_BATCH datagrams of ring bytes with one `sendmmsg` (`more`: with
+/// MSG_MORE, a part the next send completes); returns how many
 /// went (as `sendmmsg`: an error only if the first one failed; the caller retries the
 /// rest, whose first then reports its error).
 pub(crate) fn sendmmsg_ring(
@@ -64,6 +65,7 @@ pub(crate) fn sendmmsg_ring(
     ring: &RawRing,
     dgrams: &[RingDatagram],
     control: &[u8],
+    more: bool,
 ) -> io::Result<usize> {
     let n = dgrams.len().min(SEND_BATCH);
     if n == 0 {
@@ -101,7 +103,7 @@ pub(crate) fn sendmmsg_ring(
             fd.as_raw_fd(),
             msgs.as_mut_ptr(),
             n as u32,
-            libc::MSG_NOSIGNAL,
+            libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 },
         )
     };
     if r < 0 {

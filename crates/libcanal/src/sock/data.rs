@@ -66,6 +66,13 @@ pub(crate) fn recv(
     if flags & libc::MSG_OOB != 0 {
         return Err(libc::EINVAL);
     }
+    // The error queue (IP_RECVERR's extended errors, transmit timestamps) is not
+    // carried: it reads as empty, as the kernel's does, never blocking and never
+    // taking a datagram or stream bytes in its place. Errors still reach the program
+    // through its next call and SO_ERROR (docs/compat.md "error queue").
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        return Err(libc::EAGAIN);
+    }
     match s.kind() {
         sock_kind::DGRAM => recv_dgram(s, iov, flags, meta),
         sock_kind::STREAM => recv_stream(s, iov, flags),

@@ -13,6 +13,7 @@ use canal_abi::addr::CanalAddr;
 use canal_abi::addr::ADDR_SIZE;
 use canal_abi::cmsg::MAX_CONTROL;
 use canal_abi::feature::DGRAM_CONTROL;
+use canal_abi::feature::DGRAM_MORE;
 use canal_abi::ring::check_indices;
 use canal_abi::ring::record_kind;
 use canal_abi::ring::Consumer;
@@ -62,6 +63,15 @@ pub(crate) fn send_dgram(
         Some(b) => &b[..],
         None => &[],
     };
+    // MSG_MORE: a part the host socket holds for the next send (UDP_CORK is the
+    // host socket's own option, set in order with the datagrams: canald sends what
+    // was queued before it applies any request).
+    let features = s.g.region.header().features;
+    let kind = if flags & libc::MSG_MORE != 0 && features & DGRAM_MORE != 0 {
+        record_kind::DATAGRAM_MORE
+    } else {
+        record_kind::DATAGRAM
+    };
     let ring = s.tx_ring()?;
     let size = RingStorage::size(&ring);
     if total > udp_max(s.e.family.load(Ordering::Relaxed))
@@ -102,7 +112,7 @@ pub(crate) fn send_dgram(
             tail_shared: &s.e.tx_tail,
             head: s.e.tx_head.load(Ordering::Relaxed),
         };
-        let r = p.push_record(record_kind::DATAGRAM, addr, parts);
+        let r = p.push_record(kind, addr, parts);
         crate::shortcut::sidelock::exit_tx(s.e, held);
         match r {
             Err(_) => return Err(libc::EIO),
