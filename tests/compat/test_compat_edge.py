@@ -51,6 +51,7 @@ CHECKS = {
     "sendfile": "client",
     "msg_flags": "client",
     "outq": "client",
+    "atmark": "client",
     "udp_msg_trunc": "client",
     "sockopts": "client",
     "ipv6_client": "client",

@@ -1646,6 +1646,29 @@ static void check_outq(void)
     close(s);
 }
 
+/* SIOCATMARK: canal carries no urgent data, so a TCP socket is never at the mark (0,
+ * as the kernel answers without urgent data, listeners included); UDP has no such
+ * ioctl (ENOTTY). */
+static void check_atmark(void)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = lo4(0);
+    int v = -1, r = -1;
+    if (bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 1) == 0)
+        r = ioctl(l, SIOCATMARK, &v);
+    EXPECT(r == 0 && v == 0, "SIOCATMARK on a listener: r=%d %s value %d (want 0)", r, r < 0 ? ename(errno) : "", v);
+    close(l);
+    int s = peer_cmd(NULL, "ECHO");
+    v = -1;
+    r = ioctl(s, SIOCATMARK, &v);
+    EXPECT(r == 0 && v == 0, "SIOCATMARK on a connection: r=%d %s value %d (want 0)", r, r < 0 ? ename(errno) : "", v);
+    close(s);
+    int u = socket(AF_INET, SOCK_DGRAM, 0);
+    r = ioctl(u, SIOCATMARK, &v);
+    EXPECT(r == -1 && errno == ENOTTY, "SIOCATMARK on UDP: r=%d %s (want ENOTTY)", r, r < 0 ? ename(errno) : "");
+    close(u);
+}
+
 static void check_udp_msg_trunc(void)
 {
     int u = socket(AF_INET, SOCK_DGRAM, 0);
@@ -2597,6 +2620,7 @@ static const struct {
     { "sendfile", "client", "tcp4", check_sendfile },
     { "msg_flags", "client", "tcp4", check_msg_flags },
     { "outq", "client", "tcp4", check_outq },
+    { "atmark", "client", "tcp4", check_atmark },
     { "udp_msg_trunc", "client", "udp4", check_udp_msg_trunc },
     { "sockopts", "client", "tcp4", check_sockopts },
     { "ipv6_client", "client", "tcp6", check_ipv6_client },

@@ -389,6 +389,8 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
 
 /// SIOCOUTQNSD from linux/sockios.h (SIOCOUTQ is TIOCOUTQ's number).
 const SIOCOUTQNSD: c_ulong = 0x894b;
+/// SIOCATMARK from asm/sockios.h.
+const SIOCATMARK: c_ulong = 0x8905;
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
@@ -421,6 +423,18 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 unsafe { *(arg as *mut c_int) = n };
                 Ok(0)
             }
+            SIOCATMARK => match s.kind() {
+                // UDP has no urgent data and no such ioctl.
+                canal_abi::sock_kind::DGRAM => Err(libc::ENOTTY),
+                _ if arg.is_null() => Err(libc::EFAULT),
+                _ => {
+                    // canal carries no urgent data (MSG_OOB is refused), so a TCP
+                    // socket is never at the mark: 0, as the kernel answers without it.
+                    // SAFETY: SIOCATMARK takes an int* out-parameter.
+                    unsafe { *(arg as *mut c_int) = 0 };
+                    Ok(0)
+                }
+            },
             _ => {
                 // SAFETY: other requests act on the dummy descriptor.
                 let r = unsafe { real!(c"ioctl", FnIoctl)(fd, req, arg) };
