@@ -9,7 +9,8 @@ an empty error queue (MSG_ERRQUEUE), and calls that come after the sends before 
 gave).
 
 Usage: dgram_control.py [view]   ("view": leave out what a network's own address view
-cannot show: 127.0.0.2/127.0.0.3 as addresses of their own, IPv6 hop limits)."""
+cannot show: 127.0.0.2/127.0.0.3 as addresses of their own, IPv6 hop limits and
+original destinations)."""
 import json
 import socket
 import struct
@@ -19,6 +20,8 @@ for _n, _v in (("IP_PKTINFO", 8), ("IP_RECVTTL", 12), ("IP_RECVTOS", 13), ("SO_T
     if not hasattr(socket, _n):
         setattr(socket, _n, _v)
 VIEW = sys.argv[1:] == ["view"]
+IP_ORIGDSTADDR, IPV6_ORIGDSTADDR = 20, 74  # also the IP_RECV*/IPV6_RECV* options' numbers
+PORTS = {}  # the receivers' ports, to check the original destination's
 
 
 def shown(anc):
@@ -36,6 +39,12 @@ def shown(anc):
             r.append(["IPV6_PKTINFO", socket.inet_ntop(socket.AF_INET6, a), ifi])
         elif (lvl, typ) == (socket.IPPROTO_IPV6, socket.IPV6_HOPLIMIT):
             r.append(["IPV6_HOPLIMIT", struct.unpack("i", data)[0]])
+        elif (lvl, typ) == (socket.IPPROTO_IP, IP_ORIGDSTADDR):
+            fam, port, a = struct.unpack("!HH4s8x", data)
+            r.append(["IP_ORIGDSTADDR", socket.inet_ntoa(a), port == PORTS.get("v4")])
+        elif (lvl, typ) == (socket.IPPROTO_IPV6, IPV6_ORIGDSTADDR):
+            fam, port, flow, a, scope = struct.unpack("!HHI16sI", data)
+            r.append(["IPV6_ORIGDSTADDR", socket.inet_ntop(socket.AF_INET6, a), port == PORTS.get("v6")])
         elif (lvl, typ) == (socket.SOL_SOCKET, socket.SO_TIMESTAMPNS):
             r.append(["SO_TIMESTAMPNS", len(data)])
         else:
@@ -53,6 +62,8 @@ port = srv.getsockname()[1]
 for o in (socket.IP_PKTINFO, socket.IP_RECVTTL, socket.IP_RECVTOS):
     srv.setsockopt(socket.IPPROTO_IP, o, 1)
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_TIMESTAMPNS, 1)
+srv.setsockopt(socket.IPPROTO_IP, IP_ORIGDSTADDR, 1)
+PORTS["v4"] = port
 srv.settimeout(10)
 cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 cli.bind(("127.0.0.1", 0))
@@ -105,8 +116,10 @@ s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
 s6.bind(("::1", 0))
 s6.settimeout(10)
 s6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+PORTS["v6"] = s6.getsockname()[1]
 if not VIEW:
     s6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVHOPLIMIT, 1)
+    s6.setsockopt(socket.IPPROTO_IPV6, IPV6_ORIGDSTADDR, 1)
 c6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
 c6.sendmsg([b"v6"], [(socket.IPPROTO_IPV6, socket.IPV6_HOPLIMIT, struct.pack("i", 7))], 0, ("::1", s6.getsockname()[1]))
 data, anc, flags, addr = s6.recvmsg(100, BIG)
