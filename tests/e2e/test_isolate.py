@@ -10,6 +10,7 @@ import errno
 import json
 import re
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -531,6 +532,51 @@ def test_datagram_control_messages_name_the_guests_own_addresses(canald, procs, 
     want = native.replace('["SO_MARK", ["sent", 1]]', '["SO_MARK", ["errno", 1]]')
     assert '["IP_PKTINFO", 1, "127.0.0.1", "127.0.0.1"]' in native, native
     assert r.stdout == want, f"natively:\n{native}\nunder canal --isolate:\n{r.stdout}"
+
+
+def _dns_answer(port, name, qid, timeout=5):
+    """The first A record the DNS server on 127.0.0.1:port gives for `name`."""
+    q = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    msg = qid.to_bytes(2, "big") + bytes.fromhex("0100 0001 0000 0000 0000") + q + bytes.fromhex("0001 0001")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        s.sendto(msg, ("127.0.0.1", port))
+        r, src = s.recvfrom(512)
+    assert src == ("127.0.0.1", port) and r[:2] == qid.to_bytes(2, "big"), (src, r)
+    return socket.inet_ntoa(r[-4:]) if int.from_bytes(r[6:8], "big") else None
+
+
+def test_dns_server_inside_published_on_udp(canald, procs, tmp_path):
+    """dnsmasq with its defaults (a wildcard socket that reads IP_PKTINFO to tell which
+    address each query came to, and answers from it) inside --isolate on port 53,
+    published on a host UDP port: the host's queries are answered, and dnsmasq logs
+    them as coming from 10.0.2.2 (the host, in the guest's view)."""
+    dnsmasq = shutil.which("dnsmasq")
+    if not dnsmasq:
+        pytest.skip("dnsmasq is not installed (scripts/install-deps installs it)")
+    conf = tmp_path / "dnsmasq.conf"
+    conf.write_text("port=53\nno-resolv\nno-hosts\naddress=/canal.test/10.9.8.7\nlog-queries\n")
+    host = e2e_util.free_port()
+    user = f"--user={pwd.getpwuid(os.geteuid()).pw_name}"
+    p = procs.spawn(isolated(canald, [dnsmasq, "--keep-in-foreground", "--log-facility=-", "-C", conf, user],
+                             publish=[f"{host}:53/udp"]), name="dnsmasq")
+    # dnsmasq logs to stderr (--log-facility=-).
+    e2e_util.wait_for(lambda: p.poll() is not None or "started" in p.stderr(), 30, what="dnsmasq to start")
+    assert p.poll() is None, p.describe()
+    answers = []
+    for qid in range(1, 4):
+        e2e_util.wait_for(lambda: p.poll() is not None or _try_dns(host, qid, answers), 20,
+                          what="dnsmasq inside to answer through its published port")
+    assert answers == ["10.9.8.7"] * 3, (answers, p.describe())
+    e2e_util.wait_for(lambda: "canal.test from 10.0.2.2" in p.stderr(), 10, what="dnsmasq's log line")
+
+
+def _try_dns(port, qid, answers):
+    try:
+        answers.append(_dns_answer(port, "canal.test", qid, timeout=1))
+        return True
+    except OSError:
+        return False
 
 
 # ---- programs LD_PRELOAD cannot reach: static and Go, served by seccomp notification ---
