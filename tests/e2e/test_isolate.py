@@ -204,7 +204,9 @@ sys.stdin.readline()
 
 GUEST_ECHO = r"""
 import socket, sys
-s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(4)
+host = sys.argv[2] if len(sys.argv) > 2 else "0.0.0.0"
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+s.bind((host, int(sys.argv[1]))); s.listen(4)
 print("ready", flush=True)
 c, a = s.accept()
 print("peer", a[0], flush=True)
@@ -216,11 +218,14 @@ while True:
 """
 
 
-def test_isolated_guests_short_circuit_each_other(canald, procs, python):
+@pytest.mark.parametrize("listener", ["0.0.0.0", "::"])
+def test_isolated_guests_short_circuit_each_other(canald, procs, python, listener):
     """A guest connecting to another guest's published port is connected ring to ring,
-    as between ordinary canal guests."""
+    as between ordinary canal guests; also when the listener is a dual-stack `[::]` one
+    (node's, nginx's), whose accepted socket names the client IPv4-mapped, as natively."""
     g, h = e2e_util.free_port(), e2e_util.free_port()
-    srv = procs.spawn(isolated(canald, [python, "-c", GUEST_ECHO, g], publish=[f"{h}:{g}"], name="echo"), name="echo")
+    srv = procs.spawn(isolated(canald, [python, "-c", GUEST_ECHO, g, listener], publish=[f"{h}:{g}"], name="echo"),
+                      name="echo")
     srv.wait_line("ready", 30)
     cli = procs.spawn(isolated(canald, [python, "-c", GUEST_CLIENT, h], name="client"), name="client", stdin=subprocess.PIPE)
     cli.wait_line("echoed", 30)
@@ -230,7 +235,8 @@ def test_isolated_guests_short_circuit_each_other(canald, procs, python):
     cli.send_line("")
     assert cli.finish(20).returncode == 0, cli.describe()
     r = srv.finish(20)
-    assert r.returncode == 0 and "peer 10.0.2.2" in r.stdout, r.describe()
+    peer = "10.0.2.2" if listener == "0.0.0.0" else "::ffff:10.0.2.2"
+    assert r.returncode == 0 and f"peer {peer}\n" in r.stdout, r.describe()
 
 
 DNS_SERVER = r"""

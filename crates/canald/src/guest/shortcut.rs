@@ -85,13 +85,15 @@ impl Guest {
             return;
         };
         let handle = s.handle;
-        // IPv4 clients reach it too (short-circuited only in the host's own view: a
-        // network's IPV6_V6ONLY is canald's, its host sockets are all dual-stack).
+        // IPv4 clients reach it too: the host socket's IPV6_V6ONLY, or in a network's
+        // view the guest's, which canald keeps (its host sockets are all dual-stack).
         let dual_stack = addr.family == libc::AF_INET6 as u16
-            && self.cfg.net.is_none()
-            && s.fd.as_ref().is_some_and(|f| {
-                sys::sockopt_int(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).is_ok_and(|v| v == 0)
-            });
+            && match self.cfg.net {
+                Some(_) => !s.v6only,
+                None => s.fd.as_ref().is_some_and(|f| {
+                    sys::sockopt_int(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).is_ok_and(|v| v == 0)
+                }),
+            };
         let conn = self.conn;
         let mut sh = lock(&sc);
         sh.listeners
