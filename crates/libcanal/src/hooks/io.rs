@@ -108,7 +108,10 @@ pub unsafe extern "C" fn sendto(
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: msg is the caller's message, as sendmsg requires.
-    unsafe { bridge_passed_sockets(msg) };
+    if let Err(e) = unsafe { bridge_passed_sockets(msg) } {
+        sys::set_errno(e);
+        return -1;
+    }
     dispatch!(fd, real!(c"sendmsg", FnSendMsg)(fd, msg, flags), |s| {
         sendmsg_one(s, msg, flags)
     })
@@ -123,23 +126,70 @@ fn control_len(m: &msghdr) -> usize {
 /// A connected canal socket passed with SCM_RIGHTS is bridged first (bridge.rs): the
 /// receiver, with the library or without, gets a kernel socket that carries the
 /// connection, and this process uses the same one from now on (one socket for both).
+/// Any other canal socket (a listener, a datagram socket, one not connected yet) has
+/// nothing a receiver could use — it would get the dummy descriptor — so the call is
+/// refused with EOPNOTSUPP and a message, before anything is sent.
 ///
 /// # Safety
 /// `msg` is null or a valid msghdr whose control buffer is readable.
-unsafe fn bridge_passed_sockets(msg: *const msghdr) {
+unsafe fn bridge_passed_sockets(msg: *const msghdr) -> Result<(), i32> {
     // SAFETY: checked non-null; the caller's msghdr.
     let Some(m) = (unsafe { msg.as_ref() }) else {
-        return;
+        return Ok(());
     };
     if m.msg_control.is_null() || control_len(m) < core::mem::size_of::<libc::cmsghdr>() {
-        return;
+        return Ok(());
     }
     let Some(g) = crate::conn::guest::guest() else {
-        return;
+        return Ok(());
     };
     let Some(_r) = crate::hooks::common::Reentry::enter() else {
-        return;
+        return Ok(());
     };
+    // SAFETY: the caller's control buffer (checked above to hold a header).
+    unsafe { passed_canal_fds(m, |fd, h| refuse_unbridgeable(g, fd, h)) }?;
+    // SAFETY: as above.
+    unsafe {
+        passed_canal_fds(m, |fd, h| {
+            // The receiver holds a copy: counted by the kernel (sock/watch.rs).
+            crate::sock::watch::share(g);
+            crate::bridge::bridge_if_connected(g, fd, h);
+            Ok(())
+        })
+    }
+}
+
+fn refuse_unbridgeable(
+    g: &'static crate::conn::guest::Guest,
+    fd: c_int,
+    h: u32,
+) -> Result<(), i32> {
+    if crate::bridge::bridgeable(g, h) {
+        return Ok(());
+    }
+    let what = match Sock::new(g, h).map(|s| s.kind()) {
+        Ok(canal_abi::sock_kind::LISTENER) => "a listening",
+        Ok(canal_abi::sock_kind::DGRAM) => "a datagram",
+        _ => "an unconnected",
+    };
+    sys::log_fmt(format_args!(
+        "canal: sendmsg: descriptor {fd} is {what} canal socket, which cannot be passed \
+         with SCM_RIGHTS (only connected TCP sockets can: docs/compat.md, SCM_RIGHTS); \
+         refused with EOPNOTSUPP. CANAL_EXCLUDE with its address keeps such a socket \
+         in the kernel.\n"
+    ));
+    Err(libc::EOPNOTSUPP)
+}
+
+/// Calls `f(fd, handle)` for every canal socket among the SCM_RIGHTS descriptors of
+/// `m`, stopping at its first error.
+///
+/// # Safety
+/// `m`'s control buffer is readable for msg_controllen bytes.
+unsafe fn passed_canal_fds(
+    m: &msghdr,
+    mut f: impl FnMut(c_int, u32) -> Result<(), i32>,
+) -> Result<(), i32> {
     // SAFETY: walking the caller's control buffer with the CMSG macros.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
     while !c.is_null() {
@@ -155,15 +205,14 @@ unsafe fn bridge_passed_sockets(msg: *const msghdr) {
                 // SAFETY: n ints follow the header within cmsg_len.
                 let fd = unsafe { data.add(i).read_unaligned() };
                 if let Some(hd) = crate::fdtable::TABLE.handle(fd) {
-                    // The receiver holds a copy: counted by the kernel (sock/watch.rs).
-                    crate::sock::watch::share(g);
-                    crate::bridge::bridge_if_connected(g, fd, hd);
+                    f(fd, hd)?;
                 }
             }
         }
         // SAFETY: as above.
         c = unsafe { libc::CMSG_NXTHDR(m, c) };
     }
+    Ok(())
 }
 
 #[cfg_attr(not(test), no_mangle)]
