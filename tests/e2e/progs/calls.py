@@ -10,6 +10,8 @@ must be equal.
   (EINPROGRESS without a cookie, the bytes with one).
 - splice(2) between TCP sockets and pipes, both ways: 300,000 bytes each way
   hash-checked, the non-blocking cases, the kernel's errors.
+- shutdown's odd answers (`shutdowns`): ENOTCONN that shuts down all the same, UDP
+  receives after SHUT_RD, a zero-length datagram.
 """
 import errno
 import hashlib
@@ -167,8 +169,37 @@ def edges():
     a.close()
 
 
+def shutdowns():
+    """shutdown where the kernel's answer is odd: a socket that is not connected says
+    ENOTCONN but is shut down all the same (later sends fail with EPIPE); a UDP socket
+    after SHUT_RD answers EAGAIN to a non-blocking receive and 0 to a blocking one."""
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    a.bind(("127.0.0.1", 0))
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    attempt("udp shutdown, not connected", lambda: u.shutdown(socket.SHUT_RDWR))
+    attempt("udp sendto after it", lambda: u.sendto(b"x", a.getsockname()))
+    attempt("udp recv after it", lambda: u.recv(10, socket.MSG_DONTWAIT))
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c.connect(a.getsockname())
+    attempt("udp SHUT_RD, connected", lambda: c.shutdown(socket.SHUT_RD))
+    attempt("udp non-blocking recv after SHUT_RD", lambda: c.recv(10, socket.MSG_DONTWAIT))
+    attempt("udp blocking recv after SHUT_RD", lambda: c.recv(10))
+    attempt("udp send after SHUT_RD", lambda: c.send(b"y"))
+    attempt("udp zero-length datagram", lambda: c.send(b""))
+    attempt("udp its receiver", lambda: [a.recv(10), a.recv(10)])
+    l = socket.create_server(("127.0.0.1", 0))
+    t = socket.socket()
+    attempt("tcp shutdown, not connected", lambda: t.shutdown(socket.SHUT_WR))
+    attempt("tcp connect after it", lambda: t.connect(l.getsockname()))
+    attempt("tcp send after it", lambda: t.send(b"x"))
+    attempt("listener SHUT_WR", lambda: l.shutdown(socket.SHUT_WR))
+    for x in (a, u, c, l, t):
+        x.close()
+
+
 fast_open()
 through_pipe(True)
 through_pipe(False)
 edges()
+shutdowns()
 print("done")

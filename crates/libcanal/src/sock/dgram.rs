@@ -251,11 +251,14 @@ pub(crate) fn recv_dgram(
         if pe != 0 {
             return Err(pe as i32);
         }
-        if s.local() & local::SHUT_RD != 0 {
-            return Ok(0);
-        }
+        // After SHUT_RD with nothing queued the kernel's UDP answers EAGAIN to a
+        // non-blocking receive (its poll says readable all the same) and 0 to a
+        // blocking one, which stops waiting (`__skb_wait_for_more_packets`).
         if nonblock {
             return Err(libc::EAGAIN);
+        }
+        if s.local() & local::SHUT_RD != 0 {
+            return Ok(0);
         }
         if deadline.is_none() {
             deadline = Some(s.deadline(true));
