@@ -304,6 +304,8 @@ impl Guest {
     pub(crate) fn fill_dgram_rx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
         let view = self.view();
         let mut errors = 0;
+        // The host socket's control messages for one datagram at a time.
+        let mut ctl = [0u8; MAX_CONTROL];
         loop {
             if self.gone.is_none() && self.rx_deficit <= 0 {
                 let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
@@ -316,7 +318,6 @@ impl Guest {
                     return Ok(());
                 }
                 let Some(fd) = &s.fd else { return Ok(()) };
-                let mut ctl = [0u8; MAX_CONTROL];
                 match sys::recvmsg_dgram(fd, &mut self.scratch, &mut ctl) {
                     // A datagram socket on a network's private loopback takes datagrams
                     // from its own network and from those it sent to only (a host

@@ -30,8 +30,8 @@ pub(crate) struct ListenerReg {
     pub(crate) handle: u32,
     pub(crate) addr: CanalAddr,
     pub(crate) backlog: u32,
-    /// An AF_INET6 listener that takes IPv4 connections too (IPV6_V6ONLY off), in the
-    /// host's own address view.
+    /// An AF_INET6 listener that takes IPv4 connections too (IPV6_V6ONLY off: the host
+    /// socket's, or in a network's view the guest's, which canald keeps).
     pub(crate) dual_stack: bool,
 }
 

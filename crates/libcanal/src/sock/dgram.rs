@@ -52,7 +52,8 @@ pub(crate) fn send_dgram(
     // The address section: the destination (none on a connected socket), then, after
     // a 32-byte address (all zero for the connected peer), the control messages. An
     // older canald without DGRAM_CONTROL gets none.
-    let with_control = !control.is_empty() && s.g.region.header().features & DGRAM_CONTROL != 0;
+    let features = s.g.region.header().features;
+    let with_control = !control.is_empty() && features & DGRAM_CONTROL != 0;
     let enc = to.map(|a| a.encode());
     let section: [u8; ADDR_SIZE + MAX_CONTROL];
     let addr: &[u8] = match &enc {
@@ -66,7 +67,6 @@ pub(crate) fn send_dgram(
     // MSG_MORE: a part the host socket holds for the next send (UDP_CORK is the
     // host socket's own option, set in order with the datagrams: canald sends what
     // was queued before it applies any request).
-    let features = s.g.region.header().features;
     let kind = if flags & libc::MSG_MORE != 0 && features & DGRAM_MORE != 0 {
         record_kind::DATAGRAM_MORE
     } else {
