@@ -190,8 +190,6 @@ pub(crate) struct WorkerStats {
     pub(crate) c_v_ns: AtomicU64,
     pub(crate) active: AtomicU64,
     pub(crate) guests: AtomicU64,
-    /// Sockets this worker owns (its guests' and, with virtual RSS, its shadows').
-    pub(crate) sockets: AtomicU64,
 }
 
 impl WorkerStats {

@@ -232,7 +232,7 @@ impl WorkerStat {
             c_p_ns: W::get(&st.c_p_ns),
             c_v_ns: W::get(&st.c_v_ns),
             active: W::get(&st.active),
-            sockets: W::get(&st.sockets),
+            sockets: 0, // counted by the caller, under the shard's lock
         }
     }
 }

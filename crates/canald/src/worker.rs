@@ -49,8 +49,6 @@ const YIELD_EVERY: u32 = 8;
 /// Longest sleep while a doorbell VM exists (ms): notices a process of that VM that
 /// attached without doorbell access (the region's `backoff_kickers`; protocol §9.5).
 const DOORBELL_TICK_MS: i32 = 100;
-/// How often a busy worker publishes its socket count (`canal stat`).
-const STATS_EVERY: Duration = Duration::from_millis(1);
 /// How often the coalescing split is recomputed.
 const SPLIT_EVERY: Duration = Duration::from_millis(50);
 /// A guest counts as active (n in the split) this long after it last did work.
@@ -154,9 +152,6 @@ pub(crate) struct Poller {
     c_v: u64,
     split: Split,
     split_at: Instant,
-    /// Rounds with work since the socket count was last published, and when it was.
-    stats_dirty: bool,
-    stats_at: Instant,
     /// Last wake-up from sleep caused by host sockets only (layer-1 coalescing).
     last_io_wake: Option<Instant>,
     /// Bounded sleeps while this worker serves a VM guest (worker 0 only).
@@ -188,8 +183,6 @@ impl Poller {
             c_v,
             split,
             split_at: Instant::now(),
-            stats_dirty: true,
-            stats_at: Instant::now(),
             last_io_wake: None,
             vm_sleep: Default::default(),
             events: sys::empty_events(256),
@@ -231,11 +224,6 @@ impl Poller {
         let sleeping = self.mode != NotifyMode::Poll && self.idle_rounds >= self.budget_rounds();
         let (timeout, has_vm) = if sleeping {
             let sh = w.lock();
-            // A sleep-mode worker goes to sleep straight after a round with work: the
-            // counts that round changed are published before, not after, the sleep.
-            if self.stats_dirty {
-                self.publish_socket_count(&sh, Instant::now());
-            }
             let has_vm = sh.guests.values().any(|g| g.needs_bounded_sleep());
             let mut t = prepare_sleep(&sh, &w, extra_deadline);
             // A doorbell VM kicks us through its eventfd; the tick only notices a guest
@@ -354,34 +342,13 @@ impl Poller {
             }
         }
         // A departing guest's sockets close and the guest is dropped in rounds that may
-        // have no other work (a drain deadline's timeout): its counts must still change.
-        let departing = reap(&mut sh, &w);
+        // have no other work (a drain deadline's timeout). (`canal stat` counts the
+        // sockets itself, under the shard's lock: a count here walked every table.)
+        reap(&mut sh, &w);
         WorkerStats::set(&w.stats.guests, sh.guests.len() as u64);
-        // Counting the sockets walks every guest's table: not on every round of a spin
-        // (docs/bench/why.md), but on the first round without work after rounds with
-        // work, and at most every STATS_EVERY while busy.
-        self.stats_dirty |= work || departing;
-        if self.stats_dirty
-            && (!work || now.saturating_duration_since(self.stats_at) >= STATS_EVERY)
-        {
-            self.publish_socket_count(&sh, now);
-        }
         drop(sh);
         self.end_round(work, now);
         Ok(())
-    }
-
-    /// Publishes the number of sockets this worker serves (`canal stat`).
-    fn publish_socket_count(&mut self, sh: &Shard, now: Instant) {
-        self.stats_dirty = false;
-        self.stats_at = now;
-        let socks: usize = sh
-            .guests
-            .values()
-            .chain(sh.shadows.values())
-            .map(|g| g.socket_count())
-            .sum();
-        WorkerStats::set(&self.w.stats.sockets, socks as u64);
     }
 
     /// Layer-1 coalescing: a wake-up from sleep caused only by host sockets (no
