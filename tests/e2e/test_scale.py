@@ -9,8 +9,12 @@ and a WATCH end more only once its process shares descriptors (after a fork); a 
 quota is three quarters of what the headroom leaves (13,125 here), counting both. See
 docs/operations.md, "Capacity"."""
 
+import os
 import resource
+import signal
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -281,3 +285,98 @@ def test_every_thread_polling_a_listener_wakes(canald, python):
     assert server.wait_line("WOKE", 8) == "WOKE 3", server.describe()
     c.close()
     assert server.finish(20).returncode == 0, server.describe()
+
+
+BURST_PROG = r"""
+import os, socket, sys, time
+port, d, backlog = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def wait(name):
+    while not os.path.exists(os.path.join(d, name)):
+        time.sleep(0.01)
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(backlog)
+print("LISTEN", flush=True)
+held = [l.accept()[0] for _ in range(backlog)]  # canald may now hold the backlog ahead
+print("WARM", flush=True)
+wait("burst")
+held += [l.accept()[0] for _ in range(int(open(os.path.join(d, "burst")).read()))]
+print("CAUGHT UP", flush=True)
+wait("end")
+"""
+
+
+def _host_backlog(port):
+    """(queued, backlog) of the host's listener on 127.0.0.1:port, as `ss` shows it."""
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert len(rows) == 1, f"ss shows {rows} for port {port}"
+    return int(rows[0][1]), int(rows[0][2])
+
+
+def _handshakes_within(port, n, seconds):
+    """Starts n non-blocking connects; how many complete their handshake in time (a
+    client whose SYN the kernel dropped retries only after a second)."""
+    import select
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        socks.append(s)
+    ep = select.epoll()
+    for s in socks:
+        ep.register(s.fileno(), select.EPOLLOUT)
+    done, deadline = set(), time.monotonic() + seconds
+    while len(done) < n and time.monotonic() < deadline:
+        for fd, _ in ep.poll(0.05):
+            done.add(fd)
+            ep.unregister(fd)
+    ok = sum(1 for s in socks if s.fileno() in done
+             and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+    return ok, socks
+
+
+def test_listener_gets_its_backlog_back_when_the_program_catches_up(canal_bin, procs, python, tmp_path):
+    """A program that fell behind a burst of clients and then took them all: the host
+    listener's backlog, lowered while canald held the connections for it, is the
+    program's again — at once, not when the next client arrives. It stayed low until
+    then, so a few clients arriving before canald woke found the queue full and waited
+    a second for their SYN retry (3,000 native connects to a Python server: 1–25 such
+    stalls, natively none). Checked with canald stopped: the clients that complete
+    their handshake are the backlog's worth, as natively, not the few a stale queue
+    left room for."""
+    backlog, burst = 32, 24
+    with serving_canald(canal_bin, procs) as d:
+        port = e2e_util.free_port()
+        p = d.spawn([python, "-c", BURST_PROG, port, tmp_path, backlog], name="burst-server")
+        p.wait_line("LISTEN", 20)
+        warm = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(backlog)]
+        p.wait_line("WARM", 20)
+        burst_clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(burst)]
+        # canald takes them from the host queue and holds them for the program, which
+        # does not accept yet; the host listener's backlog is lowered to match.
+        e2e_util.wait_for(lambda: _host_backlog(port)[0] == 0, 10, what="canald to take the burst")
+        lowered = _host_backlog(port)[1]
+        assert lowered <= backlog - burst, f"host backlog {lowered}: canald did not hold the burst"
+        (tmp_path / "burst").write_text(str(burst))
+        p.wait_line("CAUGHT UP", 20)
+        seen = []
+        try:
+            e2e_util.wait_for(lambda: seen.append(_host_backlog(port)[1]) or seen[-1] >= backlog - 1, 5,
+                              what=f"the host listener's backlog back at {backlog - 1}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: it was {lowered} while canald held the burst, "
+                                 f"then {sorted(set(seen))}") from None
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            ok, socks = _handshakes_within(port, backlog + 8, 0.5)
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        # Natively backlog + 1 complete; canald holds none now and gave the host
+        # listener backlog - 1 (room for backlog).
+        assert ok >= backlog, f"{ok} of {backlog + 8} handshakes completed against listen({backlog})"
+        (tmp_path / "end").touch()
+        for s in warm + burst_clients + socks:
+            s.close()

@@ -146,7 +146,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0c00 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0d00 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -711,4 +711,23 @@ fn datagram_control_messages() {
         b,
         [20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]
     );
+}
+
+#[test]
+fn names_pair_layout() {
+    // protocol.md §4 Names, §5 (ACCEPT records), minor 13: the local name's 32-byte
+    // address, then the peer's; an ACCEPT record's address section is the peer, then
+    // the pair.
+    use canal_abi::addr::CanalAddr;
+    const { assert!(canal_abi::VERSION_MINOR >= 13) };
+    assert_eq!(canal_abi::names::NAMES_SIZE, 64);
+    assert_eq!(canal_abi::names::ACCEPT_ADDR_NAMED, 96);
+    let (l, p) = (
+        CanalAddr::v4([127, 0, 0, 1], 80),
+        CanalAddr::v4([10, 0, 2, 2], 5000),
+    );
+    let b = canal_abi::names::encode(&l, &p);
+    assert_eq!(&b[..32], &l.encode());
+    assert_eq!(&b[32..], &p.encode());
+    assert_eq!(canal_abi::names::decode(&b), Some((l, p)));
 }

@@ -853,3 +853,63 @@ fn socket_created_while_sharing_is_armed_once() {
         assert_eq!(arms.load(Ordering::Relaxed), 1, "armed by exactly one side");
     });
 }
+
+/// A process's names slot (`canal_abi::names`): a reader looking while a writer
+/// replaces one pair with another gets the old pair, the new one or a miss — never
+/// words of both.
+#[test]
+fn names_slot_reader_never_sees_a_mixed_pair() {
+    use canal_abi::names::NameSlot;
+    names_model().check(|| {
+        let slot = Arc::new(NameSlot::new());
+        let (a, b) = (names_pair(1000), names_pair(2000));
+        assert!(slot.store(7, &a));
+        let w = {
+            let s = slot.clone();
+            thread::spawn(move || s.store(7, &b))
+        };
+        if let Some(got) = slot.load(7) {
+            assert!(got == a || got == b, "a mixed pair was read");
+        }
+        assert!(w.join().unwrap(), "a lone writer always gets in");
+        assert_eq!(slot.load(7), Some(b));
+        slot.forget(7);
+        assert_eq!(slot.load(7), None);
+    });
+}
+
+/// Two writers of one slot: one may give up, and what stays is one writer's whole
+/// pair (the second writer's Acquire entry orders its words after the first's).
+#[test]
+fn names_slot_two_writers_leave_one_whole_pair() {
+    use canal_abi::names::NameSlot;
+    names_model().check(|| {
+        let slot = Arc::new(NameSlot::new());
+        let (a, b) = (names_pair(1000), names_pair(2000));
+        let w = {
+            let s = slot.clone();
+            thread::spawn(move || s.store(7, &a))
+        };
+        let mine = slot.store(7, &b);
+        let theirs = w.join().unwrap();
+        assert!(mine || theirs, "one writer always gets in");
+        let last = slot.load(7).expect("stable after both writers left");
+        assert!(last == a || last == b, "a mixed pair was left");
+    });
+}
+
+/// Eight words per pair make the unbounded model take minutes; a mixed pair needs
+/// only one preemption (a thread stopped between two words), so two suffice.
+fn names_model() -> loom::model::Builder {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b
+}
+
+fn names_pair(port: u16) -> [u8; canal_abi::names::NAMES_SIZE] {
+    use canal_abi::addr::CanalAddr;
+    canal_abi::names::encode(
+        &CanalAddr::v4([127, 0, 0, 1], port),
+        &CanalAddr::v4([127, 0, 0, 2], port),
+    )
+}

@@ -122,8 +122,15 @@ fn listen_and_accept_records() {
         assert_eq!(addr.port, c.local_addr().unwrap().port());
         assert_eq!(addr.ip4(), [127, 0, 0, 1]);
         assert_ne!(g.flags(h) & sock_flag::CONNECTED, 0);
-        let i = c.local_addr().unwrap().port(); // unused, keeps order explicit
-        let _ = i;
+        // A connected stream's names are final: both come in one answer (§4 Names).
+        let (r, names) = g.request(op::GETPEERNAME, h, [0; 4], &[]);
+        assert_eq!((r, names.len()), (0, canal_abi::names::NAMES_SIZE));
+        let (peer, local) = (
+            CanalAddr::decode(&names[..32]).unwrap(),
+            CanalAddr::decode(&names[32..]).unwrap(),
+        );
+        assert_eq!(peer.port, c.local_addr().unwrap().port());
+        assert_eq!(local.port, port);
         let got = g.recv_exact(h, 10);
         assert_eq!(got.len(), 10);
         g.send_all(h, &got);

@@ -11,7 +11,7 @@
 //! own address view and translation table: VMs, isolated namespaces), `addr_view` (the
 //! translation every request goes through: loopback rules, then the network's view),
 //! `dgram_control` (datagram control messages: the list that reaches `sendmsg`, addresses
-//! in the view), `socket` (a host socket's state),
+//! in the view), `names` (getsockname/getpeername and a connected stream's final names), `socket` (a host socket's state),
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
 //! `wakeups`, `ops` (socket operations), `stream` and `dgram` (data pumps), `service`
 //! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
@@ -27,6 +27,7 @@ pub mod contacts;
 pub mod dgram;
 pub mod dgram_control;
 pub mod entries;
+pub mod names;
 pub mod netops;
 pub mod netview;
 

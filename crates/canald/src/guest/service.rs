@@ -1,11 +1,8 @@
 //! One service round: requests from the queue, their dispatch (`execute`), socket
 //! events, and the sockets marked dirty.
-use crate::guest::addr_view::translate_host_local;
-use crate::guest::addr_view::translate_host_peer;
 use crate::guest::netops::is_v6only;
 use crate::guest::socket::decode_linger;
 use crate::guest::socket::encode_linger;
-use crate::guest::socket::fd_of;
 use crate::guest::socket::is_linger;
 use crate::guest::socket::token;
 use crate::guest::socket::Kind;
@@ -216,7 +213,7 @@ impl Guest {
             self.failed += 1;
         }
         if std::mem::take(&mut self.hold_answer) {
-            self.held_answers.push((idx, req.seq, result));
+            self.held_answers.push((idx, req.seq, result, req.socket));
             return;
         }
         self.answer(idx, req.seq, result, &out[..out_len.min(SLOT_PAYLOAD)]);
@@ -225,8 +222,15 @@ impl Guest {
     /// Answers the requests held for this round's pairings (`held_answers`); called
     /// by the worker after the short-circuit jobs ran, before it can sleep.
     pub(crate) fn answer_held(&mut self) {
-        for (idx, seq, result) in std::mem::take(&mut self.held_answers) {
-            self.answer(idx, seq, result, &[]);
+        let view = self.view();
+        for (idx, seq, result, handle) in std::mem::take(&mut self.held_answers) {
+            // Paired by now, usually: the connector's names go with the answer.
+            let names = self
+                .lookup(handle)
+                .ok()
+                .and_then(|i| self.final_names(&view, i))
+                .map(|(l, p)| canal_abi::names::encode(&l, &p));
+            self.answer(idx, seq, result, names.as_ref().map_or(&[][..], |n| &n[..]));
         }
     }
 
@@ -304,14 +308,14 @@ impl Guest {
             Cmd::Connect(a) => {
                 let a = self.connect_dest(&view, index, &a)?.addr;
                 if let Some(r) = self.sc_try_connect(index, &a) {
-                    return r;
+                    return self.answer_names(&view, index, r, out);
                 }
                 let r = self.op_connect(index, &a);
                 if r.is_ok() {
                     // The flow is known: its owner serves it from now on.
                     self.place(ep, index, Some(&a));
                 }
-                r
+                self.answer_names(&view, index, r, out)
             }
             Cmd::Disconnect => self.op_disconnect(index),
             Cmd::Close => {
@@ -369,44 +373,7 @@ impl Guest {
                     .map_err(|e| sys::errno_of(&e))?;
                 Ok((0, n))
             }
-            Cmd::SockName | Cmd::PeerName => {
-                let s = self.live(index)?;
-                if let Some(l) = &s.seg {
-                    let a = if cmd == Cmd::SockName {
-                        l.local
-                    } else {
-                        l.peer
-                    };
-                    let a = if cmd == Cmd::SockName {
-                        translate_host_local(&view, &a, Some(&l.peer))
-                    } else {
-                        translate_host_peer(&view, &a, Some(&l.local))
-                    }
-                    .encode();
-                    out[..a.len()].copy_from_slice(&a);
-                    return Ok((0, a.len()));
-                }
-                let fd = fd_of(s)?;
-                // Unconnected, a network guest's socket has the name it bound (the
-                // wildcard stays the wildcard).
-                let named = s.net.guest_name().filter(|_| sys::peername(fd).is_err());
-                if let (true, Some(a)) = (cmd == Cmd::SockName, named) {
-                    let a = a.encode();
-                    out[..a.len()].copy_from_slice(&a);
-                    return Ok((0, a.len()));
-                }
-                let a = if cmd == Cmd::SockName {
-                    let peer = sys::peername(fd).ok();
-                    sys::sockname(fd).map(|a| translate_host_local(&view, &a, peer.as_ref()))
-                } else {
-                    let local = sys::sockname(fd).ok();
-                    sys::peername(fd).map(|a| translate_host_peer(&view, &a, local.as_ref()))
-                }
-                .map_err(|e| sys::errno_of(&e))?
-                .encode();
-                out[..a.len()].copy_from_slice(&a);
-                Ok((0, a.len()))
-            }
+            Cmd::SockName | Cmd::PeerName => self.op_name(&view, index, cmd == Cmd::PeerName, out),
             Cmd::Socket { .. } | Cmd::Nop => Ok((0, 0)),
         }
     }

@@ -211,7 +211,7 @@ impl Guest {
         // Accepts in flight to the home (an away listener) hold queue places and
         // ring room too.
         let inflight = l.accepts().map_or(0, |q| q.accepting);
-        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        let need = crate::guest::names::ACCEPT_RECORD;
         let free = self
             .want_rx_space(index, (inflight as u64 + 2) * need)
             .map_err(|_| ())?;
@@ -263,7 +263,11 @@ impl Guest {
         // (`option_fd`), so a short connection costs no socket and close here.
         let handle = self.sc_install(None, family, link).map_err(|_| ())?;
         self.inherit_v6only(handle, v6only);
-        if !self.push_accept(index, handle, &peer).unwrap_or(false) {
+        let names = self.final_names(&self.view(), canal_abi::handle_index(handle));
+        if !self
+            .push_accept(index, handle, &peer, names)
+            .unwrap_or(false)
+        {
             let ni = canal_abi::handle_index(handle);
             if let Some(s) = self.sockets.get_mut(ni as usize) {
                 *s = None; // never published; nothing else refers to it

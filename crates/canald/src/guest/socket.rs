@@ -171,6 +171,10 @@ pub(crate) struct AcceptQueue {
     /// handshake than natively (7 with listen(4), natively 5). A program that does not
     /// accept leaves its queue to the kernel after one.
     pub(crate) ahead: u32,
+    /// The program fell behind: the records it had not taken filled more than half
+    /// the backlog. Until it has taken them all, its accepts raise attention, so that
+    /// the host listener gets its backlog back as they go (`Guest::watch_claims`).
+    pub(crate) behind: bool,
 }
 
 impl AcceptQueue {

@@ -75,8 +75,9 @@ pub(crate) struct Guest {
     /// Set when this guest may short-circuit connections (§8).
     pub(crate) sc: Option<ShortcutRef>,
     /// Short-circuit CONNECTs answered only after this round's pairing (slot, seq,
-    /// result): the connector then wakes once, already CONNECTED (`answer_held`).
-    pub(crate) held_answers: Vec<(u32, u32, i64)>,
+    /// result, socket handle): the connector then wakes once, already CONNECTED and
+    /// with its names (`answer_held`).
+    pub(crate) held_answers: Vec<(u32, u32, i64, u32)>,
     /// Set by the request being executed when its answer is to be held so.
     pub(crate) hold_answer: bool,
     /// No closing socket has a deadline before this (a lower bound; None: none).

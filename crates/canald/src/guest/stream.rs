@@ -347,8 +347,49 @@ impl Guest {
         } else {
             self.accept_here(ep, index)
         };
+        let w = self.watch_claims(index);
         self.sync_host_backlog(index, 0);
-        r
+        r.and(w)
+    }
+
+    /// The program's accepts since canald last looked give the host listener its
+    /// backlog back — also when the host listener has nothing new, which is when
+    /// this matters: a program that caught up after a burst left canald holding many
+    /// records it had not taken, the host queue was lowered to match, and if it stayed
+    /// so until the next client, a few clients arriving before canald woke would find
+    /// it full (the kernel drops the SYN: the client retries after a second; 3,000
+    /// native connects to a Python server had 1–25 such stalls, natively none). So
+    /// while the records the program has not taken fill more than half the backlog,
+    /// RX_WANT_SPACE asks its next accept to raise attention, as it does when canald
+    /// holds all it may (`holds_enough`) or the ring is short of room, until it has
+    /// taken every record (a program that keeps up, one client at a time, never gets
+    /// there: its accepts raise no attention and wake no canald); otherwise the flag
+    /// goes.
+    fn watch_claims(&mut self, index: u32) -> Result<(), Corrupt> {
+        let free = self.rx_free(index)?;
+        self.drop_claimed(index);
+        let Some(Some(l)) = self.sockets.get_mut(index as usize) else {
+            return Ok(());
+        };
+        let flags = l.flags;
+        let Some(q) = l.accepts_mut() else {
+            return Ok(());
+        };
+        let held = q.held();
+        q.behind = (q.behind || 2 * held > q.backlog) && held > 0;
+        let wanted = free < 2 * crate::guest::names::ACCEPT_RECORD || q.holds_enough() || q.behind;
+        let set = flags & sock_flag::RX_WANT_SPACE != 0;
+        if wanted && !set {
+            self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
+            // Dekker with the guest, as in `want_rx_space`: a record it took before
+            // it could see the flag is counted here.
+            fence(Ordering::SeqCst);
+            self.rx_free(index)?;
+            self.drop_claimed(index);
+        } else if !wanted && set {
+            self.set_flags(index, 0, sock_flag::RX_WANT_SPACE);
+        }
+        Ok(())
     }
 
     /// Whether listener `index` holds as many accepted connections as it may ahead of
@@ -384,7 +425,7 @@ impl Guest {
     }
 
     fn accept_here(&mut self, ep: &Epoll, index: u32) -> Result<(), Corrupt> {
-        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        let need = crate::guest::names::ACCEPT_RECORD;
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
             if !s.readable || s.closing.is_some() {
@@ -411,8 +452,9 @@ impl Guest {
                 Accepted::Again => continue,
                 Accepted::Later => return Ok(()),
             };
-            let peer = peer.unwrap_or_default();
-            let peer = translate_host_addr(&self.view(), &peer);
+            let view = self.view();
+            let names = peer.and_then(|p| crate::guest::names::host_names(&view, &conn, Some(p)));
+            let peer = translate_host_addr(&view, &peer.unwrap_or_default());
             let handle = match self.install(ep, conn, Kind::Stream, family, Phase::Connected) {
                 Ok(h) => h,
                 Err(_) => continue, // the connection is dropped (closed)
@@ -440,7 +482,7 @@ impl Guest {
             if let Some(hp) = host_peer {
                 self.place(ep, new_index, Some(&hp));
             }
-            if !self.push_accept(index, handle, &peer)? {
+            if !self.push_accept(index, handle, &peer, names)? {
                 // We checked the space; only a guest moving its tail backwards (caught
                 // on the next check) gets here. Drop the connection.
                 self.release(ep, new_index, handle);

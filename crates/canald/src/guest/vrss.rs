@@ -35,6 +35,7 @@ use crate::guest::socket::Kind;
 use crate::guest::state::Guest;
 use crate::request::{self, Request};
 use crate::sys::{self, Epoll};
+use canal_abi::addr::ADDR_SIZE;
 use canal_abi::ring::{record_kind, Producer};
 use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
@@ -404,7 +405,7 @@ impl Guest {
     /// Owner of an away listener: accepts connections and sends each to the home for
     /// its entry, keeping room in the listener's ring for every record in flight.
     pub(super) fn accept_away(&mut self, index: u32) -> Result<(), Corrupt> {
-        let need = canal_abi::ring::record_size(canal_abi::addr::ADDR_SIZE as u64, 8);
+        let need = crate::guest::names::ACCEPT_RECORD;
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
             let accepting = s.accepts().map_or(0, |q| q.accepting);
@@ -590,7 +591,9 @@ impl Guest {
             }
             return;
         }
-        let pushed = live && self.push_accept(li, handle, &peer).is_ok_and(|p| p);
+        // The home installed the entry: its names are not known here, and the
+        // program asks for them if it needs them.
+        let pushed = live && self.push_accept(li, handle, &peer, None).is_ok_and(|p| p);
         if !pushed {
             if live {
                 // We reserved the room: only a guest moving its tail backwards gets
@@ -615,7 +618,19 @@ impl Guest {
         index: u32,
         handle: u32,
         peer: &CanalAddr,
+        names: Option<(CanalAddr, CanalAddr)>,
     ) -> Result<bool, Corrupt> {
+        // The peer as accept(2) returns it, then the accepted socket's final names
+        // (§4 Names), which spare the program's getsockname/getpeername a round trip.
+        let mut addr = [0u8; canal_abi::names::ACCEPT_ADDR_NAMED];
+        addr[..ADDR_SIZE].copy_from_slice(&peer.encode());
+        let addr_len = match names {
+            Some((l, p)) => {
+                addr[ADDR_SIZE..].copy_from_slice(&canal_abi::names::encode(&l, &p));
+                addr.len()
+            }
+            None => ADDR_SIZE,
+        };
         let mut payload = [0u8; canal_abi::ACCEPT_PAYLOAD];
         payload[..4].copy_from_slice(&handle.to_le_bytes());
         let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
@@ -628,7 +643,7 @@ impl Guest {
             head: s.rx.idx,
         };
         if !p
-            .push_record(record_kind::ACCEPT, &peer.encode(), &[&payload])
+            .push_record(record_kind::ACCEPT, &addr[..addr_len], &[&payload])
             .map_err(|_| Corrupt)?
         {
             return Ok(false);

@@ -436,7 +436,9 @@ impl TestGuest {
             self.region.raise_attention(i);
             self.kick_socket(i);
         }
-        let addr = if info.addr_len == 32 {
+        // The address is the first 32 bytes; an ACCEPT record's names pair (§4
+        // Names) or a datagram's control messages may follow.
+        let addr = if info.addr_len >= 32 {
             CanalAddr::decode(&a).expect("host address valid")
         } else {
             CanalAddr::default()

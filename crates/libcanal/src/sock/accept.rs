@@ -56,13 +56,15 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 Ok((fd, wend)) => {
                     let mut p = [0u8; 8];
                     c.record_payload(&info, 0, &mut p);
-                    let mut a = [0u8; ADDR_SIZE];
+                    // The peer, then (minor 13) the socket's final names (§4 Names).
+                    let mut a = [0u8; canal_abi::names::ACCEPT_ADDR_NAMED];
                     let peer = if info.addr_len as usize >= ADDR_SIZE {
                         c.record_addr(&info, &mut a);
-                        CanalAddr::decode(&a)
+                        CanalAddr::decode(&a[..ADDR_SIZE])
                     } else {
                         None
                     };
+                    let named = info.addr_len as usize >= a.len();
                     c.consume_record(&info);
                     let h = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
                     match Sock::new(s.g, h) {
@@ -74,6 +76,11 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                             );
                             let _ = TABLE.set_canal(fd, h);
                             crate::sock::watch::created(s.g, h, fd, wend);
+                            if named {
+                                crate::sock::names::remember(h, &a[ADDR_SIZE..]);
+                            } else {
+                                crate::sock::names::forget(h);
+                            }
                             Some(Ok((fd, peer)))
                         }
                         _ => {

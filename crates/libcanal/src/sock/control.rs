@@ -70,7 +70,14 @@ pub(crate) fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
     if connecting {
         return Err(libc::EALREADY);
     }
-    match request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut []) {
+    // A connect that settled (loopback) or was paired comes with the socket's final
+    // names (§4 Names), also when the answer is EINPROGRESS.
+    let mut names = [0u8; canal_abi::names::NAMES_SIZE];
+    let r = request(s.g, op::CONNECT, s.handle, [0; 4], &a.encode(), &mut names);
+    if matches!(r, Ok(_) | Err(libc::EINPROGRESS)) {
+        crate::sock::names::remember(s.handle, &names);
+    }
+    match r {
         Ok(_) => return Ok(()),
         Err(libc::EINPROGRESS) => {}
         Err(e) => return Err(e),
@@ -149,7 +156,11 @@ pub(crate) fn shutdown(s: Sock, how: c_int) -> Result<(), i32> {
 
 pub(crate) fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
     dead_err(s.g, false)?;
-    let mut out = [0u8; ADDR_SIZE];
+    if let Some(a) = crate::sock::names::kept(&s, peer) {
+        return Ok(a);
+    }
+    // Room for both names: a connected stream's come together, as final (§4 Names).
+    let mut out = [0u8; canal_abi::names::NAMES_SIZE];
     let o = if peer {
         op::GETPEERNAME
     } else {
@@ -159,7 +170,21 @@ pub(crate) fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
     if n < ADDR_SIZE {
         return Err(libc::EIO);
     }
-    CanalAddr::decode(&out).ok_or(libc::EIO)
+    let asked = CanalAddr::decode(&out[..ADDR_SIZE]).ok_or(libc::EIO)?;
+    if n == out.len() {
+        // The name asked for came first: the pair is kept local name first.
+        let (first, second) = out.split_at(ADDR_SIZE);
+        let (local, remote) = if peer {
+            (second, first)
+        } else {
+            (first, second)
+        };
+        let mut pair = [0u8; canal_abi::names::NAMES_SIZE];
+        pair[..ADDR_SIZE].copy_from_slice(local);
+        pair[ADDR_SIZE..].copy_from_slice(remote);
+        crate::sock::names::remember(s.handle, &pair);
+    }
+    Ok(asked)
 }
 
 /// Bytes SIOCOUTQ (or, with `not_sent`, SIOCOUTQNSD) reports: a short-circuited

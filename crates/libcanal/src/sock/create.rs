@@ -88,6 +88,7 @@ pub(crate) fn socket(
         }
     };
     crate::sock::core::init_guest_line(s.e, nonblock, None);
+    crate::sock::names::forget(handle);
     let _ = TABLE.set_canal(fd, handle);
     crate::sock::watch::created(g, handle, fd, peer);
     crate::rt::debug!(g, "canal: socket fd {fd} -> handle {handle:#x}\n");

@@ -12,6 +12,7 @@ pub(crate) mod create;
 pub(crate) mod data;
 pub(crate) mod dgram;
 pub(crate) mod kept;
+pub(crate) mod names;
 pub(crate) mod opts;
 pub(crate) mod stream;
 pub(crate) mod watch;
