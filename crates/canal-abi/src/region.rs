@@ -243,7 +243,12 @@ pub struct SocketEntry {
     /// (TCP_NODELAY, SO_KEEPALIVE, the keepalive timers: protocol §3.4), recorded for
     /// every socket so an accepted connection inherits its listener's, as natively.
     pub options: AtomicU64,
-    pub reserved4: [u64; 3],
+    /// Guest-only (minor 13): the stream's SO_RCVLOWAT as the kernel applied it (0:
+    /// never set, i.e. 1). Readable means at least this many bytes queued, and a
+    /// blocking receive waits for that many (or its buffer's size), as in the kernel;
+    /// an accepted connection inherits its listener's.
+    pub rcvlowat: AtomicU32,
+    pub reserved4: [u32; 5],
 }
 
 // SAFETY: all three are repr(C) structs of integers, integer atomics and byte arrays;
@@ -331,6 +336,7 @@ impl SocketEntry {
         self.linger.store(0, Ordering::Relaxed);
         self.close_mark.store(0, Ordering::Relaxed);
         self.options.store(0, Ordering::Relaxed);
+        self.rcvlowat.store(0, Ordering::Relaxed);
         self.tx_tail_seen.store(0, Ordering::Relaxed);
         self.rx_head_seen.store(0, Ordering::Relaxed);
         self.clear_side_locks();

@@ -103,7 +103,8 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, linger), 216);
     assert_eq!(offset_of!(SocketEntry, close_mark), 220);
     assert_eq!(offset_of!(SocketEntry, options), 224);
-    assert_eq!(offset_of!(SocketEntry, reserved4), 232);
+    assert_eq!(offset_of!(SocketEntry, rcvlowat), 232);
+    assert_eq!(offset_of!(SocketEntry, reserved4), 236);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
     assert_eq!(size_of::<QueueCell>(), 8);
 }

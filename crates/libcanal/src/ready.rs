@@ -55,6 +55,8 @@ pub(crate) struct SockState {
     pub(crate) rx_used: u64,
     /// guest_flags (for the `local` shutdown bits).
     pub(crate) guest_flags: u32,
+    /// A stream's SO_RCVLOWAT, at most its rx ring's size (0: never set, i.e. 1).
+    pub(crate) rcvlowat: u32,
 }
 
 impl SockState {
@@ -108,7 +110,9 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
                 m |= IN | POLLRDHUP;
             }
             if !connecting {
-                if s.rx_used > 0 {
+                // tcp_poll: readable at SO_RCVLOWAT bytes (EOF and errors above
+                // regardless).
+                if s.rx_used >= u64::from(s.rcvlowat.max(1)) {
                     m |= IN;
                 }
                 // Linux reports POLLOUT after SEND_SHUTDOWN too: a write would not
@@ -275,6 +279,23 @@ mod tests {
         assert_eq!(readiness(&s), IN | POLLRDHUP);
         s.guest_flags = local::SHUT_RD | local::SHUT_WR;
         assert_eq!(readiness(&s) & (POLLHUP | POLLOUT), POLLHUP | POLLOUT);
+    }
+
+    #[test]
+    fn rcvlowat_decides_when_a_stream_is_readable() {
+        let mut s = stream(f::CONNECTED);
+        s.rcvlowat = 10;
+        s.rx_used = 3;
+        assert_eq!(readiness(&s), OUT, "3 of 10 bytes: not readable");
+        s.rx_used = 10;
+        assert_eq!(readiness(&s), IN | OUT);
+        s.rx_used = 3;
+        s.flags |= f::RX_EOF;
+        assert_eq!(
+            readiness(&s) & IN,
+            IN,
+            "the end is readable whatever the mark"
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@ must be equal.
   hash-checked, the non-blocking cases, the kernel's errors.
 - shutdown's odd answers (`shutdowns`): ENOTCONN that shuts down all the same, UDP
   receives after SHUT_RD, a zero-length datagram.
+- SO_RCVLOWAT on streams (`low_water`): readiness, blocking and non-blocking receives,
+  the end, inheritance by an accepted socket, a lowered mark waking a poll.
 """
 import errno
 import hashlib
@@ -197,9 +199,81 @@ def shutdowns():
         x.close()
 
 
+def low_water():
+    """SO_RCVLOWAT on a stream: poll, select and epoll report readable only at the
+    mark; a blocking recv waits for min(buffer, mark) bytes; a non-blocking one returns
+    what is there; the end is readable whatever the mark; an accepted socket inherits
+    its listener's; lowering the mark wakes a waiting receiver."""
+    import select
+    import time
+    c, a = pair()
+    attempt("lowat default", lambda: a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 10)
+    attempt("lowat set 10", lambda: a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+    c.sendall(b"abc")
+    time.sleep(0.2)
+    ep = select.epoll()
+    ep.register(a.fileno(), select.EPOLLIN)
+    print("3 of 10: poll", _poll_in(a, 0),
+          "select", bool(select.select([a], [], [], 0)[0]), "epoll", bool(ep.poll(0)))
+    attempt("3 of 10: non-blocking recv", lambda: a.recv(100, socket.MSG_DONTWAIT))
+    c.sendall(b"defgh")
+    time.sleep(0.2)
+    print("5 of 10: poll", _poll_in(a, 0))
+    # What it copied does not count: it wakes when 10 more are queued (tcp_data_ready).
+    threading.Timer(0.3, lambda: c.sendall(b"ijklmnopqr")).start()
+    # Blocking without a timeout: Python's timeout would poll first (and poll says
+    # not readable below the mark).
+    a.settimeout(None)
+    attempt("blocking recv waits for the mark", lambda: a.recv(100))
+    c.sendall(b"rst")
+    time.sleep(0.2)
+    attempt("blocking recv of a 2-byte buffer", lambda: a.recv(2))
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 0)
+    attempt("lowat set 0", lambda: a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+    print("1 of 1: poll", _poll_in(a, 0))
+    attempt("then", lambda: a.recv(100))
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 50)
+    c.sendall(b"uv")
+    # A receive already waiting keeps the mark it started with (tcp_recvmsg's target);
+    # a poll is woken and looks again.
+    threading.Timer(0.3, lambda: a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)).start()
+    t0 = time.monotonic()
+    print("lowering the mark wakes a poll:", _poll_in(a, 5000), time.monotonic() - t0 < 4)
+    attempt("then", lambda: a.recv(100))
+    c.sendall(b"wx")
+    c.shutdown(socket.SHUT_WR)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 100)
+    time.sleep(0.2)
+    print("2 of 100 and the end: poll", _poll_in(a, 0))
+    attempt("recv", lambda: a.recv(100))
+    attempt("recv", lambda: a.recv(100))
+    ep.close()
+    for x in (a, c):
+        x.close()
+    lst = socket.create_server(("127.0.0.1", 0))
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 7)
+    c = socket.create_connection(lst.getsockname())
+    a, _ = lst.accept()
+    attempt("accepted inherits", lambda: a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+    c.sendall(b"abc")
+    time.sleep(0.2)
+    print("accepted, 3 of 7: poll", _poll_in(a, 0))
+    for x in (a, c, lst):
+        x.close()
+
+
+def _poll_in(s, timeout):
+    import select
+    p = select.poll()
+    p.register(s.fileno(), select.POLLIN)
+    return bool(p.poll(timeout))
+
+
 fast_open()
 through_pipe(True)
 through_pipe(False)
 edges()
 shutdowns()
+low_water()
 print("done")

@@ -290,6 +290,31 @@ impl Guest {
 
     /// connect(AF_UNSPEC) on a datagram socket: the kernel drops the default peer
     /// (and keeps the local address); other kinds: EOPNOTSUPP.
+    /// SO_RCVLOWAT on a stream or listener: the kernel's checks and its own value
+    /// (it maps 0 to 1, caps large ones, grows the receive buffer to fit), answered
+    /// back for the library to apply — readiness and blocking receives follow the
+    /// entry's `rcvlowat` (protocol §3.4). The host socket itself goes back to 1:
+    /// canald must see every byte arrive (with the mark there, 3 bytes of 10 stayed
+    /// in the host socket and a non-blocking receive found nothing), and an accepted
+    /// host socket inherits its listener's 1 (the entry inherits the mark).
+    pub(crate) fn set_stream_rcvlowat(
+        &mut self,
+        index: u32,
+        value: &[u8],
+        out: &mut [u8; canal_abi::SLOT_PAYLOAD],
+    ) -> Result<(i64, usize), i32> {
+        let lvl = libc::SOL_SOCKET;
+        let family = self.live(index)?.family;
+        crate::sockopt::check_set(family, false, lvl, libc::SO_RCVLOWAT, value)?;
+        let fd = self.option_fd(index)?;
+        sys::setsockopt_bytes(fd, lvl, libc::SO_RCVLOWAT, value).map_err(|e| sys::errno_of(&e))?;
+        let n = sys::getsockopt_bytes(fd, lvl, libc::SO_RCVLOWAT, &mut out[..4])
+            .map_err(|e| sys::errno_of(&e))?;
+        sys::setsockopt_bytes(fd, lvl, libc::SO_RCVLOWAT, &1i32.to_ne_bytes())
+            .map_err(|e| sys::errno_of(&e))?;
+        Ok((0, n))
+    }
+
     pub(crate) fn op_disconnect(&mut self, index: u32) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
         if s.kind() != Kind::Dgram {

@@ -4,6 +4,7 @@ use crate::guest::netops::is_v6only;
 use crate::guest::socket::decode_linger;
 use crate::guest::socket::encode_linger;
 use crate::guest::socket::is_linger;
+use crate::guest::socket::is_rcvlowat;
 use crate::guest::socket::token;
 use crate::guest::socket::Kind;
 use crate::guest::socket::KindState;
@@ -347,6 +348,12 @@ impl Guest {
                 let n = len.min(v.len());
                 out[..n].copy_from_slice(&v[..n]);
                 Ok((0, n))
+            }
+            Cmd::SetOpt { level, name, value }
+                if is_rcvlowat(level, name)
+                    && !matches!(self.live(index)?.state, KindState::Dgram { .. }) =>
+            {
+                self.set_stream_rcvlowat(index, &value, out)
             }
             Cmd::SetOpt { level, name, value } => {
                 let s = self.live(index)?;

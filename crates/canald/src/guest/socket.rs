@@ -81,6 +81,11 @@ pub(crate) struct RingPos {
     pub(crate) seen: u64,
 }
 
+/// SO_RCVLOWAT: a stream's is the library's to apply (protocol §3.4 `rcvlowat`).
+pub(crate) fn is_rcvlowat(level: i32, name: i32) -> bool {
+    level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT
+}
+
 pub(crate) fn is_linger(level: i32, name: i32) -> bool {
     level == libc::SOL_SOCKET && name == libc::SO_LINGER
 }

@@ -45,6 +45,9 @@ pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, listener: Option<
     e.sndtimeo_ns
         .store(inherit(|l| &l.sndtimeo_ns), Ordering::Relaxed);
     e.options.store(inherit(|l| &l.options), Ordering::Relaxed);
+    // Also here: a canald before minor 13 does not clear it.
+    let lowat = listener.map_or(0, |l| l.rcvlowat.load(Ordering::Relaxed));
+    e.rcvlowat.store(lowat, Ordering::Relaxed);
     e.linger.store(0, Ordering::Relaxed);
 }
 
@@ -341,6 +344,8 @@ impl Sock {
             tx_size,
             rx_used,
             guest_flags: e.guest_flags.load(Ordering::Relaxed),
+            // A mark beyond the ring counts as a full ring (`recv_stream`).
+            rcvlowat: e.rcvlowat.load(Ordering::Relaxed).min(rx_size as u32),
         }
     }
 

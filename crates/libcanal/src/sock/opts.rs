@@ -85,13 +85,15 @@ pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Resu
     if val.len() > canal_abi::SLOT_PAYLOAD {
         return Err(libc::EINVAL);
     }
-    request(
+    // SO_RCVLOWAT on a stream comes back as the kernel applied it (§3.4 `rcvlowat`).
+    let mut applied = [0u8; 4];
+    let (_, n) = request(
         s.g,
         op::SETSOCKOPT,
         s.handle,
         [level as u64, name as u64, 0, 0],
         val,
-        &mut [],
+        &mut applied,
     )?;
     if level == libc::SOL_SOCKET && name == libc::SO_LINGER && val.len() >= 8 {
         // canald accepted it (it emulates SO_LINGER): remember it for close.
@@ -109,7 +111,18 @@ pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Resu
         // for this socket once it is short-circuited. Same checks, so no error here.
         let _ = update_kept(&s, |w| k.set(w, val));
     }
+    if is_rcvlowat(level, name) && s.kind() != sock_kind::DGRAM && n == 4 {
+        // Readiness and blocking receives follow it from now on; a poll asleep for
+        // the old mark looks again (the kernel's tcp_set_rcvlowat wakes it too).
+        let v = i32::from_ne_bytes(applied).max(1) as u32;
+        s.e.rcvlowat.store(v, Ordering::Relaxed);
+        crate::conn::sleep::wake_local(s.g, s.idx);
+    }
     Ok(())
+}
+
+fn is_rcvlowat(level: c_int, name: c_int) -> bool {
+    level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT
 }
 
 /// Applies `f` to the entry's kept options atomically (threads may set options at once).
@@ -149,6 +162,10 @@ pub(crate) fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> 
         .and_then(|k| k.get(s.e.options.load(Ordering::Relaxed)))
     {
         return int(v, out);
+    }
+    if is_rcvlowat(level, name) && s.kind() != sock_kind::DGRAM {
+        // The library's own (canald keeps the host socket's at 1).
+        return int(s.e.rcvlowat.load(Ordering::Relaxed).max(1) as i32, out);
     }
     if level == libc::SOL_SOCKET {
         let kind = s.kind();

@@ -229,13 +229,16 @@ fn other_index(
 
 /// Whether a receiver waiting on `s` (rings `r`, segment `seg` when it began) should
 /// look again, read straight from the rings rather than through a whole snapshot (a
-/// spinning wait polls this): bytes, the peer's end, an error, a local SHUT_RD, or the
-/// socket's rings changing under it (a connect completing as a short-circuit). The
-/// caller's loop re-reads everything in order.
+/// spinning wait polls this): `mark` bytes (SO_RCVLOWAT, 1 unless set), the peer's
+/// end, an error, a local SHUT_RD, or the socket's rings changing under it (a connect
+/// completing as a short-circuit). The caller's loop re-reads everything in order.
 #[inline(always)]
-fn recv_may_go_on(s: &Sock, r: &crate::sock::core::Rings, seg: u32) -> bool {
+fn recv_may_go_on(s: &Sock, r: &crate::sock::core::Rings, seg: u32, mark: u64) -> bool {
     let fl = s.flags() | r.peer_fin();
-    r.rx_head.load(Ordering::Acquire) != r.rx_tail.load(Ordering::Relaxed)
+    r.rx_head
+        .load(Ordering::Acquire)
+        .wrapping_sub(r.rx_tail.load(Ordering::Relaxed))
+        >= mark
         || r.rx_zone_pending()
         || fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
         || fl & (f::CONNECTED | f::CONNECTING) == 0
@@ -244,12 +247,49 @@ fn recv_may_go_on(s: &Sock, r: &crate::sock::core::Rings, seg: u32) -> bool {
         || s.e.segment.load(Ordering::Relaxed) != seg
 }
 
+/// A receive that found its ring empty (after `got` bytes): its answer if the
+/// stream has nothing more to give — an error, the end, not connected — else None.
+/// Inlined: a request/response receive comes here before every wait.
+#[inline(always)]
+fn recv_ended(s: &Sock, fl: u32, got: usize) -> Option<Result<usize, i32>> {
+    // The reset a send after the peer's FIN provoked came after that FIN: the kernel's
+    // recv says EOF (SOCK_DONE) and leaves the error.
+    let after_fin = s.local() & local::RESET_SENT != 0
+        && s.e.pending_error.load(Ordering::Relaxed) == libc::EPIPE as u32;
+    let pe = if after_fin { 0 } else { s.take_error() };
+    if pe != 0 {
+        return Some(if got > 0 { Ok(got) } else { Err(pe as i32) });
+    }
+    if fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0 || s.local() & local::SHUT_RD != 0 {
+        return Some(Ok(got));
+    }
+    if fl & (f::CONNECTED | f::CONNECTING) == 0 {
+        return Some(if got > 0 {
+            Ok(got)
+        } else {
+            Err(libc::ENOTCONN)
+        });
+    }
+    None
+}
+
 // Its only caller is `data::recv` (see `send_stream`).
 #[inline(always)]
 pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    // What a blocking receive waits for, as tcp_recvmsg's target: everything with
+    // MSG_WAITALL, else SO_RCVLOWAT bytes (at most the buffer). A non-blocking one
+    // returns what is there; a peek does too (it does not wait for the mark).
+    // While short of it, a blocking receive sleeps until the queue holds the mark
+    // (tcp_data_ready wakes a receiver only then, however much it has copied).
+    let lowat = u64::from(s.e.rcvlowat.load(Ordering::Relaxed).max(1));
+    let target = if waitall {
+        total
+    } else {
+        (lowat as usize).min(total)
+    };
     let discard = flags & libc::MSG_TRUNC != 0;
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || s.nonblocking();
     let mut got = 0usize;
@@ -321,7 +361,7 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
             if n > 0 {
                 r.notify(&s, false);
             }
-            if got > 0 && (!waitall || got == total) {
+            if got > 0 && got >= target {
                 return Ok(got);
             }
             continue;
@@ -346,7 +386,7 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         } else if n > 0 {
             return Ok(n);
         }
-        if got > 0 && (!waitall || got == total) {
+        if got > 0 && got >= target {
             return Ok(got);
         }
         let fl = s.flags() | r.peer_fin();
@@ -354,25 +394,8 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed)
             && !r.rx_zone_pending()
         {
-            // The reset a send after the peer's FIN provoked came after that FIN: the
-            // kernel's recv says EOF (SOCK_DONE) and leaves the error.
-            let after_fin = s.local() & local::RESET_SENT != 0
-                && s.e.pending_error.load(Ordering::Relaxed) == libc::EPIPE as u32;
-            let pe = if after_fin { 0 } else { s.take_error() };
-            if pe != 0 {
-                return if got > 0 { Ok(got) } else { Err(pe as i32) };
-            }
-            if fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
-                || s.local() & local::SHUT_RD != 0
-            {
-                return Ok(got);
-            }
-            if fl & (f::CONNECTED | f::CONNECTING) == 0 {
-                return if got > 0 {
-                    Ok(got)
-                } else {
-                    Err(libc::ENOTCONN)
-                };
+            if let Some(end) = recv_ended(&s, fl, got) {
+                return end;
             }
         } else {
             continue;
@@ -384,8 +407,11 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
             deadline = Some(s.deadline(true));
         }
         let seg = s.e.segment.load(Ordering::Relaxed);
+        // A mark beyond the ring could never be met: a full ring counts (the kernel
+        // wakes a receiver under memory pressure too).
+        let mark = lowat.min(size);
         let w = wait_until(s.g, s.idx, deadline.flatten(), || {
-            recv_may_go_on(&s, &r, seg)
+            recv_may_go_on(&s, &r, seg, mark)
         });
         if w != Wait::Ready {
             return if got > 0 {
