@@ -581,9 +581,12 @@ impl Daemon {
                 .map(|g| g.socket_count())
                 .sum::<usize>() as u64;
             drop(sh);
-            let mut ws = stat::WorkerStat::from_stats(w.id, self.cfg.notify.name(), &w.stats);
-            ws.sockets = sockets;
-            workers.push(ws);
+            workers.push(stat::WorkerStat::from_stats(
+                w.id,
+                self.cfg.notify.name(),
+                &w.stats,
+                sockets,
+            ));
         }
         // Virtual RSS: sockets owned by other workers join their guest's list.
         for w in &self.workers {

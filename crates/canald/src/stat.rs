@@ -206,10 +206,12 @@ pub(crate) struct WorkerStat {
 }
 
 impl WorkerStat {
+    /// `sockets`: the worker's count, taken by the caller under the shard's lock.
     pub(crate) fn from_stats(
         id: u32,
         notify: &'static str,
         st: &crate::engine::WorkerStats,
+        sockets: u64,
     ) -> Self {
         use crate::engine::WorkerStats as W;
         let (t_p, t_v) = (W::get(&st.t_p_ns), W::get(&st.t_v_ns));
@@ -232,7 +234,7 @@ impl WorkerStat {
             c_p_ns: W::get(&st.c_p_ns),
             c_v_ns: W::get(&st.c_v_ns),
             active: W::get(&st.active),
-            sockets: 0, // counted by the caller, under the shard's lock
+            sockets,
         }
     }
 }

@@ -508,27 +508,22 @@ fn serve_shadows(sh: &mut Shard, w: &Worker, now: Instant, wake_window: Duration
 }
 
 /// The keys of departed guests whose sockets are all closed (to be dropped; each
-/// closing socket drains while its peer takes bytes, `guest::config::DRAIN_STALL`);
-/// `departing` is set if any guest has departed.
-fn departed_and_done(guests: &mut BTreeMap<u32, Guest>, departing: &mut bool) -> Vec<u32> {
+/// closing socket drains while its peer takes bytes, `guest::config::DRAIN_STALL`).
+fn departed_and_done(guests: &BTreeMap<u32, Guest>) -> Vec<u32> {
     let mut done = Vec::new();
-    for (k, g) in guests.iter_mut() {
-        if g.gone.is_some() {
-            *departing = true;
-            if g.finished() {
-                done.push(*k);
-            }
+    for (k, g) in guests.iter() {
+        if g.gone.is_some() && g.finished() {
+            done.push(*k);
         }
     }
     done
 }
 
 /// Drops departed guests and vRSS shadows whose sockets are all closed (or whose drain
-/// time ran out); true if any guest or shadow has departed (its counts are changing).
-pub(crate) fn reap(sh: &mut Shard, w: &Worker) -> bool {
-    let mut departing = false;
+/// time ran out).
+pub(crate) fn reap(sh: &mut Shard, w: &Worker) {
     let mut freed = false;
-    for k in departed_and_done(&mut sh.guests, &mut departing) {
+    for k in departed_and_done(&sh.guests) {
         if let Some(g) = sh.guests.remove(&k) {
             shortcut::forget(&w.shortcut, k);
             freed = true;
@@ -536,14 +531,13 @@ pub(crate) fn reap(sh: &mut Shard, w: &Worker) -> bool {
         }
     }
     // vRSS shadows of guests homed elsewhere, in the same sweep.
-    for k in departed_and_done(&mut sh.shadows, &mut departing) {
+    for k in departed_and_done(&sh.shadows) {
         sh.shadows.remove(&k);
         freed = true;
     }
     if freed {
         return_memory(sh.guests.is_empty());
     }
-    departing
 }
 
 /// Gives the heap that departed guests' tables used back to the system (glibc keeps

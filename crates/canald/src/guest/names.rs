@@ -21,6 +21,15 @@ pub(crate) const ACCEPT_RECORD: u64 = canal_abi::ring::record_size(
     canal_abi::ACCEPT_PAYLOAD as u64,
 );
 
+/// A connected stream's host (local, peer) in the guest's view: each translated
+/// knowing the other, as getsockname and getpeername translate them.
+fn in_view(view: &GuestView, local: &CanalAddr, peer: &CanalAddr) -> (CanalAddr, CanalAddr) {
+    (
+        translate_host_local(view, local, Some(peer)),
+        translate_host_peer(view, peer, Some(local)),
+    )
+}
+
 /// A host stream's (local, peer) in the guest's view, if it is connected; `peer`:
 /// its host peer when the caller knows it already (accept returned it).
 pub(crate) fn host_names(
@@ -33,10 +42,24 @@ pub(crate) fn host_names(
         Some(p) => p,
         None => sys::peername(fd).ok()?,
     };
-    Some((
-        translate_host_local(view, &local, Some(&peer)),
-        translate_host_peer(view, &peer, Some(&local)),
-    ))
+    Some(in_view(view, &local, &peer))
+}
+
+/// The 64-byte answer of a name request whose names are final: the name asked for
+/// (`peer`: getpeername's), then the other.
+fn put_final(
+    out: &mut [u8; SLOT_PAYLOAD],
+    (local, remote): (CanalAddr, CanalAddr),
+    peer: bool,
+) -> (i64, usize) {
+    let (asked, other) = if peer {
+        (remote, local)
+    } else {
+        (local, remote)
+    };
+    out[..ADDR_SIZE].copy_from_slice(&asked.encode());
+    out[ADDR_SIZE..NAMES_SIZE].copy_from_slice(&other.encode());
+    (0, NAMES_SIZE)
 }
 
 impl Guest {
@@ -53,10 +76,7 @@ impl Guest {
             return None;
         }
         if let Some(l) = &s.seg {
-            return Some((
-                translate_host_local(view, &l.local, Some(&l.peer)),
-                translate_host_peer(view, &l.peer, Some(&l.local)),
-            ));
+            return Some(in_view(view, &l.local, &l.peer));
         }
         host_names(view, s.fd.as_ref()?, None)
     }
@@ -95,28 +115,27 @@ impl Guest {
         peer: bool,
         out: &mut [u8; SLOT_PAYLOAD],
     ) -> Result<(i64, usize), i32> {
-        self.live(index)?;
-        if let Some((l, p)) = self.final_names(view, index) {
-            let (asked, other) = if peer { (p, l) } else { (l, p) };
-            out[..ADDR_SIZE].copy_from_slice(&asked.encode());
-            out[ADDR_SIZE..NAMES_SIZE].copy_from_slice(&other.encode());
-            return Ok((0, NAMES_SIZE));
-        }
         let s = self.live(index)?;
+        if let Some(l) = &s.seg {
+            return Ok(put_final(out, in_view(view, &l.local, &l.peer), peer));
+        }
         let fd = fd_of(s)?;
+        // Each name read once: both decide whether they are final, and translate.
+        let (local, remote) = (sys::sockname(fd), sys::peername(fd));
+        if let (Kind::Stream, Ok(l), Ok(p)) = (s.kind(), &local, &remote) {
+            return Ok(put_final(out, in_view(view, l, p), peer));
+        }
         // Unconnected, a network guest's socket has the name it bound (the wildcard
         // stays the wildcard).
-        let named = s.net.guest_name().filter(|_| sys::peername(fd).is_err());
+        let named = s.net.guest_name().filter(|_| remote.is_err());
         if let (false, Some(a)) = (peer, named) {
             out[..ADDR_SIZE].copy_from_slice(&a.encode());
             return Ok((0, ADDR_SIZE));
         }
         let a = if peer {
-            let local = sys::sockname(fd).ok();
-            sys::peername(fd).map(|a| translate_host_peer(view, &a, local.as_ref()))
+            remote.map(|a| translate_host_peer(view, &a, local.as_ref().ok()))
         } else {
-            let remote = sys::peername(fd).ok();
-            sys::sockname(fd).map(|a| translate_host_local(view, &a, remote.as_ref()))
+            local.map(|a| translate_host_local(view, &a, remote.as_ref().ok()))
         }
         .map_err(|e| sys::errno_of(&e))?;
         out[..ADDR_SIZE].copy_from_slice(&a.encode());

@@ -288,8 +288,6 @@ impl Guest {
         Ok((0, 0))
     }
 
-    /// connect(AF_UNSPEC) on a datagram socket: the kernel drops the default peer
-    /// (and keeps the local address); other kinds: EOPNOTSUPP.
     /// SO_RCVLOWAT on a stream or listener: the kernel's checks and its own value
     /// (it maps 0 to 1, caps large ones, grows the receive buffer to fit), answered
     /// back for the library to apply — readiness and blocking receives follow the
@@ -315,6 +313,8 @@ impl Guest {
         Ok((0, n))
     }
 
+    /// connect(AF_UNSPEC) on a datagram socket: the kernel drops the default peer
+    /// (and keeps the local address); other kinds: EOPNOTSUPP.
     pub(crate) fn op_disconnect(&mut self, index: u32) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
         if s.kind() != Kind::Dgram {
