@@ -797,6 +797,44 @@ def test_go_program_dials_listens_and_resolves(procs, canal_bin, python, netgo):
         assert f"listening [::]:{g}" in r.stdout and f"remote 127.0.0.1:{g}" in r.stdout, r.describe()
 
 
+GUEST_NAMES_BY_ROUTE = r"""
+import socket, sys
+port = int(sys.argv[1])
+for dst in (("10.0.2.2", port), ("10.0.2.3", 53)):
+    c = socket.create_connection(dst, timeout=10)
+    print("tcp", dst[0], c.recv(64).decode().split()[0], *c.getpeername(), flush=True)
+    c.close()
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03foo\x04test\x00\x00\x01\x00\x01"
+for dst in (("10.0.2.2", port), ("10.0.2.3", 53)):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(10)
+    u.sendto(q, dst)
+    d, a = u.recvfrom(512)
+    print("udp", dst[0], *a, flush=True)
+"""
+
+
+def test_resolver_port_shared_with_a_host_server_reads_as_each_route(procs, canal_bin, python, netgo):
+    """The host's resolver (UDP) and a TCP server share a port number P, so host
+    127.0.0.1:P is both 10.0.2.3:53 and 10.0.2.2:P to the guest. Each socket reads
+    its peer as the address it named — a canal socket (forwarded by canald) and a
+    static Go program's (served by seccomp). Found when the Go test's free TCP port
+    drew the resolver's UDP port: its dial of 10.0.2.2 read 10.0.2.3:53."""
+    dns = procs.spawn([python, "-c", DNS_SERVER], name="dns")
+    port = int(dns.wait_line("port", 10).split()[1])
+    _host_server(procs, python, port, "HOST")  # TCP, the same number
+    with serving_canald(canal_bin, procs, args=["--dns", f"127.0.0.1:{port}"]) as d:
+        r = procs.run(isolated(d, [python, "-c", GUEST_NAMES_BY_ROUTE, str(port)]), timeout=60)
+        assert r.returncode == 0, r.describe()
+        assert _lines(r) == [f"tcp 10.0.2.2 HOST 10.0.2.2 {port}", "tcp 10.0.2.3 HOST 10.0.2.3 53",
+                             f"udp 10.0.2.2 10.0.2.2 {port}", "udp 10.0.2.3 10.0.2.3 53"], r.describe()
+        r = procs.run(isolated(d, ["sh", "-c", f"{netgo} dial 10.0.2.2:{port}; {netgo} dial 10.0.2.3:53"]),
+                      timeout=60)
+        assert r.returncode == 0, r.describe()
+        lines = _lines(r)
+        assert lines[0].endswith(f"remote 10.0.2.2:{port}"), r.describe()
+        assert lines[1].endswith("remote 10.0.2.3:53"), r.describe()
+
+
 def test_without_seccomp_a_static_program_is_warned_and_has_no_way_out(canald, procs, python, netstatic):
     """--no-seccomp: the static program gets canal run's warning and only the
     namespace's own loopback."""

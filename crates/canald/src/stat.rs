@@ -144,7 +144,7 @@ impl SeccompSockStat {
             kind: s.kind,
             state: s.state,
             local: fmt_addr(s.bound.or(s.host_local.map(|h| n.local(&h)))),
-            peer: fmt_addr(s.host_peer.map(|p| n.peer(&p))),
+            peer: fmt_addr(s.host_peer.map(|p| n.peer(&p, s.via_resolver))),
             host_local: fmt_addr(s.host_local),
         }
     }

@@ -59,23 +59,29 @@ pub(crate) fn translate_guest_bind(
     Ok(a)
 }
 
-/// Host address → guest view of a peer (getpeername, accept, recvfrom).
-pub(crate) fn translate_host_addr(guest: &GuestView, a: &CanalAddr) -> CanalAddr {
+/// Host address → guest view of a peer (getpeername, accept, recvfrom);
+/// `via_resolver`: the socket named 10.0.2.3 as a destination (`NetView::peer`).
+pub(crate) fn translate_host_addr(
+    guest: &GuestView,
+    a: &CanalAddr,
+    via_resolver: bool,
+) -> CanalAddr {
     match &guest.net {
-        Some(n) => n.peer(a),
+        Some(n) => n.peer(a, via_resolver),
         None => *a,
     }
 }
 
-/// Host address → guest view of a connected socket's peer (getpeername); `local`:
-/// the socket's own host address (`NetView::peer_from`).
+/// Host address → guest view of a connected socket's peer (getpeername), knowing its
+/// own host address `local` (`NetView::peer_from`).
 pub(crate) fn translate_host_peer(
     guest: &GuestView,
     a: &CanalAddr,
     local: Option<&CanalAddr>,
+    via_resolver: bool,
 ) -> CanalAddr {
     match &guest.net {
-        Some(n) => n.peer_from(a, local),
+        Some(n) => n.peer_from(a, local, via_resolver),
         None => *a,
     }
 }

@@ -5,6 +5,7 @@ use crate::guest::dgram_control::rx_control;
 use crate::guest::dgram_control::tx_control;
 use crate::guest::netops::bind_own_source;
 use crate::guest::netview::is_plain_v6;
+use crate::guest::netview::is_resolver;
 use crate::guest::netview::PROTO_UDP;
 use crate::guest::socket::Corrupt;
 use crate::guest::socket::Phase;
@@ -40,6 +41,7 @@ fn dgram_dest(
     let guest = CanalAddr::decode(raw);
     match guest.map(|a| translate_guest_addr(view, &a, PROTO_UDP, s.v6only)) {
         Some(Ok(d)) => {
+            s.via_resolver |= guest.as_ref().is_some_and(is_resolver);
             if let (true, Some(net), Some(a)) = (d.own, &view.net, guest) {
                 // Best effort: without it the datagram leaves from the kernel's
                 // autobound address.
@@ -330,7 +332,9 @@ impl Guest {
                         continue;
                     }
                     Ok(Some(r)) => {
-                        let src = r.from.map(|a| translate_host_addr(&view, &a));
+                        let src = r
+                            .from
+                            .map(|a| translate_host_addr(&view, &a, s.via_resolver));
                         let mut section = src.unwrap_or_default().encode().to_vec();
                         rx_control(&view, &ctl[..r.control_len], r.from.as_ref(), &mut section);
                         *s.pending_dgram().ok_or(Corrupt)? =

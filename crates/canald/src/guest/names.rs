@@ -22,11 +22,17 @@ pub(crate) const ACCEPT_RECORD: u64 = canal_abi::ring::record_size(
 );
 
 /// A connected stream's host (local, peer) in the guest's view: each translated
-/// knowing the other, as getsockname and getpeername translate them.
-fn in_view(view: &GuestView, local: &CanalAddr, peer: &CanalAddr) -> (CanalAddr, CanalAddr) {
+/// knowing the other, as getsockname and getpeername translate them; `via_resolver`:
+/// the guest connected to 10.0.2.3 (`HostSocket::via_resolver`).
+fn in_view(
+    view: &GuestView,
+    local: &CanalAddr,
+    peer: &CanalAddr,
+    via_resolver: bool,
+) -> (CanalAddr, CanalAddr) {
     (
         translate_host_local(view, local, Some(peer)),
-        translate_host_peer(view, peer, Some(local)),
+        translate_host_peer(view, peer, Some(local), via_resolver),
     )
 }
 
@@ -36,13 +42,14 @@ pub(crate) fn host_names(
     view: &GuestView,
     fd: &OwnedFd,
     peer: Option<CanalAddr>,
+    via_resolver: bool,
 ) -> Option<(CanalAddr, CanalAddr)> {
     let local = sys::sockname(fd).ok()?;
     let peer = match peer {
         Some(p) => p,
         None => sys::peername(fd).ok()?,
     };
-    Some(in_view(view, &local, &peer))
+    Some(in_view(view, &local, &peer, via_resolver))
 }
 
 /// The 64-byte answer of a name request whose names are final: the name asked for
@@ -76,9 +83,9 @@ impl Guest {
             return None;
         }
         if let Some(l) = &s.seg {
-            return Some(in_view(view, &l.local, &l.peer));
+            return Some(in_view(view, &l.local, &l.peer, s.via_resolver));
         }
-        host_names(view, s.fd.as_ref()?, None)
+        host_names(view, s.fd.as_ref()?, None, s.via_resolver)
     }
 
     /// CONNECT's answer `r`, with the connector's names (local, peer) when they are
@@ -117,13 +124,17 @@ impl Guest {
     ) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
         if let Some(l) = &s.seg {
-            return Ok(put_final(out, in_view(view, &l.local, &l.peer), peer));
+            return Ok(put_final(
+                out,
+                in_view(view, &l.local, &l.peer, s.via_resolver),
+                peer,
+            ));
         }
         let fd = fd_of(s)?;
         // Each name read once: both decide whether they are final, and translate.
         let (local, remote) = (sys::sockname(fd), sys::peername(fd));
         if let (Kind::Stream, Ok(l), Ok(p)) = (s.kind(), &local, &remote) {
-            return Ok(put_final(out, in_view(view, l, p), peer));
+            return Ok(put_final(out, in_view(view, l, p, s.via_resolver), peer));
         }
         // Unconnected, a network guest's socket has the name it bound (the wildcard
         // stays the wildcard).
@@ -133,7 +144,7 @@ impl Guest {
             return Ok((0, ADDR_SIZE));
         }
         let a = if peer {
-            remote.map(|a| translate_host_peer(view, &a, local.as_ref().ok()))
+            remote.map(|a| translate_host_peer(view, &a, local.as_ref().ok(), s.via_resolver))
         } else {
             local.map(|a| translate_host_local(view, &a, remote.as_ref().ok()))
         }

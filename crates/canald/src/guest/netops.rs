@@ -2,7 +2,7 @@
 //! the destination of connect, and the source a socket reaching its own network
 //! speaks from (`netview.rs`).
 use crate::guest::addr_view::{translate_guest_addr, translate_guest_bind, GuestView};
-use crate::guest::netview::{in_family, is_plain_v6, Dest, NetView, PROTO_UDP};
+use crate::guest::netview::{in_family, is_plain_v6, is_resolver, Dest, NetView, PROTO_UDP};
 use crate::guest::socket::{fd_of, HostSocket};
 use crate::guest::state::Guest;
 use crate::sys;
@@ -49,6 +49,7 @@ impl Guest {
     ) -> Result<Dest, i32> {
         let s = self.live(index)?;
         let d = translate_guest_addr(view, a, s.proto(), s.v6only)?;
+        s.via_resolver = is_resolver(a);
         if let (true, Some(net)) = (d.own, &view.net) {
             bind_own_source(s, net, &d.addr, is_plain_v6(a))?;
         } else if !d.own && s.proto() == PROTO_UDP {

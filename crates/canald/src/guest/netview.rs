@@ -207,6 +207,12 @@ pub(crate) fn is_v4(a: &CanalAddr, ip: [u8; 4]) -> bool {
     v4_of(a) == Some(ip)
 }
 
+/// A destination naming the resolver (10.0.2.3): the socket's replies from the
+/// resolver's host address come from 10.0.2.3:53 (`NetView::peer`).
+pub(crate) fn is_resolver(a: &CanalAddr) -> bool {
+    is_v4(a, GUEST_DNS_ADDR)
+}
+
 /// The guest's own addresses: loopback, the wildcard, 10.0.2.15.
 pub(crate) fn is_own(a: &CanalAddr) -> bool {
     if a.family == FAMILY_INET6 {
@@ -272,7 +278,7 @@ impl NetView {
         if is_v4(a, GUEST_HOST_ADDR) {
             return host(in_family(a, LOOPBACK4, a.port));
         }
-        if is_v4(a, GUEST_DNS_ADDR) {
+        if is_resolver(a) {
             return match self.dns {
                 Some(d) if a.port == 53 => {
                     host(in_family(a, v4_of(&d).ok_or(errno::EINVAL)?, d.port))
@@ -500,8 +506,11 @@ impl NetView {
     }
 
     /// Host → guest, a peer (getpeername, accept, recvfrom): `lo` is the guest's own
-    /// 127.0.0.1, the host's 127.0.0.1 is 10.0.2.2, the resolver is 10.0.2.3:53.
-    pub(crate) fn peer(&self, a: &CanalAddr) -> CanalAddr {
+    /// 127.0.0.1, the host's 127.0.0.1 is 10.0.2.2, the resolver is 10.0.2.3:53 to a
+    /// socket that reached it there (`via_resolver`). The resolver's host address is
+    /// also 10.0.2.2 and its port; only the socket knows which one it named (a TCP
+    /// server and a UDP resolver may even share the port number).
+    pub(crate) fn peer(&self, a: &CanalAddr, via_resolver: bool) -> CanalAddr {
         if is_v4(a, self.lo) {
             return in_family(a, LOOPBACK4, a.port);
         }
@@ -512,7 +521,7 @@ impl NetView {
         if let Some(p) = self.publish_at(a) {
             return in_family(a, LOOPBACK4, p.guest_port);
         }
-        if let Some(d) = &self.dns {
+        if let (Some(d), true) = (&self.dns, via_resolver) {
             if v4_of(a) == v4_of(d) && a.port == d.port {
                 return in_family(a, GUEST_DNS_ADDR, 53);
             }
@@ -559,10 +568,15 @@ impl NetView {
 
     /// `peer` (getpeername) for a socket whose own host address is `local`: from
     /// `lo6`, the peer on `lo` was reached as `::1`.
-    pub(crate) fn peer_from(&self, a: &CanalAddr, local: Option<&CanalAddr>) -> CanalAddr {
+    pub(crate) fn peer_from(
+        &self,
+        a: &CanalAddr,
+        local: Option<&CanalAddr>,
+        via_resolver: bool,
+    ) -> CanalAddr {
         match local {
             Some(l) if self.v6_connection(a, l) => loopback_v6(a, a.port),
-            _ => self.peer(a),
+            _ => self.peer(a, via_resolver),
         }
     }
 
@@ -715,8 +729,13 @@ mod tests {
         );
         let d = n.dest(&v4(GUEST_DNS_ADDR, 53), PROTO_UDP, false).unwrap();
         assert_eq!(d.addr, v4(LOOPBACK4, 5353));
-        // The resolver on the host's loopback still answers as 10.0.2.3:53.
-        assert_eq!(n.peer(&v4(LOOPBACK4, 5353)), v4(GUEST_DNS_ADDR, 53));
+        // The resolver on the host's loopback still answers as 10.0.2.3:53 to a socket
+        // that asked it there; to one that named 10.0.2.2 and its port, it is that.
+        assert_eq!(n.peer(&v4(LOOPBACK4, 5353), true), v4(GUEST_DNS_ADDR, 53));
+        assert_eq!(
+            n.peer(&v4(LOOPBACK4, 5353), false),
+            v4(GUEST_HOST_ADDR, 5353)
+        );
         assert_eq!(
             n.dest(&v4(GUEST_DNS_ADDR, 80), PROTO_TCP, false),
             Err(errno::ECONNREFUSED)
@@ -727,7 +746,10 @@ mod tests {
                 .addr,
             v4([192, 0, 2, 1], 80)
         );
-        assert_eq!(n.peer(&v4(LOOPBACK4, 40000)), v4(GUEST_HOST_ADDR, 40000));
+        assert_eq!(
+            n.peer(&v4(LOOPBACK4, 40000), true),
+            v4(GUEST_HOST_ADDR, 40000)
+        );
     }
 
     #[test]
@@ -904,7 +926,7 @@ mod tests {
         assert!(n.bind(&v4([0; 4], 92), PROTO_TCP, false).is_ok());
         // Names: the twin is ::1; a connection from it reached ::1 even on `lo`.
         let from6 = in_family(&v6(one6, 0), lo6, 5555);
-        assert_eq!(n.peer(&from6), v6(one6, 5555));
+        assert_eq!(n.peer(&from6, false), v6(one6, 5555));
         let at_lo = in_family(&v6(one6, 0), n.lo, 92);
         assert_eq!(n.local_toward(&at_lo, Some(&from6)), v6(one6, 92));
         assert_eq!(

@@ -235,7 +235,7 @@ impl Guest {
             return Ok(Accepted::Full);
         }
         // The connector as the listener's guest sees it.
-        let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &link.peer);
+        let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &link.peer, false);
         if self.is_shadow() {
             // The home installs the entry; the hand-off carries a plain socket for
             // its options (the rare path: a listener another worker owns).

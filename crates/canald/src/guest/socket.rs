@@ -151,6 +151,9 @@ pub(crate) struct HostSocket {
     /// The guest's IPV6_V6ONLY in a network's view, where the host socket stays dual
     /// stack (its own addresses are IPv4-mapped private ones; `NetView::lo6`).
     pub(crate) v6only: bool,
+    /// In a network's view: the guest named the resolver (10.0.2.3) as a destination,
+    /// so the resolver's host address is 10.0.2.3:53 to it (`NetView::peer`).
+    pub(crate) via_resolver: bool,
 }
 
 /// A listener's accept queue as canald sees it.
@@ -295,6 +298,7 @@ impl HostSocket {
             net: NetTie::default(),
             applied_opts: 0,
             v6only: false,
+            via_resolver: false,
         }
     }
 

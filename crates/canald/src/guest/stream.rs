@@ -453,8 +453,9 @@ impl Guest {
                 Accepted::Later => return Ok(()),
             };
             let view = self.view();
-            let names = peer.and_then(|p| crate::guest::names::host_names(&view, &conn, Some(p)));
-            let peer = translate_host_addr(&view, &peer.unwrap_or_default());
+            let names =
+                peer.and_then(|p| crate::guest::names::host_names(&view, &conn, Some(p), false));
+            let peer = translate_host_addr(&view, &peer.unwrap_or_default(), false);
             let handle = match self.install(ep, conn, Kind::Stream, family, Phase::Connected) {
                 Ok(h) => h,
                 Err(_) => continue, // the connection is dropped (closed)

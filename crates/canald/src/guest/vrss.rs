@@ -430,7 +430,8 @@ impl Guest {
                 q.accepting += 1;
             }
             let host_peer = host_peer.unwrap_or_default();
-            let peer = crate::guest::addr_view::translate_host_addr(&self.view(), &host_peer);
+            let peer =
+                crate::guest::addr_view::translate_host_addr(&self.view(), &host_peer, false);
             self.send_home_accepted(
                 listener,
                 Accept {

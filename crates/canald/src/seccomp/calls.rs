@@ -5,7 +5,7 @@ use super::ctx::{Ctx, MAX_BLOCKED};
 use super::filter::nr;
 use crate::guest::addr_view::{is_loopback, translate_guest_addr, translate_guest_bind};
 use crate::guest::addr_view::{translate_host_addr, translate_host_local, translate_host_peer};
-use crate::guest::netview::{in_family, is_plain_v6, is_v4, PROTO_TCP, PROTO_UDP};
+use crate::guest::netview::{in_family, is_plain_v6, is_resolver, is_v4, PROTO_TCP, PROTO_UDP};
 use crate::sys::{self, Notif};
 use canal_abi::{errno, CanalAddr};
 use std::cell::RefCell;
@@ -346,6 +346,11 @@ fn connect(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, len: u64) -> Res<R
         install_at(ctx, c, n, fd, &f, (None, v6only))?;
         s = f;
     }
+    // Before the connect: a non-blocking one (Go's) asks for its peer once it is done.
+    ctx.net
+        .served
+        .installed
+        .set_via_resolver(&s, is_resolver(&a));
     match sys::connect(&s, &d.addr) {
         Ok(()) => {
             if !d.own && proto_of(&s) == PROTO_UDP {
@@ -396,7 +401,9 @@ fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Rep
         }
     } else {
         let local = sys::sockname(&s).ok();
-        translate_host_peer(&view, &sys::peername(&s).map_err(errno_of)?, local.as_ref())
+        let via_resolver = ctx.net.served.installed.via_resolver(&s);
+        let peer = sys::peername(&s).map_err(errno_of)?;
+        translate_host_peer(&view, &peer, local.as_ref(), via_resolver)
     };
     write_addr(c, p, lenp, &a)?;
     Ok(Reply::Value(0))
@@ -445,7 +452,7 @@ fn accept(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64, flags: i
         if !sys::notif_valid(&ctx.listener, n.id) {
             return Ok(Reply::Done); // the caller went away: the connection closes
         }
-        write_addr(c, p, lenp, &translate_host_addr(&ctx.view(), &peer))?;
+        write_addr(c, p, lenp, &translate_host_addr(&ctx.view(), &peer, false))?;
         let cloexec = flags & libc::SOCK_CLOEXEC != 0;
         sys::notif_addfd(&ctx.listener, n.id, &conn, None, cloexec, true).map_err(errno_of)?;
         ctx.net.served.sockets.fetch_add(1, Ordering::Relaxed);
@@ -485,6 +492,9 @@ fn datagram_dest(
             install_at(ctx, c, n, fd, &f, (None, v6only))?;
             *s = f;
         }
+    }
+    if is_resolver(to) {
+        ctx.net.served.installed.set_via_resolver(s, true);
     }
     Ok(Some(d.addr))
 }
@@ -533,7 +543,11 @@ fn recv_admitted<T>(
         if proto == PROTO_UDP && !admitted(ctx, PROTO_UDP, &local, &src, replied) {
             continue; // from outside the network to a private port, not a reply
         }
-        return Ok(Some((v, translate_host_addr(&ctx.view(), &src))));
+        let via_resolver = ctx.net.served.installed.via_resolver(s);
+        return Ok(Some((
+            v,
+            translate_host_addr(&ctx.view(), &src, via_resolver),
+        )));
     }
 }
 

@@ -36,6 +36,8 @@ struct Sock {
     /// Outside addresses it sent to from the private loopback, whose datagrams it
     /// takes (`guest::contacts`).
     contacts: Contacts,
+    /// It named the resolver (10.0.2.3) as a destination (`NetView::peer`).
+    via_resolver: bool,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +62,8 @@ pub(crate) struct OpenSocket {
     pub(crate) bound: Option<CanalAddr>,
     pub(crate) host_local: Option<CanalAddr>,
     pub(crate) host_peer: Option<CanalAddr>,
+    /// It named the resolver as a destination (how its peer reads, `NetView::peer`).
+    pub(crate) via_resolver: bool,
 }
 
 impl Installed {
@@ -84,6 +88,7 @@ impl Installed {
                 name,
                 v6only,
                 contacts: Contacts::default(),
+                via_resolver: false,
             },
         );
     }
@@ -118,6 +123,19 @@ impl Installed {
         }
     }
 
+    /// Socket `s` named the resolver as its destination (`on`), or connected elsewhere.
+    pub(crate) fn set_via_resolver(&self, s: &OwnedFd, on: bool) {
+        let Ok(ino) = sys::inode_of(s) else { return };
+        if let Some(e) = self.lock().socks.get_mut(&ino) {
+            e.via_resolver = on;
+        }
+    }
+
+    /// Whether socket `s` named the resolver as a destination.
+    pub(crate) fn via_resolver(&self, s: &OwnedFd) -> bool {
+        self.with(s, |e| e.via_resolver).unwrap_or(false)
+    }
+
     /// Whether socket `s` sent to host address `a`.
     pub(crate) fn contacted(&self, s: &OwnedFd, a: &CanalAddr) -> bool {
         self.with(s, |e| e.contacts.has(a)).unwrap_or(false)
@@ -146,7 +164,9 @@ impl Installed {
             .into_iter()
             .filter_map(|(ino, (pid, fd))| {
                 let e = socks.get(&ino)?;
-                describe(pid, fd, ino, e.proto, e.name)
+                let mut o = describe(pid, fd, ino, e.proto, e.name)?;
+                o.via_resolver = e.via_resolver;
+                Some(o)
             })
             .collect();
         out.sort_by_key(|s| (s.pid, s.fd));
@@ -220,6 +240,7 @@ fn describe(pid: u32, fd: i32, ino: u64, proto: u8, name: Option<CanalAddr>) -> 
         bound: name.filter(|_| peer.is_none()),
         host_local: host,
         host_peer: peer,
+        via_resolver: false,
     })
 }
 
