@@ -263,6 +263,41 @@ def low_water():
         x.close()
 
 
+def peek_waits():
+    """A blocking MSG_PEEK waits for tcp_recvmsg's target as a receive does — all of
+    the buffer with MSG_WAITALL (programs peek at a whole header so), else
+    SO_RCVLOWAT bytes — and what it saw counts; non-blocking, at the end, or when
+    SO_RCVTIMEO passes, it returns what is queued. The data stays queued."""
+    import struct
+    import time
+    c, a = pair()
+    a.settimeout(None)
+    c.sendall(b"a")
+    threading.Timer(0.3, lambda: c.sendall(b"bcd")).start()
+    attempt("peek|waitall waits for the buffer", lambda: a.recv(4, socket.MSG_PEEK | socket.MSG_WAITALL))
+    attempt("still queued", lambda: read_n(a, 4))
+    a.settimeout(None)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 3)
+    c.sendall(b"e")
+    threading.Timer(0.3, lambda: c.sendall(b"fg")).start()
+    attempt("peek waits for the mark", lambda: a.recv(10, socket.MSG_PEEK))
+    attempt("then recv", lambda: a.recv(10))
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    c.sendall(b"hi")
+    time.sleep(0.2)
+    attempt("non-blocking peek|waitall", lambda: a.recv(10, socket.MSG_PEEK | socket.MSG_DONTWAIT | socket.MSG_WAITALL))
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 300_000))
+    t0 = time.monotonic()
+    attempt("peek|waitall until SO_RCVTIMEO", lambda: a.recv(10, socket.MSG_PEEK | socket.MSG_WAITALL))
+    print("after the timeout:", 0.2 < time.monotonic() - t0 < 3)
+    c.shutdown(socket.SHUT_WR)
+    attempt("peek|waitall at the end", lambda: a.recv(10, socket.MSG_PEEK | socket.MSG_WAITALL))
+    attempt("recv", lambda: a.recv(10))
+    attempt("recv", lambda: a.recv(10))
+    for x in (a, c):
+        x.close()
+
+
 def _poll_in(s, timeout):
     import select
     p = select.poll()
@@ -276,4 +311,5 @@ through_pipe(False)
 edges()
 shutdowns()
 low_water()
+peek_waits()
 print("done")

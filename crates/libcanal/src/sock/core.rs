@@ -135,6 +135,13 @@ impl Rings {
         }
     }
 
+    /// Nothing queued to receive: the ring is empty and no zone piece waits.
+    #[inline]
+    pub(crate) fn rx_drained(&self) -> bool {
+        self.rx_head.load(Ordering::Acquire) == self.rx_tail.load(Ordering::Relaxed)
+            && !self.rx_zone_pending()
+    }
+
     /// A short-circuit with buffer zones (§10.4) has zone-sent pieces waiting for us
     /// (they sit between ring bytes without moving the ring's head).
     #[inline]

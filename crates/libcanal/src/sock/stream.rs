@@ -273,15 +273,33 @@ fn recv_ended(s: &Sock, fl: u32, got: usize) -> Option<Result<usize, i32>> {
     None
 }
 
+/// Whether a blocking peek that saw `n` queued bytes returns them: it reached its
+/// `target`, the ring is full (`full`: the target can never be queued), or the
+/// stream will bring no more — the end, an error (left for the next call, as the
+/// kernel's peek leaves `sk_err`), not connected, a local SHUT_RD — or the next
+/// bytes are a zone piece (§10.4), which the ring's count does not include.
+#[inline(always)]
+fn peek_done(s: &Sock, r: &crate::sock::core::Rings, n: usize, target: usize, full: bool) -> bool {
+    let fl = s.flags() | r.peer_fin();
+    n >= target
+        || full
+        || r.rx_zone_pending()
+        || fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
+        || fl & (f::CONNECTED | f::CONNECTING) == 0
+        || s.e.pending_error.load(Ordering::Relaxed) != 0
+        || s.local() & local::SHUT_RD != 0
+}
+
 // Its only caller is `data::recv` (see `send_stream`).
 #[inline(always)]
 pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize, i32> {
     let total = iov::total_len(iov)?;
     let peek = flags & libc::MSG_PEEK != 0;
-    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let waitall = flags & libc::MSG_WAITALL != 0;
     // What a blocking receive waits for, as tcp_recvmsg's target: everything with
-    // MSG_WAITALL, else SO_RCVLOWAT bytes (at most the buffer). A non-blocking one
-    // returns what is there; a peek does too (it does not wait for the mark).
+    // MSG_WAITALL, else SO_RCVLOWAT bytes (at most the buffer); a peek too (what it
+    // sees counts: it waits until the queue holds the target, `peek_done`). A
+    // non-blocking one returns what is there.
     // While short of it, a blocking receive sleeps until the queue holds the mark
     // (tcp_data_ready wakes a receiver only then, however much it has copied).
     let lowat = u64::from(s.e.rcvlowat.load(Ordering::Relaxed).max(1));
@@ -383,39 +401,38 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         if n > 0 && !peek {
             got += n;
             r.notify(&s, s.flags() & f::RX_WANT_SPACE != 0);
-        } else if n > 0 {
+        } else if n > 0 && (nonblock || peek_done(&s, &r, n, target, used >= size)) {
             return Ok(n);
         }
         if got > 0 && got >= target {
             return Ok(got);
         }
-        let fl = s.flags() | r.peer_fin();
-        // Nothing (more) queued: errors, then EOF.
-        if r.rx_head.load(Ordering::Acquire) == r.rx_tail.load(Ordering::Relaxed)
-            && !r.rx_zone_pending()
-        {
-            if let Some(end) = recv_ended(&s, fl, got) {
+        // A peek short of its target waits for more below, and then looks again.
+        let short_peek = peek && n > 0;
+        if !short_peek {
+            // Nothing (more) queued: errors, then EOF.
+            if !r.rx_drained() {
+                continue;
+            }
+            if let Some(end) = recv_ended(&s, s.flags() | r.peer_fin(), got) {
                 return end;
             }
-        } else {
-            continue;
+            if nonblock {
+                return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+            }
         }
-        if nonblock {
-            return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
-        }
-        if deadline.is_none() {
-            deadline = Some(s.deadline(true));
-        }
+        let until = *deadline.get_or_insert_with(|| s.deadline(true));
         let seg = s.e.segment.load(Ordering::Relaxed);
         // A mark beyond the ring could never be met: a full ring counts (the kernel
-        // wakes a receiver under memory pressure too).
-        let mark = lowat.min(size);
-        let w = wait_until(s.g, s.idx, deadline.flatten(), || {
-            recv_may_go_on(&s, &r, seg, mark)
-        });
+        // wakes a receiver under memory pressure too). A peek's mark is its target:
+        // the bytes it saw are still queued.
+        let mark = if short_peek { target as u64 } else { lowat }.min(size);
+        let w = wait_until(s.g, s.idx, until, || recv_may_go_on(&s, &r, seg, mark));
         if w != Wait::Ready {
-            return if got > 0 {
-                Ok(got)
+            // What it saw: a peek's bytes stay queued, a receive's were copied.
+            let seen = if short_peek { n } else { got };
+            return if seen > 0 {
+                Ok(seen)
             } else {
                 Err(wait_err(w, true))
             };
