@@ -675,6 +675,20 @@ impl Region {
     }
 }
 
+/// The receive-room handshake (protocol §3.5), the guest's half: after it released
+/// receive room (its tail store), whether the host asked for room (RX_WANT_SPACE in
+/// the entry's `flags`); then it raises the socket's attention. Dekker with the host,
+/// which sets the flag, fences and re-reads the tail: the fence between the guest's
+/// tail store and this load means one of the two sees the other's store. Without it
+/// the load may pass the store (x86's store buffer does so), and a host that found no
+/// room and a guest that saw no flag both wait — a listener whose queued clients are
+/// never accepted, a stream whose received bytes never move.
+#[inline]
+pub fn room_asked_after_release(flags: &AtomicU32) -> bool {
+    crate::sync::fence(Ordering::SeqCst);
+    flags.load(Ordering::Relaxed) & crate::consts::sock_flag::RX_WANT_SPACE != 0
+}
+
 /// Keeps the atomics imported for cfg(loom) builds where some go unused.
 #[allow(dead_code)]
 fn _uses(_: &AtomicI64) {}

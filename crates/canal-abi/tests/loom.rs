@@ -335,6 +335,40 @@ fn sleep_flag_handshake_never_loses_a_wakeup() {
     });
 }
 
+/// The receive-room handshake (protocol §3.5): the host, short of room, sets
+/// RX_WANT_SPACE, fences and re-reads the guest's tail; the guest releases room (tail
+/// store, Release) and asks `room_asked_after_release`. Property: the host sees the
+/// room or the guest raises attention — never neither (both would wait for good).
+#[test]
+fn rx_room_handshake_never_strands_the_host() {
+    loom::model(|| {
+        let flags = Arc::new(AtomicU32::new(0));
+        let tail = Arc::new(AtomicU64::new(0));
+        let raised = Arc::new(AtomicU32::new(0));
+        let (f2, t2, r2) = (flags.clone(), tail.clone(), raised.clone());
+        let guest = thread::spawn(move || {
+            t2.store(64, Ordering::Release);
+            if canal_abi::region::room_asked_after_release(&f2) {
+                r2.store(1, Ordering::Relaxed);
+            }
+        });
+        flags.fetch_or(
+            canal_abi::consts::sock_flag::RX_WANT_SPACE,
+            Ordering::Release,
+        );
+        fence(Ordering::SeqCst);
+        let saw_room = tail.load(Ordering::Acquire) == 64;
+        guest.join().unwrap();
+        if !saw_room {
+            assert_eq!(
+                raised.load(Ordering::Relaxed),
+                1,
+                "host stranded short of room"
+            );
+        }
+    });
+}
+
 /// The pair-segment wake handshake (protocol §8.4). Side B wants to read: it counts
 /// itself in `sleepers`, publishes `sleep = EVENTS` on its slot, fences, re-checks the
 /// ring, and sleeps only if still empty. Side A publishes bytes (head, Release),

@@ -394,16 +394,25 @@ impl Guest {
 
     /// Whether listener `index` holds as many accepted connections as it may ahead of
     /// the program (`AcceptQueue::ahead`); then the program's accept (RX_WANT_SPACE)
-    /// resumes it.
-    pub(crate) fn holds_enough(&mut self, index: u32) -> bool {
-        let full = self.sockets[index as usize]
-            .as_ref()
-            .and_then(|l| l.accepts())
-            .is_some_and(AcceptQueue::holds_enough);
-        if full {
-            self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
+    /// resumes it. The flag goes with the receive-room handshake (§3.5): records the
+    /// program took before it could see the flag are counted here, else canald would
+    /// stop with clients queued on the host listener and nothing left to wake it (the
+    /// program's last accept raised no attention; the host listener no new event).
+    pub(crate) fn holds_enough(&mut self, index: u32) -> Result<bool, Corrupt> {
+        let full = |g: &Self| {
+            g.sockets[index as usize]
+                .as_ref()
+                .and_then(|l| l.accepts())
+                .is_some_and(AcceptQueue::holds_enough)
+        };
+        if !full(self) {
+            return Ok(false);
         }
-        full
+        self.set_flags(index, sock_flag::RX_WANT_SPACE, 0);
+        fence(Ordering::SeqCst);
+        self.rx_free(index)?;
+        self.drop_claimed(index);
+        Ok(full(self))
     }
 
     /// Gives the host listener the backlog the program's leaves after the connections
@@ -434,7 +443,7 @@ impl Guest {
             // Room for the record even if padding is needed first.
             let free = self.want_rx_space(index, 2 * need)?;
             self.drop_claimed(index);
-            if free == 0 || self.holds_enough(index) {
+            if free == 0 || self.holds_enough(index)? {
                 return Ok(());
             }
             if self.table_full() || self.ring_room() < 2 * MIN_RING {

@@ -415,7 +415,7 @@ impl Guest {
             // Room for the records in flight and this one, padding included.
             let free = self.want_rx_space(index, (accepting as u64 + 2) * need)?;
             self.drop_claimed(index);
-            if free == 0 || self.holds_enough(index) {
+            if free == 0 || self.holds_enough(index)? {
                 return Ok(());
             }
             self.sync_host_backlog(index, 1);

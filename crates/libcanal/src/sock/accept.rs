@@ -93,7 +93,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
             },
         };
         crate::shortcut::sidelock::exit_rx(s.e, held);
-        if s.flags() & f::RX_WANT_SPACE != 0 {
+        if canal_abi::region::room_asked_after_release(&s.e.flags) {
             attention(s.g, s.idx);
         }
         match out {

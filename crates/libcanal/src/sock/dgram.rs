@@ -236,7 +236,7 @@ pub(crate) fn recv_dgram(
         crate::shortcut::sidelock::exit_rx(s.e, held);
         match out {
             Some(r) => {
-                if !peek && s.flags() & f::RX_WANT_SPACE != 0 {
+                if !peek && canal_abi::region::room_asked_after_release(&s.e.flags) {
                     attention(s.g, s.idx);
                 }
                 return r;

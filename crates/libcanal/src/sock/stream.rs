@@ -8,6 +8,7 @@ use crate::sock::core::dead_err;
 use crate::sock::core::epipe;
 use crate::sock::core::wait_err;
 use crate::sock::core::Sock;
+use canal_abi::region::room_asked_after_release;
 use canal_abi::ring::check_indices;
 use canal_abi::ring::RingStorage;
 use canal_abi::sock_flag as f;
@@ -400,7 +401,8 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         crate::shortcut::sidelock::exit_rx(s.e, held);
         if n > 0 && !peek {
             got += n;
-            r.notify(&s, s.flags() & f::RX_WANT_SPACE != 0);
+            // Region rings: the receive-room handshake (§3.5) with a host short of room.
+            r.notify(&s, r.peer.is_none() && room_asked_after_release(&s.e.flags));
         } else if n > 0 && (nonblock || peek_done(&s, &r, n, target, used >= size)) {
             return Ok(n);
         }
