@@ -251,6 +251,61 @@ fn pair(cloexec: bool) -> Result<(c_int, c_int), i32> {
     Ok((sv[0], sv[1]))
 }
 
+/// A lone AF_UNIX datagram socket, shut for reading, so code the hooks do not see
+/// reads EOF and a send fails (ENOTCONN) instead of vanishing.
+fn lone_socket(cloexec: bool) -> Result<c_int, i32> {
+    let ce = if cloexec { libc::SOCK_CLOEXEC } else { 0 };
+    let fd = sys::socket(libc::AF_UNIX, libc::SOCK_DGRAM | ce, 0)?;
+    shut_rd(fd);
+    Ok(fd)
+}
+
+/// The lone socket every marked dummy is a copy of (a library descriptor; -1 until the
+/// first). While the process is unshared the hooks see every copy of a canal socket's
+/// descriptor, so the dummy's only jobs are its number and what code the hooks do not
+/// see meets there (`lone_socket`); a copy costs the kernel a table slot, a socket of
+/// its own 2.2 KiB of slab (measured: 10,000 of each). What copies share, unlike
+/// sockets of their own: their inode (fstat's st_ino) and the status flags other than
+/// O_NONBLOCK, which the library keeps per socket (`hooks::fd` fcntl). Arming (`share`)
+/// puts a pair end in place of each copy, as of each lone socket.
+static LONE: AtomicI32 = AtomicI32::new(-1);
+
+/// A copy of `LONE` at the lowest free number (where socket() would put one), made
+/// first if need be; None if that fails (the caller makes a socket of its own).
+fn lone_copy(cloexec: bool) -> Option<c_int> {
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    for _ in 0..2 {
+        let copy = crate::ownfd::using(|| {
+            let base = LONE.load(Ordering::Acquire);
+            (base >= 0).then(|| sys::fcntl_int(base, cmd, 0))
+        });
+        match copy {
+            Some(Ok(fd)) => return Some(fd as c_int),
+            Some(Err(_)) => return None,
+            None => {
+                let made = crate::ownfd::adopt(lone_socket(true).ok()?);
+                if LONE
+                    .compare_exchange(-1, made, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    TABLE.take(made);
+                    let _ = sys::close(made); // another thread's came first
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The lone dummy moved (`hooks::fd::make_room`); true if it was `old`.
+pub(crate) fn retarget_lone(old: c_int, new: c_int) -> bool {
+    crate::ownfd::retarget([&LONE], old, new)
+}
+
 fn shut_rd(fd: c_int) {
     // SAFETY: shutting down our own fresh socket.
     unsafe {
@@ -265,17 +320,16 @@ fn shut_rd(fd: c_int) {
 /// A fresh dummy descriptor, so numbers never collide and fstat says S_IFSOCK; the
 /// second value is the WATCH end for `created` (-1 for a lone dummy).
 ///
-/// Marked: a lone AF_UNIX datagram socket, shut for reading, so code the hooks do not
-/// see reads EOF and a send fails (ENOTCONN) instead of vanishing. Watched: a pair
-/// (`pair`). Without the WATCH feature: a lone socket too.
+/// Marked: a copy of the process's one lone dummy (`lone_copy`). Watched: a pair
+/// (`pair`). Without the WATCH feature, or if no copy can be made: a lone socket of
+/// its own.
 pub(crate) fn dummy(g: &Guest, cloexec: bool) -> Result<(c_int, c_int), i32> {
-    let (fd, peer) = if !marked() && crate::conn::ctl::watch_enabled(g) {
-        pair(cloexec)?
-    } else {
-        let ce = if cloexec { libc::SOCK_CLOEXEC } else { 0 };
-        let fd = sys::socket(libc::AF_UNIX, libc::SOCK_DGRAM | ce, 0)?;
-        shut_rd(fd);
-        (fd, -1)
+    let watched = !marked() && crate::conn::ctl::watch_enabled(g);
+    let copy = if watched { None } else { lone_copy(cloexec) };
+    let (fd, peer) = match copy {
+        Some(fd) => (fd, -1),
+        None if watched => pair(cloexec)?,
+        None => (lone_socket(cloexec)?, -1),
     };
     if fd as usize >= TABLE.capacity() {
         let _ = sys::close(fd);
