@@ -278,14 +278,19 @@ fn lone_copy(cloexec: bool) -> Option<c_int> {
     } else {
         libc::F_DUPFD
     };
-    for _ in 0..2 {
+    // At most: a stale number found closed, a new lone socket, its copy.
+    for _ in 0..3 {
         let copy = crate::ownfd::using(|| {
             let base = LONE.load(Ordering::Acquire);
-            (base >= 0).then(|| sys::fcntl_int(base, cmd, 0))
+            (base >= 0).then(|| (base, sys::fcntl_int(base, cmd, 0)))
         });
         match copy {
-            Some(Ok(fd)) => return Some(fd as c_int),
-            Some(Err(_)) => return None,
+            Some((_, Ok(fd))) => return Some(fd as c_int),
+            // Closed behind the hooks' back (a raw system call): a new one.
+            Some((base, Err(libc::EBADF))) => {
+                let _ = LONE.compare_exchange(base, -1, Ordering::AcqRel, Ordering::Acquire);
+            }
+            Some((_, Err(_))) => return None,
             None => {
                 let made = crate::ownfd::adopt(lone_socket(true).ok()?);
                 if LONE
