@@ -68,4 +68,26 @@ client.shutdown(socket.SHUT_WR)
 client.settimeout(10)
 print("client-recv", client.recv(1))
 print("both-shut", state(client.getsockname), state(client.getpeername))
+# The same on pairs of this process's own (short-circuited under canal): a reset, and
+# both directions shut in order (the first closer in TIME_WAIT, the other closed).
+import struct
+c3 = socket.create_connection(lst.getsockname())
+c4, _ = lst.accept()
+c4.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+c4.close()
+c3.settimeout(10)
+print("pair-reset-recv", state(lambda: c3.recv(1)))
+print("pair-after-reset", state(c3.getsockname), state(c3.getpeername))
+c5 = socket.create_connection(lst.getsockname())
+c6, _ = lst.accept()
+print("pair-open", name(c5.getpeername) == name(c6.getsockname))
+c5.shutdown(socket.SHUT_WR)
+c6.settimeout(10)
+print("pair-fin-recv", c6.recv(1), state(c6.getpeername))  # CLOSE_WAIT: still a peer
+c6.shutdown(socket.SHUT_WR)
+c5.settimeout(10)
+print("pair-fin-back", c5.recv(1))
+time.sleep(0.1)  # the last ACK
+print("pair-both-shut", state(c5.getsockname), state(c5.getpeername),
+      state(c6.getsockname), state(c6.getpeername))
 print("done", flush=True)

@@ -156,8 +156,8 @@ pub(crate) fn shutdown(s: Sock, how: c_int) -> Result<(), i32> {
 
 pub(crate) fn name(s: Sock, peer: bool) -> Result<CanalAddr, i32> {
     dead_err(s.g, false)?;
-    if let Some(a) = crate::sock::names::kept(&s, peer) {
-        return Ok(a);
+    if let Some(r) = crate::sock::names::kept(&s, peer) {
+        return r;
     }
     // Room for both names: a connected stream's come together, as final (§4 Names).
     let mut out = [0u8; canal_abi::names::NAMES_SIZE];

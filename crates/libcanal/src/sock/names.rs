@@ -4,11 +4,13 @@
 //! them per socket index (`canal_abi::names::NameSlot`, keyed by the full handle, so
 //! a later socket under the same index never sees them).
 //!
-//! When the kept pair is used: always on a short-circuited stream (canald reports
-//! the names it paired in every state), and on a host stream while its flags say it is
-//! connected and not over — a reset, or both directions shut, may have taken the
-//! kernel socket to CLOSE, where getpeername fails with ENOTCONN; then canald is
-//! asked, as before.
+//! When the kept pair is used: on a host stream while its flags say it is connected
+//! and not over — a reset, or both directions shut, may have taken the kernel socket to
+//! CLOSE, where getpeername fails with ENOTCONN; then canald is asked, as before. On a
+//! short-circuited stream (canald reports the names it paired in every state) the
+//! library applies the kernel's rule itself: over, getpeername is ENOTCONN and
+//! getsockname still the local name.
+use crate::ready::local;
 use crate::sock::core::Sock;
 use canal_abi::addr::CanalAddr;
 use canal_abi::handle_index;
@@ -41,16 +43,30 @@ pub(crate) fn forget(handle: u32) {
     slot(handle).forget(handle);
 }
 
-/// The kept name (`peer`: getpeername's), if the socket's state lets it answer.
-pub(crate) fn kept(s: &Sock, peer: bool) -> Option<CanalAddr> {
-    if s.e.segment.load(Ordering::Acquire) == 0 {
-        let fl = s.flags();
-        let over = fl & (f::ERROR | f::HUP | f::BROKEN) != 0
-            || fl & (f::RX_EOF | f::TX_CLOSED) == f::RX_EOF | f::TX_CLOSED;
-        if fl & f::CONNECTED == 0 || over || s.kind() != sock_kind::STREAM {
-            return None;
+/// The kept name (`peer`: getpeername's) if the socket's state lets it answer, or
+/// ENOTCONN for a short-circuited stream that is over; None: canald is asked.
+pub(crate) fn kept(s: &Sock, peer: bool) -> Option<Result<CanalAddr, i32>> {
+    if s.kind() != sock_kind::STREAM {
+        return None;
+    }
+    let seg = s.e.segment.load(Ordering::Acquire) != 0;
+    let mut fl = s.flags();
+    if seg {
+        fl |= s.rings().map_or(0, |r| r.peer_fin());
+        if s.local() & local::SHUT_WR != 0 {
+            fl |= f::TX_CLOSED; // our FIN is the segment's word, not canald's flag
         }
     }
+    // The kernel's socket goes to CLOSE at a reset, or once both FINs went
+    // (TIME_WAIT's or LAST_ACK's end): getpeername then says ENOTCONN.
+    let over = fl & (f::ERROR | f::HUP | f::BROKEN) != 0
+        || fl & (f::RX_EOF | f::TX_CLOSED) == f::RX_EOF | f::TX_CLOSED;
+    if !seg && (fl & f::CONNECTED == 0 || over) {
+        return None;
+    }
+    if seg && over && peer {
+        return Some(Err(libc::ENOTCONN));
+    }
     let (local, remote) = canal_abi::names::decode(&slot(s.handle).load(s.handle)?)?;
-    Some(if peer { remote } else { local })
+    Some(Ok(if peer { remote } else { local }))
 }
