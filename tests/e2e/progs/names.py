@@ -81,6 +81,15 @@ print("pair-after-reset", state(c3.getsockname), state(c3.getpeername))
 c5 = socket.create_connection(lst.getsockname())
 c6, _ = lst.accept()
 print("pair-open", name(c5.getpeername) == name(c6.getsockname))
+# The accepting end closes after a reply (a server's usual end): the connector is in
+# CLOSE_WAIT, still connected.
+c7 = socket.create_connection(lst.getsockname())
+c8, _ = lst.accept()
+c8.sendall(b"bye")
+c8.close()
+c7.settimeout(10)
+print("pair-closed-by-acceptor", c7.recv(10), c7.recv(10), state(c7.getpeername))
+c7.close()
 c5.shutdown(socket.SHUT_WR)
 c6.settimeout(10)
 print("pair-fin-recv", c6.recv(1), state(c6.getpeername))  # CLOSE_WAIT: still a peer

@@ -52,9 +52,13 @@ pub(crate) fn kept(s: &Sock, peer: bool) -> Option<Result<CanalAddr, i32>> {
     let seg = s.e.segment.load(Ordering::Acquire) != 0;
     let mut fl = s.flags();
     if seg {
+        // Our FIN is our own SHUT_WR (TX_CLOSED and HUP also come when the peer
+        // closed, which natively leaves this end in CLOSE_WAIT, still connected); the
+        // peer's is its FIN word or RX_EOF.
+        fl &= !(f::TX_CLOSED | f::HUP);
         fl |= s.rings().map_or(0, |r| r.peer_fin());
         if s.local() & local::SHUT_WR != 0 {
-            fl |= f::TX_CLOSED; // our FIN is the segment's word, not canald's flag
+            fl |= f::TX_CLOSED;
         }
     }
     // The kernel's socket goes to CLOSE at a reset, or once both FINs went
