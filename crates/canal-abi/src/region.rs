@@ -88,7 +88,11 @@ pub struct RegionHeader {
     /// doorbell (no access to BAR 0). While it is non-zero canald bounds its sleep for
     /// this guest as for a VM without doorbells (protocol §9.5).
     pub backoff_kickers: AtomicU32,
-    pub reserved4: [u32; 13],
+    /// (minor 14) 1 + the highest slot index a thread of the guest has claimed
+    /// (fetch_max); the host's scan for sleeping threads stops there (0, from an
+    /// older guest: `slot_count`). Only slots below it can hold a sleeper.
+    pub slots_used: AtomicU32,
+    pub reserved4: [u32; 12],
     // --- 320: host-written, only with feature::VRSS (protocol §6.3)
     /// `worker_sleeping[w]` is 1 while canald's worker `w` sleeps. A guest that raised
     /// the attention bit of a socket owned by worker `w` (`SocketEntry::owner`) swaps

@@ -38,6 +38,7 @@ fn header_offsets() {
     assert_eq!(offset_of!(RegionHeader, spare_head), 448);
     assert_eq!(offset_of!(RegionHeader, spares), 512);
     assert_eq!(offset_of!(RegionHeader, backoff_kickers), 264);
+    assert_eq!(offset_of!(RegionHeader, slots_used), 268);
     assert_eq!(offset_of!(RegionHeader, worker_sleeping), 320);
     assert_eq!(MAX_WORKERS, 16);
     assert_eq!(size_of::<RegionHeader>(), HEADER_USED);
@@ -147,7 +148,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0d00 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0e00 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 

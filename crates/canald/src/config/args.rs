@@ -34,7 +34,7 @@ pub struct DaemonArgs {
     /// Exit after SECS without guests (0: never) [default: 0]
     #[arg(long, value_name = "SECS")]
     pub idle_exit: Option<u64>,
-    /// Request slots per guest (a power of two) [default: 256]
+    /// Request slots per guest (a power of two) [default: 2048]
     #[arg(long, value_name = "N")]
     pub slots: Option<u32>,
     /// Socket quota per guest (at most 65535; lowered to what canald's descriptor

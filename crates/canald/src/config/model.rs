@@ -99,7 +99,7 @@ pub(crate) fn default_workers() -> usize {
 pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
 
 /// Defaults shared by `Config::new` and the command line (`DaemonArgs`).
-pub(crate) const DEFAULT_SLOTS: u32 = 256;
+pub(crate) const DEFAULT_SLOTS: u32 = 2048;
 /// Every entry a handle can name: the table is sparse (pages committed as entries are
 /// used), so the quota costs nothing until used; canald lowers it to what its own
 /// descriptor limit can serve (`fdbudget`).

@@ -190,7 +190,15 @@ impl Guest {
             // accepting threads woke sixteen times per connection). Others waiting on
             // it (poll) all wake, as natively.
             let mut accept_budget: Vec<(u32, u32)> = Vec::new();
-            for i in 0..self.cfg.layout.slot_count {
+            // Only slots below the guest's `slots_used` can hold a sleeper (0: a guest
+            // before minor 14, every slot). A guest that writes less only loses its
+            // own wake-ups (its sleepers re-check within RECHECK_NS anyway).
+            let count = self.cfg.layout.slot_count;
+            let used = match h.slots_used.load(Ordering::Relaxed) {
+                0 => count,
+                n => n.min(count),
+            };
+            for i in 0..used {
                 let Some(slot) = self.region.slot(i) else {
                     break;
                 };

@@ -147,7 +147,10 @@ fn claim_slot(g: &Guest, limit: u32, takeover: bool) -> Result<u32, i32> {
         return Err(libc::EAGAIN);
     }
     let tid = sys::gettid() as u32;
-    let start = tid % n;
+    // A thread's own slot: the lowest free, so the slots that can hold a sleeper stay
+    // below `slots_used` and canald's scan for sleepers stays short. A borrowed one
+    // (never a sleeper): anywhere, spread by thread.
+    let start = if takeover { 0 } else { tid % n };
     for pass in 0..(1 + takeover as u32) {
         for i in 0..n {
             let idx = (start + i) % n;
@@ -210,6 +213,11 @@ fn claim_temp(g: &Guest) -> Result<u32, i32> {
 
 fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
     let idx = claim_slot(g, bindable(g.region.layout().slot_count), true)?;
+    // Before the slot can sleep: canald's scan for sleepers stops at `slots_used`.
+    g.region
+        .header()
+        .slots_used
+        .fetch_max(idx + 1, Ordering::Relaxed);
     if !g.ports {
         return Ok((idx, -1));
     }
