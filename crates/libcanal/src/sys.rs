@@ -572,6 +572,19 @@ pub(crate) fn is_eventfd(fd: c_int) -> bool {
 
 /// The uid of the process at the other end of a connected Unix socket (SO_PEERCRED).
 pub(crate) fn peer_uid(fd: c_int) -> Result<u32, i32> {
+    peer_cred(fd).map(|c| c.uid)
+}
+
+/// A process descriptor for `pid` (close-on-exec), pollable: readable once it exits.
+pub(crate) fn pidfd_open(pid: i32) -> Result<c_int, i32> {
+    // SAFETY: pidfd_open takes a pid and flags (0: close-on-exec is implied).
+    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid as c_long, 0 as c_long) })
+        .map(|fd| fd as c_int)
+}
+
+/// The credentials of the other end of a connected Unix socket (SO_PEERCRED): its pid
+/// in our pid namespace (0 when not visible there).
+pub(crate) fn peer_cred(fd: c_int) -> Result<libc::ucred, i32> {
     let mut c = libc::ucred {
         pid: 0,
         uid: 0,
@@ -589,7 +602,7 @@ pub(crate) fn peer_uid(fd: c_int) -> Result<u32, i32> {
             &mut len as *mut libc::socklen_t,
         )
     })?;
-    Ok(c.uid)
+    Ok(c)
 }
 
 // ---- logging ------------------------------------------------------------------------

@@ -120,6 +120,98 @@ pub(crate) fn ctl_hung_up_in(g: &Guest, p: &libc::pollfd) -> bool {
     p.revents & (libc::POLLHUP | libc::POLLERR) != 0 && p.fd == g.ctl()
 }
 
+/// canald's process descriptor: -1 not made yet, -2 none to be had (its pid not
+/// visible here, no pidfd_open, or confined), else the descriptor (a library one).
+static DAEMON_PIDFD: AtomicI32 = AtomicI32::new(-1);
+
+/// The entry a sleeping thread adds to its ppoll to learn at once that canald went
+/// away (`died_in` reads it): canald's pidfd, which the kernel wakes only when canald
+/// exits. Not the control socket: every thread polling it sat on that socket's wait
+/// queue, which each control message walked under its lock, on both ends — with 1,000
+/// sleeping threads, connect/echo/close in each took 15–75 s where natively 3–5 s, and
+/// some timed out. Without a pidfd (the pid is another namespace's; confined), the
+/// control socket as before. A canald that drops a guest without exiting, or a pid
+/// that is not canald's (a listening socket systemd made), is noticed when the sleep
+/// times out (`died_after_timeout`).
+pub(crate) fn death_pollfd(g: &Guest) -> libc::pollfd {
+    match daemon_pidfd(g) {
+        Some(fd) => libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        None => libc::pollfd {
+            fd: g.ctl(),
+            events: 0,
+            revents: 0,
+        },
+    }
+}
+
+fn daemon_pidfd(g: &Guest) -> Option<c_int> {
+    let fd = DAEMON_PIDFD.load(Ordering::Acquire);
+    if fd >= 0 {
+        return Some(fd);
+    }
+    if fd == -2 || g.ctl() < 0 || sys::confined() {
+        return None;
+    }
+    let made = sys::peer_cred(g.ctl())
+        .ok()
+        .filter(|c| c.pid > 0)
+        .and_then(|c| sys::pidfd_open(c.pid).ok());
+    let Some(made) = made else {
+        DAEMON_PIDFD.store(-2, Ordering::Release);
+        return None;
+    };
+    let made = crate::ownfd::adopt(made);
+    match DAEMON_PIDFD.compare_exchange(-1, made, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(made),
+        Err(other) => {
+            crate::fdtable::TABLE.take(made);
+            let _ = sys::close(made); // another thread's came first
+            (other >= 0).then_some(other)
+        }
+    }
+}
+
+/// The pidfd moved (`hooks::fd::make_room`); true if it was `old`.
+pub(crate) fn retarget_daemon_pidfd(old: c_int, new: c_int) -> bool {
+    crate::ownfd::retarget([&DAEMON_PIDFD], old, new)
+}
+
+/// Whether a sleep's `death_pollfd` entry says canald went away.
+pub(crate) fn died_in(g: &Guest, p: &libc::pollfd) -> bool {
+    let pidfd = DAEMON_PIDFD.load(Ordering::Relaxed);
+    if pidfd >= 0 && p.fd == pidfd {
+        return p.revents != 0;
+    }
+    ctl_hung_up_in(g, p)
+}
+
+/// After a sleep that timed out with its death entry on the pidfd: the control socket
+/// is asked (canald may have dropped the guest without exiting), at most once a second
+/// per thread (a backing-off thread times out every millisecond).
+pub(crate) fn died_after_timeout(g: &Guest, p: &libc::pollfd) -> bool {
+    thread_local! {
+        static ASKED: core::cell::Cell<i64> = const { core::cell::Cell::new(0) };
+    }
+    if p.fd == g.ctl() {
+        return false; // the sleep polled the control socket itself
+    }
+    let now = sys::now_ns();
+    let due = ASKED
+        .try_with(|a| {
+            let due = now - a.get() >= 1_000_000_000;
+            if due {
+                a.set(now);
+            }
+            due
+        })
+        .unwrap_or(true);
+    due && control_hung_up(g)
+}
+
 pub(crate) fn mark_dead() {
     if !DEAD.swap(true, Ordering::Relaxed) {
         sys::log_fmt(format_args!(

@@ -196,18 +196,16 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
                 events: libc::POLLIN,
                 revents: 0,
             },
-            libc::pollfd {
-                fd: g.ctl(),
-                events: 0,
-                revents: 0,
-            },
+            crate::conn::guest::death_pollfd(g),
         ];
-        let _ = sys::ppoll(&mut pf, Some(1_000_000_000), sys::SigMask::NONE);
+        let r = sys::ppoll(&mut pf, Some(1_000_000_000), sys::SigMask::NONE);
         slot.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
         if pf[0].revents != 0 {
             crate::conn::slots::drain_port(s.idx, &pf[0]);
         }
-        if crate::conn::guest::ctl_hung_up_in(g, &pf[1]) {
+        if crate::conn::guest::died_in(g, &pf[1])
+            || (r == Ok(0) && crate::conn::guest::died_after_timeout(g, &pf[1]))
+        {
             mark_dead();
         }
     }

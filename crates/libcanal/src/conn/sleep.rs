@@ -1,6 +1,8 @@
 //! How a waiting thread sleeps: eventfd ports, bounded backoff without one, the
 //! deferred re-check of short-circuited sockets, and waking local sleepers.
-use crate::conn::guest::ctl_hung_up_in;
+use crate::conn::guest::death_pollfd;
+use crate::conn::guest::died_after_timeout;
+use crate::conn::guest::died_in;
 use crate::conn::guest::mark_dead;
 use crate::conn::guest::Guest;
 use crate::conn::slots::own_slot;
@@ -144,13 +146,9 @@ pub(crate) fn sleep_backoff(
     }
     let t = timeout_ns.map_or(step, |t| t.min(step));
     fds[n].fd = -1;
-    fds[n + 1] = libc::pollfd {
-        fd: g.ctl(),
-        events: 0,
-        revents: 0,
-    };
+    fds[n + 1] = death_pollfd(g);
     let r = sys::ppoll(fds, Some(t), sigmask)?;
-    if ctl_hung_up_in(g, &fds[n + 1]) {
+    if died_in(g, &fds[n + 1]) || (r == 0 && died_after_timeout(g, &fds[n + 1])) {
         mark_dead();
     }
     Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize))
@@ -242,11 +240,7 @@ pub(crate) fn sleep_events(
             events: libc::POLLIN,
             revents: 0,
         };
-        fds[n + 1] = libc::pollfd {
-            fd: g.ctl(),
-            events: 0,
-            revents: 0,
-        };
+        fds[n + 1] = death_pollfd(g);
         // More short-circuited sockets than we can count on: sleep in short steps.
         // Otherwise at most RECHECK_NS: a missed wake-up costs at most that (one was
         // seen about once in 50 bursts of 400 threads each polling its own socket,
@@ -297,7 +291,7 @@ pub(crate) fn sleep_events(
     if fds[n + 1].revents != 0 {
         own_events += 1;
     }
-    if ctl_hung_up_in(g, &fds[n + 1]) {
+    if died_in(g, &fds[n + 1]) || (r == Ok(0) && died_after_timeout(g, &fds[n + 1])) {
         mark_dead();
     }
     r.map(|c| c.saturating_sub(own_events + bell_events))

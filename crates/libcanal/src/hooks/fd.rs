@@ -305,7 +305,8 @@ fn make_room(fd: c_int) -> Result<(), i32> {
             || crate::conn::ivshmem::retarget(fd, new)
             || crate::shortcut::bells::retarget(fd, new)
             || crate::bridge::retarget_token(fd, new)
-            || crate::sock::watch::retarget_lone(fd, new);
+            || crate::sock::watch::retarget_lone(fd, new)
+            || crate::conn::guest::retarget_daemon_pidfd(fd, new);
         crate::ownfd::wait_unused();
         // Our copy at `fd` is the program's to replace now.
         TABLE.take(fd);

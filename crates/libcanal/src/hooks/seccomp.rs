@@ -35,6 +35,8 @@ fn prepare_for_confinement() {
     let _ = sys::gettid();
     if let Some(g) = crate::conn::guest::guest() {
         let _ = crate::conn::slots::own_slot(g);
+        // pidfd_open is another call such filters forbid (conn/guest.rs).
+        let _ = crate::conn::guest::death_pollfd(g);
         // Taking a socket side from its owner needs membarrier, which such filters
         // forbid: end biasing on every socket this process holds while it still can.
         crate::fdtable::TABLE.for_each_canal(|_, h| {
