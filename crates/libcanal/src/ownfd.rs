@@ -110,6 +110,21 @@ pub(crate) fn adopt(fd: c_int) -> c_int {
     fd
 }
 
+/// [`adopt`]s `fd` into `slot` if it is still empty (-1): a descriptor made once per
+/// process by whichever thread needs it first. Returns what the slot holds: `fd`, or
+/// what another thread put there first (then `fd` is closed).
+pub(crate) fn adopt_once(slot: &AtomicI32, fd: c_int) -> c_int {
+    let fd = adopt(fd);
+    match slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => fd,
+        Err(other) => {
+            crate::fdtable::TABLE.take(fd);
+            let _ = sys::close(fd);
+            other
+        }
+    }
+}
+
 // ---- readers and the mover -----------------------------------------------------------------
 
 /// Which of READERS new readers count in; a mover flips it, so a steady stream of

@@ -132,7 +132,7 @@ static DAEMON_PIDFD: AtomicI32 = AtomicI32::new(-1);
 /// some timed out. Without a pidfd (the pid is another namespace's; confined), the
 /// control socket as before. A canald that drops a guest without exiting, or a pid
 /// that is not canald's (a listening socket systemd made), is noticed when the sleep
-/// times out (`died_after_timeout`).
+/// times out (`died`).
 pub(crate) fn death_pollfd(g: &Guest) -> libc::pollfd {
     match daemon_pidfd(g) {
         Some(fd) => libc::pollfd {
@@ -164,15 +164,8 @@ fn daemon_pidfd(g: &Guest) -> Option<c_int> {
         DAEMON_PIDFD.store(-2, Ordering::Release);
         return None;
     };
-    let made = crate::ownfd::adopt(made);
-    match DAEMON_PIDFD.compare_exchange(-1, made, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => Some(made),
-        Err(other) => {
-            crate::fdtable::TABLE.take(made);
-            let _ = sys::close(made); // another thread's came first
-            (other >= 0).then_some(other)
-        }
-    }
+    let fd = crate::ownfd::adopt_once(&DAEMON_PIDFD, made);
+    (fd >= 0).then_some(fd) // -2: another thread found none
 }
 
 /// The pidfd moved (`hooks::fd::make_room`); true if it was `old`.
@@ -180,8 +173,13 @@ pub(crate) fn retarget_daemon_pidfd(old: c_int, new: c_int) -> bool {
     crate::ownfd::retarget([&DAEMON_PIDFD], old, new)
 }
 
-/// Whether a sleep's `death_pollfd` entry says canald went away.
-pub(crate) fn died_in(g: &Guest, p: &libc::pollfd) -> bool {
+/// Whether a sleep's `death_pollfd` entry `p` says canald went away; `timed_out`: the
+/// sleep ended with nothing ready (`died_after_timeout`).
+pub(crate) fn died(g: &Guest, p: &libc::pollfd, timed_out: bool) -> bool {
+    died_in(g, p) || (timed_out && died_after_timeout(g, p))
+}
+
+fn died_in(g: &Guest, p: &libc::pollfd) -> bool {
     let pidfd = DAEMON_PIDFD.load(Ordering::Relaxed);
     if pidfd >= 0 && p.fd == pidfd {
         return p.revents != 0;
@@ -192,7 +190,7 @@ pub(crate) fn died_in(g: &Guest, p: &libc::pollfd) -> bool {
 /// After a sleep that timed out with its death entry on the pidfd: the control socket
 /// is asked (canald may have dropped the guest without exiting), at most once a second
 /// per thread (a backing-off thread times out every millisecond).
-pub(crate) fn died_after_timeout(g: &Guest, p: &libc::pollfd) -> bool {
+fn died_after_timeout(g: &Guest, p: &libc::pollfd) -> bool {
     thread_local! {
         static ASKED: core::cell::Cell<i64> = const { core::cell::Cell::new(0) };
     }

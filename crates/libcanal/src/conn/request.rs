@@ -203,9 +203,7 @@ fn wait_done(s: &SlotRef) -> Result<(), i32> {
         if pf[0].revents != 0 {
             crate::conn::slots::drain_port(s.idx, &pf[0]);
         }
-        if crate::conn::guest::died_in(g, &pf[1])
-            || (r == Ok(0) && crate::conn::guest::died_after_timeout(g, &pf[1]))
-        {
+        if crate::conn::guest::died(g, &pf[1], r == Ok(0)) {
             mark_dead();
         }
     }

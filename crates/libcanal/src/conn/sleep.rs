@@ -1,8 +1,7 @@
 //! How a waiting thread sleeps: eventfd ports, bounded backoff without one, the
 //! deferred re-check of short-circuited sockets, and waking local sleepers.
 use crate::conn::guest::death_pollfd;
-use crate::conn::guest::died_after_timeout;
-use crate::conn::guest::died_in;
+use crate::conn::guest::died;
 use crate::conn::guest::mark_dead;
 use crate::conn::guest::Guest;
 use crate::conn::slots::own_slot;
@@ -148,7 +147,7 @@ pub(crate) fn sleep_backoff(
     fds[n].fd = -1;
     fds[n + 1] = death_pollfd(g);
     let r = sys::ppoll(fds, Some(t), sigmask)?;
-    if died_in(g, &fds[n + 1]) || (r == 0 && died_after_timeout(g, &fds[n + 1])) {
+    if died(g, &fds[n + 1], r == 0) {
         mark_dead();
     }
     Ok(r.saturating_sub((fds[n + 1].revents != 0) as usize))
@@ -291,7 +290,7 @@ pub(crate) fn sleep_events(
     if fds[n + 1].revents != 0 {
         own_events += 1;
     }
-    if died_in(g, &fds[n + 1]) || (r == Ok(0) && died_after_timeout(g, &fds[n + 1])) {
+    if died(g, &fds[n + 1], r == Ok(0)) {
         mark_dead();
     }
     r.map(|c| c.saturating_sub(own_events + bell_events))

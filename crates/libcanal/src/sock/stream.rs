@@ -274,21 +274,13 @@ fn recv_ended(s: &Sock, fl: u32, got: usize) -> Option<Result<usize, i32>> {
     None
 }
 
-/// Whether a blocking peek that saw `n` queued bytes returns them: it reached its
-/// `target`, the ring is full (`full`: the target can never be queued), or the
-/// stream will bring no more — the end, an error (left for the next call, as the
-/// kernel's peek leaves `sk_err`), not connected, a local SHUT_RD — or the next
-/// bytes are a zone piece (§10.4), which the ring's count does not include.
+/// Whether a blocking peek returns what it saw: the queue holds its `target`, the ring
+/// is `full` (the target can never be queued), or what ends a receive's wait ends the
+/// peek's (`recv_may_go_on`: an error is left for the next call, as the kernel's peek
+/// leaves `sk_err`).
 #[inline(always)]
-fn peek_done(s: &Sock, r: &crate::sock::core::Rings, n: usize, target: usize, full: bool) -> bool {
-    let fl = s.flags() | r.peer_fin();
-    n >= target
-        || full
-        || r.rx_zone_pending()
-        || fl & (f::RX_EOF | f::ERROR | f::HUP | f::BROKEN) != 0
-        || fl & (f::CONNECTED | f::CONNECTING) == 0
-        || s.e.pending_error.load(Ordering::Relaxed) != 0
-        || s.local() & local::SHUT_RD != 0
+fn peek_done(s: &Sock, r: &crate::sock::core::Rings, full: bool, target: usize) -> bool {
+    full || recv_may_go_on(s, r, s.e.segment.load(Ordering::Relaxed), target as u64)
 }
 
 // Its only caller is `data::recv` (see `send_stream`).
@@ -403,7 +395,7 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
             got += n;
             // Region rings: the receive-room handshake (§3.5) with a host short of room.
             r.notify(&s, r.peer.is_none() && room_asked_after_release(&s.e.flags));
-        } else if n > 0 && (nonblock || peek_done(&s, &r, n, target, used >= size)) {
+        } else if n > 0 && (nonblock || peek_done(&s, &r, used >= size, target)) {
             return Ok(n);
         }
         if got > 0 && got >= target {

@@ -292,14 +292,7 @@ fn lone_copy(cloexec: bool) -> Option<c_int> {
             }
             Some((_, Err(_))) => return None,
             None => {
-                let made = crate::ownfd::adopt(lone_socket(true).ok()?);
-                if LONE
-                    .compare_exchange(-1, made, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
-                    TABLE.take(made);
-                    let _ = sys::close(made); // another thread's came first
-                }
+                crate::ownfd::adopt_once(&LONE, lone_socket(true).ok()?);
             }
         }
     }
