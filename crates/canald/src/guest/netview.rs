@@ -521,10 +521,8 @@ impl NetView {
         if let Some(p) = self.publish_at(a) {
             return in_family(a, LOOPBACK4, p.guest_port);
         }
-        if let (Some(d), true) = (&self.dns, via_resolver) {
-            if v4_of(a) == v4_of(d) && a.port == d.port {
-                return in_family(a, GUEST_DNS_ADDR, 53);
-            }
+        if via_resolver && self.is_resolver_host(a) {
+            return in_family(a, GUEST_DNS_ADDR, 53);
         }
         if is_v4(a, LOOPBACK4) {
             return in_family(a, GUEST_HOST_ADDR, a.port);
@@ -564,6 +562,14 @@ impl NetView {
             }
             _ => self.local(a),
         }
+    }
+
+    /// Whether host address `a` is the resolver's (where 10.0.2.3:53 goes): only then
+    /// does a socket's `via_resolver` change how `a` reads.
+    pub(crate) fn is_resolver_host(&self, a: &CanalAddr) -> bool {
+        self.dns
+            .as_ref()
+            .is_some_and(|d| v4_of(a) == v4_of(d) && a.port == d.port)
     }
 
     /// `peer` (getpeername) for a socket whose own host address is `local`: from

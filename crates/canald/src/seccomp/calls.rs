@@ -401,8 +401,9 @@ fn name(ctx: &Ctx, c: &Caller, n: &Notif, fd: i32, p: u64, lenp: u64) -> Res<Rep
         }
     } else {
         let local = sys::sockname(&s).ok();
-        let via_resolver = ctx.net.served.installed.via_resolver(&s);
         let peer = sys::peername(&s).map_err(errno_of)?;
+        let via_resolver =
+            ctx.net.is_resolver_host(&peer) && ctx.net.served.installed.via_resolver(&s);
         translate_host_peer(&view, &peer, local.as_ref(), via_resolver)
     };
     write_addr(c, p, lenp, &a)?;
@@ -543,7 +544,9 @@ fn recv_admitted<T>(
         if proto == PROTO_UDP && !admitted(ctx, PROTO_UDP, &local, &src, replied) {
             continue; // from outside the network to a private port, not a reply
         }
-        let via_resolver = ctx.net.served.installed.via_resolver(s);
+        // The table is asked (a lock and an fstat) only for the resolver's datagrams.
+        let via_resolver =
+            ctx.net.is_resolver_host(&src) && ctx.net.served.installed.via_resolver(s);
         return Ok(Some((
             v,
             translate_host_addr(&ctx.view(), &src, via_resolver),

@@ -162,12 +162,7 @@ impl Installed {
         };
         let mut out: Vec<OpenSocket> = open
             .into_iter()
-            .filter_map(|(ino, (pid, fd))| {
-                let e = socks.get(&ino)?;
-                let mut o = describe(pid, fd, ino, e.proto, e.name)?;
-                o.via_resolver = e.via_resolver;
-                Some(o)
-            })
+            .filter_map(|(ino, (pid, fd))| describe(pid, fd, ino, socks.get(&ino)?))
             .collect();
         out.sort_by_key(|s| (s.pid, s.fd));
         out
@@ -213,7 +208,8 @@ fn holders<V>(socks: &HashMap<u64, V>) -> HashMap<u64, (u32, i32)> {
 }
 
 /// The socket at `pid`'s descriptor `fd` (still inode `ino`), as listed.
-fn describe(pid: u32, fd: i32, ino: u64, proto: u8, name: Option<CanalAddr>) -> Option<OpenSocket> {
+fn describe(pid: u32, fd: i32, ino: u64, e: &Sock) -> Option<OpenSocket> {
+    let (proto, name) = (e.proto, e.name);
     let s = sys::take_fd(&sys::pidfd_of_thread(pid).ok()?, fd).ok()?;
     if sys::inode_of(&s).ok()? != ino {
         return None; // closed and the number reused meanwhile
@@ -240,7 +236,7 @@ fn describe(pid: u32, fd: i32, ino: u64, proto: u8, name: Option<CanalAddr>) -> 
         bound: name.filter(|_| peer.is_none()),
         host_local: host,
         host_peer: peer,
-        via_resolver: false,
+        via_resolver: e.via_resolver,
     })
 }
 
