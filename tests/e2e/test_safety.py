@@ -344,6 +344,53 @@ def test_400_threads_each_connect_and_echo(canald, python):
         assert p.finish(60).returncode == 0, p.describe()
 
 
+SHORT_THREADS = r"""
+import socket, sys, threading
+n, rounds = int(sys.argv[1]), int(sys.argv[2])
+srv = socket.create_server(("127.0.0.1", 0), backlog=4096)
+def handle(c):
+    with c:
+        c.sendall(c.recv(100))
+def serve():
+    while True:
+        c, _ = srv.accept()
+        threading.Thread(target=handle, args=(c,), daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+ok, errors = [], []
+start = threading.Barrier(n)
+def client(i):
+    start.wait()
+    try:
+        for k in range(rounds):
+            # A reply later than this is a stall (natively the whole run takes ~4 s).
+            with socket.create_connection(srv.getsockname(), timeout=20) as s:
+                m = f"{i}-{k}".encode()
+                s.sendall(m)
+                got = s.recv(100)
+                assert got == m, (m, got)
+        ok.append(i)
+    except Exception as e:
+        errors.append(f"{i}: {e!r}")
+ts = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(f"SHORT ok={len(ok)} errors={len(errors)} {errors[:5]}", flush=True)
+"""
+
+
+@pytest.mark.deadline(240)
+def test_1000_threads_make_short_connections_to_their_own_server(canald, python):
+    """1,000 threads of one program each make 5 short connections (connect, echo,
+    close) to a server thread of the same program, short-circuited. With library
+    locks that spun and yielded, a thread the scheduler preempted while holding one
+    waited behind a thousand yielding threads: replies came 20–60 s late in about one
+    run of three (2026-11-28). Every reply must come, each within 20 s."""
+    p = canald.spawn([python, "-c", SHORT_THREADS, 1000, 5])
+    line = p.wait_line("SHORT", 200)
+    assert "ok=1000 errors=0" in line, p.describe()
+    assert p.finish(30).returncode == 0, p.describe()
+
+
 UNSEEN_WRITE = r"""
 import ctypes, os, socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))

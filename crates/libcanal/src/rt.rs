@@ -18,25 +18,53 @@ macro_rules! debug {
 
 pub(crate) use debug;
 
-/// A spin-then-yield lock word (guest memory; holders never block while holding it).
+/// A lock word of this process's memory: 0 free, 1 held, 2 held with sleepers
+/// (Drepper's futex mutex). A contended lock spins briefly, then sleeps: with
+/// spin-then-`sched_yield`, a thousand threads of one program queued behind a holder
+/// the scheduler had preempted, and the holder waited its turn behind all of them
+/// (connections stalled for seconds; the seg table's lock, taken at each close and
+/// first use of a short-circuited connection, was the hot one).
 pub(crate) fn lock(word: &AtomicU32) {
-    let mut n = 0u32;
-    loop {
-        // L1: Acquire pairs with the Release in `unlock` (L2): the previous holder's
-        // writes are visible to us.
-        if word
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-        n += 1;
-        backoff(n);
+    // L1: Acquire pairs with the Release in `unlock` (L2): the previous holder's
+    // writes are visible to us.
+    if word
+        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        lock_contended(word);
     }
 }
 
-/// The `n`th round of a wait for a lock held by a thread that does not block: spin
-/// briefly, then give the CPU away (the holder may be waiting for it on 2 cores).
+/// Spins a bounded number of rounds before a lock sleeps (holders keep it for
+/// microseconds; a preempted one for a timeslice, which spinning cannot shorten).
+const LOCK_SPINS: u32 = 100;
+
+/// A sleep on a contended lock re-checks the word this often (cheap insurance: in
+/// this algorithm an unlock always wakes a sleeper).
+const LOCK_SLEEP_NS: i64 = 10_000_000;
+
+#[cold]
+fn lock_contended(word: &AtomicU32) {
+    for _ in 0..LOCK_SPINS {
+        canal_abi::sync::spin_hint();
+        // L1 as above.
+        if word.load(Ordering::Relaxed) == 0
+            && word
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return;
+        }
+    }
+    // Mark it contended so that the holder's unlock wakes a sleeper; whoever takes it
+    // this way leaves it marked (one spare wake-up at most). L1 as above.
+    while word.swap(2, Ordering::Acquire) != 0 {
+        let _ = sys::futex_wait(word, 2, LOCK_SLEEP_NS);
+    }
+}
+
+/// The `n`th round of a wait for a lock of shared memory (a socket entry's side lock):
+/// spin briefly, then give the CPU away (the holder may be waiting for it on 2 cores).
 pub(crate) fn backoff(n: u32) {
     if n < 100 {
         canal_abi::sync::spin_hint();
@@ -47,7 +75,9 @@ pub(crate) fn backoff(n: u32) {
 
 pub(crate) fn unlock(word: &AtomicU32) {
     // L2: Release pairs with L1.
-    word.store(0, Ordering::Release);
+    if word.swap(0, Ordering::Release) == 2 {
+        sys::futex_wake_one(word);
+    }
 }
 
 pub(crate) fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
