@@ -88,6 +88,9 @@ fn close_by_mark(s: &Sock) -> bool {
 /// close it, `close_by_watch`, or marks it closed, `close_by_mark`).
 pub(crate) fn release(g: &'static Guest, handle: u32) {
     let Ok(s) = Sock::new(g, handle) else { return };
+    // Before our references go: from then on the other end's close may find no live
+    // socket naming the segment, and must not unmap it under the uses below.
+    let hold = crate::shortcut::seg::Hold::new();
     let prev =
         s.e.refs
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
@@ -103,6 +106,7 @@ pub(crate) fn release(g: &'static Guest, handle: u32) {
                 r.fin_on_close(&s);
             }
         }
+        drop(hold);
         if !crate::conn::guest::is_dead(g) && !close_by_watch(&s) {
             if close_by_mark(&s) {
                 // The mark before the attention bit (its Release): canald reads it
