@@ -283,6 +283,56 @@ def test_short_connections_share_the_pair_arena(canal_bin, procs, python, progs,
         d.stop()
 
 
+SLEEPY_SERVER = r"""
+import select, socket, sys, threading
+srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+# One thread always asleep in poll on a short-circuited connection of its own.
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+def sleeper():
+    p = select.poll()
+    p.register(a, select.POLLIN)
+    p.poll()
+threading.Thread(target=sleeper, daemon=True).start()
+print("PORT", srv.getsockname()[1], flush=True)
+n = 0
+while True:
+    s, _ = srv.accept()
+    s.sendall(s.recv(100))
+    s.close()
+    n += 1
+    arenas = sum("canal-arena" in m for m in open("/proc/self/maps"))
+    print(f"ARENAS {n} {arenas}", flush=True)
+"""
+
+ECHO_ONCE = r"""
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
+    s.sendall(b"hello")
+    assert s.recv(100) == b"hello"
+print("ECHOED", flush=True)
+"""
+
+
+@pytest.mark.deadline(180)
+def test_a_server_that_always_has_a_sleeper_unmaps_idle_arenas(canald, python):
+    """A server meeting 40 client processes one after another, each another guest and
+    so another pair arena: it keeps at most eight idle arenas mapped (protocol §8.7),
+    although one of its threads is always asleep in poll. Before 2026-11-28 a sleep
+    held every mapping of the process, so such a server unmapped none: one more 64 MiB
+    mapping per client process met, without end (40 after 40 clients)."""
+    server = canald.spawn([python, "-c", SLEEPY_SERVER], name="sleepy-server")
+    port = server.wait_line("PORT", 30).split()[1]
+    counts = []
+    for i in range(1, 41):
+        r = canald.spawn([python, "-c", ECHO_ONCE, port], name=f"client-{i}").finish(30)
+        assert r.returncode == 0 and "ECHOED" in r.stdout, r.describe()
+        counts.append(int(server.wait_line(f"ARENAS {i} ", 30).split()[2]))
+    # Eight idle ones kept, the server's own (its sleeper's connection), one in use.
+    assert max(counts) <= 10, counts
+    assert counts[-1] <= 10, counts
+
+
 def test_churn_native(procs, python, progs):
     """churn.py's checks hold natively (no canal: no mappings of canal's files)."""
     server = procs.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-native")

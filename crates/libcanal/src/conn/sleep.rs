@@ -250,13 +250,21 @@ pub(crate) fn sleep_events(
             Some(timeout_ns.map_or(RECHECK_NS, |t| t.min(RECHECK_NS)))
         };
         let poll = |all: &mut [libc::pollfd], cond: &mut dyn FnMut() -> bool| {
-            if seg_sleepers.n > 0 {
+            seg_sleepers.pause();
+            let r = if seg_sleepers.n > 0 {
                 // Counted on a connection whose peer may publish without a fence: the
                 // deferred barrier (barrier.rs) before sleeping longer than DEFER_NS.
-                deferred_ppoll(all, t, sigmask, cond)
+                // Its re-check looks segments up again: held meanwhile.
+                let mut held = || {
+                    let _hold = crate::shortcut::seg::Hold::new();
+                    cond()
+                };
+                deferred_ppoll(all, t, sigmask, &mut held)
             } else {
                 sys::ppoll(all, t, sigmask)
-            }
+            };
+            seg_sleepers.resume();
+            r
         };
         if seg_sleepers.rings == 0 {
             poll(fds, cond)
@@ -336,6 +344,9 @@ fn deferred_ppoll(
 /// decrements exactly those.
 struct SegSleepers {
     words: [*const AtomicU32; 64],
+    /// The segment of each counted word (`seg::Mark`): the words are touched again
+    /// only where their segment is still mapped (it may go while we sleep).
+    marks: [crate::shortcut::seg::Mark; 64],
     /// The bell word (§8.8) of each counted connection, or null (not counted there).
     bell_words: [*const AtomicU64; 64],
     n: usize,
@@ -353,6 +364,7 @@ impl SegSleepers {
     fn new(slot: u32) -> Self {
         SegSleepers {
             words: [core::ptr::null(); 64],
+            marks: [crate::shortcut::seg::Mark::NONE; 64],
             bell_words: [core::ptr::null(); 64],
             n: 0,
             overflow: false,
@@ -411,7 +423,23 @@ impl SegSleepers {
         let w = seg.sleepers(side);
         w.fetch_add(1, Ordering::Relaxed);
         self.words[self.n] = w;
+        self.marks[self.n] = seg.mark();
         self.n += 1;
+    }
+
+    /// Around the blocking ppoll: segments may be unmapped while we sleep (holding
+    /// them through every sleep of every thread kept a server that always had one
+    /// sleeping from ever unmapping an arena: one more mapping per client process
+    /// met). `resume` holds them again; `leave` then touches only those still mapped.
+    fn pause(&self) {
+        if self.active {
+            crate::shortcut::seg::sleep_exit();
+        }
+    }
+    fn resume(&self) {
+        if self.active {
+            crate::shortcut::seg::sleep_enter();
+        }
     }
 
     /// Before the sleeper's fence: one socket, or (WAIT_ANY) every mapped one.
@@ -457,10 +485,16 @@ impl SegSleepers {
     }
 
     fn leave(&mut self) {
-        for (w, b) in self.words[..self.n].iter().zip(&self.bell_words) {
-            // SAFETY: each pointer names a sleeper word of a segment that was mapped
-            // when we counted ourselves; crate::shortcut::seg::forget defers every unmap while a
-            // thread is between sleep_enter and sleep_exit.
+        let counted = self.words[..self.n].iter().zip(&self.bell_words);
+        for ((w, b), m) in counted.zip(&self.marks) {
+            // A segment unmapped while we slept (its sockets closed) keeps our count:
+            // its peer may wake nobody once more, until the closes reach it.
+            if !m.still_mapped() {
+                continue;
+            }
+            // SAFETY: each pointer names a sleeper word of a segment still mapped (just
+            // checked, holding: `seg::forget` defers every unmap while a thread is
+            // between sleep_enter and sleep_exit).
             unsafe { &**w }.fetch_sub(1, Ordering::Relaxed);
             if !b.is_null() {
                 // SAFETY: as above (the same segment's bell word).

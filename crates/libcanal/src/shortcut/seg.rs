@@ -67,7 +67,33 @@ pub(crate) fn sleep_enter() {
     HOLDERS.fetch_add(1, Ordering::SeqCst);
 }
 pub(crate) fn sleep_exit() {
-    HOLDERS.fetch_sub(1, Ordering::SeqCst);
+    if HOLDERS.fetch_sub(1, Ordering::SeqCst) == 1 && DEFERRED_ANY.load(Ordering::Relaxed) {
+        // The last holder: unmap what was deferred while we held it.
+        crate::rt::lock(&LOCK);
+        unmap_or_defer(0, 0);
+        crate::rt::unlock(&LOCK);
+    }
+}
+
+/// Some mapping waits in DEFERRED.
+static DEFERRED_ANY: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Which mapping a pointer into a segment came from: a later `still_mapped` says
+/// whether the pointer may be used again (the segment can be unmapped meanwhile).
+#[derive(Clone, Copy)]
+pub(crate) struct Mark {
+    id: u32,
+    base: usize,
+}
+
+impl Mark {
+    pub(crate) const NONE: Mark = Mark { id: 0, base: 0 };
+
+    /// Whether the segment is mapped where it was when marked. The caller holds
+    /// mappings (`sleep_enter` or a `Hold`): a yes then stays true until it lets go.
+    pub(crate) fn still_mapped(&self) -> bool {
+        self.id != 0 && find(self.id).is_some_and(|s| s.base as usize == self.base)
+    }
 }
 
 /// Segments stay mapped while this lives (as for a sleeper: `sleep_enter`). Taken by
@@ -164,6 +190,13 @@ impl Seg {
     }
     pub(crate) fn ring_size(&self) -> u64 {
         self.ring_size
+    }
+    /// This mapping of the segment, to check later whether it is still mapped.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            id: self.id(),
+            base: self.base as usize,
+        }
     }
     /// The segment carries buffer zones (protocol §10.4).
     pub(crate) fn has_zones(&self) -> bool {
@@ -411,26 +444,32 @@ fn empty(i: usize) -> (usize, usize, u32) {
 }
 
 /// Under LOCK: unmaps `len` bytes at `base`, or, while some thread holds pointers
-/// into shared memory (`HOLDERS`), defers it to a later unmap.
+/// into shared memory (`HOLDERS`), defers it to a later unmap; with no holder, also
+/// what was deferred before (`base` 0: only that).
 fn unmap_or_defer(base: usize, len: usize) {
-    if base == 0 {
-        return;
-    }
     if HOLDERS.load(Ordering::SeqCst) == 0 {
-        sys::munmap(base as *mut u8, len);
-        for (b, l) in &DEFERRED {
-            let b = b.swap(0, Ordering::Relaxed);
-            if b != 0 {
-                sys::munmap(b as *mut u8, l.load(Ordering::Relaxed));
+        if base != 0 {
+            sys::munmap(base as *mut u8, len);
+        }
+        if DEFERRED_ANY.swap(false, Ordering::Relaxed) {
+            for (b, l) in &DEFERRED {
+                let b = b.swap(0, Ordering::Relaxed);
+                if b != 0 {
+                    sys::munmap(b as *mut u8, l.load(Ordering::Relaxed));
+                }
             }
         }
+    } else if base == 0 {
+        // Only a flush (the last holder left, another came): the next one flushes.
     } else if let Some((b, l)) = DEFERRED
         .iter()
         .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
     {
         l.store(len, Ordering::Relaxed);
         b.store(base, Ordering::Relaxed);
-    } // else: left mapped until exit (bounded by the program's own closes)
+        DEFERRED_ANY.store(true, Ordering::Relaxed);
+    } // else: left mapped until exit (64 unmaps deferred by threads holding mappings
+      // for microseconds: their look-ups and re-checks, never their sleeps)
 }
 
 /// A blocking call's wait on one short-circuited socket (§8.4): count ourselves in
