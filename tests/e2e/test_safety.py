@@ -391,6 +391,24 @@ def test_1000_threads_make_short_connections_to_their_own_server(canald, python)
     assert p.finish(30).returncode == 0, p.describe()
 
 
+@pytest.mark.deadline(150)
+def test_threads_beyond_the_slots_wait_on_their_short_circuited_sockets(canal_bin, procs, python):
+    """canald with 64 request slots (48 kept by threads): 400 threads each make 5
+    short connections to a server thread of their own, with timeouts (so they wait in
+    poll). The threads without a slot of their own sleep on the connection's futex, as
+    a blocking call does. Backing off instead, they woke up to 1,000 times a second
+    each: 168-212 of 400 finished, the others waited over 20 s for a reply
+    (2026-11-28)."""
+    d = Canald(canal_bin, procs, args=["--slots", "64"]).start()
+    try:
+        p = d.spawn([python, "-c", SHORT_THREADS, 400, 5])
+        line = p.wait_line("SHORT", 120)
+        assert "ok=400 errors=0" in line, p.describe()
+        assert p.finish(30).returncode == 0, p.describe()
+    finally:
+        d.stop()
+
+
 UNSEEN_WRITE = r"""
 import ctypes, os, socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))

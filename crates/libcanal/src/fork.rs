@@ -43,7 +43,7 @@ extern "C" fn child() {
     crate::ownfd::fork_child();
     crate::conn::slots::forget_in_child();
     crate::shortcut::bells::fork_child();
-    crate::conn::wait::forget_pins_in_child();
+    crate::conn::pin::forget_pins_in_child();
     crate::mux::epoll::fork_child();
 }
 

@@ -104,7 +104,7 @@ macro_rules! dispatch {
                 // SAFETY: as above.
                 None => unsafe { $real },
                 Some(_g) => $crate::hooks::common::run(|| {
-                    $crate::conn::wait::set_current_fd(fd);
+                    $crate::conn::pin::set_current_fd(fd);
                     let $s = $crate::hooks::common::sock_of(h)?;
                     $body
                 }) as _,

@@ -301,7 +301,7 @@ fn make_room(fd: c_int) -> Result<(), i32> {
         // VFIO's) simply lives at `new` from now on.
         let _ = g.is_some_and(|g| g.retarget(fd, new))
             || crate::conn::slots::retarget(fd, new)
-            || crate::conn::wait::retarget_pin(fd, new)
+            || crate::conn::pin::retarget_pin(fd, new)
             || crate::conn::ivshmem::retarget(fd, new)
             || crate::shortcut::bells::retarget(fd, new)
             || crate::bridge::retarget_token(fd, new)

@@ -44,13 +44,13 @@ pub unsafe extern "C" fn splice(
     let (at_in, at_out) = (!off_in.is_null(), !off_out.is_null());
     run(|| match ours {
         (Some(h), _) => {
-            crate::conn::wait::set_current_fd(fd_in);
+            crate::conn::pin::set_current_fd(fd_in);
             let s = sock_of(h)?;
             check_ends(fd_out, at_out, at_in)?;
             socket_to_pipe(s, fd_out, len, flags)
         }
         (None, Some(h)) => {
-            crate::conn::wait::set_current_fd(fd_out);
+            crate::conn::pin::set_current_fd(fd_out);
             let s = sock_of(h)?;
             check_ends(fd_in, at_in, at_out)?;
             pipe_to_socket(fd_in, s, len, flags)

@@ -135,12 +135,12 @@ pub(crate) fn add_ref(g: &'static Guest, handle: u32) {
 /// Drops the reference the current call took while sleeping, if any (the last one
 /// closes the socket, as the kernel does when the in-flight call releases the file).
 pub(crate) fn unpin() {
-    if let Some((h, fd)) = crate::conn::wait::take_pinned() {
+    if let Some((h, fd)) = crate::conn::pin::take_pinned() {
         if let Some(g) = crate::conn::guest::guest() {
             release(g, h);
         }
         if fd >= 0 {
-            crate::conn::wait::close_pin(fd);
+            crate::conn::pin::close_pin(fd);
         }
     }
 }
