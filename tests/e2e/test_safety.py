@@ -385,6 +385,9 @@ def test_1000_threads_make_short_connections_to_their_own_server(canald, python)
     locks that spun and yielded, a thread the scheduler preempted while holding one
     waited behind a thousand yielding threads: replies came 20–60 s late in about one
     run of three (2026-11-28). Every reply must come, each within 20 s."""
+    if e2e_util.poll_only():
+        pytest.skip("poll-only notification never sleeps by design (a measurement mode): "
+                    "a thousand threads spinning on two cores cannot all be answered in time")
     p = canald.spawn([python, "-c", SHORT_THREADS, 1000, 5])
     line = p.wait_line("SHORT", 200)
     assert "ok=1000 errors=0" in line, p.describe()
@@ -399,6 +402,9 @@ def test_threads_beyond_the_slots_wait_on_their_short_circuited_sockets(canal_bi
     a blocking call does. Backing off instead, they woke up to 1,000 times a second
     each: 168-212 of 400 finished, the others waited over 20 s for a reply
     (2026-11-28)."""
+    if e2e_util.poll_only():
+        pytest.skip("poll-only notification never sleeps by design (a measurement mode): "
+                    "400 threads spinning on two cores cannot all be answered in time")
     d = Canald(canal_bin, procs, args=["--slots", "64"]).start()
     try:
         p = d.spawn([python, "-c", SHORT_THREADS, 400, 5])
