@@ -63,7 +63,8 @@ pub(crate) fn sleep_ready_in(
     match own_slot(g) {
         Some(s) => sleep_events(&s, scope, timeout_ns, cond, extra, sigmask),
         None => match slotless_futex(g, scope, extra, &sigmask) {
-            Some((seg, side)) => sleep_futex(seg, side, timeout_ns, cond),
+            // Ok(0): as a wake-up of `sleep_events` with no descriptor ready.
+            Some((seg, side)) => sleep_futex(seg, side, timeout_ns, cond).map(|_| 0),
             None => sleep_backoff(g, timeout_ns, cond, extra, sigmask),
         },
     }
@@ -102,17 +103,17 @@ fn slotless_futex(
     seg_of(g, index)
 }
 
-/// The futex sleep of `slotless_futex`, at most 1 s at a time (a vanished canald is
-/// noticed by the caller's loop); Ok(0) as a wake-up of `sleep_events` with no
-/// descriptor ready.
-fn sleep_futex(
+/// A sleep on a short-circuited socket's segment futex (§8.4), at most RECHECK_NS at a
+/// time (a vanished canald is noticed by the caller's loop): `seg::futex_sleep`'s
+/// answer (Ok(true): `cond` held).
+pub(crate) fn sleep_futex(
     seg: crate::shortcut::seg::Seg,
     side: u32,
     timeout_ns: Option<i64>,
     cond: &mut dyn FnMut() -> bool,
-) -> Result<usize, i32> {
+) -> Result<bool, i32> {
     let t = timeout_ns.map_or(RECHECK_NS, |t| t.min(RECHECK_NS));
-    crate::shortcut::seg::futex_sleep(seg, side, t, cond).map(|_| 0)
+    crate::shortcut::seg::futex_sleep(seg, side, t, cond)
 }
 
 /// Backoff of event waits without a wake-up port: (monotonic ns when the wait began, 0
@@ -482,12 +483,12 @@ impl SegSleepers {
     /// met). `resume` holds them again; `leave` then touches only those still mapped.
     fn pause(&self) {
         if self.active {
-            crate::shortcut::seg::sleep_exit();
+            crate::shortcut::seg::hold_end();
         }
     }
     fn resume(&self) {
         if self.active {
-            crate::shortcut::seg::sleep_enter();
+            crate::shortcut::seg::hold_begin();
         }
     }
 
@@ -503,7 +504,7 @@ impl SegSleepers {
             return;
         }
         self.active = true;
-        crate::shortcut::seg::sleep_enter();
+        crate::shortcut::seg::hold_begin();
         if index != WAIT_ANY {
             if let Some(e) = g.region.socket(index) {
                 self.add(g, e);
@@ -525,7 +526,7 @@ impl SegSleepers {
             return;
         }
         self.active = true;
-        crate::shortcut::seg::sleep_enter();
+        crate::shortcut::seg::hold_begin();
         for &i in indices {
             if let Some(e) = g.region.socket(i) {
                 self.add(g, e);
@@ -543,7 +544,7 @@ impl SegSleepers {
             }
             // SAFETY: each pointer names a sleeper word of a segment still mapped (just
             // checked, holding: `seg::forget` defers every unmap while a thread is
-            // between sleep_enter and sleep_exit).
+            // between hold_begin and hold_end).
             unsafe { &**w }.fetch_sub(1, Ordering::Relaxed);
             if !b.is_null() {
                 // SAFETY: as above (the same segment's bell word).
@@ -559,7 +560,7 @@ impl SegSleepers {
         self.n = 0;
         if self.active {
             self.active = false;
-            crate::shortcut::seg::sleep_exit();
+            crate::shortcut::seg::hold_end();
         }
     }
 }

@@ -8,6 +8,7 @@ use crate::conn::guest::Guest;
 use crate::conn::pin::pin_for_call;
 use crate::conn::sleep::new_wait;
 use crate::conn::sleep::seg_of;
+use crate::conn::sleep::sleep_futex;
 use crate::conn::sleep::sleep_ready_in;
 use crate::conn::sleep::Scope;
 use crate::notify;
@@ -140,8 +141,7 @@ fn wait_until_as(
         // at a time so a vanished canald is noticed.
         slept = true;
         if let Some((seg, side)) = seg_of(g, index) {
-            let t = remaining.map_or(1_000_000_000, |r| r.min(1_000_000_000));
-            match crate::shortcut::seg::futex_sleep(seg, side, t, &mut cond) {
+            match sleep_futex(seg, side, remaining, &mut cond) {
                 Ok(true) => return Wait::Ready,
                 Ok(false) => continue,
                 // The same restart rule as the eventfd sleep below.

@@ -60,13 +60,14 @@ static HOLDERS: AtomicU32 = AtomicU32::new(0);
 static DEFERRED: [(AtomicUsize, AtomicUsize); 64] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 64];
 
-/// A thread is about to look up segments and keep pointers across a sleep. SeqCst
+/// A thread is about to look up segments and keep pointers to them until `hold_end`
+/// (a sleeper counting itself in or out, or re-checking; a last close: `Hold`). SeqCst
 /// pairs with `forget`: either its lookup misses the cleared id, or `forget` sees it
 /// and defers the unmap.
-pub(crate) fn sleep_enter() {
+pub(crate) fn hold_begin() {
     HOLDERS.fetch_add(1, Ordering::SeqCst);
 }
-pub(crate) fn sleep_exit() {
+pub(crate) fn hold_end() {
     if HOLDERS.fetch_sub(1, Ordering::SeqCst) == 1 && DEFERRED_ANY.load(Ordering::Relaxed) {
         // The last holder: unmap what was deferred while we held it.
         crate::rt::lock(&LOCK);
@@ -90,13 +91,13 @@ impl Mark {
     pub(crate) const NONE: Mark = Mark { id: 0, base: 0 };
 
     /// Whether the segment is mapped where it was when marked. The caller holds
-    /// mappings (`sleep_enter` or a `Hold`): a yes then stays true until it lets go.
+    /// mappings (`hold_begin` or a `Hold`): a yes then stays true until it lets go.
     pub(crate) fn still_mapped(&self) -> bool {
         self.id != 0 && find(self.id).is_some_and(|s| s.base as usize == self.base)
     }
 }
 
-/// Segments stay mapped while this lives (as for a sleeper: `sleep_enter`). Taken by
+/// Segments stay mapped while this lives (`hold_begin` to `hold_end`). Taken by
 /// a last close before it gives up its socket's references, so that the other end's
 /// close, which may then find no live socket naming the segment, cannot unmap it
 /// under the pointers this close still uses.
@@ -104,14 +105,14 @@ pub(crate) struct Hold(());
 
 impl Hold {
     pub(crate) fn new() -> Hold {
-        sleep_enter();
+        hold_begin();
         Hold(())
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        sleep_exit();
+        hold_end();
     }
 }
 
@@ -234,30 +235,32 @@ impl Seg {
     }
 }
 
-fn find(id: u32) -> Option<Seg> {
+/// The slot holding segment `id`: its run is walked from `id`'s home slot to the first
+/// never-used one (lock-free for lookups; under LOCK for removal).
+fn position(id: u32) -> Option<usize> {
     let start = id as usize % CACHE;
-    for k in 0..CACHE {
-        let c = &TABLE[(start + k) % CACHE];
+    (0..CACHE)
+        .map(|k| (start + k) % CACHE)
         // Acquire pairs with the Release store of `id` after base/len were filled.
-        match c.id.load(Ordering::Acquire) {
-            0 => return None,
-            v if v == id => {
-                // Acquire pairs with the Release swap in `forget`: a base it cleared
-                // comes with the tombstone stored before it, so the re-read of `id`
-                // below sees the entry go (then: a miss, never a null base).
-                let base = c.base.load(Ordering::Acquire) as *mut u8;
-                let seg = Seg {
-                    base,
-                    ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
-                    zone_size: c.zone_size.load(Ordering::Relaxed) as u64,
-                };
-                let still = c.id.load(Ordering::Acquire) == id;
-                return (still && !base.is_null()).then_some(seg);
-            }
-            _ => {}
-        }
-    }
-    None
+        .map(|i| (i, TABLE[i].id.load(Ordering::Acquire)))
+        .take_while(|&(_, v)| v != 0)
+        .find(|&(_, v)| v == id)
+        .map(|(i, _)| i)
+}
+
+fn find(id: u32) -> Option<Seg> {
+    let c = &TABLE[position(id)?];
+    // Acquire pairs with the Release swap in `forget`: a base it cleared comes with the
+    // tombstone stored before it, so the re-read of `id` below sees the entry go (then:
+    // a miss, never a null base).
+    let base = c.base.load(Ordering::Acquire) as *mut u8;
+    let seg = Seg {
+        base,
+        ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
+        zone_size: c.zone_size.load(Ordering::Relaxed) as u64,
+    };
+    let still = c.id.load(Ordering::Acquire) == id;
+    (still && !base.is_null()).then_some(seg)
 }
 
 /// Under LOCK: empties slot `i` (its entry was removed). A tombstone keeps the run
@@ -398,16 +401,7 @@ pub(crate) fn forget(g: &Guest, id: u32) {
 /// Under LOCK: removes the entry of segment `id`, if any; returns its (base, len,
 /// arena).
 fn remove(id: u32) -> Option<(usize, usize, u32)> {
-    let start = id as usize % CACHE;
-    for k in 0..CACHE {
-        let i = (start + k) % CACHE;
-        match TABLE[i].id.load(Ordering::Relaxed) {
-            0 => return None,
-            v if v == id => return Some(empty(i)),
-            _ => {}
-        }
-    }
-    None
+    position(id).map(empty)
 }
 
 /// Under LOCK: the slot a new entry for `id` goes to (the first never-used or removed
@@ -459,17 +453,18 @@ fn unmap_or_defer(base: usize, len: usize) {
                 }
             }
         }
-    } else if base == 0 {
-        // Only a flush (the last holder left, another came): the next one flushes.
-    } else if let Some((b, l)) = DEFERRED
-        .iter()
-        .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
-    {
-        l.store(len, Ordering::Relaxed);
-        b.store(base, Ordering::Relaxed);
-        DEFERRED_ANY.store(true, Ordering::Relaxed);
-    } // else: left mapped until exit (64 unmaps deferred by threads holding mappings
-      // for microseconds: their look-ups and re-checks, never their sleeps)
+    } else if base != 0 {
+        // (A flush alone, base 0, waits for the next holder to leave.)
+        if let Some((b, l)) = DEFERRED
+            .iter()
+            .find(|(b, _)| b.load(Ordering::Relaxed) == 0)
+        {
+            l.store(len, Ordering::Relaxed);
+            b.store(base, Ordering::Relaxed);
+            DEFERRED_ANY.store(true, Ordering::Relaxed);
+        } // else: left mapped until exit (64 unmaps deferred by threads holding
+          // mappings for microseconds: their look-ups and re-checks, never their sleeps)
+    }
 }
 
 /// A blocking call's wait on one short-circuited socket (§8.4): count ourselves in
