@@ -242,7 +242,7 @@ def test_isolated_guests_short_circuit_each_other(canald, procs, python, listene
 DNS_SERVER = r"""
 import socket, struct, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", 0))
+s.bind(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0))
 print("port", s.getsockname()[1], flush=True)
 while True:
     q, a = s.recvfrom(512)
@@ -813,14 +813,30 @@ for dst in (("10.0.2.2", port), ("10.0.2.3", 53)):
 """
 
 
+def _port_free_for_tcp_and_udp():
+    """A port number that a TCP and a UDP socket on 127.0.0.1 could both bind just now."""
+    while True:
+        with socket.socket() as t, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            t.bind(("127.0.0.1", 0))
+            port = t.getsockname()[1]
+            try:
+                u.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
 def test_resolver_port_shared_with_a_host_server_reads_as_each_route(procs, canal_bin, python, netgo):
     """The host's resolver (UDP) and a TCP server share a port number P, so host
     127.0.0.1:P is both 10.0.2.3:53 and 10.0.2.2:P to the guest. Each socket reads
     its peer as the address it named — a canal socket (forwarded by canald) and a
     static Go program's (served by seccomp). Found when the Go test's free TCP port
     drew the resolver's UDP port: its dial of 10.0.2.2 read 10.0.2.3:53."""
-    dns = procs.spawn([python, "-c", DNS_SERVER], name="dns")
-    port = int(dns.wait_line("port", 10).split()[1])
+    # A number free for both protocols: the resolver's own pick (UDP) was once held
+    # by a TCP socket of another process, and the host server's bind failed.
+    port = _port_free_for_tcp_and_udp()
+    dns = procs.spawn([python, "-c", DNS_SERVER, str(port)], name="dns")
+    dns.wait_line("port", 10)
     _host_server(procs, python, port, "HOST")  # TCP, the same number
     with serving_canald(canal_bin, procs, args=["--dns", f"127.0.0.1:{port}"]) as d:
         r = procs.run(isolated(d, [python, "-c", GUEST_NAMES_BY_ROUTE, str(port)]), timeout=60)
