@@ -24,6 +24,13 @@ pub(crate) struct SockStat {
     /// (guest-written index, a statistic only; JSON `zone_sends`, absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) zone_sends: Option<u64>,
+    /// A datagram socket on the path between canal guests (`dgram_local`): datagrams
+    /// it received ring to ring, and those dropped for a full receive buffer (JSON
+    /// `local_in`, `local_drops`; absent for a socket never registered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) local_in: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) local_drops: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -352,6 +359,8 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
             tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
             rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
             zone_sends: g.sc_zone_sends(s),
+            local_in: s.dgram_local().and_then(|l| l.counts()).map(|c| c.0),
+            local_drops: s.dgram_local().and_then(|l| l.counts()).map(|c| c.1),
             worker: 0,
         })
         .collect();
@@ -637,6 +646,8 @@ mod tests {
                         worker: 0,
                         rx_bytes: 20,
                         zone_sends: None,
+                        local_in: None,
+                        local_drops: None,
                     },
                     SockStat {
                         handle: 65538,
@@ -647,6 +658,8 @@ mod tests {
                         tx_bytes: 0,
                         rx_bytes: 0,
                         zone_sends: None,
+                        local_in: None,
+                        local_drops: None,
                         worker: 1,
                     },
                 ],

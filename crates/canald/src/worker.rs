@@ -337,6 +337,7 @@ impl Poller {
                 guests, shadows, ..
             } = &mut *sh;
             work |= shortcut::run(&w.shortcut, w.id, guests, shadows, &w.ep);
+            work |= crate::guest::dgram_route::deliver(&w.shortcut, w.id, guests);
             for g in guests.values_mut().filter(|g| !g.held_answers.is_empty()) {
                 g.answer_held();
             }

@@ -3,10 +3,14 @@ use crate::guest::addr_view::translate_guest_addr;
 use crate::guest::addr_view::translate_host_addr;
 use crate::guest::dgram_control::rx_control;
 use crate::guest::dgram_control::tx_control;
+use crate::guest::dgram_local::Reg;
+use crate::guest::dgram_route;
+use crate::guest::dgram_route::Route;
 use crate::guest::netops::bind_own_source;
 use crate::guest::netview::is_plain_v6;
 use crate::guest::netview::is_resolver;
 use crate::guest::netview::PROTO_UDP;
+use crate::guest::shared::SharedRef;
 use crate::guest::socket::Corrupt;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
@@ -98,6 +102,154 @@ fn record_dest(
     Ok((dest, (at as u32, (ctl_bytes.len() - at) as u32)))
 }
 
+/// What a flush did so far: bytes sent (or delivered), their charge against the
+/// round's deficit, the errno the socket reports next, and the datagrams for other
+/// canal sockets (posted once the flush ends).
+#[derive(Default)]
+struct Flushed {
+    sent: u64,
+    charged: u64,
+    err: Option<i32>,
+    out_of_budget: bool,
+    local: Vec<(Reg, CanalAddr, Vec<u8>)>,
+}
+
+/// One `sendmmsg` as the scout planned it.
+struct Batch {
+    dgrams: [sys::RingDatagram; sys::SEND_BATCH],
+    /// Where each datagram's record ends (the consumer releases up to there).
+    ends: [u64; sys::SEND_BATCH],
+    n: usize,
+    /// The batch's control messages (none allocated without any).
+    ctl: Vec<u8>,
+    /// The end of dropped records after the last datagram, released with a whole batch.
+    drops_end: Option<u64>,
+    /// A MSG_MORE part: it goes alone (sendmmsg's flags are the batch's).
+    part: bool,
+}
+
+/// What a scout works with.
+struct Plan<'a> {
+    view: &'a crate::guest::addr_view::GuestView,
+    ring: &'a canal_abi::ring::RawRing,
+    head: &'a canal_abi::sync::AtomicU64,
+    budget: i64,
+    /// The shared state and this guest's key, if the socket may deliver locally.
+    local: Option<(&'a SharedRef, u32)>,
+}
+
+impl Plan<'_> {
+    /// Reads records from the consumer's tail into a batch. Records that need no
+    /// `sendmmsg` — dropped, or delivered to a canal socket — are released at once
+    /// while the batch is empty; a delivered one after a kernel datagram ends the
+    /// batch unread, so that a batch the kernel takes in part never has it behind.
+    fn batch(
+        &self,
+        s: &mut crate::guest::socket::HostSocket,
+        c: &mut Consumer<'_, canal_abi::ring::RawRing>,
+        f: &mut Flushed,
+    ) -> Result<Batch, Corrupt> {
+        let none = sys::RingDatagram {
+            pos: 0,
+            len: 0,
+            to: None,
+            control: (0, 0),
+        };
+        let mut b = Batch {
+            dgrams: [none; sys::SEND_BATCH],
+            ends: [0; sys::SEND_BATCH],
+            n: 0,
+            ctl: Vec::new(),
+            drops_end: None,
+            part: false,
+        };
+        let ahead = canal_abi::sync::AtomicU64::new(0);
+        let mut scout = Consumer {
+            storage: self.ring,
+            head_shared: self.head,
+            tail_shared: &ahead,
+            tail: c.tail,
+        };
+        let mut planned = f.charged;
+        // One record's address section at a time (overwritten, never zeroed again).
+        let mut sect = [0u8; ADDR_SIZE + MAX_CONTROL];
+        while b.n < sys::SEND_BATCH {
+            if (planned as i64) >= self.budget {
+                f.out_of_budget = true;
+                break;
+            }
+            let Some(info) = scout.next_record().map_err(|_| Corrupt)? else {
+                break;
+            };
+            let more = match info.kind {
+                record_kind::DATAGRAM => false,
+                record_kind::DATAGRAM_MORE => true,
+                _ => return Err(Corrupt),
+            };
+            if more && b.n > 0 {
+                break;
+            }
+            let section = match info.addr_len as usize {
+                n if n <= sect.len() => &mut sect[..n],
+                _ => return Err(Corrupt),
+            };
+            scout.record_addr(&info, section);
+            let (mut dest, control) = record_dest(self.view, s, section, &mut b.ctl)?;
+            let route = match (&dest, self.local) {
+                (Ok(to), Some((sc, conn))) if control.1 == 0 && !more => {
+                    dgram_route::route(sc, conn, s, to.as_ref())
+                }
+                _ => Route::Kernel,
+            };
+            let pos = scout.record_payload_pos(&info);
+            match route {
+                Route::Deliver(..) if b.n > 0 => break,
+                Route::Deliver(reg, from) => {
+                    let mut data = vec![0u8; info.len as usize];
+                    canal_abi::ring::copy_out(self.ring, pos, &mut data);
+                    scout.consume_record(&info);
+                    c.release(scout.tail.wrapping_sub(c.tail));
+                    f.local.push((reg, from, data));
+                    f.sent += info.len as u64;
+                    f.charged += charge(info.len as u64);
+                    planned += charge(info.len as u64);
+                    continue;
+                }
+                Route::Drop => dest = Err(None),
+                Route::Kernel => {}
+            }
+            scout.consume_record(&info);
+            match dest {
+                Ok(to) => {
+                    b.dgrams[b.n] = sys::RingDatagram {
+                        pos,
+                        len: info.len as u64,
+                        to,
+                        control,
+                    };
+                    b.ends[b.n] = scout.tail;
+                    b.n += 1;
+                    planned += charge(info.len as u64);
+                    b.drops_end = None;
+                    if more {
+                        b.part = true;
+                        break;
+                    }
+                }
+                Err(code) => {
+                    f.err = code.or(f.err);
+                    if b.n == 0 {
+                        c.release(scout.tail.wrapping_sub(c.tail));
+                    } else {
+                        b.drops_end = Some(scout.tail);
+                    }
+                }
+            }
+        }
+        Ok(b)
+    }
+}
+
 impl Guest {
     /// Sends everything a datagram socket has queued, whatever the round's budget has
     /// left (a request on the socket is about to change what later datagrams get).
@@ -129,10 +281,11 @@ impl Guest {
         self.fill_dgram_rx(index, st)
     }
 
-    /// Sends the datagrams the guest queued, up to SEND_BATCH per `sendmmsg`. A scout
-    /// reads records ahead of the consumer, which releases ring space only for what
-    /// was sent or dropped; a batch the socket took in part is resumed at the first
-    /// datagram it did not take (which then reports its error).
+    /// Sends the datagrams the guest queued, up to SEND_BATCH per `sendmmsg`; those
+    /// to another canal socket go to its ring instead (`dgram_local`). A scout reads
+    /// records ahead of the consumer, which releases ring space only for what was
+    /// sent, delivered or dropped; a batch the socket took in part is resumed at the
+    /// first datagram it did not take (which then reports its error).
     pub(crate) fn flush_dgram_tx(
         &mut self,
         index: u32,
@@ -148,104 +301,40 @@ impl Guest {
         } else {
             self.tx_deficit
         };
+        let lsc = self.dl_sender(index);
+        let conn = self.conn;
+        let region = self.region;
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-        let ring = self.region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
-        let e = self.region.socket(index).ok_or(Corrupt)?;
+        let ring = region.ring(s.tx.off, s.tx.size).ok_or(Corrupt)?;
+        let e = region.socket(index).ok_or(Corrupt)?;
         let mut c = Consumer {
             storage: &ring,
             head_shared: &e.tx_head,
             tail_shared: &e.tx_tail,
             tail: s.tx.idx,
         };
-        let mut sent = 0u64;
-        let mut charged = 0u64;
-        let mut err = None;
+        let mut f = Flushed::default();
         let start = c.tail;
-        let none = sys::RingDatagram {
-            pos: 0,
-            len: 0,
-            to: None,
-            control: (0, 0),
-        };
         loop {
-            let ahead = canal_abi::sync::AtomicU64::new(0);
-            let mut scout = Consumer {
-                storage: &ring,
-                head_shared: &e.tx_head,
-                tail_shared: &ahead,
-                tail: c.tail,
+            let plan = Plan {
+                view: &view,
+                ring: &ring,
+                head: &e.tx_head,
+                budget,
+                local: lsc.as_ref().map(|sc| (sc, conn)),
             };
-            let mut batch = [none; sys::SEND_BATCH];
-            // The batch's control messages (none allocated without any).
-            let mut ctl_bytes: Vec<u8> = Vec::new();
-            let mut ends = [0u64; sys::SEND_BATCH];
-            let (mut n, mut planned, mut drops_end) = (0, charged, None);
-            let mut part = false;
-            // One record's address section at a time (overwritten, never zeroed again).
-            let mut b = [0u8; ADDR_SIZE + MAX_CONTROL];
-            while n < sys::SEND_BATCH {
-                if (planned as i64) >= budget {
-                    self.out_of_budget = true;
-                    break;
-                }
-                let Some(info) = scout.next_record().map_err(|_| Corrupt)? else {
-                    break;
-                };
-                let more = match info.kind {
-                    record_kind::DATAGRAM => false,
-                    record_kind::DATAGRAM_MORE => true,
-                    _ => return Err(Corrupt),
-                };
-                // A part goes alone, with MSG_MORE (sendmmsg's flags are the batch's).
-                if more && n > 0 {
-                    break;
-                }
-                let section = match info.addr_len as usize {
-                    n if n <= b.len() => &mut b[..n],
-                    _ => return Err(Corrupt),
-                };
-                scout.record_addr(&info, section);
-                let (dest, control) = record_dest(&view, s, section, &mut ctl_bytes)?;
-                let pos = scout.record_payload_pos(&info);
-                scout.consume_record(&info);
-                match dest {
-                    Ok(to) => {
-                        batch[n] = sys::RingDatagram {
-                            pos,
-                            len: info.len as u64,
-                            to,
-                            control,
-                        };
-                        ends[n] = scout.tail;
-                        n += 1;
-                        planned += charge(info.len as u64);
-                        drops_end = None;
-                        if more {
-                            part = true;
-                            break;
-                        }
-                    }
-                    Err(code) => {
-                        err = code.or(err);
-                        if n == 0 {
-                            c.release(scout.tail.wrapping_sub(c.tail));
-                        } else {
-                            drops_end = Some(scout.tail);
-                        }
-                    }
-                }
-            }
-            let Some(fd) = s.fd.as_ref().filter(|_| n > 0) else {
+            let b = plan.batch(s, &mut c, &mut f)?;
+            let Some(fd) = s.fd.as_ref().filter(|_| b.n > 0) else {
                 break;
             };
-            match sys::sendmmsg_ring(fd, &ring, &batch[..n], &ctl_bytes, part) {
+            match sys::sendmmsg_ring(fd, &ring, &b.dgrams[..b.n], &b.ctl, b.part) {
                 Ok(k) if k > 0 => {
-                    let k = k.min(n);
-                    sent += batch[..k].iter().map(|d| d.len).sum::<u64>();
-                    charged += batch[..k].iter().map(|d| charge(d.len)).sum::<u64>();
-                    let end = match drops_end {
-                        Some(d) if k == n => d,
-                        _ => ends[k - 1],
+                    let k = k.min(b.n);
+                    f.sent += b.dgrams[..k].iter().map(|d| d.len).sum::<u64>();
+                    f.charged += b.dgrams[..k].iter().map(|d| charge(d.len)).sum::<u64>();
+                    let end = match b.drops_end {
+                        Some(d) if k == b.n => d,
+                        _ => b.ends[k - 1],
                     };
                     c.release(end.wrapping_sub(c.tail));
                 }
@@ -260,19 +349,23 @@ impl Guest {
                     // reported.
                     code => {
                         if code == Some(libc::ECONNREFUSED) {
-                            err = code;
+                            f.err = code;
                         }
-                        c.release(ends[0].wrapping_sub(c.tail));
+                        c.release(b.ends[0].wrapping_sub(c.tail));
                     }
                 },
             }
         }
         let moved = c.tail.wrapping_sub(start);
         s.tx.idx = c.tail;
-        s.tx_bytes = s.tx_bytes.wrapping_add(sent);
-        st.bytes += sent;
-        self.tx_deficit -= charged as i64;
-        self.after_dgram_flush(index, moved, err)
+        s.tx_bytes = s.tx_bytes.wrapping_add(f.sent);
+        st.bytes += f.sent;
+        self.tx_deficit -= f.charged as i64;
+        self.out_of_budget |= f.out_of_budget;
+        if let (Some(sc), false) = (lsc.as_ref(), f.local.is_empty()) {
+            self.dl_post(sc, std::mem::take(&mut f.local));
+        }
+        self.after_dgram_flush(index, moved, f.err)
     }
 
     /// After a flush that freed `moved` ring bytes: the furthest head seen, the socket
@@ -305,59 +398,29 @@ impl Guest {
 
     pub(crate) fn fill_dgram_rx(&mut self, index: u32, st: &mut RoundStats) -> Result<(), Corrupt> {
         let view = self.view();
-        let mut errors = 0;
+        let mut errors = 0u32;
         // The host socket's control messages for one datagram at a time.
         let mut ctl = [0u8; MAX_CONTROL];
         loop {
             if self.gone.is_none() && self.rx_deficit <= 0 {
                 let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-                self.out_of_budget = s.readable || s.pending_dgram().is_some_and(|p| p.is_some());
+                self.out_of_budget = s.readable
+                    || s.pending_dgram().is_some_and(|p| p.is_some())
+                    || s.dgram_local().is_some_and(|l| l.waiting());
                 return Ok(());
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
             if s.pending_dgram().ok_or(Corrupt)?.is_none() {
-                if !s.readable {
-                    return Ok(());
-                }
-                let Some(fd) = &s.fd else { return Ok(()) };
-                match sys::recvmsg_dgram(fd, &mut self.scratch, &mut ctl) {
-                    // A datagram socket on a network's private loopback takes datagrams
-                    // from its own network and from those it sent to only (a host
-                    // process that found it is not).
-                    Ok(Some(r))
-                        if !s
-                            .net
-                            .takes_datagram(r.from.as_ref(), || sys::sockname(fd).ok()) =>
-                    {
-                        continue;
+                let readable = s.readable;
+                if let Some((data, from)) = s.dgram_local_mut().and_then(|l| l.next(readable)) {
+                    let src = translate_host_addr(&view, &from, s.via_resolver);
+                    *s.pending_dgram().ok_or(Corrupt)? = Some((data, src.encode().to_vec()));
+                } else {
+                    match self.read_host_dgram(index, &view, &mut ctl, &mut errors)? {
+                        HostRead::Got => {}
+                        HostRead::Again => continue,
+                        HostRead::Done => return Ok(()),
                     }
-                    Ok(Some(r)) => {
-                        let src = r
-                            .from
-                            .map(|a| translate_host_addr(&view, &a, s.via_resolver));
-                        let mut section = src.unwrap_or_default().encode().to_vec();
-                        rx_control(&view, &ctl[..r.control_len], r.from.as_ref(), &mut section);
-                        *s.pending_dgram().ok_or(Corrupt)? =
-                            Some((self.scratch[..r.len].to_vec(), section));
-                    }
-                    Ok(None) => {
-                        s.readable = false;
-                        return Ok(());
-                    }
-                    Err(e) => match e.raw_os_error() {
-                        Some(libc::EINTR) => continue,
-                        Some(_) if errors >= 8 => return Ok(()),
-                        Some(code) => {
-                            errors += 1;
-                            // ICMP errors (ECONNREFUSED on a connected socket).
-                            self.entry(index)
-                                .pending_error
-                                .store(code as u32, Ordering::Release);
-                            self.mark_changed(index);
-                            continue;
-                        }
-                        None => return Ok(()),
-                    },
                 }
             }
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
@@ -399,4 +462,72 @@ impl Guest {
             }
         }
     }
+
+    /// Reads the socket's host datagram into its pending slot (with the source in the
+    /// guest's view and its control messages).
+    fn read_host_dgram(
+        &mut self,
+        index: u32,
+        view: &crate::guest::addr_view::GuestView,
+        ctl: &mut [u8; MAX_CONTROL],
+        errors: &mut u32,
+    ) -> Result<HostRead, Corrupt> {
+        let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+        if !s.readable {
+            return Ok(HostRead::Done);
+        }
+        let Some(fd) = &s.fd else {
+            return Ok(HostRead::Done);
+        };
+        Ok(match sys::recvmsg_dgram(fd, &mut self.scratch, ctl) {
+            // A datagram socket on a network's private loopback takes datagrams from
+            // its own network and from those it sent to only (a host process that
+            // found it is not).
+            Ok(Some(r))
+                if !s
+                    .net
+                    .takes_datagram(r.from.as_ref(), || sys::sockname(fd).ok()) =>
+            {
+                HostRead::Again
+            }
+            Ok(Some(r)) => {
+                let src = r
+                    .from
+                    .map(|a| translate_host_addr(view, &a, s.via_resolver));
+                let mut section = src.unwrap_or_default().encode().to_vec();
+                rx_control(view, &ctl[..r.control_len], r.from.as_ref(), &mut section);
+                *s.pending_dgram().ok_or(Corrupt)? =
+                    Some((self.scratch[..r.len].to_vec(), section));
+                HostRead::Got
+            }
+            Ok(None) => {
+                s.readable = false;
+                HostRead::Done
+            }
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EINTR) => HostRead::Again,
+                Some(_) if *errors >= 8 => HostRead::Done,
+                Some(code) => {
+                    *errors += 1;
+                    // ICMP errors (ECONNREFUSED on a connected socket).
+                    self.entry(index)
+                        .pending_error
+                        .store(code as u32, Ordering::Release);
+                    self.mark_changed(index);
+                    HostRead::Again
+                }
+                None => HostRead::Done,
+            },
+        })
+    }
+}
+
+/// What reading a socket's host datagram came to.
+enum HostRead {
+    /// One is pending.
+    Got,
+    /// Look again (skipped one, or an error reported).
+    Again,
+    /// Nothing more now.
+    Done,
 }

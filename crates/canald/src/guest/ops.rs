@@ -575,6 +575,7 @@ impl Guest {
             }
         }
         self.sc_freed(&s);
+        self.dl_freed(&s);
         if let Some(q) = s.accepts().filter(|q| !q.unclaimed.is_empty()) {
             // Connections accepted for the guest but never taken by it go with the
             // listener (the guest's tail says which records it consumed).

@@ -294,6 +294,7 @@ impl Guest {
         match cmd {
             Cmd::Bind(a) => {
                 self.op_bind(&view, index, &a)?;
+                self.dl_register(index, None);
                 // A datagram socket's local address is known: its owner serves it.
                 self.place(ep, index, None);
                 Ok((0, 0))
@@ -313,12 +314,17 @@ impl Guest {
                 }
                 let r = self.op_connect(index, &a);
                 if r.is_ok() {
+                    self.dl_register(index, Some(Some(a)));
                     // The flow is known: its owner serves it from now on.
                     self.place(ep, index, Some(&a));
                 }
                 self.answer_names(&view, index, r, out)
             }
-            Cmd::Disconnect => self.op_disconnect(index),
+            Cmd::Disconnect => {
+                let r = self.op_disconnect(index);
+                self.dl_register(index, Some(None));
+                r
+            }
             Cmd::Close => {
                 self.op_close(index);
                 // Nothing left to send (a listener, an idle connection): free it now,
@@ -361,6 +367,9 @@ impl Guest {
                 crate::sockopt::check_set(s.family, dgram, level, name, &value)?;
                 sys::setsockopt_bytes(self.option_fd(index)?, level, name, &value)
                     .map_err(|e| sys::errno_of(&e))?;
+                if dgram {
+                    self.dl_option_set(index, level, name);
+                }
                 Ok((0, 0))
             }
             Cmd::GetOpt { level, name, len } if level == canal_opt::LEVEL => {

@@ -173,6 +173,8 @@ pub(crate) struct Shared {
     /// Direct peer wake-ups (protocol §8.8).
     pub(crate) bells: super::bells::Bells,
     pub(crate) next_id: u32,
+    /// Datagram receivers and deliveries between canal guests (`dgram_local`).
+    pub(crate) locals: crate::guest::dgram_local::LocalDgrams,
 }
 
 pub(crate) type SharedRef = Arc<Mutex<Shared>>;
@@ -192,6 +194,7 @@ impl Shared {
             arenas: Arenas::default(),
             bells: Default::default(),
             next_id: 1,
+            locals: Default::default(),
         }))
     }
 
@@ -235,9 +238,14 @@ impl Shared {
         }
         self.jobs[w as usize].push(job);
         if w != from {
-            if let Some(mb) = self.boxes.as_ref().and_then(|b| b.get(w as usize)) {
-                let _ = sys::eventfd_write(mb.poke.as_raw_fd());
-            }
+            self.poke(w);
+        }
+    }
+
+    /// Wakes worker `w` to look at what was queued for it.
+    pub(crate) fn poke(&self, w: u32) {
+        if let Some(mb) = self.boxes.as_ref().and_then(|b| b.get(w as usize)) {
+            let _ = sys::eventfd_write(mb.poke.as_raw_fd());
         }
     }
 
@@ -255,7 +263,7 @@ impl Shared {
     }
 
     pub(crate) fn has_work(&self, me: u32) -> bool {
-        self.jobs.get(me as usize).is_some_and(|q| !q.is_empty())
+        self.jobs.get(me as usize).is_some_and(|q| !q.is_empty()) || self.locals.has_work(me)
     }
 
     /// The listener a connect from `src` to `dst` reaches, if it is a canal listener.

@@ -684,6 +684,7 @@ pub(crate) fn forget(shared: &SharedRef, conn: u32) {
     sh.homes.remove(&conn);
     sh.arenas.forget(conn);
     sh.bells.forget(conn);
+    sh.locals.forget(conn);
 }
 
 /// Runs worker `me`'s jobs: pairings, completions and peer events for the guests it

@@ -249,8 +249,10 @@ pub(crate) enum KindState {
     Stream,
     /// A datagram received but not yet fitting in the rx ring: its payload and its
     /// record's address section (the source, then any control messages).
+    /// `local`: its part in datagrams between canal guests (`dgram_local`).
     Dgram {
         pending: Option<(Vec<u8>, Vec<u8>)>,
+        local: Box<crate::guest::dgram_local::Local>,
     },
     Listener(AcceptQueue),
 }
@@ -259,7 +261,10 @@ impl KindState {
     pub(crate) fn new(kind: Kind) -> KindState {
         match kind {
             Kind::Stream => KindState::Stream,
-            Kind::Dgram => KindState::Dgram { pending: None },
+            Kind::Dgram => KindState::Dgram {
+                pending: None,
+                local: Box::default(),
+            },
             Kind::Listener => KindState::Listener(AcceptQueue::new(crate::sys::somaxconn())),
         }
     }
@@ -336,7 +341,32 @@ impl HostSocket {
     /// A datagram socket's datagram waiting for room (None for other kinds).
     pub(crate) fn pending_dgram(&mut self) -> Option<&mut Option<(Vec<u8>, Vec<u8>)>> {
         match &mut self.state {
-            KindState::Dgram { pending } => Some(pending),
+            KindState::Dgram { pending, .. } => Some(pending),
+            _ => None,
+        }
+    }
+
+    /// A datagram socket's part in datagrams between canal guests.
+    pub(crate) fn dgram_local(&self) -> Option<&crate::guest::dgram_local::Local> {
+        match &self.state {
+            KindState::Dgram { local, .. } => Some(local),
+            _ => None,
+        }
+    }
+
+    /// A datagram socket's handle, host socket and local part, borrowed together.
+    pub(crate) fn dgram_parts(
+        &mut self,
+    ) -> Option<(u32, &OwnedFd, &mut crate::guest::dgram_local::Local)> {
+        match (self.fd.as_ref(), &mut self.state) {
+            (Some(fd), KindState::Dgram { local, .. }) => Some((self.handle, fd, local)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn dgram_local_mut(&mut self) -> Option<&mut crate::guest::dgram_local::Local> {
+        match &mut self.state {
+            KindState::Dgram { local, .. } => Some(local),
             _ => None,
         }
     }
