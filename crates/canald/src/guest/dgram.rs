@@ -189,6 +189,9 @@ impl Plan<'_> {
             if more && b.n > 0 {
                 break;
             }
+            if let (true, Some(l)) = (more, s.dgram_local_mut()) {
+                l.assembles = true;
+            }
             let section = match info.addr_len as usize {
                 n if n <= sect.len() => &mut sect[..n],
                 _ => return Err(Corrupt),
@@ -402,19 +405,22 @@ impl Guest {
         // The host socket's control messages for one datagram at a time.
         let mut ctl = [0u8; MAX_CONTROL];
         loop {
-            if self.gone.is_none() && self.rx_deficit <= 0 {
-                let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-                self.out_of_budget = s.readable
-                    || s.pending_dgram().is_some_and(|p| p.is_some())
-                    || s.dgram_local().is_some_and(|l| l.waiting());
+            // Past the round's receive budget only delivered datagrams still go in:
+            // their sender's round was charged for them (`dgram_route`).
+            let over = self.gone.is_none() && self.rx_deficit <= 0;
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let pending = s.pending_dgram().ok_or(Corrupt)?.is_some();
+            if over && (pending || !s.dgram_local().is_some_and(|l| l.waiting())) {
+                self.out_of_budget = s.readable || pending;
                 return Ok(());
             }
-            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            if s.pending_dgram().ok_or(Corrupt)?.is_none() {
-                let readable = s.readable;
+            let mut delivered = false;
+            if !pending {
+                let readable = s.readable && !over;
                 if let Some((data, from)) = s.dgram_local_mut().and_then(|l| l.next(readable)) {
                     let src = translate_host_addr(&view, &from, s.via_resolver);
                     *s.pending_dgram().ok_or(Corrupt)? = Some((data, src.encode().to_vec()));
+                    delivered = true;
                 } else {
                     match self.read_host_dgram(index, &view, &mut ctl, &mut errors)? {
                         HostRead::Got => {}
@@ -449,7 +455,9 @@ impl Guest {
                 Ok(true) => {
                     let h = p.head;
                     st.bytes += len as u64;
-                    self.rx_deficit -= len as i64;
+                    if !delivered {
+                        self.rx_deficit -= len as i64;
+                    }
                     self.publish_rx_head(index, h, len as u64);
                 }
                 Ok(false) => {

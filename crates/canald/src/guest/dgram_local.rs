@@ -13,6 +13,11 @@ const OVERHEAD: usize = 768;
 /// Deliveries a worker takes per round before the guests' next service.
 const PER_ROUND: usize = 4096;
 
+/// Deliveries one worker may have queued: beyond, a datagram is dropped as a full
+/// receive buffer drops it (senders on other workers outpacing this one's rounds
+/// cannot grow canald's memory without bound).
+const QUEUE_MAX: usize = 16 * PER_ROUND;
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct Key {
     family: u16,
@@ -116,11 +121,17 @@ impl LocalDgrams {
         self.queues.get(me as usize).is_some_and(|q| !q.is_empty())
     }
 
-    pub(crate) fn push(&mut self, w: u32, d: Delivery) {
+    /// Queues a delivery for worker `w`; false if its queue is full (dropped).
+    pub(crate) fn push(&mut self, w: u32, d: Delivery) -> bool {
         if self.queues.len() <= w as usize {
             self.queues.resize_with(w as usize + 1, Vec::new);
         }
-        self.queues[w as usize].push(d);
+        let q = &mut self.queues[w as usize];
+        if q.len() >= QUEUE_MAX {
+            return false;
+        }
+        q.push(d);
+        true
     }
 
     /// Takes up to `PER_ROUND` of the deliveries queued for worker `me`.
@@ -144,6 +155,10 @@ pub(crate) struct Local {
     /// An option other than SO_SNDBUF / SO_RCVBUF was set on it: the kernel's path
     /// from then on, both ways.
     pub(crate) tainted: bool,
+    /// It sent a MSG_MORE part: the host socket may hold a datagram being assembled,
+    /// which the kernel completes with the next send, so every later datagram goes
+    /// through the kernel too.
+    pub(crate) assembles: bool,
     /// Its connected peer's host address.
     pub(crate) peer: Option<CanalAddr>,
     /// Datagrams delivered to it and not yet in its receive ring, with their sources.
@@ -287,6 +302,57 @@ mod tests {
         let mut v6 = CanalAddr::v6([0; 16], 5000, 0, 0);
         v6.addr[15] = 1;
         assert_eq!(l.route_here(&v6), None, "families do not mix");
+    }
+
+    #[test]
+    fn a_worker_queue_is_bounded_and_taken_a_round_at_a_time() {
+        let mut l = LocalDgrams::default();
+        let d = || Delivery {
+            conn: 1,
+            handle: 1,
+            from: v4([127, 0, 0, 1], 1),
+            data: vec![7],
+        };
+        for _ in 0..QUEUE_MAX {
+            assert!(l.push(1, d()));
+        }
+        assert!(!l.push(1, d()), "full: dropped");
+        assert!(!l.has_work(0) && l.has_work(1));
+        assert_eq!(l.take(1).len(), PER_ROUND);
+        assert!(l.push(1, d()), "room again");
+        let mut left = QUEUE_MAX + 1 - PER_ROUND;
+        while l.has_work(1) {
+            left -= l.take(1).len();
+        }
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn a_receiver_takes_its_peer_only_and_drops_past_its_buffer() {
+        let mut r = Local {
+            rcvbuf: 4 * (1000 + OVERHEAD),
+            peer: Some(v4([127, 0, 0, 1], 9)),
+            ..Local::default()
+        };
+        let from = |port| Delivery {
+            conn: 1,
+            handle: 1,
+            from: v4([127, 0, 0, 1], port),
+            data: vec![1; 1000],
+        };
+        assert!(!r.accept(from(8)), "a stranger to a connected socket");
+        for _ in 0..4 {
+            assert!(r.accept(from(9)));
+        }
+        assert!(!r.accept(from(9)), "past SO_RCVBUF");
+        assert_eq!(r.counts(), None, "never registered");
+        r.was_registered = true;
+        assert_eq!(r.counts(), Some((4, 1)));
+        // The inbox and a readable host socket take turns.
+        assert!(r.next(true).is_some());
+        assert!(r.next(true).is_none(), "the host socket's turn");
+        assert!(r.next(false).is_some(), "nothing there: the inbox again");
+        assert!(r.accept(from(9)), "room again");
     }
 
     #[test]

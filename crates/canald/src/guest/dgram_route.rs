@@ -14,8 +14,8 @@
 //!   SO_RCVBUF, and the only canal socket with that address. Without SO_REUSEADDR or
 //!   SO_REUSEPORT no other socket can share its port, so the kernel would deliver to
 //!   it too; with no receive option there are no control messages to fill in;
-//! - the sender is plain the same way, and the datagram has no control messages and
-//!   no MSG_MORE;
+//! - the sender is plain the same way and never sent a MSG_MORE part (its host socket
+//!   may hold a datagram being assembled), and the datagram has no control messages;
 //! - the destination is the receiver's exact address, or a local address on the port
 //!   of a wildcard-bound receiver (the kernel's order: an exact binding first);
 //! - a connected receiver takes datagrams from its peer only, as the kernel's does.
@@ -34,6 +34,7 @@ use crate::guest::socket::HostSocket;
 use crate::guest::socket::KindState;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
+use crate::guest::wake::RoundStats;
 use crate::sys;
 use canal_abi::CanalAddr;
 use std::collections::BTreeMap;
@@ -64,7 +65,7 @@ pub(crate) fn route(
     let Some(dst) = to.copied().or(local.peer) else {
         return Route::Kernel;
     };
-    if local.tainted || dst.family != family {
+    if local.tainted || local.assembles || dst.family != family {
         return Route::Kernel;
     }
     let mut sh = lock(sc);
@@ -228,7 +229,7 @@ impl Guest {
         let mut poked = Vec::new();
         for (reg, from, data) in out {
             let w = sh.home(reg.conn);
-            sh.locals.push(
+            let queued = sh.locals.push(
                 w,
                 Delivery {
                     conn: reg.conn,
@@ -237,6 +238,9 @@ impl Guest {
                     data,
                 },
             );
+            if !queued {
+                continue;
+            }
             if w != me && !poked.contains(&w) {
                 poked.push(w);
                 sh.poke(w);
@@ -245,36 +249,53 @@ impl Guest {
     }
 
     /// Receiver side: a delivered datagram joins the socket's inbox, or is dropped as
-    /// the kernel drops it (socket gone, peer changed, receive buffer full).
-    fn dl_accept(&mut self, d: Delivery) {
-        let Some(index) = self.sc_index(d.handle) else {
-            return;
-        };
-        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
-            return;
-        };
+    /// the kernel drops it (socket gone, peer changed, receive buffer full). Some(its
+    /// index) if taken.
+    fn dl_accept(&mut self, d: Delivery) -> Option<u32> {
+        let index = self.sc_index(d.handle)?;
+        let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         if s.phase == Phase::Broken || s.closing.is_some() {
-            return;
+            return None;
         }
         let KindState::Dgram { local, .. } = &mut s.state else {
-            return;
+            return None;
         };
-        if local.accept(d) {
-            self.mark_dirty(index);
+        if !local.accept(d) {
+            return None;
         }
+        self.mark_dirty(index);
+        Some(index)
     }
 }
 
 /// Worker `me` hands the deliveries queued for it to their receivers (`guests`: the
-/// guests it is home to). True if there were any.
+/// guests it is home to): each goes into the receiver's ring at once where it fits
+/// (its inbox holds the rest), and the receivers' sleepers wake now, not a round
+/// later. True if there were any.
 pub(crate) fn deliver(sc: &SharedRef, me: u32, guests: &mut BTreeMap<u32, Guest>) -> bool {
     let batch = lock(sc).locals.take(me);
     if batch.is_empty() {
         return false;
     }
+    let mut touched: Vec<u32> = Vec::new();
     for d in batch {
-        if let Some(g) = guests.get_mut(&d.conn) {
-            g.dl_accept(d);
+        let conn = d.conn;
+        let Some(g) = guests.get_mut(&conn) else {
+            continue;
+        };
+        if let Some(index) = g.dl_accept(d) {
+            // A ring the guest broke is found by the socket's next service (it stays
+            // dirty), which breaks the socket.
+            let _ = g.fill_dgram_rx(index, &mut RoundStats::default());
+            if !touched.contains(&conn) {
+                touched.push(conn);
+            }
+        }
+    }
+    for conn in touched {
+        if let Some(g) = guests.get_mut(&conn) {
+            g.wake_event_sleepers();
+            g.flush_deferred_wakes(g.wake.now);
         }
     }
     true
