@@ -14,7 +14,6 @@ assemble a datagram from parts (MSG_MORE, UDP_CORK) or look at the error queue.
   query it got under canal."""
 
 import os
-import socket
 import struct
 import sys
 from pathlib import Path
@@ -51,21 +50,6 @@ def dns_query(name, qid):
     return struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + q + struct.pack(">HH", 1, 1)
 
 
-def free_for_dnsmasq():
-    """A port free for both UDP and TCP on the wildcard address: dnsmasq binds both (a
-    UDP-only check once picked a port a TCP socket held: "Address already in use")."""
-    for _ in range(100):
-        port = compat_util.free_udp_port()
-        try:
-            with socket.socket() as t, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                t.bind(("0.0.0.0", port))
-                u.bind(("0.0.0.0", port))
-            return port
-        except OSError:
-            continue
-    raise AssertionError("no port free for both TCP and UDP in 100 tries")
-
-
 CLIENT = r"""
 import socket, struct, sys
 port = int(sys.argv[1])
@@ -87,7 +71,8 @@ for n, server in enumerate(["127.0.0.1", "127.0.0.2", "127.0.0.1"]):
 def test_dnsmasq_answers_from_the_address_asked(request, mode, tmp_path):
     dnsmasq = need_tool("dnsmasq")
     server_run, client_run = compat_util.ends(request, mode)
-    port = free_for_dnsmasq()
+    # dnsmasq binds TCP and UDP on the wildcard address.
+    port = e2e_util.port_free_for_tcp_and_udp("0.0.0.0")
     conf = tmp_path / "dnsmasq.conf"
     conf.write_text(f"port={port}\nlisten-address=127.0.0.1,127.0.0.2\nno-resolv\nno-hosts\n"
                     "address=/canal.test/10.9.8.7\nlog-queries\n")

@@ -27,6 +27,22 @@ def free_port():
     return closed_port()
 
 
+def port_free_for_tcp_and_udp(host=HOST):
+    """A port number a TCP and a UDP socket on `host` could both bind just now (for a
+    server that binds both, or two servers sharing a number: a port free for one
+    protocol only once picked one the other's socket held, "Address already in use")."""
+    for _ in range(100):
+        with socket.socket() as t, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            t.bind((host, 0))
+            port = t.getsockname()[1]
+            try:
+                u.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no port free for both TCP and UDP on {host} in 100 tries")
+
+
 def wait_for(pred, timeout, interval=0.01, what="condition"):
     """Poll pred() until it returns a true value (returned) or timeout seconds pass
     (AssertionError naming `what`)."""

@@ -813,19 +813,6 @@ for dst in (("10.0.2.2", port), ("10.0.2.3", 53)):
 """
 
 
-def _port_free_for_tcp_and_udp():
-    """A port number that a TCP and a UDP socket on 127.0.0.1 could both bind just now."""
-    while True:
-        with socket.socket() as t, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            try:
-                u.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-
-
 def test_resolver_port_shared_with_a_host_server_reads_as_each_route(procs, canal_bin, python, netgo):
     """The host's resolver (UDP) and a TCP server share a port number P, so host
     127.0.0.1:P is both 10.0.2.3:53 and 10.0.2.2:P to the guest. Each socket reads
@@ -834,7 +821,7 @@ def test_resolver_port_shared_with_a_host_server_reads_as_each_route(procs, cana
     drew the resolver's UDP port: its dial of 10.0.2.2 read 10.0.2.3:53."""
     # A number free for both protocols: the resolver's own pick (UDP) was once held
     # by a TCP socket of another process, and the host server's bind failed.
-    port = _port_free_for_tcp_and_udp()
+    port = e2e_util.port_free_for_tcp_and_udp()
     dns = procs.spawn([python, "-c", DNS_SERVER, str(port)], name="dns")
     dns.wait_line("port", 10)
     _host_server(procs, python, port, "HOST")  # TCP, the same number

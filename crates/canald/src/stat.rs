@@ -333,35 +333,38 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         .sockets()
         // Spares no process has taken are canald's, not the program's.
         .filter(|s| !g.is_untaken_spare(s.handle))
-        .map(|s| SockStat {
-            handle: s.handle,
-            kind: match s.kind() {
-                // Short-circuited to another canal socket (protocol §8): no kernel TCP.
-                Kind::Stream if s.is_shortcut() => "tcp-shortcut",
-                Kind::Stream => "tcp",
-                Kind::Dgram => "udp",
-                Kind::Listener => "tcp-listener",
-            },
-            state: if s.is_closing() || g.gone.is_some() {
-                "closing"
-            } else {
-                match s.phase {
-                    Phase::Open => "open",
-                    Phase::Connecting => "connecting",
-                    Phase::Connected => "connected",
-                    Phase::Listening => "listening",
-                    // Dead until the guest closes it.
-                    Phase::Failed | Phase::Broken => "closing",
-                }
-            },
-            local: fmt_addr(s.local()),
-            peer: fmt_addr(s.peer()),
-            tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
-            rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
-            zone_sends: g.sc_zone_sends(s),
-            local_in: s.dgram_local().and_then(|l| l.counts()).map(|c| c.0),
-            local_drops: s.dgram_local().and_then(|l| l.counts()).map(|c| c.1),
-            worker: 0,
+        .map(|s| {
+            let local = s.dgram_local().and_then(|l| l.counts());
+            SockStat {
+                handle: s.handle,
+                kind: match s.kind() {
+                    // Short-circuited to another canal socket (protocol §8): no kernel TCP.
+                    Kind::Stream if s.is_shortcut() => "tcp-shortcut",
+                    Kind::Stream => "tcp",
+                    Kind::Dgram => "udp",
+                    Kind::Listener => "tcp-listener",
+                },
+                state: if s.is_closing() || g.gone.is_some() {
+                    "closing"
+                } else {
+                    match s.phase {
+                        Phase::Open => "open",
+                        Phase::Connecting => "connecting",
+                        Phase::Connected => "connected",
+                        Phase::Listening => "listening",
+                        // Dead until the guest closes it.
+                        Phase::Failed | Phase::Broken => "closing",
+                    }
+                },
+                local: fmt_addr(s.local()),
+                peer: fmt_addr(s.peer()),
+                tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
+                rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
+                zone_sends: g.sc_zone_sends(s),
+                local_in: local.map(|c| c.0),
+                local_drops: local.map(|c| c.1),
+                worker: 0,
+            }
         })
         .collect();
     sockets.sort_by_key(|s| s.handle & 0xffff);

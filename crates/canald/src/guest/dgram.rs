@@ -3,7 +3,7 @@ use crate::guest::addr_view::translate_guest_addr;
 use crate::guest::addr_view::translate_host_addr;
 use crate::guest::dgram_control::rx_control;
 use crate::guest::dgram_control::tx_control;
-use crate::guest::dgram_local::Reg;
+use crate::guest::dgram_local::Delivery;
 use crate::guest::dgram_route;
 use crate::guest::dgram_route::Route;
 use crate::guest::netops::bind_own_source;
@@ -111,7 +111,7 @@ struct Flushed {
     charged: u64,
     err: Option<i32>,
     out_of_budget: bool,
-    local: Vec<(Reg, CanalAddr, Vec<u8>)>,
+    local: Vec<Delivery>,
 }
 
 /// One `sendmmsg` as the scout planned it.
@@ -212,7 +212,12 @@ impl Plan<'_> {
                     canal_abi::ring::copy_out(self.ring, pos, &mut data);
                     scout.consume_record(&info);
                     c.release(scout.tail.wrapping_sub(c.tail));
-                    f.local.push((reg, from, data));
+                    f.local.push(Delivery {
+                        conn: reg.conn,
+                        handle: reg.handle,
+                        from,
+                        data,
+                    });
                     f.sent += info.len as u64;
                     f.charged += charge(info.len as u64);
                     planned += charge(info.len as u64);

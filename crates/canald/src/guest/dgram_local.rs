@@ -78,6 +78,22 @@ impl LocalDgrams {
         }
     }
 
+    /// Registers socket (`conn`, `handle`) under `at` with its peer, and its part
+    /// remembers where.
+    pub(crate) fn enroll(&mut self, at: CanalAddr, conn: u32, handle: u32, local: &mut Local) {
+        let peer = local.peer;
+        self.register(&at, Reg { conn, handle, peer });
+        local.key = Some(at);
+        local.was_registered = true;
+    }
+
+    /// Takes socket (`conn`, `handle`) out of the registry, if its part says it is in.
+    pub(crate) fn withdraw(&mut self, conn: u32, handle: u32, local: &mut Local) {
+        if let Some(k) = local.key.take() {
+            self.unregister(&k, conn, handle);
+        }
+    }
+
     /// The receiver a datagram to `dst` reaches, if it is a registered canal socket:
     /// one bound to `dst` itself, else one bound to the wildcard address of `dst`'s
     /// port when `dst` is an address of this host. Two canal sockets on one address
@@ -87,7 +103,7 @@ impl LocalDgrams {
     pub(crate) fn route(
         &self,
         dst: &CanalAddr,
-        is_local: impl Fn(&CanalAddr) -> bool,
+        is_local: impl FnOnce(&CanalAddr) -> bool,
     ) -> Option<Reg> {
         if dst.addr == [0; 16] {
             return None; // the kernel's "this host": its own rules
@@ -151,7 +167,7 @@ impl LocalDgrams {
 #[derive(Default)]
 pub(crate) struct Local {
     /// The address it is registered under (None: not registered).
-    pub(crate) key: Option<CanalAddr>,
+    key: Option<CanalAddr>,
     /// An option other than SO_SNDBUF / SO_RCVBUF was set on it: the kernel's path
     /// from then on, both ways.
     pub(crate) tainted: bool,
@@ -174,10 +190,15 @@ pub(crate) struct Local {
     received: u64,
     dropped: u64,
     /// It was registered once (`canal stat` shows its counts).
-    pub(crate) was_registered: bool,
+    was_registered: bool,
 }
 
 impl Local {
+    /// The address it is registered under, if it is.
+    pub(crate) fn registered_at(&self) -> Option<CanalAddr> {
+        self.key
+    }
+
     /// Its (received, dropped) counts if it was ever registered (`canal stat`).
     pub(crate) fn counts(&self) -> Option<(u64, u64)> {
         self.was_registered.then_some((self.received, self.dropped))

@@ -27,7 +27,6 @@ use crate::guest::dgram_local::source_for;
 use crate::guest::dgram_local::Delivery;
 use crate::guest::dgram_local::Local;
 use crate::guest::dgram_local::Reg;
-use crate::guest::shared::is_local;
 use crate::guest::shared::lock;
 use crate::guest::shared::SharedRef;
 use crate::guest::socket::HostSocket;
@@ -68,14 +67,16 @@ pub(crate) fn route(
     if local.tainted || local.assembles || dst.family != family {
         return Route::Kernel;
     }
-    let mut sh = lock(sc);
+    let mut guard = lock(sc);
+    let sh = &mut *guard;
     if !sh.enabled {
         return Route::Kernel;
     }
-    let Some(reg) = sh.locals.route(&dst, is_local) else {
+    let host = &mut sh.host_addrs;
+    let Some(reg) = sh.locals.route(&dst, |a| host.is_local(a)) else {
         return Route::Kernel;
     };
-    let key = match local.key {
+    let key = match local.registered_at() {
         Some(k) => k,
         None => {
             let any = CanalAddr {
@@ -89,12 +90,10 @@ pub(crate) fn route(
             }) else {
                 return Route::Kernel;
             };
-            let Some(me) = registrable(fd, local) else {
+            if !registrable(fd, local) {
                 return Route::Kernel;
-            };
-            sh.locals.register(&k, me.reg(conn, handle));
-            local.key = Some(k);
-            local.was_registered = true;
+            }
+            sh.locals.enroll(k, conn, handle, local);
             k
         }
     };
@@ -105,36 +104,26 @@ pub(crate) fn route(
     }
 }
 
-/// A socket that may be registered (its receive buffer size was read).
-struct Registrable {
-    peer: Option<CanalAddr>,
-}
-
-impl Registrable {
-    fn reg(&self, conn: u32, handle: u32) -> Reg {
-        Reg {
-            conn,
-            handle,
-            peer: self.peer,
-        }
-    }
-}
-
 /// Whether the host socket `fd` may take local datagrams: no SO_REUSEADDR or
 /// SO_REUSEPORT (set before canald saw an option: a socket created with them by a
 /// seccomp-served program) and an untainted state; records its SO_RCVBUF.
-fn registrable(fd: &std::os::fd::OwnedFd, local: &mut Local) -> Option<Registrable> {
+fn registrable(fd: &std::os::fd::OwnedFd, local: &mut Local) -> bool {
     if local.tainted {
-        return None;
+        return false;
     }
     let on = |name| sys::sockopt_int(fd, libc::SOL_SOCKET, name).map_or(true, |v| v != 0);
     if on(libc::SO_REUSEADDR) || on(libc::SO_REUSEPORT) {
         local.tainted = true;
-        return None;
+        return false;
     }
-    local.rcvbuf = sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)
-        .map_or(212_992, |v| v.max(0) as usize);
-    Some(Registrable { peer: local.peer })
+    local.rcvbuf = rcvbuf_of(fd).unwrap_or(212_992);
+    true
+}
+
+/// The host socket's SO_RCVBUF.
+fn rcvbuf_of(fd: &std::os::fd::OwnedFd) -> Option<usize> {
+    let v = sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF).ok()?;
+    Some(v.max(0) as usize)
 }
 
 impl Guest {
@@ -175,16 +164,11 @@ impl Guest {
             local.peer = p;
         }
         let mut sh = lock(&sc);
-        if let Some(old) = local.key.take() {
-            sh.locals.unregister(&old, conn, handle);
-        }
-        let (Some(at), true) = (at, sh.enabled) else {
-            return;
-        };
-        if let Some(r) = registrable(fd, local) {
-            sh.locals.register(&at, r.reg(conn, handle));
-            local.key = Some(at);
-            local.was_registered = true;
+        sh.locals.withdraw(conn, handle, local);
+        if let (Some(at), true) = (at, sh.enabled) {
+            if registrable(fd, local) {
+                sh.locals.enroll(at, conn, handle, local);
+            }
         }
     }
 
@@ -200,14 +184,14 @@ impl Guest {
             return;
         };
         if keeps_local(level, name) {
-            if let Ok(v) = sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF) {
-                local.rcvbuf = v.max(0) as usize;
+            if let Some(v) = rcvbuf_of(fd) {
+                local.rcvbuf = v;
             }
             return;
         }
         local.tainted = true;
-        if let (Some(k), Some(sc)) = (local.key.take(), sc) {
-            lock(&sc).locals.unregister(&k, conn, handle);
+        if let Some(sc) = sc {
+            lock(&sc).locals.withdraw(conn, handle, local);
         }
     }
 
@@ -216,32 +200,20 @@ impl Guest {
         let (KindState::Dgram { local, .. }, Some(sc)) = (&s.state, self.sc.as_ref()) else {
             return;
         };
-        if let Some(k) = local.key {
+        if let Some(k) = local.registered_at() {
             lock(sc).locals.unregister(&k, self.conn, s.handle);
         }
     }
 
     /// Queues a flush's local datagrams for their receivers' workers, poking each
     /// other worker once.
-    pub(crate) fn dl_post(&self, sc: &SharedRef, out: Vec<(Reg, CanalAddr, Vec<u8>)>) {
+    pub(crate) fn dl_post(&self, sc: &SharedRef, out: Vec<Delivery>) {
         let mut sh = lock(sc);
         let me = sh.home(self.conn);
         let mut poked = Vec::new();
-        for (reg, from, data) in out {
-            let w = sh.home(reg.conn);
-            let queued = sh.locals.push(
-                w,
-                Delivery {
-                    conn: reg.conn,
-                    handle: reg.handle,
-                    from,
-                    data,
-                },
-            );
-            if !queued {
-                continue;
-            }
-            if w != me && !poked.contains(&w) {
+        for d in out {
+            let w = sh.home(d.conn);
+            if sh.locals.push(w, d) && w != me && !poked.contains(&w) {
                 poked.push(w);
                 sh.poke(w);
             }

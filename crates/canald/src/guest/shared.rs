@@ -175,6 +175,8 @@ pub(crate) struct Shared {
     pub(crate) next_id: u32,
     /// Datagram receivers and deliveries between canal guests (`dgram_local`).
     pub(crate) locals: crate::guest::dgram_local::LocalDgrams,
+    /// This host's addresses, for routing each of those datagrams.
+    pub(crate) host_addrs: HostAddrs,
 }
 
 pub(crate) type SharedRef = Arc<Mutex<Shared>>;
@@ -195,6 +197,7 @@ impl Shared {
             bells: Default::default(),
             next_id: 1,
             locals: Default::default(),
+            host_addrs: Default::default(),
         }))
     }
 
@@ -328,16 +331,46 @@ pub(crate) fn is_unspecified(a: &CanalAddr) -> bool {
 /// Addresses that reach this host: loopback (127/8, ::1), the unspecified address
 /// (connect to 0.0.0.0 means the local host on Linux) and the host's own addresses.
 pub(crate) fn is_local(a: &CanalAddr) -> bool {
+    is_loopback_or_any(a) || is_among(a, &sys::local_addrs())
+}
+
+/// The addresses `is_local` knows without asking the kernel.
+fn is_loopback_or_any(a: &CanalAddr) -> bool {
     let v4 = a.family == libc::AF_INET as u16;
-    if is_unspecified(a) || (v4 && a.addr[0] == 127) {
-        return true;
-    }
-    if !v4 && a.addr[..15] == [0; 15] && a.addr[15] == 1 {
-        return true;
-    }
-    sys::local_addrs()
+    is_unspecified(a)
+        || (v4 && a.addr[0] == 127)
+        || (!v4 && a.addr[..15] == [0; 15] && a.addr[15] == 1)
+}
+
+fn is_among(a: &CanalAddr, addrs: &[CanalAddr]) -> bool {
+    addrs
         .iter()
         .any(|x| x.family == a.family && x.addr == a.addr)
+}
+
+/// `is_local` for a data path: the host's addresses read at most once a second
+/// (`getifaddrs` is a netlink dump, too dear per datagram).
+#[derive(Default)]
+pub(crate) struct HostAddrs {
+    read: Option<std::time::Instant>,
+    addrs: Vec<CanalAddr>,
+}
+
+impl HostAddrs {
+    pub(crate) fn is_local(&mut self, a: &CanalAddr) -> bool {
+        if is_loopback_or_any(a) {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if self
+            .read
+            .is_none_or(|t| now.saturating_duration_since(t) >= std::time::Duration::from_secs(1))
+        {
+            self.addrs = sys::local_addrs();
+            self.read = Some(now);
+        }
+        is_among(a, &self.addrs)
+    }
 }
 
 /// A pairing whose listener is served by another worker than its guest's home
