@@ -96,7 +96,21 @@ def _established(runner, python, progs, backlog, tries):
     srv.send_line()
     assert srv.finish(20).returncode == 0, srv.describe()
     assert probe.returncode == 0, probe.describe()
-    return int(probe.stdout.split()[-1])
+    # "ESTABLISHED k SERVER e r"
+    words = probe.stdout.split()
+    return _Probe(*(int(words[i]) for i in (1, 3, 4)))
+
+
+class _Probe:
+    """A burst's outcome: clients whose connect completed; the listening side's
+    connections (in its accept queue, or canald's accepted ahead) and half-open ones."""
+
+    def __init__(self, clients, server, half_open):
+        self.clients, self.server, self.half_open = clients, server, half_open
+
+    def __repr__(self):
+        return (f"{self.clients} clients connected, the server side holding {self.server} "
+                f"(+{self.half_open} half-open)")
 
 
 EPOLL_CLIENTS = 2000
@@ -139,27 +153,29 @@ def _syn_cookies_sent():
 def test_listener_that_does_not_accept(request, canald, procs, python, progs, backlog):
     native = _established(_Native(procs), python, progs, backlog, backlog + 20)
     # The kernel's accept queue holds backlog + 1; later clients wait (SYN retries).
-    assert native == backlog + 1, f"natively {native} (the test is wrong)"
-    # canald accepts one connection ahead for a program that has not accepted, and the
-    # host listener's backlog is one less; SYNs arriving while that accept holds the
-    # listener's lock are checked against the queue together (before their handshakes
-    # complete): at most one more than natively here, rarely. When that batch finds
-    # the SYN queue full, the kernel answers the rest with SYN cookies and every client
-    # completes its handshake (all 21 against listen(1), the kernel then drops their
-    # ACKs): a documented deviation (docs/compat.md, "listen backlog"), about one probe
-    # burst in six here, proven by the kernel's cookie counter; such a round is
-    # measured again, up to three times. (listen(0) is not compared: docs/compat.md.)
-    for attempt in range(3):
-        cookies = _syn_cookies_sent()
-        canal = _established(canald, python, progs, backlog, backlog + 20)
-        if native <= canal <= native + 1:
-            break
-        after = _syn_cookies_sent()
-        assert cookies is not None and after > cookies and attempt < 2, (
-            f"under canal {canal} clients were established with listen({backlog}), "
-            f"natively {native} (SYN cookies sent meanwhile: {cookies} -> {after})")
-        print(f"round {attempt + 1}: {canal} established with SYN cookies "
-              f"({after - cookies} sent): measured again")
+    assert native.clients == native.server == backlog + 1, (
+        f"natively {native} (the test is wrong)")
+    # What the listening side holds is the kernel's count exactly: canald accepts one
+    # connection ahead for a program that has not accepted, and the host listener's
+    # backlog is one less.
+    cookies = _syn_cookies_sent()
+    canal = _established(canald, python, progs, backlog, backlog + 20)
+    cookies = _syn_cookies_sent() - cookies if cookies is not None else 0
+    assert canal.server == native.server, f"under canal {canal}; natively {native}"
+    # What the clients see may differ, as documented (docs/compat.md, "listen
+    # backlog"). SYNs arriving while that accept holds the listener's lock are checked
+    # against the queue together, before their handshakes complete: their clients get
+    # a SYN-ACK and count themselves connected, while the host keeps them half-open
+    # (SYN_RECV) and drops their ACKs at the full queue — as for any native server that
+    # accepts during a burst. Rare, and as many as arrived in that moment (CI once saw
+    # all 20 extra clients so: canald preempted inside accept4). When such a batch
+    # finds the SYN queue full, the kernel answers the rest with SYN cookies and keeps
+    # no state for them (the kernel's cookie counter says how many). Every client
+    # beyond the native count must be one of those.
+    # (listen(0) is not compared: docs/compat.md.)
+    assert native.clients <= canal.clients <= native.clients + canal.half_open + cookies, (
+        f"under canal {canal} with listen({backlog}), natively {native} "
+        f"(SYN cookies sent meanwhile: {cookies})")
 
 
 class _Native:

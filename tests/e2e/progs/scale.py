@@ -6,7 +6,9 @@ quota: the same program natively and under canal (tests/e2e/test_scale.py).
   client PORT N     open N connections, send a byte on each, check every echo:
                     "ECHOED N"; then close them all
   backlog PORT B    listen(B) and never accept: "LISTEN", then wait for stdin
-  probe PORT M      M non-blocking connects, 2 s to complete: "ESTABLISHED k"
+  probe PORT M      M non-blocking connects, 2 s to complete: "ESTABLISHED k SERVER
+                    e r" (the server side's connections on PORT, from /proc/net/tcp:
+                    e established, r half-open in SYN_RECV)
   quota PORT        accept until accept fails: "STOPPED k errno"; then close 5
                     accepted connections and accept again: "AGAIN n" (n accepted)
   epserver PORT ET  one epoll set over the listener and every connection (ET=1:
@@ -133,7 +135,24 @@ def probe(port, m):
             p.unregister(fd)
             if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
                 done += 1
-    print(f"ESTABLISHED {done}", flush=True)
+    est, syn_recv = server_side(port)
+    print(f"ESTABLISHED {done} SERVER {est} {syn_recv}", flush=True)
+
+
+def server_side(port):
+    """(established, SYN_RECV) connections whose local port is `port`: what the
+    listening side holds, whatever the clients think (a client whose SYN-ACK came
+    while its server's accept queue was full counts itself connected)."""
+    est = syn_recv = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                cols = row.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) != port:
+                    continue
+                est += cols[3] == "01"
+                syn_recv += cols[3] == "03"
+    return est, syn_recv
 
 
 def quota(port):
