@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 14;
+pub const VERSION_MINOR: u16 = 15;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -85,6 +85,12 @@ pub mod feature {
     /// MSG_MORE so that the next record completes the same datagram. Set for every
     /// guest; a guest writes such records only when set.
     pub const DGRAM_MORE: u64 = 1 << 14;
+    /// Packed pair arenas (protocol §8.7, minor 15): an arena between two guests
+    /// that both have this bit may be `segment::ArenaLayout::Packed` (its slots'
+    /// headers together, 512 bytes each); the guest tells the layout from the
+    /// arena's length. Set only with ARENAS, for guests that announced
+    /// `hello_flag::PACKED_ARENAS`.
+    pub const PACKED_ARENAS: u64 = 1 << 15;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -98,7 +104,8 @@ pub mod feature {
         | ACCEPT_ONE
         | CLOSE_MARK
         | DGRAM_CONTROL
-        | DGRAM_MORE;
+        | DGRAM_MORE
+        | PACKED_ARENAS;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -169,6 +169,9 @@ pub mod hello_flag {
     pub const ACCEPT_ONE: u32 = 1 << 11;
     /// The guest closes unwatched sockets by a close mark (`feature::CLOSE_MARK`).
     pub const CLOSE_MARK: u32 = 1 << 12;
+    /// The guest finds segments in packed arenas too (`feature::PACKED_ARENAS`,
+    /// protocol §8.7).
+    pub const PACKED_ARENAS: u32 = 1 << 15;
 }
 
 /// SEGMENT_OK body bytes.

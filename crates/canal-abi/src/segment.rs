@@ -273,29 +273,142 @@ pub const fn segment_size(ring_size: u64) -> u64 {
     SEG_HEADER_SIZE + 2 * ring_size
 }
 
-/// Segments per pair arena (protocol §8.7): an arena is `ARENA_SLOTS` segments of one
-/// ring size back to back, each a whole segment (header page, two rings) at a
-/// page-aligned offset.
+/// Segments per pair arena (protocol §8.7): an arena holds `ARENA_SLOTS` segments of
+/// one ring size, laid out as its `ArenaLayout` says.
 pub const ARENA_SLOTS: u32 = 32;
 
-/// Bytes of an arena whose segments have rings of `ring_size` bytes.
-pub const fn arena_size(ring_size: u64) -> u64 {
-    ARENA_SLOTS as u64 * segment_size(ring_size)
+/// Bytes of a slot's header in a packed arena: the `SegHeader` (its defined part).
+pub const PACKED_HEADER_SIZE: u64 = SEG_HEADER_USED as u64;
+
+/// Bytes of a packed arena's header block: every slot's header, back to back.
+pub const PACKED_HEADERS: u64 = ARENA_SLOTS as u64 * PACKED_HEADER_SIZE;
+
+/// How a pair arena lays out its slots (protocol §8.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArenaLayout {
+    /// Each slot a whole segment: its header page, then its two rings (minor 7).
+    Paged,
+    /// Every slot's header, `PACKED_HEADER_SIZE` bytes each, together at the start;
+    /// then each slot's two rings (minor 15). An idle connection's header costs an
+    /// eighth of a page, not a page: the header page was most of a held
+    /// short-circuited connection's memory (B13).
+    Packed,
 }
 
-/// Where slot `slot`'s segment starts in such an arena.
-pub const fn arena_slot_offset(slot: u32, ring_size: u64) -> u64 {
-    slot as u64 * segment_size(ring_size)
+impl ArenaLayout {
+    /// The layout a guest with `features` understands best (None: no arenas).
+    pub fn for_features(features: u64) -> Option<ArenaLayout> {
+        use crate::consts::feature;
+        match (
+            features & feature::ARENAS,
+            features & feature::PACKED_ARENAS,
+        ) {
+            (0, _) => None,
+            (_, 0) => Some(ArenaLayout::Paged),
+            _ => Some(ArenaLayout::Packed),
+        }
+    }
+
+    /// Bytes of a slot's header (its `header_size` field).
+    pub const fn header_size(self) -> u64 {
+        match self {
+            ArenaLayout::Paged => SEG_HEADER_SIZE,
+            ArenaLayout::Packed => PACKED_HEADER_SIZE,
+        }
+    }
+
+    /// Bytes of an arena whose segments have rings of `ring_size` bytes.
+    pub const fn size(self, ring_size: u64) -> u64 {
+        match self {
+            ArenaLayout::Paged => ARENA_SLOTS as u64 * segment_size(ring_size),
+            ArenaLayout::Packed => PACKED_HEADERS + ARENA_SLOTS as u64 * 2 * ring_size,
+        }
+    }
+
+    /// Where slot `slot`'s header starts (the place a socket entry names).
+    pub const fn header_offset(self, slot: u32, ring_size: u64) -> u64 {
+        match self {
+            ArenaLayout::Paged => slot as u64 * segment_size(ring_size),
+            ArenaLayout::Packed => slot as u64 * PACKED_HEADER_SIZE,
+        }
+    }
+
+    /// Where slot `slot`'s ring 0 starts (ring 1 follows it).
+    pub const fn rings_offset(self, slot: u32, ring_size: u64) -> u64 {
+        match self {
+            ArenaLayout::Paged => self.header_offset(slot, ring_size) + SEG_HEADER_SIZE,
+            ArenaLayout::Packed => PACKED_HEADERS + slot as u64 * 2 * ring_size,
+        }
+    }
+
+    /// The layout and ring size of an arena `len` bytes long, from its length alone
+    /// (a guest needs no word of the arena's content for it). No length is both: the
+    /// two sizes differ by 114,688 + 64 × (difference of the ring sizes), never 0 for
+    /// ring sizes that are powers of two ≥ 4096.
+    pub fn of_len(len: u64) -> Option<(ArenaLayout, u64)> {
+        let ring_ok = |rs: u64| rs.is_power_of_two() && (4096..=(1 << 32)).contains(&rs);
+        let paged = len
+            .is_multiple_of(ARENA_SLOTS as u64)
+            .then(|| (len / ARENA_SLOTS as u64).checked_sub(SEG_HEADER_SIZE))
+            .flatten()
+            .filter(|r| r.is_multiple_of(2))
+            .map(|r| r / 2)
+            .filter(|&rs| ring_ok(rs) && ArenaLayout::Paged.size(rs) == len);
+        let packed = len
+            .checked_sub(PACKED_HEADERS)
+            .map(|r| r / (2 * ARENA_SLOTS as u64))
+            .filter(|&rs| ring_ok(rs) && ArenaLayout::Packed.size(rs) == len);
+        match (paged, packed) {
+            (Some(rs), None) => Some((ArenaLayout::Paged, rs)),
+            (None, Some(rs)) => Some((ArenaLayout::Packed, rs)),
+            _ => None,
+        }
+    }
+
+    /// The slot whose header is at `offset` (the place a socket entry names), if it
+    /// is one.
+    pub fn slot_at(self, offset: u64, ring_size: u64) -> Option<u32> {
+        let step = match self {
+            ArenaLayout::Paged => segment_size(ring_size),
+            ArenaLayout::Packed => PACKED_HEADER_SIZE,
+        };
+        let slot = offset / step;
+        (offset.is_multiple_of(step) && slot < ARENA_SLOTS as u64).then_some(slot as u32)
+    }
+
+    /// Line 0 of slot header in this layout (its `header_size` and `segment_size`
+    /// say which).
+    pub fn encode_header(self, id: u32, ring_size: u64) -> [u8; 64] {
+        let mut h = encode_header(id, ring_size);
+        let hs = self.header_size();
+        h[12..16].copy_from_slice(&(hs as u32).to_le_bytes());
+        h[24..32].copy_from_slice(&(hs + 2 * ring_size).to_le_bytes());
+        h
+    }
 }
 
-/// A guest's check of the place a socket entry names for its segment in an arena it
-/// mapped (`arena_len` bytes): page-aligned, with a whole header page inside. The
-/// header itself is then checked with [`check_header`] against `arena_len - offset`.
-pub fn arena_place_ok(arena_len: u64, offset: u64) -> bool {
-    offset.is_multiple_of(4096)
-        && offset
-            .checked_add(SEG_HEADER_SIZE)
-            .is_some_and(|end| end <= arena_len)
+/// Checks the header of a slot of an arena of `layout` with rings of `ring_size` bytes
+/// (both from the arena's length): magic, major version, the id expected, no zones,
+/// and the header and segment sizes of that layout.
+pub fn check_arena_header(
+    h: &SegHeader,
+    id: u32,
+    layout: ArenaLayout,
+    ring_size: u64,
+) -> Result<(), BadSegment> {
+    let hs = layout.header_size();
+    if h.magic != SEG_MAGIC
+        || h.version_major != 1
+        || h.header_size as u64 != hs
+        || h.id != id
+        || id == 0
+        || h.flags != 0
+        || h.ring_size != ring_size
+        || h.segment_size != hs + 2 * ring_size
+    {
+        return Err(BadSegment);
+    }
+    Ok(())
 }
 
 /// Offsets of a direction's `head` and `tail` words (for canald's `pread`).

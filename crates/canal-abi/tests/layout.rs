@@ -148,7 +148,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0e00 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 0f00 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -205,8 +205,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 15,
-        HeaderError::UnknownFeatures(1 << 15),
+        &|h| h.features |= 1 << 16,
+        HeaderError::UnknownFeatures(1 << 16),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -329,23 +329,84 @@ fn addr_roundtrip_and_validation() {
 
 #[test]
 fn arena_places() {
-    use canal_abi::segment::{self, ARENA_SLOTS};
-    let rs = 1 << 20;
-    let size = segment::arena_size(rs);
-    assert_eq!(size, ARENA_SLOTS as u64 * segment::segment_size(rs));
-    let last = segment::arena_slot_offset(ARENA_SLOTS - 1, rs);
-    assert!(segment::arena_place_ok(size, 0));
-    assert!(segment::arena_place_ok(size, last));
-    assert_eq!(
-        last + segment::segment_size(rs),
-        size,
-        "slots fill the arena"
-    );
-    assert!(!segment::arena_place_ok(size, last + 1), "unaligned");
-    assert!(!segment::arena_place_ok(size, size), "past the end");
-    assert!(!segment::arena_place_ok(size, u64::MAX - 4095), "overflow");
+    use canal_abi::segment::{self, ArenaLayout, ARENA_SLOTS};
+    for rs in [4096u64, 1 << 16, 1 << 20] {
+        for layout in [ArenaLayout::Paged, ArenaLayout::Packed] {
+            let size = layout.size(rs);
+            assert_eq!(
+                ArenaLayout::of_len(size),
+                Some((layout, rs)),
+                "{layout:?} {rs}"
+            );
+            let last = ARENA_SLOTS - 1;
+            for slot in [0, 1, last] {
+                let h = layout.header_offset(slot, rs);
+                assert_eq!(layout.slot_at(h, rs), Some(slot));
+                let rings = layout.rings_offset(slot, rs);
+                assert!(rings % 4096 == 0 && rings >= h + layout.header_size());
+                assert!(rings + 2 * rs <= size, "slot {slot}'s rings inside");
+            }
+            assert_eq!(
+                layout.rings_offset(last, rs) + 2 * rs,
+                size,
+                "slots fill the arena"
+            );
+            assert_eq!(layout.slot_at(layout.header_offset(1, rs) + 8, rs), None);
+            assert_eq!(layout.slot_at(size, rs), None, "past the end");
+            assert_eq!(layout.slot_at(u64::MAX - 4095, rs), None, "overflow");
+        }
+        // Packed: every header in the first pages, none overlapping a ring.
+        let p = ArenaLayout::Packed;
+        assert_eq!(
+            p.header_offset(ARENA_SLOTS - 1, rs) + 512,
+            p.rings_offset(0, rs)
+        );
+        assert_eq!(segment::PACKED_HEADERS, 16384);
+    }
+    for bad in [
+        0,
+        4096,
+        16384,
+        16384 + 64 * 4096 + 1,
+        32 * (4096 + 2 * 6144),
+    ] {
+        assert_eq!(ArenaLayout::of_len(bad), None, "{bad}");
+    }
     assert_eq!(canal_abi::control::kind::ARENA, 23);
     assert_eq!(feature::ARENAS, 1 << 9);
+    assert_eq!(feature::PACKED_ARENAS, 1 << 15);
+    assert_eq!(canal_abi::control::hello_flag::PACKED_ARENAS, 1 << 15);
+}
+
+#[test]
+fn arena_headers_say_their_layout() {
+    use canal_abi::segment::{check_arena_header, ArenaLayout, SegHeader, SEG_HEADER_SIZE};
+    let rs = 1 << 16;
+    for layout in [ArenaLayout::Paged, ArenaLayout::Packed] {
+        let mut page = vec![0u64; SEG_HEADER_SIZE as usize / 8];
+        let line = layout.encode_header(9, rs);
+        // SAFETY: the page is 4096 bytes, 8-aligned; line 0 fits.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(page.as_mut_ptr() as *mut u8, SEG_HEADER_SIZE as usize)
+        };
+        bytes[..64].copy_from_slice(&line);
+        // SAFETY: SegHeader accepts any bit pattern; 512 bytes of the page.
+        let h = unsafe { &*(page.as_ptr() as *const SegHeader) };
+        assert!(check_arena_header(h, 9, layout, rs).is_ok());
+        assert!(check_arena_header(h, 8, layout, rs).is_err(), "another id");
+        assert!(
+            check_arena_header(h, 9, layout, rs * 2).is_err(),
+            "another ring size"
+        );
+        let other = match layout {
+            ArenaLayout::Paged => ArenaLayout::Packed,
+            ArenaLayout::Packed => ArenaLayout::Paged,
+        };
+        assert!(
+            check_arena_header(h, 9, other, rs).is_err(),
+            "the other layout"
+        );
+    }
 }
 
 #[test]
@@ -410,7 +471,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b111_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b1111_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,

@@ -91,6 +91,11 @@ impl Daemon {
                 } else {
                     0
                 }
+                | if arenas && hello_flags & control::hello_flag::PACKED_ARENAS != 0 {
+                    canal_abi::feature::PACKED_ARENAS
+                } else {
+                    0
+                }
                 | if bells { canal_abi::feature::BELLS } else { 0 }
                 | if vrss { canal_abi::feature::VRSS } else { 0 }
                 | if hello_flags & control::hello_flag::SPARES != 0 {

@@ -5,7 +5,7 @@ mod common;
 
 use canal_abi::control::{hello_flag, kind};
 use canal_abi::ring::{record_kind, Consumer, Producer};
-use canal_abi::segment::{side, SegHeader};
+use canal_abi::segment::{side, ArenaLayout, SegHeader};
 use canal_abi::sync::Ordering;
 use canal_abi::{errno, handle_index, op, sock_flag, CanalAddr};
 use canald::sys::Mapping;
@@ -380,8 +380,29 @@ fn place(g: &TestGuest, h: u32) -> (u32, u64) {
 /// pages punched) for the pair's next connection.
 #[test]
 fn shortcut_segments_in_pair_arenas() {
+    let flags = hello_flag::SHORTCUT | hello_flag::ARENAS;
+    segments_in_pair_arenas(flags, ArenaLayout::Paged);
+    segments_in_pair_arenas(flags | hello_flag::PACKED_ARENAS, ArenaLayout::Packed);
+}
+
+/// A guest of each kind: an arena packed only if both know packed arenas.
+#[test]
+fn arenas_are_packed_only_between_guests_that_know_them() {
     let d = TestDaemon::start(&[]);
     let flags = hello_flag::SHORTCUT | hello_flag::ARENAS;
+    let mut srv = TestGuest::attach_with(&d.path, "srv", flags | hello_flag::PACKED_ARENAS);
+    let mut cli = TestGuest::attach_with(&d.path, "cli", flags);
+    let (l, port) = listen(&mut srv);
+    let (c, _) = connect(&mut cli, &srv, l, port);
+    let m = map_arena(&cli, place(&cli, c).0).unwrap();
+    assert_eq!(
+        ArenaLayout::of_len(m.len() as u64).map(|x| x.0),
+        Some(ArenaLayout::Paged)
+    );
+}
+
+fn segments_in_pair_arenas(flags: u32, layout: ArenaLayout) {
+    let d = TestDaemon::start(&[]);
     let mut srv = TestGuest::attach_with(&d.path, "srv", flags);
     let mut cli = TestGuest::attach_with(&d.path, "cli", flags);
     let other = TestGuest::attach_with(&d.path, "other", flags);
@@ -411,13 +432,18 @@ fn shortcut_segments_in_pair_arenas() {
         map_arena(&cli, arena).unwrap(),
         map_arena(&srv, arena).unwrap(),
     );
+    assert_eq!(
+        ArenaLayout::of_len(am.len() as u64).map(|x| x.0),
+        Some(layout)
+    );
 
     // Bytes cross through the two guests' own mappings of the arena.
     let (c0, a0) = conns[0];
     let off = place(&cli, c0).1;
     let (ce, ae) = (End::at(&cm, off, &cli, c0), End::at(&am, off, &srv, a0));
     assert_eq!(ce.send(b"left in the ring"), 16);
-    let ring = canal_abi::segment::ring_offset(side::CONNECTOR, ce.seg.ring_size) + off;
+    // The connector's tx ring, where its entry says (counted from the header).
+    let ring = off + cli.entry(c0).tx_offset.load(Ordering::Acquire);
     assert_eq!(read_at(&am, ring, 16), b"left in the ring");
     let mut buf = [0u8; 4];
     assert_eq!(ae.recv(&mut buf), 4);

@@ -5,7 +5,9 @@
 //! a SEGMENT round trip, an mmap and an munmap — most of a short connection's life.
 //! An arena is `ARENA_SLOTS` segments of one ring size in one sealed memfd that both
 //! guests map once (control ARENA); a new connection between them takes a free slot,
-//! canald writes its header, and the socket entry says where it is. A slot both ends
+//! canald writes its header, and the socket entry says where it is. Between guests
+//! that both know it the arena is packed (`ArenaLayout::Packed`): the slots' headers
+//! share pages, so a held idle connection costs 512 bytes of header, not a page. A slot both ends
 //! closed is free again: some of an arena's free slots keep their pages ("warm": the
 //! pair's next connection takes one with its header page zeroed, and neither guest nor
 //! canald faults the pages in again: on short connections that was a tenth of a
@@ -19,6 +21,7 @@
 
 use crate::sys;
 use canal_abi::segment;
+use canal_abi::segment::ArenaLayout;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -29,12 +32,41 @@ pub(crate) struct ArenaMem {
     pub(crate) id: u32,
     pub(crate) fd: OwnedFd,
     pub(crate) map: sys::Mapping,
+    pub(crate) layout: ArenaLayout,
     pub(crate) ring_size: u64,
 }
 
 impl ArenaMem {
     pub(crate) fn size(&self) -> u64 {
-        segment::arena_size(self.ring_size)
+        self.layout.size(self.ring_size)
+    }
+
+    fn header_offset(&self, slot: u32) -> u64 {
+        self.layout.header_offset(slot, self.ring_size)
+    }
+
+    /// Zeroes slot `slot`'s header (its pages stay).
+    fn clear_header(&self, slot: u32) {
+        const ZEROS: [u8; segment::SEG_HEADER_SIZE as usize] =
+            [0; segment::SEG_HEADER_SIZE as usize];
+        let n = self.layout.header_size() as usize;
+        self.map
+            .write_at(self.header_offset(slot) as usize, &ZEROS[..n]);
+    }
+
+    /// Gives slot `slot`'s pages back to the system: the next user reads zeros. A
+    /// packed arena's header shares its page with other slots' headers: zeroed.
+    fn punch(&self, slot: u32) {
+        let rs = self.ring_size;
+        match self.layout {
+            ArenaLayout::Paged => self
+                .map
+                .punch(self.header_offset(slot), segment::segment_size(rs)),
+            ArenaLayout::Packed => {
+                self.clear_header(slot);
+                self.map.punch(self.layout.rings_offset(slot, rs), 2 * rs);
+            }
+        }
     }
 }
 
@@ -89,25 +121,33 @@ fn pair_key(a: u32, b: u32) -> [u32; 2] {
 
 impl Arenas {
     /// A free slot for a segment between guests `a` and `b` with rings of `ring_size`
-    /// bytes, in an arena of theirs or a new one; its header page (zeros after a
-    /// previous use) is the caller's to write.
-    pub(crate) fn take(&mut self, a: u32, b: u32, ring_size: u64) -> io::Result<Place> {
+    /// bytes, in an arena of theirs of `layout` or a new one; its header (zeros after
+    /// a previous use) is the caller's to write.
+    pub(crate) fn take(
+        &mut self,
+        a: u32,
+        b: u32,
+        (layout, ring_size): (ArenaLayout, u64),
+    ) -> io::Result<Place> {
         let conns = pair_key(a, b);
-        let found = self
-            .by_id
-            .values_mut()
-            .find(|x| x.conns == conns && x.mem.ring_size == ring_size && x.used != ALL_USED);
+        let found = self.by_id.values_mut().find(|x| {
+            x.conns == conns
+                && x.mem.ring_size == ring_size
+                && x.mem.layout == layout
+                && x.used != ALL_USED
+        });
         let arena = match found {
             Some(x) => x,
             None => {
                 let id = self.fresh_id();
-                let size = segment::arena_size(ring_size);
+                let size = layout.size(ring_size);
                 let fd = sys::create_arena(size)?;
                 let map = sys::Mapping::map(&fd, size as usize)?;
                 let mem = Arc::new(ArenaMem {
                     id,
                     fd,
                     map,
+                    layout,
                     ring_size,
                 });
                 self.by_id.entry(id).or_insert(Arena {
@@ -126,16 +166,13 @@ impl Arenas {
         };
         if arena.warm & (1 << slot) != 0 {
             arena.warm &= !(1 << slot);
-            let base = segment::arena_slot_offset(slot, ring_size) as usize;
-            const ZEROS: [u8; segment::SEG_HEADER_SIZE as usize] =
-                [0; segment::SEG_HEADER_SIZE as usize];
-            arena.mem.map.write_at(base, &ZEROS);
+            arena.mem.clear_header(slot);
         }
         arena.used |= 1 << slot;
         Ok(Place {
             mem: arena.mem.clone(),
             slot,
-            base: segment::arena_slot_offset(slot, ring_size),
+            base: arena.mem.header_offset(slot),
         })
     }
 
@@ -159,7 +196,7 @@ impl Arenas {
         };
         let slot = slot.min(segment::ARENA_SLOTS - 1);
         let bit = 1u32 << slot;
-        let base = segment::arena_slot_offset(slot, a.mem.ring_size);
+        let base = a.mem.header_offset(slot);
         let ring = a.mem.ring_size;
         let held = (0..2)
             .map(|dir| {
@@ -177,8 +214,7 @@ impl Arenas {
         if warm < WARM_SLOTS || (warm < WARM_SLOTS + WARM_SMALL && *extent <= SMALL_EXTENT) {
             a.warm |= bit;
         } else {
-            let size = segment::segment_size(ring);
-            a.mem.map.punch(base, size);
+            a.mem.punch(slot);
             *extent = 0;
         }
         a.used &= !bit;
@@ -225,15 +261,29 @@ mod tests {
 
     const RING: u64 = 4096;
     const BIG: u64 = 64 * 1024;
+    const LAYOUTS: [ArenaLayout; 2] = [ArenaLayout::Paged, ArenaLayout::Packed];
+
+    /// A byte of slot `p`'s ring 0, a page into it.
+    fn ring_at(p: &Place) -> usize {
+        p.mem.layout.rings_offset(p.slot, p.mem.ring_size) as usize + 4096
+    }
 
     #[test]
     fn small_slots_stay_warm_up_to_a_bound() {
+        for layout in LAYOUTS {
+            small_slots_stay_warm_in(layout);
+        }
+    }
+
+    fn small_slots_stay_warm_in(layout: ArenaLayout) {
         let mut ar = Arenas::default();
-        let places: Vec<Place> = (0..20).map(|_| ar.take(6, 7, BIG).unwrap()).collect();
-        let word = |p: &Place| p.mem.map.load_u64(p.base as usize + 8192);
+        let places: Vec<Place> = (0..20)
+            .map(|_| ar.take(6, 7, (layout, BIG)).unwrap())
+            .collect();
+        let word = |p: &Place| p.mem.map.load_u64(ring_at(p));
         for p in &places {
             // A short connection's bytes: well inside a page of each ring.
-            p.mem.map.write_at(p.base as usize + 8192, b"echo....");
+            p.mem.map.write_at(ring_at(p), b"echo....");
             let head = p.base as usize + segment::head_offset(0) as usize;
             p.mem.map.write_at(head, &100u64.to_ne_bytes());
             ar.give_back(p.mem.id, p.slot, |_| true);
@@ -246,36 +296,38 @@ mod tests {
         // A slot that once held much is punched when freed beyond the first two, even
         // if its last connection was small.
         let mut ar = Arenas::default();
-        let held: Vec<Place> = (0..3).map(|_| ar.take(8, 9, BIG).unwrap()).collect();
+        let held: Vec<Place> = (0..3)
+            .map(|_| ar.take(8, 9, (layout, BIG)).unwrap())
+            .collect();
         let big = &held[2];
         let head = big.base as usize + segment::head_offset(0) as usize;
         big.mem.map.write_at(head, &50_000u64.to_ne_bytes());
         ar.give_back(big.mem.id, big.slot, |_| true); // warm: the first
-        let again = ar.take(8, 9, BIG).unwrap();
+        let again = ar.take(8, 9, (layout, BIG)).unwrap();
         assert_eq!(again.slot, big.slot);
-        again
-            .mem
-            .map
-            .write_at(again.base as usize + 8192, b"small...");
+        again.mem.map.write_at(ring_at(&again), b"small...");
         again.mem.map.write_at(head, &10u64.to_ne_bytes());
         for p in &held[..2] {
             ar.give_back(p.mem.id, p.slot, |_| true);
         }
         ar.give_back(again.mem.id, again.slot, |_| true);
-        assert_eq!(again.mem.map.load_u64(again.base as usize + 8192), Some(0));
+        assert_eq!(again.mem.map.load_u64(ring_at(&again)), Some(0));
     }
 
     #[test]
     fn slots_are_reused_within_a_pair_only() {
         let mut ar = Arenas::default();
-        let p = ar.take(1, 2, RING).unwrap();
-        let q = ar.take(2, 1, RING).unwrap();
+        let paged = (ArenaLayout::Paged, RING);
+        let p = ar.take(1, 2, paged).unwrap();
+        let q = ar.take(2, 1, paged).unwrap();
         assert_eq!(p.mem.id, q.mem.id, "one arena per guest pair, either order");
         assert_ne!(p.slot, q.slot);
-        let other = ar.take(1, 3, RING).unwrap();
+        let other = ar.take(1, 3, paged).unwrap();
         assert_ne!(other.mem.id, p.mem.id, "another pair never shares an arena");
+        let packed = ar.take(1, 2, (ArenaLayout::Packed, RING)).unwrap();
+        assert_ne!(packed.mem.id, p.mem.id, "one arena per layout");
         ar.give_back(p.mem.id, p.slot, |_| true);
-        let r = ar.take(1, 2, RING).unwrap();
+        let r = ar.take(1, 2, paged).unwrap();
         assert_eq!(
             (r.mem.id, r.slot),
             (p.mem.id, p.slot),
@@ -290,9 +342,15 @@ mod tests {
 
     #[test]
     fn a_full_arena_opens_another_and_reuse_reads_zeros() {
+        for layout in LAYOUTS {
+            a_full_arena_opens_another_in(layout);
+        }
+    }
+
+    fn a_full_arena_opens_another_in(layout: ArenaLayout) {
         let mut ar = Arenas::default();
         let places: Vec<Place> = (0..segment::ARENA_SLOTS + 1)
-            .map(|_| ar.take(4, 5, BIG).unwrap())
+            .map(|_| ar.take(4, 5, (layout, BIG)).unwrap())
             .collect();
         let first = places[0].mem.id;
         assert!(places[..segment::ARENA_SLOTS as usize]
@@ -302,23 +360,32 @@ mod tests {
         // The first WARM_SLOTS freed slots keep their pages; later ones are punched
         // unless they stayed small (these moved 40,000 bytes one way).
         let word = |p: &Place, off: usize| p.mem.map.load_u64(p.base as usize + off);
+        let ring_word = |p: &Place| p.mem.map.load_u64(ring_at(p));
+        let neighbour = &places[4];
+        neighbour
+            .mem
+            .map
+            .write_at(neighbour.base as usize + 64, b"neighbr!");
         for p in &places[1..4] {
-            p.mem.map.write_at(p.base as usize + 8192, b"secret!!");
+            p.mem.map.write_at(ring_at(p), b"secret!!");
             p.mem.map.write_at(p.base as usize + 64, b"stale!!!");
             let head = p.base as usize + segment::head_offset(1) as usize;
             p.mem.map.write_at(head, &40_000u64.to_ne_bytes());
             ar.give_back(p.mem.id, p.slot, |_| true);
         }
-        assert_ne!(word(&places[1], 8192), Some(0), "warm");
-        assert_ne!(word(&places[2], 8192), Some(0), "warm");
+        assert_ne!(ring_word(&places[1]), Some(0), "warm");
+        assert_ne!(ring_word(&places[2]), Some(0), "warm");
         assert_eq!(
-            word(&places[3], 8192),
+            ring_word(&places[3]),
             Some(0),
             "a freed slot's pages are punched out"
         );
+        assert_eq!(word(&places[3], 64), Some(0), "and its header cleared");
+        // A packed header shares its page with its neighbours': theirs stay.
+        assert_eq!(word(&places[4], 64), Some(u64::from_ne_bytes(*b"neighbr!")));
         assert_eq!(ar.counts(), (2, segment::ARENA_SLOTS - 2));
         // The next connection takes a warm slot, its header page zeroed.
-        let r = ar.take(4, 5, BIG).unwrap();
+        let r = ar.take(4, 5, (layout, BIG)).unwrap();
         assert_eq!(r.slot, places[1].slot);
         assert_eq!(
             word(&r, 64),
@@ -330,8 +397,8 @@ mod tests {
     #[test]
     fn empty_arenas_go_with_their_guest() {
         let mut ar = Arenas::default();
-        let p = ar.take(7, 8, RING).unwrap();
-        let q = ar.take(7, 9, RING).unwrap();
+        let p = ar.take(7, 8, (ArenaLayout::Packed, RING)).unwrap();
+        let q = ar.take(7, 9, (ArenaLayout::Packed, RING)).unwrap();
         ar.give_back(q.mem.id, q.slot, |_| true);
         ar.forget(7);
         assert_eq!(ar.counts(), (1, 1), "the empty arena of 7 and 9 went");

@@ -14,6 +14,7 @@ use crate::request::Request;
 use crate::sys;
 use canal_abi::segment;
 use canal_abi::segment::side;
+use canal_abi::segment::ArenaLayout;
 use canal_abi::CanalAddr;
 use canal_abi::Region;
 use std::collections::HashMap;
@@ -40,11 +41,11 @@ pub(crate) struct Pending {
     pub(crate) conn: u32,
     pub(crate) handle: u32,
     pub(crate) dst: CanalAddr,
-    /// The connector's reserved local address, and whether its guest has zones and
-    /// arenas.
+    /// The connector's reserved local address, whether its guest has zones, and the
+    /// arena layout it understands best (None: no arenas).
     pub(crate) local: CanalAddr,
     pub(crate) zones: bool,
-    pub(crate) arenas: bool,
+    pub(crate) arenas: Option<ArenaLayout>,
     pub(crate) lconn: u32,
     pub(crate) lhandle: u32,
 }
@@ -104,7 +105,7 @@ pub(crate) enum SegMem {
     /// A memfd of its own and canald's mapping (segments with zones, and guests
     /// without feature::ARENAS).
     File { fd: OwnedFd, map: sys::Mapping },
-    /// Slot `slot` of a pair arena, `base` bytes into it (protocol §8.7).
+    /// Slot `slot` of a pair arena, its header `base` bytes into it (protocol §8.7).
     Arena {
         mem: Arc<ArenaMem>,
         slot: u32,
@@ -148,6 +149,16 @@ impl SegmentRec {
         match &self.mem {
             SegMem::File { .. } => (0, 0),
             SegMem::Arena { mem, base, .. } => (mem.id, *base),
+        }
+    }
+
+    /// Where ring 0 starts, counted from the segment's header (ring 1 follows it).
+    pub(crate) fn rings_from_header(&self) -> u64 {
+        match &self.mem {
+            SegMem::File { .. } => segment::ring_offset(0, self.ring_size),
+            SegMem::Arena { mem, slot, base } => {
+                mem.layout.rings_offset(*slot, self.ring_size) - base
+            }
         }
     }
 }

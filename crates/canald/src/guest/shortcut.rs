@@ -45,7 +45,7 @@ use crate::guest::socket::Kind;
 use crate::guest::socket::Phase;
 use crate::guest::state::Guest;
 use crate::sys::{self, Epoll};
-use canal_abi::segment::{self, side};
+use canal_abi::segment::{self, side, ArenaLayout};
 use canal_abi::sync::Ordering;
 use canal_abi::{errno, sock_flag, sock_kind, CanalAddr};
 use std::collections::BTreeMap;
@@ -125,7 +125,7 @@ impl Guest {
         }
         let features = self.region.header().features;
         let zones = features & canal_abi::feature::ZONES != 0;
-        let arenas = features & canal_abi::feature::ARENAS != 0;
+        let arenas = ArenaLayout::for_features(features);
         let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         if s.kind() != Kind::Stream || s.phase != Phase::Open || s.family != dst.family {
             return None;
@@ -338,10 +338,14 @@ impl Guest {
 
     /// Writes the segment fields of an entry (before its flags say CONNECTED).
     pub(crate) fn sc_publish_link(&self, index: u32, link: &SegLink) {
-        let (rs, (arena, arena_offset)) = self.sc.as_ref().map_or((0, (0, 0)), |sc| {
+        let (rs, (arena, arena_offset), rings) = self.sc.as_ref().map_or((0, (0, 0), 0), |sc| {
             let sh = lock(sc);
-            let place = sh.segments.get(&link.id).map_or((0, 0), |r| r.place());
-            (sh.ring_size, place)
+            let seg = sh.segments.get(&link.id);
+            let place = seg.map_or((0, 0), |r| r.place());
+            let rings = seg.map_or(segment::ring_offset(0, sh.ring_size), |r| {
+                r.rings_from_header()
+            });
+            (sh.ring_size, place, rings)
         });
         let e = self.entry(index);
         e.arena.store(arena, Ordering::Relaxed);
@@ -351,11 +355,9 @@ impl Guest {
         } else {
             (1, 0)
         };
-        e.tx_offset
-            .store(segment::ring_offset(tx_dir, rs), Ordering::Relaxed);
+        e.tx_offset.store(rings + tx_dir * rs, Ordering::Relaxed);
         e.tx_size.store(rs as u32, Ordering::Relaxed);
-        e.rx_offset
-            .store(segment::ring_offset(rx_dir, rs), Ordering::Relaxed);
+        e.rx_offset.store(rings + rx_dir * rs, Ordering::Relaxed);
         e.rx_size.store(rs as u32, Ordering::Relaxed);
         e.segment_side.store(link.side, Ordering::Relaxed);
         e.segment.store(link.id, Ordering::Release);
@@ -830,11 +832,15 @@ pub(crate) fn pair(
         .or(shadows.get(&p.lconn))
         .map_or(0, |g| g.region.header().features);
     let want_zones = p.zones && lfeatures & canal_abi::feature::ZONES != 0;
-    let want_arenas = p.arenas && lfeatures & canal_abi::feature::ARENAS != 0;
+    let want_arenas = match (p.arenas, ArenaLayout::for_features(lfeatures)) {
+        (Some(ArenaLayout::Packed), Some(ArenaLayout::Packed)) => Some(ArenaLayout::Packed),
+        (Some(_), Some(_)) => Some(ArenaLayout::Paged),
+        _ => None,
+    };
     let (id, ring_size, listener, zones, arenas) = {
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
-        let arenas = sh.use_arenas && want_arenas;
+        let arenas = want_arenas.filter(|_| sh.use_arenas);
         let listener = sh
             .listeners
             .iter()
@@ -857,12 +863,9 @@ pub(crate) fn pair(
         .flatten();
     let zone_size = zone_layout.map_or(0, |l| l.zone_size);
     let owners = [p.conn, p.lconn];
-    let seg = backlog.and_then(|_| {
-        if arenas && zone_layout.is_none() {
-            arena_segment(&mut lock(shared), id, ring_size, owners)
-        } else {
-            new_segment(id, ring_size, zone_layout.as_ref(), owners)
-        }
+    let seg = backlog.and_then(|_| match arenas.filter(|_| zone_layout.is_none()) {
+        Some(layout) => arena_segment(&mut lock(shared), id, (layout, ring_size), owners),
+        None => new_segment(id, ring_size, zone_layout.as_ref(), owners),
     });
     // The listener's guest instance here: its home, or the shadow owning it.
     let lg = if at_home {
@@ -967,13 +970,21 @@ fn write_owners(map: &sys::Mapping, base: usize, owners: [u32; 2]) {
 /// owners written into the slot (zeros since its last use) before either guest is
 /// told of it. None: no arena could be made (the caller falls back to the kernel's
 /// connect).
-fn arena_segment(sh: &mut Shared, id: u32, ring_size: u64, owners: [u32; 2]) -> Option<SegMem> {
-    let place = sh.arenas.take(owners[0], owners[1], ring_size).ok()?;
+fn arena_segment(
+    sh: &mut Shared,
+    id: u32,
+    (layout, ring_size): (ArenaLayout, u64),
+    owners: [u32; 2],
+) -> Option<SegMem> {
+    let place = sh
+        .arenas
+        .take(owners[0], owners[1], (layout, ring_size))
+        .ok()?;
     let base = place.base as usize;
     place
         .mem
         .map
-        .write_at(base, &segment::encode_header(id, ring_size));
+        .write_at(base, &layout.encode_header(id, ring_size));
     write_owners(&place.mem.map, base, owners);
     Some(SegMem::Arena {
         mem: place.mem,

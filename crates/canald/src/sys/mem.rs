@@ -146,6 +146,16 @@ impl Mapping {
         Some(w.load(std::sync::atomic::Ordering::Acquire))
     }
 
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is mapped (never: a mapping has at least a page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// A copy of `n` bytes at `off` (clamped to the mapping; tests read shared memory
     /// with it).
     pub fn read_bytes(&self, off: usize, n: usize) -> Vec<u8> {
@@ -270,29 +280,36 @@ impl Mapping {
         self.segment_view_at(0)
     }
 
-    /// As `segment_view`, for the segment `off` bytes into the mapping (a slot of a
-    /// pair arena, protocol §8.7).
+    /// As `segment_view`, for the segment whose header is `off` bytes into the
+    /// mapping: a slot of a pair arena (protocol §8.7; the layout and ring size from
+    /// the mapping's length, as a guest tells them) or, at 0, a segment of its own.
     pub fn segment_view_at(
         &self,
         off: usize,
     ) -> Option<(&canal_abi::segment::SegHeader, [RawRing; 2])> {
-        use canal_abi::segment;
-        let room = self.len.checked_sub(off)?;
-        if room < segment::SEG_HEADER_SIZE as usize || !off.is_multiple_of(4096) {
-            return None;
-        }
-        // SAFETY: the mapping holds at least the 4096-byte page at `off` (checked),
-        // page-aligned; SegHeader (512 bytes) accepts any bit pattern and is used
-        // through shared references.
-        let base = unsafe { self.base.add(off) };
-        // SAFETY: as above.
-        let h = unsafe { &*(base as *const segment::SegHeader) };
-        let rs = h.ring_size;
-        if !rs.is_power_of_two() || segment::segment_size(rs) > room as u64 {
-            return None;
-        }
-        // SAFETY: both rings lie inside the mapping (checked), rs is a power of two.
-        let r = |d| unsafe { RawRing::new(base.add(segment::ring_offset(d, rs) as usize), rs) };
+        use canal_abi::segment::{self, ArenaLayout};
+        let (rings, rs) = match ArenaLayout::of_len(self.len as u64) {
+            Some((layout, rs)) => {
+                let slot = layout.slot_at(off as u64, rs)?;
+                (layout.rings_offset(slot, rs) as usize, rs)
+            }
+            None if off == 0 && self.len >= segment::SEG_HEADER_SIZE as usize => {
+                // SAFETY: the mapping holds the header page (checked), page-aligned;
+                // SegHeader (512 bytes) accepts any bit pattern.
+                let rs = unsafe { &*(self.base as *const segment::SegHeader) }.ring_size;
+                if !rs.is_power_of_two() || segment::segment_size(rs) > self.len as u64 {
+                    return None;
+                }
+                (segment::ring_offset(0, rs) as usize, rs)
+            }
+            None => return None,
+        };
+        // SAFETY: the header (512 bytes at `off`) and both rings lie inside the
+        // mapping (its length is the arena's for `rs`, or checked above); SegHeader
+        // accepts any bit pattern and is used through shared references.
+        let h = unsafe { &*(self.base.add(off) as *const segment::SegHeader) };
+        // SAFETY: as above; rs is a power of two.
+        let r = |d: u64| unsafe { RawRing::new(self.base.add(rings + (d * rs) as usize), rs) };
         Some((h, [r(0), r(1)]))
     }
 }

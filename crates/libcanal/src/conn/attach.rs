@@ -296,6 +296,7 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
             | control::hello_flag::VRSS
             | control::hello_flag::SPARES
             | control::hello_flag::ARENAS
+            | control::hello_flag::PACKED_ARENAS
             | control::hello_flag::BELLS
             | control::hello_flag::ACCEPT_ONE
             | control::hello_flag::CLOSE_MARK,

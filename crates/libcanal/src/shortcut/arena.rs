@@ -57,24 +57,42 @@ fn slot_of(id: u32) -> Option<&'static Mapped> {
     used().iter().find(|m| m.id.load(Ordering::Relaxed) == id)
 }
 
-/// Under the table lock: the base of the segment at `offset` of arena `id` and the
-/// bytes from there to the arena's end, mapping the arena first if this process has
-/// not (EIO: canald gave no such arena, or a malformed place). Counts one more user.
-pub(super) fn take(g: &Guest, id: u32, offset: u64) -> Result<(*mut u8, u64), i32> {
+/// A slot of an arena as this process maps it.
+pub(super) struct Slot {
+    pub(super) header: *mut u8,
+    /// Ring 0; ring 1 follows it.
+    pub(super) rings: *mut u8,
+    pub(super) layout: segment::ArenaLayout,
+    pub(super) ring_size: u64,
+}
+
+/// Under the table lock: the slot whose header is at `offset` of arena `id`, mapping
+/// the arena first if this process has not (EIO: canald gave no such arena, or a
+/// malformed place). The layout and ring size come from the arena's length, never
+/// from its content (which the peer guest can write). Counts one more user.
+pub(super) fn take(g: &Guest, id: u32, offset: u64) -> Result<Slot, i32> {
     let m = match slot_of(id) {
         Some(m) => m,
         None => map(g, id)?,
     };
     let len = m.len.load(Ordering::Relaxed) as u64;
-    if !segment::arena_place_ok(len, offset) {
-        return Err(libc::EIO);
-    }
+    let (layout, ring_size) = segment::ArenaLayout::of_len(len).ok_or(libc::EIO)?;
+    let slot = layout.slot_at(offset, ring_size).ok_or(libc::EIO)?;
     if m.users.fetch_add(1, Ordering::Relaxed) == 0 {
         IDLE.fetch_sub(1, Ordering::Relaxed);
     }
     let base = m.base.load(Ordering::Relaxed) as *mut u8;
-    // SAFETY: offset + SEG_HEADER_SIZE ≤ len (arena_place_ok): inside the mapping.
-    Ok((unsafe { base.add(offset as usize) }, len - offset))
+    let rings = layout.rings_offset(slot, ring_size);
+    // SAFETY: the arena is `len` = layout.size(ring_size) bytes (of_len): every slot's
+    // header and rings lie inside the mapping.
+    Ok(unsafe {
+        Slot {
+            header: base.add(offset as usize),
+            rings: base.add(rings as usize),
+            layout,
+            ring_size,
+        }
+    })
 }
 
 fn map(g: &Guest, id: u32) -> Result<&'static Mapped, i32> {

@@ -25,7 +25,10 @@ const TOMB: u32 = u32::MAX;
 struct Cached {
     /// Segment id (0: free). Stored last (Release) when an entry is filled.
     id: AtomicU32,
+    /// The segment's header.
     base: AtomicUsize,
+    /// Its ring 0 (ring 1 follows).
+    rings: AtomicUsize,
     len: AtomicUsize,
     ring_size: AtomicUsize,
     /// Bytes of each direction's zone (0: no zones).
@@ -38,6 +41,7 @@ static TABLE: [Cached; CACHE] = [const {
     Cached {
         id: AtomicU32::new(0),
         base: AtomicUsize::new(0),
+        rings: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
         ring_size: AtomicUsize::new(0),
         zone_size: AtomicUsize::new(0),
@@ -119,7 +123,11 @@ impl Drop for Hold {
 /// A mapped pair segment.
 #[derive(Clone, Copy)]
 pub(crate) struct Seg {
+    /// Its header.
     base: *mut u8,
+    /// Its ring 0, ring 1 right after: after the header page in a segment of its own
+    /// or a paged arena, elsewhere in a packed arena (§8.7).
+    rings: *mut u8,
     ring_size: u64,
     zone_size: u64,
 }
@@ -185,6 +193,8 @@ impl Seg {
     pub(crate) unsafe fn from_raw(base: *mut u8, ring_size: u64, zone_size: u64) -> Seg {
         Seg {
             base,
+            // SAFETY: the caller's promise: the mapping holds the whole segment.
+            rings: unsafe { base.add(segment::ring_offset(0, ring_size) as usize) },
             ring_size,
             zone_size,
         }
@@ -228,10 +238,10 @@ impl Seg {
         Ok(unsafe { MappedZone::new(base, l) })
     }
     pub(crate) fn ring(&self, d: u32) -> RawRing {
-        let off = segment::ring_offset(d.min(1), self.ring_size);
-        // SAFETY: the ring lies inside the mapping (segment_size = header + 2 rings,
-        // checked at map time), and ring_size is a power of two (checked).
-        unsafe { RawRing::new(self.base.add(off as usize), self.ring_size) }
+        let off = d.min(1) as u64 * self.ring_size;
+        // SAFETY: both rings lie inside the mapping from `rings` (checked at map
+        // time), and ring_size is a power of two (checked).
+        unsafe { RawRing::new(self.rings.add(off as usize), self.ring_size) }
     }
 }
 
@@ -256,6 +266,7 @@ fn find(id: u32) -> Option<Seg> {
     let base = c.base.load(Ordering::Acquire) as *mut u8;
     let seg = Seg {
         base,
+        rings: c.rings.load(Ordering::Relaxed) as *mut u8,
         ring_size: c.ring_size.load(Ordering::Relaxed) as u64,
         zone_size: c.zone_size.load(Ordering::Relaxed) as u64,
     };
@@ -318,10 +329,12 @@ fn map_locked(g: &Guest, id: u32, (arena, offset): Place) -> Result<Seg, i32> {
     }
     let slot = free_slot(id).ok_or(libc::ENOBUFS)?;
     let arenas = g.region.header().features & canal_abi::feature::ARENAS != 0;
-    let (base, size) = if arena == 0 {
-        map_file(g, id)?
+    let (base, size, in_arena) = if arena == 0 {
+        let (base, size) = map_file(g, id)?;
+        (base, size, None)
     } else if arenas {
-        crate::shortcut::arena::take(g, arena, offset)?
+        let s = crate::shortcut::arena::take(g, arena, offset)?;
+        (s.header, 0, Some(s))
     } else {
         return Err(libc::EIO);
     };
@@ -333,16 +346,18 @@ fn map_locked(g: &Guest, id: u32, (arena, offset): Place) -> Result<Seg, i32> {
             crate::shortcut::arena::put(arena, unmap_or_defer);
         }
     };
-    // SAFETY: base maps `size` ≥ 4096 bytes; SegHeader (512 bytes) accepts any bit
-    // pattern.
+    // SAFETY: base maps at least a header (512 bytes: a page for a segment of its
+    // own, a checked slot of an arena); SegHeader accepts any bit pattern.
     let h = unsafe { &*(base as *const SegHeader) };
     // Zones only if canald gave us the ZONES feature (it then may hand us segments
     // with zones; otherwise such a segment is malformed for us).
     let zones_ok = g.region.header().features & canal_abi::feature::ZONES != 0;
-    let checked = if zones_ok {
-        segment::check_header_zones(h, id, size)
-    } else {
-        segment::check_header(h, id, size).map(|rs| (rs, 0))
+    let checked = match &in_arena {
+        Some(s) => {
+            segment::check_arena_header(h, id, s.layout, s.ring_size).map(|()| (s.ring_size, 0))
+        }
+        None if zones_ok => segment::check_header_zones(h, id, size),
+        None => segment::check_header(h, id, size).map(|rs| (rs, 0)),
     };
     let (ring_size, zone_size) = match checked {
         Ok(x) => x,
@@ -351,22 +366,28 @@ fn map_locked(g: &Guest, id: u32, (arena, offset): Place) -> Result<Seg, i32> {
             return Err(libc::EIO);
         }
     };
+    let rings = match &in_arena {
+        Some(s) => s.rings,
+        // SAFETY: check_header proved the file's mapping holds the whole segment.
+        None => unsafe { base.add(segment::ring_offset(0, ring_size) as usize) },
+    };
+    let seg = Seg {
+        base,
+        rings,
+        ring_size,
+        zone_size,
+    };
     fill(
         slot,
         id,
-        base as usize,
+        &seg,
         if arena == 0 { size as usize } else { 0 },
         arena,
-        (ring_size, zone_size),
     );
     // Before any publish on the segment: publishing without a fence needs it.
     crate::shortcut::barrier::ensure_registered();
     crate::rt::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
-    Ok(Seg {
-        base,
-        ring_size,
-        zone_size,
-    })
+    Ok(seg)
 }
 
 /// The socket naming segment `id` lost its last reference in this process: unmap,
@@ -413,16 +434,19 @@ fn free_slot(id: u32) -> Option<&'static Cached> {
         .find(|c| matches!(c.id.load(Ordering::Relaxed), 0 | TOMB))
 }
 
-/// Under LOCK: fills `slot` with segment `id` (mapped at `base`, `len` bytes of its
-/// own or 0 in an arena), `id` last so that a lookup sees a complete entry.
-fn fill(slot: &Cached, id: u32, base: usize, len: usize, arena: u32, (ring, zone): (u64, u64)) {
+/// Under LOCK: fills `slot` with segment `id` (`len` bytes mapped of its own, or 0 in
+/// an arena), `id` last so that a lookup sees a complete entry.
+fn fill(slot: &Cached, id: u32, seg: &Seg, len: usize, arena: u32) {
     // Release: a lookup that reads this base re-reads `id` and cannot see the entry
     // it replaced (find).
-    slot.base.store(base, Ordering::Release);
+    slot.base.store(seg.base as usize, Ordering::Release);
+    slot.rings.store(seg.rings as usize, Ordering::Relaxed);
     slot.len.store(len, Ordering::Relaxed);
     slot.arena.store(arena, Ordering::Relaxed);
-    slot.ring_size.store(ring as usize, Ordering::Relaxed);
-    slot.zone_size.store(zone as usize, Ordering::Relaxed);
+    slot.ring_size
+        .store(seg.ring_size as usize, Ordering::Relaxed);
+    slot.zone_size
+        .store(seg.zone_size as usize, Ordering::Relaxed);
     slot.id.store(id, Ordering::Release);
 }
 
@@ -592,9 +616,11 @@ mod tests {
         let remover = {
             let (stop, cycles) = (stop.clone(), cycles.clone());
             std::thread::spawn(move || {
+                // SAFETY: `mem` is a whole segment, alive until the thread is joined.
+                let seg = unsafe { Seg::from_raw(base as *mut u8, RING, 0) };
                 while !stop.load(Ordering::Relaxed) {
                     crate::rt::lock(&LOCK);
-                    fill(free_slot(ID).unwrap(), ID, base, 0, 0, (RING, 0));
+                    fill(free_slot(ID).unwrap(), ID, &seg, 0, 0);
                     crate::rt::unlock(&LOCK);
                     crate::rt::lock(&LOCK);
                     assert!(remove(ID).is_some());
@@ -612,6 +638,7 @@ mod tests {
             match find(ID) {
                 Some(s) => {
                     assert_eq!(s.base as usize, base);
+                    assert_eq!(s.rings as usize, base + segment::SEG_HEADER_SIZE as usize);
                     assert_eq!(s.ring_size, RING);
                     hits += 1;
                 }
