@@ -360,10 +360,12 @@ pub(crate) fn kib_field(path: &str, key: &str) -> Option<u64> {
 }
 
 /// The kernel's memory for sockets, in bytes: all slab (socket, inode, file and dentry
-/// objects live there) and TCP buffer pages (/proc/net/sockstat). System-wide: sample
-/// it around a change, not as an absolute.
+/// objects live there) but /proc's inodes and their dentries (`proc_slab_bytes`), and
+/// TCP buffer pages (/proc/net/sockstat). System-wide: sample it around a change, not
+/// as an absolute.
 pub(crate) fn kernel_socket_bytes() -> u64 {
     let slab = kib_field("/proc/meminfo", "Slab:").unwrap_or(0) * 1024;
+    let slab = slab.saturating_sub(proc_slab_bytes().unwrap_or(0));
     let tcp_pages = std::fs::read_to_string("/proc/net/sockstat")
         .ok()
         .and_then(|s| {
@@ -374,6 +376,29 @@ pub(crate) fn kernel_socket_bytes() -> u64 {
         })
         .unwrap_or(0);
     slab + tcp_pages * 4096
+}
+
+/// Slab held by /proc's inodes and (one each) their dentries. No socket allocates them,
+/// but a process that walks other processes' /proc/PID/fd does, one per descriptor it
+/// looks at — this sandbox's process manager does, so held connections' descriptors
+/// showed up as 0.4–2.0 KiB per connection natively and under canal alike, in whichever
+/// run the walk fell (B13, 2026-11-28). None if /proc/slabinfo cannot be read (not root).
+fn proc_slab_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/slabinfo").ok()?;
+    // name active_objs num_objs objsize ...
+    let cache = |name: &str| {
+        text.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&name)).then(|| {
+                let n: u64 = f.get(1)?.parse().ok()?;
+                let size: u64 = f.get(3)?.parse().ok()?;
+                Some((n, size))
+            })?
+        })
+    };
+    let (inodes, inode_size) = cache("proc_inode_cache")?;
+    let dentry_size = cache("dentry").map_or(0, |(_, s)| s);
+    Some(inodes * (inode_size + dentry_size))
 }
 
 /// CPU seconds a live process has used, all its threads: the sum of the per-thread
