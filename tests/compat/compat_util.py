@@ -186,6 +186,10 @@ class CanalSampler:
         if not self.active:
             return
         hits = [s for s in self.seen if kind_is(s[1], "tcp") and s[3].endswith(f":{port}")]
+        # The server's end of a short-circuited connection proves it too: canald pairs
+        # only two canal sockets (protocol §8). A client done in a tenth of a second
+        # (redis-benchmark on a fast host: 2 samples) may be sampled only from there.
+        hits += [s for s in self.seen if s[1] == "tcp-shortcut" and s[2].endswith(f":{port}")]
         assert hits, (
             f"{what} ran under canal, but in {self.samples} samples of `canal stat` no guest had a TCP "
             f"socket connected to port {port}: its connections were not canal's "
