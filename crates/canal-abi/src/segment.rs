@@ -346,19 +346,16 @@ impl ArenaLayout {
     /// two sizes differ by 114,688 + 64 × (difference of the ring sizes), never 0 for
     /// ring sizes that are powers of two ≥ 4096.
     pub fn of_len(len: u64) -> Option<(ArenaLayout, u64)> {
-        let ring_ok = |rs: u64| rs.is_power_of_two() && (4096..=(1 << 32)).contains(&rs);
-        let paged = len
-            .is_multiple_of(ARENA_SLOTS as u64)
-            .then(|| (len / ARENA_SLOTS as u64).checked_sub(SEG_HEADER_SIZE))
-            .flatten()
-            .filter(|r| r.is_multiple_of(2))
-            .map(|r| r / 2)
-            .filter(|&rs| ring_ok(rs) && ArenaLayout::Paged.size(rs) == len);
-        let packed = len
-            .checked_sub(PACKED_HEADERS)
-            .map(|r| r / (2 * ARENA_SLOTS as u64))
-            .filter(|&rs| ring_ok(rs) && ArenaLayout::Packed.size(rs) == len);
-        match (paged, packed) {
+        // Both sizes are a fixed part (`size(0)`) plus 2 × ARENA_SLOTS × ring size.
+        let ring_size = |layout: ArenaLayout| {
+            len.checked_sub(layout.size(0))
+                .map(|r| r / (2 * ARENA_SLOTS as u64))
+                .filter(|&rs| ring_size_ok(rs) && layout.size(rs) == len)
+        };
+        match (
+            ring_size(ArenaLayout::Paged),
+            ring_size(ArenaLayout::Packed),
+        ) {
             (Some(rs), None) => Some((ArenaLayout::Paged, rs)),
             (None, Some(rs)) => Some((ArenaLayout::Packed, rs)),
             _ => None,
@@ -397,11 +394,8 @@ pub fn check_arena_header(
     ring_size: u64,
 ) -> Result<(), BadSegment> {
     let hs = layout.header_size();
-    if h.magic != SEG_MAGIC
-        || h.version_major != 1
+    if !names_ok(h, id)
         || h.header_size as u64 != hs
-        || h.id != id
-        || id == 0
         || h.flags != 0
         || h.ring_size != ring_size
         || h.segment_size != hs + 2 * ring_size
@@ -455,18 +449,24 @@ pub fn encode_header(id: u32, ring_size: u64) -> [u8; 64] {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadSegment;
 
+/// A header's magic, major version and id (never 0) are the ones expected.
+fn names_ok(h: &SegHeader, id: u32) -> bool {
+    h.magic == SEG_MAGIC && h.version_major == 1 && h.id == id && id != 0
+}
+
+/// A ring size a segment may have: a power of two from 4 KiB to 4 GiB.
+fn ring_size_ok(rs: u64) -> bool {
+    rs.is_power_of_two() && (4096..=(1 << 32)).contains(&rs)
+}
+
 /// Checks a mapped segment's header: magic, major version, the id expected, a
 /// power-of-two ring size and a segment size equal to the computed one and ≤ the
 /// mapped length. Returns the ring size.
 pub fn check_header(h: &SegHeader, id: u32, mapped_len: u64) -> Result<u64, BadSegment> {
     let rs = h.ring_size;
-    if h.magic != SEG_MAGIC
-        || h.version_major != 1
+    if !names_ok(h, id)
         || h.header_size as u64 != SEG_HEADER_SIZE
-        || h.id != id
-        || id == 0
-        || !rs.is_power_of_two()
-        || !(4096..=(1 << 32)).contains(&rs)
+        || !ring_size_ok(rs)
         || h.segment_size != segment_size(rs)
         || h.segment_size > mapped_len
     {
@@ -488,14 +488,10 @@ pub fn check_header_zones(
     }
     let rs = h.ring_size;
     let zs = h.zone_size;
-    if h.magic != SEG_MAGIC
-        || h.version_major != 1
+    if !names_ok(h, id)
         || h.header_size as u64 != SEG_HEADER_SIZE
-        || h.id != id
-        || id == 0
         || h.flags != SEG_FLAG_ZONES
-        || !rs.is_power_of_two()
-        || !(4096..=(1 << 32)).contains(&rs)
+        || !ring_size_ok(rs)
         || !zs.is_multiple_of(4096)
         || !(4096..=(1 << 30)).contains(&zs)
         || h.segment_size != segment_size_zones(rs, zs)

@@ -386,15 +386,12 @@ pub(crate) fn kernel_socket_bytes() -> u64 {
 fn proc_slab_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/slabinfo").ok()?;
     // name active_objs num_objs objsize ...
-    let cache = |name: &str| {
-        text.lines().find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&name)).then(|| {
-                let n: u64 = f.get(1)?.parse().ok()?;
-                let size: u64 = f.get(3)?.parse().ok()?;
-                Some((n, size))
-            })?
-        })
+    let cache = |name: &str| -> Option<(u64, u64)> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))?;
+        let f: Vec<&str> = line.split_whitespace().collect();
+        Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
     };
     let (inodes, inode_size) = cache("proc_inode_cache")?;
     let dentry_size = cache("dentry").map_or(0, |(_, s)| s);

@@ -386,7 +386,10 @@ fn map_locked(g: &Guest, id: u32, (arena, offset): Place) -> Result<Seg, i32> {
     );
     // Before any publish on the segment: publishing without a fence needs it.
     crate::shortcut::barrier::ensure_registered();
-    crate::rt::debug!(g, "canal: mapped pair segment {id} ({size} bytes)\n");
+    crate::rt::debug!(
+        g,
+        "canal: mapped pair segment {id} (arena {arena}, rings of {ring_size} bytes)\n"
+    );
     Ok(seg)
 }
 
