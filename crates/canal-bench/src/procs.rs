@@ -454,6 +454,31 @@ pub(crate) fn wait_connectable(port: Option<u16>, path: Option<&Path>, timeout: 
 mod tests {
     use super::*;
 
+    /// /proc's inodes are found in slabinfo where it is readable (root, as CI), and a
+    /// walk of /proc/self/fd grows them; without slabinfo nothing is subtracted.
+    #[test]
+    fn proc_inodes_are_measured() {
+        let Some(before) = proc_slab_bytes() else {
+            assert!(std::fs::read_to_string("/proc/slabinfo").is_err());
+            eprintln!("skipped: /proc/slabinfo is not readable here");
+            return;
+        };
+        assert!(
+            before > 0,
+            "proc_inode_cache has objects while /proc is in use"
+        );
+        let held: Vec<std::fs::File> = (0..500)
+            .map(|_| std::fs::File::open("/dev/null").unwrap())
+            .collect();
+        let walked = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        assert!(walked >= held.len());
+        let after = proc_slab_bytes().unwrap();
+        assert!(
+            after > before,
+            "{before} -> {after} after walking {walked} descriptors"
+        );
+    }
+
     #[test]
     fn quoting() {
         assert_eq!(shell_quote("abc-1.2/x"), "abc-1.2/x");
