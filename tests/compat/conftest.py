@@ -5,6 +5,7 @@ and its fixtures (canald, procs, canal_bin, libcanal_so, python, the per-test de
 re-exported here, so tests/compat behaves exactly like tests/e2e without duplicating it.
 
 Added here:
+  canald                      the e2e fixture's daemon, with -v (its log of freed guests)
   MODES                       native, canal-both, canal-client, canal-server
   ends(request, mode)         (server_runner, client_runner) for a mode; see compat_util
   cprogs                      session fixture: the C programs in progs/, compiled with gcc
@@ -34,10 +35,18 @@ canald_bin = _e2e.canald_bin
 libcanal_so = _e2e.libcanal_so
 python = _e2e.python
 procs = _e2e.procs
-canald = _e2e.canald
 pytest_configure = _e2e.pytest_configure
 
-from canal_harness import need_tool  # noqa: E402
+from canal_harness import need_tool, serving_canald  # noqa: E402
+
+
+@pytest.fixture
+def canald(canal_bin, libcanal_so, canald_bin, procs):
+    """The e2e fixture's private canald, logging each guest's attach, departure and life
+    totals (-v): CanalSampler.require_peer_port reads them for clients quicker than
+    `canal stat`."""
+    with serving_canald(canal_bin, procs, args=["-v"]) as d:
+        yield d
 
 PROGS = HERE / "progs"
 C_PROGRAMS = ["peer", "edge", "sockopts"]

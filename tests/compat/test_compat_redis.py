@@ -68,7 +68,7 @@ def test_redis(request, mode, tmp_path):
             r = client_run.run([bench, "-h", "127.0.0.1", "-p", port, "-t", "set,get,lpush", "-n", n, "-c", "20",
                                 "--csv", *extra], timeout=60, name=f"redis-benchmark-{label}")
         assert r.returncode == 0, f"redis-benchmark ({label}) failed\n{r.describe()}"
-        sampler.require_peer_port(port, f"redis-benchmark ({label})")
+        sampler.require_peer_port(port, f"redis-benchmark ({label})", program=bench)
         print(r.stdout)
         for cmd in ("SET", "GET", "LPUSH"):
             assert re.search(rf'^"{cmd}",', r.stdout, re.M), f"redis-benchmark ({label}) printed no {cmd} result\n{r.describe()}"

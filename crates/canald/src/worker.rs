@@ -528,7 +528,20 @@ pub(crate) fn reap(sh: &mut Shard, w: &Worker) {
         if let Some(g) = sh.guests.remove(&k) {
             shortcut::forget(&w.shortcut, k);
             freed = true;
-            log::info!("guest {} freed (worker {})", g.id, w.id);
+            // Its life's totals: all its sockets are freed by now, so an operator (and
+            // the compat tests, for a client too quick for `canal stat`) can tell
+            // whether a program's traffic went through canal.
+            log::info!(
+                "guest {} (pid {}, {:?}) freed (worker {}): {} requests ({} failed), {} bytes sent, {} received",
+                g.id,
+                g.pid,
+                g.comm,
+                w.id,
+                g.served,
+                g.failed,
+                g.freed_bytes.0,
+                g.freed_bytes.1
+            );
         }
     }
     // vRSS shadows of guests homed elsewhere, in the same sweep.
