@@ -146,12 +146,13 @@ class CanalSampler:
     """Polls `canal stat` in a background thread while a client runs, remembering every guest
     socket seen. Used where the client runs under canal (canal-client, canal-both) to prove
     its connections were canal's: `canal stat` lists only live guests, so a client that
-    lives long enough (wrk, ab, redis-benchmark, iperf3, sockperf, the asyncio client, all
-    running for at least about half a second) is sampled many times.
+    lives long enough is sampled many times. One quicker than the sampling (redis-benchmark
+    once finished between two samples) is proven by canald's log of the guest it freed,
+    given the program (the compat tests' canald runs with -v).
 
         with CanalSampler(request, mode) as sampler:
-            client_run.run(...)
-        sampler.require_peer_port(port, "wrk")
+            client_run.run([wrk, ...])
+        sampler.require_peer_port(port, "wrk", program=wrk)
     In modes whose client is native, it does nothing and require_peer_port passes."""
 
     def __init__(self, request, mode, interval=0.05, canald=None):
@@ -206,6 +207,8 @@ class CanalSampler:
         # tenth of a second in CI: two samples, both outside its connections) is proven
         # by canald's own account once it leaves: a guest of that program, freed since
         # the sampler started, whose sockets moved bytes through canal both ways.
+        # The kernel names a process after the path it executed (not resolved; a wrapper
+        # such as Debian's pg_wrapper execs a file of the program's name).
         comm = Path(str(program)).name[:15] if program else None
         freed = []
         if comm:

@@ -50,7 +50,7 @@ def test_iperf3_parallel(request, mode, direction):
         client = client_run.run(argv, timeout=90, name="iperf3-client")
     srv = server.finish(30)
     assert client.returncode == 0, client.describe()
-    sampler.require_peer_port(port, "iperf3 client")
+    sampler.require_peer_port(port, "iperf3 client", program=iperf3)
     assert srv.returncode == 0, srv.describe()
     cj = _json(client, "iperf3 client")
     sj = _json(srv, "iperf3 server")

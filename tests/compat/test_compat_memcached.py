@@ -57,7 +57,7 @@ def test_memcached(request, mode, tmp_path):
         r = client_run.run([slap, "-s", f"127.0.0.1:{port}", "-T", "2", "-c", "16", "-x", OPS, "-v", "1.0"],
                            timeout=90, name="memaslap")
     assert r.returncode == 0, f"memaslap failed\n{r.describe()}"
-    sampler.require_peer_port(port, "memaslap")
+    sampler.require_peer_port(port, "memaslap", program=slap)
     print(r.stdout)
     gets, sets = _counted(r.stdout, "cmd_get"), _counted(r.stdout, "cmd_set")
     assert gets + sets == OPS, f"memaslap ran {gets} gets and {sets} sets, not {OPS} operations\n{r.describe()}"

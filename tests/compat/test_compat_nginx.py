@@ -132,7 +132,7 @@ def test_nginx_static(request, mode, listener, tmp_path):
         r = client_run.run([wrk, "-t", "2", "-c", "32", "-d", "10s", "--timeout", "5s", "-s", lua, f"{base}/"],
                            timeout=40, name="wrk")
     assert r.returncode == 0, f"wrk failed\n{r.describe()}"
-    sampler.require_peer_port(port, "wrk")
+    sampler.require_peer_port(port, "wrk", program=wrk)
     print(r.stdout)
     m = re.search(r"(\d+) requests in", r.stdout)
     assert m and int(m.group(1)) > 0, f"wrk completed no requests\n{r.describe()}"
@@ -144,7 +144,7 @@ def test_nginx_static(request, mode, listener, tmp_path):
         r = client_run.run([ab, "-k", "-q", "-n", AB_REQUESTS, "-c", "8", "-s", "10", f"{base}/{AB_FILE}"],
                            timeout=60, name="ab")
     assert r.returncode == 0, f"ab failed\n{r.describe()}"
-    sampler.require_peer_port(port, "ab")
+    sampler.require_peer_port(port, "ab", program=ab)
 
     def field(name):
         m = re.search(rf"^{name}:\s+(\d+)", r.stdout, re.M)

@@ -50,7 +50,7 @@ def _user_canald(canal_bin, procs, uid, gid, top):
     wrapper = top / "canal-as-user"
     wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid={uid} --regid={gid} --clear-groups {canal_bin} \"$@\"\n")
     wrapper.chmod(0o755)
-    d = Canald(str(wrapper), procs)
+    d = Canald(str(wrapper), procs, args=["-v"])  # -v: see compat_util.CanalSampler
     os.chown(d.dir, uid, gid)
     return d.start()
 
@@ -118,7 +118,7 @@ def test_postgres_pgbench(request, mode, procs, canal_bin):
             with compat_util.CanalSampler(request, mode, canald=canald) as sampler:
                 r = cli.run([pgbench, "-h", "127.0.0.1", "-p", port, "-U", USER, "-c", CLIENTS, "-j", 2,
                              "-T", SECONDS, *extra, "postgres"], timeout=90, name=f"pgbench-{label}")
-            sampler.require_peer_port(port, f"pgbench {label}")
+            sampler.require_peer_port(port, f"pgbench {label}", program=pgbench)
             n, tps = _pgbench_ok(r, f"{label} ({mode})")
             print(f"{mode} {label}: {n} transactions, {tps:.0f} tps")
             total += n

@@ -63,7 +63,7 @@ def test_bash_descriptors_and_dev_tcp(request, mode, tmp_path):
     assert r.returncode == 0, r.describe()
     assert r.stdout.split() == ["read:DIRECT", "CHILD", "seven:SEVEN", "done"], r.describe()
     assert f.read_text() == "five\n"
-    sampler.require_peer_port(port, "bash /dev/tcp")
+    sampler.require_peer_port(port, "bash /dev/tcp", program=bash)
     assert peer.poll() is None, peer.describe()
 
 
@@ -120,7 +120,7 @@ def test_sshd_logins_and_scp(request, mode, tmp_path):
         assert r.returncode == 0, r.describe()
     for name in ("up", "down"):
         assert hashlib.sha256((d / name).read_bytes()).hexdigest() == want, f"{name}: SHA-256 differs"
-    sampler.require_peer_port(port, "ssh/scp")
+    sampler.require_peer_port(port, "ssh/scp", program=ssh)
     assert server.poll() is None, server.describe()
 
 
@@ -153,7 +153,7 @@ def test_git_daemon_clone(request, mode, tmp_path):
             assert r.returncode == 0, f"{r.describe()}\n{server.describe()}"
             for name, data in files.items():
                 assert (dest / name).read_bytes() == data, f"clone {n}: {name} differs"
-    sampler.require_peer_port(port, "git clone")
+    sampler.require_peer_port(port, "git clone", program=git)
     assert server.poll() is None, server.describe()
 
 
@@ -258,5 +258,5 @@ def test_spawned_children_with_socket_stdio(request, mode, spawner, tmp_path, py
         r = client_run.run([python, str(prog), str(port), spawner], timeout=40, name=f"{spawner}-client")
     assert r.returncode == 0, r.describe()
     assert r.stdout.splitlines() == ["head: FIRST LINE 0", "reply: FROM THE CHILD"], r.describe()
-    sampler.require_peer_port(port, f"the {spawner} client")
+    sampler.require_peer_port(port, f"the {spawner} client", program=python)
     assert peer.poll() is None, peer.describe()

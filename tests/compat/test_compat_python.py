@@ -25,7 +25,7 @@ def test_asyncio_200_connections(request, mode, python, compat_progs):
         r = client_run.run([python, compat_progs / "aio.py", "client", port, CONNS, MAXBYTES], timeout=90,
                            name="aio-client")
     assert r.returncode == 0 and r.stdout.startswith("OK "), f"asyncio client failed\n{r.describe()}"
-    sampler.require_peer_port(port, "asyncio client")
+    sampler.require_peer_port(port, "asyncio client", program=python)
     assert f"conns={CONNS}" in r.stdout, r.describe()
     print(r.stdout.strip())
     assert server.poll() is None, f"asyncio server died\n{server.describe()}"

@@ -54,7 +54,7 @@ def test_sockperf(request, mode, proto, mux, tmp_path):
     assert r.returncode == 0, f"sockperf client failed\n{r.describe()}"
     if proto == "tcp":  # a UDP client's sockets are unconnected: nothing tells them from the server's
         for p in ports:
-            sampler.require_peer_port(p, "sockperf client")
+            sampler.require_peer_port(p, "sockperf client", program=sockperf)
     assert f"using {mux}()" in out, f"sockperf client did not use {mux}()\n{r.describe()}"
     m = re.search(r"\[Total Run\].*SentMessages=(\d+); ReceivedMessages=(\d+)", out)
     assert m, f"sockperf printed no [Total Run] line\n{r.describe()}"
