@@ -268,7 +268,7 @@ impl Guest {
             .get(index as usize)
             .and_then(|s| s.as_ref())
             .is_some_and(|s| {
-                matches!(s.state, crate::guest::socket::KindState::Dgram { .. })
+                matches!(s.state, crate::guest::socket::KindState::Dgram(_))
                     && s.phase != Phase::Broken
             });
         if !dgram {

@@ -140,7 +140,7 @@ impl Guest {
         let sc = self.dl_shared()?;
         let s = self.sockets.get(index as usize)?.as_ref()?;
         match &s.state {
-            KindState::Dgram { local, .. } if !local.tainted => Some(sc.clone()),
+            KindState::Dgram(d) if !d.local.tainted => Some(sc.clone()),
             _ => None,
         }
     }
@@ -197,10 +197,10 @@ impl Guest {
 
     /// A socket being freed leaves the registry.
     pub(crate) fn dl_freed(&self, s: &HostSocket) {
-        let (KindState::Dgram { local, .. }, Some(sc)) = (&s.state, self.sc.as_ref()) else {
+        let (KindState::Dgram(d), Some(sc)) = (&s.state, self.sc.as_ref()) else {
             return;
         };
-        if let Some(k) = local.registered_at() {
+        if let Some(k) = d.local.registered_at() {
             lock(sc).locals.unregister(&k, self.conn, s.handle);
         }
     }
@@ -229,10 +229,10 @@ impl Guest {
         if s.phase == Phase::Broken || s.closing.is_some() {
             return None;
         }
-        let KindState::Dgram { local, .. } = &mut s.state else {
+        let KindState::Dgram(dg) = &mut s.state else {
             return None;
         };
-        if !local.accept(d) {
+        if !dg.local.accept(d) {
             return None;
         }
         self.mark_dirty(index);

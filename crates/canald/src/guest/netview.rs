@@ -153,7 +153,8 @@ struct Bound {
 /// the entry.
 #[derive(Default)]
 pub(crate) struct NetTie {
-    tie: Option<(Arc<NetView>, Tie)>,
+    /// Boxed: only a socket of a guest network has one, and every socket carries a tie.
+    tie: Option<Box<(Arc<NetView>, Tie)>>,
 }
 
 enum Tie {
@@ -397,7 +398,7 @@ impl NetView {
         });
         b.sockets += 1;
         NetTie {
-            tie: Some((
+            tie: Some(Box::new((
                 self.clone(),
                 Tie::Bound {
                     key,
@@ -406,7 +407,7 @@ impl NetView {
                     listening: false,
                     contacts: Contacts::default(),
                 },
-            )),
+            ))),
         }
     }
 
@@ -423,7 +424,7 @@ impl NetView {
         let key = (local.port, self.own_space(local) == Some(true));
         *self.table().clients.entry(key).or_insert(0) += 1;
         NetTie {
-            tie: Some((self.clone(), Tie::Client(key))),
+            tie: Some(Box::new((self.clone(), Tie::Client(key)))),
         }
     }
 
@@ -602,7 +603,7 @@ impl NetView {
 impl NetTie {
     /// listen() succeeded: TCP connects to the guest port now go here.
     pub(crate) fn listened(&mut self) {
-        if let Some((n, Tie::Bound { key, listening, .. })) = &mut self.tie {
+        if let Some((n, Tie::Bound { key, listening, .. })) = self.tie.as_deref_mut() {
             if !*listening {
                 *listening = true;
                 if let Some(b) = n.table().bound.get_mut(key) {
@@ -614,7 +615,7 @@ impl NetTie {
 
     /// The guest's own name of a bound socket.
     pub(crate) fn guest_name(&self) -> Option<CanalAddr> {
-        match &self.tie {
+        match self.tie.as_deref() {
             Some((_, Tie::Bound { guest, .. })) => Some(*guest),
             _ => None,
         }
@@ -630,7 +631,7 @@ impl NetTie {
                 contacts,
                 ..
             },
-        )) = &mut self.tie
+        )) = self.tie.as_deref_mut()
         {
             contacts.note(dst);
         }
@@ -645,7 +646,7 @@ impl NetTie {
         src: Option<&CanalAddr>,
         local: impl FnOnce() -> Option<CanalAddr>,
     ) -> bool {
-        match &self.tie {
+        match self.tie.as_deref() {
             Some((
                 n,
                 Tie::Bound {
@@ -660,7 +661,7 @@ impl NetTie {
 
     /// A socket bound on `lo` (not published): it admits only its own network.
     pub(crate) fn private_bound(&self) -> Option<&Arc<NetView>> {
-        match &self.tie {
+        match self.tie.as_deref() {
             Some((
                 n,
                 Tie::Bound {
@@ -678,7 +679,7 @@ impl NetTie {
 
 impl Drop for NetTie {
     fn drop(&mut self) {
-        let Some((n, tie)) = self.tie.take() else {
+        let Some((n, tie)) = self.tie.take().map(|t| *t) else {
             return;
         };
         let mut t = n.table();

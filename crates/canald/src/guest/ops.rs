@@ -275,7 +275,7 @@ impl Guest {
         sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
         match s.accepts_mut() {
             Some(q) => (q.backlog, q.host_backlog) = (eff, host),
-            None => s.state = KindState::Listener(AcceptQueue::new(eff)),
+            None => s.state = KindState::Listener(Box::new(AcceptQueue::new(eff))),
         }
         s.phase = Phase::Listening;
         s.net.listened();

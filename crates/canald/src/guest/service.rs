@@ -357,13 +357,13 @@ impl Guest {
             }
             Cmd::SetOpt { level, name, value }
                 if is_rcvlowat(level, name)
-                    && !matches!(self.live(index)?.state, KindState::Dgram { .. }) =>
+                    && !matches!(self.live(index)?.state, KindState::Dgram(_)) =>
             {
                 self.set_stream_rcvlowat(index, &value, out)
             }
             Cmd::SetOpt { level, name, value } => {
                 let s = self.live(index)?;
-                let dgram = matches!(s.state, KindState::Dgram { .. });
+                let dgram = matches!(s.state, KindState::Dgram(_));
                 crate::sockopt::check_set(s.family, dgram, level, name, &value)?;
                 sys::setsockopt_bytes(self.option_fd(index)?, level, name, &value)
                     .map_err(|e| sys::errno_of(&e))?;
@@ -383,7 +383,7 @@ impl Guest {
                     return r;
                 }
                 let s = self.live(index)?;
-                let dgram = matches!(s.state, KindState::Dgram { .. });
+                let dgram = matches!(s.state, KindState::Dgram(_));
                 crate::sockopt::check_get(s.family, dgram, level, name)?;
                 let n = sys::getsockopt_bytes(self.option_fd(index)?, level, name, &mut out[..len])
                     .map_err(|e| sys::errno_of(&e))?;

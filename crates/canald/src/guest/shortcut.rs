@@ -319,7 +319,7 @@ impl Guest {
             (Phase::Connected, sock_flag::CONNECTED),
             (ring, ring),
         );
-        s.seg = Some(link);
+        s.seg = Some(Box::new(link));
         s.named = true;
         self.put_socket(index, s);
         // Its attention bit is this guest instance's to take.
@@ -390,7 +390,7 @@ impl Guest {
         s.tx.size = 0;
         s.rx.size = 0;
         s.phase = Phase::Connected;
-        s.seg = Some(link);
+        s.seg = Some(Box::new(link));
         if let Some(fd) = &s.fd {
             ep.delete(fd.as_raw_fd());
         }
@@ -447,7 +447,7 @@ impl Guest {
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return;
         };
-        let (Some(link), Some(sc)) = (s.seg, self.sc.as_ref()) else {
+        let (Some(link), Some(sc)) = (s.seg.as_deref().copied(), self.sc.as_ref()) else {
             return;
         };
         lock(sc).post_from(
@@ -466,7 +466,7 @@ impl Guest {
         how: i32,
     ) -> Option<Result<(i64, usize), i32>> {
         let s = self.sockets.get_mut(index as usize)?.as_mut()?;
-        let link = s.seg?;
+        let link = s.seg.as_deref().copied()?;
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
             if let Some(l) = &mut s.seg {
                 l.shut_wr = true;
@@ -504,7 +504,7 @@ impl Guest {
         if s.is_closing() {
             return None; // the usual path answers
         }
-        let link = s.seg?;
+        let link = s.seg.as_deref().copied()?;
         let fd = match self.option_fd(index) {
             Ok(fd) => fd,
             Err(e) => return Some(Err(e)),
@@ -567,7 +567,9 @@ impl Guest {
                 .retain(|l| !(l.conn == conn && l.handle == s.handle));
             return;
         }
-        let Some(link) = s.seg else { return };
+        let Some(link) = s.seg.as_deref().copied() else {
+            return;
+        };
         let rx_dir = 1 - link.side.min(1);
         let unread = sh.segments.get(&link.id).is_some_and(|r| {
             let h = r.read_u64(segment::head_offset(rx_dir));
@@ -597,7 +599,7 @@ impl Guest {
     /// Bytes sent and received on a short-circuited socket (from the segment's
     /// indices; guest-written, so statistics only).
     pub(crate) fn sc_bytes(&self, s: &HostSocket) -> Option<(u64, u64)> {
-        let link = s.seg?;
+        let link = s.seg.as_deref().copied()?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
         let tx = r.read_u64(segment::head_offset(link.side.min(1)))?;
@@ -607,7 +609,7 @@ impl Guest {
 
     /// Zone buffers a short-circuited socket with zones has posted (statistics only).
     pub(crate) fn sc_zone_sends(&self, s: &HostSocket) -> Option<u64> {
-        let link = s.seg?;
+        let link = s.seg.as_deref().copied()?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
         if r.zone_size == 0 {
@@ -666,7 +668,7 @@ impl Guest {
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return;
         };
-        let (Some(link), Some(sc)) = (s.seg, self.sc.as_ref()) else {
+        let (Some(link), Some(sc)) = (s.seg.as_deref().copied(), self.sc.as_ref()) else {
             return;
         };
         if let Some(r) = lock(sc).segments.get(&link.id) {

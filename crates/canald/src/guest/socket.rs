@@ -140,7 +140,8 @@ pub(crate) struct HostSocket {
     pub(crate) tx_bytes: u64,
     pub(crate) rx_bytes: u64,
     /// Short-circuited to another canal socket through a pair segment (§8).
-    pub(crate) seg: Option<SegLink>,
+    /// Boxed: most sockets are not short-circuited, and every slot has the field.
+    pub(crate) seg: Option<Box<SegLink>>,
     /// Its local address was seen bound (virtual RSS placement done once for it).
     pub(crate) named: bool,
     /// Its entry in its guest network's translation table (bound port, own client).
@@ -245,27 +246,32 @@ pub(crate) fn effective_backlog(backlog: i32) -> u32 {
 /// A host socket's kind with the state only that kind has (Firecracker's vsock
 /// `ConnState` is the model): a stream cannot have an accept queue, a listener no
 /// pending datagram.
+/// Boxed beyond a stream's (nothing): a held connection is a stream, and every socket
+/// slot of a guest's table is as large as the largest variant.
 pub(crate) enum KindState {
     Stream,
+    Dgram(Box<DgramState>),
+    Listener(Box<AcceptQueue>),
+}
+
+/// What only a datagram socket carries.
+#[derive(Default)]
+pub(crate) struct DgramState {
     /// A datagram received but not yet fitting in the rx ring: its payload and its
     /// record's address section (the source, then any control messages).
-    /// `local`: its part in datagrams between canal guests (`dgram_local`).
-    Dgram {
-        pending: Option<(Vec<u8>, Vec<u8>)>,
-        local: Box<crate::guest::dgram_local::Local>,
-    },
-    Listener(AcceptQueue),
+    pub(crate) pending: Option<(Vec<u8>, Vec<u8>)>,
+    /// Its part in datagrams between canal guests (`dgram_local`).
+    pub(crate) local: crate::guest::dgram_local::Local,
 }
 
 impl KindState {
     pub(crate) fn new(kind: Kind) -> KindState {
         match kind {
             Kind::Stream => KindState::Stream,
-            Kind::Dgram => KindState::Dgram {
-                pending: None,
-                local: Box::default(),
-            },
-            Kind::Listener => KindState::Listener(AcceptQueue::new(crate::sys::somaxconn())),
+            Kind::Dgram => KindState::Dgram(Box::default()),
+            Kind::Listener => {
+                KindState::Listener(Box::new(AcceptQueue::new(crate::sys::somaxconn())))
+            }
         }
     }
 }
@@ -318,7 +324,7 @@ impl HostSocket {
     pub(crate) fn kind(&self) -> Kind {
         match self.state {
             KindState::Stream => Kind::Stream,
-            KindState::Dgram { .. } => Kind::Dgram,
+            KindState::Dgram(_) => Kind::Dgram,
             KindState::Listener(_) => Kind::Listener,
         }
     }
@@ -341,7 +347,7 @@ impl HostSocket {
     /// A datagram socket's datagram waiting for room (None for other kinds).
     pub(crate) fn pending_dgram(&mut self) -> Option<&mut Option<(Vec<u8>, Vec<u8>)>> {
         match &mut self.state {
-            KindState::Dgram { pending, .. } => Some(pending),
+            KindState::Dgram(d) => Some(&mut d.pending),
             _ => None,
         }
     }
@@ -349,7 +355,7 @@ impl HostSocket {
     /// A datagram socket's part in datagrams between canal guests.
     pub(crate) fn dgram_local(&self) -> Option<&crate::guest::dgram_local::Local> {
         match &self.state {
-            KindState::Dgram { local, .. } => Some(local),
+            KindState::Dgram(d) => Some(&d.local),
             _ => None,
         }
     }
@@ -359,14 +365,14 @@ impl HostSocket {
         &mut self,
     ) -> Option<(u32, &OwnedFd, &mut crate::guest::dgram_local::Local)> {
         match (self.fd.as_ref(), &mut self.state) {
-            (Some(fd), KindState::Dgram { local, .. }) => Some((self.handle, fd, local)),
+            (Some(fd), KindState::Dgram(d)) => Some((self.handle, fd, &mut d.local)),
             _ => None,
         }
     }
 
     pub(crate) fn dgram_local_mut(&mut self) -> Option<&mut crate::guest::dgram_local::Local> {
         match &mut self.state {
-            KindState::Dgram { local, .. } => Some(local),
+            KindState::Dgram(d) => Some(&mut d.local),
             _ => None,
         }
     }
@@ -463,6 +469,19 @@ pub(crate) struct SegLink {
 #[cfg(test)]
 mod tests {
     use super::AcceptQueue;
+
+    /// Every slot of a guest's socket table is one HostSocket, for each of up to tens of
+    /// thousands of held connections (B13): what only some sockets need (a listener's
+    /// queue, a datagram's state, a network tie, a short-circuit link) is boxed. It was
+    /// 360 bytes before; this catches a large field added inline.
+    #[test]
+    fn a_socket_slot_stays_small() {
+        let size = std::mem::size_of::<Option<super::HostSocket>>();
+        assert!(
+            size <= 176,
+            "a socket slot is {size} bytes; box what only some sockets need"
+        );
+    }
 
     #[test]
     fn a_program_that_does_not_accept_leaves_its_queue_to_the_kernel() {
