@@ -577,7 +577,7 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
         "B13" => Experiment {
             id: "B13",
             title: "many connections held by one server",
-            measures: "RR p50 at 64 B on one connection while n idle ones are held (the size column is n), and memory per held connection: every process's PSS (client, server, canald) plus the kernel's slab (but /proc's inodes and their dentries) and TCP memory, after − before, / n",
+            measures: "RR p50 at 64 B on one connection while n idle ones are held (the size column is n), and memory per held connection: every process's PSS (client, server, canald) plus the kernel's slab (but /proc's inodes and their dentries, and TIME_WAIT sockets) and TCP memory, after − before, / n",
             target: "RR p50 with 10,000 idle connections ≤ 1.1× with none; memory per idle connection ≤ the kernel's",
             cells: cells(plan, &[Hold], &pick(&[0, 300], &[0, 1000, 10000]), &[1], &["default"], &TCP_PLACEMENTS),
             unavailable: None,

@@ -359,13 +359,20 @@ pub(crate) fn kib_field(path: &str, key: &str) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// The kernel's memory for sockets, in bytes: all slab (socket, inode, file and dentry
-/// objects live there) but /proc's inodes and their dentries (`proc_slab_bytes`), and
-/// TCP buffer pages (/proc/net/sockstat). System-wide: sample it around a change, not
-/// as an absolute.
+/// The kernel's memory for sockets, in bytes: every live slab object (socket, inode,
+/// file and dentry objects live there) but what held connections do not allocate
+/// (`unrelated_slab_bytes`),
+/// and TCP buffer pages (/proc/net/sockstat). System-wide: sample it around a change,
+/// not as an absolute.
 pub(crate) fn kernel_socket_bytes() -> u64 {
-    let slab = kib_field("/proc/meminfo", "Slab:").unwrap_or(0) * 1024;
-    let slab = slab.saturating_sub(proc_slab_bytes().unwrap_or(0));
+    // Objects, not pages: the slab returns a freed object's page when it likes, so an
+    // earlier cell's closed connections moved Slab (meminfo) by up to ±5 KiB per
+    // connection of the next one; their objects are gone at once.
+    let slab = match std::fs::read_to_string("/proc/slabinfo") {
+        Ok(t) => slab_object_bytes(&t).saturating_sub(unrelated_slab_bytes(&t)),
+        // Not root: every slab page.
+        Err(_) => kib_field("/proc/meminfo", "Slab:").unwrap_or(0) * 1024,
+    };
     let tcp_pages = std::fs::read_to_string("/proc/net/sockstat")
         .ok()
         .and_then(|s| {
@@ -378,24 +385,41 @@ pub(crate) fn kernel_socket_bytes() -> u64 {
     slab + tcp_pages * 4096
 }
 
-/// Slab held by /proc's inodes and (one each) their dentries. No socket allocates them,
-/// but a process that walks other processes' /proc/PID/fd does, one per descriptor it
-/// looks at — this sandbox's process manager does, so held connections' descriptors
-/// showed up as 0.4–2.0 KiB per connection natively and under canal alike, in whichever
-/// run the walk fell (B13, 2026-11-28). None if /proc/slabinfo cannot be read (not root).
-fn proc_slab_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/slabinfo").ok()?;
+/// The bytes of every live slab object (active objects × object size, each cache).
+fn slab_object_bytes(slabinfo: &str) -> u64 {
+    slabinfo
+        .lines()
+        .filter(|l| !l.starts_with("slabinfo") && !l.starts_with('#'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some(f.get(1)?.parse::<u64>().ok()? * f.get(3)?.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+/// Slab that sockets held open do not allocate, but that changes while they are
+/// counted (B13, 2026-11-28), from /proc/slabinfo's text:
+/// - /proc's inodes and (one each) their dentries: a process that walks other
+///   processes' /proc/PID/fd makes one per descriptor it looks at — this sandbox's
+///   process manager does, so held connections' descriptors showed up as 0.4–2.0 KiB
+///   per connection natively and under canal alike, in whichever run the walk fell;
+/// - TIME_WAIT sockets: an earlier cell's closed connections expire 60 s later, in
+///   whichever cell's window that falls (10,000 of them made one cell's memory per
+///   connection negative).
+fn unrelated_slab_bytes(slabinfo: &str) -> u64 {
     // name active_objs num_objs objsize ...
     let cache = |name: &str| -> Option<(u64, u64)> {
-        let line = text
+        let line = slabinfo
             .lines()
             .find(|l| l.split_whitespace().next() == Some(name))?;
         let f: Vec<&str> = line.split_whitespace().collect();
         Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
     };
-    let (inodes, inode_size) = cache("proc_inode_cache")?;
-    let dentry_size = cache("dentry").map_or(0, |(_, s)| s);
-    Some(inodes * (inode_size + dentry_size))
+    let bytes = |name: &str| cache(name).map_or(0, |(n, size)| n * size);
+    let proc_inodes = cache("proc_inode_cache").map_or(0, |(n, size)| {
+        n * (size + cache("dentry").map_or(0, |(_, s)| s))
+    });
+    proc_inodes + bytes("tw_sock_TCP") + bytes("tw_sock_TCPv6")
 }
 
 /// CPU seconds a live process has used, all its threads: the sum of the per-thread
@@ -458,24 +482,41 @@ mod tests {
     /// walk of /proc/self/fd grows them; without slabinfo nothing is subtracted.
     #[test]
     fn proc_inodes_are_measured() {
-        let Some(before) = proc_slab_bytes() else {
-            assert!(std::fs::read_to_string("/proc/slabinfo").is_err());
+        let Ok(before) = std::fs::read_to_string("/proc/slabinfo") else {
             eprintln!("skipped: /proc/slabinfo is not readable here");
             return;
         };
-        assert!(
-            before > 0,
-            "proc_inode_cache has objects while /proc is in use"
-        );
         let held: Vec<std::fs::File> = (0..500)
             .map(|_| std::fs::File::open("/dev/null").unwrap())
             .collect();
         let walked = std::fs::read_dir("/proc/self/fd").unwrap().count();
         assert!(walked >= held.len());
-        let after = proc_slab_bytes().unwrap();
+        let after = std::fs::read_to_string("/proc/slabinfo").unwrap();
+        let (before, after) = (unrelated_slab_bytes(&before), unrelated_slab_bytes(&after));
         assert!(
             after > before,
             "{before} -> {after} after walking {walked} descriptors"
+        );
+    }
+
+    /// The caches left out of the kernel's share, read from slabinfo's columns.
+    #[test]
+    fn unrelated_slab_is_read_from_slabinfo() {
+        let text = "slabinfo - version: 2.1\n\
+            # name <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab>\n\
+            tw_sock_TCPv6          2     32    248   16    1 : tunables 0 0 0\n\
+            tw_sock_TCP         1000   1024    248   16    1 : tunables 0 0 0\n\
+            TCP                 9000   9010   2432   13    8 : tunables 0 0 0\n\
+            proc_inode_cache     100    120    720   22    4 : tunables 0 0 0\n\
+            dentry              5000   5100    192   21    1 : tunables 0 0 0\n";
+        assert_eq!(
+            unrelated_slab_bytes(text),
+            2 * 248 + 1000 * 248 + 100 * (720 + 192)
+        );
+        assert_eq!(unrelated_slab_bytes("TCP 1 1 2432 13 8\n"), 0);
+        assert_eq!(
+            slab_object_bytes(text),
+            2 * 248 + 1000 * 248 + 9000 * 2432 + 100 * 720 + 5000 * 192
         );
     }
 

@@ -62,7 +62,7 @@ pub(crate) fn b13(t: &mut Table, cells: &[Cell], sys: &[Col]) -> String {
     .filter(|r| r.size > 0)
     .collect();
     s += &t.render(
-        "Memory per idle connection: PSS of client, server and canald plus the kernel's slab (but /proc's inodes) and TCP pages",
+        "Memory per idle connection: PSS of client, server and canald plus the kernel's slab (but /proc's inodes and TIME_WAIT sockets) and TCP pages",
         "KiB",
         &mem,
         sys,
