@@ -119,8 +119,10 @@ def test_nginx_static(request, mode, listener, tmp_path):
     argv = [curl, "-sS", "--fail", "--max-time", "30"]
     for name in hashes:
         argv += ["-o", str(dl / name), f"{base}/{name}"]
-    r = client_run.run(argv, timeout=60, name="curl")
+    with compat_util.CanalSampler(request, mode) as sampler:
+        r = client_run.run(argv, timeout=60, name="curl")
     assert r.returncode == 0, f"curl failed\n{r.describe()}"
+    sampler.require_peer_port(port, "curl", program=curl)
     bad = {n: (e2e_util.sha256_file(dl / n) if (dl / n).exists() else "missing", h)
            for n, h in hashes.items() if not (dl / n).exists() or e2e_util.sha256_file(dl / n) != h}
     assert not bad, f"downloaded files differ from the served ones (got, want): {bad}"

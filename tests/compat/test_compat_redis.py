@@ -85,9 +85,10 @@ def test_redis(request, mode, tmp_path):
     value = random.Random(3).randbytes(1 << 20)
     src = tmp_path / "value.bin"
     src.write_bytes(value)
-    with open(src, "rb") as stdin:
+    with open(src, "rb") as stdin, compat_util.CanalSampler(request, mode) as sampler:
         r = client_run.run([cli, "-h", "127.0.0.1", "-p", port, "-x", "SET", "big"], timeout=30, name="redis-cli-set", stdin=stdin)
     assert r.returncode == 0 and r.stdout.strip() == "OK", f"redis-cli SET failed\n{r.describe()}"
+    sampler.require_peer_port(port, "redis-cli", program=cli)
     stored = _redis(port, "GET", "big")
     assert stored == value, f"the server stored {len(stored or b'')} bytes, not the 1 MiB sent (or different bytes)"
     p = client_run.spawn([cli, "-h", "127.0.0.1", "-p", port, "--raw", "GET", "big"], name="redis-cli-get")
