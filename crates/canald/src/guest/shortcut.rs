@@ -447,7 +447,7 @@ impl Guest {
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return;
         };
-        let (Some(link), Some(sc)) = (s.seg.as_deref().copied(), self.sc.as_ref()) else {
+        let (Some(link), Some(sc)) = (s.link(), self.sc.as_ref()) else {
             return;
         };
         lock(sc).post_from(
@@ -466,7 +466,7 @@ impl Guest {
         how: i32,
     ) -> Option<Result<(i64, usize), i32>> {
         let s = self.sockets.get_mut(index as usize)?.as_mut()?;
-        let link = s.seg.as_deref().copied()?;
+        let link = s.link()?;
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
             if let Some(l) = &mut s.seg {
                 l.shut_wr = true;
@@ -504,7 +504,7 @@ impl Guest {
         if s.is_closing() {
             return None; // the usual path answers
         }
-        let link = s.seg.as_deref().copied()?;
+        let link = s.link()?;
         let fd = match self.option_fd(index) {
             Ok(fd) => fd,
             Err(e) => return Some(Err(e)),
@@ -567,7 +567,7 @@ impl Guest {
                 .retain(|l| !(l.conn == conn && l.handle == s.handle));
             return;
         }
-        let Some(link) = s.seg.as_deref().copied() else {
+        let Some(link) = s.link() else {
             return;
         };
         let rx_dir = 1 - link.side.min(1);
@@ -599,7 +599,7 @@ impl Guest {
     /// Bytes sent and received on a short-circuited socket (from the segment's
     /// indices; guest-written, so statistics only).
     pub(crate) fn sc_bytes(&self, s: &HostSocket) -> Option<(u64, u64)> {
-        let link = s.seg.as_deref().copied()?;
+        let link = s.link()?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
         let tx = r.read_u64(segment::head_offset(link.side.min(1)))?;
@@ -609,7 +609,7 @@ impl Guest {
 
     /// Zone buffers a short-circuited socket with zones has posted (statistics only).
     pub(crate) fn sc_zone_sends(&self, s: &HostSocket) -> Option<u64> {
-        let link = s.seg.as_deref().copied()?;
+        let link = s.link()?;
         let sh = lock(self.sc.as_ref()?);
         let r = sh.segments.get(&link.id)?;
         if r.zone_size == 0 {
@@ -668,7 +668,7 @@ impl Guest {
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return;
         };
-        let (Some(link), Some(sc)) = (s.seg.as_deref().copied(), self.sc.as_ref()) else {
+        let (Some(link), Some(sc)) = (s.link(), self.sc.as_ref()) else {
             return;
         };
         if let Some(r) = lock(sc).segments.get(&link.id) {

@@ -370,6 +370,11 @@ impl HostSocket {
         }
     }
 
+    /// A copy of its short-circuit link (§8), if it has one.
+    pub(crate) fn link(&self) -> Option<SegLink> {
+        self.seg.as_deref().copied()
+    }
+
     pub(crate) fn dgram_local_mut(&mut self) -> Option<&mut crate::guest::dgram_local::Local> {
         match &mut self.state {
             KindState::Dgram(d) => Some(&mut d.local),
