@@ -163,7 +163,7 @@ class CanalSampler:
         self.seen = []  # (comm, kind, local, peer)
         self.samples = 0
         self.errors = []
-        # Where canald's log stood when the client started (see freed_clients).
+        # Where canald's log stood when the client started (see freed_guests).
         self.log_from = len(self.canald.proc.stderr()) if self.active and self.canald.proc else 0
         self._stop = threading.Event()
         self._thread = None
@@ -198,8 +198,7 @@ class CanalSampler:
             return
         hits = [s for s in self.seen if kind_is(s[1], "tcp") and s[3].endswith(f":{port}")]
         # The server's end of a short-circuited connection proves it too: canald pairs
-        # only two canal sockets (protocol §8). A client done in a tenth of a second
-        # (redis-benchmark on a fast host: 2 samples) may be sampled only from there.
+        # only two canal sockets (protocol §8).
         hits += [s for s in self.seen if s[1] == "tcp-shortcut" and s[2].endswith(f":{port}")]
         if hits:
             return
@@ -213,8 +212,8 @@ class CanalSampler:
         freed = []
         if comm:
             try:
-                e2e_util.wait_for(lambda: freed.extend(self.freed_guests(comm)) or freed, 5,
-                                  what=f"canald to log that it freed a {comm} guest")
+                freed = e2e_util.wait_for(lambda: self.freed_guests(comm), 5,
+                                          what=f"canald to log that it freed a {comm} guest")
             except AssertionError:
                 pass
         assert freed, (
