@@ -310,7 +310,9 @@ impl Guest {
             Cmd::Connect(a) => {
                 let a = self.connect_dest(&view, index, &a)?.addr;
                 if let Some(r) = self.sc_try_connect(index, &a) {
-                    return self.answer_names(&view, index, r, out);
+                    // Held: `answer_held` adds the names once the pair exists (asking
+                    // the host socket now costs two system calls for nothing).
+                    return r;
                 }
                 let r = self.op_connect(index, &a);
                 if r.is_ok() {

@@ -140,18 +140,15 @@ impl Guest {
         let fd = s.fd.as_ref()?;
         // Reserve a real local address (an ephemeral port unless the guest bound
         // one) so both ends' names are real and cannot collide with kernel sockets.
-        let mut local = sys::sockname(fd).ok()?;
-        if local.port == 0 {
-            let mut a = *dst;
-            if is_unspecified(&a) {
-                a = loopback(a.family);
-            }
-            a.port = 0;
-            if sys::bind(fd, &a).is_err() {
-                return None; // the kernel's connect will say what is wrong
-            }
-            local = sys::sockname(fd).ok()?;
+        // The bind is tried first: a bound socket refuses it (EINVAL) and keeps its
+        // name, so one getsockname serves both cases.
+        let mut a = *dst;
+        if is_unspecified(&a) {
+            a = loopback(a.family);
         }
+        a.port = 0;
+        let _ = sys::bind(fd, &a);
+        let local = sys::sockname(fd).ok().filter(|l| l.port != 0)?;
         // The listener may have gone meanwhile: then the kernel's connect answers
         // (from the address reserved above, as its own autobind would have).
         let l = lock(&sc).find_listener(dst, &local)?;
