@@ -167,23 +167,21 @@ impl Guest {
         };
         let gen = self.generations[index as usize];
         let handle = make_handle(index, gen as u32);
-        let tok = token::make(token::SOCKET, self.conn, gen, index as u16);
-        let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
-        if let Err(e) = ep.add(fd.as_raw_fd(), ev, tok) {
-            self.alloc.free(tx_off, size);
-            self.alloc.free(rx_off, size);
-            self.entries.give(index);
-            return Err(sys::errno_of(&e));
+        // An unconnected stream (a fresh socket, a spare) has no events canald needs
+        // until it connects or listens; a short-circuited one never has.
+        let polled = !(kind == Kind::Stream && phase == Phase::Open);
+        if polled {
+            if let Err(e) = watch_host(ep, &fd, self.conn, gen, index, kind) {
+                self.alloc.free(tx_off, size);
+                self.alloc.free(rx_off, size);
+                self.entries.give(index);
+                return Err(e);
+            }
         }
         let flags = match phase {
             Phase::Connected => sock_flag::CONNECTED,
             _ => 0,
         };
-        if kind == Kind::Stream {
-            // Until an orderly close clears it: canald's death must reset the
-            // connection, not end it cleanly with the guest's bytes still in the ring.
-            let _ = sys::set_abortive_close(&fd, true);
-        }
         let e = self.entry(index);
         // Guest line: a fresh entry starts with empty rings and no guest state.
         e.reset_guest_line();
@@ -213,17 +211,16 @@ impl Guest {
             idx: 0,
             seen: 0,
         };
-        self.put_socket(
-            index,
-            HostSocket::new(
-                handle,
-                KindState::new(kind),
-                family,
-                Some(fd),
-                (phase, flags),
-                (ring(tx_off), ring(rx_off)),
-            ),
+        let mut s = HostSocket::new(
+            handle,
+            KindState::new(kind),
+            family,
+            Some(fd),
+            (phase, flags),
+            (ring(tx_off), ring(rx_off)),
         );
+        s.polled = polled;
+        self.put_socket(index, s);
         self.set_owned(index, true);
         Ok(handle)
     }
@@ -256,7 +253,12 @@ impl Guest {
         self.install(ep, fd, kind, domain as u16, Phase::Open)
     }
 
-    pub(crate) fn op_listen(&mut self, index: u32, backlog: i32) -> Result<(i64, usize), i32> {
+    pub(crate) fn op_listen(
+        &mut self,
+        ep: &Epoll,
+        index: u32,
+        backlog: i32,
+    ) -> Result<(i64, usize), i32> {
         // Options set on the stream before listen (§3.4 `options`, no request) are the
         // listener's: on the host socket before the first connection can arrive.
         self.sync_kept_options(index);
@@ -272,6 +274,9 @@ impl Guest {
         let eff = effective_backlog(backlog);
         let held = s.accepts().map_or(0, AcceptQueue::held);
         let host = AcceptQueue::host_backlog(eff, held, 0);
+        // A listener's connections arrive as events.
+        self.poll_host(ep, index)?;
+        let s = self.live(index)?;
         sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
         match s.accepts_mut() {
             Some(q) => (q.backlog, q.host_backlog) = (eff, host),
@@ -329,7 +334,12 @@ impl Guest {
         Ok((0, 0))
     }
 
-    pub(crate) fn op_connect(&mut self, index: u32, a: &CanalAddr) -> Result<(i64, usize), i32> {
+    pub(crate) fn op_connect(
+        &mut self,
+        ep: &Epoll,
+        index: u32,
+        a: &CanalAddr,
+    ) -> Result<(i64, usize), i32> {
         let s = self.live(index)?;
         match (s.kind(), s.phase) {
             (Kind::Listener, _) => return Err(errno::EISCONN),
@@ -338,6 +348,9 @@ impl Guest {
             (_, Phase::Broken) => return Err(errno::EIO),
             _ => {}
         }
+        // The handshake's completion comes as an event.
+        self.poll_host(ep, index)?;
+        let s = self.live(index)?;
         let kind = s.kind();
         let r = sys::connect(fd_of(s)?, a);
         match r {
@@ -542,9 +555,10 @@ impl Guest {
         if let Some(p) = s.pending_dgram() {
             *p = None;
         }
-        if let Some(fd) = s.fd.take() {
+        if let Some(fd) = s.fd.take().filter(|_| s.polled) {
             ep.delete(fd.as_raw_fd());
         }
+        s.polled = false;
         s.net = Default::default(); // the address went with the descriptor
         self.set_error(
             index,
@@ -565,8 +579,9 @@ impl Guest {
         self.freed_bytes.0 = self.freed_bytes.0.wrapping_add(tx);
         self.freed_bytes.1 = self.freed_bytes.1.wrapping_add(rx);
         // A short-circuited socket's host socket is only bound (connector) or plain
-        // (accepted end), out of epoll since the pairing: closing it sends nothing.
-        if let Some(fd) = s.fd.as_ref().filter(|_| s.seg.is_none()) {
+        // (accepted end), out of epoll: closing it sends nothing. So is a stream that
+        // never connected or listened.
+        if let Some(fd) = s.fd.as_ref().filter(|_| s.seg.is_none() && s.polled) {
             ep.delete(fd.as_raw_fd());
             // Host streams are abortive ({1, 0}) while canald drives them, so canald's
             // death resets them; an orderly close clears that first. Neither blocks.
@@ -622,6 +637,40 @@ impl Guest {
         let sending = s.phase == Phase::Connected && s.flags & sock_flag::TX_CLOSED == 0;
         sending && self.tx_avail(index).map_or(true, |q| q > 0)
     }
+
+    /// Puts socket `index`'s host socket in the worker's epoll if it is not yet (an
+    /// unconnected stream, before it connects or listens).
+    pub(crate) fn poll_host(&mut self, ep: &Epoll, index: u32) -> Result<(), i32> {
+        let conn = self.conn;
+        let s = self.live(index)?;
+        if s.polled {
+            return Ok(());
+        }
+        watch_host(ep, fd_of(s)?, conn, s.generation(), index, s.kind())?;
+        s.polled = true;
+        Ok(())
+    }
+}
+
+/// Registers a guest socket's host socket in epoll (edge-triggered, every event);
+/// a stream's close becomes abortive until an orderly close clears it: canald's death
+/// must reset the connection, not end it cleanly with the guest's bytes in the ring.
+fn watch_host(
+    ep: &Epoll,
+    fd: &OwnedFd,
+    conn: u32,
+    gen: u16,
+    index: u32,
+    kind: Kind,
+) -> Result<(), i32> {
+    let tok = token::make(token::SOCKET, conn, gen, index as u16);
+    let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
+    ep.add(fd.as_raw_fd(), ev, tok)
+        .map_err(|e| sys::errno_of(&e))?;
+    if kind != Kind::Dgram {
+        let _ = sys::set_abortive_close(fd, true);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

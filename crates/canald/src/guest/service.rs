@@ -300,7 +300,7 @@ impl Guest {
                 Ok((0, 0))
             }
             Cmd::Listen(backlog) => {
-                let r = self.op_listen(index, backlog);
+                let r = self.op_listen(ep, index, backlog);
                 if r.is_ok() {
                     // Listeners spread by their local address (virtual RSS).
                     self.place(ep, index, None);
@@ -314,7 +314,7 @@ impl Guest {
                     // the host socket now costs two system calls for nothing).
                     return r;
                 }
-                let r = self.op_connect(index, &a);
+                let r = self.op_connect(ep, index, &a);
                 if r.is_ok() {
                     self.dl_register(index, Some(Some(a)));
                     // The flow is known: its owner serves it from now on.

@@ -388,9 +388,12 @@ impl Guest {
         s.rx.size = 0;
         s.phase = Phase::Connected;
         s.seg = Some(Box::new(link));
-        if let Some(fd) = &s.fd {
+        // A connector is not polled (it never connected on the host): this is for
+        // one that somehow was.
+        if let Some(fd) = s.fd.as_ref().filter(|_| s.polled) {
             ep.delete(fd.as_raw_fd());
         }
+        s.polled = false;
         // A connecting stream moves no bytes: unless the guest's producer index says
         // otherwise, its rings are as clean as when they were last punched.
         let e = self.entry(index);
@@ -421,7 +424,7 @@ impl Guest {
             }
             s.phase = Phase::Open;
         }
-        match self.op_connect(index, dst) {
+        match self.op_connect(ep, index, dst) {
             Ok(_) => {
                 self.wake_event_sleepers();
                 // A kernel connection after all: its flow's owner serves it.

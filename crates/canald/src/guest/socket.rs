@@ -155,6 +155,10 @@ pub(crate) struct HostSocket {
     /// In a network's view: the guest named the resolver (10.0.2.3) as a destination,
     /// so the resolver's host address is 10.0.2.3:53 to it (`NetView::peer`).
     pub(crate) via_resolver: bool,
+    /// Its host socket is in the worker's epoll (and, a stream, closes abortively while
+    /// canald drives it). An unconnected stream is not, until it connects or listens
+    /// (`Guest::poll_host`): a short-circuited connector never needs either.
+    pub(crate) polled: bool,
 }
 
 /// A listener's accept queue as canald sees it.
@@ -310,6 +314,7 @@ impl HostSocket {
             applied_opts: 0,
             v6only: false,
             via_resolver: false,
+            polled: false,
         }
     }
 

@@ -234,7 +234,7 @@ impl Guest {
         let Some(mut s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
             return;
         };
-        if let Some(fd) = &s.fd {
+        if let Some(fd) = s.fd.as_ref().filter(|_| s.polled) {
             ep.delete(fd.as_raw_fd());
         }
         s.dirty = false;
@@ -263,11 +263,12 @@ impl Guest {
             s.generation(),
             index as u16,
         );
-        if let Some(fd) = &s.fd {
+        if let Some(fd) = s.fd.as_ref().filter(|_| s.polled) {
             let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
             if ep.add(fd.as_raw_fd(), ev, tok).is_err() {
                 // Out of epoll memory: the socket cannot be served; report it broken.
                 s.fd = None;
+                s.polled = false;
                 s.net = Default::default();
                 s.phase = crate::guest::socket::Phase::Broken;
             }
