@@ -99,7 +99,10 @@ fn a_head_moved_past_the_tail_stops_spares_only() {
 fn polled_host_sockets(d: &TestDaemon) -> usize {
     let pid = d.child.id();
     let mut n = 0;
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
         let is_epoll = std::fs::read_link(e.path())
             .is_ok_and(|t| t.to_string_lossy() == "anon_inode:[eventpoll]");
         if is_epoll {
@@ -124,7 +127,11 @@ fn unconnected_streams_stay_out_of_canalds_epoll() {
     let base = polled_host_sockets(&d);
     let made: Vec<u32> = (0..8).map(|_| g.socket(2, 1)).collect();
     nudge(&mut g);
-    assert_eq!(polled_host_sockets(&d), base, "8 fresh streams and 4 spares");
+    assert_eq!(
+        polled_host_sockets(&d),
+        base,
+        "8 fresh streams and 4 spares"
+    );
     // A listener is polled: its connections arrive as events.
     let l = made[0];
     assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);

@@ -12,6 +12,7 @@ use canal_abi::sync::Ordering;
 use canal_abi::Slot;
 use core::cell::Cell;
 use core::sync::atomic::AtomicI32;
+use core::sync::atomic::AtomicI64;
 use libc::c_int;
 
 /// The calling thread's slot, if it holds one.
@@ -37,12 +38,59 @@ struct ThreadSlot {
 /// How long a thread that could not keep a slot borrows before it looks again.
 const BIND_RETRY_NS: i64 = 50_000_000;
 
+/// Process-wide: until when (monotonic ns) every keepable slot was last found kept.
+/// One thread's failed look tells the others, until a kept slot is released: each
+/// look reads every keepable slot, and thousands of threads beyond the slots looked
+/// every BIND_RETRY_NS each.
+static KEPT_UNTIL: AtomicI64 = AtomicI64::new(0);
+
+/// Process-wide: when the next look for kept slots of dead threads may be made. It
+/// asks the kernel whether each owner lives (kill(tid, 0)): with 4,000 threads beyond
+/// the slots each asking about 1,536 owners every 50 ms, those calls were half of all
+/// CPU samples and the run took 2-4x its native time (2026-11-28).
+static TAKEOVER_AT: AtomicI64 = AtomicI64::new(0);
+
+/// At most one look for dead owners' slots per process this often.
+const TAKEOVER_EVERY_NS: i64 = 1_000_000_000;
+
+/// Whether this look may take over dead owners' slots (one thread per interval).
+fn takeover_turn(now: i64) -> bool {
+    let at = TAKEOVER_AT.load(Ordering::Relaxed);
+    now >= at
+        && TAKEOVER_AT
+            .compare_exchange(
+                at,
+                now + TAKEOVER_EVERY_NS,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+}
+
+/// A kept slot was released (or this is a new process): threads that borrow may keep
+/// one again at once.
+fn kept_slot_released() {
+    KEPT_UNTIL.store(0, Ordering::Relaxed);
+}
+
+/// Whether a thread without a kept slot looks for one now (`retry_at`: its own next
+/// look).
+fn worth_a_look(now: i64, retry_at: i64) -> bool {
+    now >= retry_at && now >= KEPT_UNTIL.load(Ordering::Relaxed)
+}
+
+/// A look at `now` found every keepable slot kept.
+fn found_all_kept(now: i64) {
+    KEPT_UNTIL.store(now + BIND_RETRY_NS, Ordering::Relaxed);
+}
+
 impl Drop for ThreadSlot {
     fn drop(&mut self) {
         let idx = self.idx.replace(NO_SLOT);
         if idx != NO_SLOT {
             if let Some(g) = guest() {
                 release_slot(g, idx, slot_efd(idx));
+                kept_slot_released();
             }
         }
     }
@@ -139,9 +187,10 @@ fn bindable(n: u32) -> u32 {
     }
 }
 
-/// A free slot among the first `limit`; with `takeover`, also an idle one whose owner
-/// thread is gone (one liveness check per idle slot: not for every borrow).
-fn claim_slot(g: &Guest, limit: u32, takeover: bool) -> Result<u32, i32> {
+/// A free slot among the first `limit`. `kept` (a thread's own slot): the lowest
+/// free, and if none is, in this process's turn (`takeover_turn`), an idle one whose
+/// owner thread is gone (one liveness check per idle slot: not for every borrow).
+fn claim_slot(g: &Guest, limit: u32, kept: bool) -> Result<u32, i32> {
     let n = g.region.layout().slot_count.min(limit);
     if n == 0 {
         return Err(libc::EAGAIN);
@@ -150,8 +199,11 @@ fn claim_slot(g: &Guest, limit: u32, takeover: bool) -> Result<u32, i32> {
     // A thread's own slot: the lowest free, so the slots that can hold a sleeper stay
     // below `slots_used` and canald's scan for sleepers stays short. A borrowed one
     // (never a sleeper): anywhere, spread by thread.
-    let start = if takeover { 0 } else { tid % n };
-    for pass in 0..(1 + takeover as u32) {
+    let start = if kept { 0 } else { tid % n };
+    for pass in 0..(1 + kept as u32) {
+        if pass == 1 && !takeover_turn(sys::now_ns()) {
+            break;
+        }
         for i in 0..n {
             let idx = (start + i) % n;
             let Some(s) = g.region.slot(idx) else {
@@ -253,7 +305,7 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
 fn bind_thread_slot(g: &Guest, s: &ThreadSlot) -> Result<(u32, c_int), i32> {
     if s.idx.get() == NO_SLOT {
         let now = sys::now_ns();
-        if now < s.retry_at.get() {
+        if !worth_a_look(now, s.retry_at.get()) {
             return Err(libc::EAGAIN);
         }
         match claim_for_thread(g) {
@@ -261,6 +313,7 @@ fn bind_thread_slot(g: &Guest, s: &ThreadSlot) -> Result<(u32, c_int), i32> {
             Err(e) => {
                 if e == libc::EAGAIN {
                     s.retry_at.set(now + BIND_RETRY_NS);
+                    found_all_kept(now);
                 }
                 return Err(e);
             }
@@ -310,6 +363,8 @@ pub(crate) fn forget_in_child() {
     // The forking thread's slot belongs to the parent's thread: forget it (the child
     // claims its own on first use). The eventfd copy is closed; the region stays mapped.
     let _ = SLOT.try_with(|s| s.idx.set(NO_SLOT));
+    // The parent's threads kept the parent's slots; this process has kept none yet.
+    kept_slot_released();
     for a in SLOT_EFD.iter() {
         let efd = a.swap(-1, Ordering::Relaxed);
         if efd >= 0
@@ -320,5 +375,34 @@ pub(crate) fn forget_in_child() {
             TABLE.take(efd);
             let _ = sys::close(efd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Thousands of threads beyond the slots must not each scan the slots, nor each
+    /// ask the kernel about every owner: one look for dead owners per interval per
+    /// process, and one failed look holds the others off until a kept slot is freed.
+    #[test]
+    fn threads_beyond_the_slots_look_rarely() {
+        let t = 1_000_000_000_000_000; // beyond any turn taken by another test
+        assert!(takeover_turn(t));
+        assert!(
+            !takeover_turn(t + 1),
+            "a second thread in the same interval"
+        );
+        assert!(!takeover_turn(t + TAKEOVER_EVERY_NS - 1));
+        assert!(takeover_turn(t + TAKEOVER_EVERY_NS));
+
+        assert!(worth_a_look(t, 0));
+        found_all_kept(t);
+        assert!(!worth_a_look(t + 1, 0), "another thread's look just failed");
+        assert!(worth_a_look(t + BIND_RETRY_NS, 0));
+        assert!(!worth_a_look(t + 1, t + 2), "this thread's own next look");
+        found_all_kept(t);
+        kept_slot_released();
+        assert!(worth_a_look(t + 1, 0), "a kept slot was freed");
     }
 }
