@@ -78,6 +78,16 @@ impl Guest {
         view: &GuestView,
         index: u32,
     ) -> Option<(CanalAddr, CanalAddr)> {
+        self.final_names_knowing(view, index, None)
+    }
+
+    /// `final_names`, with the host peer when the caller has just read it.
+    fn final_names_knowing(
+        &self,
+        view: &GuestView,
+        index: u32,
+        host_peer: Option<CanalAddr>,
+    ) -> Option<(CanalAddr, CanalAddr)> {
         let s = self.sockets.get(index as usize)?.as_ref()?;
         if s.kind() != Kind::Stream {
             return None;
@@ -85,14 +95,14 @@ impl Guest {
         if let Some(l) = &s.seg {
             return Some(in_view(view, &l.local, &l.peer, s.via_resolver));
         }
-        host_names(view, s.fd.as_ref()?, None, s.via_resolver)
+        host_names(view, s.fd.as_ref()?, host_peer, s.via_resolver)
     }
 
     /// CONNECT's answer `r`, with the connector's names (local, peer) when they are
     /// final by then: a loopback connect has settled, a short-circuit was paired.
     /// They go with EINPROGRESS too (the guest's blocking connect waits on).
     pub(crate) fn answer_names(
-        &self,
+        &mut self,
         view: &GuestView,
         index: u32,
         r: Result<(i64, usize), i32>,
@@ -103,7 +113,13 @@ impl Guest {
             Err(e) if e == canal_abi::errno::EINPROGRESS => -(e as i64),
             other => return other,
         };
-        match self.final_names(view, index) {
+        // The peer the connect's settle check read, if it did (one getpeername less).
+        let known = self
+            .settled_peer
+            .take()
+            .filter(|&(i, _)| i == index)
+            .map(|(_, p)| p);
+        match self.final_names_knowing(view, index, known) {
             Some((l, p)) => {
                 out[..NAMES_SIZE].copy_from_slice(&canal_abi::names::encode(&l, &p));
                 Ok((result, NAMES_SIZE))

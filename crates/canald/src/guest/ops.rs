@@ -381,11 +381,24 @@ impl Guest {
                 // (the answer stays EINPROGRESS, as natively), so a blocking connect
                 // finds CONNECTED when it wakes instead of waiting for the next round's
                 // epoll event and a second wake-up.
-                if let Some(s) = self.sockets[index as usize].as_mut() {
-                    if s.fd.as_ref().is_some_and(sys::settled_now) {
-                        s.writable = true;
-                        self.finish_connect(index);
+                // One getpeername tells: it names the peer only once the connection
+                // is established, and the answer's names reuse it; a refused connect
+                // has its error already.
+                let settled = match self.sockets[index as usize]
+                    .as_ref()
+                    .and_then(|s| s.fd.as_ref())
+                {
+                    Some(fd) => sys::peername(fd).map_err(|_| sys::so_error(fd)),
+                    None => Err(0),
+                };
+                match settled {
+                    Ok(peer) => {
+                        self.connect_done(index);
+                        self.settled_peer = Some((index, peer));
                     }
+                    Err(0) => {}
+                    // (SO_ERROR is cleared by reading it: the error goes on from here.)
+                    Err(e) => self.connect_failed(index, e),
                 }
                 self.mark_dirty(index);
                 Ok((-(errno::EINPROGRESS as i64), 0))

@@ -264,6 +264,8 @@ impl Guest {
         req: &Request,
         out: &mut [u8; SLOT_PAYLOAD],
     ) -> Result<(i64, usize), i32> {
+        // Only this request's connect may leave its settle check's peer (for its answer).
+        self.settled_peer = None;
         if req.op == 0 || req.op > op::MAX {
             return Err(errno::ENOSYS);
         }

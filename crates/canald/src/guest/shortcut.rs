@@ -424,7 +424,9 @@ impl Guest {
             }
             s.phase = Phase::Open;
         }
-        match self.op_connect(ep, index, dst) {
+        let r = self.op_connect(ep, index, dst);
+        self.settled_peer = None; // no answer carries names here
+        match r {
             Ok(_) => {
                 self.wake_event_sleepers();
                 // A kernel connection after all: its flow's owner serves it.

@@ -151,20 +151,36 @@ impl Guest {
                 false
             }
             0 => {
-                // The writable edge that completed the connect is consumed here.
-                s.phase = Phase::Connected;
-                s.writable = true;
-                s.readable = true;
-                self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
+                self.connect_done(index);
                 true
             }
             e if e == libc::EINPROGRESS || e == libc::EALREADY => false,
             e => {
-                s.phase = Phase::Failed;
-                self.set_error(index, e, sock_flag::HUP, sock_flag::CONNECTING);
+                self.connect_failed(index, e);
                 true
             }
         }
+    }
+
+    /// A host connect in progress has failed with `e` (read from SO_ERROR, which
+    /// reading cleared).
+    pub(crate) fn connect_failed(&mut self, index: u32, e: i32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            s.phase = Phase::Failed;
+        }
+        self.set_error(index, e, sock_flag::HUP, sock_flag::CONNECTING);
+    }
+
+    /// A host connect in progress has completed without error.
+    pub(crate) fn connect_done(&mut self, index: u32) {
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            // The writable edge that completed the connect is consumed here; what
+            // arrived before it is read on the next pass.
+            s.phase = Phase::Connected;
+            s.writable = true;
+            s.readable = true;
+        }
+        self.set_flags(index, sock_flag::CONNECTED, sock_flag::CONNECTING);
     }
 
     pub(crate) fn service_stream(

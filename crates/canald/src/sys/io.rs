@@ -211,13 +211,6 @@ pub(crate) fn has_unread(fd: &OwnedFd) -> bool {
     n > 0
 }
 
-/// Whether `fd` reports POLLOUT or POLLERR/POLLHUP right now (no wait): a connect in
-/// progress that already ended, as a loopback handshake has before connect returns.
-pub(crate) fn settled_now(fd: &OwnedFd) -> bool {
-    use rustix::event::PollFlags;
-    poll_one(fd, PollFlags::OUT, 0).intersects(PollFlags::OUT | PollFlags::ERR | PollFlags::HUP)
-}
-
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
 /// a guest cannot hand it a pipe that blocks).
 pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
