@@ -456,3 +456,73 @@ def test_a_write_outside_the_hooks_is_an_error_not_a_loss(canald, python):
         e2e_util.wait_for(lambda: sink.ended, 10, what="the peer to see the end")
         end = sink.ended[0][1]
         assert end.startswith("error") and "reset" in end, f"the peer saw {end!r}"
+
+
+URGENT_READER = r"""
+import socket, sys, time
+if sys.argv[1] == "connect":
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+else:
+    srv = socket.create_server(("127.0.0.1", 0))
+    print("PORT", srv.getsockname()[1], flush=True)
+    s, _ = srv.accept()
+s.settimeout(0.2)
+print("CONNECTED", flush=True)
+time.sleep(1.5)  # the bulk and the urgent segment are queued by now
+got = bytearray(); t0 = time.monotonic()
+while time.monotonic() - t0 < 8:
+    try:
+        d = s.recv(1 << 20)
+    except socket.timeout:
+        continue
+    if not d:
+        break
+    got += d
+    if got.endswith(b"def"):
+        break
+print("GOT", len(got), bytes(got[-6:]).decode(), round(time.monotonic() - t0, 2), flush=True)
+"""
+
+
+def send_bulk_then_urgent(c, bulk):
+    """What the native peer sends: bulk bytes, then 'abc' + urgent '!' + 'def' in one
+    segment (corked), then it waits without sending more."""
+    c.sendall(b"x" * bulk)
+    time.sleep(0.5)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+    c.send(b"abc!", socket.MSG_OOB)
+    c.send(b"def")
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+    time.sleep(10)
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("guest", ["client", "server"])
+def test_urgent_data_from_a_native_peer_does_not_hold_back_the_rest(canald, python, guest):
+    """A native peer sends urgent data (MSG_OOB) in one segment with ordinary bytes
+    around it, while the guest's receive ring is nearly full. The kernel's read stops
+    at the urgent mark, so that read is short although bytes are still queued: canald
+    must not take it as the queue being empty (it did, and the bytes after the mark
+    waited for the peer's next send: seconds, or for ever). The urgent byte itself is
+    dropped from the stream, as natively without SO_OOBINLINE."""
+    bulk = 900 * 1024
+    if guest == "client":
+        srv = socket.create_server(("127.0.0.1", 0))
+
+        def serve():
+            c, _ = srv.accept()
+            with c:
+                send_bulk_then_urgent(c, bulk)
+
+        threading.Thread(target=serve, daemon=True).start()
+        p = canald.spawn([python, "-c", URGENT_READER, "connect", srv.getsockname()[1]],
+                         name="urgent")
+    else:
+        p = canald.spawn([python, "-c", URGENT_READER, "serve"], name="urgent")
+        port = int(p.wait_line("PORT", 20).split()[1])
+        c = socket.create_connection(("127.0.0.1", port))
+        threading.Thread(target=send_bulk_then_urgent, args=(c, bulk), daemon=True).start()
+    got = p.wait_line("GOT", 30).split()
+    # Held back, "def" would not come within the reader's 8 s (the peer waits 10).
+    assert got[1:3] == [str(bulk + 6), "abcdef"], p.describe()
+    assert p.finish(20).returncode == 0, p.describe()

@@ -677,8 +677,7 @@ fn watch_host(
     kind: Kind,
 ) -> Result<(), i32> {
     let tok = token::make(token::SOCKET, conn, gen, index as u16);
-    let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
-    ep.add(fd.as_raw_fd(), ev, tok)
+    ep.add(fd.as_raw_fd(), sys::EP_HOST_SOCKET, tok)
         .map_err(|e| sys::errno_of(&e))?;
     if kind != Kind::Dgram {
         let _ = sys::set_abortive_close(fd, true);

@@ -47,6 +47,10 @@ impl Guest {
         if events & (sys::EP_RDHUP | sys::EP_HUP) != 0 {
             s.rdhup = true;
         }
+        if events & sys::EP_PRI != 0 {
+            s.urgent = true;
+            s.readable = true;
+        }
         self.mark_dirty(index);
     }
 

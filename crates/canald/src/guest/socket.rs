@@ -127,6 +127,10 @@ pub(crate) struct HostSocket {
     pub(crate) readable: bool,
     pub(crate) writable: bool,
     pub(crate) rdhup: bool,
+    /// The peer sent urgent data (TCP MSG_OOB; canal carries none, the byte is dropped
+    /// from the stream as natively): a read stops at its mark, so from now on a short
+    /// read does not tell that the queue is empty.
+    pub(crate) urgent: bool,
     pub(crate) shut_wr_pending: bool,
     /// Some(deadline): the guest closed it; the host drains tx and resets the
     /// connection if the deadline passes with bytes queued. Every drained byte moves
@@ -302,6 +306,7 @@ impl HostSocket {
             readable: false,
             writable: false,
             rdhup: false,
+            urgent: false,
             shut_wr_pending: false,
             closing: None,
             linger: None,

@@ -294,7 +294,7 @@ impl Guest {
                 }
                 Ok(n) => {
                     // A read cut short by our own limit says nothing about the queue.
-                    let drained = (n as u64) < free && free < limit && !s.rdhup;
+                    let drained = (n as u64) < free && free < limit && !s.rdhup && !s.urgent;
                     if drained {
                         // epoll(7): a short read on a stream means the queue is empty;
                         // a new edge comes with new data (or the FIN, with RDHUP).

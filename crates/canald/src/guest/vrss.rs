@@ -264,8 +264,7 @@ impl Guest {
             index as u16,
         );
         if let Some(fd) = s.fd.as_ref().filter(|_| s.polled) {
-            let ev = sys::EP_IN | sys::EP_OUT | sys::EP_RDHUP | sys::EP_ET;
-            if ep.add(fd.as_raw_fd(), ev, tok).is_err() {
+            if ep.add(fd.as_raw_fd(), sys::EP_HOST_SOCKET, tok).is_err() {
                 // Out of epoll memory: the socket cannot be served; report it broken.
                 s.fd = None;
                 s.polled = false;

@@ -18,6 +18,12 @@ pub(crate) const EP_RDHUP: u32 = libc::EPOLLRDHUP as u32;
 
 pub(crate) const EP_ET: u32 = libc::EPOLLET as u32;
 
+pub(crate) const EP_PRI: u32 = libc::EPOLLPRI as u32;
+
+/// What canald watches on a guest's host socket: every event, edge-triggered; PRI
+/// tells urgent data (a read stops at its mark).
+pub(crate) const EP_HOST_SOCKET: u32 = EP_IN | EP_OUT | EP_RDHUP | EP_PRI | EP_ET;
+
 pub struct Epoll {
     fd: OwnedFd,
 }
