@@ -101,11 +101,14 @@ impl Guest {
     /// CONNECT's answer `r`, with the connector's names (local, peer) when they are
     /// final by then: a loopback connect has settled, a short-circuit was paired.
     /// They go with EINPROGRESS too (the guest's blocking connect waits on).
+    /// `host_peer`: the peer the connect's settle check read, if it did (one
+    /// getpeername less).
     pub(crate) fn answer_names(
-        &mut self,
+        &self,
         view: &GuestView,
         index: u32,
         r: Result<(i64, usize), i32>,
+        host_peer: Option<CanalAddr>,
         out: &mut [u8; SLOT_PAYLOAD],
     ) -> Result<(i64, usize), i32> {
         let result = match r {
@@ -113,13 +116,7 @@ impl Guest {
             Err(e) if e == canal_abi::errno::EINPROGRESS => -(e as i64),
             other => return other,
         };
-        // The peer the connect's settle check read, if it did (one getpeername less).
-        let known = self
-            .settled_peer
-            .take()
-            .filter(|&(i, _)| i == index)
-            .map(|(_, p)| p);
-        match self.final_names_knowing(view, index, known) {
+        match self.final_names_knowing(view, index, host_peer) {
             Some((l, p)) => {
                 out[..NAMES_SIZE].copy_from_slice(&canal_abi::names::encode(&l, &p));
                 Ok((result, NAMES_SIZE))

@@ -334,12 +334,15 @@ impl Guest {
         Ok((0, 0))
     }
 
+    /// CONNECT on a host socket: the answer's value (0, or -EINPROGRESS) and, when a
+    /// loopback handshake had settled already, the host peer it read (for the answer's
+    /// names).
     pub(crate) fn op_connect(
         &mut self,
         ep: &Epoll,
         index: u32,
         a: &CanalAddr,
-    ) -> Result<(i64, usize), i32> {
+    ) -> Result<(i64, Option<CanalAddr>), i32> {
         let s = self.live(index)?;
         match (s.kind(), s.phase) {
             (Kind::Listener, _) => return Err(errno::EISCONN),
@@ -364,7 +367,7 @@ impl Guest {
                     sock_flag::CONNECTING | sock_flag::ERROR | sock_flag::HUP,
                 );
                 self.mark_dirty(index);
-                Ok((0, 0))
+                Ok((0, None))
             }
             Err(e) if kind == Kind::Stream && e.raw_os_error() == Some(libc::EINPROGRESS) => {
                 s.phase = Phase::Connecting;
@@ -380,10 +383,9 @@ impl Guest {
                 // A loopback handshake has ended before connect returns: finish it now
                 // (the answer stays EINPROGRESS, as natively), so a blocking connect
                 // finds CONNECTED when it wakes instead of waiting for the next round's
-                // epoll event and a second wake-up.
-                // One getpeername tells: it names the peer only once the connection
-                // is established, and the answer's names reuse it; a refused connect
-                // has its error already.
+                // epoll event and a second wake-up. One getpeername tells: it names the
+                // peer only once the connection is established, and the answer's names
+                // reuse it; a refused connect has its error already.
                 let settled = match self.sockets[index as usize]
                     .as_ref()
                     .and_then(|s| s.fd.as_ref())
@@ -391,17 +393,20 @@ impl Guest {
                     Some(fd) => sys::peername(fd).map_err(|_| sys::so_error(fd)),
                     None => Err(0),
                 };
-                match settled {
+                let peer = match settled {
                     Ok(peer) => {
                         self.connect_done(index);
-                        self.settled_peer = Some((index, peer));
+                        Some(peer)
                     }
-                    Err(0) => {}
+                    Err(0) => None,
                     // (SO_ERROR is cleared by reading it: the error goes on from here.)
-                    Err(e) => self.connect_failed(index, e),
-                }
+                    Err(e) => {
+                        self.connect_failed(index, e);
+                        None
+                    }
+                };
                 self.mark_dirty(index);
-                Ok((-(errno::EINPROGRESS as i64), 0))
+                Ok((-(errno::EINPROGRESS as i64), peer))
             }
             Err(e) => Err(sys::errno_of(&e)),
         }

@@ -268,8 +268,6 @@ impl Guest {
         req: &Request,
         out: &mut [u8; SLOT_PAYLOAD],
     ) -> Result<(i64, usize), i32> {
-        // Only this request's connect may leave its settle check's peer (for its answer).
-        self.settled_peer = None;
         if req.op == 0 || req.op > op::MAX {
             return Err(errno::ENOSYS);
         }
@@ -320,13 +318,16 @@ impl Guest {
                     // the host socket now costs two system calls for nothing).
                     return r;
                 }
-                let r = self.op_connect(ep, index, &a);
+                let (r, peer) = match self.op_connect(ep, index, &a) {
+                    Ok((v, peer)) => (Ok((v, 0)), peer),
+                    Err(e) => (Err(e), None),
+                };
                 if r.is_ok() {
                     self.dl_register(index, Some(Some(a)));
                     // The flow is known: its owner serves it from now on.
                     self.place(ep, index, Some(&a));
                 }
-                self.answer_names(&view, index, r, out)
+                self.answer_names(&view, index, r, peer, out)
             }
             Cmd::Disconnect => {
                 let r = self.op_disconnect(index);

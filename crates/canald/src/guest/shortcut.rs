@@ -424,9 +424,7 @@ impl Guest {
             }
             s.phase = Phase::Open;
         }
-        let r = self.op_connect(ep, index, dst);
-        self.settled_peer = None; // no answer carries names here
-        match r {
+        match self.op_connect(ep, index, dst) {
             Ok(_) => {
                 self.wake_event_sleepers();
                 // A kernel connection after all: its flow's owner serves it.

@@ -80,9 +80,6 @@ pub(crate) struct Guest {
     pub(crate) held_answers: Vec<(u32, u32, i64, u32)>,
     /// Set by the request being executed when its answer is to be held so.
     pub(crate) hold_answer: bool,
-    /// The peer a host connect's settle check just read (socket index, host peer),
-    /// for the names in that CONNECT's answer (`answer_names` takes it).
-    pub(crate) settled_peer: Option<(u32, canal_abi::CanalAddr)>,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     pub(crate) earliest_close: Option<Instant>,
     /// Sockets this instance owns, one bit per entry index: it takes only their
@@ -216,7 +213,6 @@ impl Guest {
             sc: None,
             held_answers: Vec::new(),
             hold_answer: false,
-            settled_peer: None,
             earliest_close: None,
             owned: vec![0; n.div_ceil(64)],
             owned_words: 0,
