@@ -596,10 +596,10 @@ impl Guest {
         let (tx, rx) = self.sc_bytes(&s).unwrap_or((s.tx_bytes, s.rx_bytes));
         self.freed_bytes.0 = self.freed_bytes.0.wrapping_add(tx);
         self.freed_bytes.1 = self.freed_bytes.1.wrapping_add(rx);
-        // A short-circuited socket's host socket is only bound (connector) or plain
-        // (accepted end), out of epoll: closing it sends nothing. So is a stream that
-        // never connected or listened.
-        if let Some(fd) = s.fd.as_ref().filter(|_| s.seg.is_none() && s.polled) {
+        // A host socket out of epoll never carried a connection: a stream that never
+        // connected or listened, or a short-circuited one's (bound connector, plain
+        // accepted end; the pairing took it out). Closing it sends nothing.
+        if let Some(fd) = s.fd.as_ref().filter(|_| s.polled) {
             ep.delete(fd.as_raw_fd());
             // Host streams are abortive ({1, 0}) while canald drives them, so canald's
             // death resets them; an orderly close clears that first. Neither blocks.

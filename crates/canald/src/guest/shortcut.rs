@@ -388,8 +388,8 @@ impl Guest {
         s.rx.size = 0;
         s.phase = Phase::Connected;
         s.seg = Some(Box::new(link));
-        // A connector is not polled (it never connected on the host): this is for
-        // one that somehow was.
+        // A connector is polled only if it connected on the host before and was
+        // disconnected (connect to AF_UNSPEC): out of epoll now, whatever it was.
         if let Some(fd) = s.fd.as_ref().filter(|_| s.polled) {
             ep.delete(fd.as_raw_fd());
         }
