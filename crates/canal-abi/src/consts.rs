@@ -220,6 +220,11 @@ pub mod sock_flag {
     /// close of the guest's descriptors closes it (the kernel reports the WATCH end's
     /// hang-up), so a connected stream's close needs no CLOSE request.
     pub const WATCHED: u32 = 1 << 11;
+    /// (HOST_SOCKET) The host handed this socket's host socket to the guest, whose
+    /// program passed it on with SCM_RIGHTS: the host no longer serves it. A process
+    /// of the guest still holding a descriptor of it asks for the host socket too
+    /// (HOST_SOCKET again) and puts it in place of its descriptors before any call.
+    pub const HANDED_OVER: u32 = 1 << 12;
 }
 
 /// Linux errno values used in results (results are `-errno`). Both sides are Linux;

@@ -96,6 +96,16 @@ pub mod kind {
     pub const BELL_GET: u16 = 26;
     /// host → guest: body `arena: u32, tag: u32` (the request's).
     pub const BELL_OK: u16 = 27;
+    /// guest → host: body `handle: u32`, a listener or a stream not yet connected
+    /// that the guest's program passes with SCM_RIGHTS. canald takes the socket out of
+    /// its table (entry freed, queued connections reset) and gives its host socket to
+    /// the guest. Reply: HOST_SOCKET_OK, or ERROR (EBADF: no such socket;
+    /// EOPNOTSUPP: not a listener or unconnected stream, a guest with a network view
+    /// of its own, or an unconnected stream under a destination policy).
+    /// protocol.md §2.
+    pub const HOST_SOCKET: u16 = 28;
+    /// host → guest: body `handle: u32` (the request's) + SCM_RIGHTS [the host socket].
+    pub const HOST_SOCKET_OK: u16 = 29;
 }
 
 /// BELL_SET, BELL_GET and BELL_OK body bytes.

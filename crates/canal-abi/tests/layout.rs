@@ -410,6 +410,13 @@ fn arena_headers_say_their_layout() {
 }
 
 #[test]
+fn host_socket_wire_values() {
+    // protocol.md §2 (kinds 28, 29).
+    use canal_abi::control::kind;
+    assert_eq!((kind::HOST_SOCKET, kind::HOST_SOCKET_OK), (28, 29));
+}
+
+#[test]
 fn bell_wire_values() {
     // protocol.md §2 (kinds 25..27), §3 (feature bit 10), §8.8.
     use canal_abi::control::{hello_flag, kind, BELL_BODY};

@@ -48,6 +48,7 @@ impl Daemon {
             kind::SEGMENT | kind::ARENA => self.on_segment(key, k, body),
             kind::EVLOG => self.on_evlog(key, body),
             kind::BELL_SET | kind::BELL_GET => self.on_bell(key, k, body, fds),
+            kind::HOST_SOCKET => self.on_host_socket(key, body),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
@@ -391,6 +392,48 @@ impl Daemon {
                 }
             }
             true
+        }
+    }
+
+    /// HOST_SOCKET: the guest's program passes a listener or an unconnected stream to
+    /// another process; the guest gets the host socket and the entry is freed
+    /// (`guest::handover`). The socket may be served by another worker (virtual RSS):
+    /// that worker's share of the guest hands it over.
+    fn on_host_socket(&mut self, key: u32, body: &[u8]) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let Some(handle) = control::leading_u32(body) else {
+            return send_error(&conn.fd, errno::EINVAL, "short HOST_SOCKET").is_ok();
+        };
+        let Some(home) = conn.worker.and_then(|i| self.workers.get(i)) else {
+            return send_error(&conn.fd, errno::EINVAL, "HOST_SOCKET before HELLO").is_ok();
+        };
+        let mut r = Err((errno::EBADF, "no such guest"));
+        let mut away = None;
+        if let Some(g) = home.lock().guests.get_mut(&key) {
+            away = g.served_away(handle);
+            if away.is_none() {
+                r = g.hand_over(&home.ep, handle);
+            }
+        }
+        // The worker's next round wakes the socket's sleepers (HANDED_OVER is news).
+        home.poke();
+        if let Some(w) = away.and_then(|i| self.workers.get(i as usize)) {
+            if let Some(g) = w.lock().shadows.get_mut(&key) {
+                r = g.hand_over(&w.ep, handle);
+            }
+            w.poke();
+        }
+        match r {
+            Ok(fd) => send_msg(
+                &conn.fd,
+                kind::HOST_SOCKET_OK,
+                &handle.to_le_bytes(),
+                &[fd.as_raw_fd()],
+            )
+            .is_ok(),
+            Err((e, why)) => send_error(&conn.fd, e, why).is_ok(),
         }
     }
 

@@ -346,6 +346,9 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
                 },
                 state: if s.is_closing() || g.gone.is_some() {
                     "closing"
+                } else if s.flags & canal_abi::sock_flag::HANDED_OVER != 0 {
+                    // The program passed it on: a kernel socket of its own now.
+                    "handed-over"
                 } else {
                     match s.phase {
                         Phase::Open => "open",

@@ -1,5 +1,9 @@
-//! Handing an undecided socket to the kernel when its first address is excluded
-//! (`policy`): a kernel socket with the options set so far replaces the dummy descriptor.
+//! Canal sockets that become kernel sockets, at the same descriptor numbers:
+//! - an undecided socket whose first address is excluded (`policy`): a new kernel
+//!   socket with the options set so far;
+//! - a listener or an unconnected stream the program passes with SCM_RIGHTS: canald's
+//!   own host socket for it (control message HOST_SOCKET), since the receiving process
+//!   needs the socket itself and canald cannot share one entry between two guests.
 use crate::conn::guest::Guest;
 use crate::fdtable::TABLE;
 use crate::policy::with;
@@ -39,50 +43,119 @@ pub(crate) fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> 
         o.retain(|x| x.0 != h);
         mine
     });
-    let set = |level: c_int, name: c_int, v: &[u8]| {
-        // SAFETY: v is a readable buffer of v.len() bytes for the kernel to copy.
-        unsafe {
-            libc::syscall(
-                libc::SYS_setsockopt,
-                nfd as libc::c_long,
-                level as libc::c_long,
-                name as libc::c_long,
-                v.as_ptr(),
-                v.len() as libc::c_long,
-            )
-        }
-    };
     for (level, name, v) in &opts {
-        set(*level, *name, v);
-    }
-    for (name, ns) in [
-        (libc::SO_RCVTIMEO, s.e.rcvtimeo_ns.load(Ordering::Relaxed)),
-        (libc::SO_SNDTIMEO, s.e.sndtimeo_ns.load(Ordering::Relaxed)),
-    ] {
-        if ns != 0 {
-            set(
-                libc::SOL_SOCKET,
-                name,
-                &crate::sock::opts::ns_to_timeval(ns),
-            );
-        }
+        set_opt(nfd, *level, *name, v);
     }
     // The number stops being canal's before the kernel socket takes it, and no WATCH
     // is put there meanwhile (sock/watch.rs).
     let held = crate::sock::watch::hold();
-    TABLE.take(fd);
-    let r = sys::replace_fd(nfd, fd);
+    let r = install(&s, nfd, &[fd]);
     let _ = sys::close(nfd);
-    if let Err(e) = r {
-        let _ = TABLE.set_canal(fd, h);
-        return Err(e);
-    }
+    r?;
     drop(held);
-    crate::mux::epoll::move_to_kernel(fd);
     crate::sock::close::release(g, h);
     crate::rt::debug!(
         g,
         "canal: fd {fd} (handle {h:#x}) left to the kernel by CANAL_EXCLUDE\n"
     );
     Ok(())
+}
+
+/// Puts kernel socket `nfd` in place of canal socket `s` at each of `fds` (the library's
+/// timeouts carried over, epoll interest moved); `nfd` stays open. On an error the
+/// descriptors not yet replaced stay canal's.
+fn install(s: &Sock, nfd: c_int, fds: &[c_int]) -> Result<(), i32> {
+    for (name, ns) in [
+        (libc::SO_RCVTIMEO, s.e.rcvtimeo_ns.load(Ordering::Relaxed)),
+        (libc::SO_SNDTIMEO, s.e.sndtimeo_ns.load(Ordering::Relaxed)),
+    ] {
+        if ns != 0 {
+            set_opt(
+                nfd,
+                libc::SOL_SOCKET,
+                name,
+                &crate::sock::opts::ns_to_timeval(ns),
+            );
+        }
+    }
+    for &fd in fds {
+        TABLE.take(fd);
+        if let Err(e) = sys::replace_fd(nfd, fd) {
+            let _ = TABLE.set_canal(fd, s.handle);
+            return Err(e);
+        }
+        crate::mux::epoll::move_to_kernel(fd);
+    }
+    Ok(())
+}
+
+fn set_opt(fd: c_int, level: c_int, name: c_int, v: &[u8]) {
+    // SAFETY: v is a readable buffer of v.len() bytes for the kernel to copy.
+    unsafe {
+        libc::syscall(
+            libc::SYS_setsockopt,
+            fd as libc::c_long,
+            level as libc::c_long,
+            name as libc::c_long,
+            v.as_ptr(),
+            v.len() as libc::c_long,
+        )
+    };
+}
+
+/// SCM_RIGHTS of listener or unconnected stream `s`: canald hands its host socket over
+/// (HOST_SOCKET) and the kernel socket takes the place of every descriptor of it in this
+/// process, blocking mode and timeouts kept, so the receiver and this process share one
+/// kernel socket, as natively. canald marks the entry HANDED_OVER: another process of
+/// the guest that holds it (a forked child) follows at its next call (`follow`).
+pub(crate) fn pass_to_kernel(g: &'static Guest, s: Sock) -> Result<(), String> {
+    let h = s.handle;
+    let mut fds = Vec::new();
+    TABLE.for_each_canal(|fd, hd| {
+        if hd == h {
+            fds.push(fd);
+        }
+    });
+    let nonblocking = s.nonblocking();
+    let held = crate::sock::watch::hold();
+    let nfd = crate::conn::ctl::ctl_host_socket(g, h).map_err(|(e, why)| match e {
+        libc::ENOSYS => "canald is older than this library".to_string(),
+        _ => why,
+    })?;
+    let fl = if nonblocking { libc::O_NONBLOCK } else { 0 };
+    let _ = sys::fcntl_int(nfd, libc::F_SETFL, (libc::O_RDWR | fl) as libc::c_long);
+    let r = install(&s, nfd, &fds);
+    let _ = sys::close(nfd);
+    drop(held);
+    // The descriptors replaced were this process's references to the entry; the
+    // guest's last one closes it in canald (CLOSE, or its WATCH).
+    let replaced = match r {
+        Ok(()) => fds.len(),
+        Err(_) => fds
+            .iter()
+            .filter(|&&fd| TABLE.handle(fd) != Some(h))
+            .count(),
+    };
+    for _ in 0..replaced {
+        crate::sock::close::release(g, h);
+    }
+    crate::policy::forget(h);
+    crate::rt::debug!(
+        g,
+        "canal: handle {h:#x} passed on: now the kernel's socket\n"
+    );
+    r.map_err(|e| format!("its descriptors could not be replaced (errno {e})"))
+}
+
+/// A call on socket `s` at `fd` that another process of the guest passed on (entry
+/// HANDED_OVER): this process's descriptors of it become the kernel socket too, before
+/// the call goes to the kernel.
+pub(crate) fn follow(fd: c_int, s: Sock) -> Result<(), i32> {
+    pass_to_kernel(s.g, s).map_err(|why| {
+        sys::log_fmt(format_args!(
+            "canal: descriptor {fd}: its socket was passed to another process, and this \
+             process cannot follow ({why}); EBADF.\n"
+        ));
+        libc::EBADF
+    })
 }

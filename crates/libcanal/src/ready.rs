@@ -88,7 +88,10 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
     }
     match s.kind {
         sock_kind::LISTENER => {
-            if s.rx_used > 0 || s.flags & f::NO_ENTRY != 0 {
+            // HANDED_OVER: another process passed it on; the next call here makes this
+            // process's descriptors the kernel socket too (handoff.rs), whose own
+            // readiness then counts.
+            if s.rx_used > 0 || s.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0 {
                 m |= IN;
             }
         }

@@ -13,7 +13,8 @@
 //! `dgram_control` (datagram control messages: the list that reaches `sendmsg`, addresses
 //! in the view), `names` (getsockname/getpeername and a connected stream's final names), `socket` (a host socket's state),
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
-//! `wakeups`, `ops` (socket operations), `stream` and `dgram` (data pumps) with `dgram_route` (datagrams
+//! `wakeups`, `ops` (socket operations), `handover` (a host socket given to its guest, whose
+//! program passes it on), `stream` and `dgram` (data pumps) with `dgram_route` (datagrams
 //! between canal guests, canald moving them ring to ring; its state in `dgram_local`), `service`
 //! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
 //! segments' shared files) and `vrss`
@@ -30,6 +31,7 @@ pub mod dgram_control;
 pub mod dgram_local;
 pub mod dgram_route;
 pub mod entries;
+pub mod handover;
 pub mod names;
 pub mod netops;
 pub mod netview;

@@ -22,6 +22,7 @@ use canal_abi::sock_kind;
 use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
 use canal_abi::SocketEntry;
+use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
@@ -609,15 +610,8 @@ impl Guest {
         }
         self.sc_freed(&s);
         self.dl_freed(&s);
-        if let Some(q) = s.accepts().filter(|q| !q.unclaimed.is_empty()) {
-            // Connections accepted for the guest but never taken by it go with the
-            // listener (the guest's tail says which records it consumed).
-            let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
-            for &(end, h) in &q.unclaimed {
-                if (end.wrapping_sub(tail) as i64) > 0 {
-                    self.release(ep, canal_abi::handle_index(h), h);
-                }
-            }
+        if let Some(q) = s.accepts() {
+            self.release_unclaimed(ep, index, &q.unclaimed);
         }
         let g = s.generation();
         drop(s.fd);
@@ -637,6 +631,31 @@ impl Guest {
         self.generations[index as usize] = next;
         self.entries.give(index);
         self.quota_freed(ep);
+    }
+
+    /// Connections accepted for listener `index` but never taken by the guest go
+    /// (the guest's tail says which records it consumed).
+    fn release_unclaimed(&mut self, ep: &Epoll, index: u32, unclaimed: &VecDeque<(u64, u32)>) {
+        let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
+        for &(end, h) in unclaimed {
+            if (end.wrapping_sub(tail) as i64) > 0 {
+                self.release(ep, canal_abi::handle_index(h), h);
+            }
+        }
+    }
+
+    /// Releases the connections queued for listener `index` that the guest has not
+    /// taken, and forgets them.
+    pub(crate) fn drop_unclaimed(&mut self, ep: &Epoll, index: u32) {
+        let queued = self
+            .sockets
+            .get_mut(index as usize)
+            .and_then(|s| s.as_mut())
+            .and_then(|s| s.accepts_mut())
+            .map(|q| std::mem::take(&mut q.unclaimed));
+        if let Some(q) = queued {
+            self.release_unclaimed(ep, index, &q);
+        }
     }
 
     /// Whether closing socket `index` now must reset its connection: the guest asked

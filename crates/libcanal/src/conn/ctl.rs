@@ -213,6 +213,29 @@ pub(crate) fn ctl_bell_get(g: &Guest, arena: u32, tag: u32) -> Result<c_int, i32
     })
 }
 
+/// Asks canald to hand socket `handle`'s host socket over (HOST_SOCKET /
+/// HOST_SOCKET_OK): the kernel socket, or canald's errno and reason.
+pub(crate) fn ctl_host_socket(g: &Guest, handle: u32) -> Result<c_int, (i32, String)> {
+    let r = ctl_exchange(
+        g,
+        ck::HOST_SOCKET,
+        &handle.to_le_bytes(),
+        -1,
+        |k, b, fds| {
+            if k == ck::ERROR && b.len() >= 4 {
+                let e = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                return Some(Err((e, String::from_utf8_lossy(&b[4..]).into_owned())));
+            }
+            let ok = k == ck::HOST_SOCKET_OK && control::leading_u32(b) == Some(handle);
+            (ok && fds.len() == 1).then(|| Ok(fds[0]))
+        },
+    );
+    match r {
+        Ok(v) => v,
+        Err(e) => Err((e, "no answer from canald".into())),
+    }
+}
+
 /// A request for the memfd named `id` answered in the SEGMENT_OK shape.
 fn ctl_file(g: &Guest, ask: u16, answer: u16, id: u32) -> Result<(c_int, u64), i32> {
     ctl_exchange(g, ask, &id.to_le_bytes(), -1, |k, body, fds| {

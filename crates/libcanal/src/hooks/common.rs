@@ -106,6 +106,12 @@ macro_rules! dispatch {
                 Some(_g) => $crate::hooks::common::run(|| {
                     $crate::conn::pin::set_current_fd(fd);
                     let $s = $crate::hooks::common::sock_of(h)?;
+                    if $s.handed_over() {
+                        // Another process passed it on: the kernel's socket now.
+                        $crate::handoff::follow(fd, $s)?;
+                        // SAFETY: as above, on the kernel socket now at `fd`.
+                        return $crate::hooks::common::real_result(unsafe { $real } as isize);
+                    }
                     $body
                 }) as _,
             },

@@ -126,9 +126,11 @@ fn control_len(m: &msghdr) -> usize {
 /// A connected canal socket passed with SCM_RIGHTS is bridged first (bridge.rs): the
 /// receiver, with the library or without, gets a kernel socket that carries the
 /// connection, and this process uses the same one from now on (one socket for both).
-/// Any other canal socket (a listener, a datagram socket, one not connected yet) has
-/// nothing a receiver could use — it would get the dummy descriptor — so the call is
-/// refused with EOPNOTSUPP and a message, before anything is sent.
+/// A listener or a stream not yet connected becomes the kernel socket canald held for
+/// it (handoff.rs), here and in the receiver. A datagram socket, or one canald keeps
+/// (see `pass_to_kernel`), has nothing a receiver could use — it would get the dummy
+/// descriptor — so the call is refused with EOPNOTSUPP and a message, before anything
+/// is sent.
 ///
 /// # Safety
 /// `msg` is null or a valid msghdr whose control buffer is readable.
@@ -167,16 +169,26 @@ fn refuse_unbridgeable(
     if crate::bridge::bridgeable(g, h) {
         return Ok(());
     }
-    let what = match Sock::new(g, h).map(|s| s.kind()) {
-        Ok(canal_abi::sock_kind::LISTENER) => "a listening",
-        Ok(canal_abi::sock_kind::DGRAM) => "a datagram",
+    let Ok(s) = Sock::new(g, h) else {
+        return Ok(());
+    };
+    let what = match s.kind() {
+        canal_abi::sock_kind::LISTENER => "a listening",
+        canal_abi::sock_kind::DGRAM => "a datagram",
         _ => "an unconnected",
+    };
+    let why = if s.kind() == canal_abi::sock_kind::DGRAM {
+        "its datagrams move through canald's rings".to_string()
+    } else {
+        match crate::handoff::pass_to_kernel(g, s) {
+            Ok(()) => return Ok(()),
+            Err(why) => why,
+        }
     };
     sys::log_fmt(format_args!(
         "canal: sendmsg: descriptor {fd} is {what} canal socket, which cannot be passed \
-         with SCM_RIGHTS (only connected TCP sockets can: docs/compat.md, SCM_RIGHTS); \
-         refused with EOPNOTSUPP. CANAL_EXCLUDE with its address keeps such a socket \
-         in the kernel.\n"
+         with SCM_RIGHTS here ({why}; docs/compat.md, SCM_RIGHTS); refused with \
+         EOPNOTSUPP. CANAL_EXCLUDE with its address keeps such a socket in the kernel.\n"
     ));
     Err(libc::EOPNOTSUPP)
 }

@@ -124,7 +124,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut SockAddr, lenp: *mut socklen_t) -> c_int {
     dispatch!(fd, real!(c"accept", FnAddrOut)(fd, addr, lenp), |s| {
-        do_accept(s, addr, lenp, 0)
+        do_accept(fd, s, addr, lenp, 0)
     }) as c_int
 }
 
@@ -138,11 +138,12 @@ pub unsafe extern "C" fn accept4(
     dispatch!(
         fd,
         real!(c"accept4", FnAccept4)(fd, addr, lenp, flags),
-        |s| do_accept(s, addr, lenp, flags)
+        |s| do_accept(fd, s, addr, lenp, flags)
     ) as c_int
 }
 
 fn do_accept(
+    fd: c_int,
     s: Sock,
     addr: *mut SockAddr,
     lenp: *mut socklen_t,
@@ -158,7 +159,17 @@ fn do_accept(
     if !addr.is_null() && (unsafe { *lenp } as i32) < 0 {
         return Err(libc::EINVAL);
     }
-    let (nfd, peer) = crate::sock::accept::accept(s, flags)?;
+    let (nfd, peer) = match crate::sock::accept::accept(s, flags) {
+        Err(crate::sock::accept::HANDED_OVER) => {
+            // Passed on by another process while this call waited: the kernel's now.
+            crate::handoff::follow(fd, s)?;
+            // SAFETY: the application's own arguments, on the kernel socket at `fd`.
+            return real_result(
+                unsafe { libc::syscall(libc::SYS_accept4, fd, addr, lenp, flags) } as isize,
+            );
+        }
+        r => r?,
+    };
     if let Some(p) = peer {
         // SAFETY: (addr, lenp) are the application's out-parameters.
         unsafe { sockaddr::write_sockaddr(&p, addr, lenp) };

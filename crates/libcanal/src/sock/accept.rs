@@ -17,6 +17,11 @@ use canal_abi::sync::Ordering;
 use libc::c_int;
 
 /// accept/accept4: returns the new descriptor and the peer address.
+/// Not an errno: `accept`'s answer when the listener was passed on by another process
+/// of the guest (HANDED_OVER) while it looked or waited; the hook follows it to the
+/// kernel socket and accepts there.
+pub(crate) const HANDED_OVER: i32 = -1;
+
 pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> {
     dead_err(s.g, false)?;
     if s.kind() != sock_kind::LISTENER {
@@ -117,6 +122,9 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
         if s.flags() & f::NO_ENTRY != 0 {
             return Err(libc::EMFILE); // at the socket quota, clients queued
         }
+        if s.handed_over() {
+            return Err(HANDED_OVER);
+        }
         if nonblock {
             return Err(libc::EAGAIN);
         }
@@ -128,7 +136,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
             st.rx_used > 0
                 || st.pending_error != 0
                 || st.kind != sock_kind::LISTENER
-                || st.flags & f::NO_ENTRY != 0
+                || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
         });
         if w != Wait::Ready {
             return Err(wait_err(w, false));

@@ -273,6 +273,12 @@ impl Sock {
             .ok_or(libc::EIO)
     }
 
+    /// canald handed the host socket over (HOST_SOCKET): the program passed it on.
+    #[inline]
+    pub(crate) fn handed_over(&self) -> bool {
+        self.flags() & canal_abi::sock_flag::HANDED_OVER != 0
+    }
+
     #[inline]
     pub(crate) fn nonblocking(&self) -> bool {
         self.e.guest_flags.load(Ordering::Relaxed) & guest_flag::NONBLOCK != 0

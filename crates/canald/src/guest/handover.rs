@@ -1,0 +1,107 @@
+//! Handing a host socket over to its guest (control message HOST_SOCKET, protocol §2):
+//! the program passes a listener, or a stream it has not connected, to another
+//! process with SCM_RIGHTS. The receiver needs the socket itself, so canald gives the
+//! guest its host socket and stops serving it; the library puts the kernel socket in
+//! place of every descriptor of it (libcanal `handoff.rs`), in each process of the
+//! guest that holds one, before its next call on it. Connections canald queued for the
+//! listener and the program had not taken are reset, as with a close; the kernel's own
+//! queue goes with the socket.
+#![forbid(unsafe_code)]
+
+use crate::guest::socket::{Kind, Phase};
+use crate::guest::state::Guest;
+use crate::sys::{self, Epoll};
+use canal_abi::errno;
+use canal_abi::sock_flag;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Why a socket cannot be handed over: the errno and a line for the guest.
+pub(crate) type Refusal = (i32, &'static str);
+
+impl Guest {
+    /// Whether `handle` is served by another worker (virtual RSS): which one.
+    pub(crate) fn served_away(&self, handle: u32) -> Option<u32> {
+        self.away_owner(handle)
+    }
+
+    /// Returns socket `handle`'s host socket, with the program's own options on it
+    /// (kept options, SO_LINGER), and stops serving it: out of canald's epoll and the
+    /// short-circuit's listeners, its queued connections reset, the entry marked
+    /// HANDED_OVER. Only for a guest in canald's own network (it could make such a
+    /// socket itself: the handover gives it nothing more), and an unconnected stream
+    /// only where no destination policy applies (it could connect anywhere).
+    pub(crate) fn hand_over(&mut self, ep: &Epoll, handle: u32) -> Result<OwnedFd, Refusal> {
+        if self.cfg.net.is_some() || self.cfg.vm {
+            return Err((
+                errno::EOPNOTSUPP,
+                "a guest with a network view of its own keeps its sockets in canald",
+            ));
+        }
+        let policy = self.cfg.loopback_only || self.cfg.policy.dest.is_some();
+        let index = canal_abi::handle_index(handle);
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return Err((errno::EBADF, "no such socket"));
+        };
+        if s.handle != handle || s.is_closing() {
+            return Err((errno::EBADF, "no such socket"));
+        }
+        if s.flags & sock_flag::HANDED_OVER != 0 {
+            // Another process of the guest follows the first.
+            return match s.fd.as_ref().map(|fd| fd.try_clone()) {
+                Some(Ok(fd)) => Ok(fd),
+                Some(Err(_)) => Err((errno::EMFILE, "canald is out of descriptors")),
+                None => Err((errno::EBADF, "no host socket")),
+            };
+        }
+        match (s.kind(), s.phase) {
+            (Kind::Listener, Phase::Listening) => {}
+            (Kind::Stream, Phase::Open) if s.seg.is_none() && !policy => {}
+            (Kind::Stream, Phase::Open) if s.seg.is_none() => {
+                return Err((
+                    errno::EOPNOTSUPP,
+                    "an unconnected stream stays in canald under a destination policy",
+                ))
+            }
+            _ => {
+                return Err((
+                    errno::EOPNOTSUPP,
+                    "only a listener or a stream not yet connected can be handed over",
+                ))
+            }
+        }
+        let Some(fd) = s.fd.as_ref() else {
+            return Err((errno::EOPNOTSUPP, "no host socket"));
+        };
+        let out = fd
+            .try_clone()
+            .map_err(|_| (errno::EMFILE, "canald is out of descriptors"))?;
+        if s.polled {
+            ep.delete(fd.as_raw_fd());
+            s.polled = false;
+        }
+        // The program's SO_LINGER (canald's own abortive close must not reach the
+        // program, nor the connections a listener's accepts inherit it in).
+        let _ = sys::set_abortive_close(fd, false);
+        if let Some(secs) = s.linger {
+            let _ = sys::setsockopt_bytes(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &crate::guest::socket::encode_linger(Some(secs)),
+            );
+        }
+        // canald serves it no more; the entry stays (its other descriptors, in other
+        // processes, follow with HOST_SOCKET) until the guest's last one closes.
+        s.phase = Phase::Failed;
+        s.readable = false;
+        self.sync_kept_options(index);
+        if let Some(s) = self.sockets[index as usize].take() {
+            self.sc_freed(&s); // no longer a short-circuit target
+            self.sockets[index as usize] = Some(s);
+        }
+        self.drop_unclaimed(ep, index);
+        self.set_flags(index, sock_flag::HANDED_OVER, sock_flag::LISTENING);
+        self.mark_changed(index);
+        Ok(out)
+    }
+}

@@ -1,0 +1,140 @@
+//! HOST_SOCKET (protocol §2): a guest whose program passes a listener or an unconnected
+//! stream on with SCM_RIGHTS gets the host socket; canald serves it no more. Only such
+//! sockets, only the asking guest's, and an unconnected one only without a
+//! destination policy.
+mod common;
+use canal_abi::control::kind;
+use canal_abi::{errno, op, sock_flag, CanalAddr};
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// HOST_SOCKET for `handle`: Ok(the socket) or Err(errno).
+fn host_socket(g: &TestGuest, handle: u32) -> Result<OwnedFd, i32> {
+    send_ctl(&g.ctl, kind::HOST_SOCKET, &handle.to_le_bytes(), &[]);
+    let (k, body, mut fds) = recv_ctl(&g.ctl);
+    if k == kind::ERROR {
+        assert!(fds.is_empty());
+        return Err(i32::from_le_bytes(body[..4].try_into().unwrap()));
+    }
+    assert_eq!(
+        (k, &body[..]),
+        (kind::HOST_SOCKET_OK, &handle.to_le_bytes()[..])
+    );
+    assert_eq!(fds.len(), 1);
+    Ok(fds.remove(0))
+}
+
+fn listener(g: &mut TestGuest) -> (u32, u16) {
+    let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(g.request(op::LISTEN, l, [16, 0, 0, 0], &[]).0, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
+    (l, CanalAddr::decode(&out).unwrap().port)
+}
+
+#[test]
+fn a_handed_over_listener_is_the_guests_and_canald_accepts_no_more() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "handover");
+    let (l, port) = listener(&mut g);
+    // One connection canald accepts for the guest before the handover: reset with it.
+    let mut early = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    g.wait_until("the early connection queued", || g.rx_queued(l) > 0);
+    let fd = host_socket(&g, l).expect("the listener");
+    assert_ne!(g.flags(l) & sock_flag::HANDED_OVER, 0);
+    assert_eq!(g.flags(l) & sock_flag::LISTENING, 0);
+    let queued = g.rx_queued(l);
+    let mut b = [0u8; 1];
+    early
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert!(matches!(early.read(&mut b), Ok(0) | Err(_)), "reset");
+    // The kernel socket is the listener, at the guest's port, and its connections are
+    // the guest's own: canald takes none of them (its epoll no longer has it).
+    let k = TcpListener::from(fd);
+    assert_eq!(k.local_addr().unwrap().port(), port);
+    for i in 0..5u8 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(&[i]).unwrap();
+        let (mut s, _) = k.accept().unwrap();
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(b[0], i);
+    }
+    assert_eq!(
+        g.rx_queued(l),
+        queued,
+        "no ACCEPT record after the handover"
+    );
+    // Asked again (another process of the guest following): the same socket.
+    let again = host_socket(&g, l).expect("again");
+    let same = |a: i32, b: i32| {
+        let (mut x, mut y) = (
+            std::mem::MaybeUninit::zeroed(),
+            std::mem::MaybeUninit::zeroed(),
+        );
+        // SAFETY: fstat fills the stat buffers.
+        unsafe {
+            libc::fstat(a, x.as_mut_ptr());
+            libc::fstat(b, y.as_mut_ptr());
+            let (x, y): (libc::stat, libc::stat) = (x.assume_init(), y.assume_init());
+            x.st_ino == y.st_ino
+        }
+    };
+    assert!(same(again.as_raw_fd(), k.as_raw_fd()));
+    // Closing the entry leaves the guest's socket working.
+    assert_eq!(g.request(op::CLOSE, l, [0; 4], &[]).0, 0);
+    let _c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    k.accept().unwrap();
+}
+
+#[test]
+fn only_listeners_and_unconnected_streams_of_the_asker_are_handed_over() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "handover");
+    let mut other = TestGuest::attach(&d.path, "other");
+    let (l, _) = listener(&mut g);
+    assert_eq!(
+        host_socket(&other, l).err(),
+        Some(errno::EBADF),
+        "another guest's"
+    );
+    assert_eq!(
+        host_socket(&g, l ^ (1 << 16)).err(),
+        Some(errno::EBADF),
+        "stale handle"
+    );
+    let (s, _peer) = connected_pair(&mut g);
+    assert_eq!(
+        host_socket(&g, s).err(),
+        Some(errno::EOPNOTSUPP),
+        "connected"
+    );
+    let u = g.socket(libc::AF_INET as u64, libc::SOCK_DGRAM as u64);
+    assert_eq!(
+        host_socket(&g, u).err(),
+        Some(errno::EOPNOTSUPP),
+        "datagram"
+    );
+    // A stream not yet connected, bound: the guest's, bound where it was.
+    let b = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    assert_eq!(g.request(op::BIND, b, [0; 4], &localhost(0).encode()).0, 0);
+    let fd = host_socket(&g, b).expect("unconnected stream");
+    let k = TcpListener::from(fd);
+    let (_, out) = g.request(op::GETSOCKNAME, b, [0; 4], &[]);
+    let port = CanalAddr::decode(&out).unwrap().port;
+    assert_eq!(k.local_addr().unwrap().port(), port);
+    drop(other.request(op::NOP, 0, [0; 4], &[]));
+}
+
+#[test]
+fn an_unconnected_stream_stays_in_canald_under_a_destination_policy() {
+    let d = TestDaemon::start(&["--loopback-only"]);
+    let mut g = TestGuest::attach(&d.path, "policy");
+    let s = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    assert_eq!(host_socket(&g, s).err(), Some(errno::EOPNOTSUPP));
+    // A listener is still handed over: it only takes connections.
+    let (l, _) = listener(&mut g);
+    assert!(host_socket(&g, l).is_ok());
+}

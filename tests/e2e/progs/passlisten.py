@@ -1,0 +1,133 @@
+"""Listening and unconnected TCP sockets passed to other processes with SCM_RIGHTS,
+the ways servers do it; prints one line per case, the same natively and under canal.
+
+- spawn / forkserver: multiprocessing pickles a listener for its workers (uvicorn's
+  --workers), which sends it over a Unix socket;
+- bound: a bound, not yet listening socket passed on, the receiver listens (node's
+  cluster with shared handles);
+- follow-block / follow-epoll: a forked worker waits on the listener (accept, or
+  epoll) while its parent passes the listener to an unrelated process; both serve.
+"""
+import multiprocessing as mp
+import os
+import select
+import socket
+import subprocess
+import sys
+
+
+def mp_worker(sock, n):
+    for _ in range(n):
+        c, _ = sock.accept()
+        c.sendall(b"w:" + c.recv(10))
+        c.close()
+
+
+def ask(port, data=b"x"):
+    c = socket.create_connection(("127.0.0.1", port), timeout=10)
+    c.sendall(data)
+    r = c.recv(20)
+    c.close()
+    return r
+
+
+def case_mp(method):
+    ctx = mp.get_context(method)
+    lst = socket.create_server(("127.0.0.1", 0))
+    port = lst.getsockname()[1]
+    ps = [ctx.Process(target=mp_worker, args=(lst, 2)) for _ in range(2)]
+    for p in ps:
+        p.start()
+    got = [ask(port, b"%d" % i) for i in range(4)]
+    for p in ps:
+        p.join(20)
+    print(method, sorted(got), [p.exitcode for p in ps], flush=True)
+
+
+RECEIVER = r"""
+import select, socket, sys
+b = socket.socket(fileno=int(sys.argv[1]))
+_, fds, _, _ = socket.recv_fds(b, 10, 1)
+lst = socket.socket(fileno=fds[0])
+if sys.argv[2] == "bound":
+    lst.listen(8)
+b.send(b"k")
+n = 0
+while n < int(sys.argv[3]):
+    select.select([lst], [], [], 10)
+    try:
+        c, _ = lst.accept()
+    except BlockingIOError:
+        continue
+    c.setblocking(True)
+    c.sendall(b"B" + c.recv(10))
+    c.close()
+    n += 1
+"""
+
+
+def receiver(kind, n):
+    a, b = socket.socketpair()
+    p = subprocess.Popen([sys.executable, "-c", RECEIVER, str(b.fileno()), kind, str(n)],
+                         pass_fds=[b.fileno()])
+    b.close()
+    return a, p
+
+
+def case_bound():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    a, p = receiver("bound", 3)
+    socket.send_fds(a, [b"L"], [s.fileno()])
+    a.recv(1)
+    s.close()
+    got = [ask(port) for _ in range(3)]
+    print("bound", got, p.wait(20), flush=True)
+
+
+def case_follow(how):
+    lst = socket.create_server(("127.0.0.1", 0))
+    port = lst.getsockname()[1]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        if how == "epoll":
+            lst.setblocking(False)
+            ep = select.epoll()
+            ep.register(lst.fileno(), select.EPOLLIN)
+        os.write(w, b"r")
+        n = 0
+        while n < 4:
+            if how == "epoll":
+                ep.poll(10)
+                try:
+                    c, _ = lst.accept()
+                except BlockingIOError:
+                    continue
+            else:
+                c, _ = lst.accept()
+            c.setblocking(True)
+            c.sendall(b"A" + c.recv(10))
+            c.close()
+            n += 1
+        os._exit(0)
+    os.close(w)
+    os.read(r, 1)
+    a, p = receiver("listening", 4)
+    socket.send_fds(a, [b"L"], [lst.fileno()])
+    a.recv(1)
+    lst.close()
+    got = sorted(ask(port)[:1] for _ in range(8))
+    _, st = os.waitpid(pid, 0)
+    print("follow-" + how, got, os.waitstatus_to_exitcode(st), p.wait(20), flush=True)
+
+
+if __name__ == "__main__":
+    case_mp("spawn")
+    case_mp("forkserver")
+    case_bound()
+    case_follow("block")
+    case_follow("epoll")
+    print("done", flush=True)
