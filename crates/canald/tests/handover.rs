@@ -120,11 +120,22 @@ fn only_listeners_and_unconnected_streams_of_the_asker_are_handed_over() {
     // A stream not yet connected, bound: the guest's, bound where it was.
     let b = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
     assert_eq!(g.request(op::BIND, b, [0; 4], &localhost(0).encode()).0, 0);
-    let fd = host_socket(&g, b).expect("unconnected stream");
-    let k = TcpListener::from(fd);
     let (_, out) = g.request(op::GETSOCKNAME, b, [0; 4], &[]);
     let port = CanalAddr::decode(&out).unwrap().port;
+    let fd = host_socket(&g, b).expect("unconnected stream");
+    let k = TcpListener::from(fd);
     assert_eq!(k.local_addr().unwrap().port(), port);
+    // canald makes no call on it any more (the library follows on the error), nor
+    // listens on it for the guest; only its close is canald's.
+    let ebadf = -(errno::EBADF as i64);
+    assert_eq!(g.request(op::GETSOCKNAME, b, [0; 4], &[]).0, ebadf);
+    assert_eq!(g.request(op::LISTEN, b, [4, 0, 0, 0], &[]).0, ebadf);
+    assert_eq!(
+        g.request(op::CONNECT, b, [0; 4], &localhost(port).encode())
+            .0,
+        ebadf
+    );
+    assert_eq!(g.request(op::CLOSE, b, [0; 4], &[]).0, 0);
     drop(other.request(op::NOP, 0, [0; 4], &[]));
 }
 

@@ -6,7 +6,9 @@ the ways servers do it; prints one line per case, the same natively and under ca
 - bound: a bound, not yet listening socket passed on, the receiver listens (node's
   cluster with shared handles);
 - follow-block / follow-epoll: a forked worker waits on the listener (accept, or
-  epoll) while its parent passes the listener to an unrelated process; both serve.
+  epoll) while its parent passes the listener to an unrelated process; both serve;
+- follow-bound: a forked holder of a bound socket, passed on and made a listener by
+  the receiver, asks its name, then accepts.
 """
 import multiprocessing as mp
 import os
@@ -124,10 +126,37 @@ def case_follow(how):
     print("follow-" + how, got, os.waitstatus_to_exitcode(st), p.wait(20), flush=True)
 
 
+def case_follow_bound():
+    """A forked holder of a bound socket whose parent passed it on follows at its next
+    call of any kind (getsockname here), then accepts on the socket the receiver
+    made a listener."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.read(r, 1)
+        same = s.getsockname()[1] == port
+        c, _ = s.accept()
+        c.sendall(b"A" + c.recv(10))
+        c.close()
+        os._exit(0 if same else 3)
+    a, p = receiver("bound", 1)
+    socket.send_fds(a, [b"L"], [s.fileno()])
+    a.recv(1)
+    os.write(w, b"g")
+    s.close()
+    got = sorted(ask(port)[:1] for _ in range(2))
+    _, st = os.waitpid(pid, 0)
+    print("follow-bound", got, os.waitstatus_to_exitcode(st), p.wait(20), flush=True)
+
+
 if __name__ == "__main__":
     case_mp("spawn")
     case_mp("forkserver")
     case_bound()
     case_follow("block")
     case_follow("epoll")
+    case_follow_bound()
     print("done", flush=True)

@@ -277,6 +277,16 @@ impl Guest {
             None
         };
         let cmd = request::decode(req)?;
+        // A socket handed over to the guest (HOST_SOCKET) is the kernel's: only its
+        // close is canald's. Any other call fails, and the library follows the socket
+        // to the kernel and makes the call there (libcanal `handoff.rs`).
+        if let Some(i) = index.filter(|_| !matches!(cmd, Cmd::Close)) {
+            let handed = matches!(self.sockets.get(i as usize),
+                Some(Some(s)) if s.flags & sock_flag::HANDED_OVER != 0);
+            if handed {
+                return Err(errno::EBADF);
+            }
+        }
         let Some(index) = index else {
             return match cmd {
                 Cmd::Socket {

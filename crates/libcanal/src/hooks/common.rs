@@ -106,13 +106,20 @@ macro_rules! dispatch {
                 Some(_g) => $crate::hooks::common::run(|| {
                     $crate::conn::pin::set_current_fd(fd);
                     let $s = $crate::hooks::common::sock_of(h)?;
-                    if $s.handed_over() {
-                        // Another process passed it on: the kernel's socket now.
-                        $crate::handoff::follow(fd, $s)?;
-                        // SAFETY: as above, on the kernel socket now at `fd`.
-                        return $crate::hooks::common::real_result(unsafe { $real } as isize);
+                    #[allow(clippy::redundant_closure_call)]
+                    let r: Result<isize, i32> = (|| $body)();
+                    match r {
+                        // Another process passed it on (handoff.rs): a listener or an
+                        // unconnected stream, whose calls here fail; the kernel's
+                        // socket now. Looked at only on failure: the data path pays
+                        // nothing.
+                        Err(e) if e != libc::EAGAIN && $s.handed_over() => {
+                            $crate::handoff::follow(fd, $s)?;
+                            // SAFETY: as above, on the kernel socket now at `fd`.
+                            $crate::hooks::common::real_result(unsafe { $real } as isize)
+                        }
+                        r => r,
                     }
-                    $body
                 }) as _,
             },
         }
