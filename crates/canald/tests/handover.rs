@@ -12,12 +12,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 /// HOST_SOCKET for `handle`: Ok(the socket) or Err(errno).
 fn host_socket(g: &TestGuest, handle: u32) -> Result<OwnedFd, i32> {
-    send_ctl(&g.ctl, kind::HOST_SOCKET, &handle.to_le_bytes(), &[]);
-    let (k, body, mut fds) = recv_ctl(&g.ctl);
-    if k == kind::ERROR {
-        assert!(fds.is_empty());
-        return Err(i32::from_le_bytes(body[..4].try_into().unwrap()));
-    }
+    let (k, body, mut fds) = ctl_call(&g.ctl, kind::HOST_SOCKET, &handle.to_le_bytes(), &[])?;
     assert_eq!(
         (k, &body[..]),
         (kind::HOST_SOCKET_OK, &handle.to_le_bytes()[..])

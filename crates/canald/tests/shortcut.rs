@@ -353,12 +353,7 @@ fn no_shortcut_without_the_flag() {
 
 /// Asks for arena `id` (ARENA / ARENA_OK): Ok(mapping) or Err(errno).
 fn map_arena(g: &TestGuest, id: u32) -> Result<Mapping, i32> {
-    send_ctl(&g.ctl, kind::ARENA, &id.to_le_bytes(), &[]);
-    let (k, body, mut fds) = recv_ctl(&g.ctl);
-    if k == kind::ERROR {
-        assert!(fds.is_empty());
-        return Err(i32::from_le_bytes(body[..4].try_into().unwrap()));
-    }
+    let (k, body, mut fds) = ctl_call(&g.ctl, kind::ARENA, &id.to_le_bytes(), &[])?;
     assert_eq!(k, kind::ARENA_OK, "{body:?}");
     assert_eq!(u32::from_le_bytes(body[..4].try_into().unwrap()), id);
     let size = u64::from_le_bytes(body[8..16].try_into().unwrap());
@@ -507,12 +502,7 @@ fn bell(
     fd: &[i32],
 ) -> Result<Vec<std::os::fd::OwnedFd>, i32> {
     let body = canal_abi::control::Bell { arena, tag }.encode();
-    send_ctl(&g.ctl, k, &body, fd);
-    let (rk, rb, fds) = recv_ctl(&g.ctl);
-    if rk == kind::ERROR {
-        assert!(fds.is_empty());
-        return Err(i32::from_le_bytes(rb[..4].try_into().unwrap()));
-    }
+    let (rk, rb, fds) = ctl_call(&g.ctl, k, &body, fd)?;
     assert_eq!((rk, &rb[..]), (kind::BELL_OK, &body[..]));
     Ok(fds)
 }

@@ -82,6 +82,23 @@ pub fn recv_ctl(fd: &OwnedFd) -> (u16, Vec<u8>, Vec<OwnedFd>) {
     (k, body.to_vec(), r.fds)
 }
 
+/// Sends one control request and reads its reply: Ok(kind, body, descriptors), or
+/// Err(errno) for an ERROR reply (which carries no descriptor).
+pub fn ctl_call(
+    fd: &OwnedFd,
+    k: u16,
+    body: &[u8],
+    fds: &[i32],
+) -> Result<(u16, Vec<u8>, Vec<OwnedFd>), i32> {
+    send_ctl(fd, k, body, fds);
+    let (rk, rb, rfds) = recv_ctl(fd);
+    if rk == control::kind::ERROR {
+        assert!(rfds.is_empty());
+        return Err(i32::from_le_bytes(rb[..4].try_into().unwrap()));
+    }
+    Ok((rk, rb, rfds))
+}
+
 pub struct TestGuest {
     pub ctl: OwnedFd,
     pub doorbell: OwnedFd,
