@@ -26,6 +26,24 @@ def test_calls_answer_as_the_kernel(canal_bin, procs, python, progs, mode):
         assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal ({mode}):\n{r.stdout}"
 
 
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_a_listener_pauses_and_resumes_as_natively(canal_bin, procs, python, progs, mode):
+    """HAProxy's pause of a listener on Linux (shutdown SHUT_WR, listen, shutdown
+    SHUT_RD; listen again to resume): while paused, clients are refused, the queued
+    one is reset, accept says EINVAL and poll HUP|OUT; resumed, it accepts on its
+    port (progs/listen_pause.py). canal kept the listener serving: a canal client
+    still connected, and the queued connection stayed."""
+    argv = [python, progs / "listen_pause.py"]
+    native = procs.run(argv, timeout=60, name="pause-native")
+    assert native.returncode == 0 and native.stdout.endswith("done\n"), native.describe()
+    assert "SHUT_RD: connect ECONNREFUSED" in native.stdout, native.describe()
+    args = ["--no-shortcut"] if mode == "no-shortcut" else []
+    with serving_canald(canal_bin, procs, args=args) as d:
+        r = d.run(argv, timeout=60, name="pause-canal")
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal:\n{r.stdout}"
+
+
 PASS_DATAGRAM = r"""
 import array, errno, socket, sys
 a, b = socket.socketpair()

@@ -91,7 +91,11 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
             // HANDED_OVER: another process passed it on; the next call here makes this
             // process's descriptors the kernel socket too (handoff.rs), whose own
             // readiness then counts.
-            if s.rx_used > 0 || s.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0 {
+            if s.flags & (f::LISTENING | f::HANDED_OVER) == 0 {
+                // Shut down for reading (disconnected, no longer listening): the
+                // kernel's tcp_poll of a closed socket, as for a fresh one.
+                m |= POLLHUP | OUT;
+            } else if s.rx_used > 0 || s.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0 {
                 m |= IN;
             }
         }

@@ -95,11 +95,7 @@ impl Guest {
         s.phase = Phase::Failed;
         s.readable = false;
         self.sync_kept_options(index);
-        if let Some(s) = self.sockets[index as usize].take() {
-            self.sc_freed(&s); // no longer a short-circuit target
-            self.sockets[index as usize] = Some(s);
-        }
-        self.drop_unclaimed(ep, index);
+        self.unserve_listener(ep, index);
         self.set_flags(index, sock_flag::HANDED_OVER, sock_flag::LISTENING);
         self.mark_changed(index);
         Ok(out)

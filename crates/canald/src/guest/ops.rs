@@ -509,7 +509,12 @@ impl Guest {
         Ok((ring + host.max(0) as u64).min(i32::MAX as u64) as i32)
     }
 
-    pub(crate) fn op_shutdown(&mut self, index: u32, how: i32) -> Result<(i64, usize), i32> {
+    pub(crate) fn op_shutdown(
+        &mut self,
+        ep: &Epoll,
+        index: u32,
+        how: i32,
+    ) -> Result<(i64, usize), i32> {
         if let Some(r) = self.sc_shutdown(index, how) {
             return r;
         }
@@ -519,7 +524,11 @@ impl Guest {
             // Listeners (wakes accept), datagram sockets, unconnected streams: the
             // kernel's answer is the native one (ENOTCONN where it applies).
             sys::shutdown(fd, how).map_err(|e| sys::errno_of(&e))?;
+            let stopped = s.kind() == Kind::Listener && s.phase == Phase::Listening;
             s.readable = true;
+            if stopped && how != libc::SHUT_WR {
+                self.stop_listening(ep, index);
+            }
             self.mark_dirty(index);
             return Ok((0, 0));
         }
@@ -533,6 +542,19 @@ impl Guest {
         }
         self.mark_dirty(index);
         Ok((0, 0))
+    }
+
+    /// A listener shut down for reading: Linux disconnects it (inet_shutdown): it
+    /// listens no more, its queued connections are reset, and a later listen() starts
+    /// it again on its address (HAProxy pauses its listeners this way for a reload).
+    /// canald's part: out of the short-circuit's listeners, the connections it held
+    /// for the program reset, LISTENING cleared; the host socket did the rest.
+    fn stop_listening(&mut self, ep: &Epoll, index: u32) {
+        self.unserve_listener(ep, index);
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            s.phase = Phase::Open;
+        }
+        self.set_flags(index, 0, sock_flag::LISTENING);
     }
 
     /// Publishes flag changes (adds HUP when both directions are over: the kernel's
@@ -607,6 +629,10 @@ impl Guest {
             if s.kind() == Kind::Stream && !reset {
                 let _ = sys::set_abortive_close(fd, false);
             }
+        } else if let Some(fd) = s.fd.as_ref().filter(|_| reset) {
+            // Not yet driven by canald (an accepted connection the guest never took):
+            // abortive only now.
+            let _ = sys::set_abortive_close(fd, true);
         }
         self.sc_freed(&s);
         self.dl_freed(&s);
@@ -634,19 +660,38 @@ impl Guest {
     }
 
     /// Connections accepted for listener `index` but never taken by the guest go
-    /// (the guest's tail says which records it consumed).
+    /// (the guest's tail says which records it consumed), reset as the kernel resets
+    /// a closed or stopped listener's queue (inet_csk_listen_stop): the client reads
+    /// ECONNRESET, not an orderly end.
     fn release_unclaimed(&mut self, ep: &Epoll, index: u32, unclaimed: &VecDeque<(u64, u32)>) {
         let tail = self.entry(index).rx_tail.load(Ordering::Acquire);
         for &(end, h) in unclaimed {
             if (end.wrapping_sub(tail) as i64) > 0 {
-                self.release(ep, canal_abi::handle_index(h), h);
+                let i = canal_abi::handle_index(h);
+                if let Some(Some(s)) = self.sockets.get_mut(i as usize) {
+                    if s.handle == h {
+                        s.linger = Some(0);
+                    }
+                }
+                self.release(ep, i, h);
             }
         }
     }
 
+    /// Listener `index` takes no more connections from canald: out of the
+    /// short-circuit's listeners, and those canald queued for the guest that it has
+    /// not taken released (their clients reset).
+    pub(crate) fn unserve_listener(&mut self, ep: &Epoll, index: u32) {
+        if let Some(s) = self.sockets[index as usize].take() {
+            self.sc_freed(&s);
+            self.sockets[index as usize] = Some(s);
+        }
+        self.drop_unclaimed(ep, index);
+    }
+
     /// Releases the connections queued for listener `index` that the guest has not
     /// taken, and forgets them.
-    pub(crate) fn drop_unclaimed(&mut self, ep: &Epoll, index: u32) {
+    fn drop_unclaimed(&mut self, ep: &Epoll, index: u32) {
         let queued = self
             .sockets
             .get_mut(index as usize)

@@ -352,7 +352,7 @@ impl Guest {
                 self.finish_if_closed(ep, index, Instant::now());
                 Ok((0, 0))
             }
-            Cmd::Shutdown(how) => self.op_shutdown(index, how),
+            Cmd::Shutdown(how) => self.op_shutdown(ep, index, how),
             Cmd::SetOpt { level, name, value } if is_v6only(&view, level, name) => {
                 self.set_view_v6only(index, &value).map(|()| (0, 0))
             }

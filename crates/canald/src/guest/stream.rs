@@ -439,6 +439,10 @@ impl Guest {
         let Some(Some(l)) = self.sockets.get_mut(index as usize) else {
             return;
         };
+        // listen(2) would start a stopped (shut down) or handed-over listener again.
+        if l.phase != Phase::Listening {
+            return;
+        }
         let Some(fd) = l.fd.as_ref() else { return };
         let crate::guest::socket::KindState::Listener(q) = &mut l.state else {
             return;
@@ -453,7 +457,7 @@ impl Guest {
         let need = crate::guest::names::ACCEPT_RECORD;
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
-            if !s.readable || s.closing.is_some() {
+            if !s.readable || s.closing.is_some() || s.phase != Phase::Listening {
                 return Ok(());
             }
             // Room for the record even if padding is needed first.

@@ -125,6 +125,11 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
         if s.handed_over() {
             return Err(HANDED_OVER);
         }
+        if s.flags() & f::LISTENING == 0 {
+            // Shut down for reading: Linux's listener no longer listens (EINVAL, as
+            // for a socket that never did) until listen() is called again.
+            return Err(libc::EINVAL);
+        }
         if nonblock {
             return Err(libc::EAGAIN);
         }
@@ -137,6 +142,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 || st.pending_error != 0
                 || st.kind != sock_kind::LISTENER
                 || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
+                || st.flags & f::LISTENING == 0
         });
         if w != Wait::Ready {
             return Err(wait_err(w, false));

@@ -149,7 +149,11 @@ pub(crate) fn shutdown(s: Sock, how: c_int) -> Result<(), i32> {
         Err(libc::ENOTCONN) if s.kind() != sock_kind::LISTENER => {}
         Err(e) => return Err(e),
     }
-    s.e.guest_flags.fetch_or(bits, Ordering::Relaxed);
+    // A listener keeps no shutdown state: SHUT_WR does nothing to it, SHUT_RD
+    // disconnects it (canald clears LISTENING), and listen() starts it afresh.
+    if s.kind() != sock_kind::LISTENER {
+        s.e.guest_flags.fetch_or(bits, Ordering::Relaxed);
+    }
     crate::conn::sleep::wake_local(s.g, s.idx);
     r.map(|_| ())
 }
