@@ -1,6 +1,8 @@
 """A listener paused and resumed the way HAProxy does on Linux: shutdown(SHUT_WR),
 listen(), shutdown(SHUT_RD) stops it (clients refused, queued ones reset, accept
-EINVAL, poll HUP|OUT), listen() starts it again on the same port."""
+EINVAL, poll HUP|OUT), listen() starts it again on the same port; connect(AF_UNSPEC)
+stops it too; closed, it resets the connection it queued."""
+import ctypes
 import errno
 import select
 import socket
@@ -40,6 +42,15 @@ while True:
     if n > 5: break
 print("accepted after resume", n)
 print("same port", l.getsockname()[1] == port)
+# connect(AF_UNSPEC) stops a listener the same way (tcp_disconnect); a stream not
+# connected has nothing to undo.
+libc = ctypes.CDLL(None, use_errno=True)
+unspec = (ctypes.c_ubyte * 16)()
+print("AF_UNSPEC on listener", libc.connect(l.fileno(), unspec, 16), "connect", tryc())
+l.listen(8); print("listen again: connect", tryc())
+u = socket.socket()
+print("AF_UNSPEC on fresh stream", libc.connect(u.fileno(), unspec, 16))
+u.close()
 # Closed with a connection queued: the client is reset, as by a stopped listener.
 q = socket.create_connection(("127.0.0.1", port)); q.sendall(b"y"); q.settimeout(3)
 select.select([l], [], [], 3)

@@ -94,8 +94,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const SockAddr, len: socklen_t) 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
     dispatch!(fd, real!(c"connect", FnAddr)(fd, addr, len), |s| {
-        if s.kind() == canal_abi::sock_kind::DGRAM
-            && !addr.is_null()
+        if !addr.is_null()
             && len as usize >= core::mem::size_of::<libc::sa_family_t>()
             // SAFETY: the application passes at least `len` (≥ 2) readable bytes.
             && unsafe { core::ptr::read_unaligned(addr as *const libc::sa_family_t) }

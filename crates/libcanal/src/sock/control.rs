@@ -39,11 +39,22 @@ pub(crate) fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
 /// or was interrupted) until connect is called again, so a second connect returns 0
 /// once the handshake is done, EALREADY while it runs, or the error; only then does
 /// EISCONN follow. `local::CONNECT_PENDING` is that socket-layer state.
-/// connect(AF_UNSPEC) on a datagram socket: the association is dissolved (the local
-/// address stays), datagrams from anyone arrive again.
+/// connect(AF_UNSPEC), the kernel's `disconnect`: on a datagram socket the
+/// association is dissolved (the local address stays), datagrams from anyone arrive
+/// again; a listener stops, as shut down for reading (tcp_disconnect stops it the
+/// same way); a stream not connected has nothing to undo. A connected stream is not
+/// taken apart yet (Linux aborts the connection and the socket can connect again):
+/// EAFNOSUPPORT, as before.
 pub(crate) fn disconnect(s: Sock) -> Result<(), i32> {
     dead_err(s.g, false)?;
-    request(s.g, op::CONNECT, s.handle, [1, 0, 0, 0], &[], &mut []).map(|_| ())
+    match s.kind() {
+        sock_kind::DGRAM => {
+            request(s.g, op::CONNECT, s.handle, [1, 0, 0, 0], &[], &mut []).map(|_| ())
+        }
+        sock_kind::LISTENER => shutdown(s, libc::SHUT_RD),
+        _ if s.flags() & (f::CONNECTED | f::CONNECTING) == 0 => Ok(()),
+        _ => Err(libc::EAFNOSUPPORT),
+    }
 }
 
 pub(crate) fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
