@@ -175,6 +175,16 @@ mod tests {
         arena.extend(msg(kind::ARENA, &[1, 0]));
         let r = fuzz_control(&arena);
         assert_eq!(r, vec![kind::HELLO_OK, kind::ERROR, kind::ERROR], "{r:?}");
+        // HOST_SOCKET: before HELLO, short, a handle of no socket: ERROR.
+        assert_eq!(
+            fuzz_control(&msg(kind::HOST_SOCKET, &1u32.to_le_bytes())),
+            vec![kind::ERROR]
+        );
+        let mut host = msg(kind::HELLO, &hello.encode());
+        host.extend(msg(kind::HOST_SOCKET, &[1, 0]));
+        host.extend(msg(kind::HOST_SOCKET, &0x0001_0003u32.to_le_bytes()));
+        let r = fuzz_control(&host);
+        assert_eq!(r, vec![kind::HELLO_OK, kind::ERROR, kind::ERROR], "{r:?}");
         // Bells (§8.8): short, tag 0, an arena not its own, BELL_SET without an fd.
         let mut bells = msg(kind::HELLO, &hello.encode());
         bells.extend(msg(kind::BELL_GET, &[1, 0, 0, 0]));
