@@ -8,7 +8,8 @@ the ways servers do it; prints one line per case, the same natively and under ca
 - follow-block / follow-epoll: a forked worker waits on the listener (accept, or
   epoll) while its parent passes the listener to an unrelated process; both serve;
 - follow-bound: a forked holder of a bound socket, passed on and made a listener by
-  the receiver, asks its name, then accepts.
+  the receiver, sets TCP_NODELAY (kept by the library, but the kernel's now), asks its
+  name, then accepts.
 """
 import multiprocessing as mp
 import os
@@ -128,8 +129,8 @@ def case_follow(how):
 
 def case_follow_bound():
     """A forked holder of a bound socket whose parent passed it on follows at its next
-    call of any kind (getsockname here), then accepts on the socket the receiver
-    made a listener."""
+    call of any kind (setsockopt of an option the library keeps, here), then accepts
+    on the socket the receiver made a listener."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -137,7 +138,10 @@ def case_follow_bound():
     pid = os.fork()
     if pid == 0:
         os.read(r, 1)
+        # An option the library would keep itself reaches the kernel socket.
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         same = s.getsockname()[1] == port
+        same = same and s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         c, _ = s.accept()
         c.sendall(b"A" + c.recv(10))
         c.close()

@@ -62,8 +62,19 @@ pub(crate) fn ns_to_timeval(ns: u64) -> [u8; 16] {
     b
 }
 
+/// Options the library answers itself (timeouts, kept options, SO_ERROR…) of a socket
+/// another process passed on (HANDED_OVER) belong to the kernel socket: EBADF, and the
+/// hook follows it there (handoff.rs), as for calls that reach canald.
+fn not_handed_over(s: &Sock) -> Result<(), i32> {
+    if s.handed_over() {
+        return Err(libc::EBADF);
+    }
+    Ok(())
+}
+
 pub(crate) fn setsockopt(s: Sock, level: c_int, name: c_int, val: &[u8]) -> Result<(), i32> {
     dead_err(s.g, false)?;
+    not_handed_over(&s)?;
     if let Some(rcv) = timeo_opt(level, name) {
         let ns = timeval_to_ns(val)?;
         if rcv {
@@ -139,6 +150,7 @@ fn update_kept(s: &Sock, f: impl Fn(u64) -> Result<u64, i32>) -> Result<(), i32>
 /// getsockopt: writes up to `out.len()` bytes, returns the option's real length.
 pub(crate) fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> Result<usize, i32> {
     dead_err(s.g, false)?;
+    not_handed_over(&s)?;
     let int = |v: i32, out: &mut [u8]| {
         let b = v.to_ne_bytes();
         let n = out.len().min(4);
