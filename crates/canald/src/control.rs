@@ -396,8 +396,8 @@ impl Daemon {
     }
 
     /// HOST_SOCKET: the guest's program passes a listener or an unconnected stream to
-    /// another process; the guest gets the host socket and the entry is freed
-    /// (`guest::handover`). The socket may be served by another worker (virtual RSS):
+    /// another process; the guest gets the host socket and canald serves it no more
+    /// (`guest::handover`; the entry stays, HANDED_OVER, until the guest closes it). The socket may be served by another worker (virtual RSS):
     /// that worker's share of the guest hands it over.
     fn on_host_socket(&mut self, key: u32, body: &[u8]) -> bool {
         let Some(conn) = self.conns.get(&key) else {
@@ -412,7 +412,7 @@ impl Daemon {
         let mut r = Err((errno::EBADF, "no such guest"));
         let mut away = None;
         if let Some(g) = home.lock().guests.get_mut(&key) {
-            away = g.served_away(handle);
+            away = g.away_owner(handle);
             if away.is_none() {
                 r = g.hand_over(&home.ep, handle);
             }

@@ -19,11 +19,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 pub(crate) type Refusal = (i32, &'static str);
 
 impl Guest {
-    /// Whether `handle` is served by another worker (virtual RSS): which one.
-    pub(crate) fn served_away(&self, handle: u32) -> Option<u32> {
-        self.away_owner(handle)
-    }
-
     /// Returns socket `handle`'s host socket, with the program's own options on it
     /// (kept options, SO_LINGER), and stops serving it: out of canald's epoll and the
     /// short-circuit's listeners, its queued connections reset, the entry marked

@@ -553,6 +553,7 @@ impl Guest {
         self.unserve_listener(ep, index);
         if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
             s.phase = Phase::Open;
+            s.readable = false;
         }
         self.set_flags(index, 0, sock_flag::LISTENING);
     }

@@ -3,7 +3,6 @@
 use crate::guest::netview::{NetTie, PROTO_TCP, PROTO_UDP};
 use crate::sys;
 use canal_abi::errno;
-use canal_abi::sock_flag;
 use canal_abi::CanalAddr;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
@@ -439,10 +438,9 @@ pub(crate) enum Accepted {
 
 /// Accepts one connection on listener `s`'s host socket.
 pub(crate) fn accept_one(s: &mut HostSocket) -> Accepted {
-    let Some(fd) =
-        s.fd.as_ref()
-            .filter(|_| s.flags & sock_flag::HANDED_OVER == 0)
-    else {
+    // A listener shut down for reading or handed over to its guest listens no more
+    // for canald, whichever loop asks (home or away).
+    let Some(fd) = s.fd.as_ref().filter(|_| s.phase == Phase::Listening) else {
         return Accepted::Later;
     };
     match sys::accept_inet(fd) {

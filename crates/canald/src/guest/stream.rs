@@ -457,7 +457,7 @@ impl Guest {
         let need = crate::guest::names::ACCEPT_RECORD;
         loop {
             let s = self.sockets[index as usize].as_ref().ok_or(Corrupt)?;
-            if !s.readable || s.closing.is_some() || s.phase != Phase::Listening {
+            if !s.readable || s.closing.is_some() {
                 return Ok(());
             }
             // Room for the record even if padding is needed first.

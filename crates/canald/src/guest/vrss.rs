@@ -139,7 +139,7 @@ impl Guest {
     }
 
     /// The owner of an away socket named by exactly `handle`.
-    pub(super) fn away_owner(&self, handle: u32) -> Option<u32> {
+    pub(crate) fn away_owner(&self, handle: u32) -> Option<u32> {
         let vr = self.vr.as_ref()?;
         match vr.away.get(&canal_abi::handle_index(handle)) {
             Some((w, h)) if *h == handle => Some(*w),

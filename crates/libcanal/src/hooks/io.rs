@@ -149,7 +149,7 @@ unsafe fn bridge_passed_sockets(msg: *const msghdr) -> Result<(), i32> {
         return Ok(());
     };
     // SAFETY: the caller's control buffer (checked above to hold a header).
-    unsafe { passed_canal_fds(m, |fd, h| refuse_unbridgeable(g, fd, h)) }?;
+    unsafe { passed_canal_fds(m, |fd, h| pass_or_refuse(g, fd, h)) }?;
     // SAFETY: as above.
     unsafe {
         passed_canal_fds(m, |fd, h| {
@@ -161,11 +161,9 @@ unsafe fn bridge_passed_sockets(msg: *const msghdr) -> Result<(), i32> {
     }
 }
 
-fn refuse_unbridgeable(
-    g: &'static crate::conn::guest::Guest,
-    fd: c_int,
-    h: u32,
-) -> Result<(), i32> {
+/// A passed canal socket that is not bridged: handed to the kernel (a listener or an
+/// unconnected stream), else refused with EOPNOTSUPP and the reason on stderr.
+fn pass_or_refuse(g: &'static crate::conn::guest::Guest, fd: c_int, h: u32) -> Result<(), i32> {
     if crate::bridge::bridgeable(g, h) {
         return Ok(());
     }
