@@ -516,3 +516,45 @@ def test_ipv4_client_of_an_ipv6_only_listener_is_refused(canald, procs, python):
     *_, nerr = _dual_stack_run(_NativeRunner(procs), python, "::", 1)
     *_, err = _dual_stack_run(canald, python, "::", 1)
     assert nerr == err == 111, (nerr, err)
+
+
+def test_room_waits_end_when_the_reader_frees_room_natively(procs, python, progs):
+    """progs/room.py's checks hold without canal (validates them)."""
+    r = procs.run([python, progs / "room.py"], timeout=120, name="room-native")
+    assert r.returncode == 0 and r.stdout.count(" ok ") == 5, r.describe()
+
+
+def test_room_waits_end_when_the_reader_frees_room(canald, python, progs):
+    """The room rule (protocol §8.4, minor 16): a reader wakes the writer's sleepers
+    only if the writer asked for room. Every way of waiting for room — a blocking send,
+    two threads blocked in send, poll POLLOUT, epoll EPOLLOUT level- and
+    edge-triggered — must still be woken when room is freed: a wait that asked too
+    late, or not at all, would last until the sleeper's 1 s re-check (room.py fails
+    any wait over 0.6 s; its reader never pauses longer than 0.2 s)."""
+    p = canald.spawn([python, progs / "room.py"], name="room")
+    canald.wait_served(p, kind="tcp-shortcut")
+    r = p.finish(120)
+    assert r.returncode == 0 and r.stdout.count(" ok ") == 5, r.describe()
+
+
+@pytest.mark.parametrize("mode", ["block", "poll", "epoll"])
+def test_reading_an_answer_does_not_wake_the_peer(canald, procs, python, progs, mode):
+    """A server that sleeps for each request (the client takes 3 ms) sleeps once per
+    exchange natively. Under canal the client's reading of the answer woke the
+    sleeping server for nothing — room it had not asked for — and each wake-up was a
+    sleep more (PostgreSQL's backends paid it on every query). Each sleep longer than
+    500 µs is two under canal by design (the deferred barrier's re-check, §8.4), so
+    the bound is twice the native count with a margin: before the room rule it was
+    four times."""
+    argv = [python, progs / "wakeups.py", mode, "150"]
+    native = procs.run(argv, timeout=60, name=f"wakeups-native-{mode}")
+    assert native.returncode == 0, native.describe()
+    p = canald.spawn(argv, name=f"wakeups-{mode}")
+    canald.wait_served(p, kind="tcp-shortcut")
+    r = p.finish(60)
+    assert r.returncode == 0, r.describe()
+    base, got = float(native.stdout.split()[1]), float(r.stdout.split()[1])
+    assert got <= 2 * base + 0.5, (
+        f"{mode}: {got:.2f} sleeps per exchange under canal, {base:.2f} natively: "
+        "the peer is woken for nothing"
+    )

@@ -152,14 +152,21 @@ pub struct SegSide {
     /// other side swaps it to 1 and appends only if it read 0; a reader of this side
     /// swaps it to 0 before it looks at the socket.
     pub logged: AtomicU32,
-    pub reserved0: u32,
+    /// (§8.4 room rule) 1 while a thread of this side found its outgoing ring full
+    /// and may wait for room (the kernel's SOCK_NOSPACE): set by this side before its
+    /// fence and re-check; the other side, after consuming, swaps it to 0 and wakes
+    /// this side only if it read 1 (or `room_rule` is 0).
+    pub room_wanted: AtomicU32,
     /// (§8.8, minor 8) This side's poll sleepers as a bell word: low 32 bits their
     /// count, high 32 bits the bell tag of the only one (`bell::tag`), 0 while none
     /// sleeps, or `bell::SEVERAL`. The other side, seeing exactly the sleepers this
     /// word counts and one tag, writes that thread's bell eventfd itself instead of
     /// having canald relay the wake-up.
     pub bell: AtomicU64,
-    pub reserved: [u32; 6],
+    /// 1 once this side follows the room rule (`room_wanted`); 0 from an older guest
+    /// library, whose sleepers the other side wakes after every consume as before.
+    pub room_rule: AtomicU32,
+    pub reserved: [u32; 5],
 }
 
 /// Page 0 of a pair segment. Line 0 is written by canald once, before either guest

@@ -148,7 +148,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 0f00 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 1000 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -539,6 +539,8 @@ fn segment_offsets() {
     assert_eq!(offset_of!(SegSide, logged), 24);
     // §8.8 (1.8): the bell word.
     assert_eq!(offset_of!(SegSide, bell), 32);
+    assert_eq!(offset_of!(SegSide, room_wanted), 28);
+    assert_eq!(offset_of!(SegSide, room_rule), 40);
     assert_eq!(offset_of!(SegHeader, owners), 48);
     assert_eq!(owners_offset(1), 52);
     // protocol.md §8.4: the deferred-barrier announcement is new in 1.3.

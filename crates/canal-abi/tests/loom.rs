@@ -947,3 +947,54 @@ fn names_pair(port: u16) -> [u8; canal_abi::names::NAMES_SIZE] {
         &CanalAddr::v4([127, 0, 0, 2], port),
     )
 }
+
+/// Room rule (§8.4, minor 16): a waiter with its ring full raises `room_wanted`, fences
+/// and reads the tail again before it sleeps; the consumer, after its tail store and
+/// fence, bumps `wake_seq` (FUTEX_WAKE) only if it finds a sleeper and takes the word
+/// from 1 to 0. Two waiters race one consume: none may sleep on a never-bumped value.
+#[test]
+fn room_rule_wakes_every_waiter_for_room() {
+    type Words = (AtomicU32, AtomicU32, AtomicU32); // room_wanted, sleepers, wake_seq
+    bounded().check(|| {
+        let r = ring4();
+        assert_eq!(r.producer().push(&[1, 2, 3, 4]).unwrap(), 4);
+        let w: Arc<Words> = Arc::new(Default::default());
+        let (rc, wc) = (r.clone(), w.clone());
+        let c = thread::spawn(move || {
+            assert_eq!(rc.consumer().pop(&mut [0u8; 1]).unwrap(), 1);
+            fence(Ordering::SeqCst);
+            // As `Rings::notify`: the sleeper count first, then the word.
+            if wc.1.load(Ordering::Relaxed) != 0
+                && wc.0.load(Ordering::Relaxed) != 0
+                && wc.0.swap(0, Ordering::AcqRel) != 0
+            {
+                wc.2.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let waiter = || {
+            let (r, w) = (r.clone(), w.clone());
+            thread::spawn(move || {
+                // Head 4 on a 4-byte ring: the free room is the tail.
+                let room = || r.tail.load(Ordering::Acquire) > 0;
+                w.1.fetch_add(1, Ordering::Relaxed);
+                let seq = w.2.load(Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                if room() {
+                    return None;
+                }
+                w.0.store(1, Ordering::Release);
+                fence(Ordering::SeqCst);
+                (!room()).then_some(seq) // would FUTEX_WAIT on `seq`
+            })
+        };
+        let (w1, w2) = (waiter(), waiter());
+        c.join().unwrap();
+        let now = w.2.load(Ordering::Relaxed);
+        for seq in [w1.join().unwrap(), w2.join().unwrap()]
+            .into_iter()
+            .flatten()
+        {
+            assert_ne!(seq, now, "a waiter for room sleeps and is never woken");
+        }
+    });
+}

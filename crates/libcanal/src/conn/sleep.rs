@@ -281,7 +281,7 @@ pub(crate) fn sleep_events(
     // socket state; pairs with the host's fence between changing a socket and reading
     // event_waiters / sleep (§6).
     fence(Ordering::SeqCst);
-    let r = if cond() {
+    let r = if crate::shortcut::room::recheck(cond) {
         Ok(0)
     } else {
         fds[n] = libc::pollfd {
@@ -307,7 +307,7 @@ pub(crate) fn sleep_events(
                 // Its re-check looks segments up again: held meanwhile.
                 let mut held = || {
                     let _hold = crate::shortcut::seg::Hold::new();
-                    cond()
+                    crate::shortcut::room::recheck(cond)
                 };
                 deferred_ppoll(all, t, sigmask, &mut held)
             } else {
@@ -457,6 +457,7 @@ impl SegSleepers {
         }
         let side = e.segment_side.load(Ordering::Relaxed);
         crate::shortcut::barrier::announce(seg.deferred_barrier(side));
+        crate::shortcut::room::announce(seg.room_rule(side));
         // §8.8: count ourselves in the bell word too, naming our bell for this peer if
         // we have one (before the fence, as `sleepers`: Dekker holds for each word).
         self.bell_words[self.n] = core::ptr::null();

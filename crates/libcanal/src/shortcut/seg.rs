@@ -155,6 +155,13 @@ impl Seg {
     pub(crate) fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].wake_seq
     }
+    /// The side's room-rule words (§8.4, crate::shortcut::room).
+    pub(crate) fn room_wanted(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].room_wanted
+    }
+    pub(crate) fn room_rule(&self, side: u32) -> &'static AtomicU32 {
+        &self.header().sides[side.min(1) as usize].room_rule
+    }
     /// The side's event-log words (§8.6, crate::evlog).
     pub(crate) fn watched(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].watched
@@ -508,13 +515,14 @@ pub(crate) fn futex_sleep(
     let fs = seg.futex_sleepers(side);
     let w = seg.wake_seq(side);
     crate::shortcut::barrier::announce(seg.deferred_barrier(side));
+    crate::shortcut::room::announce(seg.room_rule(side));
     fs.fetch_add(1, Ordering::Relaxed);
     let seq = w.load(Ordering::Relaxed);
     // F1: SeqCst fence between counting ourselves and re-checking; pairs with the
     // waker's fence between publishing its index and reading futex_sleepers, or,
     // for a waker that skips it, with the global barrier below (barrier.rs).
     canal_abi::sync::fence(Ordering::SeqCst);
-    let mut ready = cond();
+    let mut ready = crate::shortcut::room::recheck(cond);
     let mut r = Ok(());
     let mut left = timeout_ns.max(1);
     let mut barrier_done = false;
@@ -533,7 +541,7 @@ pub(crate) fn futex_sleep(
         // Slept DEFER_NS without a wake-up: make any fence-less publish visible, then
         // re-check before sleeping on (or, without the barrier, re-check each step).
         barrier_done = !barrier_done && crate::shortcut::barrier::global();
-        ready = cond();
+        ready = crate::shortcut::room::recheck(cond);
     }
     fs.fetch_sub(1, Ordering::Relaxed);
     r.map(|_| ready)

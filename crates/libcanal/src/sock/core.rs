@@ -64,16 +64,29 @@ pub(crate) struct Rings {
     pub(crate) peer: Option<(crate::shortcut::seg::Seg, u32)>,
 }
 
+/// What a side did to a stream's rings, for `Rings::notify`.
+#[derive(Clone, Copy)]
+pub(crate) enum Moved {
+    /// Published bytes (or its FIN word): the peer's readers must hear of it.
+    Sent,
+    /// Consumed bytes, freeing room: a short-circuit peer hears of it only if it asked
+    /// for room (§8.4 room rule); a region socket's host likewise (§3.5).
+    Received,
+}
+
 impl Rings {
-    /// After publishing tx bytes (or freeing rx space when `freed` on a region
-    /// socket whose host asked for it): tell whoever must know. Region sockets: the
-    /// host (attention + kick). Short-circuited ones: nobody, unless the peer sleeps
-    /// (§8.4: fence, read its sleeper count, then attention + kick so canald wakes it).
+    /// After moving an index (`moved`): tell whoever must know. Region sockets: the
+    /// host (attention + kick) after a send, or after a receive it asked room of.
+    /// Short-circuited ones: nobody, unless the peer sleeps (§8.4: fence, read its
+    /// sleeper count, then attention + kick so canald wakes it) — and, after a
+    /// receive, unless it asked for room (`shortcut::room`).
     #[inline]
-    pub(crate) fn notify(&self, s: &Sock, region_wants: bool) {
+    pub(crate) fn notify(&self, s: &Sock, moved: Moved) {
         match self.peer {
             None => {
-                if region_wants {
+                // The receive-room handshake (§3.5) with a host short of room.
+                let asked = || canal_abi::region::room_asked_after_release(&s.e.flags);
+                if matches!(moved, Moved::Sent) || asked() {
                     attention(s.g, s.idx);
                 }
             }
@@ -86,16 +99,29 @@ impl Rings {
                 if !crate::shortcut::barrier::may_skip_fence(seg.deferred_barrier(side)) {
                     fence(Ordering::SeqCst);
                 }
-                if seg.futex_sleepers(side).load(Ordering::Relaxed) != 0 {
-                    seg.futex_wake(side);
-                }
+                // Sleepers that re-check the socket itself (futex, poll, direct epoll)
+                // are woken for room only when they asked; an epoll set following the
+                // connection through its event log hears of every move (below), since
+                // a fence-less consume may miss the word and the log's re-check would
+                // not look at this socket again.
+                let futex = seg.futex_sleepers(side).load(Ordering::Relaxed) != 0;
                 let mut wake = seg.sleepers(side).load(Ordering::Relaxed) != 0;
-                // §8.8: one sleeping thread with a bell for us: ring it ourselves.
-                if wake && crate::shortcut::bells::enabled(s.g) {
-                    let word = seg.bell(side).load(Ordering::Relaxed);
-                    if let Some(tag) = canal_abi::segment::bell::target(word) {
-                        let arena = s.e.arena.load(Ordering::Relaxed);
-                        wake = !crate::shortcut::bells::ring(s.g, arena, tag);
+                if (futex || wake)
+                    && matches!(moved, Moved::Received)
+                    && !crate::shortcut::room::wanted(seg.room_rule(side), seg.room_wanted(side))
+                {
+                    wake = false;
+                } else {
+                    if futex {
+                        seg.futex_wake(side);
+                    }
+                    // §8.8: one sleeping thread with a bell for us: ring it ourselves.
+                    if wake && crate::shortcut::bells::enabled(s.g) {
+                        let word = seg.bell(side).load(Ordering::Relaxed);
+                        if let Some(tag) = canal_abi::segment::bell::target(word) {
+                            let arena = s.e.arena.load(Ordering::Relaxed);
+                            wake = !crate::shortcut::bells::ring(s.g, arena, tag);
+                        }
                     }
                 }
                 // §8.6: a large epoll set of the peer follows this connection through
@@ -164,7 +190,7 @@ impl Rings {
             return;
         }
         seg.dir(1 - peer).fin.store(1, Ordering::Release);
-        self.notify(s, false);
+        self.notify(s, Moved::Sent);
     }
 }
 
@@ -331,10 +357,20 @@ impl Sock {
             }
         };
         // R3-style Acquire loads of the other side's indices.
-        let tx_used = txh
-            .load(Ordering::Relaxed)
-            .wrapping_sub(txt.load(Ordering::Acquire))
-            .min(tx_size);
+        let tx_used_now = || {
+            txh.load(Ordering::Relaxed)
+                .wrapping_sub(txt.load(Ordering::Acquire))
+                .min(tx_size)
+        };
+        let mut tx_used = tx_used_now();
+        // §8.4 room rule: a full outgoing ring seen by a sleeper's re-check (a waiter
+        // for POLLOUT or a blocked send) asks the peer for room, then is read again.
+        if tx_size > 0 && tx_used >= tx_size && crate::shortcut::room::rechecking() {
+            if let Some((seg, side)) = peer.as_ref().and_then(|r| r.peer) {
+                crate::shortcut::room::want(seg.room_wanted(1 - side));
+                tx_used = tx_used_now();
+            }
+        }
         let rx_used_now = || {
             rxh.load(Ordering::Acquire)
                 .wrapping_sub(rxt.load(Ordering::Relaxed))

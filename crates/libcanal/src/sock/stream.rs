@@ -7,8 +7,8 @@ use crate::ready::local;
 use crate::sock::core::dead_err;
 use crate::sock::core::epipe;
 use crate::sock::core::wait_err;
+use crate::sock::core::Moved;
 use crate::sock::core::Sock;
-use canal_abi::region::room_asked_after_release;
 use canal_abi::ring::check_indices;
 use canal_abi::ring::RingStorage;
 use canal_abi::sock_flag as f;
@@ -167,7 +167,7 @@ pub(crate) fn send_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
             }
             crate::shortcut::sidelock::exit_tx(s.e, held);
             if n > 0 {
-                r.notify(&s, true);
+                r.notify(&s, Moved::Sent);
                 sent += n;
             }
             if sent == total {
@@ -370,7 +370,7 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
             }
             got += n;
             if n > 0 {
-                r.notify(&s, false);
+                r.notify(&s, Moved::Received);
             }
             if got > 0 && got >= target {
                 return Ok(got);
@@ -393,8 +393,7 @@ pub(crate) fn recv_stream(s: Sock, iov: &[iovec], flags: c_int) -> Result<usize,
         crate::shortcut::sidelock::exit_rx(s.e, held);
         if n > 0 && !peek {
             got += n;
-            // Region rings: the receive-room handshake (§3.5) with a host short of room.
-            r.notify(&s, r.peer.is_none() && room_asked_after_release(&s.e.flags));
+            r.notify(&s, Moved::Received);
         } else if n > 0 && (nonblock || peek_done(&s, &r, used >= size, target)) {
             return Ok(n);
         }
