@@ -46,7 +46,7 @@ pub struct DaemonArgs {
     /// the pool for larger rings [default: 256]
     #[arg(long, value_name = "N")]
     pub data_mib: Option<u64>,
-    /// Each socket's tx and rx ring in KiB [default: 1024]; when the data area runs
+    /// Each socket's tx and rx ring in KiB [default: 2048]; when the data area runs
     /// short, later sockets get smaller rings (down to 64 KiB) so that every socket
     /// table entry can still have some
     #[arg(long, value_name = "N")]

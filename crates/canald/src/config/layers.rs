@@ -300,7 +300,7 @@ pub(crate) fn render(settings: &[Setting]) -> String {
     for key in KEYS {
         if !settings.iter().any(|s| s.key == *key) {
             let what = match *key {
-                "ring-kib" => "1024, shrunk to fit a small data-mib",
+                "ring-kib" => "2048, shrunk to fit a small data-mib",
                 "spin" => "an adaptive budget",
                 "split-us" => "an adaptive split",
                 "dns" => "none: /etc/resolv.conf names no IPv4 nameserver",

@@ -96,7 +96,7 @@ pub(crate) fn default_workers() -> usize {
 /// A socket's tx and rx rings, each (`--ring-kib`): while the data area has room
 /// (fewer ring-full waits and wake-ups than smaller rings; docs/bench/why.md); sockets
 /// beyond what the area holds at this size get smaller rings (`Guest::alloc_rings`).
-pub(crate) const DEFAULT_RING_KIB: u64 = 1024;
+pub(crate) const DEFAULT_RING_KIB: u64 = 2048;
 
 /// Defaults shared by `Config::new` and the command line (`DaemonArgs`).
 pub(crate) const DEFAULT_SLOTS: u32 = 2048;
