@@ -397,8 +397,9 @@ impl Daemon {
 
     /// HOST_SOCKET: the guest's program passes a listener or an unconnected stream to
     /// another process; the guest gets the host socket and canald serves it no more
-    /// (`guest::handover`; the entry stays, HANDED_OVER, until the guest closes it). The socket may be served by another worker (virtual RSS):
-    /// that worker's share of the guest hands it over.
+    /// (`guest::handover`; the entry stays, HANDED_OVER, until the guest closes it).
+    /// The socket may be served by another worker (virtual RSS): that worker's share
+    /// of the guest hands it over.
     fn on_host_socket(&mut self, key: u32, body: &[u8]) -> bool {
         let Some(conn) = self.conns.get(&key) else {
             return false;

@@ -456,8 +456,7 @@ impl SegSleepers {
             return;
         }
         let side = e.segment_side.load(Ordering::Relaxed);
-        crate::shortcut::barrier::announce(seg.deferred_barrier(side));
-        crate::shortcut::room::announce(seg.room_rule(side));
+        seg.announce_sleeper_rules(side);
         // §8.8: count ourselves in the bell word too, naming our bell for this peer if
         // we have one (before the fence, as `sleepers`: Dekker holds for each word).
         self.bell_words[self.n] = core::ptr::null();

@@ -95,15 +95,6 @@ pub(crate) fn may_skip_fence(peer_announced: &AtomicU32) -> bool {
     REGISTERED.load(Ordering::Relaxed) == YES && peer_announced.load(Ordering::Relaxed) != 0
 }
 
-/// Announces, before a sleeper of this side counts itself, that this side's sleepers
-/// follow the deferred rule (written once: later sleepers only read it).
-#[inline]
-pub(crate) fn announce(side_word: &AtomicU32) {
-    if side_word.load(Ordering::Relaxed) == 0 {
-        side_word.store(1, Ordering::Relaxed);
-    }
-}
-
 /// Step 2: makes every fence-less publish that happened before it visible. False if
 /// the kernel refuses (the caller then re-checks every DEFER_NS).
 pub(crate) fn global() -> bool {
@@ -116,15 +107,6 @@ pub(crate) fn global() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn announce_is_written_once() {
-        let w = AtomicU32::new(0);
-        announce(&w);
-        assert_eq!(w.load(Ordering::Relaxed), 1);
-        announce(&w);
-        assert_eq!(w.load(Ordering::Relaxed), 1);
-    }
 
     #[test]
     fn skipping_needs_registration_and_announcement() {

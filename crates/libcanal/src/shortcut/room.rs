@@ -19,7 +19,7 @@
 //! loom tests). Every waiter for room raises the word again before each sleep, so the
 //! consumer clearing it never hides a later waiter; a waiter still spinning does not
 //! raise it, so a bulk transfer's consumer does not bounce its line. A side announces
-//! the rule (`room_rule`) before its first sleeper counts itself; a peer library that
+//! the rule (`room_rule`, `Seg::announce_sleeper_rules`) before its first sleeper counts itself; a peer library that
 //! never announces it is woken after every consume, as before.
 
 use canal_abi::sync::{fence, AtomicU32, Ordering};
@@ -42,15 +42,6 @@ pub(crate) fn recheck(cond: &mut dyn FnMut() -> bool) -> bool {
 #[inline]
 pub(crate) fn rechecking() -> bool {
     RECHECKING.with(|r| r.get())
-}
-
-/// This side follows the rule: its `room_rule` word (written once; later calls only
-/// read it).
-#[inline]
-pub(crate) fn announce(w: &AtomicU32) {
-    if w.load(Ordering::Relaxed) == 0 {
-        w.store(1, Ordering::Relaxed);
-    }
 }
 
 /// A side found its outgoing ring full and may wait for room: raise its
@@ -87,7 +78,7 @@ mod tests {
         // An older library never announces: woken after every consume, as before.
         assert!(wanted(&rule, &word));
         assert!(wanted(&rule, &word));
-        announce(&rule);
+        rule.store(1, Ordering::Relaxed); // Seg::announce_sleeper_rules
         assert!(!wanted(&rule, &word), "woken without asking for room");
         want(&word);
         assert!(wanted(&rule, &word));

@@ -132,6 +132,14 @@ pub(crate) struct Seg {
     zone_size: u64,
 }
 
+/// Writes one of a side's announcement words (0 → 1) once; later calls only read it.
+#[inline]
+fn announce(word: &AtomicU32) {
+    if word.load(Ordering::Relaxed) == 0 {
+        word.store(1, Ordering::Relaxed);
+    }
+}
+
 impl Seg {
     fn header(&self) -> &'static SegHeader {
         // SAFETY: base maps at least segment_size(ring_size) bytes (checked when it
@@ -154,6 +162,19 @@ impl Seg {
     }
     pub(crate) fn wake_seq(&self, side: u32) -> &'static AtomicU32 {
         &self.header().sides[side.min(1) as usize].wake_seq
+    }
+    /// Before a sleeper of `side` counts itself: the side's sleepers follow the
+    /// deferred-barrier rule (barrier.rs) and the room rule (room.rs).
+    #[inline]
+    pub(crate) fn announce_sleeper_rules(&self, side: u32) {
+        announce(self.deferred_barrier(side));
+        announce(self.room_rule(side));
+    }
+    /// When a socket first resolves its rings: the side follows the deferred-barrier
+    /// rule before any of its threads can sleep on it (§8.4).
+    #[inline]
+    pub(crate) fn announce_deferred_barrier(&self, side: u32) {
+        announce(self.deferred_barrier(side));
     }
     /// The side's room-rule words (§8.4, crate::shortcut::room).
     pub(crate) fn room_wanted(&self, side: u32) -> &'static AtomicU32 {
@@ -514,8 +535,7 @@ pub(crate) fn futex_sleep(
 ) -> Result<bool, i32> {
     let fs = seg.futex_sleepers(side);
     let w = seg.wake_seq(side);
-    crate::shortcut::barrier::announce(seg.deferred_barrier(side));
-    crate::shortcut::room::announce(seg.room_rule(side));
+    seg.announce_sleeper_rules(side);
     fs.fetch_add(1, Ordering::Relaxed);
     let seq = w.load(Ordering::Relaxed);
     // F1: SeqCst fence between counting ourselves and re-checking; pairs with the
@@ -577,6 +597,15 @@ mod tests {
     fn over(mem: &mut [u64]) -> Seg {
         // SAFETY: mem is zeroed, aligned, SEG_HEADER_SIZE + 2 * RING bytes long.
         unsafe { Seg::from_raw(mem.as_mut_ptr() as *mut u8, RING, 0) }
+    }
+
+    #[test]
+    fn announce_is_written_once() {
+        let w = AtomicU32::new(0);
+        announce(&w);
+        assert_eq!(w.load(Ordering::Relaxed), 1);
+        announce(&w);
+        assert_eq!(w.load(Ordering::Relaxed), 1);
     }
 
     /// A sleeper whose re-check missed a fence-less publish (the publisher's index

@@ -268,7 +268,7 @@ impl Sock {
         crate::notify::note_segment_mapped();
         let side = self.e.segment_side.load(Ordering::Relaxed).min(1);
         // Our sleepers follow the deferred rule: the peer may publish fence-less.
-        crate::shortcut::barrier::announce(seg.deferred_barrier(side));
+        seg.announce_deferred_barrier(side);
         let (tx, rx) = (seg.dir(side), seg.dir(1 - side));
         Ok(Rings {
             tx: seg.ring(side),
