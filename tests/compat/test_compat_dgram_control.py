@@ -66,11 +66,10 @@ for n, server in enumerate(["127.0.0.1", "127.0.0.2", "127.0.0.1"]):
 """
 
 
-@pytest.mark.deadline(90)
-@pytest.mark.parametrize("mode", MODES)
-def test_dnsmasq_answers_from_the_address_asked(request, mode, tmp_path):
+def start_dnsmasq(request, mode, tmp_path, server_run):
+    """dnsmasq on both loopback addresses (its wildcard sockets), answering canal.test
+    with 10.9.8.7; its UDP port, once canal serves it in the modes that say so."""
     dnsmasq = need_tool("dnsmasq")
-    server_run, client_run = compat_util.ends(request, mode)
     # dnsmasq binds TCP and UDP on the wildcard address.
     port = e2e_util.port_free_for_tcp_and_udp("0.0.0.0")
     conf = tmp_path / "dnsmasq.conf"
@@ -83,6 +82,14 @@ def test_dnsmasq_answers_from_the_address_asked(request, mode, tmp_path):
                       what=f"dnsmasq to bind UDP port {port}")
     assert server.poll() is None, server.describe()
     compat_util.assert_served_by_canal(request, mode, port, proto="udp", what="dnsmasq")
+    return server, port
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("mode", MODES)
+def test_dnsmasq_answers_from_the_address_asked(request, mode, tmp_path):
+    server_run, client_run = compat_util.ends(request, mode)
+    server, port = start_dnsmasq(request, mode, tmp_path, server_run)
     r = client_run.run([sys.executable, "-c", CLIENT, str(port), dns_query("canal.test", 0).hex()],
                        timeout=40, name="client")
     assert r.returncode == 0, r.describe()
@@ -90,4 +97,24 @@ def test_dnsmasq_answers_from_the_address_asked(request, mode, tmp_path):
     assert lines == [f"{a} from {a} id {100 + n} answers 1 address 10.9.8.7"
                      for n, a in enumerate(["127.0.0.1", "127.0.0.2", "127.0.0.1"])], \
         f"{r.describe()}\n{server.describe()}"
+    assert server.poll() is None, server.describe()
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("mode", MODES)
+def test_dig_over_udp_and_tcp(request, mode, tmp_path):
+    """bind9's dig runs on libuv 1.44, which sends its UDP queries with
+    `syscall(__NR_sendmmsg)`: under canal every query timed out until the library
+    hooked libc's `syscall()` (tests/e2e/test_bynumber.py)."""
+    dig = need_tool("dig")
+    server_run, client_run = compat_util.ends(request, mode)
+    server, port = start_dnsmasq(request, mode, tmp_path, server_run)
+    with compat_util.CanalSampler(request, mode, interval=0.01) as sampler:
+        # dnsmasq's TCP side answers only on the address its wildcard socket names.
+        for transport, addr in (("+notcp", "127.0.0.1"), ("+notcp", "127.0.0.2"), ("+tcp", "127.0.0.1")):
+            r = client_run.run([dig, "+short", "+tries=1", "+time=5", transport, "-p", str(port),
+                                f"@{addr}", "canal.test"], timeout=30, name=f"dig-{transport[1:]}-{addr}")
+            assert r.returncode == 0 and r.stdout.split() == ["10.9.8.7"], \
+                f"{r.describe()}\n{server.describe()}"
+    sampler.require_peer_port(port, "dig", program=dig)
     assert server.poll() is None, server.describe()

@@ -416,15 +416,25 @@ def test_threads_beyond_the_slots_wait_on_their_short_circuited_sockets(canal_bi
 
 
 UNSEEN_WRITE = r"""
-import ctypes, os, socket, sys, time
+import ctypes, mmap, os, socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 s.sendall(b"seen")
 if os.fork() == 0:  # the process shares: from now on its sockets are WATCHed
     os._exit(0)
 os.wait()
-# A write no hook sees (as io_uring's or a program's without the library would be).
-libc = ctypes.CDLL(None, use_errno=True)
-n = libc.syscall(1, s.fileno(), b"unseen", 6)  # SYS_write on x86-64
+# A write no hook sees (as io_uring's, Go's or a program's own system call instruction
+# would be; libc's syscall() is hooked): x86-64 machine code, rdi = number.
+code = bytes([0x48, 0x89, 0xf8,  # mov rax, rdi
+              0x48, 0x89, 0xf7,  # mov rdi, rsi
+              0x48, 0x89, 0xd6,  # mov rsi, rdx
+              0x48, 0x89, 0xca,  # mov rdx, rcx
+              0x0f, 0x05,        # syscall
+              0xc3])             # ret
+page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+raw = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_long)(addr)
+n = raw(1, s.fileno(), b"unseen", 6)  # SYS_write on x86-64
 print("RAW", n, flush=True)
 deadline = time.monotonic() + 10
 while True:
@@ -442,8 +452,8 @@ while True:
 
 @pytest.mark.deadline(60)
 def test_a_write_outside_the_hooks_is_an_error_not_a_loss(canald, python):
-    """Bytes written to a canal socket's descriptor by a path no hook sees (here a raw
-    write(2) after the process forked) cannot be delivered: the peer sees a reset, not
+    """Bytes written to a canal socket's descriptor by a path no hook sees (here a
+    system call instruction of the program's own, write(2), after the process forked) cannot be delivered: the peer sees a reset, not
     a stream that ends cleanly without them, and the program's next send fails (EIO)."""
     if os.uname().machine != "x86_64":
         pytest.skip("the raw write uses x86-64's system call number")

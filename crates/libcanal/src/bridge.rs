@@ -154,7 +154,7 @@ fn spawn(g: &'static Guest, fd: c_int, h: u32) -> Result<c_int, i32> {
     let mut sv = [-1 as c_int; 2];
     // SAFETY: sv is a writable array of two ints.
     sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_socketpair,
             libc::AF_UNIX as libc::c_long,
             (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as libc::c_long,
@@ -164,7 +164,7 @@ fn spawn(g: &'static Guest, fd: c_int, h: u32) -> Result<c_int, i32> {
     })?;
     let mut tk = [-1 as c_int; 2];
     // SAFETY: tk is a writable array of two ints.
-    let r = unsafe { libc::syscall(libc::SYS_pipe2, tk.as_mut_ptr(), libc::O_CLOEXEC) };
+    let r = unsafe { crate::sys::raw_syscall!(libc::SYS_pipe2, tk.as_mut_ptr(), libc::O_CLOEXEC) };
     if let Err(e) = sys::check(r) {
         let _ = sys::close(sv[0]);
         let _ = sys::close(sv[1]);
@@ -224,7 +224,7 @@ fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, token: c_int) ->
     // SAFETY: clone without CLONE_VM is fork without atfork handlers; the child runs
     // only `intermediate`, which makes raw system calls and exits.
     let pid = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_clone,
             0 as libc::c_long,
             0 as libc::c_long,
@@ -245,7 +245,7 @@ fn start_helper(g: &'static Guest, fd: c_int, h: u32, q: c_int, token: c_int) ->
     let mut status = 0;
     // SAFETY: status is a valid out-pointer.
     unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_wait4,
             pid,
             &mut status as *mut c_int,
@@ -266,7 +266,7 @@ fn intermediate(l: &Launch, fd: c_int, q: c_int, token: c_int) -> ! {
     // SAFETY: as above, a fork without atfork handlers; exit signal SIGCHLD so that
     // whoever inherits the helper reaps it.
     let pid = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_clone,
             libc::SIGCHLD as libc::c_long,
             0 as libc::c_long,
@@ -279,7 +279,7 @@ fn intermediate(l: &Launch, fd: c_int, q: c_int, token: c_int) -> ! {
         helper_exec(l, fd, q, token);
     }
     // SAFETY: exit_group has no preconditions.
-    unsafe { libc::syscall(libc::SYS_exit_group, if pid < 0 { 1 } else { 0 }) };
+    unsafe { crate::sys::raw_syscall!(libc::SYS_exit_group, if pid < 0 { 1 } else { 0 }) };
     unreachable!()
 }
 
@@ -290,40 +290,40 @@ fn helper_exec(l: &Launch, fd: c_int, q: c_int, token: c_int) -> ! {
     // SAFETY: raw system calls on this process's own descriptors and on strings and
     // arrays `l` made before the clone; on any failure the process exits.
     unsafe {
-        let a = libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 10);
-        let b = libc::syscall(libc::SYS_fcntl, q, libc::F_DUPFD_CLOEXEC, 10);
-        let t = libc::syscall(libc::SYS_fcntl, token, libc::F_DUPFD_CLOEXEC, 10);
-        let null = libc::syscall(
+        let a = crate::sys::raw_syscall!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 10);
+        let b = crate::sys::raw_syscall!(libc::SYS_fcntl, q, libc::F_DUPFD_CLOEXEC, 10);
+        let t = crate::sys::raw_syscall!(libc::SYS_fcntl, token, libc::F_DUPFD_CLOEXEC, 10);
+        let null = crate::sys::raw_syscall!(
             libc::SYS_openat,
             libc::AT_FDCWD,
             c"/dev/null".as_ptr(),
             libc::O_RDWR,
         );
         if a < 0 || b < 0 || t < 0 || null < 0 {
-            libc::syscall(libc::SYS_exit_group, 126);
+            crate::sys::raw_syscall!(libc::SYS_exit_group, 126);
         }
         for t in 0..3 {
-            libc::syscall(libc::SYS_dup3, null, t, 0);
+            crate::sys::raw_syscall!(libc::SYS_dup3, null, t, 0);
         }
-        libc::syscall(libc::SYS_dup3, a, HELPER_SOCK, 0);
-        libc::syscall(libc::SYS_dup3, b, HELPER_Q, 0);
-        libc::syscall(libc::SYS_dup3, t, HELPER_TOKEN, 0);
-        libc::syscall(
+        crate::sys::raw_syscall!(libc::SYS_dup3, a, HELPER_SOCK, 0);
+        crate::sys::raw_syscall!(libc::SYS_dup3, b, HELPER_Q, 0);
+        crate::sys::raw_syscall!(libc::SYS_dup3, t, HELPER_TOKEN, 0);
+        crate::sys::raw_syscall!(
             libc::SYS_close_range,
             HELPER_TOKEN + 1,
             c_int::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
         for k in l.keep {
-            libc::syscall(libc::SYS_fcntl, k, libc::F_SETFD, 0);
+            crate::sys::raw_syscall!(libc::SYS_fcntl, k, libc::F_SETFD, 0);
         }
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_execve,
             c"/proc/self/exe".as_ptr(),
             l.argv.as_ptr(),
             l.env.as_ptr(),
         );
-        libc::syscall(libc::SYS_exit_group, 127);
+        crate::sys::raw_syscall!(libc::SYS_exit_group, 127);
     }
     unreachable!()
 }

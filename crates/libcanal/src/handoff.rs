@@ -92,7 +92,7 @@ fn install(s: &Sock, nfd: c_int, fds: &[c_int]) -> Result<(), i32> {
 fn set_opt(fd: c_int, level: c_int, name: c_int, v: &[u8]) {
     // SAFETY: v is a readable buffer of v.len() bytes for the kernel to copy.
     unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_setsockopt,
             fd as libc::c_long,
             level as libc::c_long,

@@ -254,7 +254,8 @@ pub(crate) fn resolve(file: &CStr) -> Option<CString> {
         c.extend_from_slice(f);
         let c = CString::new(c).ok()?;
         // SAFETY: a NUL-terminated path; access only checks.
-        (unsafe { libc::syscall(libc::SYS_access, c.as_ptr(), libc::X_OK) } == 0).then_some(c)
+        (unsafe { crate::sys::raw_syscall!(libc::SYS_access, c.as_ptr(), libc::X_OK) } == 0)
+            .then_some(c)
     })
 }
 
@@ -268,7 +269,7 @@ pub(crate) fn warn_if_unreachable(path: &CStr, fd: libc::c_int) {
     let fd = if own {
         // SAFETY: a NUL-terminated path; flags only.
         let r = unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_openat,
                 libc::AT_FDCWD,
                 path.as_ptr(),

@@ -17,7 +17,7 @@ pub(crate) fn at_start() {
         2
     };
     // SAFETY: exit_group has no preconditions; a helper never returns to the program.
-    unsafe { libc::syscall(libc::SYS_exit_group, code as libc::c_long) };
+    unsafe { crate::sys::raw_syscall!(libc::SYS_exit_group, code as libc::c_long) };
 }
 
 /// One direction's bytes in flight.

@@ -3,11 +3,12 @@
 //! When `libcanal.so` is preloaded, every libc symbol it exports (`read`, `write`,
 //! `close`, `poll`, ...) shadows glibc's, *including for calls made from inside this
 //! library* (Rust's std and the `libc` crate link to the same symbols). So the library
-//! never does its own I/O through libc wrappers: it uses `libc::syscall` (not hooked)
-//! or function pointers resolved with `dlsym(RTLD_NEXT)`.
+//! never does its own I/O through libc wrappers: it makes system calls itself
+//! (`raw_syscall!`, the instruction, not libc's `syscall()`, which the library hooks:
+//! hooks/syscall.rs) or calls function pointers resolved with `dlsym(RTLD_NEXT)`.
 //!
-//! `syscall()` is variadic: every integer argument is widened to `c_long` first, or
-//! the upper half of its register is garbage (an mmap offset of "0" became EOVERFLOW).
+//! `raw_syscall!` widens every argument to `c_long` with `as`, so no register's upper
+//! half is garbage (an mmap offset of "0" passed as an int became EOVERFLOW).
 
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -82,25 +83,96 @@ pub(crate) fn real_ptr(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<us
 
 // ---- raw system calls -------------------------------------------------------------
 
+/// `raw_syscall!(SYS_x, a, b, ...)`: system call `SYS_x` with up to six arguments, each
+/// cast to `c_long`; like libc's `syscall()`, -1 with errno set on failure.
+macro_rules! raw_syscall {
+    ($n:expr $(, $a:expr)* $(,)?) => {
+        $crate::sys::raw_syscall_args($n, &[$(($a) as libc::c_long),*])
+    };
+}
+pub(crate) use raw_syscall;
+
+/// The system call instruction with `args` (at most six), errno set from a failure.
+///
+/// # Safety
+/// As the system call: pointer arguments must be what the kernel expects.
+#[inline(always)]
+pub(crate) unsafe fn raw_syscall_args(n: c_long, args: &[c_long]) -> c_long {
+    let mut a = [0 as c_long; 6];
+    a[..args.len()].copy_from_slice(args);
+    // SAFETY: the caller's contract.
+    let r = unsafe { raw_syscall6(n, a) };
+    if (-4095..0).contains(&r) {
+        set_errno(-r as i32);
+        -1
+    } else {
+        r
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn raw_syscall6(n: c_long, a: [c_long; 6]) -> c_long {
+    let r: c_long;
+    // SAFETY: the Linux x86-64 system call convention; the kernel clobbers rcx and r11
+    // only. Memory is not declared untouched: the call may read or write through its
+    // pointer arguments.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") n => r,
+            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
+            in("r10") a[3], in("r8") a[4], in("r9") a[5],
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+    }
+    r
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("libcanal makes its own system calls on x86-64 and arm64 only");
+
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn raw_syscall6(n: c_long, a: [c_long; 6]) -> c_long {
+    let r: c_long;
+    // SAFETY: the Linux arm64 system call convention (number in x8, result in x0).
+    unsafe {
+        core::arch::asm!(
+            "svc 0",
+            in("x8") n,
+            inlateout("x0") a[0] => r,
+            in("x1") a[1], in("x2") a[2], in("x3") a[3], in("x4") a[4], in("x5") a[5],
+            options(nostack),
+        );
+    }
+    r
+}
+
 pub(crate) fn read(fd: c_int, buf: &mut [u8]) -> Result<usize, i32> {
     // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-    check(unsafe { libc::syscall(libc::SYS_read, fd as c_long, buf.as_mut_ptr(), buf.len()) })
+    check(unsafe {
+        crate::sys::raw_syscall!(libc::SYS_read, fd as c_long, buf.as_mut_ptr(), buf.len())
+    })
 }
 
 pub(crate) fn write(fd: c_int, buf: &[u8]) -> Result<usize, i32> {
     // SAFETY: buf is a valid readable buffer of buf.len() bytes.
-    check(unsafe { libc::syscall(libc::SYS_write, fd as c_long, buf.as_ptr(), buf.len()) })
+    check(unsafe {
+        crate::sys::raw_syscall!(libc::SYS_write, fd as c_long, buf.as_ptr(), buf.len())
+    })
 }
 
 pub(crate) fn close(fd: c_int) -> Result<usize, i32> {
     // SAFETY: closing a descriptor has no memory-safety preconditions.
-    check(unsafe { libc::syscall(libc::SYS_close, fd as c_long) })
+    check(unsafe { crate::sys::raw_syscall!(libc::SYS_close, fd as c_long) })
 }
 
 pub(crate) fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i32> {
     // SAFETY: no pointers involved.
     check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_socket,
             domain as c_long,
             ty as c_long,
@@ -113,7 +185,7 @@ pub(crate) fn socket(domain: c_int, ty: c_int, proto: c_int) -> Result<c_int, i3
 /// fcntl with an integer argument.
 pub(crate) fn fcntl_int(fd: c_int, cmd: c_int, arg: c_long) -> Result<usize, i32> {
     // SAFETY: callers only use commands whose argument is an integer.
-    check(unsafe { libc::syscall(libc::SYS_fcntl, fd as c_long, cmd as c_long, arg) })
+    check(unsafe { crate::sys::raw_syscall!(libc::SYS_fcntl, fd as c_long, cmd as c_long, arg) })
 }
 
 /// Makes descriptor number `fd` a copy of `src` (dup3), keeping the close-on-exec flag
@@ -122,8 +194,10 @@ pub(crate) fn replace_fd(src: c_int, fd: c_int) -> Result<(), i32> {
     let cloexec = fcntl_int(fd, libc::F_GETFD, 0).is_ok_and(|f| f as c_int & libc::FD_CLOEXEC != 0);
     let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
     // SAFETY: dup3 on descriptor numbers only.
-    check(unsafe { libc::syscall(libc::SYS_dup3, src as c_long, fd as c_long, flags as c_long) })
-        .map(|_| ())
+    check(unsafe {
+        crate::sys::raw_syscall!(libc::SYS_dup3, src as c_long, fd as c_long, flags as c_long)
+    })
+    .map(|_| ())
 }
 
 pub(crate) fn eventfd() -> Result<c_int, i32> {
@@ -132,7 +206,7 @@ pub(crate) fn eventfd() -> Result<c_int, i32> {
     }
     let flags = libc::EFD_CLOEXEC | libc::EFD_NONBLOCK;
     // SAFETY: no pointers involved.
-    check(unsafe { libc::syscall(libc::SYS_eventfd2, 0 as c_long, flags as c_long) })
+    check(unsafe { crate::sys::raw_syscall!(libc::SYS_eventfd2, 0 as c_long, flags as c_long) })
         .map(|v| v as c_int)
 }
 
@@ -183,7 +257,7 @@ pub(crate) fn seccomp_filters_at_start() -> Option<u32> {
     let mut buf = [0u8; 4096];
     // SAFETY: a NUL-terminated path; flags only.
     let fd = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_openat,
             libc::AT_FDCWD,
             c"/proc/self/status".as_ptr(),
@@ -274,7 +348,7 @@ fn ppoll_raw(
         });
         // SAFETY: fds is a valid array of fds.len() pollfds.
         return check(unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_poll,
                 fds.as_mut_ptr(),
                 fds.len() as libc::nfds_t,
@@ -296,7 +370,7 @@ fn ppoll_raw(
     // live timespec; sigmask is null or a caller-provided sigset (size 8 for the
     // kernel's sigset).
     check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_ppoll,
             fds.as_mut_ptr(),
             fds.len() as libc::nfds_t,
@@ -317,7 +391,7 @@ thread_local! {
 pub(crate) fn gettid() -> i32 {
     let ask = || {
         // SAFETY: no arguments.
-        unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+        unsafe { crate::sys::raw_syscall!(libc::SYS_gettid) as i32 }
     };
     TID.try_with(|t| {
         if t.get() == 0 {
@@ -335,7 +409,7 @@ pub(crate) fn forget_tid() {
 
 pub(crate) fn getpid() -> i32 {
     // SAFETY: no arguments.
-    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+    unsafe { crate::sys::raw_syscall!(libc::SYS_getpid) as i32 }
 }
 
 /// Whether a thread or process id is still alive (kill(pid, 0)).
@@ -347,7 +421,7 @@ pub(crate) fn alive(tid: i32) -> bool {
         return true; // cannot ask; a confined process does not take over others' locks
     }
     // SAFETY: signal 0 only checks existence.
-    let r = unsafe { libc::syscall(libc::SYS_kill, tid as c_long, 0 as c_long) };
+    let r = unsafe { crate::sys::raw_syscall!(libc::SYS_kill, tid as c_long, 0 as c_long) };
     !(r < 0 && errno() == libc::ESRCH)
 }
 
@@ -355,7 +429,7 @@ pub(crate) fn alive(tid: i32) -> bool {
 pub(crate) fn raise_sigpipe() {
     // SAFETY: tgkill to ourselves with a valid signal number.
     unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_tgkill,
             getpid() as c_long,
             gettid() as c_long,
@@ -371,7 +445,7 @@ pub(crate) fn membarrier(cmd: c_int) -> Result<i64, i32> {
     }
     // SAFETY: membarrier takes two integers and touches no user memory.
     let r = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_membarrier,
             cmd as c_long,
             0 as c_long,
@@ -388,7 +462,7 @@ pub(crate) fn sched_yield() {
     }
     // SAFETY: no arguments.
     unsafe {
-        libc::syscall(libc::SYS_sched_yield);
+        crate::sys::raw_syscall!(libc::SYS_sched_yield);
     }
 }
 
@@ -401,7 +475,13 @@ pub(crate) fn thread_preemptions() -> Option<u64> {
     // SAFETY: an all-zero rusage is a valid value; getrusage only writes into it.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
     // SAFETY: ru is a valid out-pointer for the call's duration.
-    let r = unsafe { libc::syscall(libc::SYS_getrusage, libc::RUSAGE_THREAD, &mut ru) };
+    let r = unsafe {
+        crate::sys::raw_syscall!(
+            libc::SYS_getrusage,
+            libc::RUSAGE_THREAD,
+            &mut ru as *mut libc::rusage
+        )
+    };
     (r == 0).then_some(ru.ru_nivcsw as u64)
 }
 
@@ -434,7 +514,7 @@ pub(crate) fn sleep_ns(ns: i64) {
     };
     // SAFETY: ts is a live timespec; the remainder pointer may be null.
     unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_nanosleep,
             &ts as *const libc::timespec,
             core::ptr::null_mut::<libc::timespec>(),
@@ -476,7 +556,7 @@ pub(crate) fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
     };
     // SAFETY: a fresh mapping chosen by the kernel; no existing memory is touched.
     let r = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_mmap,
             core::ptr::null_mut::<c_void>(),
             len,
@@ -492,7 +572,7 @@ pub(crate) fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
 /// munmap of a mapping this library made with `mmap_shared`.
 pub(crate) fn munmap(base: *mut u8, len: usize) {
     // SAFETY: the caller passes a mapping it made and no longer uses.
-    let _ = unsafe { libc::syscall(libc::SYS_munmap, base as *mut c_void, len) };
+    let _ = unsafe { crate::sys::raw_syscall!(libc::SYS_munmap, base as *mut c_void, len) };
 }
 
 pub(crate) fn file_size(fd: c_int) -> Result<u64, i32> {
@@ -509,7 +589,7 @@ pub(crate) fn lstat_dir(path: &[u8]) -> Result<(bool, u32, u32), i32> {
     }
     // SAFETY: path is NUL-terminated; st is a valid out-pointer.
     check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_newfstatat,
             libc::AT_FDCWD as c_long,
             path.as_ptr(),
@@ -534,7 +614,9 @@ pub(crate) fn fstat(fd: c_int) -> Result<libc::stat, i32> {
     // SAFETY: stat is plain data; all-zero is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer.
-    check(unsafe { libc::syscall(libc::SYS_fstat, fd as c_long, &mut st as *mut libc::stat) })?;
+    check(unsafe {
+        crate::sys::raw_syscall!(libc::SYS_fstat, fd as c_long, &mut st as *mut libc::stat)
+    })?;
     Ok(st)
 }
 
@@ -542,7 +624,7 @@ pub(crate) fn fstat(fd: c_int) -> Result<libc::stat, i32> {
 pub(crate) fn pread(fd: c_int, buf: &mut [u8], off: u64) -> Result<usize, i32> {
     // SAFETY: buf is a valid writable buffer of buf.len() bytes.
     check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_pread64,
             fd as c_long,
             buf.as_mut_ptr(),
@@ -559,7 +641,7 @@ pub(crate) fn is_eventfd(fd: c_int) -> bool {
     let mut link = [0u8; 64];
     // SAFETY: path is NUL-terminated (LineBuf holds it); link is a live buffer.
     let n = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_readlinkat,
             libc::AT_FDCWD as c_long,
             path.as_bytes().as_ptr(),
@@ -578,7 +660,7 @@ pub(crate) fn peer_uid(fd: c_int) -> Result<u32, i32> {
 /// A process descriptor for `pid` (close-on-exec), pollable: readable once it exits.
 pub(crate) fn pidfd_open(pid: i32) -> Result<c_int, i32> {
     // SAFETY: pidfd_open takes a pid and flags (0: close-on-exec is implied).
-    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid as c_long, 0 as c_long) })
+    check(unsafe { crate::sys::raw_syscall!(libc::SYS_pidfd_open, pid as c_long, 0 as c_long) })
         .map(|fd| fd as c_int)
 }
 
@@ -593,7 +675,7 @@ pub(crate) fn peer_cred(fd: c_int) -> Result<libc::ucred, i32> {
     let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `c`.
     check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_getsockopt,
             fd as c_long,
             libc::SOL_SOCKET as c_long,
@@ -663,7 +745,7 @@ pub(crate) fn futex_wait(
     };
     // SAFETY: word is a valid aligned u32 for the call; ts is a valid timespec.
     let r = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT as c_long,
@@ -681,7 +763,7 @@ pub(crate) fn futex_wait(
 pub(crate) fn futex_wake_one(word: &core::sync::atomic::AtomicU32) {
     // SAFETY: word is a valid aligned u32.
     let _ = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE as c_long,
@@ -694,7 +776,7 @@ pub(crate) fn futex_wake_one(word: &core::sync::atomic::AtomicU32) {
 pub(crate) fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
     // SAFETY: word is a valid aligned u32.
     let _ = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE as c_long,

@@ -31,35 +31,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 static int peer_port, closed_port, pause_wanted;
-static int failures;
 static volatile sig_atomic_t sigpipes;
 
 static void on_sigpipe(int sig) { (void)sig; sigpipes++; }
-
-static void report(const char *name, const char *fmt, ...) {
-    if (!fmt) {
-        printf("ok %s\n", name);
-    } else {
-        va_list ap;
-        va_start(ap, fmt);
-        printf("FAIL %s: ", name);
-        vprintf(fmt, ap);
-        printf("\n");
-        va_end(ap);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static struct sockaddr_in addr_of(int port) {
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((unsigned short)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return a;
-}
 
 static const char *en(int e) {
     static char buf[8][64];

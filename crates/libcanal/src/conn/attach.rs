@@ -34,7 +34,7 @@ use libc::c_int;
 fn lock_page() -> Result<(*mut u8, c_int), AttachErr> {
     // SAFETY: memfd_create with a NUL-terminated name.
     let fd = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_memfd_create,
             c"canal-ctl-lock".as_ptr(),
             libc::MFD_CLOEXEC as libc::c_long,
@@ -43,7 +43,7 @@ fn lock_page() -> Result<(*mut u8, c_int), AttachErr> {
     if fd >= 0 {
         // SAFETY: sizing our own fresh memfd.
         let ok = unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_ftruncate,
                 fd as libc::c_long,
                 4096 as libc::c_long,
@@ -250,7 +250,7 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     let salen = (core::mem::size_of::<libc::sa_family_t>() + path.len() + 1) as libc::socklen_t;
     // SAFETY: sa is a valid sockaddr_un of at least salen bytes.
     sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_connect,
             fd as libc::c_long,
             &sa as *const libc::sockaddr_un,
@@ -276,7 +276,7 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         // SAFETY: tv is a valid timeval of the given size.
         let _ = unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_setsockopt,
                 fd as libc::c_long,
                 libc::SOL_SOCKET as libc::c_long,

@@ -48,7 +48,7 @@ pub(crate) fn send_msg(fd: c_int, kind: u16, body: &[u8], pass: c_int) -> Result
     }
     // SAFETY: mh points to live iovec/cmsg buffers for the duration of the call.
     let r = sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_sendmsg,
             fd as libc::c_long,
             &mh as *const libc::msghdr,
@@ -81,7 +81,7 @@ pub(crate) fn recv_msg(
     mh.msg_controllen = core::mem::size_of_val(&cbuf);
     // SAFETY: mh points to live buffers for the duration of the call.
     let n = sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_recvmsg,
             fd as libc::c_long,
             &mut mh as *mut libc::msghdr,

@@ -45,7 +45,7 @@ pub(crate) fn map_region(dev: &[u8]) -> Result<Region, (i32, &'static str)> {
     resource_path(dev, &mut path).ok_or((libc::ENAMETOOLONG, "bad CANAL_IVSHMEM_DEVICE"))?;
     // SAFETY: path is NUL-terminated; a non-negative result is a descriptor we own.
     let fd = sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_openat,
             libc::AT_FDCWD as c_long,
             path.as_ptr(),
@@ -116,7 +116,7 @@ fn open(path: &[u8], flags: c_int) -> Result<c_int, i32> {
     // SAFETY: path is NUL-terminated (callers build it so); a non-negative result is
     // a descriptor we own.
     sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_openat,
             libc::AT_FDCWD as c_long,
             path.as_ptr(),
@@ -234,7 +234,9 @@ mod vfio {
 fn ioctl(fd: c_int, req: u64, arg: c_long) -> Result<usize, i32> {
     // SAFETY: every caller passes a request whose argument is `arg` as the kernel
     // expects it (an integer, or a pointer to a live, correctly laid out struct).
-    sys::check(unsafe { libc::syscall(libc::SYS_ioctl, fd as c_long, req as c_long, arg) })
+    sys::check(unsafe {
+        crate::sys::raw_syscall!(libc::SYS_ioctl, fd as c_long, req as c_long, arg)
+    })
 }
 
 /// Opens the device's VFIO group (`group`, e.g. /dev/vfio/3), enables bus mastering
@@ -276,7 +278,7 @@ fn setup_irqs(dev: &[u8], group: &[u8], want: u32) -> Result<u32, (i32, &'static
         let mut cmd = [0u8; 2];
         // SAFETY: cmd is a 2-byte buffer; pread64 writes at most 2 bytes into it.
         sys::check(unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_pread64,
                 d as c_long,
                 cmd.as_mut_ptr(),
@@ -289,7 +291,7 @@ fn setup_irqs(dev: &[u8], group: &[u8], want: u32) -> Result<u32, (i32, &'static
         let cmd = v.to_le_bytes();
         // SAFETY: cmd is a 2-byte buffer the kernel only reads.
         sys::check(unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_pwrite64,
                 d as c_long,
                 cmd.as_ptr(),

@@ -540,7 +540,7 @@ fn sendfile_canal(
             let off = unsafe { *offset };
             // SAFETY: buf has `want` writable bytes.
             sys::check(unsafe {
-                libc::syscall(
+                crate::sys::raw_syscall!(
                     libc::SYS_pread64,
                     in_fd as libc::c_long,
                     buf.as_mut_ptr(),
@@ -562,7 +562,7 @@ fn sendfile_canal(
                     let _ = sys::check(
                         // SAFETY: lseek has no memory preconditions.
                         unsafe {
-                            libc::syscall(
+                            crate::sys::raw_syscall!(
                                 libc::SYS_lseek,
                                 in_fd as libc::c_long,
                                 -(got as i64),
@@ -579,7 +579,7 @@ fn sendfile_canal(
                 let back = -((got - sent) as i64);
                 // SAFETY: lseek has no memory preconditions.
                 let _ = sys::check(unsafe {
-                    libc::syscall(
+                    crate::sys::raw_syscall!(
                         libc::SYS_lseek,
                         in_fd as libc::c_long,
                         back,

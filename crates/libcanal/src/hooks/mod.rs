@@ -4,7 +4,7 @@
 //!
 //! `#[cfg_attr(not(test), no_mangle)]` keeps unit tests from interposing themselves.
 //!
-//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`, `execl`, `ns` (unshare/setns), `seccomp`, `spawn` (posix_spawn's dup2 actions), `splice`, `vfork`; `common` holds what they share.
+//! One file per family: `socket`, `io`, `poll`, `fd`, `exec`, `execl`, `ns` (unshare/setns), `seccomp`, `spawn` (posix_spawn's dup2 actions), `splice`, `syscall` (libc's `syscall()`: a call by number goes to the hook of its name), `vfork`; `common` holds what they share.
 #![allow(clippy::missing_safety_doc)]
 
 pub(crate) mod common;
@@ -18,4 +18,5 @@ pub(crate) mod seccomp;
 pub(crate) mod socket;
 pub(crate) mod spawn;
 pub(crate) mod splice;
+pub(crate) mod syscall;
 pub(crate) mod vfork;

@@ -3,8 +3,10 @@
 //! the system calls it makes itself, and is killed for any other: before the filter
 //! goes in, the calling thread claims its request slot and wake-up port (which take
 //! system calls no such filter allows), and the library switches to the calls those
-//! filters allow (sys.rs, "confinement"). A filter installed through the raw seccomp(2)
-//! system call is not seen here; one already in force at start is (`lib.rs`).
+//! filters allow (sys.rs, "confinement"). A filter installed through seccomp(2) by way
+//! of libc's `syscall()` (libseccomp's `seccomp_load`) is prepared for the same way
+//! (hooks/syscall.rs); one a program installs with its own system call instruction is
+//! not seen; one already in force at start is (`lib.rs`).
 use crate::hooks::exec::vfork_child;
 use crate::sys;
 use crate::sys::real;
@@ -28,6 +30,15 @@ pub unsafe extern "C" fn prctl(
     }
     // SAFETY: forwarding the caller's arguments to libc's prctl.
     unsafe { real!(c"prctl", FnPrctl)(option, a2, a3, a4, a5) }
+}
+
+/// `seccomp(2)` called by number: strict mode or a filter going in is prepared for as
+/// `prctl(PR_SET_SECCOMP)` is; the other operations confine nothing.
+pub(crate) fn before_seccomp(op: libc::c_uint) {
+    let confining = op == libc::SECCOMP_SET_MODE_STRICT || op == libc::SECCOMP_SET_MODE_FILTER;
+    if confining && !vfork_child() {
+        prepare_for_confinement();
+    }
 }
 
 /// Everything that needs system calls a filter may forbid, done now; then confined.

@@ -163,9 +163,9 @@ fn do_accept(
             // Passed on by another process while this call waited: the kernel's now.
             crate::handoff::follow(fd, s)?;
             // SAFETY: the application's own arguments, on the kernel socket at `fd`.
-            return real_result(
-                unsafe { libc::syscall(libc::SYS_accept4, fd, addr, lenp, flags) } as isize,
-            );
+            return real_result(unsafe {
+                crate::sys::raw_syscall!(libc::SYS_accept4, fd, addr, lenp, flags)
+            } as isize);
         }
         r => r?,
     };

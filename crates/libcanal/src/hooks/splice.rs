@@ -86,7 +86,7 @@ fn pipe_queued(pipe: c_int) -> Result<usize, i32> {
     let mut n: c_int = 0;
     // SAFETY: FIONREAD writes one int to a valid pointer.
     sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_ioctl,
             pipe as libc::c_long,
             libc::FIONREAD as libc::c_long,

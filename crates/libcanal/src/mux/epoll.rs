@@ -101,7 +101,7 @@ fn is_epoll(fd: c_int) -> Result<bool, i32> {
     let mut buf = [0u8; 64];
     // SAFETY: path is NUL-terminated; buf is writable for its length.
     let r = unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_readlinkat,
             libc::AT_FDCWD as libc::c_long,
             path.as_ptr(),
@@ -233,7 +233,7 @@ pub(crate) fn move_to_kernel(fd: c_int) {
         let mut ev = epoll_event { events, u64: data };
         // SAFETY: ev is a live local the kernel reads.
         unsafe {
-            libc::syscall(
+            crate::sys::raw_syscall!(
                 libc::SYS_epoll_ctl,
                 epfd as libc::c_long,
                 libc::EPOLL_CTL_ADD as libc::c_long,
@@ -328,7 +328,7 @@ fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> 
     }
     // SAFETY: out is writable for out.len() events; no signal mask.
     sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_epoll_pwait,
             epfd as libc::c_long,
             out.as_mut_ptr(),

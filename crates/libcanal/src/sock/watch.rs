@@ -236,7 +236,7 @@ fn pair(cloexec: bool) -> Result<(c_int, c_int), i32> {
     let mut sv = [-1 as c_int; 2];
     // SAFETY: sv is a writable array of two ints.
     sys::check(unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_socketpair,
             libc::AF_UNIX as libc::c_long,
             (libc::SOCK_STREAM | libc::SOCK_NONBLOCK | ce) as libc::c_long,
@@ -307,7 +307,7 @@ pub(crate) fn retarget_lone(old: c_int, new: c_int) -> bool {
 fn shut_rd(fd: c_int) {
     // SAFETY: shutting down our own fresh socket.
     unsafe {
-        libc::syscall(
+        crate::sys::raw_syscall!(
             libc::SYS_shutdown,
             fd as libc::c_long,
             libc::SHUT_RD as libc::c_long,

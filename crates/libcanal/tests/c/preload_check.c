@@ -36,11 +36,30 @@ static volatile nfds_t RT_ONE = 1;
         if (!ok_) fails++;                                                             \
     } while (0)
 
-/* The kernel's view of a descriptor's domain, bypassing the library. */
+/* The kernel's view of a descriptor's domain, bypassing the library: the system call
+ * instruction itself (libc's syscall() is hooked, as the libc functions are). */
 static int kernel_domain(int fd) {
     int d = -1;
     socklen_t l = sizeof d;
-    syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, &d, &l);
+#if defined(__x86_64__)
+    register long r10 __asm__("r10") = (long)&d;
+    register long r8 __asm__("r8") = (long)&l;
+    long ret = SYS_getsockopt;
+    __asm__ volatile("syscall"
+                     : "+a"(ret)
+                     : "D"((long)fd), "S"((long)SOL_SOCKET), "d"((long)SO_DOMAIN), "r"(r10), "r"(r8)
+                     : "rcx", "r11", "memory");
+#elif defined(__aarch64__)
+    register long x8 __asm__("x8") = SYS_getsockopt;
+    register long x0 __asm__("x0") = fd;
+    register long x1 __asm__("x1") = SOL_SOCKET;
+    register long x2 __asm__("x2") = SO_DOMAIN;
+    register long x3 __asm__("x3") = (long)&d;
+    register long x4 __asm__("x4") = (long)&l;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4) : "memory");
+#else
+#error "kernel_domain: x86-64 and arm64 only"
+#endif
     return d;
 }
 
