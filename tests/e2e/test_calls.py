@@ -128,3 +128,23 @@ def test_node_cluster_serves_with_shared_handles(canald, tmp_path, policy):
     r = p.finish(30)
     assert all(b.startswith("pid ") for b in bodies), bodies
     assert "cannot be passed" not in r.stderr, r.describe()
+
+
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_epoll_wakes_when_another_thread_changes_the_set(canal_bin, procs, python, progs, mode):
+    """One thread asleep in epoll_wait, another adding or re-arming a socket in the same
+    set (Apache's event MPM hands kept-alive connections to its listener thread so;
+    tokio and mio register from any thread): the sleeper must wake when the change
+    makes the socket ready or data comes (progs/epoll_handoff.py: every case within
+    0.5 s). Before the library kicked the set's sleepers (mux/kick.rs), a wait that
+    began on a set without canal sockets slept its whole timeout and returned nothing,
+    one on a set with some woke at its 1 s re-check; Apache served 7 kept-alive requests
+    a second."""
+    argv = [python, progs / "epoll_handoff.py"]
+    native = procs.run(argv, timeout=60, name="handoff-native")
+    assert native.returncode == 0, native.describe()
+    with serving_canald(canal_bin, procs, args=["--no-shortcut"] if mode == "no-shortcut" else []) as d:
+        p = d.spawn(argv, name="handoff-canal")
+        d.wait_served(p, kind="tcp-listener")
+        r = p.finish(60)
+        assert r.returncode == 0 and r.stdout.count(" ok ") == native.stdout.count(" ok ") == 7, r.describe()

@@ -584,12 +584,7 @@ pub(crate) fn wake_local(g: &Guest, index: u32) {
             if s.sleep.load(Ordering::Relaxed) == sleep_kind::EVENTS {
                 let w = s.wait_socket.load(Ordering::Relaxed);
                 if w == index || w == WAIT_ANY {
-                    crate::ownfd::using(|| {
-                        let efd = a.load(Ordering::SeqCst);
-                        if efd >= 0 {
-                            let _ = sys::eventfd_signal(efd);
-                        }
-                    });
+                    crate::conn::slots::wake_slot(i as u32);
                 }
             }
         }

@@ -122,6 +122,17 @@ pub(crate) fn slot_efd(idx: u32) -> c_int {
         .map_or(-1, |a| a.load(Ordering::SeqCst))
 }
 
+/// Wakes the thread asleep on slot `idx`'s eventfd (if it is awake by now, its next
+/// sleep returns at once: every sleep re-checks what it waits for).
+pub(crate) fn wake_slot(idx: u32) {
+    crate::ownfd::using(|| {
+        let efd = slot_efd(idx);
+        if efd >= 0 {
+            let _ = sys::eventfd_signal(efd);
+        }
+    });
+}
+
 /// Drains slot `idx`'s eventfd after a ppoll entry `p` for it had events — only if it
 /// is still ours (it may have moved while we slept: ownfd.rs).
 pub(crate) fn drain_port(idx: u32, p: &libc::pollfd) {

@@ -318,6 +318,55 @@ fn ms_ns(timeout: c_int) -> Option<i64> {
     (timeout >= 0).then(|| timeout as i64 * 1_000_000)
 }
 
+/// A timeout in ns (None: forever) as epoll_wait's milliseconds, rounded up.
+fn ns_ms(ns: Option<i64>) -> c_int {
+    ns.map_or(-1, |ns| {
+        (ns.saturating_add(999_999) / 1_000_000).min(c_int::MAX as i64) as c_int
+    })
+}
+
+/// An epoll wait the kernel serves: a set that watched no canal socket when the wait
+/// began (or a wait made from inside the library). `real(left)` is the kernel's wait for
+/// at most `left` ns. The library's kicks are dropped from what it returns
+/// (mux/kick.rs); if they were all of it, another thread gave the set its first canal
+/// socket, and the wait goes on through the library for the rest of its timeout.
+fn kernel_epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout_ns: Option<i64>,
+    sigmask: *const libc::sigset_t,
+    real: impl Fn(Option<i64>) -> c_int,
+) -> c_int {
+    let t0 = sys::now_ns();
+    let mut left = timeout_ns;
+    loop {
+        // Listed before the tag is looked at (mux/kick.rs); a wait that cannot sleep
+        // needs no kick.
+        let listed = (left != Some(0)).then(|| crate::mux::kick::KernelWait::begin(epfd));
+        if listed.is_some() && TABLE.get(epfd) == Some(Entry::Epoll) {
+            if let Some(_g) = Reentry::enter() {
+                drop(listed);
+                return epoll_wait_canal(epfd, events, maxevents, Ok(left), sigmask);
+            }
+        }
+        let r = real(left);
+        drop(listed);
+        if let Some(r) = crate::mux::epoll::after_kernel_wait(events, r) {
+            return r;
+        }
+        left = timeout_ns.map(|t| (t - (sys::now_ns() - t0)).max(0));
+    }
+}
+
+/// Whether a wait on `epfd` goes through the library: the set watches canal sockets and
+/// this is not a call from inside the library. The guard is held for the wait.
+fn canal_wait(epfd: c_int) -> Option<Reentry> {
+    (TABLE.get(epfd) == Some(Entry::Epoll))
+        .then(Reentry::enter)
+        .flatten()
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn epoll_wait(
     epfd: c_int,
@@ -325,20 +374,25 @@ pub unsafe extern "C" fn epoll_wait(
     maxevents: c_int,
     timeout: c_int,
 ) -> c_int {
-    if TABLE.get(epfd) != Some(Entry::Epoll) {
-        // SAFETY: forwarding the caller's arguments to libc's epoll_wait.
-        return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
+    if let Some(_g) = canal_wait(epfd) {
+        return epoll_wait_canal(
+            epfd,
+            events,
+            maxevents,
+            Ok(ms_ns(timeout)),
+            core::ptr::null(),
+        );
     }
-    let Some(_g) = Reentry::enter() else {
-        // SAFETY: as above.
-        return unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, timeout) };
-    };
-    epoll_wait_canal(
+    kernel_epoll_wait(
         epfd,
         events,
         maxevents,
-        Ok(ms_ns(timeout)),
+        ms_ns(timeout),
         core::ptr::null(),
+        |left| {
+            // SAFETY: forwarding the caller's arguments to libc's epoll_wait.
+            unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, ns_ms(left)) }
+        },
     )
 }
 
@@ -350,17 +404,15 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     sigmask: *const libc::sigset_t,
 ) -> c_int {
-    let real = || {
-        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait.
-        unsafe { real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, timeout, sigmask) }
-    };
-    if TABLE.get(epfd) != Some(Entry::Epoll) {
-        return real();
+    if let Some(_g) = canal_wait(epfd) {
+        return epoll_wait_canal(epfd, events, maxevents, Ok(ms_ns(timeout)), sigmask);
     }
-    let Some(_g) = Reentry::enter() else {
-        return real();
-    };
-    epoll_wait_canal(epfd, events, maxevents, Ok(ms_ns(timeout)), sigmask)
+    kernel_epoll_wait(epfd, events, maxevents, ms_ns(timeout), sigmask, |left| {
+        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait.
+        unsafe {
+            real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, ns_ms(left), sigmask)
+        }
+    })
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -371,17 +423,28 @@ pub unsafe extern "C" fn epoll_pwait2(
     ts: *const libc::timespec,
     sigmask: *const libc::sigset_t,
 ) -> c_int {
-    let real = || {
-        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait2.
-        unsafe { real!(c"epoll_pwait2", FnEpollPwait2)(epfd, events, maxevents, ts, sigmask) }
-    };
-    if TABLE.get(epfd) != Some(Entry::Epoll) {
-        return real();
+    if let Some(_g) = canal_wait(epfd) {
+        return epoll_wait_canal(epfd, events, maxevents, ts_ns(ts), sigmask);
     }
-    let Some(_g) = Reentry::enter() else {
-        return real();
+    let Ok(timeout_ns) = ts_ns(ts) else {
+        // The kernel's own EINVAL for a bad timeout.
+        // SAFETY: forwarding the caller's arguments to libc's epoll_pwait2.
+        return unsafe {
+            real!(c"epoll_pwait2", FnEpollPwait2)(epfd, events, maxevents, ts, sigmask)
+        };
     };
-    epoll_wait_canal(epfd, events, maxevents, ts_ns(ts), sigmask)
+    kernel_epoll_wait(epfd, events, maxevents, timeout_ns, sigmask, |left| {
+        let t = left.map(|ns| libc::timespec {
+            tv_sec: ns / 1_000_000_000,
+            tv_nsec: ns % 1_000_000_000,
+        });
+        let tp = t
+            .as_ref()
+            .map_or(core::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: forwarding the caller's arguments, with the time left, to libc's
+        // epoll_pwait2.
+        unsafe { real!(c"epoll_pwait2", FnEpollPwait2)(epfd, events, maxevents, tp, sigmask) }
+    })
 }
 
 // ---- exec -------------------------------------------------------------------------------------

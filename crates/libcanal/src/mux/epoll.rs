@@ -176,7 +176,12 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
                     s.enter_log(log);
                 }
                 s.add(Item::new(fd, target, events, data, seq));
-                Ok(true)
+                // Its first canal item: a thread may be in the kernel's wait on it.
+                let first = s.kick.is_none();
+                if first {
+                    s.kick = Some(crate::mux::kick::make(epfd).unwrap_or(-1));
+                }
+                Ok((true, first, s.sleepers.clone()))
             }
             libc::EPOLL_CTL_MOD => {
                 let s = &mut sets[holder.ok_or(libc::ENOENT)?];
@@ -192,20 +197,84 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
                 it.last_seq = seq.0;
                 it.last_tx = seq.1.unwrap_or(it.last_tx);
                 s.touched(fd);
-                Ok(false)
+                Ok((false, false, s.sleepers.clone()))
             }
             libc::EPOLL_CTL_DEL => {
                 sets[holder.ok_or(libc::ENOENT)?].remove(fd);
-                Ok(false)
+                Ok((false, false, Vec::new()))
             }
             _ => Err(libc::EINVAL),
         }
     })?;
-    if r {
+    let (tagged, first, sleepers) = r;
+    if tagged {
         // The epoll fd now watches canal sockets: its waits go through `wait`.
         let _ = TABLE.set_epoll(epfd);
     }
+    // After the tag: a kernel wait listed later sees it (kick.rs, `KernelWait`).
+    if first && crate::mux::kick::kernel_waits_on(epfd) {
+        kick_set(epfd);
+    }
+    // Each sleeper scans the set again, the new item included (mux/kick.rs).
+    for idx in sleepers.into_iter().filter(|&i| i != NO_SLOT) {
+        crate::conn::slots::wake_slot(idx);
+    }
     Ok(())
+}
+
+/// A sleeper without a request slot of its own: it sleeps in short steps, each
+/// re-checking the set, and needs no wake-up.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Wakes a thread in the kernel's wait on the set of `epfd` (mux/kick.rs).
+fn kick_set(epfd: c_int) {
+    crate::ownfd::using(|| {
+        with(|sets| {
+            let k = sets.iter().find(|s| s.epfd == epfd).and_then(|s| s.kick);
+            if let Some(k) = k.filter(|&k| k >= 0) {
+                crate::mux::kick::kick(k);
+            }
+        })
+    });
+}
+
+/// Counts the thread of request slot `slot` in (`asleep`) or out of the sleepers of
+/// the set of `epfd`.
+fn count_sleeper(epfd: c_int, slot: u32, asleep: bool) {
+    with(|sets| {
+        if let Some(s) = sets.iter_mut().find(|s| s.epfd == epfd) {
+            if asleep {
+                s.sleepers.push(slot);
+            } else if let Some(i) = s.sleepers.iter().position(|&x| x == slot) {
+                s.sleepers.swap_remove(i);
+            }
+        }
+    });
+}
+
+/// The library's descriptor `old` (a kick) moved to `new` (`hooks::fd::make_room`).
+pub(crate) fn retarget_kick(old: c_int, new: c_int) -> bool {
+    with(|sets| {
+        sets.iter_mut()
+            .filter_map(|s| s.kick.as_mut())
+            .find(|k| **k == old)
+            .map(|k| *k = new)
+            .is_some()
+    })
+}
+
+/// The kernel's wait ended with `r` events in `out`, of which the library's kicks are
+/// dropped; None if only kicks were there (the caller waits on).
+pub(crate) fn after_kernel_wait(out: *mut epoll_event, r: c_int) -> Option<c_int> {
+    if r <= 0 || out.is_null() {
+        return Some(r);
+    }
+    // SAFETY: the kernel wrote r events there.
+    let events = unsafe { core::slice::from_raw_parts_mut(out, r as usize) };
+    match crate::mux::kick::drop_kicks(events, r as usize) {
+        0 => None,
+        n => Some(n as c_int),
+    }
 }
 
 /// A canal descriptor (or a canal-bearing epoll fd) was closed: it leaves every set.
@@ -327,7 +396,7 @@ fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> 
         return Ok(0);
     }
     // SAFETY: out is writable for out.len() events; no signal mask.
-    sys::check(unsafe {
+    let n = sys::check(unsafe {
         crate::sys::raw_syscall!(
             libc::SYS_epoll_pwait,
             epfd as libc::c_long,
@@ -337,7 +406,8 @@ fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> 
             core::ptr::null::<libc::sigset_t>(),
             8usize,
         )
-    })
+    })?;
+    Ok(crate::mux::kick::drop_kicks(out, n))
 }
 
 /// epoll_wait/epoll_pwait/epoll_pwait2 on a canal-bearing epoll fd. `timeout_ns`:
@@ -414,6 +484,9 @@ pub(crate) fn wait(
             }
             continue;
         }
+        // Counted asleep before the sleep's scope is read: an item added later wakes us.
+        let slot = crate::conn::slots::own_slot(g).map_or(NO_SLOT, |s| s.idx);
+        count_sleeper(epfd, slot, true);
         // Sleep on [real epfd, nested epoll fds, slot eventfd, control socket].
         let mut fds: Vec<libc::pollfd> = core::iter::once(epfd)
             .chain(nested_fds(epfd))
@@ -452,6 +525,7 @@ pub(crate) fn wait(
                 )
             }
         };
+        count_sleeper(epfd, slot, false);
         slept = true;
         r?;
         // Re-check everything (past the spin phase: real checks each time).

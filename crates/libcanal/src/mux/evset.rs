@@ -253,6 +253,11 @@ pub(super) struct Set {
     /// A scan's buffers, kept between scans (no allocation per spin round).
     order: Vec<usize>,
     again: Vec<c_int>,
+    /// The set's kick (mux/kick.rs), made with its first canal item.
+    pub(super) kick: Option<c_int>,
+    /// The request slots of this process's threads asleep in a wait on the set
+    /// (`NO_SLOT` for one without): an item added or re-armed meanwhile wakes them.
+    pub(super) sleepers: Vec<u32>,
 }
 
 impl Set {
@@ -267,6 +272,8 @@ impl Set {
             nested: 0,
             order: Vec::new(),
             again: Vec::new(),
+            kick: None,
+            sleepers: Vec::new(),
         }
     }
 
@@ -350,10 +357,15 @@ impl Set {
         if let Some(l) = self.logged.take() {
             l.log.header.readers.fetch_sub(1, Ordering::Relaxed);
         }
+        if let Some(k) = self.kick.take() {
+            crate::mux::kick::forget(k);
+        }
     }
 
-    /// A forked child has its own copy of the set: it counts itself again.
+    /// A forked child has its own copy of the set: it counts itself again. Its one
+    /// thread is not asleep on the set.
     pub(super) fn forked(&mut self) {
+        self.sleepers.clear();
         for it in &self.items {
             if let Some(seg) = it
                 .armed
