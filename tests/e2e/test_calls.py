@@ -5,6 +5,7 @@ end-of-file from a canal socket and lost what it wrote into one. The same lines
 natively and under canal, short-circuited and through canald."""
 
 import shutil
+import socket
 import subprocess
 import urllib.request
 
@@ -63,25 +64,31 @@ v = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); v.sendto(b"ok", u.getsockn
 """
 
 
-def test_passing_a_datagram_socket_is_refused_clearly(canald, python):
-    """SCM_RIGHTS cannot carry a canal datagram socket (its datagrams move through
-    canald's rings; a receiver would get its dummy descriptor): the sendmsg is refused
-    with EOPNOTSUPP and a message naming the descriptor, before anything is sent, and
-    the sender's socket goes on working."""
-    r = canald.run([python, "-c", PASS_DATAGRAM], timeout=30, name="pass")
+def test_passing_a_socket_canald_keeps_is_refused_clearly(canal_bin, procs, python):
+    """Under a destination policy (here --loopback-only) canald keeps a datagram socket
+    (the program could send anywhere from the kernel's socket), so SCM_RIGHTS cannot
+    carry it (a receiver would get its dummy descriptor): the sendmsg is refused with
+    EOPNOTSUPP and a message naming the descriptor and the reason, before anything is
+    sent, and the sender's socket goes on working. Without a policy the socket is
+    handed over (test_passed_listeners_serve_in_the_receiver_as_natively)."""
+    with serving_canald(canal_bin, procs, args=["--loopback-only"]) as d:
+        r = d.run([python, "-c", PASS_DATAGRAM], timeout=30, name="pass")
     assert r.returncode == 0, r.describe()
     assert r.stdout.splitlines() == ["udp EOPNOTSUPP", "nothing sent", "udp ok"], r.describe()
     assert "is a datagram canal socket, which cannot be passed with SCM_RIGHTS" in r.stderr, \
         r.describe()
+    assert "under a destination policy" in r.stderr, r.describe()
 
 
 @pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
 def test_passed_listeners_serve_in_the_receiver_as_natively(canal_bin, procs, python, progs, mode):
-    """A listener, or a bound stream not yet listening, passed with SCM_RIGHTS
-    (multiprocessing's spawn and forkserver workers, a receiver that listens itself, a
-    forked worker waiting in accept or epoll while its parent passes the listener on)
-    becomes the kernel socket canald held for it, in every process that holds it
-    (progs/passlisten.py). Before, the sendmsg was refused with EOPNOTSUPP."""
+    """A listener, a bound stream not yet listening, or a UDP socket passed with
+    SCM_RIGHTS (multiprocessing's spawn and forkserver workers, a receiver that listens
+    itself, a forked worker waiting in accept, epoll or recvfrom while its parent passes
+    the socket on, a UDP socket that already served a datagram and still sends from the
+    sender's copy) becomes the kernel socket canald held for it, in every process that
+    holds it (progs/passlisten.py). Before, the sendmsg was refused with EOPNOTSUPP (for
+    UDP sockets until 2026-11-29)."""
     argv = [python, progs / "passlisten.py"]
     native = procs.run(argv, timeout=120, name="passlisten-native")
     assert native.returncode == 0 and native.stdout.endswith("done\n"), native.describe()
@@ -105,21 +112,28 @@ if (cluster.isPrimary) {
 """
 
 
+def node_cluster(canald, tmp_path, source, name, env):
+    """Runs node program `source` under canal with PORT (a free port) and `env`, until
+    its primary prints "up"; returns (the process, the port)."""
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        pytest.skip("node is not installed (Debian's nodejs package)")
+    port = free_port()
+    script = tmp_path / f"{name}.js"
+    script.write_text(source)
+    env = clean_env({**env, "PORT": str(port)})
+    p = canald.spawn([node, script], name=name, env=env, stdin=subprocess.PIPE)
+    p.wait_line("up", 30)
+    return p, port
+
+
 @pytest.mark.parametrize("policy", ["none", "rr"])
 def test_node_cluster_serves_with_shared_handles(canald, tmp_path, policy):
     """node's cluster module: with NODE_CLUSTER_SCHED_POLICY=none the primary passes
     the bound listener to each worker (SCM_RIGHTS), which listen and accept themselves;
     with rr the primary accepts and passes connections. Both serve every request."""
-    node = shutil.which("node") or shutil.which("nodejs")
-    if node is None:
-        pytest.skip("node is not installed (Debian's nodejs package)")
-    port = free_port()
-    script = tmp_path / "cluster.js"
-    script.write_text(NODE_CLUSTER)
-    env = clean_env({"NODE_CLUSTER_SCHED_POLICY": policy, "PORT": str(port)})
-    p = canald.spawn([node, script], name=f"node-cluster-{policy}", env=env,
-                     stdin=subprocess.PIPE)
-    p.wait_line("up", 30)
+    p, port = node_cluster(canald, tmp_path, NODE_CLUSTER, f"node-cluster-{policy}",
+                           {"NODE_CLUSTER_SCHED_POLICY": policy})
     bodies = []
     for _ in range(20):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
@@ -127,6 +141,38 @@ def test_node_cluster_serves_with_shared_handles(canald, tmp_path, policy):
     p.send_line("q")
     r = p.finish(30)
     assert all(b.startswith("pid ") for b in bodies), bodies
+    assert "cannot be passed" not in r.stderr, r.describe()
+
+
+NODE_CLUSTER_UDP = r"""
+const cluster = require('cluster'), dgram = require('dgram');
+const port = +process.env.PORT;
+if (cluster.isPrimary) {
+  let up = 0;
+  for (let i = 0; i < 2; i++) cluster.fork().on('listening', () => { if (++up == 2) console.log('up'); });
+  process.stdin.on('data', () => { for (const id in cluster.workers) cluster.workers[id].kill(); });
+} else {
+  const s = dgram.createSocket('udp4');
+  s.on('message', (m, r) => s.send('pid ' + process.pid + ' ' + m, r.port, r.address));
+  s.bind(port, '127.0.0.1');
+}
+"""
+
+
+def test_node_cluster_shares_a_datagram_socket(canald, tmp_path):
+    """node's cluster module shares a UDP socket: the primary binds it and passes it to
+    each worker (SCM_RIGHTS), and the workers answer on it. Under canal the primary's
+    sendmsg was refused with EOPNOTSUPP until datagram sockets could be handed over."""
+    p, port = node_cluster(canald, tmp_path, NODE_CLUSTER_UDP, "node-cluster-udp", {})
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c.settimeout(10)
+    answers = []
+    for i in range(20):
+        c.sendto(b"q%d" % i, ("127.0.0.1", port))
+        answers.append(c.recvfrom(100)[0].decode())
+    p.send_line("q")
+    r = p.finish(30)
+    assert all(a.startswith("pid ") and a.endswith(" q%d" % i) for i, a in enumerate(answers)), answers
     assert "cannot be passed" not in r.stderr, r.describe()
 
 

@@ -1,7 +1,7 @@
-//! HOST_SOCKET (protocol §2): a guest whose program passes a listener or an unconnected
-//! stream on with SCM_RIGHTS gets the host socket; canald serves it no more. Only such
-//! sockets, only the asking guest's, and an unconnected one only without a
-//! destination policy.
+//! HOST_SOCKET (protocol §2): a guest whose program passes a listener, a datagram
+//! socket or an unconnected stream on with SCM_RIGHTS gets the host socket; canald
+//! serves it no more. Only such sockets, only the asking guest's, and an unconnected
+//! stream or a datagram socket only without a destination policy.
 mod common;
 use canal_abi::control::kind;
 use canal_abi::{errno, op, sock_flag, CanalAddr};
@@ -85,7 +85,7 @@ fn a_handed_over_listener_is_the_guests_and_canald_accepts_no_more() {
 }
 
 #[test]
-fn only_listeners_and_unconnected_streams_of_the_asker_are_handed_over() {
+fn only_unconnected_sockets_of_the_asker_are_handed_over() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach(&d.path, "handover");
     let mut other = TestGuest::attach(&d.path, "other");
@@ -105,12 +105,6 @@ fn only_listeners_and_unconnected_streams_of_the_asker_are_handed_over() {
         host_socket(&g, s).err(),
         Some(errno::EOPNOTSUPP),
         "connected"
-    );
-    let u = g.socket(libc::AF_INET as u64, libc::SOCK_DGRAM as u64);
-    assert_eq!(
-        host_socket(&g, u).err(),
-        Some(errno::EOPNOTSUPP),
-        "datagram"
     );
     // A stream not yet connected, bound: the guest's, bound where it was.
     let b = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
@@ -135,11 +129,47 @@ fn only_listeners_and_unconnected_streams_of_the_asker_are_handed_over() {
 }
 
 #[test]
+fn a_datagram_socket_is_handed_over_after_its_queued_sends() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach(&d.path, "udp");
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sink.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let to = localhost(sink.local_addr().unwrap().port());
+    let u = g.socket(libc::AF_INET as u64, libc::SOCK_DGRAM as u64);
+    assert_eq!(g.request(op::BIND, u, [0; 4], &localhost(0).encode()).0, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, u, [0; 4], &[]);
+    let port = CanalAddr::decode(&out).unwrap().port;
+    // Queued, canald not told: the handover sends it before it gives the socket away.
+    assert!(g.queue_dgram(u, Some(&to), b"queued before"));
+    let fd = host_socket(&g, u).expect("datagram socket");
+    let mut buf = [0u8; 64];
+    let (n, from) = sink.recv_from(&mut buf).unwrap();
+    assert_eq!((&buf[..n], from.port()), (&b"queued before"[..], port));
+    // The guest's own kernel socket now, where it was bound; canald makes no call on
+    // it, nor reads what comes to it.
+    let k = std::net::UdpSocket::from(fd);
+    assert_eq!(k.local_addr().unwrap().port(), port);
+    let ebadf = -(errno::EBADF as i64);
+    assert_eq!(g.request(op::GETSOCKNAME, u, [0; 4], &[]).0, ebadf);
+    sink.send_to(b"after", ("127.0.0.1", port)).unwrap();
+    k.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let n = k.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"after");
+    assert_eq!(g.rx_queued(u), 0, "canald still received for it");
+    assert_eq!(g.request(op::CLOSE, u, [0; 4], &[]).0, 0);
+}
+
+#[test]
 fn an_unconnected_stream_stays_in_canald_under_a_destination_policy() {
     let d = TestDaemon::start(&["--loopback-only"]);
     let mut g = TestGuest::attach(&d.path, "policy");
     let s = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
     assert_eq!(host_socket(&g, s).err(), Some(errno::EOPNOTSUPP));
+    // So does a datagram socket: it could send anywhere.
+    let u = g.socket(libc::AF_INET as u64, libc::SOCK_DGRAM as u64);
+    assert_eq!(host_socket(&g, u).err(), Some(errno::EOPNOTSUPP));
     // A listener is still handed over: it only takes connections.
     let (l, _) = listener(&mut g);
     assert!(host_socket(&g, l).is_ok());

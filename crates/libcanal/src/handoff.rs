@@ -1,9 +1,10 @@
 //! Canal sockets that become kernel sockets, at the same descriptor numbers:
 //! - an undecided socket whose first address is excluded (`policy`): a new kernel
 //!   socket with the options set so far;
-//! - a listener or an unconnected stream the program passes with SCM_RIGHTS: canald's
-//!   own host socket for it (control message HOST_SOCKET), since the receiving process
-//!   needs the socket itself and canald cannot share one entry between two guests.
+//! - a listener, a datagram socket or an unconnected stream the program passes with
+//!   SCM_RIGHTS: canald's own host socket for it (control message HOST_SOCKET), since
+//!   the receiving process needs the socket itself and canald cannot share one entry
+//!   between two guests.
 use crate::conn::guest::Guest;
 use crate::fdtable::TABLE;
 use crate::policy::with;
@@ -103,11 +104,12 @@ fn set_opt(fd: c_int, level: c_int, name: c_int, v: &[u8]) {
     };
 }
 
-/// SCM_RIGHTS of listener or unconnected stream `s`: canald hands its host socket over
-/// (HOST_SOCKET) and the kernel socket takes the place of every descriptor of it in this
-/// process, blocking mode and timeouts kept, so the receiver and this process share one
-/// kernel socket, as natively. canald marks the entry HANDED_OVER: another process of
-/// the guest that holds it (a forked child) follows at its next call (`follow`).
+/// SCM_RIGHTS of listener, datagram socket or unconnected stream `s`: canald hands its
+/// host socket over (HOST_SOCKET) and the kernel socket takes the place of every
+/// descriptor of it in this process, blocking mode and timeouts kept, so the receiver
+/// and this process share one kernel socket, as natively. canald marks the entry
+/// HANDED_OVER: another process of the guest that holds it (a forked child) follows at
+/// its next call (`follow`).
 pub(crate) fn pass_to_kernel(g: &'static Guest, s: Sock) -> Result<(), String> {
     let h = s.handle;
     let mut fds = Vec::new();

@@ -130,6 +130,11 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
             }
         }
         sock_kind::DGRAM => {
+            // HANDED_OVER: passed on by another process; the next call here follows it
+            // to the kernel (handoff.rs), whose own readiness then counts.
+            if s.flags & f::HANDED_OVER != 0 {
+                return m | IN | OUT;
+            }
             if s.rx_used > 0 || shut_rd {
                 m |= IN;
             }

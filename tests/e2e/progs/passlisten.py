@@ -10,6 +10,12 @@ the ways servers do it; prints one line per case, the same natively and under ca
 - follow-bound: a forked holder of a bound socket, passed on and made a listener by
   the receiver, sets TCP_NODELAY (kept by the library, but the kernel's now), asks its
   name, then accepts.
+- udp-spawn: multiprocessing's spawn workers get a bound UDP socket (a pre-forked DNS
+  or QUIC server; node's cluster shares datagram sockets so) and answer on it;
+- udp-pass: a UDP socket that already served a datagram is passed to another process,
+  which answers from it, while the sender still sends from its own copy;
+- udp-follow: a forked worker blocked in recvfrom while its parent passes the socket
+  on: both answer.
 """
 import multiprocessing as mp
 import os
@@ -156,6 +162,99 @@ def case_follow_bound():
     print("follow-bound", got, os.waitstatus_to_exitcode(st), p.wait(20), flush=True)
 
 
+def udp_ask(port, data):
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c.settimeout(10)
+    c.sendto(data, ("127.0.0.1", port))
+    r, src = c.recvfrom(64)
+    c.close()
+    return r, src[1] == port
+
+
+def udp_serve(sock, n, tag):
+    for _ in range(n):
+        d, src = sock.recvfrom(64)
+        sock.sendto(tag + d, src)
+
+
+def case_udp_spawn():
+    ctx = mp.get_context("spawn")
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    port = u.getsockname()[1]
+    ps = [ctx.Process(target=udp_serve, args=(u, 2, b"w:")) for _ in range(2)]
+    for p in ps:
+        p.start()
+    got = [udp_ask(port, b"%d" % i) for i in range(4)]
+    for p in ps:
+        p.join(20)
+    print("udp-spawn", sorted(got), [p.exitcode for p in ps], flush=True)
+
+
+UDP_RECEIVER = r"""
+import socket, sys
+b = socket.socket(fileno=int(sys.argv[1]))
+_, fds, _, _ = socket.recv_fds(b, 10, 1)
+u = socket.socket(fileno=fds[0])
+same = u.getsockname()[1] == int(sys.argv[2])
+b.send(b"k")
+for _ in range(int(sys.argv[3])):
+    d, src = u.recvfrom(64)
+    u.sendto(b"B" + d, src)
+sys.exit(0 if same else 3)
+"""
+
+
+def udp_receiver(port, n):
+    a, b = socket.socketpair()
+    p = subprocess.Popen([sys.executable, "-c", UDP_RECEIVER, str(b.fileno()), str(port), str(n)],
+                         pass_fds=[b.fileno()])
+    b.close()
+    return a, p
+
+
+def case_udp_pass():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    port = u.getsockname()[1]
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c.settimeout(10)
+    c.sendto(b"before", ("127.0.0.1", port))
+    d, src = u.recvfrom(64)
+    u.sendto(b"A" + d, src)
+    first = c.recvfrom(64)[0]
+    a, p = udp_receiver(port, 3)
+    socket.send_fds(a, [b"U"], [u.fileno()])
+    a.recv(1)
+    got = [udp_ask(port, b"%d" % i) for i in range(3)]
+    # The sender's own copy is the same socket: its datagram comes from the port.
+    u.sendto(b"from the sender", c.getsockname())
+    mine, src = c.recvfrom(64)
+    print("udp-pass", first, got, mine, src[1] == port, p.wait(20), flush=True)
+
+
+def case_udp_follow():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    port = u.getsockname()[1]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, b"r")
+        udp_serve(u, 4, b"A")
+        os._exit(0)
+    os.close(w)
+    os.read(r, 1)
+    a, p = udp_receiver(port, 4)
+    socket.send_fds(a, [b"U"], [u.fileno()])
+    a.recv(1)
+    u.close()
+    got = sorted((r[:1], ok) for r, ok in (udp_ask(port, b"x") for _ in range(8)))
+    _, st = os.waitpid(pid, 0)
+    print("udp-follow", got, os.waitstatus_to_exitcode(st), p.wait(20), flush=True)
+
+
 if __name__ == "__main__":
     case_mp("spawn")
     case_mp("forkserver")
@@ -163,4 +262,7 @@ if __name__ == "__main__":
     case_follow("block")
     case_follow("epoll")
     case_follow_bound()
+    case_udp_spawn()
+    case_udp_pass()
+    case_udp_follow()
     print("done", flush=True)

@@ -195,6 +195,15 @@ impl Guest {
         }
     }
 
+    /// Datagram socket `index` is canald's no more (handed over): out of the registry,
+    /// so other canal guests' datagrams reach it through the kernel.
+    pub(crate) fn dl_unserve(&mut self, index: u32) {
+        if let Some(s) = self.sockets[index as usize].take() {
+            self.dl_freed(&s);
+            self.sockets[index as usize] = Some(s);
+        }
+    }
+
     /// A socket being freed leaves the registry.
     pub(crate) fn dl_freed(&self, s: &HostSocket) {
         let (KindState::Dgram(d), Some(sc)) = (&s.state, self.sc.as_ref()) else {

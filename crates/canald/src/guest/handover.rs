@@ -1,11 +1,14 @@
 //! Handing a host socket over to its guest (control message HOST_SOCKET, protocol §2):
-//! the program passes a listener, or a stream it has not connected, to another
-//! process with SCM_RIGHTS. The receiver needs the socket itself, so canald gives the
-//! guest its host socket and stops serving it; the library puts the kernel socket in
-//! place of every descriptor of it (libcanal `handoff.rs`), in each process of the
-//! guest that holds one, before its next call on it. Connections canald queued for the
-//! listener and the program had not taken are reset, as with a close; the kernel's own
-//! queue goes with the socket.
+//! the program passes a listener, a datagram socket, or a stream it has not connected,
+//! to another process with SCM_RIGHTS. The receiver needs the socket itself, so canald
+//! gives the guest its host socket and stops serving it; the library puts the kernel
+//! socket in place of every descriptor of it (libcanal `handoff.rs`), in each process
+//! of the guest that holds one, before its next call on it. Connections canald queued
+//! for the listener and the program had not taken are reset, as with a close; the
+//! kernel's own queue goes with the socket. A datagram socket's queued sends are sent
+//! first; the datagrams canald had received for it and the program had not read are
+//! dropped, as a full receive queue drops them (what the host socket holds goes with
+//! it), and other canal guests' datagrams reach it through the kernel from then on.
 #![forbid(unsafe_code)]
 
 use crate::guest::socket::{Kind, Phase};
@@ -57,13 +60,29 @@ impl Guest {
                     "an unconnected stream stays in canald under a destination policy",
                 ))
             }
+            (Kind::Dgram, Phase::Open | Phase::Connected) if !policy => {}
+            (Kind::Dgram, Phase::Open | Phase::Connected) => {
+                return Err((
+                    errno::EOPNOTSUPP,
+                    "a datagram socket stays in canald under a destination policy",
+                ))
+            }
             _ => {
                 return Err((
                     errno::EOPNOTSUPP,
-                    "only a listener or a stream not yet connected can be handed over",
+                    "only a listener, a datagram socket or a stream not yet connected \
+                     can be handed over",
                 ))
             }
         }
+        let dgram = s.kind() == Kind::Dgram;
+        if dgram {
+            // What the guest queued leaves first, in order, as it would have.
+            self.drain_dgram_tx(index);
+        }
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return Err((errno::EBADF, "no such socket"));
+        };
         let Some(fd) = s.fd.as_ref() else {
             return Err((errno::EOPNOTSUPP, "no host socket"));
         };
@@ -87,10 +106,15 @@ impl Guest {
         }
         // canald serves it no more; the entry stays (its other descriptors, in other
         // processes, follow with HOST_SOCKET) until the guest's last one closes.
-        s.phase = Phase::Failed;
+        // A datagram socket is not serviced at all once Broken (canald must never read
+        // the program's datagrams off it again), nor takes ring-to-ring deliveries.
+        s.phase = if dgram { Phase::Broken } else { Phase::Failed };
         s.readable = false;
         self.sync_kept_options(index);
         self.unserve_listener(ep, index);
+        if dgram {
+            self.dl_unserve(index);
+        }
         self.set_flags(index, sock_flag::HANDED_OVER, sock_flag::LISTENING);
         self.mark_changed(index);
         Ok(out)

@@ -341,11 +341,18 @@ impl Guest {
     /// Closes every host socket at once (daemon exit, or a departed guest whose drain
     /// time ran out).
     pub(crate) fn close_all(&mut self, ep: &Epoll) {
+        // Dead to the guest first: from then on its library reads a freed entry as
+        // the dead daemon's socket, not as one closed behind its back (EBADF).
+        self.region.header().host_state.store(2, Ordering::Release);
         for i in 0..self.sockets.len() {
             if self.sockets[i].is_some() {
+                let kind = self.entry(i as u32).kind.load(Ordering::Relaxed);
                 self.free_socket(ep, i as u32);
+                // What each socket was stays readable: the guest's library still tells
+                // a listener or datagram socket (quiet after reporting the death once)
+                // from a connection (libcanal sock/dead.rs).
+                self.entry(i as u32).kind.store(kind, Ordering::Release);
             }
         }
-        self.region.header().host_state.store(2, Ordering::Release);
     }
 }

@@ -474,6 +474,17 @@ impl TestGuest {
 
     /// Pushes a DATAGRAM record (to `to`, or the connected peer if None).
     pub fn send_dgram(&self, h: u32, to: Option<&CanalAddr>, data: &[u8]) -> bool {
+        let ok = self.queue_dgram(h, to, data);
+        if ok {
+            let i = canal_abi::handle_index(h);
+            self.region.raise_attention(i);
+            self.kick_socket(i);
+        }
+        ok
+    }
+
+    /// Writes a datagram record into `h`'s tx ring without telling canald.
+    pub fn queue_dgram(&self, h: u32, to: Option<&CanalAddr>, data: &[u8]) -> bool {
         let e = self.entry(h);
         let (tx, _) = self.rings(h);
         let mut p = Producer {
@@ -483,19 +494,12 @@ impl TestGuest {
             head: e.tx_head.load(Ordering::Relaxed),
         };
         let a = to.map(|a| a.encode());
-        let ok = p
-            .push_record(
-                record_kind::DATAGRAM,
-                a.as_ref().map_or(&[][..], |a| &a[..]),
-                &[data],
-            )
-            .expect("tx sane");
-        if ok {
-            let i = canal_abi::handle_index(h);
-            self.region.raise_attention(i);
-            self.kick_socket(i);
-        }
-        ok
+        p.push_record(
+            record_kind::DATAGRAM,
+            a.as_ref().map_or(&[][..], |a| &a[..]),
+            &[data],
+        )
+        .expect("tx sane")
     }
 
     /// Sleeps per §6 on readiness of `h` (or ANY): returns whether the eventfd fired

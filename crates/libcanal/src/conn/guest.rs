@@ -134,6 +134,15 @@ static DAEMON_PIDFD: AtomicI32 = AtomicI32::new(-1);
 /// that is not canald's (a listening socket systemd made), is noticed when the sleep
 /// times out (`died`).
 pub(crate) fn death_pollfd(g: &Guest) -> libc::pollfd {
+    if DEAD.load(Ordering::Relaxed) {
+        // Known already: a sleep after it waits for its own descriptors and its time
+        // (a wait on quiet sockets, sock/dead.rs), not for a death that stays readable.
+        return libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        };
+    }
     match daemon_pidfd(g) {
         Some(fd) => libc::pollfd {
             fd,
@@ -213,7 +222,7 @@ fn died_after_timeout(g: &Guest, p: &libc::pollfd) -> bool {
 pub(crate) fn mark_dead() {
     if !DEAD.swap(true, Ordering::Relaxed) {
         sys::log_fmt(format_args!(
-            "canal: canald went away; calls on canal sockets now fail (ECONNRESET on data calls, EIO otherwise) and new sockets fail with ENETDOWN (kernel sockets would escape canald's policy): restart the program under canal run\n"
+            "canal: canald went away; connections are reset (ECONNRESET on data calls, EIO otherwise), listeners and datagram sockets report it once and then stay quiet, and new sockets fail with ENETDOWN (kernel sockets would escape canald's policy): restart the program under canal run\n"
         ));
     }
 }

@@ -126,9 +126,9 @@ fn control_len(m: &msghdr) -> usize {
 /// A connected canal socket passed with SCM_RIGHTS is bridged first (bridge.rs): the
 /// receiver, with the library or without, gets a kernel socket that carries the
 /// connection, and this process uses the same one from now on (one socket for both).
-/// A listener or a stream not yet connected becomes the kernel socket canald held for
-/// it (handoff.rs), here and in the receiver. A datagram socket, or one canald keeps
-/// (see `pass_to_kernel`), has nothing a receiver could use — it would get the dummy
+/// A listener, a datagram socket or a stream not yet connected becomes the kernel
+/// socket canald held for it (handoff.rs), here and in the receiver. One canald keeps
+/// (see `pass_to_kernel`) has nothing a receiver could use — it would get the dummy
 /// descriptor — so the call is refused with EOPNOTSUPP and a message, before anything
 /// is sent.
 ///
@@ -161,8 +161,9 @@ unsafe fn bridge_passed_sockets(msg: *const msghdr) -> Result<(), i32> {
     }
 }
 
-/// A passed canal socket that is not bridged: handed to the kernel (a listener or an
-/// unconnected stream), else refused with EOPNOTSUPP and the reason on stderr.
+/// A passed canal socket that is not bridged: handed to the kernel (a listener, a
+/// datagram socket or an unconnected stream), else refused with EOPNOTSUPP and the
+/// reason on stderr.
 fn pass_or_refuse(g: &'static crate::conn::guest::Guest, fd: c_int, h: u32) -> Result<(), i32> {
     if crate::bridge::bridgeable(g, h) {
         return Ok(());
@@ -175,13 +176,9 @@ fn pass_or_refuse(g: &'static crate::conn::guest::Guest, fd: c_int, h: u32) -> R
         canal_abi::sock_kind::DGRAM => "a datagram",
         _ => "an unconnected",
     };
-    let why = if s.kind() == canal_abi::sock_kind::DGRAM {
-        "its datagrams move through canald's rings".to_string()
-    } else {
-        match crate::handoff::pass_to_kernel(g, s) {
-            Ok(()) => return Ok(()),
-            Err(why) => why,
-        }
+    let why = match crate::handoff::pass_to_kernel(g, s) {
+        Ok(()) => return Ok(()),
+        Err(why) => why,
     };
     sys::log_fmt(format_args!(
         "canal: sendmsg: descriptor {fd} is {what} canal socket, which cannot be passed \

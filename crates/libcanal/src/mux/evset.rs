@@ -776,7 +776,11 @@ pub(super) fn eval(
     let (seq, tx, bits) = match it.target {
         Target::Canal(h) => {
             if crate::conn::guest::is_dead(g) {
-                (it.last_seq, None, crate::ready::DEAD as u16 as u32)
+                (
+                    it.last_seq,
+                    None,
+                    crate::sock::dead::readiness(g, h) as u16 as u32,
+                )
             } else {
                 match Sock::new(g, h) {
                     Ok(s) => {

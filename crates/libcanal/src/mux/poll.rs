@@ -28,7 +28,7 @@ fn canal_revents(g: &'static Guest, fd: i32, events: c_short) -> Option<c_short>
         Entry::Internal | Entry::Bridged(_) => return None,
     };
     if crate::conn::guest::is_dead(g) {
-        return Some(mask(ready::DEAD, events));
+        return Some(mask(crate::sock::dead::readiness(g, h), events));
     }
     Some(match Sock::new(g, h) {
         Ok(s) => mask(s.readiness(), events),

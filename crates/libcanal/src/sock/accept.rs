@@ -23,8 +23,8 @@ use libc::c_int;
 pub(crate) const HANDED_OVER: i32 = -1;
 
 pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> {
-    dead_err(s.g, false)?;
     if s.kind() != sock_kind::LISTENER {
+        dead_err(s.g, false)?;
         return Err(if s.kind() == sock_kind::DGRAM {
             libc::EOPNOTSUPP
         } else {
@@ -35,7 +35,12 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
     let ring = s.rx_ring()?;
     let mut deadline = None;
     loop {
-        dead_err(s.g, false)?;
+        crate::sock::dead::check(
+            &s,
+            false,
+            nonblock,
+            *deadline.get_or_insert_with(|| s.deadline(true)),
+        )?;
         s.live()?;
         let held = crate::shortcut::sidelock::enter_rx(s.e);
         let mut c = Consumer {
@@ -144,8 +149,9 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
                 || st.flags & f::LISTENING == 0
         });
-        if w != Wait::Ready {
-            return Err(wait_err(w, false));
+        match w {
+            Wait::Ready | Wait::Dead => {} // the death: looked at above
+            _ => return Err(wait_err(w, false)),
         }
         if s.kind() != sock_kind::LISTENER {
             return Err(libc::EINVAL);

@@ -101,6 +101,7 @@ pub(crate) fn send_dgram(
     loop {
         dead_err(s.g, true)?;
         s.live()?;
+        passed_on(&s)?;
         let pe = s.take_error();
         if pe != 0 {
             return Err(pe as i32);
@@ -132,7 +133,9 @@ pub(crate) fn send_dgram(
         let w = wait_until(s.g, s.idx, deadline.flatten(), || {
             let head = s.e.tx_head.load(Ordering::Relaxed);
             let tail = s.e.tx_tail.load(Ordering::Acquire);
-            record_fits(head, tail, size, need) || s.e.pending_error.load(Ordering::Relaxed) != 0
+            record_fits(head, tail, size, need)
+                || s.e.pending_error.load(Ordering::Relaxed) != 0
+                || s.handed_over()
         });
         if w != Wait::Ready {
             return Err(wait_err(w, true));
@@ -178,6 +181,18 @@ pub(crate) fn record_fits(head: u64, tail: u64, size: u64, need: u64) -> bool {
     size - used >= pad + need
 }
 
+/// Another process passed the socket on (HANDED_OVER, handoff.rs): canald serves it no
+/// more, and the call fails with EBADF, which the hook takes as its cue to follow the
+/// socket to the kernel and make the call there (hooks/common.rs `dispatch!`) — also
+/// for a non-blocking call, which must not answer EAGAIN from a ring nobody fills.
+fn passed_on(s: &Sock) -> Result<(), i32> {
+    if s.handed_over() {
+        Err(libc::EBADF)
+    } else {
+        Ok(())
+    }
+}
+
 pub(crate) fn recv_dgram(
     s: Sock,
     iov: &[iovec],
@@ -190,7 +205,12 @@ pub(crate) fn recv_dgram(
     let ring = s.rx_ring()?;
     let mut deadline = None;
     loop {
-        dead_err(s.g, true)?;
+        crate::sock::dead::check(
+            &s,
+            true,
+            nonblock,
+            *deadline.get_or_insert_with(|| s.deadline(true)),
+        )?;
         s.live()?;
         let held = crate::shortcut::sidelock::enter_rx(s.e);
         let mut c = Consumer {
@@ -247,6 +267,8 @@ pub(crate) fn recv_dgram(
                 }
             }
         }
+        // What canald had received before the socket was passed on is read here first.
+        passed_on(&s)?;
         let pe = s.take_error();
         if pe != 0 {
             return Err(pe as i32);
@@ -265,10 +287,14 @@ pub(crate) fn recv_dgram(
         }
         let w = wait_until(s.g, s.idx, deadline.flatten(), || {
             let st = s.snapshot();
-            st.rx_used > 0 || st.pending_error != 0 || st.guest_flags & local::SHUT_RD != 0
+            st.rx_used > 0
+                || st.pending_error != 0
+                || st.guest_flags & local::SHUT_RD != 0
+                || st.flags & canal_abi::sock_flag::HANDED_OVER != 0
         });
-        if w != Wait::Ready {
-            return Err(wait_err(w, true));
+        match w {
+            Wait::Ready | Wait::Dead => {} // the death: looked at above
+            _ => return Err(wait_err(w, true)),
         }
     }
 }

@@ -10,6 +10,7 @@ pub(crate) mod control;
 pub(crate) mod core;
 pub(crate) mod create;
 pub(crate) mod data;
+pub(crate) mod dead;
 pub(crate) mod dgram;
 pub(crate) mod kept;
 pub(crate) mod names;
