@@ -16,6 +16,10 @@
 //! wait ends. Before that point a yield point costs one `sched_yield` (as before); after
 //! it two calls (`sched_yield`, the window) plus one each to block and restore the mask
 //! per wait — only waits that already spun that long pay them.
+//!
+//! A confined process (sys.rs, "confinement": sshd's sandbox) may not call ppoll, and
+//! its filter kills it for trying: it opens no window, and a signal handler runs during
+//! the spin without ending the wait, as before windows existed.
 use crate::sys;
 
 /// Yield points a poll-only wait passes before it counts as a blocked call.
@@ -43,7 +47,7 @@ impl SignalWindow {
     /// handler ran. `mask` is the program's ppoll/pselect mask, if it gave one.
     pub(crate) fn yield_point(&mut self, mask: sys::SigMask) -> Result<(), i32> {
         sys::sched_yield();
-        if self.yields < BLOCK_AFTER {
+        if self.yields < BLOCK_AFTER || sys::confined() {
             self.yields += 1;
             return Ok(());
         }
