@@ -336,6 +336,22 @@ pub(crate) fn ppoll(
     }
 }
 
+/// A timeout in ns (None: forever) as poll's or epoll_wait's milliseconds: rounded
+/// up, never negative, at most `c_int::MAX`; -1 for forever.
+pub(crate) fn ns_ms(timeout_ns: Option<i64>) -> c_int {
+    timeout_ns.map_or(-1, |ns| {
+        (ns.max(0).saturating_add(999_999) / 1_000_000).min(c_int::MAX as i64) as c_int
+    })
+}
+
+/// `ns` (not negative) as a timespec.
+pub(crate) fn timespec_of(ns: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    }
+}
+
 /// One ppoll(2) (or poll(2) when confined without a mask: see "confinement").
 fn ppoll_raw(
     fds: &mut [libc::pollfd],
@@ -343,9 +359,7 @@ fn ppoll_raw(
     sigmask: SigMask,
 ) -> Result<usize, i32> {
     if confined() && sigmask.0.is_null() {
-        let ms = timeout_ns.map_or(-1, |ns| {
-            ((ns.max(0) + 999_999) / 1_000_000).min(i32::MAX as i64)
-        });
+        let ms = ns_ms(timeout_ns);
         // SAFETY: fds is a valid array of fds.len() pollfds.
         return check(unsafe {
             crate::sys::raw_syscall!(
@@ -356,13 +370,7 @@ fn ppoll_raw(
             )
         });
     }
-    let ts = timeout_ns.map(|ns| {
-        let ns = ns.max(0);
-        libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        }
-    });
+    let ts = timeout_ns.map(|ns| timespec_of(ns.max(0)));
     let tsp = ts
         .as_ref()
         .map_or(core::ptr::null(), |t| t as *const libc::timespec);
@@ -508,10 +516,7 @@ pub(crate) fn restore_signals(old: &libc::sigset_t) {
 }
 
 pub(crate) fn sleep_ns(ns: i64) {
-    let ts = libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    };
+    let ts = timespec_of(ns);
     // SAFETY: ts is a live timespec; the remainder pointer may be null.
     unsafe {
         crate::sys::raw_syscall!(
@@ -739,10 +744,7 @@ pub(crate) fn futex_wait(
     val: u32,
     timeout_ns: i64,
 ) -> Result<(), i32> {
-    let ts = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-    };
+    let ts = timespec_of(timeout_ns);
     // SAFETY: word is a valid aligned u32 for the call; ts is a valid timespec.
     let r = unsafe {
         crate::sys::raw_syscall!(

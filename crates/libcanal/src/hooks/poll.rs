@@ -318,13 +318,6 @@ fn ms_ns(timeout: c_int) -> Option<i64> {
     (timeout >= 0).then(|| timeout as i64 * 1_000_000)
 }
 
-/// A timeout in ns (None: forever) as epoll_wait's milliseconds, rounded up.
-fn ns_ms(ns: Option<i64>) -> c_int {
-    ns.map_or(-1, |ns| {
-        (ns.saturating_add(999_999) / 1_000_000).min(c_int::MAX as i64) as c_int
-    })
-}
-
 /// An epoll wait the kernel serves: a set that watched no canal socket when the wait
 /// began (or a wait made from inside the library). `real(left)` is the kernel's wait for
 /// at most `left` ns. The library's kicks are dropped from what it returns
@@ -338,7 +331,13 @@ fn kernel_epoll_wait(
     sigmask: *const libc::sigset_t,
     real: impl Fn(Option<i64>) -> c_int,
 ) -> c_int {
-    let t0 = sys::now_ns();
+    // The clock only for a finite wait (not a clock read on every wait forever or for
+    // nothing): a wait goes on only after a kick, for the time it has left.
+    let t0 = if timeout_ns.is_some_and(|t| t > 0) {
+        sys::now_ns()
+    } else {
+        0
+    };
     let mut left = timeout_ns;
     loop {
         // Listed before the tag is looked at (mux/kick.rs); a wait that cannot sleep
@@ -355,7 +354,13 @@ fn kernel_epoll_wait(
         if let Some(r) = crate::mux::epoll::after_kernel_wait(events, r) {
             return r;
         }
-        left = timeout_ns.map(|t| (t - (sys::now_ns() - t0)).max(0));
+        left = timeout_ns.map(|t| {
+            if t > 0 {
+                (t - (sys::now_ns() - t0)).max(0)
+            } else {
+                0
+            }
+        });
     }
 }
 
@@ -391,7 +396,7 @@ pub unsafe extern "C" fn epoll_wait(
         core::ptr::null(),
         |left| {
             // SAFETY: forwarding the caller's arguments to libc's epoll_wait.
-            unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, ns_ms(left)) }
+            unsafe { real!(c"epoll_wait", FnEpollWait)(epfd, events, maxevents, sys::ns_ms(left)) }
         },
     )
 }
@@ -410,7 +415,7 @@ pub unsafe extern "C" fn epoll_pwait(
     kernel_epoll_wait(epfd, events, maxevents, ms_ns(timeout), sigmask, |left| {
         // SAFETY: forwarding the caller's arguments to libc's epoll_pwait.
         unsafe {
-            real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, ns_ms(left), sigmask)
+            real!(c"epoll_pwait", FnEpollPwait)(epfd, events, maxevents, sys::ns_ms(left), sigmask)
         }
     })
 }
@@ -434,10 +439,7 @@ pub unsafe extern "C" fn epoll_pwait2(
         };
     };
     kernel_epoll_wait(epfd, events, maxevents, timeout_ns, sigmask, |left| {
-        let t = left.map(|ns| libc::timespec {
-            tv_sec: ns / 1_000_000_000,
-            tv_nsec: ns % 1_000_000_000,
-        });
+        let t = left.map(sys::timespec_of);
         let tp = t
             .as_ref()
             .map_or(core::ptr::null(), |t| t as *const libc::timespec);
