@@ -19,8 +19,7 @@ use crate::sys;
 use canal_abi::addr::{CanalAddr, FAMILY_INET6};
 use canal_abi::sock_kind;
 use canal_abi::sync::Ordering;
-use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicU32, AtomicU8};
+use core::sync::atomic::AtomicU8;
 use libc::c_int;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,33 +145,13 @@ static STATE: AtomicU8 = AtomicU8::new(0);
 /// An option set on an undecided socket: (handle, level, name, value).
 type SavedOpt = (u32, c_int, c_int, Vec<u8>);
 
-struct Shared {
-    lock: AtomicU32,
-    rules: UnsafeCell<Vec<Rule>>,
-    /// Options set on sockets that are still undecided, to replay on a handoff.
-    opts: UnsafeCell<Vec<SavedOpt>>,
-}
-
-// SAFETY: the cells are only touched with `lock` held.
-unsafe impl Sync for Shared {}
-
-static SHARED: Shared = Shared {
-    lock: AtomicU32::new(0),
-    rules: UnsafeCell::new(Vec::new()),
-    opts: UnsafeCell::new(Vec::new()),
-};
+/// The rules, and the options set on sockets that are still undecided (to replay
+/// on a handoff).
+static SHARED: crate::rt::Locked<(Vec<Rule>, Vec<SavedOpt>)> =
+    crate::rt::Locked::new((Vec::new(), Vec::new()));
 
 pub(crate) fn with<R>(f: impl FnOnce(&mut Vec<Rule>, &mut Vec<SavedOpt>) -> R) -> R {
-    struct Unlock;
-    impl Drop for Unlock {
-        fn drop(&mut self) {
-            crate::rt::unlock(&SHARED.lock);
-        }
-    }
-    crate::rt::lock(&SHARED.lock);
-    let _u = Unlock;
-    // SAFETY: the lock is held.
-    unsafe { f(&mut *SHARED.rules.get(), &mut *SHARED.opts.get()) }
+    SHARED.with(|(rules, opts)| f(rules, opts))
 }
 
 /// Whether any exclusion rule is configured (reads CANAL_EXCLUDE once).

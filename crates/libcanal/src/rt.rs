@@ -80,6 +80,55 @@ pub(crate) fn unlock(word: &AtomicU32) {
     }
 }
 
+/// A value of process memory behind one of these locks: the library's statics that
+/// several threads change (epoll sets, saved options, ...).
+pub(crate) struct Locked<T> {
+    word: AtomicU32,
+    value: core::cell::UnsafeCell<T>,
+}
+
+// SAFETY: `value` is only reached through `with`, which holds the lock.
+unsafe impl<T: Send> Sync for Locked<T> {}
+
+impl<T> Locked<T> {
+    pub(crate) const fn new(value: T) -> Locked<T> {
+        Locked {
+            word: AtomicU32::new(0),
+            value: core::cell::UnsafeCell::new(value),
+        }
+    }
+
+    /// Runs `f` on the value with the lock held (released on unwind too); `f` must not
+    /// take the same lock.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        struct Unlock<'a>(&'a AtomicU32);
+        impl Drop for Unlock<'_> {
+            fn drop(&mut self) {
+                unlock(self.0);
+            }
+        }
+        lock(&self.word);
+        let _u = Unlock(&self.word);
+        // SAFETY: the lock is held, so this is the only reference.
+        f(unsafe { &mut *self.value.get() })
+    }
+
+    /// Fork prepare: no other thread may hold the lock across fork.
+    pub(crate) fn hold(&self) {
+        lock(&self.word);
+    }
+
+    /// Fork parent: what `hold` took.
+    pub(crate) fn release(&self) {
+        unlock(&self.word);
+    }
+
+    /// Fork child: its only thread is the one that held the lock.
+    pub(crate) fn reset_after_fork(&self) {
+        self.word.store(0, Ordering::Relaxed);
+    }
+}
+
 pub(crate) fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
     // SAFETY: getenv with a NUL-terminated name; the result (if any) is a C string
     // owned by the environment. We use it before anything could change it.

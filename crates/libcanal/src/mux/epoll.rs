@@ -36,10 +36,7 @@ use crate::fdtable::{Entry, TABLE};
 use crate::mux::evset::{Item, Set, Target, EPOLLEXCLUSIVE};
 use crate::sock::core::Sock;
 use crate::sys;
-use canal_abi::sync::Ordering;
 use canal_abi::WAIT_ANY;
-use core::cell::UnsafeCell;
-use core::sync::atomic::AtomicU32;
 use libc::{c_int, epoll_event};
 
 /// Ordinary descriptors are checked for real on the first round and then every
@@ -48,45 +45,25 @@ const ORDINARY_EVERY: u32 = 64;
 /// A hybrid wait's spin yields the CPU every this many rounds (see the loop).
 const YIELD_EVERY: u32 = 16;
 
-struct Sets {
-    lock: AtomicU32,
-    sets: UnsafeCell<Vec<Set>>,
-}
-
-// SAFETY: `sets` is only accessed while holding `lock` (see `with`).
-unsafe impl Sync for Sets {}
-
-static SETS: Sets = Sets {
-    lock: AtomicU32::new(0),
-    sets: UnsafeCell::new(Vec::new()),
-};
+static SETS: crate::rt::Locked<Vec<Set>> = crate::rt::Locked::new(Vec::new());
 
 /// Runs `f` on the sets with the lock held. `f` must not call back into this module.
 fn with<R>(f: impl FnOnce(&mut Vec<Set>) -> R) -> R {
-    struct Unlock;
-    impl Drop for Unlock {
-        fn drop(&mut self) {
-            crate::rt::unlock(&SETS.lock);
-        }
-    }
-    crate::rt::lock(&SETS.lock);
-    let _u = Unlock;
-    // SAFETY: the lock is held, so this is the only reference.
-    f(unsafe { &mut *SETS.sets.get() })
+    SETS.with(f)
 }
 
 /// Fork prepare (`fork`): no thread may hold the sets across fork.
 pub(crate) fn fork_prepare() {
-    crate::rt::lock(&SETS.lock);
+    SETS.hold();
 }
 
 pub(crate) fn fork_parent() {
-    crate::rt::unlock(&SETS.lock);
+    SETS.release();
 }
 
 pub(crate) fn fork_child() {
     // The child's only thread is the one that took the lock in fork_prepare.
-    SETS.lock.store(0, Ordering::Relaxed);
+    SETS.reset_after_fork();
     // Its copies of the sets watch the same connections and read the same log.
     with(|sets| sets.iter_mut().for_each(Set::forked));
 }

@@ -15,35 +15,20 @@ use crate::conn::guest::Guest;
 use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::sock_kind;
-use core::cell::UnsafeCell;
-use core::sync::atomic::AtomicU32;
 use libc::c_short;
 
 /// The handles of listeners and datagram sockets that have reported the death.
-struct Reported {
-    lock: AtomicU32,
-    handles: UnsafeCell<Vec<u32>>,
-}
-
-// SAFETY: `handles` is only accessed while holding `lock`.
-unsafe impl Sync for Reported {}
-
-static REPORTED: Reported = Reported {
-    lock: AtomicU32::new(0),
-    handles: UnsafeCell::new(Vec::new()),
-};
+static REPORTED: crate::rt::Locked<Vec<u32>> = crate::rt::Locked::new(Vec::new());
 
 /// Whether handle `h` has reported the death; with `report`, records that it does now.
 fn reported(h: u32, report: bool) -> bool {
-    crate::rt::lock(&REPORTED.lock);
-    // SAFETY: the lock is held, so this is the only reference.
-    let v = unsafe { &mut *REPORTED.handles.get() };
-    let seen = v.contains(&h);
-    if report && !seen {
-        v.push(h);
-    }
-    crate::rt::unlock(&REPORTED.lock);
-    seen
+    REPORTED.with(|v| {
+        let seen = v.contains(&h);
+        if report && !seen {
+            v.push(h);
+        }
+        seen
+    })
 }
 
 /// Whether `s` is of a kind that goes quiet (above).
@@ -93,7 +78,5 @@ pub(crate) fn readiness(g: &'static Guest, h: u32) -> c_short {
 
 /// Fork child: no other thread survives to hold the lock.
 pub(crate) fn fork_child() {
-    REPORTED
-        .lock
-        .store(0, core::sync::atomic::Ordering::Relaxed);
+    REPORTED.reset_after_fork();
 }
