@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 16;
+pub const VERSION_MINOR: u16 = 17;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -91,6 +91,14 @@ pub mod feature {
     /// arena's length. Set only with ARENAS, for guests that announced
     /// `hello_flag::PACKED_ARENAS`.
     pub const PACKED_ARENAS: u64 = 1 << 15;
+    /// Native peers on kernel sockets (protocol §2 DIRECTORY, minor 17): the guest
+    /// may give a new TCP or UDP socket a kernel socket of its own and keep it there
+    /// when its first address is not a canal port (the port directory says so), so
+    /// a connection to a native peer never passes through canald. Set only for a
+    /// process guest in canald's own network without a destination policy or rate
+    /// quota (it could make such sockets itself), with `canald --direct on` (the
+    /// default is off), for a guest that announced `hello_flag::DIRECT`.
+    pub const DIRECT: u64 = 1 << 16;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -105,7 +113,8 @@ pub mod feature {
         | CLOSE_MARK
         | DGRAM_CONTROL
         | DGRAM_MORE
-        | PACKED_ARENAS;
+        | PACKED_ARENAS
+        | DIRECT;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -106,6 +106,30 @@ pub mod kind {
     pub const HOST_SOCKET: u16 = 28;
     /// host → guest: body `handle: u32` (the request's) + SCM_RIGHTS [the host socket].
     pub const HOST_SOCKET_OK: u16 = 29;
+    /// guest → host, only with `feature::DIRECT`: no body. Reply: DIRECTORY_OK with
+    /// SCM_RIGHTS [the port directory's memfd, sealed against writable mappings and
+    /// resizing], or ERROR (EOPNOTSUPP without the feature). protocol.md §2.
+    pub const DIRECTORY: u16 = 30;
+    /// host → guest: body `size: u64` (`directory::SIZE`).
+    pub const DIRECTORY_OK: u16 = 31;
+}
+
+/// The port directory (protocol §2 DIRECTORY): which ports canal guests listen on
+/// (TCP) or receive at (UDP), so that a guest with `feature::DIRECT` knows which
+/// destinations canald may short-circuit. Two bitmaps of 65,536 bits, canald writes
+/// them (atomic u64 words, bit `port % 64` of word `port / 64`), guests only read.
+pub mod directory {
+    /// The TCP bitmap's offset: a canal listener on the port (any address).
+    pub const TCP: usize = 0;
+    /// The UDP bitmap's offset: a canal datagram socket canald routes to on the port.
+    pub const UDP: usize = 8192;
+    /// The file's size.
+    pub const SIZE: usize = 16384;
+
+    /// The word index and bit of `port` in a bitmap.
+    pub const fn slot(port: u16) -> (usize, u64) {
+        ((port / 64) as usize, 1u64 << (port % 64))
+    }
 }
 
 /// BELL_SET, BELL_GET and BELL_OK body bytes.
@@ -182,6 +206,9 @@ pub mod hello_flag {
     /// The guest finds segments in packed arenas too (`feature::PACKED_ARENAS`,
     /// protocol §8.7).
     pub const PACKED_ARENAS: u32 = 1 << 15;
+    /// The guest may keep sockets to native peers on kernel sockets
+    /// (`feature::DIRECT`).
+    pub const DIRECT: u32 = 1 << 16;
 }
 
 /// SEGMENT_OK body bytes.

@@ -148,7 +148,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 1000 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 1100 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -205,8 +205,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 16,
-        HeaderError::UnknownFeatures(1 << 16),
+        &|h| h.features |= 1 << 17,
+        HeaderError::UnknownFeatures(1 << 17),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -478,7 +478,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1111_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b1_1111_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,

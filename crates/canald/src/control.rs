@@ -49,6 +49,7 @@ impl Daemon {
             kind::EVLOG => self.on_evlog(key, body),
             kind::BELL_SET | kind::BELL_GET => self.on_bell(key, k, body, fds),
             kind::HOST_SOCKET => self.on_host_socket(key, body),
+            kind::DIRECTORY => self.on_directory(key),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
@@ -133,6 +134,7 @@ impl Daemon {
             if let Err(why) = self.size_for_quota(&mut gcfg, &limits) {
                 return send_error(&conn.fd, errno::EINVAL, &why).is_ok();
             }
+            let features = features | self.direct_feature(hello_flags, &gcfg, &limits);
             gcfg.policy = Arc::new(crate::quota::GuestPolicy::new(
                 format!("guest {id} (pid {pid} {comm})"),
                 &limits,
@@ -435,6 +437,63 @@ impl Daemon {
             )
             .is_ok(),
             Err((e, why)) => send_error(&conn.fd, e, why).is_ok(),
+        }
+    }
+
+    /// `feature::DIRECT` for a guest that asked, where it gives the guest nothing it
+    /// could not do itself: canald's network, no destination policy or rate to enforce.
+    fn direct_feature(
+        &self,
+        hello_flags: u32,
+        gcfg: &GuestConfig,
+        limits: &crate::quota::Limits,
+    ) -> u64 {
+        let direct = self.cfg.direct
+            && hello_flags & control::hello_flag::DIRECT != 0
+            && gcfg.net.is_none()
+            && !gcfg.loopback_only
+            && limits.allow.is_none()
+            && limits.deny.is_none()
+            && limits.connect_rate.unwrap_or(0) == 0
+            && limits.request_rate.unwrap_or(0) == 0
+            && crate::guest::shared::lock(&self.shortcut)
+                .directory
+                .is_some();
+        if direct {
+            canal_abi::feature::DIRECT
+        } else {
+            0
+        }
+    }
+
+    /// DIRECTORY: the port directory, for a guest with the DIRECT feature.
+    fn on_directory(&mut self, key: u32) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let Some(home) = conn.worker.and_then(|i| self.workers.get(i)) else {
+            return send_error(&conn.fd, errno::EINVAL, "DIRECTORY before HELLO").is_ok();
+        };
+        let direct = home
+            .lock()
+            .guests
+            .get(&key)
+            .is_some_and(|g| g.region().header().features & canal_abi::feature::DIRECT != 0);
+        let file = crate::guest::shared::lock(&self.shortcut)
+            .directory
+            .as_ref()
+            .filter(|_| direct)
+            .map(|d| d.share());
+        match file {
+            Some(Ok(fd)) => send_msg(
+                &conn.fd,
+                kind::DIRECTORY_OK,
+                &(control::directory::SIZE as u64).to_le_bytes(),
+                &[fd.as_raw_fd()],
+            )
+            .is_ok(),
+            Some(Err(e)) => send_error(&conn.fd, sys::errno_of(&e), "no directory").is_ok(),
+            None => send_error(&conn.fd, errno::EOPNOTSUPP, "not a DIRECT guest").is_ok(),
         }
     }
 

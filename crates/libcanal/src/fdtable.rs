@@ -14,6 +14,7 @@ const TAG_CANAL: u64 = 1 << 32;
 const TAG_INTERNAL: u64 = 2 << 32;
 const TAG_EPOLL: u64 = 3 << 32;
 const TAG_BRIDGED: u64 = 4 << 32;
+const TAG_UNDECIDED: u64 = 5 << 32;
 const TAG_MASK: u64 = 0xff << 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub(crate) enum Entry {
     /// A kernel socket that carries canal socket `handle`'s data through a bridge
     /// (bridge.rs): data calls go to the kernel, control calls to canal.
     Bridged(u32),
+    /// A kernel socket the program made that may still become canal's at its first
+    /// bind, listen, connect or send (`direct.rs`); the word is its `direct::Kind`.
+    Undecided(u32),
 }
 
 pub(crate) struct FdTable<const N: usize> {
@@ -63,6 +67,7 @@ impl<const N: usize> FdTable<N> {
             TAG_INTERNAL => Some(Entry::Internal),
             TAG_EPOLL => Some(Entry::Epoll),
             TAG_BRIDGED => Some(Entry::Bridged(word as u32)),
+            TAG_UNDECIDED => Some(Entry::Undecided(word as u32)),
             _ => None,
         }
     }
@@ -100,6 +105,11 @@ impl<const N: usize> FdTable<N> {
     /// Marks `fd` as the kernel end of a bridge for canal socket `handle`.
     pub(crate) fn set_bridged(&self, fd: i32, handle: u32) -> Result<Option<Entry>, i32> {
         self.store(fd, TAG_BRIDGED | handle as u64)
+    }
+
+    /// Marks `fd` as an undecided kernel socket of kind `kind` (`direct.rs`).
+    pub(crate) fn set_undecided(&self, fd: i32, kind: u32) -> Result<Option<Entry>, i32> {
+        self.store(fd, TAG_UNDECIDED | kind as u64)
     }
 
     /// Marks `fd` as an epoll instance watching canal sockets.

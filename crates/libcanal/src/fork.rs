@@ -10,6 +10,8 @@ use crate::sys;
 use canal_abi::sync::Ordering;
 
 extern "C" fn prepare() {
+    // Parent and child must hold one socket each: undecided ones stay the kernel's.
+    crate::direct::settle_all_kernel();
     crate::mux::epoll::fork_prepare();
     lock(&ATTACH_LOCK);
     crate::shortcut::seg::fork_prepare();

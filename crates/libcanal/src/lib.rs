@@ -38,6 +38,7 @@ mod ancillary;
 mod bridge;
 mod cmd;
 mod conn;
+mod direct;
 mod evlog;
 mod fdtable;
 mod fork;

@@ -554,6 +554,16 @@ pub(crate) fn map_memfd(fd: c_int, size: u64, max: u64) -> Result<(*mut u8, u64)
 
 /// mmap(MAP_SHARED) of `len` bytes of `fd` (or anonymous memory with fd = -1).
 pub(crate) fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
+    mmap_prot(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+}
+
+/// mmap(MAP_SHARED, PROT_READ) of `len` bytes of `fd` (a file canald sealed against
+/// writable mappings).
+pub(crate) fn mmap_read(fd: c_int, len: usize) -> Result<*mut u8, i32> {
+    mmap_prot(fd, len, libc::PROT_READ)
+}
+
+fn mmap_prot(fd: c_int, len: usize, prot: c_int) -> Result<*mut u8, i32> {
     let flags = if fd < 0 {
         libc::MAP_SHARED | libc::MAP_ANONYMOUS
     } else {
@@ -565,7 +575,7 @@ pub(crate) fn mmap_shared(fd: c_int, len: usize) -> Result<*mut u8, i32> {
             libc::SYS_mmap,
             core::ptr::null_mut::<c_void>(),
             len,
-            (libc::PROT_READ | libc::PROT_WRITE) as c_long,
+            prot as c_long,
             flags as c_long,
             fd as c_long,
             0 as c_long,

@@ -123,6 +123,13 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     #[serde(default, deserialize_with = "de_on_off")]
     pub bells: Option<bool>,
+    /// A process guest in canald's own network, without a destination policy or rate
+    /// quota, keeps a socket to a native peer on a kernel socket of its own, so its
+    /// data never passes through canald (protocol §2 DIRECTORY); canal ports stay
+    /// canal's [default: off; also CANAL_DIRECT=on in canald's environment]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    #[serde(default, deserialize_with = "de_on_off")]
+    pub direct: Option<bool>,
     /// The resolver isolated and VM guests reach as 10.0.2.3:53 (IP or IP:PORT)
     /// [default: the first IPv4 nameserver of /etc/resolv.conf]
     #[arg(long, value_name = "ADDR", value_parser = parse_dns)]
@@ -250,6 +257,9 @@ impl DaemonArgs {
         if let Some(on) = self.bells {
             cfg.bells = on;
         }
+        if let Some(on) = self.direct {
+            cfg.direct = on;
+        }
         cfg.verbose = self.verbose;
         cfg.metrics = self.metrics;
         cfg.user_channel = self.user_channel;
@@ -340,6 +350,8 @@ mod tests {
         assert!(!parse_args(&["--arenas", "off"]).unwrap().arenas);
         assert!(parse_args(&[]).unwrap().arenas || std::env::var_os("CANAL_ARENAS").is_some());
         assert!(!parse_args(&["--bells", "off"]).unwrap().bells);
+        assert!(!parse_args(&["--direct", "off"]).unwrap().direct);
+        assert!(parse_args(&["--direct", "on"]).unwrap().direct);
         let c = parse_args(&["--rx-quantum-kib", "8", "--no-shortcut"]).unwrap();
         assert_eq!(c.rx_quantum, 8192);
         assert!(!c.shortcut);

@@ -58,7 +58,7 @@ fn merge(cli: &DaemonArgs, files: &[ConfigFile]) -> (DaemonArgs, BTreeMap<&'stat
         }
         take!(opt: socket idle_exit slots sockets data_mib ring_kib spin budget notify
                    t_worst_us split_us rx_quantum_kib tx_quantum_kib workers shortcut_ring_kib
-                   zones arenas bells dns metrics;
+                   zones arenas bells direct dns metrics;
               flag: coalesce no_batch loopback_only no_shortcut verbose serve_users);
         if !src.pin.is_empty() {
             out.pin = src.pin.clone();
@@ -112,6 +112,7 @@ const KEYS: &[&str] = &[
     "zones",
     "arenas",
     "bells",
+    "direct",
     "dns",
     "metrics",
     "serve-users",
@@ -242,6 +243,7 @@ fn settings(
             "zones" => Value::Boolean(cfg.zones),
             "arenas" => Value::Boolean(cfg.arenas),
             "bells" => Value::Boolean(cfg.bells),
+            "direct" => Value::Boolean(cfg.direct),
             "dns" => match cfg.dns {
                 Some(d) => Value::String(d.to_string()),
                 None => continue,
@@ -276,6 +278,7 @@ fn env_origin(key: &str) -> Origin {
         "zones" if set("CANAL_ZONES") => Origin::Env("CANAL_ZONES"),
         "arenas" if set("CANAL_ARENAS") => Origin::Env("CANAL_ARENAS"),
         "bells" if set("CANAL_BELLS") => Origin::Env("CANAL_BELLS"),
+        "direct" if set("CANAL_DIRECT") => Origin::Env("CANAL_DIRECT"),
         "socket" if set("CANAL_SOCKET") => Origin::Env("CANAL_SOCKET"),
         _ => Origin::Default,
     }

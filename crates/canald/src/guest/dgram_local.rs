@@ -57,21 +57,37 @@ pub(crate) struct Delivery {
 #[derive(Default)]
 pub(crate) struct LocalDgrams {
     by_addr: HashMap<Key, Vec<Reg>>,
+    /// The receivers' ports in the port directory.
+    ports: super::directory::PortCounts,
     /// Deliveries by the worker serving the receiver.
     queues: Vec<Vec<Delivery>>,
 }
 
 impl LocalDgrams {
+    /// An empty registry that shows its ports in the port directory `file`.
+    pub(crate) fn with_directory(
+        file: Option<std::sync::Arc<super::directory::DirFile>>,
+    ) -> LocalDgrams {
+        LocalDgrams {
+            ports: super::directory::PortCounts::udp(file),
+            ..Default::default()
+        }
+    }
+
     pub(crate) fn register(&mut self, at: &CanalAddr, reg: Reg) {
-        let regs = self.by_addr.entry(Key::from(at)).or_default();
-        regs.retain(|r| !(r.conn == reg.conn && r.handle == reg.handle));
-        regs.push(reg);
+        self.unregister(at, reg.conn, reg.handle);
+        self.by_addr.entry(Key::from(at)).or_default().push(reg);
+        self.ports.add(at.port);
     }
 
     pub(crate) fn unregister(&mut self, at: &CanalAddr, conn: u32, handle: u32) {
         let key = Key::from(at);
         if let Some(regs) = self.by_addr.get_mut(&key) {
+            let before = regs.len();
             regs.retain(|r| !(r.conn == conn && r.handle == handle));
+            for _ in regs.len()..before {
+                self.ports.remove(at.port);
+            }
             if regs.is_empty() {
                 self.by_addr.remove(&key);
             }

@@ -15,7 +15,8 @@
 //! `wake` (wake-up bookkeeping types), `state` (the `Guest`); then `impl Guest` by job:
 //! `wakeups`, `ops` (socket operations), `handover` (a host socket given to its guest, whose
 //! program passes it on), `stream` and `dgram` (data pumps) with `dgram_route` (datagrams
-//! between canal guests, canald moving them ring to ring; its state in `dgram_local`), `service`
+//! between canal guests, canald moving them ring to ring; its state in `dgram_local`), `directory`
+//! (the ports canal guests listen or receive on, which DIRECT guests read), `service`
 //! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
 //! segments' shared files) and `vrss`
 //! (spreading one guest's sockets over workers).
@@ -30,6 +31,7 @@ pub mod dgram;
 pub mod dgram_control;
 pub mod dgram_local;
 pub mod dgram_route;
+pub mod directory;
 pub mod entries;
 pub mod handover;
 pub mod names;

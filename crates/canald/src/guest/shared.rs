@@ -169,7 +169,13 @@ pub(crate) struct Shared {
     /// `--zones on`: segments between two guests that announced zones carry them.
     pub(crate) zones: bool,
     pub(crate) ring_size: u64,
+    /// Canal listeners; change them with `listen` and `unlisten`, which keep the
+    /// port directory true.
     pub(crate) listeners: Vec<ListenerReg>,
+    /// The port directory's file (None: the kernel refused it; no DIRECT guests).
+    pub(crate) directory: Option<Arc<super::directory::DirFile>>,
+    /// The listeners' ports in the directory.
+    pub(crate) tcp_ports: super::directory::PortCounts,
     /// Jobs by worker, each queue in the order they were posted.
     pub(crate) jobs: Vec<Vec<Job>>,
     /// The home worker of every guest that may short-circuit (by connection key).
@@ -193,12 +199,35 @@ pub(crate) struct Shared {
 pub(crate) type SharedRef = Arc<Mutex<Shared>>;
 
 impl Shared {
+    /// Registers a canal listener (replacing the same socket's earlier registration).
+    pub(crate) fn listen(&mut self, reg: ListenerReg) {
+        self.unlisten(reg.conn, reg.handle);
+        self.tcp_ports.add(reg.addr.port);
+        self.listeners.push(reg);
+    }
+
+    /// Withdraws listener (`conn`, `handle`), if registered.
+    pub(crate) fn unlisten(&mut self, conn: u32, handle: u32) {
+        let ports = &mut self.tcp_ports;
+        self.listeners.retain(|l| {
+            let gone = l.conn == conn && l.handle == handle;
+            if gone {
+                ports.remove(l.addr.port);
+            }
+            !gone
+        });
+    }
+
     pub(crate) fn new(enabled: bool, ring_size: u64) -> SharedRef {
+        let directory = super::directory::DirFile::create();
         Arc::new(Mutex::new(Shared {
             enabled,
             zones: false,
             ring_size,
             listeners: Vec::new(),
+            tcp_ports: super::directory::PortCounts::tcp(directory.clone()),
+            locals: crate::guest::dgram_local::LocalDgrams::with_directory(directory.clone()),
+            directory,
             jobs: Vec::new(),
             homes: HashMap::new(),
             boxes: None,
@@ -207,7 +236,6 @@ impl Shared {
             arenas: Arenas::default(),
             bells: Default::default(),
             next_id: 1,
-            locals: Default::default(),
             host_addrs: Default::default(),
         }))
     }

@@ -95,10 +95,7 @@ impl Guest {
                 }),
             };
         let conn = self.conn;
-        let mut sh = lock(&sc);
-        sh.listeners
-            .retain(|l| !(l.conn == conn && l.handle == handle));
-        sh.listeners.push(ListenerReg {
+        lock(&sc).listen(ListenerReg {
             conn,
             handle,
             addr,
@@ -562,9 +559,7 @@ impl Guest {
         let Some(sc) = self.sc.clone() else { return };
         let mut sh = lock(&sc);
         if s.kind() == Kind::Listener {
-            let conn = self.conn;
-            sh.listeners
-                .retain(|l| !(l.conn == conn && l.handle == s.handle));
+            sh.unlisten(self.conn, s.handle);
             return;
         }
         let Some(link) = s.link() else {

@@ -214,6 +214,44 @@ pub(crate) fn create_arena(size: u64) -> io::Result<OwnedFd> {
     sealed_memfd("canal-arena", size, &[])
 }
 
+/// The port directory's file (protocol §2 DIRECTORY), mapped here read/write, then
+/// sealed against writable mappings: a guest that receives it can only read it, so no
+/// guest can change what the others see.
+pub(crate) fn create_directory(size: usize) -> io::Result<(OwnedFd, Mapping)> {
+    use rustix::fs::SealFlags;
+    let fd = rustix::fs::memfd_create(
+        "canal-directory",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )?;
+    rustix::fs::ftruncate(&fd, size as u64)?;
+    let map = Mapping::map(&fd, size)?;
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL,
+    )?;
+    Ok((fd, map))
+}
+
+impl Mapping {
+    /// Sets (`on`) or clears `bit` of the u64 at `off` (8-aligned, inside the
+    /// mapping; otherwise nothing happens), atomically: readers in other processes
+    /// load the word at any time.
+    pub(crate) fn update_bit(&self, off: usize, bit: u64, on: bool) {
+        if !off.is_multiple_of(8) || off.saturating_add(8) > self.len {
+            return;
+        }
+        // SAFETY: `off` is 8-aligned and the word lies inside the mapping (checked
+        // above), which stays mapped as long as `self`; the memory is shared plain
+        // integers, accessed only atomically.
+        let w = unsafe { &*(self.base.add(off) as *const std::sync::atomic::AtomicU64) };
+        if on {
+            w.fetch_or(bit, std::sync::atomic::Ordering::Release);
+        } else {
+            w.fetch_and(!bit, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 /// A memfd of `len` bytes starting with `head`, sealed against shrinking and growing:
 /// a guest must not resize it under another mapping (SIGBUS on access).
 fn sealed_memfd(name: &str, len: u64, head: &[u8]) -> io::Result<OwnedFd> {

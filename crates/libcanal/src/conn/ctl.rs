@@ -236,6 +236,19 @@ pub(crate) fn ctl_host_socket(g: &Guest, handle: u32) -> Result<c_int, (i32, Str
     }
 }
 
+/// DIRECTORY: the port directory's memfd and the size canald gives for it.
+pub(crate) fn ctl_directory(g: &Guest) -> Result<(c_int, u64), i32> {
+    ctl_exchange(g, ck::DIRECTORY, &[], -1, |k, body, fds| {
+        let ok = k == ck::DIRECTORY_OK && body.len() >= 8 && fds.len() == 1;
+        ok.then(|| {
+            (
+                fds[0],
+                u64::from_le_bytes(body[..8].try_into().unwrap_or([0; 8])),
+            )
+        })
+    })
+}
+
 /// A request for the memfd named `id` answered in the SEGMENT_OK shape.
 fn ctl_file(g: &Guest, ask: u16, answer: u16, id: u32) -> Result<(c_int, u64), i32> {
     ctl_exchange(g, ask, &id.to_le_bytes(), -1, |k, body, fds| {

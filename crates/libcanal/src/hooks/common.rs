@@ -72,7 +72,7 @@ pub(crate) fn sock_of(h: u32) -> Result<Sock, i32> {
 pub(crate) fn canal(fd: c_int) -> Option<u32> {
     FdTable::<TABLE_LEN>::decode(TABLE.raw(fd)).and_then(|e| match e {
         Entry::Canal(h) => Some(h),
-        Entry::Internal | Entry::Epoll | Entry::Bridged(_) => None,
+        Entry::Internal | Entry::Epoll | Entry::Bridged(_) | Entry::Undecided(_) => None,
     })
 }
 
@@ -82,7 +82,7 @@ pub(crate) fn canal(fd: c_int) -> Option<u32> {
 pub(crate) fn canal_ctl(fd: c_int) -> Option<u32> {
     FdTable::<TABLE_LEN>::decode(TABLE.raw(fd)).and_then(|e| match e {
         Entry::Canal(h) | Entry::Bridged(h) => Some(h),
-        Entry::Internal | Entry::Epoll => None,
+        Entry::Internal | Entry::Epoll | Entry::Undecided(_) => None,
     })
 }
 

@@ -67,6 +67,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
             Some(Entry::Bridged(_)) => {
                 TABLE.take(fd as c_int);
             }
+            Some(Entry::Undecided(_)) => crate::direct::settle_kernel(fd as c_int),
             None => {}
         }
     }
@@ -165,6 +166,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             // SAFETY: forwarding to libc's close.
             unsafe { real!(c"close", FnInt)(fd) }
         }
+        Some(Entry::Undecided(_)) => {
+            crate::direct::settle_kernel(fd);
+            // SAFETY: forwarding to libc's close.
+            unsafe { real!(c"close", FnInt)(fd) }
+        }
         // SAFETY: forwarding to libc's close.
         None => unsafe { real!(c"close", FnInt)(fd) },
     }
@@ -181,9 +187,11 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     r
 }
 
-/// A copy of a bridged descriptor is bridged too (its kernel file is the same).
+/// A copy of a bridged descriptor is bridged too (its kernel file is the same); a
+/// copy of an undecided one makes it the kernel's (direct.rs).
 fn copy_bridged(old: c_int, new: c_int) {
     if new >= 0 && new != old {
+        crate::direct::settle_kernel(old);
         if let Some(Entry::Bridged(h)) = TABLE.get(old) {
             let _ = TABLE.set_bridged(new, h);
         }
@@ -270,6 +278,7 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
                 Ok(r)
             }
             _ => {
+                crate::direct::settle_kernel(new);
                 if let (Some(Entry::Canal(h)), Some(g)) = (TABLE.take(new), g) {
                     crate::sock::close::release(g, h);
                 }
@@ -341,7 +350,7 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int
             unsafe { real!(c"fcntl", FnFcntl)(fd, cmd, arg) }
         }
     };
-    if let (Some(Entry::Bridged(_)), FcntlAction::Dup { .. }) =
+    if let (Some(Entry::Bridged(_) | Entry::Undecided(_)), FcntlAction::Dup { .. }) =
         (TABLE.get(fd), fcntl_action(cmd, arg))
     {
         let r = real(cmd, arg);

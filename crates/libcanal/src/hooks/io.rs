@@ -86,6 +86,7 @@ pub unsafe extern "C" fn sendto(
     addr: *const SockAddr,
     alen: socklen_t,
 ) -> ssize_t {
+    crate::direct::at_reach(fd, addr, alen, flags);
     dispatch!(
         fd,
         real!(c"sendto", FnSendTo)(fd, buf, len, flags, addr, alen),
@@ -111,6 +112,10 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     if let Err(e) = unsafe { bridge_passed_sockets(msg) } {
         sys::set_errno(e);
         return -1;
+    }
+    // SAFETY: msg is null or the caller's message.
+    if let Some(m) = unsafe { msg.as_ref() } {
+        crate::direct::at_reach(fd, m.msg_name as *const SockAddr, m.msg_namelen, flags);
     }
     dispatch!(fd, real!(c"sendmsg", FnSendMsg)(fd, msg, flags), |s| {
         sendmsg_one(s, msg, flags)
@@ -211,6 +216,8 @@ unsafe fn passed_canal_fds(
             for i in 0..n {
                 // SAFETY: n ints follow the header within cmsg_len.
                 let fd = unsafe { data.add(i).read_unaligned() };
+                // Passed on: the receiver holds the kernel socket (direct.rs).
+                crate::direct::settle_kernel(fd);
                 if let Some(hd) = crate::fdtable::TABLE.handle(fd) {
                     f(fd, hd)?;
                 }
@@ -372,6 +379,13 @@ pub unsafe extern "C" fn sendmmsg(
     vlen: c_uint,
     flags: c_int,
 ) -> c_int {
+    if vlen > 0 {
+        // SAFETY: vec is null or the caller's `vlen` messages.
+        if let Some(m) = unsafe { vec.as_ref() } {
+            let h = &m.msg_hdr;
+            crate::direct::at_reach(fd, h.msg_name as *const SockAddr, h.msg_namelen, flags);
+        }
+    }
     dispatch!(
         fd,
         real!(c"sendmmsg", FnSendMmsg)(fd, vec, vlen, flags),

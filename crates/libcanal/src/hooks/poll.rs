@@ -267,6 +267,11 @@ pub unsafe extern "C" fn epoll_ctl(
     let nested = match FdTable::<TABLE_LEN>::decode(w) {
         Some(Entry::Canal(_)) => false,
         Some(Entry::Epoll) => true,
+        Some(Entry::Undecided(_)) => {
+            // The set holds the kernel socket: it stays the kernel's (direct.rs).
+            crate::direct::settle_kernel(fd);
+            return real();
+        }
         _ => return real(),
     };
     let Some(_g) = Reentry::enter() else {

@@ -64,6 +64,12 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     if g.region.header().features & need == 0 {
         return real();
     }
+    if crate::direct::on(g) {
+        // Undecided until its first use (direct.rs).
+        return run(|| {
+            crate::direct::socket(domain, base, proto, nonblock, cloexec).map(|fd| fd as isize)
+        }) as c_int;
+    }
     run(|| {
         crate::sock::create::socket(g, domain, base, proto, nonblock, cloexec)
             .map(|fd| fd as isize)
@@ -80,6 +86,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
+    crate::direct::at_serve(fd, addr, len);
     dispatch!(fd, real!(c"bind", FnAddr)(fd, addr, len), |s| {
         let a = addr_in(addr, len)?;
         if leave_to_kernel(fd, &s, &a)? {
@@ -93,6 +100,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const SockAddr, len: socklen_t) 
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_t) -> c_int {
+    crate::direct::at_reach(fd, addr, len, libc::MSG_FASTOPEN);
     dispatch!(fd, real!(c"connect", FnAddr)(fd, addr, len), |s| {
         if !addr.is_null()
             && len as usize >= core::mem::size_of::<libc::sa_family_t>()
@@ -114,6 +122,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    crate::direct::at_serve(fd, core::ptr::null(), 0);
     dispatch!(fd, real!(c"listen", FnIntInt)(fd, backlog), |s| {
         crate::policy::commit(&s);
         crate::sock::control::listen(s, backlog).map(|_| 0)
@@ -181,6 +190,8 @@ fn do_accept(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // The kernel socket keeps what shutdown did to it: it stays the kernel's.
+    crate::direct::settle_kernel(fd);
     dispatch!(fd, real!(c"shutdown", FnIntInt)(fd, how), |s| {
         crate::sock::control::shutdown(s, how).map(|_| 0)
     }) as c_int
@@ -239,6 +250,22 @@ pub unsafe extern "C" fn setsockopt(
     if data_option_of_bridge(fd, level, name) {
         // SAFETY: forwarding the caller's arguments to libc's setsockopt.
         return unsafe { real!(c"setsockopt", FnSetOpt)(fd, level, name, val, len) };
+    }
+    if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
+        // SAFETY: forwarding the caller's arguments to libc's setsockopt.
+        let r = unsafe { real!(c"setsockopt", FnSetOpt)(fd, level, name, val, len) };
+        if r == 0 && (len == 0 || !val.is_null()) && (len as i32) >= 0 {
+            let v: &[u8] = if len == 0 {
+                &[]
+            } else {
+                // SAFETY: the kernel just read `len` bytes at `val`.
+                unsafe { core::slice::from_raw_parts(val as *const u8, len as usize) }
+            };
+            if let Some(_g) = Reentry::enter() {
+                crate::direct::record_option(fd, level, name, v);
+            }
+        }
+        return r;
     }
     dispatch!(
         ctl fd,

@@ -25,7 +25,7 @@ fn canal_revents(g: &'static Guest, fd: i32, events: c_short) -> Option<c_short>
         Entry::Canal(h) => h,
         // An epoll fd watching canal sockets: readable when it has an event.
         Entry::Epoll => return Some(crate::mux::epoll::poll_revents(g, fd, events)),
-        Entry::Internal | Entry::Bridged(_) => return None,
+        Entry::Internal | Entry::Bridged(_) | Entry::Undecided(_) => return None,
     };
     if crate::conn::guest::is_dead(g) {
         return Some(mask(crate::sock::dead::readiness(g, h), events));

@@ -1,0 +1,352 @@
+//! Native peers on kernel sockets (feature DIRECT, protocol §2 DIRECTORY).
+//!
+//! A process in canald's own network without a destination policy could make any
+//! kernel socket itself, and a connection to a native peer gains nothing from passing
+//! through canald: on few cores the relay is a third process that every message
+//! wakes. So, with DIRECT, a new TCP or UDP socket starts as a kernel socket of its
+//! own, *undecided* in the descriptor table, and is decided at its first use:
+//! - bind or listen: canal's (a server's address must be a canal port, for other
+//!   guests to short-circuit to it); so is a connect or a datagram sent to a canal
+//!   port, one the port directory shows a canal listener or receiver on;
+//! - a connect or a datagram to any other port: the kernel's for good (the table
+//!   forgets it), at the kernel's speed and cost, with nothing in between;
+//! - a copy of it made before (dup, fork, SCM_RIGHTS, an epoll set): the kernel's, so
+//!   that every copy stays one socket.
+//!
+//! Becoming canal's makes a canal socket as socket() would, replays the options set so
+//! far, and puts its dummy at the same number. Until then every call on it is the
+//! kernel's own. A directory that cannot be had makes every port a canal port (the
+//! behaviour without DIRECT). `CANAL_DIRECT=off` in the program's environment keeps
+//! every socket canal's.
+use crate::conn::guest::Guest;
+use crate::fdtable::{Entry, TABLE};
+use crate::sys;
+use canal_abi::control::directory;
+use canal_abi::sync::Ordering;
+use canal_abi::CanalAddr;
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8};
+use libc::c_int;
+
+/// What an undecided socket is, as its table word: bit 0 IPv6, bit 1 datagram,
+/// bits 8.. the protocol number the program gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kind(u32);
+
+impl Kind {
+    fn new(domain: c_int, base: c_int, proto: c_int) -> Kind {
+        Kind(
+            (domain == libc::AF_INET6) as u32
+                | ((base == libc::SOCK_DGRAM) as u32) << 1
+                | ((proto as u32) & 0xff) << 8,
+        )
+    }
+    fn domain(self) -> c_int {
+        if self.0 & 1 != 0 {
+            libc::AF_INET6
+        } else {
+            libc::AF_INET
+        }
+    }
+    fn dgram(self) -> bool {
+        self.0 & 2 != 0
+    }
+    fn base(self) -> c_int {
+        if self.dgram() {
+            libc::SOCK_DGRAM
+        } else {
+            libc::SOCK_STREAM
+        }
+    }
+    fn proto(self) -> c_int {
+        (self.0 >> 8) as c_int
+    }
+}
+
+/// 0: not read yet, 1: on, 2: off (`CANAL_DIRECT=off` or `0`).
+static ENV: AtomicU8 = AtomicU8::new(0);
+
+/// Whether new sockets of this process start undecided.
+pub(crate) fn on(g: &Guest) -> bool {
+    if g.region.header().features & canal_abi::feature::DIRECT == 0 {
+        return false;
+    }
+    match ENV.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let off = std::env::var("CANAL_DIRECT").is_ok_and(|v| v == "off" || v == "0");
+            ENV.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+            !off
+        }
+    }
+}
+
+/// socket(2) for a supported (domain, type, protocol): a kernel socket, undecided.
+pub(crate) fn socket(
+    domain: c_int,
+    base: c_int,
+    proto: c_int,
+    nonblock: bool,
+    cloexec: bool,
+) -> Result<c_int, i32> {
+    let flags = base
+        | if nonblock { libc::SOCK_NONBLOCK } else { 0 }
+        | if cloexec { libc::SOCK_CLOEXEC } else { 0 };
+    let fd = sys::socket(domain, flags, proto)?;
+    // Beyond the table's reach it simply stays the kernel's.
+    let _ = TABLE.set_undecided(fd, Kind::new(domain, base, proto).0);
+    Ok(fd)
+}
+
+// ---- the port directory --------------------------------------------------------------
+
+/// The directory's words, once mapped (read-only); null before.
+static DIR: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
+/// 0: not asked yet, 1: mapped, 2: not to be had.
+static DIR_STATE: AtomicU8 = AtomicU8::new(0);
+
+fn words(g: &Guest) -> Option<&'static [AtomicU64]> {
+    if DIR_STATE.load(Ordering::Acquire) == 0 {
+        let got = crate::conn::ctl::ctl_directory(g).and_then(|(fd, size)| {
+            let ok =
+                size as usize == directory::SIZE && sys::file_size(fd).is_ok_and(|s| s >= size);
+            let p = if ok {
+                sys::mmap_read(fd, directory::SIZE)
+            } else {
+                Err(libc::EIO)
+            };
+            let _ = sys::close(fd);
+            p
+        });
+        match got {
+            Ok(p) => {
+                if DIR
+                    .compare_exchange(
+                        core::ptr::null_mut(),
+                        p as *mut AtomicU64,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_err()
+                {
+                    sys::munmap(p, directory::SIZE); // another thread mapped it first
+                }
+                DIR_STATE.store(1, Ordering::Release);
+            }
+            Err(_) => DIR_STATE.store(2, Ordering::Release),
+        }
+    }
+    let p = DIR.load(Ordering::Acquire);
+    // SAFETY: a read-only shared mapping of directory::SIZE bytes (page aligned),
+    // never unmapped once published; its words are only read, atomically, while
+    // canald updates them atomically.
+    (!p.is_null()).then(|| unsafe { core::slice::from_raw_parts(p, directory::SIZE / 8) })
+}
+
+/// Whether a canal socket may be at `port`: the directory's bit, or true without one.
+fn canal_port(g: &Guest, dgram: bool, port: u16) -> bool {
+    let Some(w) = words(g) else { return true };
+    let (i, bit) = directory::slot(port);
+    let base = (if dgram {
+        directory::UDP
+    } else {
+        directory::TCP
+    }) / 8;
+    w[base + i].load(Ordering::Acquire) & bit != 0
+}
+
+// ---- options set while undecided ----------------------------------------------------
+
+/// (descriptor, level, name, value): an option set on an undecided socket, for the
+/// canal socket it may become.
+type SavedOpt = (c_int, c_int, c_int, Vec<u8>);
+
+static SAVED: crate::rt::Locked<Vec<SavedOpt>> = crate::rt::Locked::new(Vec::new());
+
+fn with_saved<R>(f: impl FnOnce(&mut Vec<SavedOpt>) -> R) -> R {
+    SAVED.with(f)
+}
+
+/// The program set an option on `fd` (the kernel took it): kept if `fd` is
+/// undecided.
+pub(crate) fn record_option(fd: c_int, level: c_int, name: c_int, v: &[u8]) {
+    if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
+        with_saved(|o| {
+            o.retain(|x| !(x.0 == fd && x.1 == level && x.2 == name));
+            o.push((fd, level, name, v.to_vec()));
+        });
+    }
+}
+
+// ---- deciding -------------------------------------------------------------------------
+
+/// What the first use of an undecided socket says about it.
+pub(crate) enum Use<'a> {
+    /// bind (its address, for CANAL_EXCLUDE) or listen (None).
+    Serve(Option<&'a CanalAddr>),
+    /// A connect, or a datagram sent, to this address.
+    Reach(&'a CanalAddr),
+}
+
+/// `fd` is the kernel's for good (a copy of it was made, or it was closed).
+#[inline]
+pub(crate) fn settle_kernel(fd: c_int) {
+    if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
+        forget(fd);
+    }
+}
+
+fn forget(fd: c_int) {
+    if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
+        TABLE.take(fd);
+        with_saved(|o| o.retain(|x| x.0 != fd));
+    }
+}
+
+/// Every undecided socket becomes the kernel's (before a fork: parent and child must
+/// hold one socket).
+pub(crate) fn settle_all_kernel() {
+    for fd in 0..TABLE.high_water() as c_int {
+        settle_kernel(fd);
+    }
+}
+
+/// bind (`addr` non-null) or listen on `fd`: an undecided socket becomes canal's
+/// unless CANAL_EXCLUDE names the address.
+#[inline]
+pub(crate) fn at_serve(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) {
+    if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
+        decide_guarded(fd, |g| {
+            let a = (!addr.is_null())
+                .then(|| crate::hooks::common::addr_in(addr, len).ok())
+                .flatten();
+            settle(g, fd, Use::Serve(a.as_ref()));
+        });
+    }
+}
+
+/// connect on `fd`, or a send with a destination (`flags`: the send's; MSG_FASTOPEN
+/// makes a stream's send a connect): an undecided socket is decided by where it goes.
+/// An address the library cannot read (or AF_UNSPEC) leaves it to the kernel, whose
+/// error the program then gets.
+#[inline]
+pub(crate) fn at_reach(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t, flags: c_int) {
+    let Some(Entry::Undecided(k)) = TABLE.get(fd) else {
+        return;
+    };
+    if addr.is_null() || (!Kind(k).dgram() && flags & libc::MSG_FASTOPEN == 0) {
+        return; // the kernel's error (or, on a stream, an address it ignores)
+    }
+    decide_guarded(fd, |g| match crate::hooks::common::addr_in(addr, len) {
+        Ok(a) => settle(g, fd, Use::Reach(&a)),
+        Err(_) => forget(fd),
+    });
+}
+
+/// Runs a decision under the re-entry guard, with the guest; a panic leaves the socket
+/// the kernel's.
+fn decide_guarded(fd: c_int, f: impl FnOnce(&'static Guest)) {
+    let Some(_r) = crate::hooks::common::Reentry::enter() else {
+        return;
+    };
+    let Some(g) = crate::conn::guest::guest() else {
+        forget(fd);
+        return;
+    };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(g))).is_err() {
+        forget(fd);
+    }
+}
+
+/// Decides undecided socket `fd` at its first use: after this it is a canal socket
+/// or not the library's at all, and the hook dispatches on that. The caller holds the
+/// re-entry guard. A canal socket that cannot be made leaves it the kernel's (the
+/// program's call then goes on natively, as it would without canal).
+fn settle(g: &'static Guest, fd: c_int, what: Use) {
+    let Some(Entry::Undecided(k)) = TABLE.get(fd) else {
+        return;
+    };
+    let kind = Kind(k);
+    let canal = match what {
+        Use::Serve(a) => !a.is_some_and(crate::policy::excluded),
+        Use::Reach(a) => !crate::policy::excluded(a) && canal_port(g, kind.dgram(), a.port),
+    };
+    if canal {
+        if let Err(e) = to_canal(g, fd, kind) {
+            crate::rt::debug!(g, "canal: fd {fd} stays a kernel socket (errno {e})\n");
+        }
+    }
+    // Still undecided only if it stayed the kernel's.
+    forget(fd);
+}
+
+/// Puts a canal socket of `kind` in place of kernel socket `fd`, with its blocking
+/// mode, close-on-exec flag and the options set so far.
+fn to_canal(g: &'static Guest, fd: c_int, kind: Kind) -> Result<(), i32> {
+    let nonblock = sys::fcntl_int(fd, libc::F_GETFL, 0)? as c_int & libc::O_NONBLOCK != 0;
+    let cloexec = sys::fcntl_int(fd, libc::F_GETFD, 0)? as c_int & libc::FD_CLOEXEC != 0;
+    let nfd = crate::sock::create::socket(
+        g,
+        kind.domain(),
+        kind.base(),
+        kind.proto(),
+        nonblock,
+        cloexec,
+    )?;
+    let Some(h) = TABLE.handle(nfd) else {
+        return Err(libc::EIO);
+    };
+    let s = crate::sock::core::Sock::new(g, h)?;
+    let opts = with_saved(|o| {
+        let mine = o
+            .iter()
+            .filter(|x| x.0 == fd)
+            .map(|x| (x.1, x.2, x.3.clone()))
+            .collect::<Vec<_>>();
+        o.retain(|x| x.0 != fd);
+        mine
+    });
+    for (level, name, v) in &opts {
+        // The kernel took each of them already: canal takes what it keeps.
+        let _ = crate::sock::opts::setsockopt(s, *level, *name, v);
+        crate::policy::record_option(&s, *level, *name, v);
+    }
+    // No WATCH is put on these numbers while the dummy moves (sock/watch.rs).
+    let held = crate::sock::watch::hold();
+    TABLE.take(fd);
+    TABLE.take(nfd);
+    let r = sys::replace_fd(nfd, fd);
+    let _ = sys::close(nfd);
+    match r {
+        Ok(()) => {
+            let _ = TABLE.set_canal(fd, h);
+            drop(held);
+            crate::rt::debug!(g, "canal: fd {fd} -> handle {h:#x} (a canal port)\n");
+            Ok(())
+        }
+        Err(e) => {
+            drop(held);
+            crate::sock::close::release(g, h);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_keeps_family_type_and_protocol() {
+        let k = Kind::new(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP);
+        assert_eq!(
+            (k.domain(), k.base(), k.proto()),
+            (libc::AF_INET6, libc::SOCK_DGRAM, 17)
+        );
+        let k = Kind::new(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert_eq!(
+            (k.domain(), k.base(), k.proto()),
+            (libc::AF_INET, libc::SOCK_STREAM, 0)
+        );
+    }
+}

@@ -1,0 +1,54 @@
+"""`canald --direct on` (protocol §2 DIRECTORY, docs/architecture.md): a guest's socket
+to a native peer is a kernel socket of the guest's own, so its data never passes
+through canald, while a connection to a canal port is still short-circuited. Checked
+the way an operator would: `ss` names the process holding each connection's kernel
+socket (the guest itself; canald with `--direct off`), and `canal stat` lists the
+short-circuited one. The socket calls of progs/calls.py (sockets used before their
+first address, shut down before connecting, TCP Fast Open, UDP) answer as natively."""
+
+import subprocess
+
+import pytest
+
+from canal_harness import guest_pids, serving_canald
+from e2e_util import wait_for
+
+
+def _holders(port):
+    """pids `ss` lists for the established TCP socket with local port `port`."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return {int(p.split("=")[1]) for p in out.replace(",", " ").split() if p.startswith("pid=")}
+
+
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_native_peers_go_direct_and_canal_ports_short_circuit(canal_bin, procs, python, progs, direct):
+    native = procs.spawn([python, progs / "echo.py", "serve", "tcp"], name="native-echo")
+    nport = int(native.wait_line("READY", 30).split()[1])
+    with serving_canald(canal_bin, procs, args=["--direct", direct]) as d:
+        server = d.spawn([python, progs / "echo.py", "serve", "tcp"], name="canal-echo")
+        cport = int(server.wait_line("READY", 30).split()[1])
+        d.wait_served(server, kind="tcp-listener")
+        client = d.spawn([python, progs / "direct_peer.py", nport, cport], name="client",
+                         stdin=subprocess.PIPE)
+        mine, theirs = (int(x) for x in client.wait_line("PORTS", 30).split()[1:])
+        d.wait_served(client, kind="tcp-shortcut", peer_port=cport)
+        held = wait_for(lambda: _holders(mine) or None, 10, what=f"ss to list local port {mine}")
+        if direct == "on":
+            assert held <= guest_pids(client), f"native peer's socket held by {held}, not the guest"
+            assert not _holders(theirs), "the canal connection must not be a kernel TCP connection"
+        else:
+            assert held == {d.pid}, f"with --direct off canald ({d.pid}) holds it, not {held}"
+        client.popen.stdin.close()
+        r = client.finish(30)
+        assert r.returncode == 0 and r.stdout.endswith("done\n"), r.describe()
+
+
+def test_calls_answer_as_the_kernel_with_direct(canal_bin, procs, python, progs):
+    argv = [python, progs / "calls.py"]
+    native = procs.run(argv, timeout=60, name="calls-native")
+    assert native.returncode == 0 and native.stdout.endswith("done\n"), native.describe()
+    with serving_canald(canal_bin, procs, args=["--direct", "on"]) as d:
+        r = d.run(argv, timeout=60, name="calls-canal")
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal --direct on:\n{r.stdout}"
