@@ -31,6 +31,16 @@ def client_under_canal(mode):
     return mode in ("canal-both", "canal-client")
 
 
+def daemon_args(mode):
+    """canald's switches for `mode`: where one end runs natively the canal end's
+    connections to it go through canald (--direct off), the relay that VMs, isolated
+    guests and guests under a policy take, tested with real programs (and the witness
+    sockets that prove a program's sockets are canal's are such connections). In
+    canal-both mode canald's default holds: a client's socket starts as its own kernel
+    socket and becomes canal's at its connect to the canal server's port."""
+    return ["--direct", "off"] if mode in ("canal-client", "canal-server") else []
+
+
 def ends(request, mode):
     """(server_runner, client_runner) for mode. A runner has .spawn(argv, name=None, **kw)
     -> Proc and .run(argv, timeout, name=None, **kw) -> Result; under canal it is the

@@ -38,14 +38,18 @@ procs = _e2e.procs
 pytest_configure = _e2e.pytest_configure
 
 from canal_harness import need_tool, serving_canald  # noqa: E402
+import compat_util  # noqa: E402
 
 
 @pytest.fixture
-def canald(canal_bin, libcanal_so, canald_bin, procs):
+def canald(request, canal_bin, libcanal_so, canald_bin, procs):
     """The e2e fixture's private canald, logging each guest's attach, departure and life
     totals (-v): CanalSampler.require_peer_port reads them for clients quicker than
-    `canal stat`."""
-    with serving_canald(canal_bin, procs, args=["-v"]) as d:
+    `canal stat`; with the switches of the test's mode (compat_util.daemon_args)."""
+    callspec = getattr(request.node, "callspec", None)
+    mode = callspec.params.get("mode") if callspec is not None else None
+    args = ["-v", *compat_util.daemon_args(mode)]
+    with serving_canald(canal_bin, procs, args=args) as d:
         yield d
 
 PROGS = HERE / "progs"

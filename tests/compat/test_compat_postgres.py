@@ -44,13 +44,14 @@ def _as_user():
     return pw.pw_uid, pw.pw_gid
 
 
-def _user_canald(canal_bin, procs, uid, gid, top):
+def _user_canald(canal_bin, procs, uid, gid, top, mode):
     """A private canald for the user: `canal` (daemon, run, stat) through a wrapper that
     drops to the user, since canal refuses a daemon of another uid (even for root)."""
     wrapper = top / "canal-as-user"
     wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid={uid} --regid={gid} --clear-groups {canal_bin} \"$@\"\n")
     wrapper.chmod(0o755)
-    d = Canald(str(wrapper), procs, args=["-v"])  # -v: see compat_util.CanalSampler
+    # -v: see compat_util.CanalSampler
+    d = Canald(str(wrapper), procs, args=["-v", *compat_util.daemon_args(mode)])
     os.chown(d.dir, uid, gid)
     return d.start()
 
@@ -96,7 +97,7 @@ def test_postgres_pgbench(request, mode, procs, canal_bin):
     assert r.returncode == 0, f"initdb failed\n{r.describe()}"
     canald = None
     if mode != "native":
-        canald = _user_canald(canal_bin, procs, uid, gid, top)
+        canald = _user_canald(canal_bin, procs, uid, gid, top, mode)
     srv = canald if compat_util.server_under_canal(mode) else native
     cli = canald if compat_util.client_under_canal(mode) else native
     port = e2e_util.free_port()

@@ -38,6 +38,11 @@ DEFAULT_DEADLINE = 150
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "deadline(seconds): time limit for one test (default 150)")
+    config.addinivalue_line(
+        "markers",
+        "relay: the canald fixture runs with --direct off: the guest's sockets to native "
+        "peers go through canald (the path of VMs, isolated guests, guests under a policy)",
+    )
 
 
 class DeadlineExceeded(Exception):
@@ -96,6 +101,9 @@ def procs(tmp_path):
 
 
 @pytest.fixture
-def canald(canal_bin, libcanal_so, canald_bin, procs):
-    with serving_canald(canal_bin, procs) as d:
+def canald(request, canal_bin, libcanal_so, canald_bin, procs):
+    # A test of canald's relay of a guest's native peers (the path of VMs, isolated
+    # guests and guests under a policy) turns the direct path off.
+    args = ["--direct", "off"] if request.node.get_closest_marker("relay") else []
+    with serving_canald(canal_bin, procs, args=args) as d:
         yield d

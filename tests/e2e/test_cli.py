@@ -47,6 +47,7 @@ def test_run_keeps_closed_standard_descriptors_closed(canald):
         assert cp.stderr.strip().endswith(want), (close, cp.returncode, cp.stderr)
 
 
+@pytest.mark.relay
 def test_guest_listed_in_stat(canald, python, progs):
     with e2e_util.HoldServer() as hold:
         p = canald.spawn([python, progs / "echo.py", "idle", "--port", hold.port])

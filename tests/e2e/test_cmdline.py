@@ -171,6 +171,7 @@ shortcut-ring-kib = 256
 zones = "on"
 arenas = "off"
 bells = "off"
+direct = "off"
 dns = "127.0.0.1:5353"
 verbose = true
 """
@@ -194,7 +195,7 @@ def test_a_configuration_file_sets_every_option(canal_bin, canald_bin, procs, tm
         key, value = [x.strip() for x in line.split("=", 1)]
         if key == "zones":
             value = "true"
-        if key in ("arenas", "bells"):
+        if key in ("arenas", "bells", "direct"):
             value = "false"
         if key == "metrics":
             continue  # port 0: the printed address is the one asked for, bound later

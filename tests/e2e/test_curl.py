@@ -42,6 +42,7 @@ def _curl(run, mode, http_server, argv, name):
     return p.finish(90)
 
 
+@pytest.mark.relay
 @pytest.mark.parametrize("mode", ["native", "canal"])
 def test_curl_download(request, mode, blob, http_server, tmp_path):
     curl = need_tool("curl")
@@ -55,6 +56,7 @@ def test_curl_download(request, mode, blob, http_server, tmp_path):
     assert e2e_util.sha256_file(out) == blob[2], "downloaded file's SHA-256 differs from the served one"
 
 
+@pytest.mark.relay
 @pytest.mark.deadline(200)
 @pytest.mark.parametrize("mode", ["native", "canal"])
 def test_curl_upload(request, mode, blob, http_server):

@@ -48,6 +48,7 @@ def _client(request, mode, python, progs, args, timeout, kind, conns):
     return r
 
 
+@pytest.mark.relay
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_tcp_messages(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "tcp")
@@ -56,6 +57,7 @@ def test_echo_tcp_messages(request, mode, python, progs):
     assert server.poll() is None, f"echo server died\n{server.describe()}"
 
 
+@pytest.mark.relay
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_udp_datagrams(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "udp")
@@ -64,6 +66,7 @@ def test_echo_udp_datagrams(request, mode, python, progs):
     assert server.poll() is None, f"echo server died\n{server.describe()}"
 
 
+@pytest.mark.relay
 @pytest.mark.parametrize("mode", MODES)
 def test_echo_tcp_32_connections(request, mode, python, progs):
     server, port = _start_server(request, mode, python, progs, "tcp")

@@ -49,6 +49,7 @@ def _check(result, peer, runs_so_far, label):
     assert got == b"ping-after-half-close\n", f"{label}: after half-close the peer received {got!r}"
 
 
+@pytest.mark.relay
 def test_error_paths(request, errpaths_bin, procs):
     with e2e_util.PeerServer() as peer:
         closed = e2e_util.closed_port()

@@ -31,6 +31,7 @@ def _json(result, who):
         raise AssertionError(f"{who} printed no valid JSON ({e})\n{result.describe()}")
 
 
+@pytest.mark.relay
 @pytest.mark.parametrize("mode", ["native", "canal-client", "canal-server"])
 def test_iperf3(request, mode):
     iperf3 = need_tool("iperf3")

@@ -21,6 +21,7 @@ def _connected_tcp(canald, proc, peer_port):
     return None
 
 
+@pytest.mark.relay
 def test_guest_killed_mid_transfer(canald, python, progs):
     with e2e_util.SinkServer() as sink:
         p = canald.spawn([python, progs / "echo.py", "stream", "--port", sink.port])
@@ -59,6 +60,7 @@ def test_guest_killed_mid_transfer(canald, python, progs):
     )
 
 
+@pytest.mark.relay
 def test_idle_cost(canald, python, progs):
     """One guest blocked in recv() on an idle TCP connection: canald + the guest (+ the
     `canal run` process waiting for it) use < 1% of a core over 10 s."""

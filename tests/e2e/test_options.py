@@ -9,6 +9,8 @@ import re
 import socket
 import subprocess
 
+import pytest
+
 import e2e_util
 from canal_harness import need_tool
 
@@ -63,6 +65,7 @@ def _keepalive_timer(port, end="dport"):
     return int(m.group(1) or 0) * 60 + float(m.group(2) or 0)
 
 
+@pytest.mark.relay
 def test_keepalive_reaches_the_host_socket_without_requests(canald, procs, python):
     """A guest connected to a native server sets TCP_NODELAY 200 times, then
     SO_KEEPALIVE and TCP_KEEPIDLE 4321: the calls read back at once, cost (nearly) no

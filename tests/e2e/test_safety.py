@@ -100,8 +100,8 @@ def test_every_byte_arrives_after_close(canald, python, progs, pause):
 @pytest.mark.deadline(90)
 def test_killed_canald_resets_its_peers(canal_bin, procs, python, progs):
     """canald killed while a guest's bytes are queued: the native peer sees a reset,
-    never a clean end of a stream that was cut short."""
-    d = Canald(canal_bin, procs).start()
+    never a clean end of a stream that was cut short (canald's relay: --direct off)."""
+    d = Canald(canal_bin, procs, args=["--direct", "off"]).start()
     try:
         with PausedReader(4) as reader:
             p = d.spawn([python, progs / "closer.py", "send", "--port", reader.port, "--bytes", 8 * MiB,
@@ -176,7 +176,10 @@ def test_descriptor_exhaustion_locks_nobody_out(canal_bin, procs, python, greedy
     WATCH end per socket, which counts against the same quota."""
     if not shutil.which("prlimit"):
         pytest.skip("prlimit (util-linux) is not installed")
-    d = Canald(canal_bin, procs, prefix=["prlimit", "--nofile=1024:1024", "--"]).start()
+    # canald's descriptors are what the greedy guest exhausts: sockets it relays
+    # (--direct off; with it on, unused sockets are the guest's own kernel sockets).
+    d = Canald(canal_bin, procs, args=["--direct", "off"],
+               prefix=["prlimit", "--nofile=1024:1024", "--"]).start()
     try:
         with e2e_util.HoldServer() as hold, e2e_util.PeerServer() as echo:
             greedy = d.spawn([python, "-c", GREEDY, hold.port, greedy_mode], name="greedy",
@@ -252,16 +255,20 @@ except OSError as e:
 
 
 @pytest.mark.deadline(90)
-def test_restarted_canald_is_not_bypassed(canal_bin, procs, python):
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_restarted_canald_is_not_bypassed(canal_bin, procs, python, direct):
     """canald restarts under a running guest: the guest's new sockets fail (ENETDOWN,
     with one line on stderr) instead of silently becoming kernel sockets outside
-    canald's policy."""
-    d = Canald(canal_bin, procs).start()
+    canald's policy. With --direct on the first connection is the guest's own kernel
+    socket (a native peer), and a new socket still fails: the next canald may have a
+    policy the dead one did not."""
+    d = Canald(canal_bin, procs, args=["--direct", direct]).start()
     try:
         with e2e_util.HoldServer() as hold:
             p = d.spawn([python, "-c", AFTER_RESTART, hold.port], stdin=subprocess.PIPE)
             p.wait_line("CONNECTED", 30)
-            d.wait_served(p, kind="tcp", peer_port=hold.port)
+            if direct == "off":
+                d.wait_served(p, kind="tcp", peer_port=hold.port)
             os.kill(d.pid, signal.SIGKILL)
             d.proc.popen.wait(10)
             d.start()  # a new canald on the same socket
@@ -362,6 +369,7 @@ for t in ts: t.join()
 """
 
 
+@pytest.mark.relay
 @pytest.mark.deadline(150)
 def test_400_threads_each_connect_and_echo(canald, python):
     """More threads than request slots (256): every one connects and echoes (threads
@@ -482,6 +490,7 @@ while True:
 """
 
 
+@pytest.mark.relay
 @pytest.mark.deadline(60)
 def test_a_write_outside_the_hooks_is_an_error_not_a_loss(canald, python):
     """Bytes written to a canal socket's descriptor by a path no hook sees (here a

@@ -235,7 +235,9 @@ def test_iperf3_both_under_canal(canald):
 def test_no_shortcut_flag(canal_bin, procs, python, progs):
     """With --no-shortcut the same two guests talk over kernel TCP (the B8 ablation)."""
     d = Canald(canal_bin, procs)
-    d.proc = procs.spawn([canal_bin, "daemon", "--socket", d.socket, "--no-shortcut"], name="canald-ns")
+    # Both ends relayed by canald (--direct off: the client's socket is canal's too).
+    d.proc = procs.spawn([canal_bin, "daemon", "--socket", d.socket, "--no-shortcut", "--direct", "off"],
+                         name="canald-ns")
     e2e_util.wait_for(lambda: os.path.exists(d.socket), 15, what="canald --no-shortcut to start")
     try:
         server = d.spawn([python, progs / "echo.py", "serve", "tcp"], name="echo-server")

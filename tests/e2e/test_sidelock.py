@@ -29,6 +29,7 @@ def _kind(placement):
     return "tcp-shortcut" if placement == "guest-guest" else "tcp"
 
 
+@pytest.mark.relay
 @pytest.mark.parametrize("placement", ["guest-guest", "guest-native"])
 @pytest.mark.parametrize("how", ["threads", "fork"])
 def test_concurrent_senders_keep_every_record(canald, procs, python, progs, placement, how):

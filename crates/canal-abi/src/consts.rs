@@ -95,9 +95,9 @@ pub mod feature {
     /// may give a new TCP or UDP socket a kernel socket of its own and keep it there
     /// when its first address is not a canal port (the port directory says so), so
     /// a connection to a native peer never passes through canald. Set only for a
-    /// process guest in canald's own network without a destination policy or rate
-    /// quota (it could make such sockets itself), with `canald --direct on` (the
-    /// default is off), for a guest that announced `hello_flag::DIRECT`.
+    /// process guest in canald's own network without a destination policy, rate
+    /// quota or socket quota (it could make such sockets itself), with `canald --direct on` (the
+    /// default), for a guest that announced `hello_flag::DIRECT`.
     pub const DIRECT: u64 = 1 << 16;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1

@@ -198,6 +198,11 @@ impl Variant {
             // Sleepers woken by canald's relay instead of their peer's bell (protocol
             // §8.8): what the bells save servers that wait in epoll/poll (B10 g↔g).
             Some(("disable", "bells")) => Ok(v(&["--bells", "off"], &[], &[("bells", "false")])),
+            // A guest's native peers relayed by canald instead of on the guest's own
+            // kernel sockets (protocol §2 Port directory): the relay's cost or gain.
+            Some(("disable", "direct")) => {
+                Ok(v(&["--direct", "off"], &[], &[("direct", "false")]))
+            }
             // Zero copy in canal's sense: buffer zones (sends beyond the ring's free
             // space posted by (zone, offset) descriptors, protocol §10). Off by
             // default; `zones=on` measures them against it.
@@ -403,6 +408,9 @@ pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             c.extend(cells(plan, &[Rr], &[64], &[1], &["default"], gen_systems));
             c.extend(cells(plan, &[Iperf3], &pick(&[65536], &[1024, 65536]), &[1], &["default"], &[Tcp, CanalGN]));
             c.extend(cells(plan, &[Sockperf], &pick(&[64], &[64, 1024, 16384]), &[1], &["default"], &[Tcp, CanalGN]));
+            // canald's relay (the path of VMs and guests under a policy), side by side.
+            c.extend(cells(plan, &[Stream], &[65536], &[1], &["disable=direct"], &[CanalGN]));
+            c.extend(cells(plan, &[Rr], &[64], &[1], &["disable=direct"], &[CanalGN]));
             Experiment {
                 id: "B3",
                 title: "guest → native peer through canald onto host TCP (and native → guest)",
@@ -453,6 +461,9 @@ pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
     };
     Some(e)
 }
+
+/// B12's variants: pair arenas (g↔g) and the direct path (g→n) off, beside the default.
+const B12_VARIANTS: [&str; 3] = ["default", "disable=arenas", "disable=direct"];
 
 /// B7 … B13 (see `experiment`).
 fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
@@ -546,6 +557,7 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
                 c.extend(cells(plan, &[Postgres], &[0], &[1], &["default"], &TCP_PLACEMENTS));
             }
             c.extend(cells(plan, &[Redis, Nginx, Memcached], &[0], &[1], &["disable=bells"], &[CanalGG]));
+            c.extend(cells(plan, &[Redis, Nginx, Memcached], &[0], &[1], &["disable=direct"], &[CanalGN]));
             Experiment {
                 id: "B10",
                 title: "real applications",
@@ -571,7 +583,7 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
             title: "connection rate",
             measures: "connections/s of clients that connect, echo 1 byte and close, one after another (1 and 16 concurrent clients; the size column is the number of clients), and one connection's life p50",
             target: "guest↔guest ≥ 5× kernel TCP; guest→native and native→guest ≥ 1.0×",
-            cells: cells(plan, &[ConnRate], &[1, 16], &[1], &["default", "disable=arenas"], &TCP_PLACEMENTS),
+            cells: cells(plan, &[ConnRate], &[1, 16], &[1], &B12_VARIANTS, &TCP_PLACEMENTS),
             unavailable: None,
         },
         "B13" => Experiment {
@@ -590,6 +602,7 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
             cells: [
                 cells(plan, &[UdpRr], &pick(&[64], &[64, 1024]), &[1], &["default"], &UDP_PLACEMENTS),
                 cells(plan, &[UdpStream], &pick(&[1024], &[64, 1024, 8192]), &[1], &["default"], &UDP_PLACEMENTS),
+                cells(plan, &[UdpStream], &pick(&[1024], &[64, 1024, 8192]), &[1], &["disable=direct"], &[CanalGN]),
             ]
             .concat(),
             unavailable: None,

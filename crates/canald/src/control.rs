@@ -441,7 +441,8 @@ impl Daemon {
     }
 
     /// `feature::DIRECT` for a guest that asked, where it gives the guest nothing it
-    /// could not do itself: canald's network, no destination policy or rate to enforce.
+    /// could not do itself: canald's network, no destination policy, rate or socket
+    /// quota to enforce (a quota's sockets are canald's to count).
     fn direct_feature(
         &self,
         hello_flags: u32,
@@ -456,6 +457,7 @@ impl Daemon {
             && limits.deny.is_none()
             && limits.connect_rate.unwrap_or(0) == 0
             && limits.request_rate.unwrap_or(0) == 0
+            && limits.sockets.is_none()
             && crate::guest::shared::lock(&self.shortcut)
                 .directory
                 .is_some();

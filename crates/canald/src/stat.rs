@@ -272,6 +272,8 @@ pub(crate) struct ConfigStat {
     pub(crate) arenas: bool,
     /// Direct peer wake-ups (`--bells`, with arenas in force).
     pub(crate) bells: bool,
+    /// Native peers on guests' own kernel sockets (`--direct`).
+    pub(crate) direct: bool,
     /// Every option's effective value and where it came from (as `--print-config`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) settings: Vec<crate::config::Setting>,
@@ -297,6 +299,7 @@ impl ConfigStat {
             zones: c.zones && c.shortcut,
             arenas: c.arenas && c.shortcut,
             bells: c.bells && c.arenas && c.shortcut,
+            direct: c.direct,
             settings: c.settings.clone(),
         }
     }

@@ -126,7 +126,7 @@ pub struct DaemonArgs {
     /// A process guest in canald's own network, without a destination policy or rate
     /// quota, keeps a socket to a native peer on a kernel socket of its own, so its
     /// data never passes through canald (protocol §2 DIRECTORY); canal ports stay
-    /// canal's [default: off; also CANAL_DIRECT=on in canald's environment]
+    /// canal's [default: on; also CANAL_DIRECT=off in canald's environment]
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     #[serde(default, deserialize_with = "de_on_off")]
     pub direct: Option<bool>,

@@ -50,9 +50,8 @@ pub struct Config {
     /// (protocol §8.8). On by default; `CANAL_BELLS=off` turns them off.
     pub(crate) bells: bool,
     /// `--direct on|off`: DIRECT guests keep sockets to native peers on kernel
-    /// sockets of their own (protocol §2 DIRECTORY). Off by default (the tests that
-    /// watch canald relay a guest's native peers come first); `CANAL_DIRECT=on`
-    /// turns it on.
+    /// sockets of their own (protocol §2 DIRECTORY). On by default;
+    /// `CANAL_DIRECT=off` turns it off.
     pub(crate) direct: bool,
     pub(crate) verbose: bool,
     /// How the poller waits (`--notify`).
@@ -139,7 +138,7 @@ impl Config {
             zones: std::env::var_os("CANAL_ZONES").is_some_and(|v| v == "on"),
             arenas: std::env::var_os("CANAL_ARENAS").is_none_or(|v| v != "off"),
             bells: std::env::var_os("CANAL_BELLS").is_none_or(|v| v != "off"),
-            direct: std::env::var_os("CANAL_DIRECT").is_some_and(|v| v == "on"),
+            direct: std::env::var_os("CANAL_DIRECT").is_none_or(|v| v != "off"),
             verbose: false,
             notify: NotifyMode::Hybrid,
             // Off unless asked for: on this design a woken guest spins through the

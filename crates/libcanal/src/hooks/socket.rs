@@ -65,7 +65,14 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         return real();
     }
     if crate::direct::on(g) {
-        // Undecided until its first use (direct.rs).
+        // Undecided until its first use (direct.rs). A kernel socket made after
+        // canald died would escape whatever the next canald enforces: ENETDOWN, as
+        // for a canal socket (a spare's check, sock/create.rs).
+        if crate::conn::guest::control_hung_up(g) {
+            crate::conn::guest::mark_dead();
+            sys::set_errno(libc::ENETDOWN);
+            return -1;
+        }
         return run(|| {
             crate::direct::socket(domain, base, proto, nonblock, cloexec).map(|fd| fd as isize)
         }) as c_int;
