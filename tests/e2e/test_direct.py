@@ -52,3 +52,26 @@ def test_calls_answer_as_the_kernel_with_direct(canal_bin, procs, python, progs)
         r = d.run(argv, timeout=60, name="calls-canal")
         assert r.returncode == 0, r.describe()
         assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal --direct on:\n{r.stdout}"
+
+
+def test_sockets_used_before_their_first_address_answer_as_natively(canal_bin, procs, python, progs):
+    """progs/direct_cases.py: fork, dup, an epoll set, options, flags and a timeout
+    before the first connect, to a native peer and to a canal port, and UDP both ways;
+    the same lines natively and under canal (direct path, the default)."""
+    def servers(run, tag):
+        ports = []
+        for proto in ("tcp", "udp"):
+            p = run.spawn([python, progs / "echo.py", "serve", proto], name=f"{tag}-{proto}")
+            ports.append(int(p.wait_line("READY", 30).split()[1]))
+        return ports
+
+    native = servers(procs, "native")
+    alike = servers(procs, "native2")
+    want = procs.run([python, progs / "direct_cases.py", *native, *alike], timeout=60, name="cases-native")
+    assert want.returncode == 0 and want.stdout.endswith("done\n"), want.describe()
+    with serving_canald(canal_bin, procs) as d:
+        canal = servers(d, "canal")
+        d.wait_served(d.procs.all[-1], kind="udp")
+        r = d.run([python, progs / "direct_cases.py", *native, *canal], timeout=60, name="cases-canal")
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == want.stdout, f"natively:\n{want.stdout}\nunder canal:\n{r.stdout}"
