@@ -65,7 +65,8 @@ def test_names_of_connected_streams_need_no_round_trip(canal_bin, procs, python,
     check_names(native, nl, np_, nseen)
     assert native["after-reset"] == "ok ENOTCONN", native
     (tmp_path / "canal").mkdir()
-    args = ["--no-shortcut"] if mode == "no-shortcut" else []
+    # no-shortcut: both ends through canald (--direct off: the client too).
+    args = ["--no-shortcut", "--direct", "off"] if mode == "no-shortcut" else []
     with serving_canald(canal_bin, procs, args=args) as d:
         lines, later, lport, port, seen, used = drive(
             d.spawn, argv, tmp_path / "canal", guest_requests=lambda p: d.guest(p)["requests"]

@@ -736,6 +736,7 @@ mod tests {
         let mut c = crate::config::Config::new("/s".into());
         c.no_batch = true;
         c.shortcut = false;
+        c.direct = false;
         c.workers = 1;
         c.notify = crate::engine::NotifyMode::Sleep;
         c.coalesce = crate::engine::CoalesceCfg::Fixed {
@@ -754,7 +755,7 @@ mod tests {
             render_json(&s),
             "{\"daemon\":{\"pid\":1,\"socket\":\"s\",\"config\":{\"notify\":\"sleep\",\
              \"batch\":false,\"coalesce\":\"fixed\",\"t_worst_us\":100,\"split_us\":25,\
-             \"workers\":1,\"shortcut\":false,\"zones\":false,\"arenas\":false,\"bells\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
+             \"workers\":1,\"shortcut\":false,\"zones\":false,\"arenas\":false,\"bells\":false,\"direct\":false},\"workers\":[]},\"guests\":[],\"networks\":[]}"
         );
         c.coalesce = crate::engine::CoalesceCfg::Off;
         let cs = ConfigStat::from_config(&c);

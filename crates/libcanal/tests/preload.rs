@@ -69,9 +69,13 @@ fn setup(tag: &str) -> Option<(Daemon, PathBuf, PathBuf)> {
         .expect("make the socket directory");
     let sock = dir.join("canald.sock");
     let d = Daemon(
+        // These programs look at canal's own sockets: a fresh one must be canal's
+        // (with the default --direct a fresh socket is the program's kernel socket
+        // until its first address: tests/e2e/test_direct.py).
         Command::new(&canald)
             .arg("--socket")
             .arg(&sock)
+            .args(["--direct", "off"])
             .spawn()
             .expect("start canald"),
     );
