@@ -3,7 +3,7 @@ port, native UDP echo port, canal TCP echo port, canal UDP echo port; natively a
 are native servers). Each case prints what the program sees; under canal with the
 direct path (a socket starts as the guest's own kernel socket and becomes canal's at
 its first address if that is a canal port) the lines must be the native ones: a
-socket copied before its first address (fork, dup, an epoll set) stays one socket,
+socket copied before its first address (fork, spawn, dup, an epoll set) stays one socket,
 options and flags set before it survive becoming canal's, UDP goes either way."""
 import fcntl
 import os
@@ -40,6 +40,25 @@ def fork_before_connect(port):
     s.close()
     t = socket.create_connection((LO, port))
     return (os.waitstatus_to_exitcode(st), echo(t, b"after"))
+
+
+def spawn_before_connect(port):
+    """posix_spawn and vfork (subprocess) leave the child a copy: one socket still, so
+    the child sees the parent's connection."""
+    import subprocess
+    s = socket.socket()
+    os.set_inheritable(s.fileno(), True)
+    peek = ("import socket, sys; sys.stdin.readline(); "
+            f"c = socket.socket(fileno={s.fileno()}); print(c.getpeername()[1] == {port}, flush=True)")
+    child = subprocess.Popen([sys.executable, "-c", peek], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             close_fds=False, text=True)
+    s.connect((LO, port))
+    r = echo(s)
+    child.stdin.write("go\n")
+    child.stdin.close()
+    seen = child.stdout.read().strip()
+    child.wait()
+    return (r, seen, child.returncode)
 
 
 def dup_before_connect(port):
@@ -115,6 +134,7 @@ def udp_connected(port):
 for label, tcp, udp in (("native", NT, NU), ("canal", CT, CU)):
     case(f"{label} fork before connect", lambda: fork_before_connect(tcp))
     case(f"{label} dup before connect", lambda: dup_before_connect(tcp))
+    case(f"{label} spawn before connect", lambda: spawn_before_connect(tcp))
     case(f"{label} epoll before connect", lambda: epoll_before_connect(tcp))
     case(f"{label} options before connect", lambda: options_before_connect(tcp))
     case(f"{label} flags before connect", lambda: flags_before_connect(tcp))

@@ -43,6 +43,8 @@ fn before_spawn() {
     if let Some(_r) = crate::hooks::common::Reentry::enter() {
         crate::sock::watch::share(g);
     }
+    // The child holds copies of the undecided sockets: they stay the kernel's.
+    crate::direct::settle_all_kernel();
 }
 
 type FnSpawn = unsafe extern "C" fn(

@@ -19,7 +19,9 @@ pub(crate) fn at_start() {
 }
 
 /// Whether this vfork must be a fork: attached and holding a canal or bridged socket.
+/// Undecided sockets stay the kernel's first (the child holds copies; direct.rs).
 extern "C" fn fork_instead() -> bool {
+    crate::direct::settle_all_kernel();
     crate::conn::guest::guest().is_some() && crate::fdtable::TABLE.any_socket()
 }
 
