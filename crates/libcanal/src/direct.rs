@@ -243,8 +243,12 @@ pub(crate) fn at_reach(fd: c_int, addr: *const libc::sockaddr, len: libc::sockle
     });
 }
 
-/// Runs a decision under the re-entry guard, with the guest; a panic leaves the socket
-/// the kernel's.
+/// Held while a socket is decided: two threads making a first call on one socket at
+/// once (two connects) must not both make it a canal socket. Only first uses wait.
+static DECIDING: crate::rt::Locked<()> = crate::rt::Locked::new(());
+
+/// Runs a decision under the re-entry guard, with the guest, one at a time (`settle`
+/// looks at the table again inside); a panic leaves the socket the kernel's.
 fn decide_guarded(fd: c_int, f: impl FnOnce(&'static Guest)) {
     let Some(_r) = crate::hooks::common::Reentry::enter() else {
         return;
@@ -253,7 +257,8 @@ fn decide_guarded(fd: c_int, f: impl FnOnce(&'static Guest)) {
         forget(fd);
         return;
     };
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(g))).is_err() {
+    let ok = DECIDING.with(|_| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(g))));
+    if ok.is_err() {
         forget(fd);
     }
 }
