@@ -157,24 +157,15 @@ fn canal_port(g: &Guest, dgram: bool, port: u16) -> bool {
 
 // ---- options set while undecided ----------------------------------------------------
 
-/// (descriptor, level, name, value): an option set on an undecided socket, for the
-/// canal socket it may become.
-type SavedOpt = (c_int, c_int, c_int, Vec<u8>);
-
-static SAVED: crate::rt::Locked<Vec<SavedOpt>> = crate::rt::Locked::new(Vec::new());
-
-fn with_saved<R>(f: impl FnOnce(&mut Vec<SavedOpt>) -> R) -> R {
-    SAVED.with(f)
-}
+/// Options set on undecided sockets, by descriptor, for the canal socket one may
+/// become.
+static SAVED: crate::sock::opts::SavedOpts<c_int> = crate::sock::opts::SavedOpts::new();
 
 /// The program set an option on `fd` (the kernel took it): kept if `fd` is
 /// undecided.
 pub(crate) fn record_option(fd: c_int, level: c_int, name: c_int, v: &[u8]) {
     if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
-        with_saved(|o| {
-            o.retain(|x| !(x.0 == fd && x.1 == level && x.2 == name));
-            o.push((fd, level, name, v.to_vec()));
-        });
+        SAVED.record(fd, level, name, v);
     }
 }
 
@@ -188,18 +179,13 @@ pub(crate) enum Use<'a> {
     Reach(&'a CanalAddr),
 }
 
-/// `fd` is the kernel's for good (a copy of it was made, or it was closed).
+/// `fd`, if undecided, is the kernel's for good (a copy of it was made, it was
+/// closed, or its first use left it there): the table forgets it.
 #[inline]
 pub(crate) fn settle_kernel(fd: c_int) {
     if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
-        forget(fd);
-    }
-}
-
-fn forget(fd: c_int) {
-    if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
         TABLE.take(fd);
-        with_saved(|o| o.retain(|x| x.0 != fd));
+        SAVED.forget(fd);
     }
 }
 
@@ -239,7 +225,7 @@ pub(crate) fn at_reach(fd: c_int, addr: *const libc::sockaddr, len: libc::sockle
     }
     decide_guarded(fd, |g| match crate::hooks::common::addr_in(addr, len) {
         Ok(a) => settle(g, fd, Use::Reach(&a)),
-        Err(_) => forget(fd),
+        Err(_) => settle_kernel(fd),
     });
 }
 
@@ -254,12 +240,12 @@ fn decide_guarded(fd: c_int, f: impl FnOnce(&'static Guest)) {
         return;
     };
     let Some(g) = crate::conn::guest::guest() else {
-        forget(fd);
+        settle_kernel(fd);
         return;
     };
     let ok = DECIDING.with(|_| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(g))));
     if ok.is_err() {
-        forget(fd);
+        settle_kernel(fd);
     }
 }
 
@@ -282,7 +268,7 @@ fn settle(g: &'static Guest, fd: c_int, what: Use) {
         }
     }
     // Still undecided only if it stayed the kernel's.
-    forget(fd);
+    settle_kernel(fd);
 }
 
 /// Puts a canal socket of `kind` in place of kernel socket `fd`, with its blocking
@@ -302,16 +288,7 @@ fn to_canal(g: &'static Guest, fd: c_int, kind: Kind) -> Result<(), i32> {
         return Err(libc::EIO);
     };
     let s = crate::sock::core::Sock::new(g, h)?;
-    let opts = with_saved(|o| {
-        let mine = o
-            .iter()
-            .filter(|x| x.0 == fd)
-            .map(|x| (x.1, x.2, x.3.clone()))
-            .collect::<Vec<_>>();
-        o.retain(|x| x.0 != fd);
-        mine
-    });
-    for (level, name, v) in &opts {
+    for (level, name, v) in &SAVED.take(fd) {
         // The kernel took each of them already: canal takes what it keeps.
         let _ = crate::sock::opts::setsockopt(s, *level, *name, v);
         crate::policy::record_option(&s, *level, *name, v);

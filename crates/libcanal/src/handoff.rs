@@ -7,7 +7,6 @@
 //!   between two guests.
 use crate::conn::guest::Guest;
 use crate::fdtable::TABLE;
-use crate::policy::with;
 use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::addr::FAMILY_INET6;
@@ -35,16 +34,7 @@ pub(crate) fn handoff(g: &'static Guest, fd: c_int, s: Sock) -> Result<(), i32> 
     };
     let nfd = sys::socket(domain, ty | nb | libc::SOCK_CLOEXEC, 0)?;
     let h = s.handle;
-    let opts: Vec<(c_int, c_int, Vec<u8>)> = with(|_, o| {
-        let mine = o
-            .iter()
-            .filter(|x| x.0 == h)
-            .map(|x| (x.1, x.2, x.3.clone()))
-            .collect();
-        o.retain(|x| x.0 != h);
-        mine
-    });
-    for (level, name, v) in &opts {
+    for (level, name, v) in &crate::policy::SAVED.take(h) {
         set_opt(nfd, *level, *name, v);
     }
     // The number stops being canal's before the kernel socket takes it, and no WATCH

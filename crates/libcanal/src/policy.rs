@@ -142,17 +142,11 @@ pub(crate) fn parse(v: &str) -> (Vec<Rule>, Vec<String>) {
 /// 0 = not read yet, 1 = no rules, 2 = rules present.
 static STATE: AtomicU8 = AtomicU8::new(0);
 
-/// An option set on an undecided socket: (handle, level, name, value).
-type SavedOpt = (u32, c_int, c_int, Vec<u8>);
+/// The rules (CANAL_EXCLUDE, read once).
+static RULES: crate::rt::Locked<Vec<Rule>> = crate::rt::Locked::new(Vec::new());
 
-/// The rules, and the options set on sockets that are still undecided (to replay
-/// on a handoff).
-static SHARED: crate::rt::Locked<(Vec<Rule>, Vec<SavedOpt>)> =
-    crate::rt::Locked::new((Vec::new(), Vec::new()));
-
-pub(crate) fn with<R>(f: impl FnOnce(&mut Vec<Rule>, &mut Vec<SavedOpt>) -> R) -> R {
-    SHARED.with(|(rules, opts)| f(rules, opts))
-}
+/// Options set on undecided sockets, by handle, to replay on a handoff.
+pub(crate) static SAVED: crate::sock::opts::SavedOpts<u32> = crate::sock::opts::SavedOpts::new();
 
 /// Whether any exclusion rule is configured (reads CANAL_EXCLUDE once).
 pub(crate) fn active() -> bool {
@@ -168,7 +162,7 @@ pub(crate) fn active() -> bool {
                 ));
             }
             let on = !rules.is_empty();
-            with(|r, _| *r = rules);
+            RULES.with(|r| *r = rules);
             STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }
@@ -177,7 +171,7 @@ pub(crate) fn active() -> bool {
 
 /// Whether `a` is left to the kernel.
 pub(crate) fn excluded(a: &CanalAddr) -> bool {
-    active() && with(|r, _| r.iter().any(|x| x.matches(a)))
+    active() && RULES.with(|r| r.iter().any(|x| x.matches(a)))
 }
 
 /// The socket has not been bound, connected or used yet.
@@ -194,8 +188,7 @@ pub(crate) fn commit(s: &Sock) {
         s.e.guest_flags
             .fetch_or(local::COMMITTED, Ordering::Relaxed);
         if active() {
-            let h = s.handle;
-            with(|_, o| o.retain(|x| x.0 != h));
+            SAVED.forget(s.handle);
         }
     }
 }
@@ -203,18 +196,14 @@ pub(crate) fn commit(s: &Sock) {
 /// The socket is gone: forget its saved options.
 pub(crate) fn forget(handle: u32) {
     if STATE.load(Ordering::Relaxed) == 2 {
-        with(|_, o| o.retain(|x| x.0 != handle));
+        SAVED.forget(handle);
     }
 }
 
 /// Remembers an option set on an undecided socket (only with rules configured).
 pub(crate) fn record_option(s: &Sock, level: c_int, name: c_int, val: &[u8]) {
     if active() && undecided(s) {
-        let h = s.handle;
-        with(|_, o| {
-            o.retain(|x| !(x.0 == h && x.1 == level && x.2 == name));
-            o.push((h, level, name, val.to_vec()));
-        });
+        SAVED.record(s.handle, level, name, val);
     }
 }
 

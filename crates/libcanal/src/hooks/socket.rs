@@ -261,14 +261,8 @@ pub unsafe extern "C" fn setsockopt(
     if let Some(Entry::Undecided(_)) = TABLE.get(fd) {
         // SAFETY: forwarding the caller's arguments to libc's setsockopt.
         let r = unsafe { real!(c"setsockopt", FnSetOpt)(fd, level, name, val, len) };
-        if r == 0 && (len == 0 || !val.is_null()) && (len as i32) >= 0 {
-            let v: &[u8] = if len == 0 {
-                &[]
-            } else {
-                // SAFETY: the kernel just read `len` bytes at `val`.
-                unsafe { core::slice::from_raw_parts(val as *const u8, len as usize) }
-            };
-            if let Some(_g) = Reentry::enter() {
+        if r == 0 {
+            if let (Ok(v), Some(_g)) = (option_value(val, len), Reentry::enter()) {
                 crate::direct::record_option(fd, level, name, v);
             }
         }
@@ -278,22 +272,28 @@ pub unsafe extern "C" fn setsockopt(
         ctl fd,
         real!(c"setsockopt", FnSetOpt)(fd, level, name, val, len),
         |s| {
-            if (len as i32) < 0 {
-                return Err(libc::EINVAL);
-            }
-            let v: &[u8] = if len == 0 {
-                &[]
-            } else if val.is_null() {
-                return Err(libc::EFAULT);
-            } else {
-                // SAFETY: the application passes `len` readable bytes at `val`.
-                unsafe { core::slice::from_raw_parts(val as *const u8, len as usize) }
-            };
+            let v = option_value(val, len)?;
             crate::sock::opts::setsockopt(s, level, name, v)?;
             crate::policy::record_option(&s, level, name, v);
             Ok(0)
         }
     ) as c_int
+}
+
+/// setsockopt's (val, len) as bytes, with the kernel's checks: EINVAL for a negative
+/// length, EFAULT for a null value of non-zero length.
+fn option_value<'a>(val: *const c_void, len: socklen_t) -> Result<&'a [u8], i32> {
+    if (len as i32) < 0 {
+        Err(libc::EINVAL)
+    } else if len == 0 {
+        Ok(&[])
+    } else if val.is_null() {
+        Err(libc::EFAULT)
+    } else {
+        // SAFETY: the application passes `len` readable bytes at `val` (for the
+        // undecided socket's record, the kernel has just read them).
+        Ok(unsafe { core::slice::from_raw_parts(val as *const u8, len as usize) })
+    }
 }
 
 #[cfg_attr(not(test), no_mangle)]

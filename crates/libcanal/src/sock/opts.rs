@@ -223,6 +223,45 @@ pub(crate) fn getsockopt(s: Sock, level: c_int, name: c_int, out: &mut [u8]) -> 
     Ok(c)
 }
 
+/// Options a program set on a socket that may still change sides — a canal socket
+/// CANAL_EXCLUDE may yet hand to the kernel (`policy`), a kernel socket DIRECT may yet
+/// make canal's (`direct`) — by its key there, to replay on the socket that takes its
+/// place. The latest value of each (level, name) is kept.
+pub(crate) struct SavedOpts<K: 'static>(crate::rt::Locked<Vec<SavedOpt<K>>>);
+
+/// (key, level, name, value).
+type SavedOpt<K> = (K, c_int, c_int, Vec<u8>);
+
+impl<K: Copy + PartialEq + Send> SavedOpts<K> {
+    pub(crate) const fn new() -> SavedOpts<K> {
+        SavedOpts(crate::rt::Locked::new(Vec::new()))
+    }
+
+    pub(crate) fn record(&self, key: K, level: c_int, name: c_int, v: &[u8]) {
+        self.0.with(|o| {
+            o.retain(|x| !(x.0 == key && x.1 == level && x.2 == name));
+            o.push((key, level, name, v.to_vec()));
+        });
+    }
+
+    /// The (level, name, value) saved for `key`, in the order set; forgets them.
+    pub(crate) fn take(&self, key: K) -> Vec<(c_int, c_int, Vec<u8>)> {
+        self.0.with(|o| {
+            let mine = o
+                .iter()
+                .filter(|x| x.0 == key)
+                .map(|x| (x.1, x.2, x.3.clone()))
+                .collect();
+            o.retain(|x| x.0 != key);
+            mine
+        })
+    }
+
+    pub(crate) fn forget(&self, key: K) {
+        self.0.with(|o| o.retain(|x| x.0 != key));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
