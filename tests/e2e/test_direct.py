@@ -75,3 +75,43 @@ def test_sockets_used_before_their_first_address_answer_as_natively(canal_bin, p
         r = d.run([python, progs / "direct_cases.py", *native, *canal], timeout=60, name="cases-canal")
         assert r.returncode == 0, r.describe()
         assert r.stdout == want.stdout, f"natively:\n{want.stdout}\nunder canal:\n{r.stdout}"
+
+
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_native_clients_of_a_canal_server_are_its_own_kernel_sockets(canal_bin, procs, python, progs, direct):
+    """A canal guest's listener (feature NATIVE_ACCEPT): canald listens but accepts
+    nothing; the guest accepts its native clients on its own copy of the host listener,
+    so `ss` lists the accepted connection under the guest (under canald with
+    `--direct off`, which relays it), while a canal client of the same listener is
+    still short-circuited."""
+    with serving_canald(canal_bin, procs, args=["--direct", direct]) as d:
+        server = d.spawn([python, progs / "echo.py", "serve", "tcp"], name="canal-echo")
+        port = int(server.wait_line("READY", 30).split()[1])
+        listener = d.wait_served(server, kind="tcp-listener")[0]
+        assert listener.get("native_accept", False) == (direct == "on"), listener
+        native = procs.spawn([python, progs / "echo.py", "idle", "--port", port], name="native-client")
+        native.wait_line("CONNECTED", 30)
+        held = wait_for(lambda: _holders(port) or None, 10, what=f"ss to list local port {port}")
+        if direct == "on":
+            assert held <= guest_pids(server), f"the accepted native client is held by {held}, not the guest"
+        else:
+            assert held == {d.pid}, f"with --direct off canald ({d.pid}) holds it, not {held}"
+        r = d.run([python, progs / "echo.py", "tcp-msgs", "--port", port, "--count", "200"],
+                  timeout=60, name="canal-client")
+        assert r.returncode == 0, r.describe()
+
+
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_native_clients_are_accepted_as_natively(canal_bin, procs, python, progs, direct):
+    """progs/native_accept.py: native clients taken by blocking accept, a timeout,
+    poll/select/epoll (level and edge), a non-blocking drain, two threads, a dup, a
+    forked child, an exec'd program, close and a backlog nobody accepts; the same lines
+    natively and under canal, whether the guest accepts them itself (the default) or
+    canald relays them (`--direct off`)."""
+    argv = [python, progs / "native_accept.py"]
+    want = procs.run(argv, timeout=90, name="native-accept-native")
+    assert want.returncode == 0 and want.stdout.endswith("done\n"), want.describe()
+    with serving_canald(canal_bin, procs, args=["--direct", direct]) as d:
+        r = d.run(argv, timeout=90, name="native-accept-canal")
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == want.stdout, f"natively:\n{want.stdout}\nunder canal:\n{r.stdout}"

@@ -577,3 +577,45 @@ def test_urgent_data_from_a_native_peer_does_not_hold_back_the_rest(canald, pyth
     # Held back, "def" would not come within the reader's 8 s (the peer waits 10).
     assert got[1:3] == [str(bulk + 6), "abcdef"], p.describe()
     assert p.finish(20).returncode == 0, p.describe()
+
+
+# A server that logs a failed accept and goes on, its listener kept open.
+KEEPS_ACCEPTING = """
+import socket, time
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(8)
+print("READY", l.getsockname()[1], flush=True)
+while True:
+    try:
+        c, _ = l.accept(); c.sendall(c.recv(4)); c.close()
+    except OSError as e:
+        print("accept:", e, flush=True); time.sleep(0.2)
+"""
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_a_dead_canalds_listener_stops_listening(canal_bin, procs, python, progs, direct):
+    """canald killed under a server blocked in accept: its port stops listening and a
+    native client is refused, not queued where nothing will accept it — also when the
+    server held its own copy of the host listener to accept native clients on
+    (feature NATIVE_ACCEPT, `--direct on`): it drops the copy when it learns of the
+    death."""
+    d = Canald(canal_bin, procs, args=["--direct", direct]).start()
+    try:
+        server = d.spawn([python, "-c", KEEPS_ACCEPTING], name="keeps-accepting")
+        port = int(server.wait_line("READY", 30).split()[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"ping")
+            assert c.recv(4) == b"ping"
+        os.kill(d.pid, signal.SIGKILL)
+        d.proc.popen.wait(10)
+
+        def refused():
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                return None
+            except ConnectionRefusedError:
+                return True
+        e2e_util.wait_for(refused, 10, what=f"port {port} to stop listening after canald died")
+    finally:
+        d.stop()

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+import canal_harness
 import e2e_util
 from canal_harness import clean_env, serving_canald
 
@@ -34,27 +35,46 @@ def _needs_descriptors(n):
                     f"below {n} sockets")
 
 
-def _held_and_echoed(canald, python, progs, n, client_under_canal):
+def _held_by(pids, port):
+    """How many established TCP sockets with local port `port` `ss` lists under `pids`."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in out.splitlines()
+               if any(f"pid={p}," in line for p in pids))
+
+
+def _held_and_echoed(canald, python, progs, n, client_under_canal, relayed=True):
     port = e2e_util.free_port()
     server = canald.spawn([python, progs / "scale.py", "server", port, n], name="scale-server")
     server.wait_line("LISTEN", 20)
-    argv = [python, progs / "scale.py", "client", port, n]
-    client = (canald.spawn(argv, name="scale-client") if client_under_canal
-              else canald.procs.spawn(argv, name="scale-native-client"))
+    argv = [python, progs / "scale.py", "client", port, n, "hold"]
+    client = (canald.spawn(argv, name="scale-client", stdin=subprocess.PIPE) if client_under_canal
+              else canald.procs.spawn(argv, name="scale-native-client", stdin=subprocess.PIPE))
     line = client.wait_line("ECHOED", 90)
     assert line == f"ECHOED {n}", client.describe()
     assert server.wait_line("SERVED", 30) == f"SERVED {n}", server.describe()
-    # canal served the server's side: its guest lists the connections.
     st = canald.guest(server)
-    assert st is not None and len(st["sockets"]) >= n, f"canal stat: {st and len(st['sockets'])}"
+    if relayed:
+        # canal served the server's side: its guest lists the connections.
+        assert st is not None and len(st["sockets"]) >= n, f"canal stat: {st and len(st['sockets'])}"
+    else:
+        # The listener is canal's, its native clients the server's own kernel sockets
+        # (feature NATIVE_ACCEPT): `ss` lists them under the server.
+        assert st is not None and any(x.get("kind") == "tcp-listener" for x in st["sockets"]), st
+        pids = canal_harness.guest_pids(server)
+        assert _held_by(pids, port) >= n, f"ss: {_held_by(pids, port)} held by the server {pids}"
+    client.popen.stdin.close()
     assert client.finish(60).returncode == 0, client.describe()
     assert server.finish(60).returncode == 0, server.describe()
 
 
 @pytest.mark.deadline(240)
-def test_ten_thousand_native_clients(canald, python, progs):
+@pytest.mark.parametrize("path", [pytest.param("relay", marks=pytest.mark.relay), "own"])
+def test_ten_thousand_native_clients(canald, python, progs, path):
+    """canald relaying them (`--direct off`), or the server accepting them itself."""
     _needs_descriptors(HELD)
-    _held_and_echoed(canald, python, progs, HELD, client_under_canal=False)
+    _held_and_echoed(canald, python, progs, HELD, client_under_canal=False,
+                     relayed=path == "relay")
 
 
 @pytest.mark.deadline(240)
@@ -70,7 +90,9 @@ def test_a_server_over_half_its_quota_forks_and_closes(request, procs, python, p
     server's close, none hangs."""
     quota, n = 64, 40
     canal_bin = request.getfixturevalue("canal_bin")
-    with serving_canald(canal_bin, procs, args=["--sockets", quota]) as d:
+    # canald's quota counts canal sockets: the relay's (a guest's own kernel sockets,
+    # DIRECT's, are bounded by its RLIMIT_NOFILE, as natively).
+    with serving_canald(canal_bin, procs, args=["--sockets", quota, "--direct", "off"]) as d:
         port = e2e_util.free_port()
         srv = d.spawn([python, progs / "scale.py", "forkserver", port, n], name="fork-server",
                       stdin=subprocess.PIPE)
@@ -117,11 +139,15 @@ EPOLL_CLIENTS = 2000
 
 
 @pytest.mark.deadline(240)
-@pytest.mark.parametrize("clients", ["canal", "native"])
+@pytest.mark.parametrize("clients", ["canal", pytest.param("native", marks=pytest.mark.relay),
+                                     "native-own"])
 @pytest.mark.parametrize("trigger", ["level", "edge"])
 def test_epoll_server_with_thousands_of_clients(canald, python, progs, clients, trigger):
     """One epoll set holding 2,000 connections (so canal's event log serves it: protocol
-    §8.6), traffic on random batches of them: every echo arrives, nothing stalls."""
+    §8.6), traffic on random batches of them: every echo arrives, nothing stalls. Native
+    clients relayed by canald (`--direct off`), or accepted by the server itself
+    (native-own: its connections are kernel sockets, the listener alone canal's, so the
+    set needs no event log)."""
     port = e2e_util.free_port()
     et = 1 if trigger == "edge" else 0
     # Without the periodic look at every socket, an event the log missed is a stall.
@@ -134,7 +160,8 @@ def test_epoll_server_with_thousands_of_clients(canald, python, progs, clients, 
     assert client.wait_line("ECHOED", 120) == "ECHOED 9600", client.describe()
     assert client.finish(60).returncode == 0, client.describe()
     assert server.wait_line("SERVED", 60) == f"SERVED 9600 {EPOLL_CLIENTS}", server.describe()
-    assert server.wait_line("EVLOG", 10) == "EVLOG yes", server.describe()
+    want = "EVLOG no" if clients == "native-own" else "EVLOG yes"
+    assert server.wait_line("EVLOG", 10) == want, server.describe()
     assert server.finish(30).returncode == 0, server.describe()
 
 
@@ -189,7 +216,9 @@ class _Native:
 def test_accept_at_the_socket_quota(request, procs, python, progs):
     quota = 24
     canal_bin = request.getfixturevalue("canal_bin")
-    with serving_canald(canal_bin, procs, args=["--sockets", quota]) as d:
+    # canald's quota counts canal sockets: the relay's (a guest's own kernel sockets,
+    # DIRECT's, are bounded by its RLIMIT_NOFILE, as natively).
+    with serving_canald(canal_bin, procs, args=["--sockets", quota, "--direct", "off"]) as d:
         port = e2e_util.free_port()
         srv = d.spawn([python, progs / "scale.py", "quota", port], name="scale-quota",
                       stdin=subprocess.PIPE)
@@ -364,7 +393,9 @@ def test_listener_gets_its_backlog_back_when_the_program_catches_up(canal_bin, p
     their handshake are the backlog's worth, as natively, not the few a stale queue
     left room for."""
     backlog, burst = 32, 24
-    with serving_canald(canal_bin, procs) as d:
+    # canald's accept path (`--direct off`): a DIRECT guest's listener leaves its native
+    # clients in the kernel's queue for the program (NATIVE_ACCEPT).
+    with serving_canald(canal_bin, procs, args=["--direct", "off"]) as d:
         port = e2e_util.free_port()
         p = d.spawn([python, "-c", BURST_PROG, port, tmp_path, backlog], name="burst-server")
         p.wait_line("LISTEN", 20)

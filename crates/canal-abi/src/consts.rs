@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 17;
+pub const VERSION_MINOR: u16 = 18;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -99,6 +99,14 @@ pub mod feature {
     /// quota or socket quota (it could make such sockets itself), with `canald --direct on` (the
     /// default), for a guest that announced `hello_flag::DIRECT`.
     pub const DIRECT: u64 = 1 << 16;
+    /// Native clients accepted by the guest itself (protocol §2 LISTENER_SOCKET,
+    /// minor 18): a listener of such a guest carries `sock_flag::NATIVE_ACCEPT`;
+    /// canald no longer accepts on its host socket but tells the guest when the
+    /// kernel has clients queued (`sock_flag::NATIVE_QUEUED`), and the guest accepts
+    /// them on a copy of that socket, so a native client's connection is the guest's
+    /// own kernel socket. Clients that are canal guests still come as ACCEPT records.
+    /// Set only with DIRECT, for a guest that announced `hello_flag::NATIVE_ACCEPT`.
+    pub const NATIVE_ACCEPT: u64 = 1 << 17;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -114,7 +122,8 @@ pub mod feature {
         | DGRAM_CONTROL
         | DGRAM_MORE
         | PACKED_ARENAS
-        | DIRECT;
+        | DIRECT
+        | NATIVE_ACCEPT;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.
@@ -234,6 +243,15 @@ pub mod sock_flag {
     /// of the guest still holding a descriptor of it asks for the host socket too
     /// (HOST_SOCKET again) and puts it in place of its descriptors before any call.
     pub const HANDED_OVER: u32 = 1 << 12;
+    /// (minor 18, `feature::NATIVE_ACCEPT`) Listener: native clients are accepted by
+    /// the guest on a copy of the host listener (control LISTENER_SOCKET), not by
+    /// canald; the rx ring carries only the ACCEPT records of canal clients.
+    pub const NATIVE_ACCEPT: u32 = 1 << 13;
+    /// (minor 18) Such a listener's host socket had clients queued when canald last
+    /// looked (an epoll event, or the guest's attention after an accept that found
+    /// none): the listener is readable. canald looks again, and clears it, when the
+    /// guest raises the listener's attention bit.
+    pub const NATIVE_QUEUED: u32 = 1 << 14;
 }
 
 /// Linux errno values used in results (results are `-errno`). Both sides are Linux;

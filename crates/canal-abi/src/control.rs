@@ -112,6 +112,14 @@ pub mod kind {
     pub const DIRECTORY: u16 = 30;
     /// host → guest: body `size: u64` (`directory::SIZE`).
     pub const DIRECTORY_OK: u16 = 31;
+    /// guest → host, only with `feature::NATIVE_ACCEPT`: body `handle: u32`, a
+    /// listener with `sock_flag::NATIVE_ACCEPT`. Reply: LISTENER_SOCKET_OK with
+    /// SCM_RIGHTS [a copy of its host socket, non-blocking], which the guest accepts
+    /// native clients on while canald keeps serving the listener; or ERROR (EBADF: no
+    /// such socket; EOPNOTSUPP: not such a listener). protocol.md §2.
+    pub const LISTENER_SOCKET: u16 = 32;
+    /// host → guest: body `handle: u32` (the request's) + SCM_RIGHTS [the socket].
+    pub const LISTENER_SOCKET_OK: u16 = 33;
 }
 
 /// The port directory (protocol §2 DIRECTORY): which ports canal guests listen on
@@ -209,6 +217,9 @@ pub mod hello_flag {
     /// The guest may keep sockets to native peers on kernel sockets
     /// (`feature::DIRECT`).
     pub const DIRECT: u32 = 1 << 16;
+    /// The guest accepts native clients on its listeners itself
+    /// (`feature::NATIVE_ACCEPT`).
+    pub const NATIVE_ACCEPT: u32 = 1 << 17;
 }
 
 /// SEGMENT_OK body bytes.

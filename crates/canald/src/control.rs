@@ -50,6 +50,7 @@ impl Daemon {
             kind::BELL_SET | kind::BELL_GET => self.on_bell(key, k, body, fds),
             kind::HOST_SOCKET => self.on_host_socket(key, body),
             kind::DIRECTORY => self.on_directory(key),
+            kind::LISTENER_SOCKET => self.on_listener_socket(key, body),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
@@ -403,39 +404,59 @@ impl Daemon {
     /// The socket may be served by another worker (virtual RSS): that worker's share
     /// of the guest hands it over.
     fn on_host_socket(&mut self, key: u32, body: &[u8]) -> bool {
+        self.give_host_socket(key, body, kind::HOST_SOCKET_OK, |g, ep, handle| {
+            g.hand_over(ep, handle)
+        })
+    }
+
+    /// LISTENER_SOCKET: a copy of a NATIVE_ACCEPT listener's host socket, which the
+    /// guest accepts its native clients on (`Guest::share_listener`).
+    fn on_listener_socket(&mut self, key: u32, body: &[u8]) -> bool {
+        self.give_host_socket(key, body, kind::LISTENER_SOCKET_OK, |g, _, handle| {
+            g.share_listener(handle)
+        })
+    }
+
+    /// Answers a request naming a socket (`handle u32`) with `ok` and the host socket
+    /// `give` returns, from whichever worker serves the socket (virtual RSS).
+    fn give_host_socket(
+        &mut self,
+        key: u32,
+        body: &[u8],
+        ok: u16,
+        give: impl Fn(
+            &mut crate::guest::state::Guest,
+            &crate::sys::Epoll,
+            u32,
+        ) -> Result<std::os::fd::OwnedFd, crate::guest::handover::Refusal>,
+    ) -> bool {
         let Some(conn) = self.conns.get(&key) else {
             return false;
         };
         let Some(handle) = control::leading_u32(body) else {
-            return send_error(&conn.fd, errno::EINVAL, "short HOST_SOCKET").is_ok();
+            return send_error(&conn.fd, errno::EINVAL, "short request").is_ok();
         };
         let Some(home) = conn.worker.and_then(|i| self.workers.get(i)) else {
-            return send_error(&conn.fd, errno::EINVAL, "HOST_SOCKET before HELLO").is_ok();
+            return send_error(&conn.fd, errno::EINVAL, "request before HELLO").is_ok();
         };
         let mut r = Err((errno::EBADF, "no such guest"));
         let mut away = None;
         if let Some(g) = home.lock().guests.get_mut(&key) {
             away = g.away_owner(handle);
             if away.is_none() {
-                r = g.hand_over(&home.ep, handle);
+                r = give(g, &home.ep, handle);
             }
         }
         // The worker's next round wakes the socket's sleepers (HANDED_OVER is news).
         home.poke();
         if let Some(w) = away.and_then(|i| self.workers.get(i as usize)) {
             if let Some(g) = w.lock().shadows.get_mut(&key) {
-                r = g.hand_over(&w.ep, handle);
+                r = give(g, &w.ep, handle);
             }
             w.poke();
         }
         match r {
-            Ok(fd) => send_msg(
-                &conn.fd,
-                kind::HOST_SOCKET_OK,
-                &handle.to_le_bytes(),
-                &[fd.as_raw_fd()],
-            )
-            .is_ok(),
+            Ok(fd) => send_msg(&conn.fd, ok, &handle.to_le_bytes(), &[fd.as_raw_fd()]).is_ok(),
             Err((e, why)) => send_error(&conn.fd, e, why).is_ok(),
         }
     }
@@ -461,10 +482,11 @@ impl Daemon {
             && crate::guest::shared::lock(&self.shortcut)
                 .directory
                 .is_some();
-        if direct {
-            canal_abi::feature::DIRECT
-        } else {
-            0
+        let native = hello_flags & control::hello_flag::NATIVE_ACCEPT != 0;
+        match (direct, native) {
+            (true, true) => canal_abi::feature::DIRECT | canal_abi::feature::NATIVE_ACCEPT,
+            (true, false) => canal_abi::feature::DIRECT,
+            _ => 0,
         }
     }
 

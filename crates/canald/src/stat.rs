@@ -31,6 +31,11 @@ pub(crate) struct SockStat {
     pub(crate) local_in: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) local_drops: Option<u64>,
+    /// A listener whose program accepts its native clients itself (feature
+    /// NATIVE_ACCEPT: they are its own kernel sockets, not listed here); JSON
+    /// `native_accept`, absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) native_accept: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -367,6 +372,8 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
                 tx_bytes: g.sc_bytes(s).map_or(s.tx_bytes, |b| b.0),
                 rx_bytes: g.sc_bytes(s).map_or(s.rx_bytes, |b| b.1),
                 zone_sends: g.sc_zone_sends(s),
+                native_accept: s.kind() == Kind::Listener
+                    && s.flags & canal_abi::sock_flag::NATIVE_ACCEPT != 0,
                 local_in: local.map(|c| c.0),
                 local_drops: local.map(|c| c.1),
                 worker: 0,
@@ -657,6 +664,7 @@ mod tests {
                         zone_sends: None,
                         local_in: None,
                         local_drops: None,
+                        native_accept: false,
                     },
                     SockStat {
                         handle: 65538,
@@ -669,6 +677,7 @@ mod tests {
                         zone_sends: None,
                         local_in: None,
                         local_drops: None,
+                        native_accept: false,
                         worker: 1,
                     },
                 ],

@@ -10,15 +10,18 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// HOST_SOCKET for `handle`: Ok(the socket) or Err(errno).
-fn host_socket(g: &TestGuest, handle: u32) -> Result<OwnedFd, i32> {
-    let (k, body, mut fds) = ctl_call(&g.ctl, kind::HOST_SOCKET, &handle.to_le_bytes(), &[])?;
-    assert_eq!(
-        (k, &body[..]),
-        (kind::HOST_SOCKET_OK, &handle.to_le_bytes()[..])
-    );
+/// Control message `ask` naming `handle`, answered `ok` with one socket: Ok(it) or
+/// Err(errno).
+fn socket_of(g: &TestGuest, ask: u16, ok: u16, handle: u32) -> Result<OwnedFd, i32> {
+    let (k, body, mut fds) = ctl_call(&g.ctl, ask, &handle.to_le_bytes(), &[])?;
+    assert_eq!((k, &body[..]), (ok, &handle.to_le_bytes()[..]));
     assert_eq!(fds.len(), 1);
     Ok(fds.remove(0))
+}
+
+/// HOST_SOCKET for `handle`: Ok(the socket) or Err(errno).
+fn host_socket(g: &TestGuest, handle: u32) -> Result<OwnedFd, i32> {
+    socket_of(g, kind::HOST_SOCKET, kind::HOST_SOCKET_OK, handle)
 }
 
 fn listener(g: &mut TestGuest) -> (u32, u16) {
@@ -173,4 +176,91 @@ fn an_unconnected_stream_stays_in_canald_under_a_destination_policy() {
     // A listener is still handed over: it only takes connections.
     let (l, _) = listener(&mut g);
     assert!(host_socket(&g, l).is_ok());
+}
+
+/// LISTENER_SOCKET for `handle`: Ok(a copy of the host listener) or Err(errno).
+fn listener_socket(g: &TestGuest, handle: u32) -> Result<OwnedFd, i32> {
+    socket_of(g, kind::LISTENER_SOCKET, kind::LISTENER_SOCKET_OK, handle)
+}
+
+/// A guest announcing NATIVE_ACCEPT; whether canald granted it.
+fn native_guest(d: &TestDaemon) -> (TestGuest, bool) {
+    use canal_abi::control::hello_flag as hf;
+    let g = TestGuest::attach_with(
+        &d.path,
+        "native-accept",
+        hf::SHORTCUT | hf::DIRECT | hf::NATIVE_ACCEPT,
+    );
+    let granted = g.region.header().features & canal_abi::feature::NATIVE_ACCEPT != 0;
+    (g, granted)
+}
+
+#[test]
+fn a_native_accept_listener_leaves_its_native_clients_to_the_guest() {
+    let d = TestDaemon::start(&[]);
+    let (mut g, granted) = native_guest(&d);
+    assert!(
+        granted,
+        "a guest in canald's network without a policy gets NATIVE_ACCEPT"
+    );
+    let (l, port) = listener(&mut g);
+    assert_ne!(g.flags(l) & sock_flag::NATIVE_ACCEPT, 0);
+    let k = TcpListener::from(listener_socket(&g, l).expect("the listener's copy"));
+    assert_eq!(k.local_addr().unwrap().port(), port);
+    // canald sees the client queued and says so; it accepts nothing itself.
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    g.wait_until("NATIVE_QUEUED", || {
+        g.flags(l) & sock_flag::NATIVE_QUEUED != 0
+    });
+    assert_eq!(g.rx_queued(l), 0, "no ACCEPT record for a native client");
+    let (mut s, _) = k.accept().expect("the client, in the kernel's queue");
+    c.write_all(b"x").unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    assert!(k.accept().is_err(), "non-blocking, nothing more queued");
+    // The guest's attention after an empty accept: canald looks again and clears it.
+    g.region.raise_attention(canal_abi::handle_index(l));
+    g.kick_socket(canal_abi::handle_index(l));
+    g.wait_until("NATIVE_QUEUED cleared", || {
+        g.flags(l) & sock_flag::NATIVE_QUEUED == 0
+    });
+    // The copy is the guest's: closing it leaves canald's listener listening.
+    drop(k);
+    let _again = TcpStream::connect(("127.0.0.1", port)).expect("still listening");
+    g.wait_until("NATIVE_QUEUED again", || {
+        g.flags(l) & sock_flag::NATIVE_QUEUED != 0
+    });
+}
+
+#[test]
+fn listener_socket_is_only_for_the_guests_native_accept_listeners() {
+    let d = TestDaemon::start(&[]);
+    let (mut g, granted) = native_guest(&d);
+    assert!(
+        granted,
+        "a guest in canald's network without a policy gets NATIVE_ACCEPT"
+    );
+    let s = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    assert_eq!(
+        listener_socket(&g, s).err(),
+        Some(errno::EOPNOTSUPP),
+        "a stream"
+    );
+    assert_eq!(
+        listener_socket(&g, s ^ 0x0001_0000).err(),
+        Some(errno::EBADF),
+        "another generation"
+    );
+    assert_eq!(listener_socket(&g, 0xffff).err(), Some(errno::EBADF));
+    // A guest that did not announce NATIVE_ACCEPT: canald accepts for it, as before,
+    // and gives no copy.
+    let mut old = TestGuest::attach(&d.path, "relayed");
+    let (l, port) = listener(&mut old);
+    assert_eq!(old.flags(l) & sock_flag::NATIVE_ACCEPT, 0);
+    assert_eq!(listener_socket(&old, l).err(), Some(errno::EOPNOTSUPP));
+    let _c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    old.wait_until("canald's ACCEPT record", || old.rx_queued(l) > 0);
+    // Nor under a policy (no DIRECT): `--loopback-only`.
+    let p = TestDaemon::start(&["--loopback-only"]);
+    assert!(!native_guest(&p).1, "no NATIVE_ACCEPT under a policy");
 }

@@ -67,17 +67,29 @@ static ENV: AtomicU8 = AtomicU8::new(0);
 
 /// Whether new sockets of this process start undecided.
 pub(crate) fn on(g: &Guest) -> bool {
-    if g.region.header().features & canal_abi::feature::DIRECT == 0 {
-        return false;
-    }
+    g.region.header().features & canal_abi::feature::DIRECT != 0 && allowed()
+}
+
+/// Whether the program's environment leaves the direct path on.
+fn allowed() -> bool {
     match ENV.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
         _ => {
-            let off = std::env::var("CANAL_DIRECT").is_ok_and(|v| v == "off" || v == "0");
+            let off = crate::rt::env(c"CANAL_DIRECT").is_some_and(|v| v == b"off" || v == b"0");
             ENV.store(if off { 2 } else { 1 }, Ordering::Relaxed);
             !off
         }
+    }
+}
+
+/// HELLO's flags for the direct path: none where the program's environment turned it
+/// off (then canald also accepts its listeners' native clients, as for any guest).
+pub(crate) fn hello_flags() -> u32 {
+    if allowed() {
+        canal_abi::control::hello_flag::DIRECT | canal_abi::control::hello_flag::NATIVE_ACCEPT
+    } else {
+        0
     }
 }
 

@@ -48,6 +48,7 @@ extern "C" fn child() {
     crate::conn::pin::forget_pins_in_child();
     crate::mux::epoll::fork_child();
     crate::sock::dead::fork_child();
+    crate::sock::native::fork_child();
 }
 
 /// Registered once from the library constructor, before the program can fork.

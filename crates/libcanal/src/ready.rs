@@ -95,7 +95,9 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
                 // Shut down for reading (disconnected, no longer listening): the
                 // kernel's tcp_poll of a closed socket, as for a fresh one.
                 m |= POLLHUP | OUT;
-            } else if s.rx_used > 0 || s.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0 {
+            } else if s.rx_used > 0
+                || s.flags & (f::NO_ENTRY | f::HANDED_OVER | f::NATIVE_QUEUED) != 0
+            {
                 m |= IN;
             }
         }
@@ -319,6 +321,15 @@ mod tests {
         };
         assert_eq!(readiness(&l), 0);
         l.rx_used = 24;
+        assert_eq!(readiness(&l), IN);
+        l.rx_used = 0;
+        l.flags |= f::NATIVE_ACCEPT;
+        assert_eq!(
+            readiness(&l),
+            0,
+            "native clients: only when canald saw some"
+        );
+        l.flags |= f::NATIVE_QUEUED;
         assert_eq!(readiness(&l), IN);
         let mut d = SockState {
             kind: sock_kind::DGRAM,

@@ -3,8 +3,9 @@ quota: the same program natively and under canal (tests/e2e/test_scale.py).
 
   server PORT N     listen, accept N clients, echo one byte on each: "SERVED N"; then
                     read one more byte from every client (their close) and exit
-  client PORT N     open N connections, send a byte on each, check every echo:
-                    "ECHOED N"; then close them all
+  client PORT N [hold]
+                    open N connections, send a byte on each, check every echo:
+                    "ECHOED N"; then (hold: after a line on stdin) close them all
   backlog PORT B    listen(B) and never accept: "LISTEN", then wait for stdin
   probe PORT M      M non-blocking connects, 2 s to complete: "ESTABLISHED k SERVER
                     e r" (the server side's connections on PORT, from /proc/net/tcp:
@@ -59,7 +60,7 @@ def server(port, n):
         c.recv(1)  # the client's close
 
 
-def client(port, n):
+def client(port, n, hold=False):
     conns = []
     for i in range(n):
         s = socket.socket()
@@ -69,6 +70,8 @@ def client(port, n):
         s.sendall(b"x")
     ok = sum(1 for s in conns if s.recv(1) == b"x")
     print(f"ECHOED {ok}", flush=True)
+    if hold:
+        sys.stdin.readline()
     for s in conns:
         s.close()
 
@@ -248,7 +251,8 @@ def main():
         raise_nofile(int(os.environ.get("SCALE_NOFILE", "0")) or None)
     else:
         raise_nofile()
-    {"server": server, "client": client, "backlog": backlog, "probe": probe,
+    hold = sys.argv[4:5] == ["hold"]
+    {"server": server, "client": lambda p, a: client(p, a, hold), "backlog": backlog, "probe": probe,
      "epserver": epserver, "epclient": epclient, "forkserver": forkserver,
      "eofclient": eofclient}.get(
         mode, lambda p, a: quota(p))(port, arg)

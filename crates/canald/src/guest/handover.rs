@@ -119,4 +119,30 @@ impl Guest {
         self.mark_changed(index);
         Ok(out)
     }
+
+    /// A copy of listener `handle`'s host socket for its guest, which accepts native
+    /// clients on it (feature NATIVE_ACCEPT, control LISTENER_SOCKET): only a listener
+    /// listening with `NATIVE_ACCEPT`, which canald itself never accepts on. The guest
+    /// gains nothing it could not do itself (DIRECT: canald's own network, no policy).
+    pub(crate) fn share_listener(&mut self, handle: u32) -> Result<OwnedFd, Refusal> {
+        let index = canal_abi::handle_index(handle);
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return Err((errno::EBADF, "no such socket"));
+        };
+        if s.handle != handle || s.is_closing() {
+            return Err((errno::EBADF, "no such socket"));
+        }
+        if s.kind() != Kind::Listener
+            || s.phase != Phase::Listening
+            || s.flags & sock_flag::NATIVE_ACCEPT == 0
+        {
+            return Err((
+                errno::EOPNOTSUPP,
+                "not a listener whose guest accepts its native clients",
+            ));
+        }
+        let fd = s.fd.as_ref().ok_or((errno::EOPNOTSUPP, "no host socket"))?;
+        fd.try_clone()
+            .map_err(|_| (errno::EMFILE, "canald is out of descriptors"))
+    }
 }

@@ -274,7 +274,16 @@ impl Guest {
         // listen only changes the backlog, as natively).
         let eff = effective_backlog(backlog);
         let held = s.accepts().map_or(0, AcceptQueue::held);
-        let host = AcceptQueue::host_backlog(eff, held, 0);
+        // A guest that accepts its native clients itself (feature NATIVE_ACCEPT): the
+        // host listener's queue is its own, with its own backlog
+        // (`look_at_native_queue`).
+        let native = self.region.header().features & canal_abi::feature::NATIVE_ACCEPT != 0
+            && !self.is_shadow();
+        let host = if native {
+            eff as i32
+        } else {
+            AcceptQueue::host_backlog(eff, held, 0)
+        };
         // A listener's connections arrive as events.
         self.poll_host(ep, index)?;
         let s = self.live(index)?;
@@ -288,7 +297,8 @@ impl Guest {
         s.readable = true; // connections may already be queued
         let e = self.entry(index);
         e.kind.store(sock_kind::LISTENER, Ordering::Release);
-        self.set_flags(index, sock_flag::LISTENING, 0);
+        let native = if native { sock_flag::NATIVE_ACCEPT } else { 0 };
+        self.set_flags(index, sock_flag::LISTENING | native, 0);
         self.sc_listened(index, backlog);
         self.mark_dirty(index);
         Ok((0, 0))

@@ -358,6 +358,13 @@ impl Guest {
         // Set before listen, they are the listener's own (its accepted sockets inherit
         // them): on the host listener before it accepts.
         self.sync_kept_options(index);
+        let native = self.sockets[index as usize]
+            .as_ref()
+            .is_some_and(|s| s.flags & sock_flag::NATIVE_ACCEPT != 0);
+        if native {
+            self.look_at_native_queue(index);
+            return self.watch_claims(index);
+        }
         let r = if self.is_shadow() {
             self.accept_away(index) // the home allocates the entries
         } else {
@@ -366,6 +373,30 @@ impl Guest {
         let w = self.watch_claims(index);
         self.sync_host_backlog(index, 0);
         r.and(w)
+    }
+
+    /// A listener whose guest accepts native clients itself (`NATIVE_ACCEPT`): canald
+    /// takes none, it only says whether the kernel holds some (NATIVE_QUEUED), on each
+    /// event of the host listener and each attention the guest raises after an
+    /// accept that found none. The kernel's queue is the program's own, with its
+    /// backlog.
+    fn look_at_native_queue(&mut self, index: u32) {
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        // An event (not the guest's attention): a client arrived, news for an
+        // edge-triggered epoll item even if the flag stays set.
+        let arrived = std::mem::take(&mut s.readable);
+        let listening = s.phase == Phase::Listening;
+        let queued = listening && s.fd.as_ref().is_some_and(|fd| sys::poll_in(fd, 0));
+        if queued {
+            self.set_flags(index, sock_flag::NATIVE_QUEUED, 0);
+            if arrived {
+                self.mark_changed(index);
+            }
+        } else {
+            self.set_flags(index, 0, sock_flag::NATIVE_QUEUED);
+        }
     }
 
     /// The program's accepts since canald last looked give the host listener its

@@ -236,6 +236,21 @@ pub(crate) fn ctl_host_socket(g: &Guest, handle: u32) -> Result<c_int, (i32, Str
     }
 }
 
+/// LISTENER_SOCKET: a copy of NATIVE_ACCEPT listener `handle`'s host socket, which
+/// this process accepts its native clients on (`sock::native`).
+pub(crate) fn ctl_listener_socket(g: &Guest, handle: u32) -> Result<c_int, i32> {
+    ctl_exchange(
+        g,
+        ck::LISTENER_SOCKET,
+        &handle.to_le_bytes(),
+        -1,
+        |k, b, fds| {
+            let ok = k == ck::LISTENER_SOCKET_OK && control::leading_u32(b) == Some(handle);
+            (ok && fds.len() == 1).then(|| fds[0])
+        },
+    )
+}
+
 /// DIRECTORY: the port directory's memfd and the size canald gives for it.
 pub(crate) fn ctl_directory(g: &Guest) -> Result<(c_int, u64), i32> {
     ctl_exchange(g, ck::DIRECTORY, &[], -1, |k, body, fds| {

@@ -219,8 +219,21 @@ fn died_after_timeout(g: &Guest, p: &libc::pollfd) -> bool {
     due && control_hung_up(g)
 }
 
+/// What runs once when canald is found gone (`at_death`).
+static AT_DEATH: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Registers `f` to run when canald is found gone (one function, the first given:
+/// the copies of canald's listeners this process holds, which must close with them;
+/// sock::native).
+pub(crate) fn at_death(f: fn()) {
+    let _ = AT_DEATH.set(f);
+}
+
 pub(crate) fn mark_dead() {
     if !DEAD.swap(true, Ordering::Relaxed) {
+        if let Some(f) = AT_DEATH.get() {
+            f();
+        }
         sys::log_fmt(format_args!(
             "canal: canald went away; connections are reset (ECONNRESET on data calls, EIO otherwise), listeners and datagram sockets report it once and then stay quiet, and new sockets fail with ENETDOWN (kernel sockets would escape canald's policy): restart the program under canal run\n"
         ));

@@ -31,19 +31,22 @@ pub(crate) fn wait_until(
     deadline: Option<i64>,
     cond: impl FnMut() -> bool,
 ) -> Wait {
-    wait_until_as(g, index, false, deadline, cond)
+    wait_until_as(g, index, false, deadline, -1, cond)
 }
 
 /// `wait_until` for a thread blocked in accept() on listener `index`: its sleep is
 /// marked so canald wakes one such thread per waiting connection (`ACCEPT_ONE`).
+/// `native` (≥ 0): the listener's twin (`sock::native`), which the sleep also polls,
+/// so the kernel wakes it for a native client without canald.
 pub(crate) fn wait_accept(
     g: &'static Guest,
     index: u32,
     deadline: Option<i64>,
+    native: libc::c_int,
     cond: impl FnMut() -> bool,
 ) -> Wait {
     let exclusive = g.region.header().features & canal_abi::feature::ACCEPT_ONE != 0;
-    wait_until_as(g, index, exclusive, deadline, cond)
+    wait_until_as(g, index, exclusive, deadline, native, cond)
 }
 
 fn wait_until_as(
@@ -51,6 +54,7 @@ fn wait_until_as(
     index: u32,
     accepting: bool,
     deadline: Option<i64>,
+    also: libc::c_int,
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
@@ -155,8 +159,15 @@ fn wait_until_as(
         } else {
             Scope::One(index)
         };
-        let r = sleep_ready_in(g, scope, remaining, &mut cond, &mut [], sys::SigMask::NONE);
+        let mut extra = [libc::pollfd {
+            fd: also,
+            events: libc::POLLIN,
+            revents: 0,
+        }; 3];
+        let extra: &mut [libc::pollfd] = if also >= 0 { &mut extra } else { &mut [] };
+        let r = sleep_ready_in(g, scope, remaining, &mut cond, extra, sys::SigMask::NONE);
         match r {
+            Ok(n) if n > 0 => return Wait::Ready,
             Ok(_) => {}
             // A handler with SA_RESTART restarts a socket call without a timeout (the
             // kernel's ERESTARTSYS); with SO_RCVTIMEO/SO_SNDTIMEO it is EINTR.

@@ -316,7 +316,8 @@ fn make_room(fd: c_int) -> Result<(), i32> {
             || crate::bridge::retarget_token(fd, new)
             || crate::sock::watch::retarget_lone(fd, new)
             || crate::conn::guest::retarget_daemon_pidfd(fd, new)
-            || crate::mux::epoll::retarget_kick(fd, new);
+            || crate::mux::epoll::retarget_kick(fd, new)
+            || crate::sock::native::retarget(fd, new);
         crate::ownfd::wait_unused();
         // Our copy at `fd` is the program's to replace now.
         TABLE.take(fd);

@@ -787,7 +787,7 @@ pub(super) fn eval(
                         // The sequence first: a change after it is seen next time.
                         let (seq, tx) = s.edge_seq();
                         sock = Some(s);
-                        (seq, tx, s.readiness() as u16 as u32)
+                        (seq, tx, crate::sock::native::readiness(&s) as u16 as u32)
                     }
                     // The socket is gone (closed behind our back): nothing to report.
                     Err(_) => return 0,

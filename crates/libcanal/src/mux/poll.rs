@@ -31,7 +31,7 @@ fn canal_revents(g: &'static Guest, fd: i32, events: c_short) -> Option<c_short>
         return Some(mask(crate::sock::dead::readiness(g, h), events));
     }
     Some(match Sock::new(g, h) {
-        Ok(s) => mask(s.readiness(), events),
+        Ok(s) => mask(crate::sock::native::readiness(&s), events),
         Err(_) => libc::POLLNVAL,
     })
 }

@@ -22,6 +22,9 @@ use libc::c_int;
 /// kernel socket and accepts there.
 pub(crate) const HANDED_OVER: i32 = -1;
 
+/// A blocked accept on a NATIVE_ACCEPT listener polls its twin every this many spins.
+const TWIN_EVERY: u32 = 8;
+
 pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>), i32> {
     if s.kind() != sock_kind::LISTENER {
         dead_err(s.g, false)?;
@@ -135,26 +138,58 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
             // for a socket that never did) until listen() is called again.
             return Err(libc::EINVAL);
         }
+        // Native clients (NATIVE_ACCEPT): taken from the kernel's queue here.
+        let native = crate::sock::native::applies(s.flags());
+        let mut stale = false;
+        if native {
+            if let Some(x) = crate::sock::native::accept(&s, flags)? {
+                return Ok(x);
+            }
+            if s.flags() & f::NATIVE_QUEUED != 0 {
+                // canald saw clients the kernel no longer holds: it looks again.
+                stale = true;
+                attention(s.g, s.idx);
+            }
+        }
         if nonblock {
             return Err(libc::EAGAIN);
         }
         if deadline.is_none() {
             deadline = Some(s.deadline(true));
         }
-        let w = wait_accept(s.g, s.idx, deadline.flatten(), || {
-            let st = s.snapshot();
-            st.rx_used > 0
-                || st.pending_error != 0
-                || st.kind != sock_kind::LISTENER
-                || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
-                || st.flags & f::LISTENING == 0
-        });
-        match w {
-            Wait::Ready | Wait::Dead => {} // the death: looked at above
-            _ => return Err(wait_err(w, false)),
-        }
+        wait_for_client(&s, deadline.flatten(), native.then_some(stale))?;
         if s.kind() != sock_kind::LISTENER {
             return Err(libc::EINVAL);
         }
+    }
+}
+
+/// Waits until listener `s` may have a client (or news: an error, a hand-over, a
+/// stop). `native`: a NATIVE_ACCEPT listener, with whether its NATIVE_QUEUED was just
+/// found stale (it counts again once canald has cleared it); its twin is looked at
+/// while spinning and polled while asleep, so the kernel wakes the wait.
+fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Result<(), i32> {
+    let twin = native.map_or(-1, |_| crate::sock::native::sleep_fd(s.handle));
+    let mut stale = native.unwrap_or(false);
+    let mut looks = 0u32;
+    let w = wait_accept(s.g, s.idx, deadline, twin, || {
+        // Spinning: the twin itself every few rounds (a system call).
+        looks = looks.wrapping_add(1);
+        if twin >= 0 && looks.is_multiple_of(TWIN_EVERY) && crate::sock::native::has_clients(twin) {
+            return true;
+        }
+        let st = s.snapshot();
+        let queued = st.flags & f::NATIVE_QUEUED != 0;
+        stale &= queued;
+        st.rx_used > 0
+            || (queued && !stale)
+            || st.pending_error != 0
+            || st.kind != sock_kind::LISTENER
+            || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
+            || st.flags & f::LISTENING == 0
+    });
+    match w {
+        Wait::Ready | Wait::Dead => Ok(()), // the death: looked at by the caller
+        _ => Err(wait_err(w, false)),
     }
 }

@@ -88,6 +88,9 @@ fn close_by_mark(s: &Sock) -> bool {
 /// close it, `close_by_watch`, or marks it closed, `close_by_mark`).
 pub(crate) fn release(g: &'static Guest, handle: u32) {
     let Ok(s) = Sock::new(g, handle) else { return };
+    if crate::sock::native::applies(s.flags()) {
+        crate::sock::native::forget_unused(handle);
+    }
     // Before our references go: from then on the other end's close may find no live
     // socket naming the segment, and must not unmap it under the uses below.
     let hold = crate::shortcut::seg::Hold::new();

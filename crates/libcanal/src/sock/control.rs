@@ -30,8 +30,12 @@ pub(crate) fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
         [backlog.max(0) as u64, 0, 0, 0],
         &[],
         &mut [],
-    )
-    .map(|_| ())
+    )?;
+    // Its twin now, not at the first accept: readiness looks at it (sock::native).
+    if crate::sock::native::applies(s.flags()) {
+        crate::sock::native::prefetch(&s);
+    }
+    Ok(())
 }
 
 /// connect(2) on a stream socket follows the kernel's two-level state: the socket

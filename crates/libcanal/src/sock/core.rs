@@ -3,7 +3,6 @@
 use crate::conn::guest::Guest;
 use crate::conn::request::attention;
 use crate::conn::wait::Wait;
-use crate::ready;
 use crate::ready::local;
 use crate::ready::SockState;
 use crate::sys;
@@ -396,11 +395,6 @@ impl Sock {
             // A mark beyond the ring counts as a full ring (`recv_stream`).
             rcvlowat: e.rcvlowat.load(Ordering::Relaxed).min(rx_size as u32),
         }
-    }
-
-    #[inline]
-    pub(crate) fn readiness(&self) -> libc::c_short {
-        ready::readiness(&self.snapshot())
     }
 
     /// Moves whenever the socket had an event an edge-triggered epoll reports: the

@@ -14,6 +14,7 @@ pub(crate) mod dead;
 pub(crate) mod dgram;
 pub(crate) mod kept;
 pub(crate) mod names;
+pub(crate) mod native;
 pub(crate) mod opts;
 pub(crate) mod stream;
 pub(crate) mod watch;

@@ -1,0 +1,263 @@
+//! Native clients of a canal listener, accepted by the program's own process (feature
+//! NATIVE_ACCEPT, protocol §2 LISTENER_SOCKET).
+//!
+//! A listener of a guest with the feature carries `NATIVE_ACCEPT`: canald keeps
+//! listening on its host socket but accepts nothing there; it only says, with
+//! `NATIVE_QUEUED`, whether the kernel holds clients. accept() takes them itself, on a
+//! copy of that host socket canald gives each process once (its *twin*, kept here,
+//! one of the library's own descriptors), so a native client's connection is the
+//! program's own kernel socket and nothing relays it. Clients that are canal guests
+//! still come as ACCEPT records in the listener's ring.
+//!
+//! A twin is a descriptor of the listening socket itself: while one is open the port
+//! keeps listening. So each process drops its twin when its own last descriptor of
+//! the listener goes (`forget_unused`); a child after fork holds the parent's twin as
+//! it holds the parent's descriptors, and exec closes it (close-on-exec).
+use crate::conn::guest::Guest;
+use crate::fdtable::TABLE;
+use crate::sock::core::Sock;
+use crate::sys;
+use canal_abi::addr::CanalAddr;
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use libc::c_int;
+
+/// Listeners a process keeps a twin for; beyond that a twin is asked for, used and
+/// closed on each accept (correct, one round trip dearer).
+const CACHED: usize = 128;
+
+struct Twin {
+    /// The listener's handle (0: free).
+    handle: AtomicU32,
+    /// The twin descriptor (-1: none).
+    fd: AtomicI32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE: Twin = Twin {
+    handle: AtomicU32::new(0),
+    fd: AtomicI32::new(-1),
+};
+
+static TWINS: [Twin; CACHED] = [FREE; CACHED];
+/// Serialises filling and emptying entries (never held across a system call).
+static LOCK: AtomicU32 = AtomicU32::new(0);
+
+/// Whether `s` is a listener whose native clients this process accepts itself.
+pub(crate) fn applies(flags: u32) -> bool {
+    flags & canal_abi::sock_flag::NATIVE_ACCEPT != 0
+}
+
+/// The twin of listener `handle` this process holds, if any.
+fn cached(handle: u32) -> Option<c_int> {
+    TWINS
+        .iter()
+        .find(|t| t.handle.load(Ordering::Acquire) == handle)
+        .map(|t| t.fd.load(Ordering::Acquire))
+        .filter(|&fd| fd >= 0)
+}
+
+/// A twin for `s`: (descriptor, whether the caller must close it after use).
+fn twin(g: &Guest, s: &Sock) -> Result<(c_int, bool), i32> {
+    if let Some(fd) = cached(s.handle) {
+        return Ok((fd, false));
+    }
+    let fd = crate::conn::ctl::ctl_listener_socket(g, s.handle)?;
+    let fd = crate::ownfd::adopt(fd);
+    crate::conn::guest::at_death(drop_all);
+    crate::rt::lock(&LOCK);
+    let out = if let Some(other) = cached(s.handle) {
+        // Another thread asked too and kept its copy.
+        Err(other)
+    } else if let Some(t) = TWINS.iter().find(|t| t.handle.load(Ordering::Relaxed) == 0) {
+        t.fd.store(fd, Ordering::Release);
+        t.handle.store(s.handle, Ordering::Release);
+        Ok((fd, false))
+    } else {
+        Ok((fd, true))
+    };
+    crate::rt::unlock(&LOCK);
+    match out {
+        Ok(x) => Ok(x),
+        Err(other) => {
+            drop_fd(fd);
+            Ok((other, false))
+        }
+    }
+}
+
+fn drop_fd(fd: c_int) {
+    TABLE.take(fd);
+    let _ = sys::close(fd);
+}
+
+/// One accept of a native client on `s`'s twin: Ok(None) when the kernel holds none.
+/// `flags` are accept4's (SOCK_NONBLOCK, SOCK_CLOEXEC) for the new descriptor; the
+/// twin's file is canald's non-blocking one, so this never blocks.
+pub(crate) fn accept(s: &Sock, flags: c_int) -> Result<Option<(c_int, Option<CanalAddr>)>, i32> {
+    let (fd, temporary) = twin(s.g, s)?;
+    let r = loop {
+        let mut ss = [0u8; 128];
+        let mut len = ss.len() as libc::socklen_t;
+        let r = crate::ownfd::using(|| {
+            // SAFETY: accept4 on our own descriptor into a local buffer.
+            unsafe {
+                sys::raw_syscall!(
+                    libc::SYS_accept4,
+                    fd,
+                    ss.as_mut_ptr(),
+                    &mut len as *mut libc::socklen_t,
+                    flags
+                )
+            }
+        });
+        forget_look();
+        if r >= 0 {
+            let peer = crate::sockaddr::decode(&ss[..(len as usize).min(ss.len())]).ok();
+            break Ok(Some((r as c_int, peer)));
+        }
+        match sys::errno() {
+            libc::EAGAIN => break Ok(None),
+            // A client gone before it was taken, or a signal: the next one.
+            libc::ECONNABORTED | libc::EINTR | libc::EPROTO => continue,
+            e => break Err(e),
+        }
+    };
+    if temporary {
+        drop_fd(fd);
+    }
+    r
+}
+
+/// The twin to sleep on with a blocked accept (-1: none cached).
+pub(crate) fn sleep_fd(handle: u32) -> c_int {
+    cached(handle).unwrap_or(-1)
+}
+
+/// Whether the kernel holds native clients on twin `fd` (a poll, no wait): a blocked
+/// accept that spins looks here too, so a native client does not wait for canald to
+/// notice it first.
+pub(crate) fn has_clients(fd: c_int) -> bool {
+    let mut p = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    crate::ownfd::using(|| sys::ppoll(&mut p, Some(0), sys::SigMask::NONE)).is_ok_and(|n| n > 0)
+}
+
+/// How long a look at a twin stands for the calling thread: a poll/epoll wait
+/// spinning over its sets looks at each socket many times a microsecond, and a
+/// system call each time would be most of its work.
+const LOOK_NS: i64 = 4_000;
+
+thread_local! {
+    /// The calling thread's last look: (handle, when, clients queued).
+    static LAST_LOOK: core::cell::Cell<(u32, i64, bool)> = const { core::cell::Cell::new((0, 0, false)) };
+}
+
+/// `has_clients` of listener `handle`'s twin `fd`, or the calling thread's look at it
+/// of the last LOOK_NS.
+fn looked_at(handle: u32, fd: c_int) -> bool {
+    let now = sys::now_ns();
+    if let Ok((h, at, q)) = LAST_LOOK.try_with(|l| l.get()) {
+        if h == handle && now - at < LOOK_NS {
+            return q;
+        }
+    }
+    let q = has_clients(fd);
+    let _ = LAST_LOOK.try_with(|l| l.set((handle, now, q)));
+    q
+}
+
+/// The calling thread's accept changed the queue: its next look is a real one.
+fn forget_look() {
+    let _ = LAST_LOOK.try_with(|l| l.set((0, 0, false)));
+}
+
+/// Right after listen(): this process's twin, so that readiness can look at it
+/// (without one it follows canald's NATIVE_QUEUED). A failure waits for accept.
+pub(crate) fn prefetch(s: &Sock) {
+    if let Ok((fd, true)) = twin(s.g, s) {
+        drop_fd(fd); // no room to keep it
+    }
+}
+
+/// `flags` with NATIVE_QUEUED as the kernel's queue has it now, where this process
+/// holds the twin: poll(2) of a listener is exact natively (a client whose connect
+/// returned is there; one just accepted is gone), and canald's flag lags both ways.
+/// A flag canald left set over an empty queue is news for canald.
+fn queued_now(s: &Sock, flags: u32) -> u32 {
+    let q = canal_abi::sock_flag::NATIVE_QUEUED;
+    let Some(fd) = cached(s.handle) else {
+        return flags;
+    };
+    if looked_at(s.handle, fd) {
+        flags | q
+    } else {
+        if flags & q != 0 {
+            crate::conn::request::attention(s.g, s.idx);
+        }
+        flags & !q
+    }
+}
+
+/// `s.readiness()` for poll, select and epoll, with a NATIVE_ACCEPT listener's
+/// NATIVE_QUEUED as the kernel's queue has it now (`queued_now`).
+pub(crate) fn readiness(s: &Sock) -> libc::c_short {
+    let mut st = s.snapshot();
+    if st.kind == canal_abi::sock_kind::LISTENER && applies(st.flags) {
+        st.flags = queued_now(s, st.flags);
+    }
+    crate::ready::readiness(&st)
+}
+
+/// A descriptor of listener `handle` went in this process: if it was the last, the
+/// twin goes too (else the port would keep listening for nobody).
+pub(crate) fn forget_unused(handle: u32) {
+    if cached(handle).is_none() {
+        return;
+    }
+    let mut used = false;
+    TABLE.for_each_canal(|_, h| used |= h == handle);
+    if used {
+        return;
+    }
+    crate::rt::lock(&LOCK);
+    let mut fd = -1;
+    if let Some(t) = TWINS
+        .iter()
+        .find(|t| t.handle.load(Ordering::Relaxed) == handle)
+    {
+        t.handle.store(0, Ordering::Release);
+        fd = t.fd.swap(-1, Ordering::AcqRel);
+    }
+    crate::rt::unlock(&LOCK);
+    if fd >= 0 {
+        drop_fd(fd);
+    }
+}
+
+/// canald went away, and its host listeners with it: this process's twins go too,
+/// so a dead listener's port stops listening (natively its clients would be
+/// accepted; here nothing can take them).
+pub(crate) fn drop_all() {
+    for t in TWINS.iter() {
+        crate::rt::lock(&LOCK);
+        t.handle.store(0, Ordering::Release);
+        let fd = t.fd.swap(-1, Ordering::AcqRel);
+        crate::rt::unlock(&LOCK);
+        if fd >= 0 {
+            drop_fd(fd);
+        }
+    }
+}
+
+/// Points the twin at `old` to `new` (the program took its number: ownfd.rs).
+pub(crate) fn retarget(old: c_int, new: c_int) -> bool {
+    crate::ownfd::retarget(TWINS.iter().map(|t| &t.fd), old, new)
+}
+
+/// Fork child: its only thread is the one that forked.
+pub(crate) fn fork_child() {
+    LOCK.store(0, Ordering::Relaxed);
+}

@@ -1,0 +1,259 @@
+"""Native clients of a listener, every way a server takes them: blocking accept, a
+timeout, poll/select/epoll readiness (level and edge), a non-blocking drain, a backlog
+nobody accepts, two threads, a forked child, a dup, exec, and close. The clients are a
+helper process started without the library (`client`), so under canal they are the
+kernel's own sockets: what canald's NATIVE_ACCEPT listeners take on the guest's own
+twin of the host listener (protocol §2 LISTENER_SOCKET). Prints one line per check;
+run natively and under canal, the output must be the same."""
+import errno
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def client_main(port):
+    """Native client pool, driven by one command per line on stdin."""
+    conns = {}
+    out = sys.stdout
+    for line in sys.stdin:
+        cmd, *a = line.split()
+        if cmd == "open":
+            try:
+                conns[a[0]] = socket.create_connection(("127.0.0.1", port), timeout=3)
+                out.write("ok\n")
+            except OSError as e:
+                out.write(errno.errorcode.get(e.errno, str(e)) + "\n")
+        elif cmd == "echo":
+            c = conns[a[0]]
+            c.sendall(a[0].encode())
+            try:
+                out.write((c.recv(64).decode() or "eof") + "\n")
+            except OSError as e:
+                out.write(errno.errorcode.get(e.errno, str(e)) + "\n")
+        elif cmd == "close":
+            conns.pop(a[0]).close()
+            out.write("ok\n")
+        elif cmd == "try":
+            c = socket.socket()
+            c.settimeout(2)
+            try:
+                c.connect(("127.0.0.1", port))
+                out.write("connected\n")
+            except OSError as e:
+                out.write(errno.errorcode.get(e.errno, str(e)) + "\n")
+            c.close()
+        elif cmd == "pending":
+            # K non-blocking connects; how many the kernel completed within a second
+            # (a listener's queue holds backlog + 1; the rest wait on SYN retries).
+            socks = []
+            for _ in range(int(a[0])):
+                c = socket.socket()
+                c.setblocking(False)
+                try:
+                    c.connect(("127.0.0.1", port))
+                except BlockingIOError:
+                    pass
+                socks.append(c)
+            time.sleep(1.0)
+            done = sum(1 for c in socks if select.select([], [c], [], 0)[1]
+                       and c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+            for c in socks:
+                conns[str(len(conns))] = c
+            out.write(f"{done}\n")
+        out.flush()
+
+
+class Clients:
+    def __init__(self, port):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CANAL")}
+        self.p = subprocess.Popen([sys.executable, __file__, "client", str(port)], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, *cmd):
+        self.p.stdin.write(" ".join(str(c) for c in cmd) + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().strip()
+
+    def end(self):
+        self.p.stdin.close()
+        self.p.wait(10)
+
+
+def listener(backlog=16):
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(backlog)
+    return l, l.getsockname()[1]
+
+
+def polled(s):
+    p = select.poll()
+    p.register(s, select.POLLIN)
+    r = p.poll(0)
+    return "IN" if r and r[0][1] & select.POLLIN else "-"
+
+
+def serve_one(s):
+    d = s.recv(64)
+    s.sendall(d)
+
+
+def echoed(s, c, name):
+    """Serves one echo on `s` while native client `name` asks for it."""
+    t = threading.Thread(target=serve_one, args=(s,))
+    t.start()
+    r = c("echo", name)
+    t.join(5)
+    return r
+
+
+def main():
+    l, port = listener()
+    c = Clients(port)
+
+    print("poll, nobody:", polled(l))
+    print("open:", c("open", "a"))
+    print("poll, one queued:", polled(l))
+    print("select, one queued:", bool(select.select([l], [], [], 0)[0]))
+    s, peer = l.accept()
+    print("peer", peer[0], "names agree", s.getpeername() == peer, s.getsockname() == ("127.0.0.1", port))
+    print("blocking", s.getblocking(), "inheritable", os.get_inheritable(s.fileno()))
+    print("poll after accept:", polled(l))
+    print("echo:", echoed(s, c, "a"))
+    s.close()
+    c("close", "a")
+
+    # A timeout with nobody there, then with a client.
+    l.settimeout(0.3)
+    try:
+        l.accept()
+        print("timeout: accepted?")
+    except socket.timeout:
+        print("timeout: timed out")
+    c("open", "b")
+    s, _ = l.accept()
+    print("timeout, client: accepted")
+    s.close()
+    l.settimeout(None)
+
+    # A non-blocking drain.
+    for n in "cde":
+        c("open", n)
+    l.setblocking(False)
+    got = []
+    while True:
+        try:
+            got.append(l.accept()[0])
+        except BlockingIOError:
+            break
+    print("drained", len(got), "then EAGAIN")
+    for s in got:
+        s.close()
+
+    # epoll, level-triggered.
+    ep = select.epoll()
+    ep.register(l, select.EPOLLIN)
+    print("epoll LT, nobody:", ep.poll(0))
+    c("open", "f")
+    print("epoll LT, one:", [e for _, e in ep.poll(2)])
+    print("epoll LT, still:", [e for _, e in ep.poll(0)])
+    l.accept()[0].close()
+    print("epoll LT, accepted:", ep.poll(0))
+    ep.close()
+
+    # epoll, edge-triggered: one event per arrival, none while nothing new comes.
+    ep = select.epoll()
+    ep.register(l, select.EPOLLIN | select.EPOLLET)
+    print("epoll ET, nobody:", ep.poll(0))
+    c("open", "g")
+    c("open", "h")
+    print("epoll ET, two:", [e for _, e in ep.poll(2)])
+    print("epoll ET, nothing new:", ep.poll(0.2))
+    n = 0
+    while True:
+        try:
+            l.accept()[0].close()
+            n += 1
+        except BlockingIOError:
+            break
+    print("epoll ET drained", n)
+    c("open", "i")
+    print("epoll ET, one more:", [e for _, e in ep.poll(2)])
+    l.accept()[0].close()
+    ep.close()
+    l.setblocking(True)
+
+    # Two threads blocked in accept, two clients: both return.
+    res = []
+    ts = [threading.Thread(target=lambda: res.append(l.accept()[0])) for _ in range(2)]
+    for t in ts:
+        t.start()
+    time.sleep(0.2)
+    c("open", "j")
+    c("open", "k")
+    for t in ts:
+        t.join(5)
+    print("two threads accepted", len(res))
+    for s in res:
+        s.close()
+
+    # A dup keeps the listener when the original goes.
+    d = l.dup()
+    l.close()
+    c("open", "m")
+    s, _ = d.accept()
+    print("dup accepted")
+    s.close()
+    l = d
+
+    # A forked child accepts, exits; the parent accepts after it.
+    pid = os.fork()
+    if pid == 0:
+        s, _ = l.accept()
+        serve_one(s)
+        s.close()
+        os._exit(0)
+    print("child's client:", c("open", "n"), c("echo", "n"))
+    os.waitpid(pid, 0)
+    c("open", "o")
+    s, _ = l.accept()
+    print("parent after child:", echoed(s, c, "o"))
+    s.close()
+
+    # exec: the listener inherited by a new program, which accepts.
+    p = subprocess.Popen([sys.executable, __file__, "execd", str(l.fileno())], pass_fds=[l.fileno()],
+                         stdout=subprocess.PIPE, text=True)
+    print("exec'd program's client:", c("open", "p"), c("echo", "p"))
+    print(p.stdout.read().strip())
+    p.wait(10)
+
+    # Closed (here, in the child that exited, and in the exec'd program): refused.
+    l.close()
+    print("closed:", c("try"))
+    c.end()
+
+    # A backlog nobody accepts: the kernel's queue holds backlog + 1.
+    l, port = listener(2)
+    c = Clients(port)
+    print("backlog 2, 6 connects, completed:", c("pending", 6))
+    l.close()
+    c.end()
+    print("done")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["client"]:
+        client_main(int(sys.argv[2]))
+    elif sys.argv[1:2] == ["execd"]:
+        l = socket.socket(fileno=int(sys.argv[2]))
+        s, _ = l.accept()
+        serve_one(s)
+        s.close()
+        print("exec'd: served")
+        l.close()
+    else:
+        main()
