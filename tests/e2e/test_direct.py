@@ -25,20 +25,29 @@ def _holders(port):
 def test_native_peers_go_direct_and_canal_ports_short_circuit(canal_bin, procs, python, progs, direct):
     native = procs.spawn([python, progs / "echo.py", "serve", "tcp"], name="native-echo")
     nport = int(native.wait_line("READY", 30).split()[1])
+    udp = procs.spawn([python, progs / "echo.py", "serve", "udp"], name="native-udp-echo")
+    uport = int(udp.wait_line("READY", 30).split()[1])
     with serving_canald(canal_bin, procs, args=["--direct", direct]) as d:
         server = d.spawn([python, progs / "echo.py", "serve", "tcp"], name="canal-echo")
         cport = int(server.wait_line("READY", 30).split()[1])
         d.wait_served(server, kind="tcp-listener")
-        client = d.spawn([python, progs / "direct_peer.py", nport, cport], name="client",
+        client = d.spawn([python, progs / "direct_peer.py", nport, cport, uport], name="client",
                          stdin=subprocess.PIPE)
-        mine, theirs = (int(x) for x in client.wait_line("PORTS", 30).split()[1:])
+        mine, theirs, bound = (int(x) for x in client.wait_line("PORTS", 30).split()[1:])
         d.wait_served(client, kind="tcp-shortcut", peer_port=cport)
-        held = wait_for(lambda: _holders(mine) or None, 10, what=f"ss to list local port {mine}")
+        # A socket bound first is canal's from its bind; connected to a native peer it
+        # is handed to the guest (`direct::at_native_connect`), the TCP one and the UDP one.
+        for port in (mine, bound):
+            held = wait_for(lambda: _holders(port) or None, 10, what=f"ss to list local port {port}")
+            if direct == "on":
+                assert held <= guest_pids(client), f"native peer's socket held by {held}, not the guest"
+            else:
+                assert held == {d.pid}, f"with --direct off canald ({d.pid}) holds it, not {held}"
+        # The UDP one: canal's no more (its entry freed with the hand-over), or relayed.
+        udp_state = [s["state"] for s in d.guest(client)["sockets"] if s["kind"] == "udp"]
+        assert udp_state == ([] if direct == "on" else ["connected"]), udp_state
         if direct == "on":
-            assert held <= guest_pids(client), f"native peer's socket held by {held}, not the guest"
             assert not _holders(theirs), "the canal connection must not be a kernel TCP connection"
-        else:
-            assert held == {d.pid}, f"with --direct off canald ({d.pid}) holds it, not {held}"
         client.popen.stdin.close()
         r = client.finish(30)
         assert r.returncode == 0 and r.stdout.endswith("done\n"), r.describe()

@@ -408,9 +408,12 @@ pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
             c.extend(cells(plan, &[Rr], &[64], &[1], &["default"], gen_systems));
             c.extend(cells(plan, &[Iperf3], &pick(&[65536], &[1024, 65536]), &[1], &["default"], &[Tcp, CanalGN]));
             c.extend(cells(plan, &[Sockperf], &pick(&[64], &[64, 1024, 16384]), &[1], &["default"], &[Tcp, CanalGN]));
-            // canald's relay (the path of VMs and guests under a policy), side by side.
-            c.extend(cells(plan, &[Stream], &[65536], &[1], &["disable=direct"], &[CanalGN]));
-            c.extend(cells(plan, &[Rr], &[64], &[1], &["disable=direct"], &[CanalGN]));
+            // canald's relay (the path of VMs and guests under a policy), side by side;
+            // in full mode also for native clients, which the server otherwise accepts
+            // itself (NATIVE_ACCEPT).
+            let relayed: &[System] = if q { &[CanalGN] } else { &[CanalGN, CanalNG] };
+            c.extend(cells(plan, &[Stream], &[65536], &[1], &["disable=direct"], relayed));
+            c.extend(cells(plan, &[Rr], &[64], &[1], &["disable=direct"], relayed));
             Experiment {
                 id: "B3",
                 title: "guest → native peer through canald onto host TCP (and native → guest)",
@@ -555,6 +558,9 @@ fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
             // canal is tested by tests/compat/test_compat_postgres.py.
             if !q {
                 c.extend(cells(plan, &[Postgres], &[0], &[1], &["default"], &TCP_PLACEMENTS));
+                // The server's native clients relayed by canald, beside accepted by the
+                // server itself (NATIVE_ACCEPT).
+                c.extend(cells(plan, &[Postgres], &[0], &[1], &["disable=direct"], &[CanalNG]));
             }
             c.extend(cells(plan, &[Redis, Nginx, Memcached], &[0], &[1], &["disable=bells"], &[CanalGG]));
             c.extend(cells(plan, &[Redis, Nginx, Memcached], &[0], &[1], &["disable=direct"], &[CanalGN]));

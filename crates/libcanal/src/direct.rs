@@ -241,6 +241,41 @@ pub(crate) fn at_reach(fd: c_int, addr: *const libc::sockaddr, len: libc::sockle
     });
 }
 
+/// connect of a canal socket to `a`, where its bind made it canal's: to a native peer
+/// (no canal port, per the directory) a connected stream or datagram socket talks to
+/// that peer alone and needs nothing of canald. So canald hands its host socket over,
+/// bound where the program bound it (HOST_SOCKET, `handoff::pass_to_kernel`), and the
+/// connect is the kernel's (true; the caller makes it). Only a stream not yet
+/// connecting, or a datagram socket with nothing received unread (a hand-over would
+/// drop it) and not short-circuited; anything else stays canal's (false).
+pub(crate) fn at_native_connect(s: &crate::sock::core::Sock, a: &CanalAddr) -> bool {
+    use canal_abi::sock_flag as f;
+    let g = s.g;
+    if !on(g) || s.e.segment.load(Ordering::Acquire) != 0 {
+        return false;
+    }
+    let dgram = match s.kind() {
+        canal_abi::sock_kind::DGRAM => true,
+        canal_abi::sock_kind::STREAM => false,
+        _ => return false,
+    };
+    let busy = if dgram {
+        s.e.rx_head.load(Ordering::Acquire) != s.e.rx_tail.load(Ordering::Acquire)
+    } else {
+        s.flags() & (f::CONNECTING | f::CONNECTED | f::LISTENING) != 0
+    };
+    if busy || canal_port(g, dgram, a.port) {
+        return false;
+    }
+    match crate::handoff::pass_to_kernel(g, *s) {
+        Ok(()) => true,
+        Err(why) => {
+            crate::rt::debug!(g, "canal: handle {:#x} stays canal's ({why})\n", s.handle);
+            false
+        }
+    }
+}
+
 /// Held while a socket is decided: two threads making a first call on one socket at
 /// once (two connects) must not both make it a canal socket. Only first uses wait.
 static DECIDING: crate::rt::Locked<()> = crate::rt::Locked::new(());

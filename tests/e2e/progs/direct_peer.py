@@ -1,12 +1,17 @@
-"""A client of a native TCP server and of a canal one (argv: native port, canal port):
-one echo on each, then prints the local port of each connection and waits for stdin
-to close, so the test can see with `ss` which process holds each connection."""
+"""A client of a native TCP server and of a canal one (argv: native TCP port, canal
+port, native UDP port): one echo on each, one more with a TCP socket bound before it
+connects to the native server and one with a UDP socket bound before it connects to
+the native UDP server; then prints the local port of the three TCP connections and
+waits for stdin to close, so the test can see with `ss` which process holds each."""
 import socket
 import sys
 
 
-def echo(port):
-    s = socket.create_connection(("127.0.0.1", port))
+def echo(port, bound=False):
+    s = socket.socket()
+    if bound:
+        s.bind(("127.0.0.1", 0))
+    s.connect(("127.0.0.1", port))
     s.sendall(b"ping")
     assert s.recv(4) == b"ping"
     return s
@@ -14,6 +19,15 @@ def echo(port):
 
 native = echo(int(sys.argv[1]))
 canal = echo(int(sys.argv[2]))
-print("PORTS", native.getsockname()[1], canal.getsockname()[1], flush=True)
+bound = echo(int(sys.argv[1]), bound=True)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind(("127.0.0.1", 0))
+mine = u.getsockname()
+u.connect(("127.0.0.1", int(sys.argv[3])))
+u.send(b"udp-ping")
+u.settimeout(5)
+assert u.recv(64) == b"udp-ping"
+assert u.getsockname() == mine
+print("PORTS", native.getsockname()[1], canal.getsockname()[1], bound.getsockname()[1], flush=True)
 sys.stdin.read()
 print("done", flush=True)

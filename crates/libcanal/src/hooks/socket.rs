@@ -118,7 +118,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const SockAddr, len: socklen_
             return crate::sock::control::disconnect(s).map(|_| 0);
         }
         let a = addr_in(addr, len)?;
-        if leave_to_kernel(fd, &s, &a)? {
+        if leave_to_kernel(fd, &s, &a)? || crate::direct::at_native_connect(&s, &a) {
             // SAFETY: forwarding to libc's connect on the kernel socket now at `fd`.
             return real_result(unsafe { real!(c"connect", FnAddr)(fd, addr, len) } as isize);
         }
