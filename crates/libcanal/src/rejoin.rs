@@ -82,9 +82,15 @@ pub(crate) fn at_start() {
     for (fd, h) in &p.fds {
         // Only a descriptor that still is the socket's dummy (a socket).
         let is_sock = sys::fcntl_int(*fd, libc::F_GETFD, 0).is_ok();
-        if is_sock && Sock::new(g, *h).is_ok() {
+        if let Some(s) = Sock::new(g, *h).ok().filter(|_| is_sock) {
             let _ = TABLE.set_canal(*fd, *h);
             crate::rt::debug!(g, "canal: inherited fd {fd} -> handle {h:#x}\n");
+            // An inherited listener's copy for native clients (sock::native), as
+            // after listen(): its readiness is then exact from the start.
+            if s.kind() == canal_abi::sock_kind::LISTENER && crate::sock::native::applies(s.flags())
+            {
+                crate::sock::native::prefetch(&s);
+            }
         } else {
             crate::rt::debug!(
                 g,

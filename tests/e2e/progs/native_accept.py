@@ -227,6 +227,7 @@ def main():
     # exec: the listener inherited by a new program, which accepts.
     p = subprocess.Popen([sys.executable, __file__, "execd", str(l.fileno())], pass_fds=[l.fileno()],
                          stdout=subprocess.PIPE, text=True)
+    print(p.stdout.readline().strip())
     print("exec'd program's client:", c("open", "p"), c("echo", "p"))
     print(p.stdout.read().strip())
     p.wait(10)
@@ -250,6 +251,7 @@ if __name__ == "__main__":
         client_main(int(sys.argv[2]))
     elif sys.argv[1:2] == ["execd"]:
         l = socket.socket(fileno=int(sys.argv[2]))
+        print("exec'd: poll, nobody:", polled(l), flush=True)
         s, _ = l.accept()
         serve_one(s)
         s.close()
