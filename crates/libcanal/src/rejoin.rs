@@ -87,8 +87,7 @@ pub(crate) fn at_start() {
             crate::rt::debug!(g, "canal: inherited fd {fd} -> handle {h:#x}\n");
             // An inherited listener's copy for native clients (sock::native), as
             // after listen(): its readiness is then exact from the start.
-            if s.kind() == canal_abi::sock_kind::LISTENER && crate::sock::native::applies(s.flags())
-            {
+            if crate::sock::native::applies(s.flags()) {
                 crate::sock::native::prefetch(&s);
             }
         } else {

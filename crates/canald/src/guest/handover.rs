@@ -36,13 +36,10 @@ impl Guest {
             ));
         }
         let policy = self.cfg.loopback_only || self.cfg.policy.dest.is_some();
-        let index = canal_abi::handle_index(handle);
+        let index = self.asked_socket(handle)?;
         let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
             return Err((errno::EBADF, "no such socket"));
         };
-        if s.handle != handle || s.is_closing() {
-            return Err((errno::EBADF, "no such socket"));
-        }
         if s.flags & sock_flag::HANDED_OVER != 0 {
             // Another process of the guest follows the first.
             return match s.fd.as_ref().map(|fd| fd.try_clone()) {
@@ -125,13 +122,10 @@ impl Guest {
     /// listening with `NATIVE_ACCEPT`, which canald itself never accepts on. The guest
     /// gains nothing it could not do itself (DIRECT: canald's own network, no policy).
     pub(crate) fn share_listener(&mut self, handle: u32) -> Result<OwnedFd, Refusal> {
-        let index = canal_abi::handle_index(handle);
+        let index = self.asked_socket(handle)?;
         let Some(Some(s)) = self.sockets.get(index as usize) else {
             return Err((errno::EBADF, "no such socket"));
         };
-        if s.handle != handle || s.is_closing() {
-            return Err((errno::EBADF, "no such socket"));
-        }
         if s.kind() != Kind::Listener
             || s.phase != Phase::Listening
             || s.flags & sock_flag::NATIVE_ACCEPT == 0
@@ -144,5 +138,15 @@ impl Guest {
         let fd = s.fd.as_ref().ok_or((errno::EOPNOTSUPP, "no host socket"))?;
         fd.try_clone()
             .map_err(|_| (errno::EMFILE, "canald is out of descriptors"))
+    }
+
+    /// The index of live socket `handle` (this generation, not closing), which a
+    /// control message names; EBADF otherwise.
+    fn asked_socket(&self, handle: u32) -> Result<u32, Refusal> {
+        let index = canal_abi::handle_index(handle);
+        match self.sockets.get(index as usize) {
+            Some(Some(s)) if s.handle == handle && !s.is_closing() => Ok(index),
+            _ => Err((errno::EBADF, "no such socket")),
+        }
     }
 }

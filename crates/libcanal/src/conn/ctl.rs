@@ -216,39 +216,30 @@ pub(crate) fn ctl_bell_get(g: &Guest, arena: u32, tag: u32) -> Result<c_int, i32
 /// Asks canald to hand socket `handle`'s host socket over (HOST_SOCKET /
 /// HOST_SOCKET_OK): the kernel socket, or canald's errno and reason.
 pub(crate) fn ctl_host_socket(g: &Guest, handle: u32) -> Result<c_int, (i32, String)> {
-    let r = ctl_exchange(
-        g,
-        ck::HOST_SOCKET,
-        &handle.to_le_bytes(),
-        -1,
-        |k, b, fds| {
-            if k == ck::ERROR && b.len() >= 4 {
-                let e = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                return Some(Err((e, String::from_utf8_lossy(&b[4..]).into_owned())));
-            }
-            let ok = k == ck::HOST_SOCKET_OK && control::leading_u32(b) == Some(handle);
-            (ok && fds.len() == 1).then(|| Ok(fds[0]))
-        },
-    );
-    match r {
-        Ok(v) => v,
-        Err(e) => Err((e, "no answer from canald".into())),
-    }
+    socket_of(g, ck::HOST_SOCKET, ck::HOST_SOCKET_OK, handle)
 }
 
 /// LISTENER_SOCKET: a copy of NATIVE_ACCEPT listener `handle`'s host socket, which
 /// this process accepts its native clients on (`sock::native`).
 pub(crate) fn ctl_listener_socket(g: &Guest, handle: u32) -> Result<c_int, i32> {
-    ctl_exchange(
-        g,
-        ck::LISTENER_SOCKET,
-        &handle.to_le_bytes(),
-        -1,
-        |k, b, fds| {
-            let ok = k == ck::LISTENER_SOCKET_OK && control::leading_u32(b) == Some(handle);
-            (ok && fds.len() == 1).then(|| fds[0])
-        },
-    )
+    socket_of(g, ck::LISTENER_SOCKET, ck::LISTENER_SOCKET_OK, handle).map_err(|(e, _)| e)
+}
+
+/// Request `ask` naming socket `handle`, answered `ok` (the handle again) with one of
+/// canald's host sockets: that socket, or canald's errno and reason.
+fn socket_of(g: &Guest, ask: u16, ok: u16, handle: u32) -> Result<c_int, (i32, String)> {
+    let r = ctl_exchange(g, ask, &handle.to_le_bytes(), -1, |k, b, fds| {
+        if k == ck::ERROR && b.len() >= 4 {
+            let e = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            return Some(Err((e, String::from_utf8_lossy(&b[4..]).into_owned())));
+        }
+        let answered = k == ok && control::leading_u32(b) == Some(handle);
+        (answered && fds.len() == 1).then(|| Ok(fds[0]))
+    });
+    match r {
+        Ok(v) => v,
+        Err(e) => Err((e, "no answer from canald".into())),
+    }
 }
 
 /// DIRECTORY: the port directory's memfd and the size canald gives for it.

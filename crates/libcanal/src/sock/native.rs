@@ -42,7 +42,8 @@ static TWINS: [Twin; CACHED] = [FREE; CACHED];
 /// Serialises filling and emptying entries (never held across a system call).
 static LOCK: AtomicU32 = AtomicU32::new(0);
 
-/// Whether `s` is a listener whose native clients this process accepts itself.
+/// Whether a socket with `flags` is a listener whose native clients this process
+/// accepts itself (canald sets NATIVE_ACCEPT on listeners only).
 pub(crate) fn applies(flags: u32) -> bool {
     flags & canal_abi::sock_flag::NATIVE_ACCEPT != 0
 }
@@ -222,15 +223,19 @@ pub(crate) fn forget_unused(handle: u32) {
     if used {
         return;
     }
-    crate::rt::lock(&LOCK);
-    let mut fd = -1;
     if let Some(t) = TWINS
         .iter()
         .find(|t| t.handle.load(Ordering::Relaxed) == handle)
     {
-        t.handle.store(0, Ordering::Release);
-        fd = t.fd.swap(-1, Ordering::AcqRel);
+        empty(t);
     }
+}
+
+/// Frees entry `t` and closes its twin, if any.
+fn empty(t: &Twin) {
+    crate::rt::lock(&LOCK);
+    t.handle.store(0, Ordering::Release);
+    let fd = t.fd.swap(-1, Ordering::AcqRel);
     crate::rt::unlock(&LOCK);
     if fd >= 0 {
         drop_fd(fd);
@@ -241,15 +246,7 @@ pub(crate) fn forget_unused(handle: u32) {
 /// so a dead listener's port stops listening (natively its clients would be
 /// accepted; here nothing can take them).
 pub(crate) fn drop_all() {
-    for t in TWINS.iter() {
-        crate::rt::lock(&LOCK);
-        t.handle.store(0, Ordering::Release);
-        let fd = t.fd.swap(-1, Ordering::AcqRel);
-        crate::rt::unlock(&LOCK);
-        if fd >= 0 {
-            drop_fd(fd);
-        }
-    }
+    TWINS.iter().for_each(empty);
 }
 
 /// Points the twin at `old` to `new` (the program took its number: ownfd.rs).
