@@ -264,3 +264,20 @@ fn listener_socket_is_only_for_the_guests_native_accept_listeners() {
     let p = TestDaemon::start(&["--loopback-only"]);
     assert!(!native_guest(&p).1, "no NATIVE_ACCEPT under a policy");
 }
+
+#[test]
+fn another_guest_cannot_have_a_copy_of_a_listener_not_its_own() {
+    // Two guests of one canald, same uid: a handle is an index in the asking guest's
+    // own table, so B naming A's listener names nothing of B's.
+    let d = TestDaemon::start(&[]);
+    let (mut a, granted) = native_guest(&d);
+    assert!(granted);
+    let (l, _) = listener(&mut a);
+    let (b, _) = native_guest(&d);
+    assert_eq!(listener_socket(&b, l).err(), Some(errno::EBADF));
+    assert_eq!(host_socket(&b, l).err(), Some(errno::EBADF));
+    assert!(
+        listener_socket(&a, l).is_ok(),
+        "its own guest still gets it"
+    );
+}

@@ -1,26 +1,36 @@
 """Native clients of a listener, every way a server takes them: blocking accept, a
-timeout, poll/select/epoll readiness (level and edge), a non-blocking drain, a backlog
-nobody accepts, two threads, a forked child, a dup, exec, and close. The clients are a
-helper process started without the library (`client`), so under canal they are the
-kernel's own sockets: what canald's NATIVE_ACCEPT listeners take on the guest's own
-twin of the host listener (protocol §2 LISTENER_SOCKET). Prints one line per check;
-run natively and under canal, the output must be the same."""
+timeout, poll/select/epoll readiness (level and edge), a non-blocking drain, two
+threads, a dup, a forked child, exec, close, SO_LINGER inherited or not, and a backlog
+nobody accepts. Prints one line per check; run natively and under canal, the output
+must be the same.
+
+The clients are a pool driven by one command per line (`serve_pool`). They must be the
+kernel's own sockets, what canald's NATIVE_ACCEPT listeners take on the guest's copy
+of the host listener (protocol §2 LISTENER_SOCKET). A child of a program under canal
+is under canal too (the library keeps itself in every exec'd environment), so under
+canal the test starts the pool itself, outside canal, listening on a Unix socket
+(`helper PATH`), and names it in NATIVE_ACCEPT_POOL; natively the program starts it
+as a child."""
 import errno
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 
 
-def client_main(port):
-    """Native client pool, driven by one command per line on stdin."""
+def serve_pool(lines, out):
+    """The client pool: commands from `lines`, answers to `out`; "port N" first."""
     conns = {}
-    out = sys.stdout
-    for line in sys.stdin:
+    port = 0
+    for line in lines:
         cmd, *a = line.split()
+        if cmd == "port":
+            port = int(a[0])
+            continue
         if cmd == "open":
             try:
                 conns[a[0]] = socket.create_connection(("127.0.0.1", port), timeout=3)
@@ -34,6 +44,19 @@ def client_main(port):
                 out.write((c.recv(64).decode() or "eof") + "\n")
             except OSError as e:
                 out.write(errno.errorcode.get(e.errno, str(e)) + "\n")
+        elif cmd == "drain":
+            # Everything until end-of-file or an error: how much arrived (a count is not
+            # compared: how much of an aborted send got through is timing), how it ended.
+            c, got, end = conns[a[0]], 0, ""
+            c.settimeout(3)
+            while not end:
+                try:
+                    d = c.recv(65536)
+                    got += len(d)
+                    end = "" if d else "eof"
+                except OSError as e:
+                    end = errno.errorcode.get(e.errno, str(e))
+            out.write(f"{got if got == int(a[1]) else 'part of the'} bytes then {end}\n")
         elif cmd == "close":
             conns.pop(a[0]).close()
             out.write("ok\n")
@@ -65,22 +88,51 @@ def client_main(port):
                 conns[str(len(conns))] = c
             out.write(f"{done}\n")
         out.flush()
+    for c in conns.values():
+        c.close()
+
+
+def helper_main(path):
+    """The pool behind Unix socket `path`, one program's connection after another."""
+    u = socket.socket(socket.AF_UNIX)
+    u.bind(path)
+    u.listen(4)
+    print("READY", flush=True)
+    while True:
+        conn, _ = u.accept()
+        with conn, conn.makefile("r") as r, conn.makefile("w") as w:
+            serve_pool(r, w)
 
 
 class Clients:
+    """The pool, aimed at `port`: the test's native one (NATIVE_ACCEPT_POOL), else a
+    child (natively it is the kernel's anyway)."""
+
     def __init__(self, port):
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CANAL")}
-        self.p = subprocess.Popen([sys.executable, __file__, "client", str(port)], env=env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        path = os.environ.get("NATIVE_ACCEPT_POOL")
+        if path:
+            self.p = None
+            self.u = socket.socket(socket.AF_UNIX)
+            self.u.connect(path)
+            self.w, self.r = self.u.makefile("w"), self.u.makefile("r")
+        else:
+            self.p = subprocess.Popen([sys.executable, __file__, "pool"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+            self.w, self.r = self.p.stdin, self.p.stdout
+        self.w.write(f"port {port}\n")
 
     def __call__(self, *cmd):
-        self.p.stdin.write(" ".join(str(c) for c in cmd) + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
+        self.w.write(" ".join(str(c) for c in cmd) + "\n")
+        self.w.flush()
+        return self.r.readline().strip()
 
     def end(self):
-        self.p.stdin.close()
-        self.p.wait(10)
+        self.w.close()
+        if self.p:
+            self.p.wait(10)
+        else:
+            self.r.close()
+            self.u.close()
 
 
 def listener(backlog=16):
@@ -237,6 +289,27 @@ def main():
     print("closed:", c("try"))
     c.end()
 
+    # SO_LINGER: connections inherit their listener's, set before listen() or after;
+    # without one, a close ends them cleanly after what was sent (none of canald's own
+    # abortive close, for a program that exits right after sending).
+    for when in ("none", "before", "after"):
+        l = socket.socket()
+        abortive = struct.pack("ii", 1, 0)
+        if when == "before":
+            l.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, abortive)
+        l.bind(("127.0.0.1", 0))
+        l.listen(4)
+        if when == "after":
+            l.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, abortive)
+        c = Clients(l.getsockname()[1])
+        c("open", "q")
+        s, _ = l.accept()
+        s.sendall(b"x" * 300000)
+        s.close()
+        print(f"SO_LINGER {when}: client got", c("drain", "q", 300000))
+        l.close()
+        c.end()
+
     # A backlog nobody accepts: the kernel's queue holds backlog + 1.
     l, port = listener(2)
     c = Clients(port)
@@ -247,8 +320,10 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["client"]:
-        client_main(int(sys.argv[2]))
+    if sys.argv[1:2] == ["pool"]:
+        serve_pool(sys.stdin, sys.stdout)
+    elif sys.argv[1:2] == ["helper"]:
+        helper_main(sys.argv[2])
     elif sys.argv[1:2] == ["execd"]:
         l = socket.socket(fileno=int(sys.argv[2]))
         print("exec'd: poll, nobody:", polled(l), flush=True)

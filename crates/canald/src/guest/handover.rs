@@ -13,7 +13,7 @@
 
 use crate::guest::socket::{Kind, Phase};
 use crate::guest::state::Guest;
-use crate::sys::{self, Epoll};
+use crate::sys::Epoll;
 use canal_abi::errno;
 use canal_abi::sock_flag;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -92,15 +92,7 @@ impl Guest {
         }
         // The program's SO_LINGER (canald's own abortive close must not reach the
         // program, nor the connections a listener's accepts inherit it in).
-        let _ = sys::set_abortive_close(fd, false);
-        if let Some(secs) = s.linger {
-            let _ = sys::setsockopt_bytes(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                &crate::guest::socket::encode_linger(Some(secs)),
-            );
-        }
+        crate::guest::socket::put_program_linger(fd, s.linger);
         // canald serves it no more; the entry stays (its other descriptors, in other
         // processes, follow with HOST_SOCKET) until the guest's last one closes.
         // A datagram socket is not serviced at all once Broken (canald must never read

@@ -287,6 +287,11 @@ impl Guest {
         // A listener's connections arrive as events.
         self.poll_host(ep, index)?;
         let s = self.live(index)?;
+        if native {
+            // Its connections are the program's: they inherit the program's SO_LINGER,
+            // set before the first can be queued.
+            crate::guest::socket::put_program_linger(fd_of(s)?, s.linger);
+        }
         sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
         match s.accepts_mut() {
             Some(q) => (q.backlog, q.host_backlog) = (eff, host),

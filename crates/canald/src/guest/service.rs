@@ -364,7 +364,14 @@ impl Guest {
             }
             Cmd::SetOpt { level, name, value } if is_linger(level, name) => {
                 let l = decode_linger(&value)?;
-                self.live(index)?.linger = l;
+                let s = self.live(index)?;
+                s.linger = l;
+                if s.flags & sock_flag::NATIVE_ACCEPT != 0 {
+                    // The program's own connections inherit it (`put_program_linger`).
+                    if let Some(fd) = s.fd.as_ref() {
+                        crate::guest::socket::put_program_linger(fd, l);
+                    }
+                }
                 Ok((0, 0))
             }
             Cmd::GetOpt { level, name, len } if is_linger(level, name) => {

@@ -102,6 +102,24 @@ pub(crate) fn decode_linger(v: &[u8]) -> Result<Option<i32>, i32> {
     Ok((on != 0).then_some(if secs < 0 { i32::MAX } else { secs }))
 }
 
+/// Puts the program's own SO_LINGER (`linger`, HostSocket::linger) on host socket
+/// `fd` in place of canald's abortive close: for a socket the program holds itself
+/// (handed over), or whose connections it holds itself (a NATIVE_ACCEPT listener:
+/// the kernel copies a listener's SO_LINGER into each connection it queues, so
+/// canald's {1, 0} would reset the program's connections at their close, dropping
+/// what they had not sent).
+pub(crate) fn put_program_linger(fd: &OwnedFd, linger: Option<i32>) {
+    let _ = sys::set_abortive_close(fd, false);
+    if let Some(secs) = linger {
+        let _ = sys::setsockopt_bytes(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &encode_linger(Some(secs)),
+        );
+    }
+}
+
 pub(crate) fn encode_linger(l: Option<i32>) -> [u8; 8] {
     let mut v = [0u8; 8];
     v[..4].copy_from_slice(&(l.is_some() as i32).to_ne_bytes());
