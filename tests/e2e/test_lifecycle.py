@@ -7,7 +7,7 @@ import time
 import pytest
 
 import e2e_util
-from canal_harness import guest_pids
+from canal_harness import guest_pids, serving_canald
 
 
 def _connected_tcp(canald, proc, peer_port):
@@ -87,3 +87,23 @@ def test_idle_cost(canald, python, progs):
     assert total < 0.01 * window, f"idle CPU {total:.3f} s over {window:.0f} s exceeds 1% of a core ({detail})"
     r = p.finish(30)
     assert r.returncode == 0, f"the idle guest did not exit cleanly once its peer closed\n{r.describe()}"
+
+
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_a_shared_socket_closed_after_its_other_holder_died_is_gone_at_once(canal_bin, procs, python,
+                                                                              progs, direct):
+    """progs/forked_close.py: a listener or a bound UDP socket shared with a child that
+    ended without closing it (`_exit`, SIGKILL: its reference stays counted), then
+    closed by the parent. Natively the address is free when close returns: a connect
+    is refused, a bind succeeds. Under canal the close asks canald to look at the
+    socket's WATCH now (control CLOSE_CHECK) instead of leaving it to canald's next
+    look; without that a connect right after was accepted and a bind found the port in
+    use in about half the rounds. Both with the guest's native peers direct and through
+    canald's relay."""
+    argv = [python, progs / "forked_close.py", "40"]
+    want = procs.run(argv, timeout=60, name="forked-close-native")
+    assert want.returncode == 0 and want.stdout.endswith("done\n"), want.describe()
+    with serving_canald(canal_bin, procs, args=["--direct", direct]) as d:
+        got = d.run(argv, timeout=60, name="forked-close-canal")
+        assert got.returncode == 0, got.describe()
+        assert got.stdout == want.stdout, f"natively:\n{want.stdout}\nunder canal:\n{got.stdout}"

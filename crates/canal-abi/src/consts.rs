@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 18;
+pub const VERSION_MINOR: u16 = 19;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -107,6 +107,10 @@ pub mod feature {
     /// own kernel socket. Clients that are canal guests still come as ACCEPT records.
     /// Set only with DIRECT, for a guest that announced `hello_flag::NATIVE_ACCEPT`.
     pub const NATIVE_ACCEPT: u64 = 1 << 17;
+    /// The guest may send control CLOSE_CHECK (protocol §2, minor 19): close a socket
+    /// now if its WATCH says no descriptor of it is left. Set for every process
+    /// guest.
+    pub const CLOSE_CHECK: u64 = 1 << 18;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -123,7 +127,8 @@ pub mod feature {
         | DGRAM_MORE
         | PACKED_ARENAS
         | DIRECT
-        | NATIVE_ACCEPT;
+        | NATIVE_ACCEPT
+        | CLOSE_CHECK;
 }
 
 /// Request opcodes (the `op` field of a slot). Data moves through rings, not requests.

@@ -120,6 +120,18 @@ pub mod kind {
     pub const LISTENER_SOCKET: u16 = 32;
     /// host → guest: body `handle: u32` (the request's) + SCM_RIGHTS [the socket].
     pub const LISTENER_SOCKET_OK: u16 = 33;
+    /// guest → host, only with `feature::CLOSE_CHECK`: body `handle: u32`, a watched
+    /// socket whose last descriptor in this process was just closed while its
+    /// reference count says others hold it (they may have been in processes that
+    /// ended without closing them). canald closes the socket now, as its WATCH's
+    /// hang-up would, if that WATCH reports every descriptor of it closed. Sent on the
+    /// control connection, after the socket's WATCH, so canald holds the WATCH when it
+    /// looks. Reply: CLOSE_CHECK_OK. protocol.md §2.
+    pub const CLOSE_CHECK: u16 = 34;
+    /// host → guest: body `handle: u32` (the request's), `closed: u32` (1: the socket
+    /// is closed and its address free; 0: a descriptor of it is still open, or canald
+    /// holds no WATCH for it).
+    pub const CLOSE_CHECK_OK: u16 = 35;
 }
 
 /// The port directory (protocol §2 DIRECTORY): which ports canal guests listen on

@@ -51,6 +51,7 @@ impl Daemon {
             kind::HOST_SOCKET => self.on_host_socket(key, body),
             kind::DIRECTORY => self.on_directory(key),
             kind::LISTENER_SOCKET => self.on_listener_socket(key, body),
+            kind::CLOSE_CHECK => self.on_close_check(key, body),
             kind::VM_REGION => self.on_vm_region(key, body),
             kind::VM_PID => self.on_vm_pid(key, body, fds),
             _ => send_error(&conn.fd, errno::ENOSYS, "unknown message").is_ok(),
@@ -85,6 +86,7 @@ impl Daemon {
                 && hello_flags & control::hello_flag::VRSS != 0;
             let features = canal_abi::feature::ALL_V1
                 | canal_abi::feature::WATCH
+                | canal_abi::feature::CLOSE_CHECK
                 | canal_abi::feature::DGRAM_CONTROL
                 | canal_abi::feature::DGRAM_MORE
                 | if sc { canal_abi::feature::SHORTCUT } else { 0 }
@@ -415,6 +417,34 @@ impl Daemon {
         self.give_host_socket(key, body, kind::LISTENER_SOCKET_OK, |g, _, handle| {
             g.share_listener(handle)
         })
+    }
+
+    /// CLOSE_CHECK: the guest closed its last descriptor of a shared socket; if no
+    /// descriptor of it is left anywhere (its WATCH hung up: the other holders ended
+    /// without closing it), it closes now, before the guest's close returns, as a
+    /// native close frees a listener's or a datagram socket's address at once.
+    fn on_close_check(&mut self, key: u32, body: &[u8]) -> bool {
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let Some(handle) = control::leading_u32(body) else {
+            return send_error(&conn.fd, errno::EINVAL, "short request").is_ok();
+        };
+        let index = canal_abi::handle_index(handle);
+        let gen = canal_abi::handle_generation(handle) as u16;
+        let closed = self
+            .watches
+            .take_if_hung_up(&self.workers[0].ep, key, index, gen);
+        if closed {
+            self.on_guest_socket(key, index, gen, Guest::close_watched);
+        }
+        let Some(conn) = self.conns.get(&key) else {
+            return false;
+        };
+        let mut reply = [0u8; 8];
+        reply[..4].copy_from_slice(&handle.to_le_bytes());
+        reply[4..].copy_from_slice(&u32::from(closed).to_le_bytes());
+        send_msg(&conn.fd, kind::CLOSE_CHECK_OK, &reply, &[]).is_ok()
     }
 
     /// Answers a request naming a socket (`handle u32`) with `ok` and the host socket

@@ -359,6 +359,28 @@ impl Daemon {
         Ok(())
     }
 
+    /// Runs `act` on socket (index, gen) of connection `conn`'s guest, in its home
+    /// worker, and pokes that worker (its next round publishes what changed).
+    pub(crate) fn on_guest_socket(
+        &self,
+        conn: u32,
+        index: u32,
+        gen: u16,
+        act: fn(&mut Guest, &Epoll, u32, u16),
+    ) {
+        if let Some(w) = self
+            .conns
+            .get(&conn)
+            .and_then(|c| c.worker)
+            .and_then(|i| self.workers.get(i))
+        {
+            if let Some(g) = w.lock().guests.get_mut(&conn) {
+                act(g, &w.ep, index, gen);
+            }
+            w.poke();
+        }
+    }
+
     pub(crate) fn dispatch(&mut self, tok: u64, bits: u32) {
         match token::ty(tok) {
             token::LISTENER => self.accept_conns(),
@@ -378,25 +400,12 @@ impl Daemon {
                 // to it outside the hooks.
                 let hup = bits & (sys::EP_HUP | sys::EP_ERR) != 0;
                 let (target, act): (_, fn(&mut Guest, &Epoll, u32, u16)) = if hup {
-                    (self.watches.fired(ep, tok), |g, ep, i, gen| {
-                        g.close_unreferenced(i, gen);
-                        g.watch_closed(ep);
-                    })
+                    (self.watches.fired(ep, tok), Guest::close_watched)
                 } else {
                     (self.watches.unseen_send(ep, tok), Guest::unseen_send)
                 };
                 if let Some((conn, index, gen)) = target {
-                    if let Some(w) = self
-                        .conns
-                        .get(&conn)
-                        .and_then(|c| c.worker)
-                        .and_then(|i| self.workers.get(i))
-                    {
-                        if let Some(g) = w.lock().guests.get_mut(&conn) {
-                            act(g, &w.ep, index, gen);
-                        }
-                        w.poke();
-                    }
+                    self.on_guest_socket(conn, index, gen, act);
                 }
             }
             token::IVSHMEM => {

@@ -95,6 +95,21 @@ impl Watches {
         Some((conn, index, gen))
     }
 
+    /// CLOSE_CHECK from connection `conn`: if the watch of socket (index, gen) has hung
+    /// up, takes it as `fired` would and returns true. It is looked at now, not when
+    /// epoll next reports it: the guest's program may use the socket's address the
+    /// moment its close returns.
+    pub(crate) fn take_if_hung_up(&mut self, ep: &Epoll, conn: u32, index: u32, gen: u16) -> bool {
+        match self.fds.get(&(conn, index)) {
+            Some((g, fd)) if *g == gen && crate::sys::hung_up(fd) => {}
+            _ => return false,
+        }
+        if let Some((_, fd)) = self.fds.remove(&(conn, index)) {
+            ep.delete(fd.as_raw_fd());
+        }
+        true
+    }
+
     /// A watch is readable without a hang-up: if the guest wrote bytes to its end (an
     /// io_uring send, a raw system call, a program exec'd without the library), returns
     /// the socket (conn, index, generation) they were meant for. Either way the watch

@@ -343,7 +343,7 @@ fn adopt_bridge(g: &'static Guest, h: u32, p: c_int) {
         }
         crate::mux::epoll::forget_fd(fd);
         if let Some(crate::fdtable::Entry::Canal(old)) = TABLE.set_bridged(fd, h).ok().flatten() {
-            crate::sock::close::release(g, old);
+            crate::sock::close::release_closed(g, old);
         }
     }
 }

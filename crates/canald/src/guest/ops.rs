@@ -457,6 +457,15 @@ impl Guest {
         }
     }
 
+    /// Socket (index, gen)'s WATCH hung up (seen by epoll, or by CLOSE_CHECK): the
+    /// socket closes as by CLOSE, its address freed now if nothing is left to send,
+    /// and the WATCH end leaves the quota.
+    pub(crate) fn close_watched(&mut self, ep: &Epoll, index: u32, gen: u16) {
+        self.close_unreferenced(index, gen);
+        self.finish_if_closed(ep, index, std::time::Instant::now());
+        self.watch_closed(ep);
+    }
+
     /// A WATCH end was closed: its descriptor leaves the guest's quota.
     pub(crate) fn watch_closed(&mut self, ep: &Epoll) {
         self.entries.release_apart();

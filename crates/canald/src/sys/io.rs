@@ -211,6 +211,20 @@ pub(crate) fn has_unread(fd: &OwnedFd) -> bool {
     n > 0
 }
 
+/// Whether `fd` reports a hang-up now, without blocking: a WATCH end whose guest
+/// descriptors are all closed (`Guest::unheld`), a seccomp listener whose programs are
+/// all gone.
+pub fn hung_up(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, a zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// Whether `fd` is an eventfd (checked before canald ever writes to a guest's fd, so
 /// a guest cannot hand it a pipe that blocks).
 pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {

@@ -424,18 +424,6 @@ pub fn install_filter(prog: &[libc::sock_filter]) -> io::Result<OwnedFd> {
     Ok(owned(r as RawFd))
 }
 
-/// Whether `fd` reports a hang-up (a seccomp listener whose programs are all gone).
-pub fn hung_up(fd: &OwnedFd) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
-}
-
 /// The inode of a descriptor (a socket's identity).
 pub fn inode_of(fd: &OwnedFd) -> io::Result<u64> {
     Ok(rustix::fs::fstat(fd)?.st_ino)

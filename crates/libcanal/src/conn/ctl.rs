@@ -242,6 +242,16 @@ fn socket_of(g: &Guest, ask: u16, ok: u16, handle: u32) -> Result<c_int, (i32, S
     }
 }
 
+/// CLOSE_CHECK: closes socket `handle` now if its WATCH says no descriptor of it is
+/// left (protocol §2). Ok(true) if canald closed it.
+pub(crate) fn ctl_close_check(g: &Guest, handle: u32) -> Result<bool, i32> {
+    ctl_exchange(g, ck::CLOSE_CHECK, &handle.to_le_bytes(), -1, |k, b, _| {
+        let answered =
+            k == ck::CLOSE_CHECK_OK && b.len() >= 8 && control::leading_u32(b) == Some(handle);
+        answered.then(|| b[4..8] != [0; 4])
+    })
+}
+
 /// DIRECTORY: the port directory's memfd and the size canald gives for it.
 pub(crate) fn ctl_directory(g: &Guest) -> Result<(c_int, u64), i32> {
     ctl_exchange(g, ck::DIRECTORY, &[], -1, |k, body, fds| {

@@ -71,20 +71,40 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
             None => {}
         }
     }
-    if let Some(g) = crate::conn::guest::guest() {
+    let g = crate::conn::guest::guest();
+    let mut asks: Vec<u32> = Vec::new();
+    if let Some(g) = g {
         // A panic here must not unwind into C; the descriptors are closed regardless.
         let _ = catch_unwind(AssertUnwindSafe(|| {
             for (fd, h) in canal_fds {
                 if TABLE.take(fd).is_some() {
                     crate::mux::epoll::forget_fd(fd);
-                    crate::sock::close::release(g, h);
+                    if crate::sock::close::release(g, h) {
+                        asks.push(h);
+                    }
                 }
             }
         }));
     }
-    // Close the pieces between our own descriptors.
+    let r = close_between(first, last, &internal, real);
+    if let Some(g) = g {
+        for h in asks {
+            crate::sock::close::close_if_unheld(g, h);
+        }
+    }
+    r
+}
+
+/// close_range's closing of `first..=last` in pieces around the library's own
+/// descriptors (`internal`, ascending), which stay open.
+fn close_between(
+    first: c_uint,
+    last: c_uint,
+    internal: &[c_uint],
+    real: impl Fn(c_uint, c_uint) -> c_int,
+) -> c_int {
     let mut start = first;
-    for i in internal {
+    for &i in internal {
         if i > start {
             let r = real(start, i - 1);
             if r < 0 {
@@ -151,13 +171,20 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             };
             let _held = crate::sock::watch::hold();
             run(|| {
+                let mut ask = None;
                 if let Some(Entry::Canal(h)) = TABLE.take(fd) {
                     crate::mux::epoll::forget_fd(fd);
                     if let Some(g) = crate::conn::guest::guest() {
-                        crate::sock::close::release(g, h);
+                        if crate::sock::close::release(g, h) {
+                            ask = Some((g, h));
+                        }
                     }
                 }
-                sys::close(fd).map(|_| 0)
+                let r = sys::close(fd).map(|_| 0);
+                if let Some((g, h)) = ask {
+                    crate::sock::close::close_if_unheld(g, h);
+                }
+                r
             }) as c_int
         }
         Some(Entry::Bridged(_)) => {
@@ -203,7 +230,7 @@ fn install_dup(s: Sock, nfd: c_int) -> Result<isize, i32> {
         Ok(prev) => {
             crate::sock::close::add_ref(s.g, s.handle);
             if let Some(Entry::Canal(old)) = prev {
-                crate::sock::close::release(s.g, old);
+                crate::sock::close::release_closed(s.g, old);
             }
             Ok(nfd as isize)
         }
@@ -280,7 +307,7 @@ unsafe fn dup_common(old: c_int, new: c_int, flags: c_int, is_dup2: bool) -> c_i
             _ => {
                 crate::direct::settle_kernel(new);
                 if let (Some(Entry::Canal(h)), Some(g)) = (TABLE.take(new), g) {
-                    crate::sock::close::release(g, h);
+                    crate::sock::close::release_closed(g, h);
                 }
                 copy_bridged(old, new);
                 Ok(r as isize)

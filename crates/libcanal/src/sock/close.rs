@@ -84,10 +84,39 @@ fn close_by_mark(s: &Sock) -> bool {
     crate::sock::watch::marked() && closes_without_request(s)
 }
 
+/// Whether a socket this process just let go of, whose reference count says other
+/// holders remain, should be checked once the descriptor is closed (control
+/// CLOSE_CHECK): a listener or a datagram socket, whose address a program may use the
+/// moment its close returns, in a process whose sockets are watched (`sock::watch`:
+/// shared with processes that may have ended without closing it, `_exit` or a signal,
+/// their references still counted). Not the WATCHED flag: canald may not have set it
+/// yet, but the WATCH went first on the control connection, so canald holds it when
+/// it reads CLOSE_CHECK. Connected streams need no check: their close is the FIN,
+/// which the WATCH's hang-up sends as soon as canald sees it.
+fn worth_asking(g: &Guest, s: &Sock, others: u32) -> bool {
+    let flags = s.flags();
+    others > 0
+        && g.region.header().features & canal_abi::feature::CLOSE_CHECK != 0
+        && !crate::sock::watch::marked()
+        && (flags & canal_abi::sock_flag::LISTENING != 0 || s.kind() == sock_kind::DGRAM)
+        && !crate::conn::guest::is_dead(g)
+}
+
+/// After `release` said so and the descriptor is closed: asks canald to close the
+/// socket now if no descriptor of it is left anywhere (its WATCH hung up). If one is,
+/// the socket closes as before, by the last holder's close or by its WATCH.
+pub(crate) fn close_if_unheld(g: &'static Guest, handle: u32) {
+    let _ = crate::conn::ctl::ctl_close_check(g, handle);
+}
+
 /// Drops one descriptor's reference; the last one sends CLOSE (or lets the WATCH
-/// close it, `close_by_watch`, or marks it closed, `close_by_mark`).
-pub(crate) fn release(g: &'static Guest, handle: u32) {
-    let Ok(s) = Sock::new(g, handle) else { return };
+/// close it, `close_by_watch`, or marks it closed, `close_by_mark`). Returns true
+/// when the caller, once it has closed the descriptor, should call
+/// `close_if_unheld` (`worth_asking`).
+pub(crate) fn release(g: &'static Guest, handle: u32) -> bool {
+    let Ok(s) = Sock::new(g, handle) else {
+        return false;
+    };
     if crate::sock::native::applies(s.flags()) {
         crate::sock::native::forget_unused(handle);
     }
@@ -123,6 +152,16 @@ pub(crate) fn release(g: &'static Guest, handle: u32) {
         }
         crate::shortcut::seg::forget(g, seg);
         crate::rt::debug!(g, "canal: close handle {handle:#x}\n");
+        return false;
+    }
+    worth_asking(g, &s, prev - 1)
+}
+
+/// `release` for a descriptor the kernel has already closed (replaced by dup2, closed
+/// by exec): the check, if any, follows at once.
+pub(crate) fn release_closed(g: &'static Guest, handle: u32) {
+    if release(g, handle) {
+        close_if_unheld(g, handle);
     }
 }
 
@@ -139,11 +178,13 @@ pub(crate) fn add_ref(g: &'static Guest, handle: u32) {
 /// closes the socket, as the kernel does when the in-flight call releases the file).
 pub(crate) fn unpin() {
     if let Some((h, fd)) = crate::conn::pin::take_pinned() {
-        if let Some(g) = crate::conn::guest::guest() {
-            release(g, h);
-        }
+        let g = crate::conn::guest::guest();
+        let ask = g.is_some_and(|g| release(g, h));
         if fd >= 0 {
             crate::conn::pin::close_pin(fd);
+        }
+        if let (true, Some(g)) = (ask, g) {
+            close_if_unheld(g, h);
         }
     }
 }
