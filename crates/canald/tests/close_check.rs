@@ -43,7 +43,7 @@ fn close_check_closes_only_a_listener_no_descriptor_holds() {
     let (l, port) = listener(&mut a);
     let end = watch(&mut a, l);
     let copy = end.try_clone().unwrap(); // a second process's copy
-    // Held: nothing changes, and the listener still takes clients.
+                                         // Held: nothing changes, and the listener still takes clients.
     assert_eq!(close_check(&a, l), 0);
     drop(end);
     assert_eq!(close_check(&a, l), 0, "one copy is still open");

@@ -18,13 +18,22 @@
 //! kernel's own. A directory that cannot be had makes every port a canal port (the
 //! behaviour without DIRECT). `CANAL_DIRECT=off` in the program's environment keeps
 //! every socket canal's.
+//!
+//! A stream that becomes canal's at its connect has cost a kernel socket made and
+//! thrown away, and the move (about 20% of a short guest↔guest connection: B12 with
+//! one client, 9.8–12.7 K against 14.1–16.0 K connections/s with the client's
+//! `CANAL_DIRECT=off`). So a process whose last stream connects all went to canal
+//! ports *guesses*: its new stream sockets start as canal's (`guess_canal`). A guess
+//! proved wrong by a connect to a native peer costs that socket's hand-over
+//! (`at_native_connect`: HOST_SOCKET, one control round trip) and makes the next guess
+//! wait for a streak twice as long, so a process that mixes peers soon stops guessing.
 use crate::conn::guest::Guest;
 use crate::fdtable::{Entry, TABLE};
 use crate::sys;
 use canal_abi::control::directory;
 use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 use libc::c_int;
 
 /// What an undecided socket is, as its table word: bit 0 IPv6, bit 1 datagram,
@@ -90,6 +99,39 @@ pub(crate) fn hello_flags() -> u32 {
         canal_abi::control::hello_flag::DIRECT | canal_abi::control::hello_flag::NATIVE_ACCEPT
     } else {
         0
+    }
+}
+
+// ---- guessing a stream's side ------------------------------------------------------
+
+/// Stream connects of this process in a row that went to canal ports.
+static CANAL_STREAK: AtomicU32 = AtomicU32::new(0);
+/// The streak from which new streams start as canal's; doubled by each wrong guess.
+static GUESS_AT: AtomicU32 = AtomicU32::new(GUESS_FIRST);
+/// A short-connection client makes this many in a few hundred microseconds; a process
+/// that connects to canal ports only now and then never guesses.
+const GUESS_FIRST: u32 = 8;
+/// After enough wrong guesses a process no longer guesses at all.
+const GUESS_NEVER: u32 = 1 << 20;
+
+/// Whether a new stream socket of this process should start as canal's: its last
+/// `GUESS_AT` stream connects went to canal ports.
+pub(crate) fn guess_canal() -> bool {
+    CANAL_STREAK.load(Ordering::Relaxed) >= GUESS_AT.load(Ordering::Relaxed)
+}
+
+/// A stream of this process connects to a canal port (`canal`) or to a native peer;
+/// `guessed`: it started as canal's by `guess_canal`.
+fn stream_connects(canal: bool, guessed: bool) {
+    if canal {
+        let _ =
+            CANAL_STREAK.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
+        return;
+    }
+    CANAL_STREAK.store(0, Ordering::Relaxed);
+    if guessed {
+        let at = GUESS_AT.load(Ordering::Relaxed);
+        GUESS_AT.store(at.saturating_mul(2).min(GUESS_NEVER), Ordering::Relaxed);
     }
 }
 
@@ -264,7 +306,16 @@ pub(crate) fn at_native_connect(s: &crate::sock::core::Sock, a: &CanalAddr) -> b
     } else {
         s.flags() & (f::CONNECTING | f::CONNECTED | f::LISTENING) != 0
     };
-    if busy || canal_port(g, dgram, a.port) {
+    if busy {
+        return false;
+    }
+    let canal = canal_port(g, dgram, a.port);
+    if !dgram {
+        // While guessing, a stream connecting to a native peer is taken for a wrong
+        // guess (it may have been bound instead: a guess then only waits longer).
+        stream_connects(canal, guess_canal());
+    }
+    if canal {
         return false;
     }
     match crate::handoff::pass_to_kernel(g, *s) {
@@ -307,7 +358,13 @@ fn settle(g: &'static Guest, fd: c_int, what: Use) {
     let kind = Kind(k);
     let canal = match what {
         Use::Serve(a) => !a.is_some_and(crate::policy::excluded),
-        Use::Reach(a) => !crate::policy::excluded(a) && canal_port(g, kind.dgram(), a.port),
+        Use::Reach(a) => {
+            let canal = !crate::policy::excluded(a) && canal_port(g, kind.dgram(), a.port);
+            if !kind.dgram() {
+                stream_connects(canal, false);
+            }
+            canal
+        }
     };
     if canal {
         if let Err(e) = to_canal(g, fd, kind) {

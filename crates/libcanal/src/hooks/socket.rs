@@ -64,8 +64,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     if g.region.header().features & need == 0 {
         return real();
     }
-    if crate::direct::on(g) {
-        // Undecided until its first use (direct.rs). A kernel socket made after
+    let guess = base == libc::SOCK_STREAM && crate::direct::guess_canal();
+    if crate::direct::on(g) && !guess {
+        // Undecided until its first use (direct.rs); a stream of a process whose
+        // connects all go to canal ports starts as canal's (`direct::guess_canal`). A kernel socket made after
         // canald died would escape whatever the next canald enforces: ENETDOWN, as
         // for a canal socket (a spare's check, sock/create.rs).
         if crate::conn::guest::control_hung_up(g) {
@@ -76,6 +78,12 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         return run(|| {
             crate::direct::socket(domain, base, proto, nonblock, cloexec).map(|fd| fd as isize)
         }) as c_int;
+    }
+    if guess {
+        crate::rt::debug!(
+            g,
+            "canal: a stream starts canal's (its process's connects go to canal ports)\n"
+        );
     }
     run(|| {
         crate::sock::create::socket(g, domain, base, proto, nonblock, cloexec)
