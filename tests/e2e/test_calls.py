@@ -33,6 +33,24 @@ def test_calls_answer_as_the_kernel(canal_bin, procs, python, progs, mode):
 
 
 @pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_accepted_sockets_inherit_the_listeners_linger(canal_bin, procs, python, progs, mode):
+    """progs/linger_inherit.py: a connection accepted on a listener with SO_LINGER
+    reports the listener's value and, with {1, 0}, its close resets the client, as a
+    kernel socket's; without, an orderly close. Short-circuited (the library's copy of
+    the word) and through canald's relay (canald's emulated value). Before, canal's
+    accepted sockets read {0, 0} and closed in order."""
+    argv = [python, progs / "linger_inherit.py"]
+    native = procs.run(argv, timeout=60, name="linger-native")
+    assert native.returncode == 0 and native.stdout.endswith("done\n"), native.describe()
+    assert "(1, 0): accepted SO_LINGER (1, 0), client reads ECONNRESET" in native.stdout
+    args = NO_SHORTCUT if mode == "no-shortcut" else []
+    with serving_canald(canal_bin, procs, args=args) as d:
+        r = d.run(argv, timeout=60, name="linger-canal")
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal ({mode}):\n{r.stdout}"
+
+
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
 def test_a_listener_pauses_and_resumes_as_natively(canal_bin, procs, python, progs, mode):
     """HAProxy's pause of a listener on Linux (shutdown SHUT_WR, listen, shutdown
     SHUT_RD; listen again to resume): while paused, clients are refused, the queued

@@ -123,10 +123,9 @@ def test_native_clients_are_accepted_as_natively(canal_bin, procs, python, progs
     forked child, an exec'd program, close, SO_LINGER inherited or not and a backlog
     nobody accepts, the clients native (a pool the test starts outside canal); the same lines
     natively and under canal, where the guest accepts them itself (NATIVE_ACCEPT).
-    canald's relay (`--direct off`) is not held to this program: a listener's SO_LINGER
-    does not reach the connections canald accepts for it (docs/compat.md), and with
-    listen(2) it let 2 of 6 clients through within a second where the kernel lets 3
-    (canald keeps one place of the host queue for its own accept)."""
+    canald's relay (`--direct off`) is not held to this program: a listener polled
+    right after a native client's connect returned is readable only once canald has
+    accepted that client (natively at once)."""
     argv = [python, progs / "native_accept.py"]
     want = procs.run(argv, timeout=90, name="native-accept-native")
     assert want.returncode == 0 and want.stdout.endswith("done\n"), want.describe()

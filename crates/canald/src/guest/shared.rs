@@ -584,9 +584,9 @@ pub(crate) enum Msg {
 /// A connection accepted by an away listener's owner, on its way to the home.
 pub(crate) struct Accept {
     pub(crate) family: u16,
-    /// The listener's IPV6_V6ONLY in a network's view, which the accepted socket
-    /// inherits (`HostSocket::v6only`).
-    pub(crate) v6only: bool,
+    /// What the accepted socket inherits from the listener (IPV6_V6ONLY in a
+    /// network's view, SO_LINGER).
+    pub(crate) inherited: crate::guest::socket::Inherited,
     /// The peer as the guest sees it (the ACCEPT record's address).
     pub(crate) peer: CanalAddr,
     pub(crate) fd: OwnedFd,

@@ -201,7 +201,7 @@ impl Guest {
         if l.kind() != Kind::Listener || l.closing.is_some() || self.gone.is_some() {
             return Err(());
         }
-        let (family, v6only) = (l.family, l.v6only);
+        let (family, inherited) = (l.family, l.inherited());
         // Accepts in flight to the home (an away listener) hold queue places and
         // ring room too.
         let inflight = l.accepts().map_or(0, |q| q.accepting);
@@ -244,7 +244,7 @@ impl Guest {
                 lhandle,
                 crate::guest::shared::Accept {
                     family,
-                    v6only,
+                    inherited,
                     peer,
                     fd,
                     host_peer: None,
@@ -256,7 +256,7 @@ impl Guest {
         // No host socket: one is made if the program ever sets or reads an option
         // (`option_fd`), so a short connection costs no socket and close here.
         let handle = self.sc_install(None, family, link).map_err(|_| ())?;
-        self.inherit_v6only(handle, v6only);
+        self.inherit_from_listener(handle, inherited);
         let names = self.final_names(&self.view(), canal_abi::handle_index(handle));
         if !self
             .push_accept(index, handle, &peer, names)
@@ -321,12 +321,16 @@ impl Guest {
         Ok(handle)
     }
 
-    /// An accepted socket (`handle`, 0: none) inherits its listener's IPV6_V6ONLY, as
-    /// the kernel's does.
-    pub(crate) fn inherit_v6only(&mut self, handle: u32, v6only: bool) {
+    /// An accepted socket (`handle`, 0: none) inherits its listener's IPV6_V6ONLY and
+    /// SO_LINGER, as the kernel's does.
+    pub(crate) fn inherit_from_listener(
+        &mut self,
+        handle: u32,
+        from: crate::guest::socket::Inherited,
+    ) {
         let i = canal_abi::handle_index(handle) as usize;
         if let (true, Some(Some(s))) = (handle != 0, self.sockets.get_mut(i)) {
-            s.v6only = v6only;
+            s.inherit(from);
         }
     }
 

@@ -183,6 +183,31 @@ pub(crate) struct HostSocket {
     pub(crate) polled: bool,
 }
 
+/// What an accepted socket takes from its listener, as the kernel's does, beyond the
+/// kept options the library copies (entry `options`): IPV6_V6ONLY in a network's view
+/// and the emulated SO_LINGER.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Inherited {
+    pub(crate) v6only: bool,
+    pub(crate) linger: Option<i32>,
+}
+
+impl HostSocket {
+    /// What a connection accepted on this listener inherits.
+    pub(crate) fn inherited(&self) -> Inherited {
+        Inherited {
+            v6only: self.v6only,
+            linger: self.linger,
+        }
+    }
+
+    /// Takes what its listener passes on (`inherited`).
+    pub(crate) fn inherit(&mut self, from: Inherited) {
+        self.v6only = from.v6only;
+        self.linger = from.linger;
+    }
+}
+
 /// A listener's accept queue as canald sees it.
 #[derive(Default)]
 pub(crate) struct AcceptQueue {
@@ -228,11 +253,14 @@ impl AcceptQueue {
     }
 
     /// The host listener's backlog: the program's (`backlog`) less the connections
-    /// held for it and `more` about to be accepted, and never less than one: the
-    /// first accept ahead then needs no listen(2) first, so a program that does not
-    /// accept has the host listener locked only once (see `ahead`).
+    /// held for it and `more` about to be accepted. With none held it is the
+    /// program's own, so a burst that arrives before canald's first accept finds the
+    /// kernel's whole queue (backlog + 1), as natively: one short, the last client of
+    /// such a burst waited a second for its SYN's retry (`progs/native_accept.py`'s
+    /// backlog case, 2 of 6 where natively 3). The price is a listen(2) before the
+    /// first accept ahead and after the program takes it.
     pub(crate) fn host_backlog(backlog: u32, held: u32, more: u32) -> i32 {
-        backlog.saturating_sub((held + more).max(1)) as i32
+        backlog.saturating_sub(held + more) as i32
     }
 
     /// Whether canald holds as many accepted connections as it may ahead of the
@@ -521,9 +549,9 @@ mod tests {
     #[test]
     fn a_program_that_does_not_accept_leaves_its_queue_to_the_kernel() {
         let mut q = AcceptQueue::new(4);
-        // The host listener starts one short, so the first accept ahead needs no
-        // listen(2): canald locks the listener once, for that accept.
-        assert_eq!(q.host_backlog, 3);
+        // With nothing held the host listener has the program's backlog: the kernel's
+        // queue holds what it holds natively; one place is given up for an accept.
+        assert_eq!(q.host_backlog, 4);
         assert_eq!(q.host_backlog_for(1), 3);
         assert!(!q.holds_enough());
         q.unclaimed.push_back((64, 1));

@@ -506,7 +506,7 @@ impl Guest {
             self.set_flags(index, 0, sock_flag::NO_ENTRY); // no-op unless it was set
             self.sync_host_backlog(index, 1);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            let (family, v6only) = (s.family, s.v6only);
+            let (family, from_listener) = (s.family, s.inherited());
             let (conn, peer) = match accept_one(s) {
                 Accepted::Conn(c, p) => (c, p),
                 Accepted::Again => continue,
@@ -533,7 +533,7 @@ impl Guest {
                 ns.writable = true;
                 ns.readable = true;
                 ns.applied_opts = inherited;
-                ns.v6only = v6only; // as the kernel's accepted socket inherits it
+                ns.inherit(from_listener); // as the kernel's accepted socket does
             }
             self.mark_dirty(new_index);
             // Owner chosen (and written to the entry) before the handle is published.

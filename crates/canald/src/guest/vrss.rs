@@ -420,7 +420,7 @@ impl Guest {
             }
             self.sync_host_backlog(index, 1);
             let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            let (family, listener, v6only) = (s.family, s.handle, s.v6only);
+            let (family, listener, inherited) = (s.family, s.handle, s.inherited());
             let (conn, host_peer) = match crate::guest::socket::accept_one(s) {
                 crate::guest::socket::Accepted::Conn(c, p) => (c, p),
                 crate::guest::socket::Accepted::Again => continue,
@@ -436,7 +436,7 @@ impl Guest {
                 listener,
                 Accept {
                     family,
-                    v6only,
+                    inherited,
                     peer,
                     fd: conn,
                     host_peer: Some(host_peer),
@@ -498,7 +498,7 @@ impl Guest {
         }
         let Accept {
             family,
-            v6only,
+            inherited,
             peer,
             fd,
             host_peer,
@@ -508,7 +508,7 @@ impl Guest {
             0 // the guest left: the connection is dropped
         } else if let Some(sc) = &sc {
             let h = self.sc_install(Some(fd), family, sc.link()).unwrap_or(0);
-            self.inherit_v6only(h, v6only);
+            self.inherit_from_listener(h, inherited);
             h
         } else {
             match self.install(
@@ -523,7 +523,7 @@ impl Guest {
                     if let Some(Some(s)) = self.sockets.get_mut(i as usize) {
                         s.readable = true;
                         s.writable = true;
-                        s.v6only = v6only;
+                        s.inherit(inherited);
                     }
                     self.mark_dirty(i);
                     // Owner chosen (and written to the entry) before the owner of the

@@ -47,7 +47,10 @@ pub(crate) fn init_guest_line(e: &SocketEntry, nonblock: bool, listener: Option<
     // Also here: a canald before minor 13 does not clear it.
     let lowat = listener.map_or(0, |l| l.rcvlowat.load(Ordering::Relaxed));
     e.rcvlowat.store(lowat, Ordering::Relaxed);
-    e.linger.store(0, Ordering::Relaxed);
+    // SO_LINGER too is the listener's, as for a kernel socket (canald's copy is
+    // inherited on its side).
+    let linger = listener.map_or(0, |l| l.linger.load(Ordering::Relaxed));
+    e.linger.store(linger, Ordering::Relaxed);
 }
 
 /// A stream socket's two rings and their index words: in the region, or (protocol
