@@ -4,7 +4,7 @@
 //! the reply comes.
 mod common;
 use canal_abi::control::kind;
-use canal_abi::{op, CanalAddr};
+use canal_abi::op;
 use common::*;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -20,14 +20,6 @@ fn close_check(g: &TestGuest, handle: u32) -> u32 {
     u32::from_le_bytes(body[4..8].try_into().unwrap())
 }
 
-fn listener(g: &mut TestGuest) -> (u32, u16) {
-    let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
-    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
-    assert_eq!(g.request(op::LISTEN, l, [16, 0, 0, 0], &[]).0, 0);
-    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
-    (l, CanalAddr::decode(&out).unwrap().port)
-}
-
 /// Arms socket `h`'s WATCH as the library does: canald gets one end, the guest keeps
 /// the other (returned: its copies are the guest's descriptors of the socket).
 fn watch(g: &mut TestGuest, h: u32) -> UnixStream {
@@ -40,7 +32,7 @@ fn watch(g: &mut TestGuest, h: u32) -> UnixStream {
 fn close_check_closes_only_a_listener_no_descriptor_holds() {
     let d = TestDaemon::start(&[]);
     let mut a = TestGuest::attach(&d.path, "holder");
-    let (l, port) = listener(&mut a);
+    let (l, port) = tcp_listener(&mut a);
     let end = watch(&mut a, l);
     let copy = end.try_clone().unwrap(); // a second process's copy
                                          // Held: nothing changes, and the listener still takes clients.

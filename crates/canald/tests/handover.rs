@@ -24,19 +24,11 @@ fn host_socket(g: &TestGuest, handle: u32) -> Result<OwnedFd, i32> {
     socket_of(g, kind::HOST_SOCKET, kind::HOST_SOCKET_OK, handle)
 }
 
-fn listener(g: &mut TestGuest) -> (u32, u16) {
-    let l = g.socket(libc::AF_INET as u64, libc::SOCK_STREAM as u64);
-    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
-    assert_eq!(g.request(op::LISTEN, l, [16, 0, 0, 0], &[]).0, 0);
-    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
-    (l, CanalAddr::decode(&out).unwrap().port)
-}
-
 #[test]
 fn a_handed_over_listener_is_the_guests_and_canald_accepts_no_more() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach(&d.path, "handover");
-    let (l, port) = listener(&mut g);
+    let (l, port) = tcp_listener(&mut g);
     // One connection canald accepts for the guest before the handover: reset with it.
     let mut early = TcpStream::connect(("127.0.0.1", port)).unwrap();
     g.wait_until("the early connection queued", || g.rx_queued(l) > 0);
@@ -92,7 +84,7 @@ fn only_unconnected_sockets_of_the_asker_are_handed_over() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach(&d.path, "handover");
     let mut other = TestGuest::attach(&d.path, "other");
-    let (l, _) = listener(&mut g);
+    let (l, _) = tcp_listener(&mut g);
     assert_eq!(
         host_socket(&other, l).err(),
         Some(errno::EBADF),
@@ -174,7 +166,7 @@ fn an_unconnected_stream_stays_in_canald_under_a_destination_policy() {
     let u = g.socket(libc::AF_INET as u64, libc::SOCK_DGRAM as u64);
     assert_eq!(host_socket(&g, u).err(), Some(errno::EOPNOTSUPP));
     // A listener is still handed over: it only takes connections.
-    let (l, _) = listener(&mut g);
+    let (l, _) = tcp_listener(&mut g);
     assert!(host_socket(&g, l).is_ok());
 }
 
@@ -203,7 +195,7 @@ fn a_native_accept_listener_leaves_its_native_clients_to_the_guest() {
         granted,
         "a guest in canald's network without a policy gets NATIVE_ACCEPT"
     );
-    let (l, port) = listener(&mut g);
+    let (l, port) = tcp_listener(&mut g);
     assert_ne!(g.flags(l) & sock_flag::NATIVE_ACCEPT, 0);
     let k = TcpListener::from(listener_socket(&g, l).expect("the listener's copy"));
     assert_eq!(k.local_addr().unwrap().port(), port);
@@ -255,7 +247,7 @@ fn listener_socket_is_only_for_the_guests_native_accept_listeners() {
     // A guest that did not announce NATIVE_ACCEPT: canald accepts for it, as before,
     // and gives no copy.
     let mut old = TestGuest::attach(&d.path, "relayed");
-    let (l, port) = listener(&mut old);
+    let (l, port) = tcp_listener(&mut old);
     assert_eq!(old.flags(l) & sock_flag::NATIVE_ACCEPT, 0);
     assert_eq!(listener_socket(&old, l).err(), Some(errno::EOPNOTSUPP));
     let _c = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -272,7 +264,7 @@ fn another_guest_cannot_have_a_copy_of_a_listener_not_its_own() {
     let d = TestDaemon::start(&[]);
     let (mut a, granted) = native_guest(&d);
     assert!(granted);
-    let (l, _) = listener(&mut a);
+    let (l, _) = tcp_listener(&mut a);
     let (b, _) = native_guest(&d);
     assert_eq!(listener_socket(&b, l).err(), Some(errno::EBADF));
     assert_eq!(host_socket(&b, l).err(), Some(errno::EBADF));

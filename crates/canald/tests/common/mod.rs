@@ -538,6 +538,15 @@ pub fn localhost(port: u16) -> CanalAddr {
     CanalAddr::v4([127, 0, 0, 1], port)
 }
 
+/// A TCP listener of guest `g` on 127.0.0.1 (backlog 16): its handle and port.
+pub fn tcp_listener(g: &mut TestGuest) -> (u32, u16) {
+    let l = g.socket(AF_INET, STREAM);
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(g.request(op::LISTEN, l, [16, 0, 0, 0], &[]).0, 0);
+    let (_, out) = g.request(op::GETSOCKNAME, l, [0; 4], &[]);
+    (l, CanalAddr::decode(&out).unwrap().port)
+}
+
 pub const AF_INET: u64 = 2;
 pub const STREAM: u64 = 1;
 pub const DGRAM: u64 = 2;
