@@ -30,9 +30,12 @@ use core::sync::atomic::AtomicU8;
 
 /// How long a sleeper on a short-circuited connection sleeps before it issues the
 /// global barrier (step 2). Sleeps longer than this pay one extra wake-up and one
-/// barrier (~10 µs with an IPI); the rare wake-up lost to a fence-less publisher is
-/// delayed by at most this.
-pub(crate) const DEFER_NS: i64 = 500_000;
+/// barrier (~10 µs with an IPI, which also stops the other CPU); the rare wake-up lost
+/// to a fence-less publisher (a publish within nanoseconds of the sleeper's last
+/// check) is delayed by at most this. It was 500 µs: with many processes on few cores
+/// most sleeps outlast that (PostgreSQL's backends on two cores), and paying for each
+/// cost a fifth of pgbench's transactions (docs/bench/b10-pg/).
+pub(crate) const DEFER_NS: i64 = 5_000_000;
 
 // membarrier(2) commands (linux/membarrier.h).
 const CMD_QUERY: i32 = 0;
