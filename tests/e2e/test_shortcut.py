@@ -544,11 +544,11 @@ def test_reading_an_answer_does_not_wake_the_peer(canald, procs, python, progs, 
     """A server that sleeps for each request (the client takes 3 ms) sleeps once per
     exchange natively. Under canal the client's reading of the answer woke the
     sleeping server for nothing — room it had not asked for — and each wake-up was a
-    sleep more (PostgreSQL's backends paid it on every query). Under canal the server
-    still sleeps twice per exchange (1.99 against 0.99): not the deferred barrier's
-    re-check (§8.4), the count is the same with its step at 500 µs and at 5 ms; not
-    explained yet. So the bound is twice the native count with a margin: before the
-    room rule it was four times."""
+    sleep more (PostgreSQL's backends paid it on every query). The server waits about
+    6 ms for each request (the client's two 3 ms pauses), longer than the deferred
+    barrier's step (5 ms, §8.4), so each of its sleeps is two under canal by design
+    (strace: the step's timeout, membarrier, the rest). So the bound is twice the
+    native count with a margin: before the room rule it was four times."""
     argv = [python, progs / "wakeups.py", mode, "150"]
     native = procs.run(argv, timeout=60, name=f"wakeups-native-{mode}")
     assert native.returncode == 0, native.describe()
