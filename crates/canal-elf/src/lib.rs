@@ -73,7 +73,7 @@ fn classify_inner(read_at: &mut dyn FnMut(u64, &mut [u8]) -> bool) -> Option<Ver
     );
     // Tables are read a chunk at a time, not an entry at a time: this runs in every
     // exec under canal, where each read is a system call (about 70 for /bin/true
-    // before, 4 now).
+    // before, 5 now).
     let mut chunk = [0u8; CHUNK];
     let mut has_interp = false;
     let mut i = 0;

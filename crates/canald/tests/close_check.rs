@@ -34,8 +34,9 @@ fn close_check_closes_only_a_listener_no_descriptor_holds() {
     let mut a = TestGuest::attach(&d.path, "holder");
     let (l, port) = tcp_listener(&mut a);
     let end = watch(&mut a, l);
-    let copy = end.try_clone().unwrap(); // a second process's copy
-                                         // Held: nothing changes, and the listener still takes clients.
+    // A second process's copy.
+    let copy = end.try_clone().unwrap();
+    // Held: nothing changes, and the listener still takes clients.
     assert_eq!(close_check(&a, l), 0);
     drop(end);
     assert_eq!(close_check(&a, l), 0, "one copy is still open");

@@ -186,7 +186,7 @@ pub(crate) struct HostSocket {
 /// What an accepted socket takes from its listener, as the kernel's does, beyond the
 /// kept options the library copies (entry `options`): IPV6_V6ONLY in a network's view
 /// and the emulated SO_LINGER.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(crate) struct Inherited {
     pub(crate) v6only: bool,
     pub(crate) linger: Option<i32>,

@@ -212,8 +212,8 @@ pub(crate) fn has_unread(fd: &OwnedFd) -> bool {
 }
 
 /// Whether `fd` reports a hang-up now, without blocking: a WATCH end whose guest
-/// descriptors are all closed (`Guest::unheld`), a seccomp listener whose programs are
-/// all gone.
+/// descriptors are all closed (`Watches::take_if_hung_up`), a seccomp listener whose
+/// programs are all gone.
 pub fn hung_up(fd: &OwnedFd) -> bool {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),

@@ -67,9 +67,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     let guess = base == libc::SOCK_STREAM && crate::direct::guess_canal();
     if crate::direct::on(g) && !guess {
         // Undecided until its first use (direct.rs); a stream of a process whose
-        // connects all go to canal ports starts as canal's (`direct::guess_canal`). A kernel socket made after
-        // canald died would escape whatever the next canald enforces: ENETDOWN, as
-        // for a canal socket (a spare's check, sock/create.rs).
+        // connects all go to canal ports starts as canal's (`direct::guess_canal`).
+        // A kernel socket made after canald died would escape whatever the next
+        // canald enforces: ENETDOWN, as for a canal socket (a spare's check,
+        // sock/create.rs).
         if crate::conn::guest::control_hung_up(g) {
             crate::conn::guest::mark_dead();
             sys::set_errno(libc::ENETDOWN);
