@@ -5,7 +5,7 @@
 mod common;
 use canal_abi::control::hello_flag;
 use canal_abi::sync::Ordering;
-use canal_abi::{errno, feature, op, sock_flag, sock_kind, SPARES};
+use canal_abi::{errno, feature, op, sock_flag, sock_kind, CanalAddr, SPARES};
 use common::*;
 use std::net::TcpListener;
 
@@ -152,4 +152,148 @@ fn unconnected_streams_stay_out_of_canalds_epoll() {
         assert_eq!(g.request(op::CLOSE, s, [0; 4], &[]).0, 0);
     }
     assert_eq!(polled_host_sockets(&d), base + 2);
+}
+
+/// canald's descriptors that are sockets (its control listener and connections, wake-up
+/// ports and host sockets alike).
+fn canald_sockets(d: &TestDaemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", d.child.id()))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
+}
+
+fn spare(g: &mut TestGuest) -> u32 {
+    nudge(g);
+    g.wait_until("a spare", || {
+        let h = g.region.header();
+        h.spare_tail.load(Ordering::Acquire) != h.spare_head.load(Ordering::Acquire)
+    });
+    take(g).expect("a spare")
+}
+
+fn sockname(g: &mut TestGuest, h: u32) -> CanalAddr {
+    let (r, out) = g.request(op::GETSOCKNAME, h, [0; 4], &[]);
+    assert_eq!(r, 0, "getsockname");
+    CanalAddr::decode(&out).unwrap()
+}
+
+/// A spare has no host socket until a call needs one, and every call that needs one
+/// finds it: bind, listen and a native client's accept; an option set before a native
+/// connect, which the connection keeps.
+#[test]
+fn a_spare_makes_its_host_socket_at_the_first_call_that_needs_it() {
+    let d = TestDaemon::start(&[]);
+    let mut g = TestGuest::attach_with(&d.path, "lazy", hello_flag::SPARES);
+    nudge(&mut g);
+    g.wait_until("four spares", || {
+        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
+    });
+    let before = canald_sockets(&d);
+    let taken: Vec<u32> = (0..4).map(|_| take(&g).unwrap()).collect();
+    nudge(&mut g);
+    g.wait_until("four more", || {
+        g.region.header().spare_tail.load(Ordering::Acquire) >= 8
+    });
+    assert_eq!(canald_sockets(&d), before, "eight spares, no host sockets");
+
+    // bind + listen + a native client.
+    let l = taken[0];
+    assert_eq!(g.request(op::BIND, l, [0; 4], &localhost(0).encode()).0, 0);
+    assert_eq!(canald_sockets(&d), before + 1, "made by the bind");
+    let port = sockname(&mut g, l).port;
+    assert_ne!(port, 0);
+    assert_eq!(g.request(op::LISTEN, l, [8, 0, 0, 0], &[]).0, 0);
+    let mut native = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (k, _, p) = g.wait_record(l);
+    assert_eq!(k, canal_abi::ring::record_kind::ACCEPT);
+    let a = u32::from_le_bytes(p[..4].try_into().unwrap());
+    g.wait_flags(a, sock_flag::CONNECTED);
+    echoes_both_ways(&g, a, &mut native);
+
+    // An option first, then a connect to a native server: both on the same socket.
+    let h = taken[1];
+    let rcvbuf = 65536i32.to_ne_bytes();
+    let (r, _) = g.request(
+        op::SETSOCKOPT,
+        h,
+        [libc::SOL_SOCKET as u64, libc::SO_RCVBUF as u64, 0, 0],
+        &rcvbuf,
+    );
+    assert_eq!(r, 0, "setsockopt");
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = g.connect(h, &localhost(server.local_addr().unwrap().port()));
+    assert!(r == 0 || r == -(errno::EINPROGRESS as i64), "{r}");
+    let (mut peer, from) = server.accept().unwrap();
+    g.wait_flags(h, sock_flag::CONNECTED);
+    assert_eq!(sockname(&mut g, h).port, from.port());
+    let (r, out) = g.request(
+        op::GETSOCKOPT,
+        h,
+        [libc::SOL_SOCKET as u64, libc::SO_RCVBUF as u64, 4, 0],
+        &[],
+    );
+    assert_eq!(r, 0, "getsockopt");
+    // The kernel doubles what was asked for: the option reached the connected socket.
+    assert_eq!(i32::from_ne_bytes(out[..4].try_into().unwrap()), 2 * 65536);
+    echoes_both_ways(&g, h, &mut peer);
+}
+
+/// A short-circuited connect from a spare makes no socket for the connector: its port
+/// is a reservation canald keeps (`guest::ports`). While the connection lives no one
+/// can bind that port; after it, the port is not given to the next connections at once;
+/// and an option set on the connector keeps its name.
+#[test]
+fn short_circuited_spares_use_reserved_ports() {
+    let d = TestDaemon::start(&[]);
+    let flags = hello_flag::SPARES | hello_flag::SHORTCUT;
+    let mut srv = TestGuest::attach_with(&d.path, "srv", hello_flag::SHORTCUT);
+    let mut cli = TestGuest::attach_with(&d.path, "cli", flags);
+    let (l, port) = tcp_listener(&mut srv);
+    let mut ports: Vec<u16> = Vec::new();
+    for round in 0..40 {
+        let h = spare(&mut cli);
+        let r = cli.connect(h, &localhost(port));
+        assert!(r == 0 || r == -(errno::EINPROGRESS as i64), "{r}");
+        cli.wait_flags(h, sock_flag::CONNECTED);
+        assert_ne!(
+            cli.entry(h).segment.load(Ordering::Acquire),
+            0,
+            "short-circuited"
+        );
+        let (_, peer, p) = srv.wait_record(l);
+        let a = u32::from_le_bytes(p[..4].try_into().unwrap());
+        let local = sockname(&mut cli, h);
+        assert_eq!(local, peer, "the acceptor sees the connector's name");
+        let taken = std::net::TcpListener::bind(("127.0.0.1", local.port));
+        assert!(
+            taken.is_err(),
+            "round {round}: port {} was free",
+            local.port
+        );
+        if round == 39 {
+            // An option makes the reservation the connector's own socket: same name.
+            let one = 1i32.to_ne_bytes();
+            let o = [libc::IPPROTO_TCP as u64, libc::TCP_NODELAY as u64, 0, 0];
+            assert_eq!(cli.request(op::SETSOCKOPT, h, o, &one).0, 0);
+            assert_eq!(sockname(&mut cli, h), local);
+        }
+        let window = ports.len().saturating_sub(15);
+        assert!(
+            !ports[window..].contains(&local.port),
+            "round {round}: port {} again within 16 connections: {ports:?}",
+            local.port
+        );
+        ports.push(local.port);
+        assert_eq!(cli.request(op::CLOSE, h, [0; 4], &[]).0, 0);
+        assert_eq!(srv.request(op::CLOSE, a, [0; 4], &[]).0, 0);
+    }
+    // Ports were reused (40 connections did not take 40 ports).
+    let mut distinct = ports.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() < ports.len(), "{ports:?}");
 }

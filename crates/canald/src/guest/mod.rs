@@ -18,7 +18,7 @@
 //! between canal guests, canald moving them ring to ring; its state in `dgram_local`), `directory`
 //! (the ports canal guests listen or receive on, which DIRECT guests read), `service`
 //! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
-//! segments' shared files) and `vrss`
+//! segments' shared files) and `ports` (connectors' local ports), and `vrss`
 //! (spreading one guest's sockets over workers).
 #![forbid(unsafe_code)]
 
@@ -39,6 +39,7 @@ pub mod netops;
 pub mod netview;
 
 pub mod ops;
+pub mod ports;
 pub mod service;
 pub mod shared;
 pub mod shortcut;

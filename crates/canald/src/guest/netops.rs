@@ -114,7 +114,7 @@ pub(crate) fn bind_own_source(
     if s.net.is_tied() {
         return Ok(());
     }
-    let fd = fd_of(s)?;
+    let fd = s.made_fd()?;
     if sys::sockname(fd).map_or(true, |a| a.port != 0) {
         return Ok(()); // it has an address already: the kernel's choice stands
     }

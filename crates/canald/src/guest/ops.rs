@@ -153,7 +153,7 @@ impl Guest {
     pub(crate) fn install(
         &mut self,
         ep: &Epoll,
-        fd: OwnedFd,
+        fd: Option<OwnedFd>,
         kind: Kind,
         family: u16,
         phase: Phase,
@@ -171,8 +171,8 @@ impl Guest {
         // An unconnected stream (a fresh socket, a spare) has no events canald needs
         // until it connects or listens; a short-circuited one never has.
         let polled = !(kind == Kind::Stream && phase == Phase::Open);
-        if polled {
-            if let Err(e) = watch_host(ep, &fd, self.conn, gen, index, kind) {
+        if let Some(fd) = fd.as_ref().filter(|_| polled) {
+            if let Err(e) = watch_host(ep, fd, self.conn, gen, index, kind) {
                 self.alloc.free(tx_off, size);
                 self.alloc.free(rx_off, size);
                 self.entries.give(index);
@@ -216,11 +216,11 @@ impl Guest {
             handle,
             KindState::new(kind),
             family,
-            Some(fd),
+            fd,
             (phase, flags),
             (ring(tx_off), ring(rx_off)),
         );
-        s.polled = polled;
+        s.polled = polled && s.fd.is_some();
         self.put_socket(index, s);
         self.set_owned(index, true);
         Ok(handle)
@@ -233,13 +233,7 @@ impl Guest {
         ty: i32,
         protocol: i32,
     ) -> Result<u32, i32> {
-        // Check the caps before creating a host socket.
-        if self.table_full() {
-            return Err(errno::EMFILE);
-        }
-        if self.ring_room() < 2 * MIN_RING {
-            return Err(errno::ENOBUFS);
-        }
+        self.room_for_socket()?;
         // canald out of descriptors is the whole system's table for the guest.
         let fd = sys::socket(domain, ty, protocol).map_err(|e| match sys::errno_of(&e) {
             libc::EMFILE => libc::ENFILE,
@@ -251,7 +245,26 @@ impl Guest {
             debug_assert_eq!(ty, SOCK_DGRAM);
             Kind::Dgram
         };
-        self.install(ep, fd, kind, domain as u16, Phase::Open)
+        self.install(ep, Some(fd), kind, domain as u16, Phase::Open)
+    }
+
+    /// A stream socket of `domain` whose host socket is made when a call first needs
+    /// it (`HostSocket::made_fd`): a spare, which a short-circuited connect takes
+    /// without ever making one.
+    pub(crate) fn op_socket_unmade(&mut self, ep: &Epoll, domain: i32) -> Result<u32, i32> {
+        self.room_for_socket()?;
+        self.install(ep, None, Kind::Stream, domain as u16, Phase::Open)
+    }
+
+    /// The caps, checked before a socket is made: the table, then ring memory.
+    fn room_for_socket(&self) -> Result<(), i32> {
+        if self.table_full() {
+            return Err(errno::EMFILE);
+        }
+        if self.ring_room() < 2 * MIN_RING {
+            return Err(errno::ENOBUFS);
+        }
+        Ok(())
     }
 
     pub(crate) fn op_listen(
@@ -367,7 +380,8 @@ impl Guest {
             (_, Phase::Broken) => return Err(errno::EIO),
             _ => {}
         }
-        // The handshake's completion comes as an event.
+        s.made_fd()?; // a spare, or a short-circuit that fell back
+                      // The handshake's completion comes as an event.
         self.poll_host(ep, index)?;
         let s = self.live(index)?;
         let kind = s.kind();

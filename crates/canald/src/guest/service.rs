@@ -304,6 +304,19 @@ impl Guest {
         // push, getsockname after an autobinding sendto), as in the kernel, where the
         // send was done before the call began.
         self.drain_dgram_tx(index);
+        // A spare is made without a host socket (`HostSocket::made_fd`): every call
+        // needs it but a close and a connect, which may be short-circuited.
+        if !matches!(cmd, Cmd::Close | Cmd::Connect(_)) {
+            if let Some(s) = self
+                .sockets
+                .get_mut(index as usize)
+                .and_then(|s| s.as_mut())
+            {
+                if s.unmade() {
+                    s.made_fd()?;
+                }
+            }
+        }
         let view = self.view();
         match cmd {
             Cmd::Bind(a) => {

@@ -19,6 +19,7 @@
 //! connector's home completes the connect), and peer events go to the peer's home.
 //! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
 //! follows.
+use crate::guest::ports::PortHold;
 use crate::guest::shared::is_unspecified;
 use crate::guest::shared::lock;
 use crate::guest::shared::loopback;
@@ -134,18 +135,27 @@ impl Guest {
             }
             sh.find_listener(dst, dst)?;
         }
-        let fd = s.fd.as_ref()?;
         // Reserve a real local address (an ephemeral port unless the guest bound
         // one) so both ends' names are real and cannot collide with kernel sockets.
-        // The bind is tried first: a bound socket refuses it (EINVAL) and keeps its
-        // name, so one getsockname serves both cases.
         let mut a = *dst;
         if is_unspecified(&a) {
             a = loopback(a.family);
         }
         a.port = 0;
-        let _ = sys::bind(fd, &a);
-        let local = sys::sockname(fd).ok().filter(|l| l.port != 0)?;
+        let local = match s.fd.as_ref() {
+            // Not made yet (a spare): a pooled reservation, no socket of its own.
+            None => {
+                let (hold, local) = PortHold::take(&a)?;
+                s.port = Some(Box::new(hold));
+                local
+            }
+            // The bind is tried first: a bound socket refuses it (EINVAL) and keeps
+            // its name, so one getsockname serves both cases.
+            Some(fd) => {
+                let _ = sys::bind(fd, &a);
+                sys::sockname(fd).ok().filter(|l| l.port != 0)?
+            }
+        };
         // The listener may have gone meanwhile: then the kernel's connect answers
         // (from the address reserved above, as its own autobind would have).
         let l = lock(&sc).find_listener(dst, &local)?;
@@ -540,20 +550,14 @@ impl Guest {
         Some(Ok((0, n)))
     }
 
-    /// The host socket that holds socket `index`'s options: a short-circuited accepted
-    /// end gets a plain one (never bound or connected) the first time it needs it.
+    /// The host socket that holds socket `index`'s options, made on first need
+    /// (`HostSocket::made_fd`).
     pub(crate) fn option_fd(&mut self, index: u32) -> Result<&OwnedFd, i32> {
-        let s = self
-            .sockets
+        self.sockets
             .get_mut(index as usize)
             .and_then(|s| s.as_mut())
-            .ok_or(errno::EBADF)?;
-        if s.fd.is_none() && s.seg.is_some() {
-            let fd = sys::socket(s.family as i32, libc::SOCK_STREAM, 0)
-                .map_err(|e| sys::errno_of(&e))?;
-            s.fd = Some(fd);
-        }
-        crate::guest::socket::fd_of(s)
+            .ok_or(errno::EBADF)?
+            .made_fd()
     }
 
     /// An entry is being freed: tell the other end (FIN, or RESET if this end left

@@ -136,7 +136,12 @@ pub(crate) struct HostSocket {
     /// The kind and what only that kind carries.
     pub(crate) state: KindState,
     pub(crate) family: u16,
+    /// None: not made yet (a spare, until a call needs it: `made_fd`), or a
+    /// short-circuited end that never needed one.
     pub(crate) fd: Option<OwnedFd>,
+    /// A short-circuited connector's local port, reserved without a socket of its own
+    /// (`ports`); boxed, as only connectors have one.
+    pub(crate) port: Option<Box<crate::guest::ports::PortHold>>,
     pub(crate) phase: Phase,
     pub(crate) tx: RingPos,
     pub(crate) rx: RingPos,
@@ -363,6 +368,7 @@ impl HostSocket {
             named: false,
             net: NetTie::default(),
             applied_opts: 0,
+            port: None,
             v6only: false,
             via_resolver: false,
             polled: false,
@@ -451,6 +457,9 @@ impl HostSocket {
         if let Some(l) = &self.seg {
             return Some(l.local);
         }
+        if let Some(h) = &self.port {
+            return Some(h.local());
+        }
         self.fd.as_ref().and_then(|f| sys::sockname(f).ok())
     }
     pub(crate) fn peer(&self) -> Option<CanalAddr> {
@@ -461,11 +470,48 @@ impl HostSocket {
     }
 }
 
+impl HostSocket {
+    /// Its host socket, made on first need where it has none: a stream not yet
+    /// connected (spares are made without one: a short-circuited connect never needs
+    /// it), or a short-circuited end whose program sets or reads an option. A
+    /// connector's port reservation becomes its socket, keeping its name.
+    pub(crate) fn made_fd(&mut self) -> Result<&OwnedFd, i32> {
+        let wanted = self.kind() == Kind::Stream
+            && (self.seg.is_some() || matches!(self.phase, Phase::Open | Phase::Connecting));
+        if self.fd.is_none() && wanted {
+            let fd = match self.port.take() {
+                Some(hold) => hold.into_fd(),
+                // canald out of descriptors is the whole system's table for the guest.
+                None => sys::socket(self.family as i32, libc::SOCK_STREAM, 0).map_err(|e| {
+                    match sys::errno_of(&e) {
+                        libc::EMFILE => libc::ENFILE,
+                        e => e,
+                    }
+                })?,
+            };
+            self.fd = Some(fd);
+            if self.seg.is_none() {
+                // A fresh socket: the program's kept options are yet to be applied.
+                self.applied_opts = 0;
+            }
+        }
+        fd_of(self)
+    }
+
+    /// A stream whose host socket is not made yet (`made_fd`).
+    pub(crate) fn unmade(&self) -> bool {
+        self.fd.is_none()
+            && self.seg.is_none()
+            && self.kind() == Kind::Stream
+            && matches!(self.phase, Phase::Open | Phase::Connecting)
+    }
+}
+
 pub(crate) fn fd_of(s: &HostSocket) -> Result<&OwnedFd, i32> {
     s.fd.as_ref().ok_or(match s.phase {
         Phase::Broken => errno::EIO,
-        // A short-circuited accepted end (no host socket until an option needs one,
-        // `Guest::option_fd`): what needs one more is bind/listen/connect, which a
+        // A short-circuited end (no host socket until an option needs one,
+        // `HostSocket::made_fd`): what needs one more is bind/listen/connect, which a
         // connected stream refuses natively with EINVAL.
         _ if s.seg.is_some() => errno::EINVAL,
         _ => errno::EBADF,
@@ -536,12 +582,13 @@ mod tests {
     /// Every slot of a guest's socket table is one HostSocket, for each of up to tens of
     /// thousands of held connections (B13): what only some sockets need (a listener's
     /// queue, a datagram's state, a network tie, a short-circuit link) is boxed. It was
-    /// 360 bytes before; this catches a large field added inline.
+    /// 360 bytes before; this catches a large field added inline. (176 until a
+    /// connector's port reservation took a pointer's 8 more.)
     #[test]
     fn a_socket_slot_stays_small() {
         let size = std::mem::size_of::<Option<super::HostSocket>>();
         assert!(
-            size <= 176,
+            size <= 184,
             "a socket slot is {size} bytes; box what only some sockets need"
         );
     }

@@ -1,6 +1,8 @@
 //! Spare stream sockets (feature SPARES, protocol §5 "Spare sockets"): a few fresh
 //! AF_INET stream sockets published in the region header's ring, so that a guest's
-//! `socket()` takes one with a compare-and-swap instead of a SOCKET round trip. canald
+//! `socket()` takes one with a compare-and-swap instead of a SOCKET round trip. A
+//! spare has no host socket until a call needs one (`HostSocket::made_fd`): a
+//! short-circuited connect never does. canald
 //! refills the ring in the command class of each round; the sockets are ordinary table
 //! entries, counted against the guest's quota and freed with the guest.
 #![forbid(unsafe_code)]
@@ -42,7 +44,7 @@ impl Guest {
             return;
         };
         while tail.wrapping_sub(head) < READY && self.entries.available() > KEEP_FREE {
-            let Ok(h) = self.op_socket(ep, libc::AF_INET, libc::SOCK_STREAM, 0) else {
+            let Ok(h) = self.op_socket_unmade(ep, libc::AF_INET) else {
                 break;
             };
             let slot = tail as usize % SPARES;

@@ -516,7 +516,8 @@ impl Guest {
             let names =
                 peer.and_then(|p| crate::guest::names::host_names(&view, &conn, Some(p), false));
             let peer = translate_host_addr(&view, &peer.unwrap_or_default(), false);
-            let handle = match self.install(ep, conn, Kind::Stream, family, Phase::Connected) {
+            let handle = match self.install(ep, Some(conn), Kind::Stream, family, Phase::Connected)
+            {
                 Ok(h) => h,
                 Err(_) => continue, // the connection is dropped (closed)
             };

@@ -513,7 +513,7 @@ impl Guest {
         } else {
             match self.install(
                 ep,
-                fd,
+                Some(fd),
                 Kind::Stream,
                 family,
                 crate::guest::socket::Phase::Connected,
