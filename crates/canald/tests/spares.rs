@@ -181,9 +181,9 @@ fn sockname(g: &mut TestGuest, h: u32) -> CanalAddr {
     CanalAddr::decode(&out).unwrap()
 }
 
-/// A spare has no host socket until a call needs one, and every call that needs one
-/// finds it: bind, listen and a native client's accept; an option set before a native
-/// connect, which the connection keeps.
+/// A spare (or a TCP/IPv4 socket by request) has no host socket until a call needs
+/// one, and every call that needs one finds it: bind, listen and a native client's
+/// accept; an option set before a native connect, which the connection keeps.
 #[test]
 fn a_spare_makes_its_host_socket_at_the_first_call_that_needs_it() {
     let d = TestDaemon::start(&[]);
@@ -199,6 +199,18 @@ fn a_spare_makes_its_host_socket_at_the_first_call_that_needs_it() {
         g.region.header().spare_tail.load(Ordering::Acquire) >= 8
     });
     assert_eq!(canald_sockets(&d), before, "eight spares, no host sockets");
+    // So for TCP/IPv4 sockets made by request; other kinds are made at once (socket()
+    // gets the kernel's answer).
+    let by_request = g.socket(AF_INET, STREAM);
+    assert_eq!(canald_sockets(&d), before, "a TCP/IPv4 socket by request");
+    let _v6 = g.socket(libc::AF_INET6 as u64, STREAM);
+    let _udp = g.socket(AF_INET, DGRAM);
+    assert_eq!(
+        canald_sockets(&d),
+        before + 2,
+        "a TCP/IPv6 and a UDP socket"
+    );
+    let before = before + 2;
 
     // bind + listen + a native client.
     let l = taken[0];
@@ -214,8 +226,9 @@ fn a_spare_makes_its_host_socket_at_the_first_call_that_needs_it() {
     g.wait_flags(a, sock_flag::CONNECTED);
     echoes_both_ways(&g, a, &mut native);
 
-    // An option first, then a connect to a native server: both on the same socket.
-    let h = taken[1];
+    // An option first, then a connect to a native server: both on the same socket
+    // (one by request: made by the option, like a spare).
+    let h = by_request;
     let rcvbuf = 65536i32.to_ne_bytes();
     let (r, _) = g.request(
         op::SETSOCKOPT,

@@ -233,6 +233,16 @@ impl Guest {
         ty: i32,
         protocol: i32,
     ) -> Result<u32, i32> {
+        // A TCP/IPv4 socket cannot fail to be made but for want of descriptors or
+        // memory: made when a call needs it, like a spare (a short-circuited connect
+        // never does). Other families and protocols are made now, so socket() gets
+        // the kernel's answer (EAFNOSUPPORT where IPv6 is off, EPROTONOSUPPORT).
+        if ty == SOCK_STREAM
+            && domain == libc::AF_INET
+            && [0, libc::IPPROTO_TCP].contains(&protocol)
+        {
+            return self.op_socket_unmade(ep, domain);
+        }
         self.room_for_socket()?;
         // canald out of descriptors is the whole system's table for the guest.
         let fd = sys::socket(domain, ty, protocol).map_err(|e| match sys::errno_of(&e) {
@@ -249,8 +259,8 @@ impl Guest {
     }
 
     /// A stream socket of `domain` whose host socket is made when a call first needs
-    /// it (`HostSocket::made_fd`): a spare, which a short-circuited connect takes
-    /// without ever making one.
+    /// it (`HostSocket::made_fd`): a spare or a TCP/IPv4 socket by request, which a
+    /// short-circuited connect takes without ever making one.
     pub(crate) fn op_socket_unmade(&mut self, ep: &Epoll, domain: i32) -> Result<u32, i32> {
         self.room_for_socket()?;
         self.install(ep, None, Kind::Stream, domain as u16, Phase::Open)
