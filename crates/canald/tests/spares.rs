@@ -29,15 +29,20 @@ fn nudge(g: &mut TestGuest) {
     assert_eq!(r, 0);
 }
 
+/// Nudges canald, then waits until it has published `n` spares in all.
+fn wait_spares(g: &mut TestGuest, n: u32) {
+    nudge(g);
+    g.wait_until("spares", || {
+        g.region.header().spare_tail.load(Ordering::Acquire) >= n
+    });
+}
+
 #[test]
 fn spares_are_published_taken_and_refilled() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach_with(&d.path, "spares", hello_flag::SPARES);
     assert_ne!(g.region.header().features & feature::SPARES, 0);
-    nudge(&mut g);
-    g.wait_until("four spares", || {
-        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
-    });
+    wait_spares(&mut g, 4);
     // Not the program's sockets yet: canal stat lists none.
     assert!(!d.stat().contains("\"kind\":\"tcp\""), "{}", d.stat());
     // A taken spare is an ordinary fresh stream socket: connect and move data.
@@ -59,10 +64,7 @@ fn spares_are_published_taken_and_refilled() {
         "the taken spare is listed"
     );
     // Taken: canald publishes another in its next round.
-    nudge(&mut g);
-    g.wait_until("a fifth spare", || {
-        g.region.header().spare_tail.load(Ordering::Acquire) >= 5
-    });
+    wait_spares(&mut g, 5);
 }
 
 #[test]
@@ -80,10 +82,7 @@ fn no_spares_without_the_hello_flag() {
 fn a_head_moved_past_the_tail_stops_spares_only() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach_with(&d.path, "badhead", hello_flag::SPARES);
-    nudge(&mut g);
-    g.wait_until("spares", || {
-        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
-    });
+    wait_spares(&mut g, 4);
     g.region.header().spare_head.store(1000, Ordering::Release);
     nudge(&mut g);
     nudge(&mut g);
@@ -120,10 +119,7 @@ fn polled_host_sockets(d: &TestDaemon) -> usize {
 fn unconnected_streams_stay_out_of_canalds_epoll() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach_with(&d.path, "unpolled", hello_flag::SPARES);
-    nudge(&mut g);
-    g.wait_until("four spares", || {
-        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
-    });
+    wait_spares(&mut g, 4);
     let base = polled_host_sockets(&d);
     let made: Vec<u32> = (0..8).map(|_| g.socket(2, 1)).collect();
     nudge(&mut g);
@@ -188,16 +184,10 @@ fn sockname(g: &mut TestGuest, h: u32) -> CanalAddr {
 fn a_spare_makes_its_host_socket_at_the_first_call_that_needs_it() {
     let d = TestDaemon::start(&[]);
     let mut g = TestGuest::attach_with(&d.path, "lazy", hello_flag::SPARES);
-    nudge(&mut g);
-    g.wait_until("four spares", || {
-        g.region.header().spare_tail.load(Ordering::Acquire) >= 4
-    });
+    wait_spares(&mut g, 4);
     let before = canald_sockets(&d);
     let taken: Vec<u32> = (0..4).map(|_| take(&g).unwrap()).collect();
-    nudge(&mut g);
-    g.wait_until("four more", || {
-        g.region.header().spare_tail.load(Ordering::Acquire) >= 8
-    });
+    wait_spares(&mut g, 8);
     assert_eq!(canald_sockets(&d), before, "eight spares, no host sockets");
     // So for TCP/IPv4 sockets made by request; other kinds are made at once (socket()
     // gets the kernel's answer).
