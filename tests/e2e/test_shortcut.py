@@ -7,9 +7,11 @@ short-circuit two ways: `canal stat` lists both ends as kind "tcp-shortcut", and
 are connected. progs/shortcut.py's checks (names, half-close, reset, FIN, non-blocking
 connect) pass natively too (test_semantics_native), which validates them."""
 
+import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 
 import pytest
@@ -561,3 +563,74 @@ def test_reading_an_answer_does_not_wake_the_peer(canald, procs, python, progs, 
         f"{mode}: {got:.2f} sleeps per exchange under canal, {base:.2f} natively: "
         "the peer is woken for nothing"
     )
+
+
+RESERVE_SERVER = r"""
+import socket, sys
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+print("PORT", l.getsockname()[1], flush=True)
+while True:
+    c, peer = l.accept()
+    c.sendall(b"%d\n" % peer[1])
+    c.close()
+"""
+
+RESERVE_CLIENT = r"""
+import socket, sys
+port, held, rounds = (int(a) for a in sys.argv[1:4])
+
+def connect():
+    s = socket.create_connection(("127.0.0.1", port))
+    seen = int(s.makefile().readline())
+    local = s.getsockname()[1]
+    assert seen == local, f"the server saw port {seen}, the client is on {local}"
+    return s, local
+
+# Connections held open: the test binds their ports natively meanwhile.
+conns = [connect() for _ in range(held)]
+print("HELD", " ".join(str(p) for _, p in conns), flush=True)
+sys.stdin.readline()
+# An option on a connected connector: set, read back, and the name stays.
+s, local = conns[0]
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * 65536
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+assert s.getsockname()[1] == local
+for s, _ in conns:
+    s.close()
+# Short connections one after another: which ports they had.
+ports = []
+for _ in range(rounds):
+    s, p = connect()
+    s.close()
+    ports.append(p)
+print("PORTS", " ".join(map(str, ports)), flush=True)
+"""
+
+
+def test_short_circuited_connectors_have_real_reserved_ports(canald, python):
+    """A short-circuited connector's port is a reservation canald keeps, not a socket
+    of its own (protocol §8.1): both ends agree on it, no native program can bind it
+    while the connection lives, options set on the connector work and keep its name,
+    and a closed connection's port does not come back within the next 16 (how many
+    later is timing; canald's tests/spares.rs pins the rotation down)."""
+    server = canald.spawn([python, "-c", RESERVE_SERVER], name="reserve-server")
+    port = server.wait_line("PORT", 20).split()[1]
+    client = canald.spawn([python, "-c", RESERVE_CLIENT, port, 8, 60], name="reserve-client",
+                          stdin=subprocess.PIPE)
+    held = [int(p) for p in client.wait_line("HELD", 30).split()[1:]]
+    assert len(set(held)) == 8, held
+    socks = canald.wait_served(client, kind="tcp-shortcut", count=8)
+    assert {s["local"].rsplit(":", 1)[1] for s in socks} >= {str(p) for p in held}, socks
+    for p in held:
+        with socket.socket() as s, pytest.raises(OSError) as e:
+            s.bind(("127.0.0.1", p))
+        assert e.value.errno == errno.EADDRINUSE, f"port {p}: {e.value}"
+    client.send_line()
+    ports = [int(p) for p in client.wait_line("PORTS", 60).split()[1:]]
+    assert client.finish(20).returncode == 0, client.describe()
+    for i, p in enumerate(ports):
+        assert p not in ports[max(0, i - 15):i], f"port {p} again within 16: {ports}"

@@ -17,8 +17,8 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-/// Free reservations an address keeps before one is reused: a port comes back to a
-/// connection only after at least this many other connections took one (natively
+/// Free reservations an address keeps before one is reused, oldest first: one
+/// connection after another, a port comes back after this many others (natively
 /// TIME_WAIT keeps a closed connection's port from the next few, and port selection
 /// moves on).
 const ROTATION: usize = 16;
