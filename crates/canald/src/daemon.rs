@@ -119,6 +119,7 @@ impl Daemon {
     pub(crate) fn bind(mut cfg: Config) -> Result<Bound, BindError> {
         let nofile = sys::raise_nofile();
         let cap = crate::fdbudget::per_guest_cap(nofile);
+        crate::guest::ports::keep_within(crate::fdbudget::headroom(nofile));
         if (cfg.sockets as u64) > cap {
             // One guest must not be able to take every descriptor and lock every other
             // guest out (docs/threat-model.md, "Memory and descriptors").

@@ -15,6 +15,7 @@ use crate::sys;
 use canal_abi::CanalAddr;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Free reservations an address keeps before one is reused, oldest first: one
@@ -22,9 +23,20 @@ use std::sync::Mutex;
 /// TIME_WAIT keeps a closed connection's port from the next few, and port selection
 /// moves on).
 const ROTATION: usize = 16;
-/// Free reservations kept over all addresses; the rest are closed. canald's own
-/// descriptors, outside every guest's quota (`fdbudget::headroom` covers them).
+/// Free reservations kept over all addresses at most; the rest are closed. canald's
+/// own descriptors, outside every guest's quota: `keep_within` gives them a quarter of
+/// `fdbudget::headroom` at most, which control connections and eventfds share.
 const KEEP: usize = 64;
+static KEPT_AT_MOST: AtomicUsize = AtomicUsize::new(KEEP);
+
+/// Limits the free reservations to a quarter of canald's descriptor headroom.
+pub(crate) fn keep_within(headroom: u64) {
+    KEPT_AT_MOST.store(kept_for(headroom), Ordering::Relaxed);
+}
+
+fn kept_for(headroom: u64) -> usize {
+    (headroom / 4).min(KEEP as u64) as usize
+}
 
 /// An address's reservations: family, address bytes and scope (the port is the pool's).
 type Key = (u16, [u8; 16], u32);
@@ -110,7 +122,7 @@ impl Drop for PortHold {
     fn drop(&mut self) {
         let Some(fd) = self.fd.take() else { return };
         with_pool(|p| {
-            if p.total < KEEP {
+            if p.total < KEPT_AT_MOST.load(Ordering::Relaxed) {
                 p.free
                     .entry(self.key)
                     .or_default()
@@ -125,6 +137,13 @@ impl Drop for PortHold {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_reservations_take_a_quarter_of_the_headroom_at_most() {
+        // canald under `ulimit -n 1024`: a headroom of 128, 32 kept free at most.
+        assert_eq!(kept_for(crate::fdbudget::headroom(1024)), 32);
+        assert_eq!(kept_for(crate::fdbudget::headroom(1 << 20)), KEEP);
+    }
 
     fn loopback() -> CanalAddr {
         CanalAddr::v4([127, 0, 0, 1], 0)
