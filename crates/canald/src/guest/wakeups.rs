@@ -49,14 +49,17 @@ impl Guest {
             if *word & (1 << b) == 0 {
                 *word |= 1 << b;
                 self.changed.push(index);
-                // §8.6: a set relying on the log sees the socket now, not at the
-                // round's end (a spinning reader would wait for the rest of the round).
-                match self.evlog.as_ref().and_then(|f| f.log()) {
-                    Some(log) if log.has_readers() => {
-                        log.append(index);
-                    }
-                    _ => self.log_behind = true,
+            }
+            // §8.6: a set relying on the log sees the socket now, not at the round's
+            // end (a spinning reader would wait for the rest of the round). Every
+            // change, not only the round's first: a reader may have looked at the
+            // socket since that first entry, and an edge-triggered item reports this
+            // change only if an entry says so.
+            match self.evlog.as_ref().and_then(|f| f.log()) {
+                Some(log) if log.has_readers() => {
+                    log.append(index);
                 }
+                _ => self.log_behind = true,
             }
         }
     }
