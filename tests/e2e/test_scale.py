@@ -410,7 +410,9 @@ def test_listener_gets_its_backlog_back_when_the_program_catches_up(canal_bin, p
         e2e_util.wait_for(lambda: _host_backlog(port)[0] == 0, 10, what="canald to take the burst")
         lowered = _host_backlog(port)[1]
         assert lowered <= backlog - burst, f"host backlog {lowered}: canald did not hold the burst"
-        (tmp_path / "burst").write_text(str(burst))
+        # Written, then renamed: the program polls for the name and reads it at once.
+        (tmp_path / "burst.tmp").write_text(str(burst))
+        (tmp_path / "burst.tmp").rename(tmp_path / "burst")
         p.wait_line("CAUGHT UP", 20)
         seen = []
         try:
