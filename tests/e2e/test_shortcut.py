@@ -391,6 +391,7 @@ def test_poll_sleepers_are_woken_by_their_peer(canal_bin, procs, python, progs, 
         d.stop()
 
 
+# Writes at once and closes each connection: b"x", or with `port` the peer's port.
 WRITE_AND_CLOSE = r"""
 import socket, sys
 l = socket.socket()
@@ -398,8 +399,8 @@ l.bind(("127.0.0.1", 0))
 l.listen(64)
 print("PORT", l.getsockname()[1], flush=True)
 while True:
-    c, _ = l.accept()
-    c.sendall(b"x")
+    c, peer = l.accept()
+    c.sendall(b"%d\n" % peer[1] if sys.argv[1:] == ["port"] else b"x")
     c.close()
 """
 
@@ -565,18 +566,6 @@ def test_reading_an_answer_does_not_wake_the_peer(canald, procs, python, progs, 
     )
 
 
-RESERVE_SERVER = r"""
-import socket, sys
-l = socket.socket()
-l.bind(("127.0.0.1", 0))
-l.listen(64)
-print("PORT", l.getsockname()[1], flush=True)
-while True:
-    c, peer = l.accept()
-    c.sendall(b"%d\n" % peer[1])
-    c.close()
-"""
-
 RESERVE_CLIENT = r"""
 import socket, sys
 port, held, rounds = (int(a) for a in sys.argv[1:4])
@@ -617,7 +606,7 @@ def test_short_circuited_connectors_have_real_reserved_ports(canald, python):
     while the connection lives, options set on the connector work and keep its name,
     and a closed connection's port does not come back within the next 16 (how many
     later is timing; canald's tests/spares.rs pins the rotation down)."""
-    server = canald.spawn([python, "-c", RESERVE_SERVER], name="reserve-server")
+    server = canald.spawn([python, "-c", WRITE_AND_CLOSE, "port"], name="reserve-server")
     port = server.wait_line("PORT", 20).split()[1]
     client = canald.spawn([python, "-c", RESERVE_CLIENT, port, 8, 60], name="reserve-client",
                           stdin=subprocess.PIPE)
