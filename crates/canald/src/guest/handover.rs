@@ -80,8 +80,10 @@ impl Guest {
         let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
             return Err((errno::EBADF, "no such socket"));
         };
-        if s.made_fd().is_err() {
-            return Err((libc::ENFILE, "canald is out of descriptors"));
+        match s.made_fd() {
+            Err(libc::ENFILE) => return Err((libc::ENFILE, "canald is out of descriptors")),
+            Err(_) => return Err((errno::EOPNOTSUPP, "no host socket")),
+            Ok(_) => {}
         }
         let Some(fd) = s.fd.as_ref() else {
             return Err((errno::EOPNOTSUPP, "no host socket"));

@@ -244,11 +244,7 @@ impl Guest {
             return self.op_socket_unmade(ep, domain);
         }
         self.room_for_socket()?;
-        // canald out of descriptors is the whole system's table for the guest.
-        let fd = sys::socket(domain, ty, protocol).map_err(|e| match sys::errno_of(&e) {
-            libc::EMFILE => libc::ENFILE,
-            e => e,
-        })?;
+        let fd = crate::guest::socket::new_socket(domain, ty, protocol)?;
         let kind = if ty == SOCK_STREAM {
             Kind::Stream
         } else {
@@ -390,8 +386,9 @@ impl Guest {
             (_, Phase::Broken) => return Err(errno::EIO),
             _ => {}
         }
-        s.made_fd()?; // a spare, or a short-circuit that fell back
-                      // The handshake's completion comes as an event.
+        // A socket made lazily, or a short-circuit that fell back, needs its own now.
+        s.made_fd()?;
+        // The handshake's completion comes as an event.
         self.poll_host(ep, index)?;
         let s = self.live(index)?;
         let kind = s.kind();

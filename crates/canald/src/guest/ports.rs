@@ -62,10 +62,10 @@ pub(crate) struct PortHold {
 }
 
 impl PortHold {
-    /// A reservation on `addr`'s address (its port ignored): a pooled one when the
+    /// A reservation on `addr`'s address (its port ignored; `local` names it): a pooled one when the
     /// address has enough free, else a fresh socket bound to port 0. None: the kernel
     /// refused (no such local address, out of ports or descriptors).
-    pub(crate) fn take(addr: &CanalAddr) -> Option<(PortHold, CanalAddr)> {
+    pub(crate) fn take(addr: &CanalAddr) -> Option<PortHold> {
         let key = (addr.family, addr.addr, addr.scope_id);
         let pooled = with_pool(|p| {
             let q = p.free.get_mut(&key)?;
@@ -88,16 +88,11 @@ impl PortHold {
                 (fd, port)
             }
         };
-        let mut local = *addr;
-        local.port = port;
-        Some((
-            PortHold {
-                fd: Some(fd),
-                key,
-                port,
-            },
-            local,
-        ))
+        Some(PortHold {
+            fd: Some(fd),
+            key,
+            port,
+        })
     }
 
     /// The reserved address.
@@ -153,7 +148,8 @@ mod tests {
     /// not handed out again before ROTATION others.
     #[test]
     fn ports_are_reserved_and_reused_only_after_a_rotation() {
-        let (h, local) = PortHold::take(&loopback()).expect("a reservation");
+        let h = PortHold::take(&loopback()).expect("a reservation");
+        let local = h.local();
         assert_eq!(local.addr[..4], [127, 0, 0, 1]);
         assert_ne!(local.port, 0);
         let other = sys::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
@@ -167,8 +163,9 @@ mod tests {
         );
         let mut held = Vec::new();
         for _ in 0..ROTATION {
-            let (h, l) = PortHold::take(&loopback()).expect("a reservation");
-            held.push((h, l.port));
+            let h = PortHold::take(&loopback()).expect("a reservation");
+            let port = h.local().port;
+            held.push((h, port));
         }
         assert!(
             held.iter().all(|(_, p)| *p != local.port),

@@ -145,7 +145,8 @@ impl Guest {
         let local = match s.fd.as_ref() {
             // Not made yet (a spare): a pooled reservation, no socket of its own.
             None => {
-                let (hold, local) = PortHold::take(&a)?;
+                let hold = PortHold::take(&a)?;
+                let local = hold.local();
                 s.port = Some(Box::new(hold));
                 local
             }

@@ -468,29 +468,19 @@ impl HostSocket {
         }
         self.fd.as_ref().and_then(|f| sys::peername(f).ok())
     }
-}
 
-impl HostSocket {
     /// Its host socket, made on first need where it has none: a stream not yet
     /// connected (spares are made without one: a short-circuited connect never needs
     /// it), or a short-circuited end whose program sets or reads an option. A
     /// connector's port reservation becomes its socket, keeping its name.
     pub(crate) fn made_fd(&mut self) -> Result<&OwnedFd, i32> {
-        let wanted = self.kind() == Kind::Stream
-            && (self.seg.is_some() || matches!(self.phase, Phase::Open | Phase::Connecting));
-        if self.fd.is_none() && wanted {
-            let fd = match self.port.take() {
+        let unmade = self.unmade();
+        if unmade || (self.fd.is_none() && self.seg.is_some()) {
+            self.fd = Some(match self.port.take() {
                 Some(hold) => hold.into_fd(),
-                // canald out of descriptors is the whole system's table for the guest.
-                None => sys::socket(self.family as i32, libc::SOCK_STREAM, 0).map_err(|e| {
-                    match sys::errno_of(&e) {
-                        libc::EMFILE => libc::ENFILE,
-                        e => e,
-                    }
-                })?,
-            };
-            self.fd = Some(fd);
-            if self.seg.is_none() {
+                None => new_stream(self.family)?,
+            });
+            if unmade {
                 // A fresh socket: the program's kept options are yet to be applied.
                 self.applied_opts = 0;
             }
@@ -505,6 +495,19 @@ impl HostSocket {
             && self.kind() == Kind::Stream
             && matches!(self.phase, Phase::Open | Phase::Connecting)
     }
+}
+
+/// A fresh host socket. canald out of descriptors is the whole
+/// system's table for the guest: ENFILE.
+pub(crate) fn new_socket(family: i32, ty: i32, protocol: i32) -> Result<OwnedFd, i32> {
+    sys::socket(family, ty, protocol).map_err(|e| match sys::errno_of(&e) {
+        libc::EMFILE => libc::ENFILE,
+        e => e,
+    })
+}
+
+fn new_stream(family: u16) -> Result<OwnedFd, i32> {
+    new_socket(family as i32, libc::SOCK_STREAM, 0)
 }
 
 pub(crate) fn fd_of(s: &HostSocket) -> Result<&OwnedFd, i32> {
