@@ -269,3 +269,54 @@ impl Guest {
 
     // ---- requests -------------------------------------------------------------
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::guest::config::GuestConfig;
+    use crate::guest::state::Guest;
+    use canal_abi::sync::Ordering;
+    use canal_abi::Layout;
+
+    /// The log's entries from `cursor` on, as a reader's sweep sees them.
+    fn swept(g: &Guest, cursor: &mut u64) -> Vec<u32> {
+        let log = g.evlog.as_ref().and_then(|f| f.log()).expect("a log");
+        let mut seen = Vec::new();
+        log.sweep(cursor, |i| seen.push(i));
+        seen
+    }
+
+    /// Protocol §8.6: a reader that looked at a socket after the round's first entry
+    /// for it must get a second entry for a second change in the same round, or an
+    /// edge-triggered item never reports that change (the lost first byte of
+    /// 2026-11-30's `test_epoll_server_with_thousands_of_clients[edge-native]`).
+    #[test]
+    fn every_change_in_a_round_gets_its_own_entry() {
+        let layout = Layout::new(4, 8, 1 << 20).unwrap();
+        let (mut g, _memfd) = Guest::new(
+            1,
+            1,
+            0,
+            "log".into(),
+            GuestConfig::with_layout(layout, 1 << 16),
+        )
+        .unwrap();
+        let log = g.evlog.as_ref().and_then(|f| f.log()).expect("a log");
+        log.header.readers.store(1, Ordering::Relaxed);
+        let mut cursor = log.tail();
+        g.mark_changed(3);
+        assert_eq!(swept(&g, &mut cursor), [3], "the first change");
+        g.mark_changed(3);
+        assert_eq!(
+            swept(&g, &mut cursor),
+            [3],
+            "the second, after the reader looked"
+        );
+        g.mark_to_wake(5);
+        assert_eq!(swept(&g, &mut cursor), [5]);
+        assert_eq!(
+            g.changed,
+            [3, 5],
+            "each socket woken once at the round's end"
+        );
+    }
+}

@@ -410,8 +410,14 @@ pub(crate) fn wait(
     let mut round = 0u32;
     let mut canal_first = true;
     let mut slept = false;
+    // After a sleep: false when its ppoll said the real epoll fd and the nested ones
+    // are not readable. A wake-up by a canal socket's bell or slot then skips one
+    // epoll_wait; anything native that arrives later makes the next sleep's ppoll
+    // return at once.
+    let mut real_ready = true;
     loop {
-        let check_real = round.is_multiple_of(ORDINARY_EVERY) || !spinning;
+        let check_real = real_ready && (round.is_multiple_of(ORDINARY_EVERY) || !spinning);
+        real_ready = true;
         // Alternate which side fills the buffer first, so neither starves the other.
         let n = if canal_first {
             let c = scan(g, epfd, out);
@@ -470,7 +476,9 @@ pub(crate) fn wait(
             .map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
-                revents: 0,
+                // "Maybe ready" until a ppoll fills it: a sleep that returns without
+                // polling (its condition held, or a VM guest's yield phase) leaves it.
+                revents: libc::POLLIN,
             })
             .collect();
         fds.extend(
@@ -504,6 +512,8 @@ pub(crate) fn wait(
         };
         count_sleeper(epfd, slot, false);
         slept = true;
+        // The last two entries are the sleep's own (slot eventfd, control socket).
+        real_ready = fds[..fds.len() - 2].iter().any(|p| p.revents != 0);
         r?;
         // Re-check everything (past the spin phase: real checks each time).
     }
