@@ -26,6 +26,8 @@ TESTS = [
     ("iperf3-reverse", "iperf3 ← -R (Gbit/s)"),
     ("rr-p50", "64 B RR p50 (µs, lower is better)"),
     ("conn-rate", "connections/s"),
+    ("go-http-bulk", "Go net/http download (Gbit/s)"),
+    ("go-http-req", "Go net/http 1 KiB GETs (req/s)"),
 ]
 TOPOS = [("guest-host", "guest → host"), ("guest-guest", "guest ↔ guest")]
 
@@ -35,7 +37,10 @@ def main(out):
     with open(os.path.join(out, "b14.csv"), newline="") as f:
         for r in csv.DictReader(f):
             rows[(r["topology"], r["test"], r["system"])] = r
-    fig, axes = plt.subplots(1, len(TESTS), figsize=(4.2 * len(TESTS), 4.2))
+    cols = 3
+    rows_n = (len(TESTS) + cols - 1) // cols
+    fig, grid = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 4.2 * rows_n), squeeze=False)
+    axes = [a for row in grid for a in row]
     width = 0.8 / len(SYSTEMS)
     for ax, (tid, tlabel) in zip(axes, TESTS):
         for i, (sid, slabel, color) in enumerate(SYSTEMS):

@@ -7,6 +7,7 @@ must say why, never carry a number.
 
 import csv
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -187,23 +188,29 @@ def test_bench_rejects_bad_usage():
 @pytest.mark.deadline(300)
 def test_b14_quick_isolated_guests_beside_pasta_and_slirp(tmp_path):
     """`canal bench b14 --quick`: every cell of canal --isolate and of the host has a
-    number; pasta's and slirp4netns's have one too, or say why (not installed); the
-    report states the targets as ratios, and the plot is a PNG."""
+    number (the static Go net/http cells too, where Go is installed); pasta's and
+    slirp4netns's have one too, or say why (not installed); the report states the
+    targets as ratios, and the plot is a PNG."""
     out = tmp_path / "b14"
     p, _ = run_bench(bin_path("canal"), ["b14", "--quick", "--out", str(out)], timeout=280)
     assert p.returncode == 0, f"b14 exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     rows = read_csv(out / "b14.csv")
-    tests = {"iperf3", "iperf3-reverse", "rr-p50", "conn-rate"}
+    tests = {"iperf3", "iperf3-reverse", "rr-p50", "conn-rate", "go-http-bulk", "go-http-req"}
+    # The Go cells need Go (the suite installs golang-go); without it they say so.
+    need_number = {"native", "canal-isolate"}
     for topo in ("guest-host", "guest-guest"):
         for sys_ in ("native", "canal-isolate", "pasta-splice", "pasta-tap", "slirp4netns"):
             for t in tests:
                 r = [x for x in rows if (x["topology"], x["system"], x["test"]) == (topo, sys_, t)]
                 assert len(r) == 1, f"no row {topo} {sys_} {t}"
                 r = r[0]
-                if sys_ in ("native", "canal-isolate"):
+                if t.startswith("go-") and not shutil.which("go"):
+                    assert not r["median"] and "go is not installed" in r["note"], r
+                elif sys_ in need_number:
                     assert r["median"] and float(r["median"]) > 0, f"{topo} {sys_} {t}: {r}"
                 else:
                     assert (r["median"] and float(r["median"]) > 0) or r["note"], f"{topo} {sys_} {t}: {r}"
     md = (out / "b14.md").read_text()
     assert "## Targets" in md and "two isolated guests ≥ 10× two pasta containers" in md
+    assert "static Go net/http inside --isolate ≥ 0.9× the host's" in md
     assert (out / "b14.png").read_bytes()[:8] == PNG_MAGIC

@@ -8,7 +8,9 @@
 //! on the host, the client in another, reaching it through the host). Tests: iperf3
 //! throughput both directions (`-R`), 64-byte request/response p50
 //! (`canal-bench-gen --mode rr`) and connection rate (`--mode conn`: connect, 1-byte
-//! echo, close).
+//! echo, close); and a static Go net/http server and client (`gohttp.go`, built here
+//! with CGO_ENABLED=0: inside `--isolate` seccomp notification serves it), download
+//! throughput and 1 KiB requests/s, held to the same programs on the host.
 //!
 //! How each system reaches the host's 127.0.0.1: canal as 10.0.2.2; slirp4netns as
 //! 10.0.2.2; pasta in two ways, both measured: its loopback splice (127.0.0.1 inside,
@@ -118,9 +120,23 @@ enum Test {
     IperfRev,
     Rr,
     Conn,
+    /// A static Go net/http client downloading from a Go server (gohttp.go).
+    GoBulk,
+    /// The same programs, 1 KiB GETs over GO_CONNS keep-alive connections.
+    GoReq,
 }
 
-const TESTS: [Test; 4] = [Test::Iperf, Test::IperfRev, Test::Rr, Test::Conn];
+const TESTS: [Test; 6] = [
+    Test::Iperf,
+    Test::IperfRev,
+    Test::Rr,
+    Test::Conn,
+    Test::GoBulk,
+    Test::GoReq,
+];
+
+/// Keep-alive connections of the Go request-rate test.
+const GO_CONNS: u32 = 4;
 
 impl Test {
     fn id(self) -> &'static str {
@@ -129,6 +145,8 @@ impl Test {
             Test::IperfRev => "iperf3-reverse",
             Test::Rr => "rr-p50",
             Test::Conn => "conn-rate",
+            Test::GoBulk => "go-http-bulk",
+            Test::GoReq => "go-http-req",
         }
     }
     fn label(self) -> &'static str {
@@ -137,14 +155,20 @@ impl Test {
             Test::IperfRev => "iperf3 server → client (-R)",
             Test::Rr => "64 B request/response p50",
             Test::Conn => "connect + 1 B echo + close",
+            Test::GoBulk => "Go net/http download (static binary)",
+            Test::GoReq => "Go net/http 1 KiB GETs, 4 keep-alive connections",
         }
     }
     fn unit(self) -> &'static str {
         match self {
-            Test::Iperf | Test::IperfRev => "Gbit/s",
+            Test::Iperf | Test::IperfRev | Test::GoBulk => "Gbit/s",
             Test::Rr => "µs",
             Test::Conn => "conn/s",
+            Test::GoReq => "req/s",
         }
+    }
+    fn is_go(self) -> bool {
+        matches!(self, Test::GoBulk | Test::GoReq)
     }
     fn higher_is_better(self) -> bool {
         self != Test::Rr
@@ -181,6 +205,8 @@ struct Env {
     duration: u32,
     /// Why a system cannot run here.
     missing: Vec<(Sys, String)>,
+    /// The Go test program, or why there is none.
+    gohttp: Result<PathBuf, String>,
     _canald: Proc,
 }
 
@@ -266,6 +292,7 @@ impl Env {
                 "no default route for pasta's gateway mapping".into(),
             ));
         }
+        let gohttp = build_gohttp(&dir);
         let slirp = dir.join("slirp-run.sh");
         std::fs::write(&slirp, SLIRP_SH).map_err(|e| e.to_string())?;
         let env = Env {
@@ -277,6 +304,7 @@ impl Env {
             gateway,
             duration: if a.quick { 1 } else { a.duration },
             missing,
+            gohttp,
             _canald: canald,
         };
         env.wait_canald()?;
@@ -349,12 +377,22 @@ impl Env {
         }
     }
 
-    fn unavailable(&self, sys: Sys, topo: Topo) -> Option<String> {
+    fn unavailable(&self, sys: Sys, topo: Topo, test: Test) -> Option<String> {
         if let Some((_, why)) = self.missing.iter().find(|(s, _)| *s == sys) {
+            return Some(why.clone());
+        }
+        if let (true, Err(why)) = (test.is_go(), &self.gohttp) {
             return Some(why.clone());
         }
         (sys == Sys::Slirp && topo == Topo::GuestGuest)
             .then(|| "a published port needs slirp4netns's API socket (not driven here)".into())
+    }
+
+    fn go(&self) -> Result<String, String> {
+        self.gohttp
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .map_err(Clone::clone)
     }
 
     /// One measurement of `test` on (`sys`, `topo`).
@@ -393,6 +431,10 @@ impl Env {
                 "Server listening",
             ),
             Test::Rr | Test::Conn => (gen("server", &format!("{bind}:{port}")), "READY"),
+            Test::GoBulk | Test::GoReq => (
+                vec![self.go()?, "server".into(), format!("{bind}:{port}")],
+                "READY",
+            ),
         };
         let server = if inner {
             self.wrap(sys, Some(h), server)
@@ -416,6 +458,14 @@ impl Env {
                 c.extend(["--duration".into(), d.clone()]);
                 c
             }
+            Test::GoBulk => vec![self.go()?, "bulk".into(), format!("http://{to}/"), d],
+            Test::GoReq => vec![
+                self.go()?,
+                "req".into(),
+                format!("http://{to}/"),
+                d,
+                GO_CONNS.to_string(),
+            ],
         };
         let mut cli = Proc::spawn("client", &self.wrap(sys, None, client), &[])?;
         let st = cli.wait(Duration::from_secs(self.duration as u64 + 30))?;
@@ -426,6 +476,45 @@ impl Env {
         }
         parse(test, &out).ok_or_else(|| format!("no result in: {}", cli.tail()))
     }
+}
+
+/// The Go test program (gohttp.go), built static (CGO_ENABLED=0: LD_PRELOAD cannot
+/// reach it, so inside --isolate it is served by seccomp notification) into `dir`.
+const GOHTTP_SRC: &str = include_str!("gohttp.go");
+
+fn build_gohttp(dir: &Path) -> Result<PathBuf, String> {
+    let go = which("go").ok_or("go is not installed (Debian's golang-go)")?;
+    let src = dir.join("gohttp.go");
+    let out = dir.join("gohttp");
+    std::fs::write(&src, GOHTTP_SRC).map_err(|e| e.to_string())?;
+    // The invoking user's own build cache (a shared one under /tmp could be filled by
+    // another user), else one that goes with this run.
+    let cache = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/canal-bench-go"))
+        .filter(|c| std::fs::create_dir_all(c).is_ok())
+        .unwrap_or_else(|| dir.join("gocache"));
+    eprintln!(
+        "canal bench b14: building the Go test program (static, {})",
+        go.display()
+    );
+    let o = std::process::Command::new(go)
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .env("CGO_ENABLED", "0")
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOCACHE", &cache)
+        .output()
+        .map_err(|e| format!("go build: {e}"))?;
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        return Err(format!(
+            "go build failed: {}",
+            err.lines().next().unwrap_or("")
+        ));
+    }
+    Ok(out)
 }
 
 fn user_ids(name: &str) -> Result<(u32, u32), String> {
@@ -448,14 +537,15 @@ fn parse(test: Test, out: &str) -> Option<f64> {
                 .as_f64()
                 .map(|b| b / 1e9)
         }
-        Test::Rr | Test::Conn => {
+        Test::Rr | Test::Conn | Test::GoBulk | Test::GoReq => {
             let line = out.lines().find(|l| l.starts_with("RESULT"))?;
             let kv = crate::gen::parse_result(line)?;
             let get = |k: &str| kv.iter().find(|(a, _)| a == k)?.1.parse::<f64>().ok();
-            if test == Test::Rr {
-                get("p50_ns").map(|n| n / 1000.0)
-            } else {
-                get("conns_per_s")
+            match test {
+                Test::Rr => get("p50_ns").map(|n| n / 1000.0),
+                Test::Conn => get("conns_per_s"),
+                Test::GoBulk => get("gbit_s"),
+                _ => get("req_s"),
             }
         }
     }
@@ -485,7 +575,7 @@ pub fn run_b14(a: &B14Args) -> i32 {
     for topo in [Topo::ToHost, Topo::GuestGuest] {
         for test in TESTS {
             for sys in SYSTEMS {
-                let unavailable = env.unavailable(sys, topo);
+                let unavailable = env.unavailable(sys, topo, test);
                 rows.push(Row {
                     sys,
                     topo,

@@ -180,6 +180,21 @@ fn targets(cells: &[Cell]) -> String {
             verdict(p.map(|x| x.0), 10.0)
         );
     }
+    // Issue 16: a static Go program is served by seccomp notification, its data then
+    // moves through the kernel; held to the same programs on the host without canal.
+    for (topo, where_) in [
+        (gh, "client isolated, server on the host"),
+        ("guest-guest", "both isolated"),
+    ] {
+        for test in ["go-http-bulk", "go-http-req"] {
+            let n = advantage(cells, topo, test, "native");
+            let _ = writeln!(
+                o,
+                "| static Go net/http inside --isolate ≥ 0.9× the host's | {test}, {where_} | {} |",
+                verdict(n, 0.9)
+            );
+        }
+    }
     for test in ["iperf3", "rr-p50", "conn-rate"] {
         let n = advantage(cells, gh, test, "native");
         let _ = writeln!(
