@@ -386,7 +386,13 @@ def test_poll_sleepers_are_woken_by_their_peer(canal_bin, procs, python, progs, 
             assert wakes <= 60 + 4 * conns, f"canald still relayed {wakes} wake-ups with bells"
         else:
             assert "bells" not in g, g
-            assert wakes >= 300, f"only {wakes} relayed wake-ups without bells: the test proves nothing"
+            # Without bells, more than bells would ever leave. One thread serving 40
+            # connections takes several ready ones per wake-up when it gets the CPU
+            # late (256 wake-ups for 1,200 round trips in one run of 20 under
+            # --notify poll, 600-1,700 in the others), so there the bar is the
+            # bells-on ceiling itself.
+            least = 300 if conns <= 4 else 60 + 4 * conns + 1
+            assert wakes >= least, f"only {wakes} relayed wake-ups without bells: the test proves nothing"
     finally:
         d.stop()
 
