@@ -285,6 +285,13 @@ impl AcceptQueue {
         }
     }
 
+    /// Whether `accept_ahead` lowers the host listener's backlog before its accept:
+    /// only when the kernel's queue (`queued`, unknown as None) is full by the backlog
+    /// given now, so that no client let in at its last place loses it at its ACK.
+    pub(crate) fn lower_before_accept(&self, queued: Option<u32>) -> bool {
+        queued.is_none_or(|n| i64::from(n) > i64::from(self.host_backlog))
+    }
+
     /// `host_backlog` for this queue.
     pub(crate) fn host_backlog_for(&self, more: u32) -> i32 {
         AcceptQueue::host_backlog(self.backlog, self.held(), more)
@@ -608,6 +615,25 @@ mod tests {
         assert!(q.holds_enough(), "one held until the program takes it");
         // Held plus the host's queue (backlog + 1) hold what the kernel's one would.
         assert_eq!(q.held() + q.host_backlog_for(0) as u32 + 1, 4 + 1);
+    }
+
+    #[test]
+    fn the_backlog_is_lowered_before_an_accept_only_on_a_full_queue() {
+        let q = AcceptQueue::new(2);
+        // listen(2) queues three (backlog + 1); a fourth SYN is dropped.
+        assert!(
+            q.lower_before_accept(Some(3)),
+            "full: its last ACK is refused anyway"
+        );
+        assert!(
+            !q.lower_before_accept(Some(2)),
+            "a handshake may hold the last place"
+        );
+        assert!(!q.lower_before_accept(Some(0)));
+        assert!(q.lower_before_accept(None), "unknown: as before");
+        let q0 = AcceptQueue::new(0);
+        assert!(q0.lower_before_accept(Some(1)));
+        assert!(!q0.lower_before_accept(Some(0)));
     }
 
     #[test]

@@ -418,14 +418,13 @@ impl Guest {
             if free == 0 || self.holds_enough(index)? {
                 return Ok(());
             }
-            self.sync_host_backlog(index, 1);
-            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
-            let (family, listener, inherited) = (s.family, s.handle, s.inherited());
-            let (conn, host_peer) = match crate::guest::socket::accept_one(s) {
+            let (conn, host_peer) = match self.accept_ahead(index)? {
                 crate::guest::socket::Accepted::Conn(c, p) => (c, p),
                 crate::guest::socket::Accepted::Again => continue,
                 crate::guest::socket::Accepted::Later => return Ok(()),
             };
+            let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
+            let (family, listener, inherited) = (s.family, s.handle, s.inherited());
             if let Some(q) = s.accepts_mut() {
                 q.accepting += 1;
             }

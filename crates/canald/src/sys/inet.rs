@@ -122,6 +122,18 @@ pub(crate) fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
     cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map(|_| ())
 }
 
+/// Connections a TCP listener's accept queue holds now: TCP_INFO's `tcpi_unacked`,
+/// which for a listener is the kernel's `sk_ack_backlog` (the u32 at byte 24, after
+/// eight u8 fields and rto, ato, snd_mss, rcv_mss; stable ABI since Linux 2.4).
+pub(crate) fn accept_queue_len(fd: &OwnedFd) -> io::Result<u32> {
+    let mut info = [0u8; 28];
+    let n = getsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info)?;
+    if n < info.len() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    Ok(u32::from_ne_bytes([info[24], info[25], info[26], info[27]]))
+}
+
 /// `net.core.somaxconn` of canald's network namespace (read once; the kernel's
 /// default when unreadable).
 pub(crate) fn somaxconn() -> u32 {
@@ -341,4 +353,30 @@ pub(crate) fn local_addrs() -> Vec<CanalAddr> {
     // SAFETY: ifa came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(ifa) };
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::OwnedFd;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn accept_queue_len_counts_completed_handshakes() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let fd = OwnedFd::from(l);
+        assert_eq!(super::accept_queue_len(&fd).unwrap(), 0);
+        let clients: Vec<_> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        // The server's side of a loopback handshake may finish just after connect.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while super::accept_queue_len(&fd).unwrap() < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(super::accept_queue_len(&fd).unwrap(), 3);
+        drop(clients);
+        let (c, _) = TcpListener::from(fd.try_clone().unwrap()).accept().unwrap();
+        drop(c);
+        assert_eq!(super::accept_queue_len(&fd).unwrap(), 2);
+    }
 }
