@@ -436,29 +436,55 @@ def test_listener_gets_its_backlog_back_when_the_program_catches_up(canal_bin, p
 
 BACKLOG_TWO = r"""
 import socket, sys
-l = socket.socket()
-l.bind(("127.0.0.1", 0))
-l.listen(2)
-print("PORT", l.getsockname()[1], flush=True)
-sys.stdin.read()
+held = []
+for i, _ in enumerate(sys.stdin):
+    for s in held:
+        s.close()
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(2)
+    held = [l]
+    print(f"PORT{i}", l.getsockname()[1], flush=True)
 """
+
+
+def _bursts_against_fresh_listeners(proc, rounds, served=lambda: None):
+    """For each round, asks `proc` (BACKLOG_TWO) for a fresh `listen(fd, 2)` and
+    bursts six clients at it; the handshakes that complete within 0.4 s (a dropped
+    SYN retries after a second), round by round. `served` runs once the first
+    listener is up."""
+    counts = []
+    for i in range(rounds):
+        proc.popen.stdin.write(b"next\n")
+        proc.popen.stdin.flush()
+        port = int(proc.wait_line(f"PORT{i} ", 20).split()[1])
+        if i == 0:
+            served()
+        got, socks = _handshakes_within(port, 6, 0.4)
+        counts.append(got)
+        for c in socks:
+            c.close()
+    return counts
 
 
 @pytest.mark.parametrize("accepts", ["own", pytest.param("relay", marks=pytest.mark.relay)])
 def test_a_burst_before_the_first_accept_finds_the_whole_queue(canald, procs, python, accepts):
     """Six clients at once against `listen(fd, 2)` that nobody accepts: the kernel
-    completes three (backlog + 1), and so must canal. Relayed, the host listener has
-    the program's whole backlog until canald accepts ahead; it used to keep one place
-    back for that accept, and a burst that beat canald's first accept found two
-    (`progs/native_accept.py`'s backlog case under `--direct off`; how soon canald
-    accepts decides whether a given burst shows it, so this test may pass without it)."""
+    completes three (backlog + 1), and so must canal, burst after burst.
+
+    Relayed, canald accepts one ahead during the burst. The host listener has the
+    program's whole backlog until then; it used to keep one place back for that accept,
+    and every burst that beat canald's first accept found two. That is checked exactly.
+    One more than natively is a known race (docs/compat.md, listen backlog): lowering
+    the host backlog for canald's accept under a handshake between its SYN and its ACK
+    (`Guest::accept_ahead`), or two handshakes inside the accept. About one burst in
+    100 here (one in 60 before the accept chose its order), so a few are let through;
+    a change that made it common fails."""
     native = procs.spawn([python, "-c", BACKLOG_TWO], name="backlog2-native", stdin=subprocess.PIPE)
-    want, socks = _handshakes_within(int(native.wait_line("PORT", 20).split()[1]), 6, 1.0)
-    assert want == 3, f"natively {want} (the test is wrong)"
+    want = _bursts_against_fresh_listeners(native, 2)
+    assert want == [3, 3], f"natively {want} (the test is wrong)"
     guest = canald.spawn([python, "-c", BACKLOG_TWO], name="backlog2-canal", stdin=subprocess.PIPE)
-    port = int(guest.wait_line("PORT", 20).split()[1])
-    canald.wait_served(guest, kind="tcp-listener")
-    got, more = _handshakes_within(port, 6, 1.0)
-    assert got == want
-    for c in socks + more:
-        c.close()
+    got = _bursts_against_fresh_listeners(
+        guest, 16, lambda: canald.wait_served(guest, kind="tcp-listener"))
+    assert min(got) == 3, f"a burst found less than the kernel's whole queue: {got}"
+    assert max(got) <= 4 and got.count(4) <= 2, f"handshakes per burst: {got}"
