@@ -376,22 +376,24 @@ def test_poll_sleepers_are_woken_by_their_peer(canal_bin, procs, python, progs, 
         g = d.guest(server)
         assert g is not None, f"server not listed\n{d.stat()}"
         wakes = g["wakes"]
+        # With bells, a connection's own events (accept, EOF, close) cost canald about
+        # 3.5 wake-ups of the server (40 connections with one round trip each: 140);
+        # one thread serving 40 takes them in batches (48-108 over 12 runs of 1,200
+        # round trips, default and --notify poll, 2026-11-30). Without bells, 214-1,494
+        # in those runs (one thread takes several ready connections per wake-up when it
+        # gets the CPU late). One bar between the two serves both: a ceiling with bells
+        # and, without, a floor that shows the ceiling would catch bells that no longer
+        # work.
+        ceiling = 60 + min(4 * conns, 110)
         print(f"bells {bells}, group {group}: canald woke the server {wakes} times for {count * conns} round trips")
         if bells == "on":
             # canal stat counts the clients' bells canald handed the server to ring
             # (its own threads' bells went with the client, the peer they were for).
             assert (g.get("bells") or {}).get("given", 0) >= 1, g
-            # A connection's own events (accept, EOF, close) cost canald about 3.5
-            # wake-ups of the server (40 connections with one round trip each: 140).
-            assert wakes <= 60 + 4 * conns, f"canald still relayed {wakes} wake-ups with bells"
+            assert wakes <= ceiling, f"canald still relayed {wakes} wake-ups with bells"
         else:
             assert "bells" not in g, g
-            # Without bells, more than bells would ever leave. One thread serving 40
-            # connections takes several ready ones per wake-up when it gets the CPU
-            # late (256 wake-ups for 1,200 round trips in one run of 20 under
-            # --notify poll, 600-1,700 in the others), so there the bar is the
-            # bells-on ceiling itself.
-            least = 300 if conns <= 4 else 60 + 4 * conns + 1
+            least = 300 if conns <= 4 else ceiling + 1
             assert wakes >= least, f"only {wakes} relayed wake-ups without bells: the test proves nothing"
     finally:
         d.stop()
