@@ -378,7 +378,7 @@ def test_poll_sleepers_are_woken_by_their_peer(canal_bin, procs, python, progs, 
         wakes = g["wakes"]
         # With bells, a connection's own events (accept, EOF, close) cost canald about
         # 3.5 wake-ups of the server (40 connections with one round trip each: 140);
-        # one thread serving 40 takes them in batches (48-108 over 12 runs of 1,200
+        # one thread serving 40 takes them in batches (48-128 over 15 runs of 1,200
         # round trips, default and --notify poll, 2026-11-30). Without bells, 214-1,494
         # in those runs (one thread takes several ready connections per wake-up when it
         # gets the CPU late). One bar between the two serves both: a ceiling with bells
