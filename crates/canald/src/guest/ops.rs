@@ -314,8 +314,15 @@ impl Guest {
         sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
         match s.accepts_mut() {
             Some(q) => (q.backlog, q.host_backlog) = (eff, host),
-            None => s.state = KindState::Listener(Box::new(AcceptQueue::new(eff))),
+            None => {
+                let mut q = AcceptQueue::new(eff);
+                q.host_port = sys::sockname(fd_of(s)?).map_or(0, |a| a.port);
+                let port = q.host_port;
+                s.state = KindState::Listener(Box::new(q));
+                self.listener_ports.entry(port).or_default().push(index);
+            }
         }
+        let s = self.live(index)?;
         s.phase = Phase::Listening;
         s.net.listened();
         s.readable = true; // connections may already be queued
@@ -432,6 +439,9 @@ impl Guest {
                 };
                 let peer = match settled {
                     Ok(peer) => {
+                        // Its own listener holds the connection now, as natively
+                        // once connect returns: taken before the guest sees CONNECTED.
+                        self.serve_listeners_on(ep, peer.port);
                         self.connect_done(index);
                         Some(peer)
                     }
@@ -684,6 +694,7 @@ impl Guest {
         self.dl_freed(&s);
         if let Some(q) = s.accepts() {
             self.release_unclaimed(ep, index, &q.unclaimed);
+            self.forget_listener(index, q.host_port);
         }
         let g = s.generation();
         drop(s.fd);

@@ -240,6 +240,9 @@ pub(crate) struct AcceptQueue {
     /// the backlog. Until it has taken them all, its accepts raise attention, so that
     /// the host listener gets its backlog back as they go (`Guest::watch_claims`).
     pub(crate) behind: bool,
+    /// The host listener's port (0: unknown): a connect of the same guest that
+    /// reaches it serves the listener at once (`Guest::serve_listeners_on`).
+    pub(crate) host_port: u16,
 }
 
 impl AcceptQueue {

@@ -16,6 +16,7 @@ use crate::guest::wake::WakeState;
 use crate::sys::{self, Epoll};
 use canal_abi::sync::Ordering;
 use canal_abi::Region;
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,9 @@ pub(crate) struct Guest {
     /// A listener stopped accepting for lack of an entry or rings: freeing one looks
     /// at the listeners again.
     pub(crate) listeners_stalled: bool,
+    /// This instance's listeners by host port (`Guest::serve_listeners_on`); an index
+    /// whose socket no longer listens there is dropped when met.
+    pub(crate) listener_ports: HashMap<u16, Vec<u32>>,
     /// Spare stream sockets published in the header (feature SPARES).
     pub(crate) spares: SpareRing,
     /// Next generation per entry index (1..=0xffff; handles are never 0).
@@ -191,6 +195,7 @@ impl Guest {
             sockets: Vec::new(),
             entries: EntryPool::new(n as u32),
             listeners_stalled: false,
+            listener_ports: HashMap::new(),
             spares: Default::default(),
             generations: vec![1; n],
             alloc: DataAlloc::new(cfg.layout.data_size),
