@@ -101,6 +101,48 @@ def test_a_connect_to_its_own_listener_leaves_it_ready(canal_bin, procs, python,
         assert r.returncode == 0 and r.stdout == want, r.describe()
 
 
+SMALL_BACKLOGS = r"""
+import select, socket, time
+for backlog in (0, 1, 2):
+    counts = []
+    for round in range(3):
+        l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(backlog)
+        cs = []
+        for i in range(5):
+            c = socket.socket(); c.setblocking(False)
+            try: c.connect(l.getsockname())
+            except BlockingIOError: pass
+            cs.append(c)
+        time.sleep(0.3)
+        n = 0
+        for c in cs:
+            p = select.poll(); p.register(c, select.POLLOUT)
+            if p.poll(0) and c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                try: c.getpeername(); n += 1
+                except OSError: pass
+        counts.append(n)
+        for c in cs: c.close()
+        l.close()
+    print("listen", backlog, "lets in", counts)
+"""
+
+
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_small_backlogs_let_in_as_many_clients_as_natively(canal_bin, procs, python, mode):
+    """Five clients against a listener that does not accept: listen(n) lets n + 1
+    in, listen(0) one. Through canald's relay listen(0) let two in: canald held one
+    and a host listener's queue holds at least one more; the host listener now drops
+    every packet while canald holds the one (a socket filter)."""
+    argv = [python, "-c", SMALL_BACKLOGS]
+    native = procs.run(argv, timeout=60, name="backlogs-native")
+    assert native.returncode == 0, native.describe()
+    assert "listen 0 lets in [1, 1, 1]" in native.stdout, native.describe()
+    with serving_canald(canal_bin, procs, args=NO_SHORTCUT if mode == "no-shortcut" else []) as d:
+        r = d.run(argv, timeout=60, name="backlogs-canal")
+        assert r.returncode == 0, r.describe()
+        assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal ({mode}):\n{r.stdout}"
+
+
 PASS_DATAGRAM = r"""
 import array, errno, socket, sys
 a, b = socket.socketpair()

@@ -312,11 +312,15 @@ impl Guest {
             crate::guest::socket::put_program_linger(fd_of(s)?, s.linger);
         }
         sys::listen(fd_of(s)?, host).map_err(|e| sys::errno_of(&e))?;
-        match s.accepts_mut() {
-            Some(q) => (q.backlog, q.host_backlog) = (eff, host),
-            None => {
+        let fd = s.fd.as_ref().ok_or(errno::EBADF)?;
+        match s.state {
+            KindState::Listener(ref mut q) => {
+                (q.backlog, q.host_backlog) = (eff, host);
+                q.sync_refusal(fd, 0);
+            }
+            _ => {
                 let mut q = AcceptQueue::new(eff);
-                q.host_port = sys::sockname(fd_of(s)?).map_or(0, |a| a.port);
+                q.host_port = sys::sockname(fd).map_or(0, |a| a.port);
                 let port = q.host_port;
                 s.state = KindState::Listener(Box::new(q));
                 self.listener_ports.entry(port).or_default().push(index);
@@ -744,6 +748,12 @@ impl Guest {
             self.sockets[index as usize] = Some(s);
         }
         self.drop_unclaimed(ep, index);
+        // Its program takes the host socket: not one that drops every packet.
+        if let Some(Some(s)) = self.sockets.get_mut(index as usize) {
+            if let (Some(fd), KindState::Listener(q)) = (s.fd.as_ref(), &mut s.state) {
+                q.sync_refusal(fd, 0);
+            }
+        }
     }
 
     /// Releases the connections queued for listener `index` that the guest has not

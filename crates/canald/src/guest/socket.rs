@@ -243,6 +243,8 @@ pub(crate) struct AcceptQueue {
     /// The host listener's port (0: unknown): a connect of the same guest that
     /// reaches it serves the listener at once (`Guest::serve_listeners_on`).
     pub(crate) host_port: u16,
+    /// The host listener drops every packet (`refuses`; `sys::refuse_all`).
+    pub(crate) refusing: bool,
 }
 
 impl AcceptQueue {
@@ -269,6 +271,22 @@ impl AcceptQueue {
     /// first accept ahead and after the program takes it.
     pub(crate) fn host_backlog(backlog: u32, held: u32, more: u32) -> i32 {
         backlog.saturating_sub(held + more) as i32
+    }
+
+    /// Whether the host listener must let no client in at all: canald holds, with
+    /// `more` about to be, the whole queue the kernel would (backlog + 1). Only
+    /// listen(0) gets there, holding one: a host listener's queue cannot be made to
+    /// hold none, and a second client got through where Linux lets one.
+    pub(crate) fn refuses(&self, more: u32) -> bool {
+        self.held() + more > self.backlog
+    }
+
+    /// Applies `refuses(more)` to host listener `fd`.
+    pub(crate) fn sync_refusal(&mut self, fd: &OwnedFd, more: u32) {
+        let on = self.refuses(more);
+        if on != self.refusing && crate::sys::refuse_all(fd, on).is_ok() {
+            self.refusing = on;
+        }
     }
 
     /// Whether canald holds as many accepted connections as it may ahead of the

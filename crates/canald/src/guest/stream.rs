@@ -526,6 +526,7 @@ impl Guest {
         if want != q.host_backlog && sys::listen(fd, want).is_ok() {
             q.host_backlog = want;
         }
+        q.sync_refusal(fd, more);
     }
 
     /// Accepts one connection from listener `index` ahead of the program, with the
@@ -551,6 +552,13 @@ impl Guest {
         }
         let s = self.sockets[index as usize].as_mut().ok_or(Corrupt)?;
         let accepted = accept_one(s);
+        if let (Accepted::Conn(c, _), Some(q)) = (&accepted, s.accepts()) {
+            if q.backlog == 0 {
+                // Made while the listener refused (a handshake's last packet passed
+                // just before): it would drop every packet of its own.
+                let _ = sys::refuse_all(c, false);
+            }
+        }
         if !full && matches!(accepted, Accepted::Conn(..)) {
             self.sync_host_backlog(index, 1);
         }

@@ -122,6 +122,53 @@ pub(crate) fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
     cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map(|_| ())
 }
 
+/// Makes host listener `fd` drop every packet that reaches it (`on`: a classic BPF
+/// program that keeps 0 bytes, as a full accept queue drops SYNs and handshake ACKs),
+/// or take them again. A socket accepted while the filter was on inherits it
+/// (`sk_clone_lock`), so such a socket is cleared with `on` false too (ENOENT, no
+/// filter, is fine).
+pub(crate) fn refuse_all(fd: &OwnedFd, on: bool) -> io::Result<()> {
+    let code = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: code.as_ptr() as *mut libc::sock_filter,
+    };
+    let zero: libc::c_int = 0;
+    let (name, value, len) = if on {
+        (
+            libc::SO_ATTACH_FILTER,
+            &prog as *const libc::sock_fprog as *const libc::c_void,
+            std::mem::size_of::<libc::sock_fprog>(),
+        )
+    } else {
+        (
+            libc::SO_DETACH_FILTER,
+            &zero as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>(),
+        )
+    };
+    // SAFETY: `value` points at a live struct of `len` bytes (`prog` points at `code`,
+    // which outlives the call; the kernel copies the program).
+    let r = cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            value,
+            len as libc::socklen_t,
+        )
+    });
+    match r {
+        Err(e) if !on && e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r.map(|_| ()),
+    }
+}
+
 /// Connections a TCP listener's accept queue holds now: TCP_INFO's `tcpi_unacked`,
 /// which for a listener is the kernel's `sk_ack_backlog` (the u32 at byte 24, after
 /// eight u8 fields and rto, ato, snd_mss, rcv_mss; stable ABI since Linux 2.4).
@@ -378,5 +425,23 @@ mod tests {
         let (c, _) = TcpListener::from(fd.try_clone().unwrap()).accept().unwrap();
         drop(c);
         assert_eq!(super::accept_queue_len(&fd).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_refusing_listener_lets_no_handshake_finish_until_it_stops() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let fd = OwnedFd::from(l);
+        super::refuse_all(&fd, false).expect("no filter yet: fine");
+        super::refuse_all(&fd, true).unwrap();
+        let c = std::thread::spawn(move || TcpStream::connect(addr).map(|_| Instant::now()));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(super::accept_queue_len(&fd).unwrap(), 0, "the SYN got in");
+        let stopped = Instant::now();
+        super::refuse_all(&fd, false).unwrap();
+        // The client's SYN is retried (after 1 s) and now gets in.
+        let connected = c.join().unwrap().expect("connected after the retry");
+        assert!(connected > stopped);
+        assert_eq!(super::accept_queue_len(&fd).unwrap(), 1);
     }
 }
