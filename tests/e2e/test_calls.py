@@ -7,6 +7,7 @@ natively and under canal, short-circuited and through canald."""
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -141,6 +142,77 @@ def test_small_backlogs_let_in_as_many_clients_as_natively(canal_bin, procs, pyt
         r = d.run(argv, timeout=60, name="backlogs-canal")
         assert r.returncode == 0, r.describe()
         assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal ({mode}):\n{r.stdout}"
+
+
+KERNEL_QUEUE = r"""
+import select, socket, sys
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(8)
+print("PORT", l.getsockname()[1], flush=True)
+p = select.poll(); p.register(l, select.POLLIN)
+for rnd in range(2):
+    sys.stdin.readline()
+    ready = "IN" if p.poll(5000) else "-"
+    l.setblocking(False)
+    conns = []
+    while True:
+        try:
+            conns.append(l.accept()[0])
+        except BlockingIOError:
+            break
+    ids = []
+    for c in conns:
+        c.settimeout(5); ids.append(c.recv(1).decode()); c.close()
+    print("round", rnd, ready, "accepted", " ".join(ids), flush=True)
+"""
+
+
+def _host_queue_len(port):
+    """The kernel's accept queue of the listener on 127.0.0.1:port, as `ss` shows it."""
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return [int(line.split()[1]) for line in out.splitlines() if line.split()]
+
+
+def _kernel_queue_rounds(proc):
+    """Round 0: three clients wait in the queue before the first accept; round 1: seven
+    arrive at once after it. Each round the program polls, then accepts without
+    blocking until EAGAIN. Returns (queue lengths seen before round 0, the rounds)."""
+    port = int(proc.wait_line("PORT ", 30).split()[1])
+    clients, queue = [], None
+    for rnd, ids in enumerate(["012", "3456789"]):
+        for i in ids:
+            c = socket.create_connection(("127.0.0.1", port), timeout=5)
+            c.sendall(i.encode())
+            clients.append(c)
+        if rnd == 0:
+            time.sleep(0.5)  # canald's passes: nothing may be taken ahead meanwhile
+            queue = _host_queue_len(port)
+        proc.popen.stdin.write(b"go\n")
+        proc.popen.stdin.flush()
+        proc.wait_line(f"round {rnd} ", 30)
+    for c in clients:
+        c.close()
+    return queue, [line for line in proc.stdout().splitlines() if line.startswith("round")]
+
+
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_clients_wait_in_the_kernels_queue_until_the_program_accepts(canal_bin, procs, python, mode):
+    """Clients of a listener that has not accepted yet wait in the kernel's accept
+    queue, as natively: `ss` shows all three there, and one poll and a non-blocking
+    accept loop take them all, in order. Through canald's relay canald used to take one
+    ahead at once (`ss` showed 2; a burst then could get one client more than the
+    backlog lets in). After the first accept, seven clients arriving together are all
+    taken by one accept loop (canald then holds four ahead): a non-blocking accept finding no record while the kernel
+    holds clients canald did not take asks canald (HOST_QUEUED) rather than say
+    EAGAIN."""
+    argv = [python, "-c", KERNEL_QUEUE]
+    native = procs.spawn(argv, name="kqueue-native", stdin=subprocess.PIPE)
+    want = _kernel_queue_rounds(native)
+    assert want == ([3], ["round 0 IN accepted 0 1 2", "round 1 IN accepted 3 4 5 6 7 8 9"]), \
+        f"natively {want} (the test is wrong)"
+    with serving_canald(canal_bin, procs, args=NO_SHORTCUT if mode == "no-shortcut" else []) as d:
+        guest = d.spawn(argv, name="kqueue-canal", stdin=subprocess.PIPE)
+        got = _kernel_queue_rounds(guest)
+    assert got == want, f"natively {want}, under canal ({mode}) {got}"
 
 
 PASS_DATAGRAM = r"""

@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 19;
+pub const VERSION_MINOR: u16 = 20;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -111,6 +111,12 @@ pub mod feature {
     /// now if its WATCH says no descriptor of it is left. Set for every process
     /// guest.
     pub const CLOSE_CHECK: u64 = 1 << 18;
+    /// A relayed listener says when the kernel holds clients canald has not taken
+    /// (protocol §5 Accept, minor 20: `sock_flag::HOST_QUEUED`), and takes none of
+    /// them before the program's first accept asks, so a burst before that accept
+    /// meets the kernel's one queue. Set for a guest that announced
+    /// `hello_flag::HOST_QUEUED`.
+    pub const HOST_QUEUED: u64 = 1 << 19;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -128,6 +134,7 @@ pub mod feature {
         | PACKED_ARENAS
         | DIRECT
         | NATIVE_ACCEPT
+        | HOST_QUEUED
         | CLOSE_CHECK;
 }
 
@@ -257,6 +264,15 @@ pub mod sock_flag {
     /// none): the listener is readable. canald looks again, and clears it, when the
     /// guest raises the listener's attention bit.
     pub const NATIVE_QUEUED: u32 = 1 << 14;
+    /// (minor 20, `feature::HOST_QUEUED`) A relayed listener's host socket had
+    /// clients queued that canald had not taken when it last looked: the listener is
+    /// readable. canald takes none before the program's first accept asks, so that
+    /// until then the kernel's queue is the only one; afterwards it accepts ahead as
+    /// before, and the flag says the kernel holds more than canald took. An accept
+    /// that finds no record while it is set raises the listener's attention and waits
+    /// for canald's answer, even when non-blocking: a record, or the flag cleared
+    /// (then EAGAIN, as natively for a queue found empty).
+    pub const HOST_QUEUED: u32 = 1 << 15;
 }
 
 /// Linux errno values used in results (results are `-errno`). Both sides are Linux;

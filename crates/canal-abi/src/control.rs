@@ -232,6 +232,8 @@ pub mod hello_flag {
     /// The guest accepts native clients on its listeners itself
     /// (`feature::NATIVE_ACCEPT`).
     pub const NATIVE_ACCEPT: u32 = 1 << 17;
+    /// The guest waits on a relayed listener's HOST_QUEUED (`feature::HOST_QUEUED`).
+    pub const HOST_QUEUED: u32 = 1 << 18;
 }
 
 /// SEGMENT_OK body bytes.

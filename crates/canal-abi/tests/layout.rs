@@ -148,7 +148,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 1300 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 1400 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -205,8 +205,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 19,
-        HeaderError::UnknownFeatures(1 << 19),
+        &|h| h.features |= 1 << 20,
+        HeaderError::UnknownFeatures(1 << 20),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -478,7 +478,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b111_1111_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b1111_1111_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -507,6 +507,17 @@ fn close_check_wire_values() {
     assert_eq!((kind::CLOSE_CHECK, kind::CLOSE_CHECK_OK), (34, 35));
     assert_ne!(feature::KNOWN & feature::CLOSE_CHECK, 0);
     const { assert!(canal_abi::VERSION_MINOR >= 19) };
+}
+
+#[test]
+fn host_queued_wire_values() {
+    // protocol.md §2 (HELLO flags bit 18), §3 (features bit 19; socket flags bit 15).
+    use canal_abi::control::hello_flag;
+    assert_eq!(hello_flag::HOST_QUEUED, 1 << 18);
+    assert_eq!(feature::HOST_QUEUED, 1 << 19);
+    assert_eq!(canal_abi::sock_flag::HOST_QUEUED, 1 << 15);
+    assert_ne!(feature::KNOWN & feature::HOST_QUEUED, 0);
+    const { assert!(canal_abi::VERSION_MINOR >= 20) };
 }
 
 #[test]

@@ -117,6 +117,11 @@ impl Daemon {
                     canal_abi::feature::CLOSE_MARK
                 } else {
                     0
+                }
+                | if hello_flags & control::hello_flag::HOST_QUEUED != 0 {
+                    canal_abi::feature::HOST_QUEUED
+                } else {
+                    0
                 };
             let mut gcfg = self.gcfg.clone();
             if let Some((ns, nsfd)) = &conn.netns {

@@ -96,7 +96,7 @@ pub(crate) fn readiness(s: &SockState) -> c_short {
                 // kernel's tcp_poll of a closed socket, as for a fresh one.
                 m |= POLLHUP | OUT;
             } else if s.rx_used > 0
-                || s.flags & (f::NO_ENTRY | f::HANDED_OVER | f::NATIVE_QUEUED) != 0
+                || s.flags & (f::NO_ENTRY | f::HANDED_OVER | f::NATIVE_QUEUED | f::HOST_QUEUED) != 0
             {
                 m |= IN;
             }
@@ -331,6 +331,12 @@ mod tests {
         );
         l.flags |= f::NATIVE_QUEUED;
         assert_eq!(readiness(&l), IN);
+        l.flags = f::LISTENING | f::HOST_QUEUED;
+        assert_eq!(
+            readiness(&l),
+            IN,
+            "the kernel holds clients canald took none of"
+        );
         let mut d = SockState {
             kind: sock_kind::DGRAM,
             tx_size: 4096,

@@ -295,9 +295,12 @@ impl Guest {
         let held = s.accepts().map_or(0, AcceptQueue::held);
         // A guest that accepts its native clients itself (feature NATIVE_ACCEPT): the
         // host listener's queue is its own, with its own backlog
-        // (`look_at_native_queue`).
-        let native = self.region.header().features & canal_abi::feature::NATIVE_ACCEPT != 0
-            && !self.is_shadow();
+        // (`look_at_queue`).
+        let features = self.region.header().features;
+        let native = features & canal_abi::feature::NATIVE_ACCEPT != 0 && !self.is_shadow();
+        // A guest that waits on HOST_QUEUED gets no connection taken ahead before its
+        // first accept asks (`Guest::first_accept_asked`).
+        let first_asks = features & canal_abi::feature::HOST_QUEUED != 0;
         let host = if native {
             eff as i32
         } else {
@@ -320,6 +323,7 @@ impl Guest {
             }
             _ => {
                 let mut q = AcceptQueue::new(eff);
+                q.started = !first_asks;
                 q.host_port = sys::sockname(fd).map_or(0, |a| a.port);
                 let port = q.host_port;
                 s.state = KindState::Listener(Box::new(q));

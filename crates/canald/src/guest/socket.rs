@@ -245,6 +245,12 @@ pub(crate) struct AcceptQueue {
     pub(crate) host_port: u16,
     /// The host listener drops every packet (`refuses`; `sys::refuse_all`).
     pub(crate) refusing: bool,
+    /// The program asked for a connection (feature HOST_QUEUED: an accept raised
+    /// attention while `sock_flag::HOST_QUEUED` was set; `Guest::accept_asked`).
+    /// Until then canald takes no client off the host listener, whose queue is then
+    /// the kernel's one queue; without the feature a listener counts as started from
+    /// its LISTEN.
+    pub(crate) started: bool,
 }
 
 impl AcceptQueue {
@@ -253,6 +259,7 @@ impl AcceptQueue {
             backlog,
             host_backlog: AcceptQueue::host_backlog(backlog, 0, 0),
             ahead: 1,
+            started: true,
             ..AcceptQueue::default()
         }
     }

@@ -358,11 +358,16 @@ impl Guest {
         // Set before listen, they are the listener's own (its accepted sockets inherit
         // them): on the host listener before it accepts.
         self.sync_kept_options(index);
-        let native = self.sockets[index as usize]
-            .as_ref()
-            .is_some_and(|s| s.flags & sock_flag::NATIVE_ACCEPT != 0);
-        if native {
-            self.look_at_native_queue(index);
+        let Some(s) = self.sockets[index as usize].as_ref() else {
+            return Ok(());
+        };
+        if s.flags & sock_flag::NATIVE_ACCEPT != 0 {
+            self.look_at_queue(index, sock_flag::NATIVE_QUEUED);
+            return self.watch_claims(index);
+        }
+        if s.accepts().is_some_and(|q| !q.started) {
+            // Before the program's first accept: the kernel's queue is the only one.
+            self.look_at_queue(index, sock_flag::HOST_QUEUED);
             return self.watch_claims(index);
         }
         let r = if self.is_shadow() {
@@ -370,9 +375,57 @@ impl Guest {
         } else {
             self.accept_here(ep, index)
         };
+        self.look_after_accepts(index);
         let w = self.watch_claims(index);
         self.sync_host_backlog(index, 0);
         r.and(w)
+    }
+
+    /// The guest raised listener `index`'s attention while HOST_QUEUED was set: an
+    /// accept that found no record asks for a client the kernel holds. A listener not
+    /// started starts: from now on canald accepts ahead for it.
+    pub(crate) fn accept_asked(&mut self, index: u32) {
+        let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
+            return;
+        };
+        if s.flags & sock_flag::HOST_QUEUED == 0 {
+            return;
+        }
+        if let Some(q) = s.accepts_mut() {
+            q.started = true;
+            s.readable = true; // the flag says the kernel holds clients
+        }
+    }
+
+    /// After canald's accepts (feature HOST_QUEUED): whether the kernel still holds
+    /// clients canald did not take (it holds as many as it may, or its ring is
+    /// full), so that an accept finding no record asks rather than says EAGAIN — a
+    /// program that drains its listener gets every client the kernel has, as
+    /// natively. Left alone while a shadow's connections wait for their records.
+    fn look_after_accepts(&mut self, index: u32) {
+        if self.region.header().features & canal_abi::feature::HOST_QUEUED == 0 {
+            return;
+        }
+        let Some(Some(s)) = self.sockets.get(index as usize) else {
+            return;
+        };
+        if s.accepts().is_none_or(|q| q.accepting > 0) {
+            return;
+        }
+        // Not readable: canald's last accept found the queue empty (a client since
+        // then is an event, and a pass).
+        let queued = s.readable
+            && s.phase == Phase::Listening
+            && s.fd.as_ref().is_some_and(|fd| sys::poll_in(fd, 0));
+        let had = s.flags & sock_flag::HOST_QUEUED != 0;
+        if queued && !had {
+            self.set_flags(index, sock_flag::HOST_QUEUED, 0);
+            self.mark_changed(index);
+        } else if !queued && had {
+            // An accept waiting for canald's answer wakes to EAGAIN.
+            self.set_flags(index, 0, sock_flag::HOST_QUEUED);
+            self.mark_changed(index);
+        }
     }
 
     /// Serves at once this instance's listeners on host port `port`, which a connect
@@ -420,12 +473,15 @@ impl Guest {
         }
     }
 
-    /// A listener whose guest accepts native clients itself (`NATIVE_ACCEPT`): canald
-    /// takes none, it only says whether the kernel holds some (NATIVE_QUEUED), on each
-    /// event of the host listener and each attention the guest raises after an
-    /// accept that found none. The kernel's queue is the program's own, with its
-    /// backlog.
-    fn look_at_native_queue(&mut self, index: u32) {
+    /// A listener whose host queue canald leaves to the kernel says whether the
+    /// kernel holds clients (`flag`), on each event of the host listener and each
+    /// attention the guest raises after an accept that found none:
+    /// - NATIVE_QUEUED: its guest accepts native clients itself (`NATIVE_ACCEPT`);
+    /// - HOST_QUEUED: the program has not asked for a connection yet (feature
+    ///   HOST_QUEUED, `AcceptQueue::started`).
+    ///
+    /// The kernel's queue is then the program's own, with its backlog.
+    fn look_at_queue(&mut self, index: u32, flag: u32) {
         let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
             return;
         };
@@ -435,12 +491,12 @@ impl Guest {
         let listening = s.phase == Phase::Listening;
         let queued = listening && s.fd.as_ref().is_some_and(|fd| sys::poll_in(fd, 0));
         if queued {
-            self.set_flags(index, sock_flag::NATIVE_QUEUED, 0);
+            self.set_flags(index, flag, 0);
             if arrived {
                 self.mark_changed(index);
             }
         } else {
-            self.set_flags(index, 0, sock_flag::NATIVE_QUEUED);
+            self.set_flags(index, 0, flag);
         }
     }
 

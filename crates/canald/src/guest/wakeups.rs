@@ -159,6 +159,7 @@ impl Guest {
             while bits != 0 {
                 let b = bits.trailing_zeros();
                 bits &= bits - 1;
+                self.accept_asked(w as u32 * 64 + b);
                 self.mark_dirty(w as u32 * 64 + b);
             }
         }
@@ -262,7 +263,10 @@ impl Guest {
             | canal_abi::sock_flag::NO_ENTRY;
         let s = self.sockets.get(index as usize).and_then(|s| s.as_ref());
         match s.and_then(|s| s.accepts().map(|q| (s.flags, q))) {
-            Some((flags, q)) if flags & quiet != 0 && flags & news == 0 => q.unclaimed.len() as u32,
+            // HOST_QUEUED: one of them asks canald for the kernel's clients.
+            Some((flags, q)) if flags & quiet != 0 && flags & news == 0 => {
+                q.unclaimed.len() as u32 + u32::from(flags & canal_abi::sock_flag::HOST_QUEUED != 0)
+            }
             _ => u32::MAX,
         }
     }

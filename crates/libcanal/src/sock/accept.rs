@@ -151,6 +151,14 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 attention(s.g, s.idx);
             }
         }
+        if !native && s.flags() & f::HOST_QUEUED != 0 {
+            // The kernel holds clients canald has not taken (none before the first
+            // accept): this accept asks for one and waits for canald's answer (a
+            // record, or the flag cleared when they are gone), non-blocking or not.
+            attention(s.g, s.idx);
+            wait_for_first(&s)?;
+            continue;
+        }
         if nonblock {
             return Err(libc::EAGAIN);
         }
@@ -161,6 +169,26 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
         if s.kind() != sock_kind::LISTENER {
             return Err(libc::EINVAL);
         }
+    }
+}
+
+/// Waits for canald's answer to an accept that asked for the clients the kernel
+/// holds (HOST_QUEUED): a record, the flag gone, or news (an error, a hand-over, a
+/// stop, the listener gone). Not an exclusive accept wait: the answer may be no
+/// record at all, and every thread that asked must see it.
+fn wait_for_first(s: &Sock) -> Result<(), i32> {
+    let w = crate::conn::wait::wait_until(s.g, s.idx, None, || {
+        let st = s.snapshot();
+        st.rx_used > 0
+            || st.flags & f::HOST_QUEUED == 0
+            || st.pending_error != 0
+            || st.kind != sock_kind::LISTENER
+            || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
+            || st.flags & f::LISTENING == 0
+    });
+    match w {
+        Wait::Ready | Wait::Dead => Ok(()),
+        _ => Err(wait_err(w, false)),
     }
 }
 
@@ -183,6 +211,7 @@ fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Res
         stale &= queued;
         st.rx_used > 0
             || (queued && !stale)
+            || st.flags & f::HOST_QUEUED != 0
             || st.pending_error != 0
             || st.kind != sock_kind::LISTENER
             || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
