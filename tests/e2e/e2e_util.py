@@ -6,7 +6,9 @@ programs under test run under `canal run` (see conftest.py) and talk to these.
 
 import hashlib
 import os
+import select
 import socket
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -349,3 +351,31 @@ def iperf3_slack():
             return int(f.read().split()[-1])
 
     return sysctl_max("tcp_wmem") + sysctl_max("tcp_rmem") + (16 << 20)
+
+
+def handshakes_within(port, n, seconds):
+    """Starts n non-blocking connects; how many complete their handshake in time (a
+    client whose SYN the kernel dropped retries only after a second)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        socks.append(s)
+    ep = select.epoll()
+    for s in socks:
+        ep.register(s.fileno(), select.EPOLLOUT)
+    done, deadline = set(), time.monotonic() + seconds
+    while len(done) < n and time.monotonic() < deadline:
+        for fd, _ in ep.poll(0.05):
+            done.add(fd)
+            ep.unregister(fd)
+    ok = sum(1 for s in socks if s.fileno() in done
+             and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+    return ok, socks
+
+
+def host_queue_len(port):
+    """The kernel's accept queue of the listener on 127.0.0.1:port, as `ss` shows it."""
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return [int(line.split()[1]) for line in out.splitlines() if line.split()]

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from canal_harness import clean_env, serving_canald
-from e2e_util import free_port
+from e2e_util import free_port, host_queue_len
 
 
 # Both ends through canald: its relay, and a client that reaches a canal port through
@@ -166,12 +166,6 @@ for rnd in range(2):
 """
 
 
-def _host_queue_len(port):
-    """The kernel's accept queue of the listener on 127.0.0.1:port, as `ss` shows it."""
-    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
-    return [int(line.split()[1]) for line in out.splitlines() if line.split()]
-
-
 def _kernel_queue_rounds(proc):
     """Round 0: three clients wait in the queue before the first accept; round 1: seven
     arrive at once after it. Each round the program polls, then accepts without
@@ -185,7 +179,7 @@ def _kernel_queue_rounds(proc):
             clients.append(c)
         if rnd == 0:
             time.sleep(0.5)  # canald's passes: nothing may be taken ahead meanwhile
-            queue = _host_queue_len(port)
+            queue = host_queue_len(port)
         proc.popen.stdin.write(b"go\n")
         proc.popen.stdin.flush()
         proc.wait_line(f"round {rnd} ", 30)

@@ -363,29 +363,6 @@ def _host_backlog(port):
     return int(rows[0][1]), int(rows[0][2])
 
 
-def _handshakes_within(port, n, seconds):
-    """Starts n non-blocking connects; how many complete their handshake in time (a
-    client whose SYN the kernel dropped retries only after a second)."""
-    import select
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-        socks.append(s)
-    ep = select.epoll()
-    for s in socks:
-        ep.register(s.fileno(), select.EPOLLOUT)
-    done, deadline = set(), time.monotonic() + seconds
-    while len(done) < n and time.monotonic() < deadline:
-        for fd, _ in ep.poll(0.05):
-            done.add(fd)
-            ep.unregister(fd)
-    ok = sum(1 for s in socks if s.fileno() in done
-             and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
-    return ok, socks
-
-
 def test_listener_gets_its_backlog_back_when_the_program_catches_up(canal_bin, procs, python, tmp_path):
     """A program that fell behind a burst of clients and then took them all: the host
     listener's backlog, lowered while canald held the connections for it, is the
@@ -423,7 +400,7 @@ def test_listener_gets_its_backlog_back_when_the_program_catches_up(canal_bin, p
                                  f"then {sorted(set(seen))}") from None
         os.kill(d.pid, signal.SIGSTOP)
         try:
-            ok, socks = _handshakes_within(port, backlog + 8, 0.5)
+            ok, socks = e2e_util.handshakes_within(port, backlog + 8, 0.5)
         finally:
             os.kill(d.pid, signal.SIGCONT)
         # Natively backlog + 1 complete; canald holds none now and gave the host
@@ -460,7 +437,7 @@ def _bursts_against_fresh_listeners(proc, rounds, served=lambda: None):
         port = int(proc.wait_line(f"PORT{i} ", 20).split()[1])
         if i == 0:
             served()
-        got, socks = _handshakes_within(port, 6, 0.4)
+        got, socks = e2e_util.handshakes_within(port, 6, 0.4)
         counts.append(got)
         for c in socks:
             c.close()
