@@ -151,6 +151,43 @@ fn listen_and_accept_records() {
     );
 }
 
+/// Feature HOST_QUEUED (protocol §5 Accept, minor 20): before an accept asks, canald
+/// takes no client off the host listener (the kernel's queue is the only one) and only
+/// says that the kernel holds some; the guest's attention with the flag set starts the
+/// listener, every client then comes as a record in the kernel's order, and the flag
+/// goes once canald finds the kernel's queue empty.
+#[test]
+fn host_queued_leaves_clients_to_the_kernel_until_an_accept_asks() {
+    let d = TestDaemon::start(&[]);
+    let flag = canal_abi::control::hello_flag::HOST_QUEUED;
+    let mut g = TestGuest::attach_with(&d.path, "srv", flag);
+    let features = g.region.header().features;
+    assert_ne!(features & canal_abi::feature::HOST_QUEUED, 0);
+    let (l, port) = tcp_listener(&mut g);
+    let clients: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    g.wait_flags(l, sock_flag::HOST_QUEUED);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(g.rx_queued(l), 0, "taken ahead before an accept asked");
+    assert_ne!(g.flags(l) & sock_flag::HOST_QUEUED, 0);
+    let i = canal_abi::handle_index(l);
+    g.region.raise_attention(i);
+    g.kick_socket(i);
+    for c in &clients {
+        let (kind, addr, _) = g.wait_record(l);
+        assert_eq!(kind, record_kind::ACCEPT);
+        assert_eq!(
+            addr.port,
+            c.local_addr().unwrap().port(),
+            "the kernel's order"
+        );
+    }
+    g.wait_until("HOST_QUEUED cleared", || {
+        g.flags(l) & sock_flag::HOST_QUEUED == 0
+    });
+}
+
 #[test]
 fn udp_records_both_ways() {
     let d = TestDaemon::start(&[]);
