@@ -379,3 +379,18 @@ def host_queue_len(port):
     """The kernel's accept queue of the listener on 127.0.0.1:port, as `ss` shows it."""
     out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
     return [int(line.split()[1]) for line in out.splitlines() if line.split()]
+
+
+# Python source for a guest program: `accept_all(l)` takes every connection listener
+# `l` has now, without blocking (an accept loop until EAGAIN, as event-driven servers
+# drain a listener).
+ACCEPT_ALL = """
+def accept_all(l):
+    l.setblocking(False)
+    conns = []
+    while True:
+        try:
+            conns.append(l.accept()[0])
+        except BlockingIOError:
+            return conns
+"""

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from canal_harness import clean_env, serving_canald
-from e2e_util import free_port, host_queue_len
+from e2e_util import ACCEPT_ALL, free_port, host_queue_len
 
 
 # Both ends through canald: its relay, and a client that reaches a canal port through
@@ -144,7 +144,7 @@ def test_small_backlogs_let_in_as_many_clients_as_natively(canal_bin, procs, pyt
         assert r.stdout == native.stdout, f"natively:\n{native.stdout}\nunder canal ({mode}):\n{r.stdout}"
 
 
-KERNEL_QUEUE = r"""
+KERNEL_QUEUE = ACCEPT_ALL + r"""
 import select, socket, sys
 l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(8)
 print("PORT", l.getsockname()[1], flush=True)
@@ -152,15 +152,8 @@ p = select.poll(); p.register(l, select.POLLIN)
 for rnd in range(2):
     sys.stdin.readline()
     ready = "IN" if p.poll(5000) else "-"
-    l.setblocking(False)
-    conns = []
-    while True:
-        try:
-            conns.append(l.accept()[0])
-        except BlockingIOError:
-            break
     ids = []
-    for c in conns:
+    for c in accept_all(l):
         c.settimeout(5); ids.append(c.recv(1).decode()); c.close()
     print("round", rnd, ready, "accepted", " ".join(ids), flush=True)
 """

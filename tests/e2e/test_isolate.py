@@ -191,19 +191,12 @@ def test_published_ports_are_the_only_way_in(canald, procs, python):
     assert lines[2] == "datagram hi 10.0.2.2", r.describe()
 
 
-GUEST_BACKLOG = r"""
+GUEST_BACKLOG = e2e_util.ACCEPT_ALL + r"""
 import socket, sys
 l = socket.socket(); l.bind(("0.0.0.0", int(sys.argv[1]))); l.listen(2)
 print("ready", flush=True)
 sys.stdin.readline()
-l.setblocking(False)
-conns = []
-while True:
-    try:
-        conns.append(l.accept()[0])
-    except BlockingIOError:
-        break
-print("accepted", len(conns), flush=True)
+print("accepted", len(accept_all(l)), flush=True)
 """
 
 
