@@ -299,7 +299,7 @@ impl Guest {
         let features = self.region.header().features;
         let native = features & canal_abi::feature::NATIVE_ACCEPT != 0 && !self.is_shadow();
         // A guest that waits on HOST_QUEUED gets no connection taken ahead before its
-        // first accept asks (`Guest::first_accept_asked`).
+        // first accept asks (`Guest::accept_asked`).
         let first_asks = features & canal_abi::feature::HOST_QUEUED != 0;
         let host = if native {
             eff as i32

@@ -156,7 +156,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
             // accept): this accept asks for one and waits for canald's answer (a
             // record, or the flag cleared when they are gone), non-blocking or not.
             attention(s.g, s.idx);
-            wait_for_first(&s)?;
+            wait_for_first(&s, nonblock)?;
             continue;
         }
         if nonblock {
@@ -175,8 +175,10 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
 /// Waits for canald's answer to an accept that asked for the clients the kernel
 /// holds (HOST_QUEUED): a record, the flag gone, or news (an error, a hand-over, a
 /// stop, the listener gone). Not an exclusive accept wait: the answer may be no
-/// record at all, and every thread that asked must see it.
-fn wait_for_first(s: &Sock) -> Result<(), i32> {
+/// record at all, and every thread that asked must see it. A signal ends a blocking
+/// accept with EINTR, as natively; a non-blocking one never sleeps natively, so it
+/// asks again rather than fail so.
+fn wait_for_first(s: &Sock, nonblock: bool) -> Result<(), i32> {
     let w = crate::conn::wait::wait_until(s.g, s.idx, None, || {
         let st = s.snapshot();
         st.rx_used > 0
@@ -188,6 +190,7 @@ fn wait_for_first(s: &Sock) -> Result<(), i32> {
     });
     match w {
         Wait::Ready | Wait::Dead => Ok(()),
+        Wait::Interrupted if nonblock => Ok(()),
         _ => Err(wait_err(w, false)),
     }
 }
