@@ -202,6 +202,44 @@ def test_clients_wait_in_the_kernels_queue_until_the_program_accepts(canal_bin, 
     assert got == want, f"natively {want}, under canal ({mode}) {got}"
 
 
+EDGE_ARRIVALS = r"""
+import select, socket, sys, time
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(8)
+print("PORT", l.getsockname()[1], flush=True)
+ep = select.epoll(); ep.register(l.fileno(), select.EPOLLIN | select.EPOLLET)
+events, t = 0, time.monotonic()
+while time.monotonic() - t < 2.5:
+    events += len(ep.poll(0.2))
+print("events", events, flush=True)
+"""
+
+
+def _edge_events_for_three_arrivals(proc):
+    port = int(proc.wait_line("PORT ", 30).split()[1])
+    clients = []
+    for _ in range(3):
+        time.sleep(0.4)
+        clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+    line = proc.wait_line("events ", 30)
+    for c in clients:
+        c.close()
+    return line
+
+
+@pytest.mark.parametrize("mode", ["shortcut", "no-shortcut"])
+def test_each_client_arrival_is_an_edge_before_the_first_accept(canal_bin, procs, python, mode):
+    """An edge-triggered epoll item of a listener nobody accepts on gets one event per
+    arriving client, as natively (three clients 0.4 s apart: three events). Through
+    canald's relay the clients stay in the kernel's queue before the first accept, and
+    each arrival marks the listener changed although HOST_QUEUED stays set."""
+    argv = [python, "-c", EDGE_ARRIVALS]
+    want = _edge_events_for_three_arrivals(procs.spawn(argv, name="edge-native"))
+    assert want == "events 3", f"natively {want} (the test is wrong)"
+    with serving_canald(canal_bin, procs, args=NO_SHORTCUT if mode == "no-shortcut" else []) as d:
+        got = _edge_events_for_three_arrivals(d.spawn(argv, name="edge-canal"))
+    assert got == want, f"natively {want}, under canal ({mode}) {got}"
+
+
 PASS_DATAGRAM = r"""
 import array, errno, socket, sys
 a, b = socket.socketpair()
