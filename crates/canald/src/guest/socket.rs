@@ -211,6 +211,12 @@ impl HostSocket {
         self.v6only = from.v6only;
         self.linger = from.linger;
     }
+
+    /// Whether this socket listens and the kernel's accept queue of its host socket
+    /// holds clients now (a `poll`).
+    pub(crate) fn kernel_queued(&self) -> bool {
+        self.phase == Phase::Listening && self.fd.as_ref().is_some_and(|fd| sys::poll_in(fd, 0))
+    }
 }
 
 /// A listener's accept queue as canald sees it.

@@ -414,9 +414,7 @@ impl Guest {
         }
         // Not readable: canald's last accept found the queue empty (a client since
         // then is an event, and a pass).
-        let queued = s.readable
-            && s.phase == Phase::Listening
-            && s.fd.as_ref().is_some_and(|fd| sys::poll_in(fd, 0));
+        let queued = s.readable && s.kernel_queued();
         let had = s.flags & sock_flag::HOST_QUEUED != 0;
         if queued && !had {
             self.set_flags(index, sock_flag::HOST_QUEUED, 0);
@@ -488,8 +486,7 @@ impl Guest {
         // An event (not the guest's attention): a client arrived, news for an
         // edge-triggered epoll item even if the flag stays set.
         let arrived = std::mem::take(&mut s.readable);
-        let listening = s.phase == Phase::Listening;
-        let queued = listening && s.fd.as_ref().is_some_and(|fd| sys::poll_in(fd, 0));
+        let queued = s.kernel_queued();
         if queued {
             self.set_flags(index, flag, 0);
             if arrived {

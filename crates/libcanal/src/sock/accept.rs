@@ -3,6 +3,7 @@ use crate::conn::request::attention;
 use crate::conn::wait::wait_accept;
 use crate::conn::wait::Wait;
 use crate::fdtable::TABLE;
+use crate::ready::SockState;
 use crate::sock::core::dead_err;
 use crate::sock::core::wait_err;
 use crate::sock::core::Sock;
@@ -181,12 +182,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
 fn wait_for_first(s: &Sock, nonblock: bool) -> Result<(), i32> {
     let w = crate::conn::wait::wait_until(s.g, s.idx, None, || {
         let st = s.snapshot();
-        st.rx_used > 0
-            || st.flags & f::HOST_QUEUED == 0
-            || st.pending_error != 0
-            || st.kind != sock_kind::LISTENER
-            || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
-            || st.flags & f::LISTENING == 0
+        st.rx_used > 0 || st.flags & f::HOST_QUEUED == 0 || news(&st)
     });
     match w {
         Wait::Ready | Wait::Dead => Ok(()),
@@ -212,16 +208,19 @@ fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Res
         let st = s.snapshot();
         let queued = st.flags & f::NATIVE_QUEUED != 0;
         stale &= queued;
-        st.rx_used > 0
-            || (queued && !stale)
-            || st.flags & f::HOST_QUEUED != 0
-            || st.pending_error != 0
-            || st.kind != sock_kind::LISTENER
-            || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
-            || st.flags & f::LISTENING == 0
+        st.rx_used > 0 || (queued && !stale) || st.flags & f::HOST_QUEUED != 0 || news(&st)
     });
     match w {
         Wait::Ready | Wait::Dead => Ok(()), // the death: looked at by the caller
         _ => Err(wait_err(w, false)),
     }
+}
+
+/// News that ends every wait on a listener, for `accept` to act on: an error, a
+/// hand-over, out of entries (EMFILE), stopped listening, or no longer a listener.
+fn news(st: &SockState) -> bool {
+    st.pending_error != 0
+        || st.kind != sock_kind::LISTENER
+        || st.flags & (f::NO_ENTRY | f::HANDED_OVER) != 0
+        || st.flags & f::LISTENING == 0
 }
