@@ -6,7 +6,11 @@ socket (the guest itself; canald with `--direct off`), and `canal stat` lists th
 short-circuited one. The socket calls of progs/calls.py (sockets used before their
 first address, shut down before connecting, TCP Fast Open, UDP) answer as natively."""
 
+import os
+import signal
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -137,3 +141,51 @@ def test_native_clients_are_accepted_as_natively(canal_bin, procs, python, progs
                   env=clean_env({"NATIVE_ACCEPT_POOL": str(pool)}))
         assert r.returncode == 0, r.describe()
         assert r.stdout == want.stdout, f"natively:\n{want.stdout}\nunder canal:\n{r.stdout}"
+
+
+def _voluntary_switches(pid):
+    """Voluntary context switches of all of process `pid`'s threads so far."""
+    n = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/status") as f:
+            n += sum(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
+    return n
+
+
+def _native_client(port):
+    """One native client: connect, 1 byte echoed, close; seconds it took."""
+    t = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(b"x")
+        assert c.recv(1) == b"x"
+    return time.monotonic() - t
+
+
+@pytest.mark.parametrize("mode", ["accept", "poll", "select", "exec-poll"])
+def test_native_clients_need_nothing_of_canald(canal_bin, procs, python, progs, mode):
+    """Feature NATIVE_QUIET (protocol §2 Native accepts): a server whose threads wait
+    for native clients in accept(), poll() or select() sleeps on its own copy of the
+    host listener (a program exec'd with the listener asks for its own as it starts),
+    so the kernel wakes it and canald does nothing per client. An epoll set holding
+    the listener still relies on canald's look at each arrival (progs/native_accept.py
+    checks its edges). Checked
+    twice: canald's voluntary context switches over 200 clients (before the feature
+    one per client, from watching the host listener), and 20 clients served, each at
+    once, while canald is stopped (SIGSTOP) — a poll or select sleep waiting for
+    canald's wake-up would wait a second (its re-check) per client."""
+    with serving_canald(canal_bin, procs) as d:
+        server = d.spawn([python, progs / "native_quiet.py", mode], name=f"quiet-{mode}")
+        port = int(server.wait_line("READY", 30).split()[1])
+        _native_client(port)  # the first arrival after LISTEN is canald's to see
+        time.sleep(0.2)
+        before = _voluntary_switches(d.pid)
+        for _ in range(200):
+            _native_client(port)
+        woke = _voluntary_switches(d.pid) - before
+        assert woke < 40, f"canald woke {woke} times for 200 native clients of a {mode} server"
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            took = [_native_client(port) for _ in range(20)]
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        assert max(took) < 0.5, f"with canald stopped, clients took {sorted(took)[-3:]} s"

@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 20;
+pub const VERSION_MINOR: u16 = 21;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -117,6 +117,15 @@ pub mod feature {
     /// meets the kernel's one queue. Set for a guest that announced
     /// `hello_flag::HOST_QUEUED`.
     pub const HOST_QUEUED: u64 = 1 << 19;
+    /// A NATIVE_ACCEPT listener's host queue is looked at only while the guest relies
+    /// on it (protocol §2 Native accepts, minor 21): canald watches the host listener
+    /// for one arrival after LISTEN, then not again until the guest sets
+    /// `guest_flag::NATIVE_LOOKS` in the listener's entry (an epoll set holds it, or
+    /// a process has no copy to look at itself) and raises its attention. A server
+    /// whose threads block in accept(), or poll it, on the copy is then served by
+    /// the kernel alone: no canald wake-up per native client. Set with NATIVE_ACCEPT
+    /// for a guest that announced `hello_flag::NATIVE_QUIET`.
+    pub const NATIVE_QUIET: u64 = 1 << 20;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -135,6 +144,7 @@ pub mod feature {
         | DIRECT
         | NATIVE_ACCEPT
         | HOST_QUEUED
+        | NATIVE_QUIET
         | CLOSE_CHECK;
 }
 

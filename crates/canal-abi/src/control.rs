@@ -234,6 +234,9 @@ pub mod hello_flag {
     pub const NATIVE_ACCEPT: u32 = 1 << 17;
     /// The guest waits on a relayed listener's HOST_QUEUED (`feature::HOST_QUEUED`).
     pub const HOST_QUEUED: u32 = 1 << 18;
+    /// The guest looks at a NATIVE_ACCEPT listener's copy itself and says when it
+    /// relies on canald's NATIVE_QUEUED (`feature::NATIVE_QUIET`).
+    pub const NATIVE_QUIET: u32 = 1 << 19;
 }
 
 /// SEGMENT_OK body bytes.

@@ -206,7 +206,8 @@ pub struct SocketEntry {
     pub rx_tail: AtomicU64,
     /// Guest-only: descriptors referring to this socket across the guest's processes.
     pub refs: AtomicU32,
-    /// Guest-only: file status flags shared by all descriptors (O_NONBLOCK).
+    /// Guest-written: file status flags shared by all descriptors (O_NONBLOCK), and
+    /// (minor 21) `guest_flag::NATIVE_LOOKS`, the one bit canald reads.
     pub guest_flags: AtomicU32,
     /// Guest-only: locks serialising senders and receivers.
     pub tx_lock: AtomicU32,
@@ -319,6 +320,14 @@ pub mod kept_opt {
 /// Guest-only flag bits in `SocketEntry::guest_flags`.
 pub mod guest_flag {
     pub const NONBLOCK: u32 = 1 << 0;
+    /// (minor 21, `feature::NATIVE_QUIET`) A NATIVE_ACCEPT listener: some thread of
+    /// the guest relies on canald's `sock_flag::NATIVE_QUEUED` (an epoll set holds
+    /// the listener, or a process has no copy of the host listener to look at), so
+    /// canald looks at the host queue on every arrival. Set once, never cleared
+    /// while the entry lives; the guest raises the listener's attention after setting
+    /// it. The one bit of this word canald reads: a guest that lies about it only
+    /// makes canald watch, or not watch, its own listener.
+    pub const NATIVE_LOOKS: u32 = 1 << 16;
 }
 
 /// Payload of an ACCEPT record: the new socket's handle.

@@ -148,7 +148,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 1400 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 1500 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -205,8 +205,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 20,
-        HeaderError::UnknownFeatures(1 << 20),
+        &|h| h.features |= 1 << 21,
+        HeaderError::UnknownFeatures(1 << 21),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -478,7 +478,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1111_1111_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b1_1111_1111_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
@@ -518,6 +518,17 @@ fn host_queued_wire_values() {
     assert_eq!(canal_abi::sock_flag::HOST_QUEUED, 1 << 15);
     assert_ne!(feature::KNOWN & feature::HOST_QUEUED, 0);
     const { assert!(canal_abi::VERSION_MINOR >= 20) };
+}
+
+#[test]
+fn native_quiet_wire_values() {
+    // protocol.md §2 (HELLO flags bit 19), §3 (features bit 20; guest_flags bit 16).
+    use canal_abi::control::hello_flag;
+    assert_eq!(hello_flag::NATIVE_QUIET, 1 << 19);
+    assert_eq!(feature::NATIVE_QUIET, 1 << 20);
+    assert_eq!(canal_abi::guest_flag::NATIVE_LOOKS, 1 << 16);
+    assert_ne!(feature::KNOWN & feature::NATIVE_QUIET, 0);
+    const { assert!(canal_abi::VERSION_MINOR >= 21) };
 }
 
 #[test]

@@ -518,8 +518,13 @@ impl Daemon {
                 .directory
                 .is_some();
         let native = hello_flags & control::hello_flag::NATIVE_ACCEPT != 0;
+        let quiet = if hello_flags & control::hello_flag::NATIVE_QUIET != 0 {
+            canal_abi::feature::NATIVE_QUIET
+        } else {
+            0
+        };
         match (direct, native) {
-            (true, true) => canal_abi::feature::DIRECT | canal_abi::feature::NATIVE_ACCEPT,
+            (true, true) => canal_abi::feature::DIRECT | canal_abi::feature::NATIVE_ACCEPT | quiet,
             (true, false) => canal_abi::feature::DIRECT,
             _ => 0,
         }

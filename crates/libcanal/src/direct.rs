@@ -96,7 +96,9 @@ fn allowed() -> bool {
 /// off (then canald also accepts its listeners' native clients, as for any guest).
 pub(crate) fn hello_flags() -> u32 {
     if allowed() {
-        canal_abi::control::hello_flag::DIRECT | canal_abi::control::hello_flag::NATIVE_ACCEPT
+        canal_abi::control::hello_flag::DIRECT
+            | canal_abi::control::hello_flag::NATIVE_ACCEPT
+            | canal_abi::control::hello_flag::NATIVE_QUIET
     } else {
         0
     }

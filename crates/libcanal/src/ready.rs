@@ -6,8 +6,9 @@ use canal_abi::ring::RECORD_HEADER;
 use canal_abi::{sock_flag as f, sock_kind};
 use libc::c_short;
 
-/// libcanal-private bits of `SocketEntry::guest_flags` (the word is guest-only; bit 0
-/// is the ABI's O_NONBLOCK). Set by this process family's shutdown() calls.
+/// libcanal-private bits of `SocketEntry::guest_flags` (bit 0 is the ABI's O_NONBLOCK,
+/// bit 16 its NATIVE_LOOKS, which canald reads; these it never does). Set by this
+/// process family's calls (shutdown(), connect(), ...).
 pub(crate) mod local {
     pub(crate) const SHUT_RD: u32 = 1 << 1;
     pub(crate) const SHUT_WR: u32 = 1 << 2;

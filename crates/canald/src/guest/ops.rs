@@ -336,6 +336,9 @@ impl Guest {
         s.readable = true; // connections may already be queued
         let e = self.entry(index);
         e.kind.store(sock_kind::LISTENER, Ordering::Release);
+        if native && features & canal_abi::feature::NATIVE_QUIET != 0 {
+            self.watch_native(ep, index, true)?;
+        }
         let native = if native { sock_flag::NATIVE_ACCEPT } else { 0 };
         self.set_flags(index, sock_flag::LISTENING | native, 0);
         self.sc_listened(index, backlog);

@@ -186,6 +186,10 @@ pub(crate) struct HostSocket {
     /// canald drives it). An unconnected stream is not, until it connects or listens
     /// (`Guest::poll_host`): a short-circuited connector never needs either.
     pub(crate) polled: bool,
+    /// A NATIVE_ACCEPT listener of a NATIVE_QUIET guest: its host socket is watched
+    /// for one arrival at a time (EPOLLONESHOT), not again until the guest relies on
+    /// NATIVE_QUEUED (`guest_flag::NATIVE_LOOKS`: `Guest::watch_native`).
+    pub(crate) native_quiet: bool,
 }
 
 /// What an accepted socket takes from its listener, as the kernel's does, beyond the
@@ -413,6 +417,7 @@ impl HostSocket {
             v6only: false,
             via_resolver: false,
             polled: false,
+            native_quiet: false,
         }
     }
 

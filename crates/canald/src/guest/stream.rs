@@ -15,6 +15,7 @@ use crate::sys::Epoll;
 use canal_abi::sock_flag;
 use canal_abi::sync::fence;
 use canal_abi::sync::Ordering;
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 impl Guest {
@@ -362,6 +363,13 @@ impl Guest {
             return Ok(());
         };
         if s.flags & sock_flag::NATIVE_ACCEPT != 0 {
+            let looks = self.entry(index).guest_flags.load(Ordering::Relaxed)
+                & canal_abi::guest_flag::NATIVE_LOOKS
+                != 0;
+            if s.native_quiet && looks {
+                // The guest relies on NATIVE_QUEUED from now on: every arrival.
+                let _ = self.watch_native(ep, index, false);
+            }
             self.look_at_queue(index, sock_flag::NATIVE_QUEUED);
             return self.watch_claims(index);
         }
@@ -379,6 +387,40 @@ impl Guest {
         let w = self.watch_claims(index);
         self.sync_host_backlog(index, 0);
         r.and(w)
+    }
+
+    /// How canald watches NATIVE_ACCEPT listener `index`'s host socket. `quiet`
+    /// (feature NATIVE_QUIET, at LISTEN): for the next arrival only (EPOLLONESHOT),
+    /// and not again — the guest's threads take native clients on their copies of the
+    /// host listener, sleeping on them in accept() and poll(), so the kernel wakes
+    /// them and a native client costs canald nothing. Unless the guest already relies
+    /// on NATIVE_QUEUED (`guest_flag::NATIVE_LOOKS`: an epoll set holds the listener,
+    /// whose edges come from canald's marks, or a process has no copy): then, as
+    /// without the feature, every arrival. A re-arm finding clients queued reports
+    /// them once at once, as adding a ready socket to an epoll set does.
+    pub(crate) fn watch_native(&mut self, ep: &Epoll, index: u32, quiet: bool) -> Result<(), i32> {
+        let looks = self.entry(index).guest_flags.load(Ordering::Relaxed)
+            & canal_abi::guest_flag::NATIVE_LOOKS
+            != 0;
+        let conn = self.conn;
+        let s = self.live(index)?;
+        let quiet = quiet && !looks;
+        let events = if quiet {
+            sys::EP_HOST_SOCKET | sys::EP_ONESHOT
+        } else {
+            sys::EP_HOST_SOCKET
+        };
+        let tok = crate::guest::socket::token::make(
+            crate::guest::socket::token::SOCKET,
+            conn,
+            s.generation(),
+            index as u16,
+        );
+        let fd = s.fd.as_ref().ok_or(canal_abi::errno::EBADF)?;
+        ep.modify(fd.as_raw_fd(), events, tok)
+            .map_err(|e| crate::sys::errno_of(&e))?;
+        s.native_quiet = quiet;
+        Ok(())
     }
 
     /// The guest raised listener `index`'s attention while HOST_QUEUED was set: an

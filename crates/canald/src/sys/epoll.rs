@@ -20,6 +20,8 @@ pub(crate) const EP_ET: u32 = libc::EPOLLET as u32;
 
 pub(crate) const EP_PRI: u32 = libc::EPOLLPRI as u32;
 
+pub(crate) const EP_ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+
 /// What canald watches on a guest's host socket: every event, edge-triggered; PRI
 /// tells urgent data (a read stops at its mark).
 pub(crate) const EP_HOST_SOCKET: u32 = EP_IN | EP_OUT | EP_RDHUP | EP_PRI | EP_ET;

@@ -116,7 +116,10 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     let seq = match target {
         Target::Canal(h) => crate::conn::guest::guest()
             .and_then(|g| Sock::new(g, h).ok())
-            .map_or((0, None), |s| s.edge_seq()),
+            .map_or((0, None), |s| {
+                crate::sock::native::held_by_epoll(&s);
+                s.edge_seq()
+            }),
         Target::Nested(_) => (0, None),
     };
     // A set about to rely on the event log maps it first (a round trip to canald,

@@ -784,6 +784,7 @@ pub(super) fn eval(
             } else {
                 match Sock::new(g, h) {
                     Ok(s) => {
+                        crate::sock::native::held_by_epoll(&s);
                         // The sequence first: a change after it is seen next time.
                         let (seq, tx) = s.edge_seq();
                         sock = Some(s);

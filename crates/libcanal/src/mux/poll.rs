@@ -179,12 +179,16 @@ pub(crate) fn poll(
         } else {
             Vec::new()
         };
-        let mut cond = || scan_canal(g, fds) > 0;
         for w in work[..n].iter_mut() {
             w.revents = 0;
         }
+        let twins = crate::sock::native::poll_twins(g, fds, &mut work[..n]);
+        let mut cond = || scan_canal(g, fds) > 0;
         let scope = crate::conn::sleep::Scope::listed_or(&listed, wait_on);
         let r = crate::conn::sleep::sleep_ready_in(g, scope, remaining, &mut cond, work, sigmask);
+        if twins {
+            crate::sock::native::unpoll_twins(fds, &mut work[..n]);
+        }
         match r {
             Err(libc::EINTR) => return Err(libc::EINTR),
             Err(e) => return Err(e),

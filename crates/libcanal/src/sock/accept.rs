@@ -147,9 +147,12 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 return Ok(x);
             }
             if s.flags() & f::NATIVE_QUEUED != 0 {
-                // canald saw clients the kernel no longer holds: it looks again.
+                // canald saw clients the kernel no longer holds: it looks again, if
+                // it looks at all (`native::canald_looks`).
                 stale = true;
-                attention(s.g, s.idx);
+                if crate::sock::native::canald_looks(&s) {
+                    attention(s.g, s.idx);
+                }
             }
         }
         if !native && s.flags() & f::HOST_QUEUED != 0 {
@@ -197,6 +200,9 @@ fn wait_for_first(s: &Sock, nonblock: bool) -> Result<(), i32> {
 /// while spinning and polled while asleep, so the kernel wakes the wait.
 fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Result<(), i32> {
     let twin = native.map_or(-1, |_| crate::sock::native::sleep_fd(s.handle));
+    if native.is_some() && twin < 0 {
+        crate::sock::native::rely_on_canald(s); // nothing of its own to sleep on
+    }
     let mut stale = native.unwrap_or(false);
     let mut looks = 0u32;
     let w = wait_accept(s.g, s.idx, deadline, twin, || {

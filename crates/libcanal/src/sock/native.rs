@@ -186,19 +186,112 @@ pub(crate) fn prefetch(s: &Sock) {
 /// `flags` with NATIVE_QUEUED as the kernel's queue has it now, where this process
 /// holds the twin: poll(2) of a listener is exact natively (a client whose connect
 /// returned is there; one just accepted is gone), and canald's flag lags both ways.
-/// A flag canald left set over an empty queue is news for canald.
+/// A flag canald left set over an empty queue is news for canald, if it looks.
+/// Without a twin the flag is all there is: this process relies on it.
 fn queued_now(s: &Sock, flags: u32) -> u32 {
     let q = canal_abi::sock_flag::NATIVE_QUEUED;
-    let Some(fd) = cached(s.handle) else {
+    let Some(fd) = own_twin(s) else {
         return flags;
     };
     if looked_at(s.handle, fd) {
         flags | q
     } else {
-        if flags & q != 0 {
+        if flags & q != 0 && canald_looks(s) {
             crate::conn::request::attention(s.g, s.idx);
         }
         flags & !q
+    }
+}
+
+/// This process's twin of listener `s` (one is asked for after listen(), and by an
+/// exec'd program for each listener it inherits). None where canald's NATIVE_QUEUED
+/// must do instead — no room was left to keep one, or canald refused it — after
+/// relying on it (`rely_on_canald`).
+fn own_twin(s: &Sock) -> Option<c_int> {
+    let fd = cached(s.handle);
+    if fd.is_none() {
+        rely_on_canald(s);
+    }
+    fd
+}
+
+/// Whether canald looks at listener `s`'s host queue on every arrival, so that its
+/// NATIVE_QUEUED is worth correcting: always without feature NATIVE_QUIET; with it,
+/// once some thread relies on the flag (`rely_on_canald`). Otherwise canald looked
+/// once, after LISTEN, and the flag may say so forever: every thread of the guest
+/// looks at its twin instead.
+pub(crate) fn canald_looks(s: &Sock) -> bool {
+    s.g.region.header().features & canal_abi::feature::NATIVE_QUIET == 0
+        || s.e.guest_flags.load(Ordering::Relaxed) & canal_abi::guest_flag::NATIVE_LOOKS != 0
+}
+
+/// (feature NATIVE_QUIET) The calling thread relies on canald's NATIVE_QUEUED for
+/// listener `s` from now on: an epoll set holds it (its edges and its sleepers'
+/// wake-ups come from canald's marks), or this process has no twin to look at or
+/// sleep on. Sets NATIVE_LOOKS once for the listener's life and raises its
+/// attention: canald then watches every arrival, as without the feature. Threads
+/// that block in accept() or poll() on a twin need none of it.
+pub(crate) fn rely_on_canald(s: &Sock) {
+    if canald_looks(s) {
+        return;
+    }
+    let looks = canal_abi::guest_flag::NATIVE_LOOKS;
+    // Release by the attention's own fetch_or: canald, seeing the bit, sees the flag.
+    if s.e.guest_flags.fetch_or(looks, Ordering::Relaxed) & looks == 0 {
+        crate::conn::request::attention(s.g, s.idx);
+    }
+}
+
+/// An epoll set holds `s` (epoll_ctl added it, or a wait looks at it): a
+/// NATIVE_ACCEPT listener's edges and its sleepers' wake-ups are then canald's marks.
+pub(crate) fn held_by_epoll(s: &Sock) {
+    if s.kind() == canal_abi::sock_kind::LISTENER && applies(s.flags()) {
+        rely_on_canald(s);
+    }
+}
+
+/// Where a poll sleeps (mux/poll.rs): for each entry of `fds` that is a NATIVE_ACCEPT
+/// listener polled for input, its twin in `work`'s place for it (the kernel then
+/// wakes the sleep for a native client, without canald); a listener this process
+/// has no twin for relies on canald instead. Returns whether any twin was put.
+pub(crate) fn poll_twins(
+    g: &'static Guest,
+    fds: &[libc::pollfd],
+    work: &mut [libc::pollfd],
+) -> bool {
+    let mut any = false;
+    for (p, w) in fds.iter().zip(work.iter_mut()) {
+        if p.fd < 0 || p.events & (libc::POLLIN | libc::POLLRDNORM) == 0 {
+            continue;
+        }
+        let Some(s) = TABLE.handle(p.fd).and_then(|h| Sock::new(g, h).ok()) else {
+            continue;
+        };
+        if s.kind() != canal_abi::sock_kind::LISTENER || !applies(s.flags()) {
+            continue;
+        }
+        if let Some(fd) = own_twin(&s) {
+            *w = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            any = true;
+        }
+    }
+    any
+}
+
+/// After the sleep: the places `poll_twins` filled are canal entries again (-1).
+pub(crate) fn unpoll_twins(fds: &[libc::pollfd], work: &mut [libc::pollfd]) {
+    for (p, w) in fds.iter().zip(work.iter_mut()) {
+        if p.fd >= 0 && w.fd >= 0 && TABLE.handle(p.fd).is_some() {
+            *w = libc::pollfd {
+                fd: -1,
+                events: p.events,
+                revents: 0,
+            };
+        }
     }
 }
 
