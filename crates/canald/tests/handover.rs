@@ -273,3 +273,47 @@ fn another_guest_cannot_have_a_copy_of_a_listener_not_its_own() {
         "its own guest still gets it"
     );
 }
+
+/// Feature NATIVE_QUIET (protocol §2 Native accepts, minor 21): canald looks at a
+/// NATIVE_ACCEPT listener's host queue for its first native client only, until the
+/// guest sets NATIVE_LOOKS in the listener's `guest_flags` and raises its attention;
+/// then it looks at once, and at every arrival after.
+#[test]
+fn a_quiet_native_listener_is_watched_once_the_guest_relies_on_it() {
+    use canal_abi::control::hello_flag as hf;
+    let d = TestDaemon::start(&[]);
+    let flags = hf::SHORTCUT | hf::DIRECT | hf::NATIVE_ACCEPT | hf::NATIVE_QUIET;
+    let mut g = TestGuest::attach_with(&d.path, "quiet", flags);
+    let features = g.region.header().features;
+    assert_ne!(features & canal_abi::feature::NATIVE_QUIET, 0);
+    let (l, port) = tcp_listener(&mut g);
+    let i = canal_abi::handle_index(l);
+    let k = TcpListener::from(listener_socket(&g, l).expect("the listener's copy"));
+    let queued = |g: &TestGuest| g.flags(l) & sock_flag::NATIVE_QUEUED != 0;
+    // The first client after LISTEN: flagged.
+    let _a = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    g.wait_until("NATIVE_QUEUED for the first client", || queued(&g));
+    k.accept().expect("the first client");
+    g.region.raise_attention(i);
+    g.kick_socket(i);
+    g.wait_until("NATIVE_QUEUED cleared", || !queued(&g));
+    // The next one: the kernel holds it, canald does not look.
+    let _b = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!queued(&g), "canald looked at a quiet listener's arrival");
+    // The guest relies on the flag: canald looks now, and at every arrival after.
+    let e = g.region.socket(i).unwrap();
+    e.guest_flags.fetch_or(
+        canal_abi::guest_flag::NATIVE_LOOKS,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    g.region.raise_attention(i);
+    g.kick_socket(i);
+    g.wait_until("NATIVE_QUEUED once relied on", || queued(&g));
+    k.accept().expect("the second client");
+    g.region.raise_attention(i);
+    g.kick_socket(i);
+    g.wait_until("NATIVE_QUEUED cleared again", || !queued(&g));
+    let _c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    g.wait_until("NATIVE_QUEUED for an arrival, unasked", || queued(&g));
+}
