@@ -171,9 +171,7 @@ fn host_queued_leaves_clients_to_the_kernel_until_an_accept_asks() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(g.rx_queued(l), 0, "taken ahead before an accept asked");
     assert_ne!(g.flags(l) & sock_flag::HOST_QUEUED, 0);
-    let i = canal_abi::handle_index(l);
-    g.region.raise_attention(i);
-    g.kick_socket(i);
+    g.attention(l);
     for c in &clients {
         let (kind, addr, _) = g.wait_record(l);
         assert_eq!(kind, record_kind::ACCEPT);

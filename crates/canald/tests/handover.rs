@@ -211,8 +211,7 @@ fn a_native_accept_listener_leaves_its_native_clients_to_the_guest() {
     s.read_exact(&mut b).unwrap();
     assert!(k.accept().is_err(), "non-blocking, nothing more queued");
     // The guest's attention after an empty accept: canald looks again and clears it.
-    g.region.raise_attention(canal_abi::handle_index(l));
-    g.kick_socket(canal_abi::handle_index(l));
+    g.attention(l);
     g.wait_until("NATIVE_QUEUED cleared", || {
         g.flags(l) & sock_flag::NATIVE_QUEUED == 0
     });
@@ -287,32 +286,28 @@ fn a_quiet_native_listener_is_watched_once_the_guest_relies_on_it() {
     let features = g.region.header().features;
     assert_ne!(features & canal_abi::feature::NATIVE_QUIET, 0);
     let (l, port) = tcp_listener(&mut g);
-    let i = canal_abi::handle_index(l);
     let k = TcpListener::from(listener_socket(&g, l).expect("the listener's copy"));
     let queued = |g: &TestGuest| g.flags(l) & sock_flag::NATIVE_QUEUED != 0;
     // The first client after LISTEN: flagged.
     let _a = TcpStream::connect(("127.0.0.1", port)).unwrap();
     g.wait_until("NATIVE_QUEUED for the first client", || queued(&g));
     k.accept().expect("the first client");
-    g.region.raise_attention(i);
-    g.kick_socket(i);
+    g.attention(l);
     g.wait_until("NATIVE_QUEUED cleared", || !queued(&g));
     // The next one: the kernel holds it, canald does not look.
     let _b = TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(!queued(&g), "canald looked at a quiet listener's arrival");
     // The guest relies on the flag: canald looks now, and at every arrival after.
-    let e = g.region.socket(i).unwrap();
+    let e = g.region.socket(canal_abi::handle_index(l)).unwrap();
     e.guest_flags.fetch_or(
         canal_abi::guest_flag::NATIVE_LOOKS,
         std::sync::atomic::Ordering::Relaxed,
     );
-    g.region.raise_attention(i);
-    g.kick_socket(i);
+    g.attention(l);
     g.wait_until("NATIVE_QUEUED once relied on", || queued(&g));
     k.accept().expect("the second client");
-    g.region.raise_attention(i);
-    g.kick_socket(i);
+    g.attention(l);
     g.wait_until("NATIVE_QUEUED cleared again", || !queued(&g));
     let _c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     g.wait_until("NATIVE_QUEUED for an arrival, unasked", || queued(&g));

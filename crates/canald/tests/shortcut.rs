@@ -7,7 +7,7 @@ use canal_abi::control::{hello_flag, kind};
 use canal_abi::ring::{record_kind, Consumer, Producer};
 use canal_abi::segment::{side, ArenaLayout, SegHeader};
 use canal_abi::sync::Ordering;
-use canal_abi::{errno, handle_index, op, sock_flag, CanalAddr};
+use canal_abi::{errno, op, sock_flag, CanalAddr};
 use canald::sys::Mapping;
 use common::*;
 use std::time::{Duration, Instant};
@@ -184,8 +184,7 @@ fn shortcut_across_workers() {
     let mut buf = vec![0u8; 64];
     let woke = srv.sleep_on_events(Some(a), 10_000, || {
         assert_eq!(ce.send(b"wake up"), 7);
-        cli.region.raise_attention(handle_index(c));
-        cli.kick_socket(handle_index(c));
+        cli.attention(c);
         false
     });
     assert!(woke, "the sleeping server was never woken across workers");
@@ -193,8 +192,7 @@ fn shortcut_across_workers() {
     // And the other way round.
     let woke = cli.sleep_on_events(Some(c), 10_000, || {
         assert_eq!(ae.send(b"back"), 4);
-        srv.region.raise_attention(handle_index(a));
-        srv.kick_socket(handle_index(a));
+        srv.attention(a);
         false
     });
     assert!(woke, "the sleeping client was never woken across workers");

@@ -363,10 +363,7 @@ impl Guest {
             return Ok(());
         };
         if s.flags & sock_flag::NATIVE_ACCEPT != 0 {
-            let looks = self.entry(index).guest_flags.load(Ordering::Relaxed)
-                & canal_abi::guest_flag::NATIVE_LOOKS
-                != 0;
-            if s.native_quiet && looks {
+            if s.native_quiet && self.native_looks(index) {
                 // The guest relies on NATIVE_QUEUED from now on: every arrival.
                 let _ = self.watch_native(ep, index, false);
             }
@@ -399,12 +396,9 @@ impl Guest {
     /// without the feature, every arrival. A re-arm finding clients queued reports
     /// them once at once, as adding a ready socket to an epoll set does.
     pub(crate) fn watch_native(&mut self, ep: &Epoll, index: u32, quiet: bool) -> Result<(), i32> {
-        let looks = self.entry(index).guest_flags.load(Ordering::Relaxed)
-            & canal_abi::guest_flag::NATIVE_LOOKS
-            != 0;
+        let quiet = quiet && !self.native_looks(index);
         let conn = self.conn;
         let s = self.live(index)?;
-        let quiet = quiet && !looks;
         let events = if quiet {
             sys::EP_HOST_SOCKET | sys::EP_ONESHOT
         } else {
@@ -421,6 +415,14 @@ impl Guest {
             .map_err(|e| crate::sys::errno_of(&e))?;
         s.native_quiet = quiet;
         Ok(())
+    }
+
+    /// Whether the guest relies on listener `index`'s NATIVE_QUEUED (its entry's
+    /// `guest_flag::NATIVE_LOOKS`; the guest's word, so only a hint about its own
+    /// listener).
+    fn native_looks(&self, index: u32) -> bool {
+        self.entry(index).guest_flags.load(Ordering::Relaxed) & canal_abi::guest_flag::NATIVE_LOOKS
+            != 0
     }
 
     /// The guest raised listener `index`'s attention while HOST_QUEUED was set: an

@@ -206,6 +206,14 @@ impl TestGuest {
 
     /// The kick after raising socket `index`'s attention bit: to the owning worker
     /// (virtual RSS) if it sleeps, else the §6 kick.
+    /// Raises socket `h`'s attention bit and kicks the worker that owns it, as the
+    /// library does after a change canald must look at.
+    pub fn attention(&self, h: u32) {
+        let i = canal_abi::handle_index(h);
+        self.region.raise_attention(i);
+        self.kick_socket(i);
+    }
+
     pub fn kick_socket(&self, index: u32) {
         if self.wdoors.is_empty() {
             return self.kick();
@@ -359,8 +367,7 @@ impl TestGuest {
         };
         let n = p.push(data).expect("tx ring sane");
         if n > 0 {
-            self.region.raise_attention(canal_abi::handle_index(h));
-            self.kick_socket(canal_abi::handle_index(h));
+            self.attention(h);
         }
         n
     }
@@ -392,8 +399,7 @@ impl TestGuest {
         if n > 0 {
             fence(Ordering::SeqCst);
             if e.flags.load(Ordering::Relaxed) & sock_flag::RX_WANT_SPACE != 0 {
-                self.region.raise_attention(canal_abi::handle_index(h));
-                self.kick_socket(canal_abi::handle_index(h));
+                self.attention(h);
             }
         }
         n
@@ -449,9 +455,7 @@ impl TestGuest {
         c.consume_record(&info);
         // Room freed for a listener or datagram socket canald stopped for (§3.4).
         if e.flags.load(Ordering::Relaxed) & sock_flag::RX_WANT_SPACE != 0 {
-            let i = canal_abi::handle_index(h);
-            self.region.raise_attention(i);
-            self.kick_socket(i);
+            self.attention(h);
         }
         // The address is the first 32 bytes; an ACCEPT record's names pair (§4
         // Names) or a datagram's control messages may follow.
@@ -476,9 +480,7 @@ impl TestGuest {
     pub fn send_dgram(&self, h: u32, to: Option<&CanalAddr>, data: &[u8]) -> bool {
         let ok = self.queue_dgram(h, to, data);
         if ok {
-            let i = canal_abi::handle_index(h);
-            self.region.raise_attention(i);
-            self.kick_socket(i);
+            self.attention(h);
         }
         ok
     }

@@ -784,11 +784,14 @@ pub(super) fn eval(
             } else {
                 match Sock::new(g, h) {
                     Ok(s) => {
-                        crate::sock::native::held_by_epoll(&s);
                         // The sequence first: a change after it is seen next time.
                         let (seq, tx) = s.edge_seq();
                         sock = Some(s);
-                        (seq, tx, crate::sock::native::readiness(&s) as u16 as u32)
+                        (
+                            seq,
+                            tx,
+                            crate::sock::native::epoll_readiness(&s) as u16 as u32,
+                        )
                     }
                     // The socket is gone (closed behind our back): nothing to report.
                     Err(_) => return 0,

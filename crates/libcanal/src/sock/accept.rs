@@ -199,10 +199,9 @@ fn wait_for_first(s: &Sock, nonblock: bool) -> Result<(), i32> {
 /// found stale (it counts again once canald has cleared it); its twin is looked at
 /// while spinning and polled while asleep, so the kernel wakes the wait.
 fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Result<(), i32> {
-    let twin = native.map_or(-1, |_| crate::sock::native::sleep_fd(s.handle));
-    if native.is_some() && twin < 0 {
-        crate::sock::native::rely_on_canald(s); // nothing of its own to sleep on
-    }
+    let twin = native
+        .and_then(|_| crate::sock::native::own_twin(s))
+        .unwrap_or(-1);
     let mut stale = native.unwrap_or(false);
     let mut looks = 0u32;
     let w = wait_accept(s.g, s.idx, deadline, twin, || {

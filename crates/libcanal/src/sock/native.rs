@@ -129,11 +129,6 @@ pub(crate) fn accept(s: &Sock, flags: c_int) -> Result<Option<(c_int, Option<Can
     r
 }
 
-/// The twin to sleep on with a blocked accept (-1: none cached).
-pub(crate) fn sleep_fd(handle: u32) -> c_int {
-    cached(handle).unwrap_or(-1)
-}
-
 /// Whether the kernel holds native clients on twin `fd` (a poll, no wait): a blocked
 /// accept that spins looks here too, so a native client does not wait for canald to
 /// notice it first.
@@ -203,11 +198,11 @@ fn queued_now(s: &Sock, flags: u32) -> u32 {
     }
 }
 
-/// This process's twin of listener `s` (one is asked for after listen(), and by an
-/// exec'd program for each listener it inherits). None where canald's NATIVE_QUEUED
+/// This process's twin of listener `s`, to look at or sleep on (one is asked for
+/// after listen(), and by an exec'd program for each listener it inherits). None where canald's NATIVE_QUEUED
 /// must do instead — no room was left to keep one, or canald refused it — after
 /// relying on it (`rely_on_canald`).
-fn own_twin(s: &Sock) -> Option<c_int> {
+pub(crate) fn own_twin(s: &Sock) -> Option<c_int> {
     let fd = cached(s.handle);
     if fd.is_none() {
         rely_on_canald(s);
@@ -242,7 +237,7 @@ pub(crate) fn rely_on_canald(s: &Sock) {
     }
 }
 
-/// An epoll set holds `s` (epoll_ctl added it, or a wait looks at it): a
+/// An epoll set holds `s` (epoll_ctl added it; a wait's look: `epoll_readiness`): a
 /// NATIVE_ACCEPT listener's edges and its sleepers' wake-ups are then canald's marks.
 pub(crate) fn held_by_epoll(s: &Sock) {
     if s.kind() == canal_abi::sock_kind::LISTENER && applies(s.flags()) {
@@ -283,9 +278,11 @@ pub(crate) fn poll_twins(
 }
 
 /// After the sleep: the places `poll_twins` filled are canal entries again (-1).
+/// They are the only ones whose descriptor is not the program's own (an ordinary
+/// entry, or an epoll set, is copied as it is).
 pub(crate) fn unpoll_twins(fds: &[libc::pollfd], work: &mut [libc::pollfd]) {
     for (p, w) in fds.iter().zip(work.iter_mut()) {
-        if p.fd >= 0 && w.fd >= 0 && TABLE.handle(p.fd).is_some() {
+        if w.fd >= 0 && w.fd != p.fd {
             *w = libc::pollfd {
                 fd: -1,
                 events: p.events,
@@ -295,11 +292,24 @@ pub(crate) fn unpoll_twins(fds: &[libc::pollfd], work: &mut [libc::pollfd]) {
     }
 }
 
-/// `s.readiness()` for poll, select and epoll, with a NATIVE_ACCEPT listener's
+/// `s.readiness()` for poll and select, with a NATIVE_ACCEPT listener's
 /// NATIVE_QUEUED as the kernel's queue has it now (`queued_now`).
 pub(crate) fn readiness(s: &Sock) -> libc::c_short {
+    readiness_for(s, false)
+}
+
+/// `readiness` for an epoll set's look at `s`: such a listener's set relies on
+/// canald from now on (`held_by_epoll`).
+pub(crate) fn epoll_readiness(s: &Sock) -> libc::c_short {
+    readiness_for(s, true)
+}
+
+fn readiness_for(s: &Sock, in_epoll: bool) -> libc::c_short {
     let mut st = s.snapshot();
     if st.kind == canal_abi::sock_kind::LISTENER && applies(st.flags) {
+        if in_epoll {
+            rely_on_canald(s);
+        }
         st.flags = queued_now(s, st.flags);
     }
     crate::ready::readiness(&st)
