@@ -312,3 +312,32 @@ fn a_quiet_native_listener_is_watched_once_the_guest_relies_on_it() {
     let _c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     g.wait_until("NATIVE_QUEUED for an arrival, unasked", || queued(&g));
 }
+
+/// Each native client arriving at a listener nobody accepts on is one event on it
+/// (`event_seq` moves by one), as natively each is one edge for an edge-triggered
+/// epoll item: the first sets NATIVE_QUEUED, which is its event; the next ones leave
+/// the flag set and count their own. Two for one client would be two edges for a
+/// guest looking between them.
+#[test]
+fn each_native_arrival_is_one_event() {
+    let d = TestDaemon::start(&[]);
+    let (mut g, granted) = native_guest(&d);
+    assert!(granted);
+    let (l, port) = tcp_listener(&mut g);
+    let seq = |g: &TestGuest| {
+        g.entry(l)
+            .event_seq
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let before = seq(&g);
+    let mut clients = Vec::new();
+    for n in 1..=3u32 {
+        clients.push(TcpStream::connect(("127.0.0.1", port)).unwrap());
+        g.wait_until("the arrival's event", || seq(&g).wrapping_sub(before) >= n);
+        // Long enough for a second count of the same arrival to show.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(seq(&g).wrapping_sub(before), n, "events after {n} clients");
+    }
+    assert_ne!(g.flags(l) & sock_flag::NATIVE_QUEUED, 0);
+}

@@ -642,8 +642,9 @@ impl Guest {
         }
         if f != s.flags {
             s.flags = f;
+            self.count_event(index);
             self.entry(index).flags.store(f, Ordering::Release);
-            self.mark_changed(index);
+            self.mark_to_wake(index);
         }
     }
 

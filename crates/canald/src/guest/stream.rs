@@ -460,13 +460,12 @@ impl Guest {
         // then is an event, and a pass).
         let queued = s.readable && s.kernel_queued();
         let had = s.flags & sock_flag::HOST_QUEUED != 0;
+        // set_flags counts the change as the event (and wakes the sleepers): an
+        // accept waiting for canald's answer wakes to EAGAIN when the flag goes.
         if queued && !had {
             self.set_flags(index, sock_flag::HOST_QUEUED, 0);
-            self.mark_changed(index);
         } else if !queued && had {
-            // An accept waiting for canald's answer wakes to EAGAIN.
             self.set_flags(index, 0, sock_flag::HOST_QUEUED);
-            self.mark_changed(index);
         }
     }
 
@@ -530,10 +529,12 @@ impl Guest {
         // An event (not the guest's attention): a client arrived, news for an
         // edge-triggered epoll item even if the flag stays set.
         let arrived = std::mem::take(&mut s.readable);
+        let had = s.flags & flag != 0;
         let queued = s.kernel_queued();
         if queued {
+            // Setting the flag is the arrival's event; one already set needs its own.
             self.set_flags(index, flag, 0);
-            if arrived {
+            if arrived && had {
                 self.mark_changed(index);
             }
         } else {

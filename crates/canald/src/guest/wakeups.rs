@@ -33,12 +33,22 @@ impl Guest {
         }
     }
 
+    /// One event on the socket: an edge-triggered epoll item reports it once.
     pub(crate) fn mark_changed(&mut self, index: u32) {
-        // The sequence first: an event-log entry (mark_to_wake) must follow it.
+        self.count_event(index);
+        self.mark_to_wake(index);
+    }
+
+    /// Bumps the socket's `event_seq`: before anything the event changes in its entry
+    /// (`set_flags`), and before its event-log entry (`mark_to_wake`). A guest look
+    /// reads the sequence, then the flags, then the sequence again, and looks afresh
+    /// if it moved: one that sees the new flags sees the new sequence with them, so a
+    /// change is one edge, never new bits under the old sequence and then the
+    /// sequence alone (two).
+    pub(crate) fn count_event(&mut self, index: u32) {
         if let Some(e) = self.region.socket(index) {
             e.event_seq.fetch_add(1, Ordering::Release);
         }
-        self.mark_to_wake(index);
     }
 
     /// Wakes the socket's event sleepers at the round's end without counting an event

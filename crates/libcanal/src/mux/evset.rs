@@ -750,6 +750,29 @@ impl Set {
     }
 }
 
+/// Item `s`'s sequence (edge_seq) and readiness. The sequence first: a change after
+/// it is seen next time. For an edge-triggered item the sequence is read again after
+/// the readiness, and the look redone if it moved (a few times at most): canald
+/// counts an event before it changes the flags (`count_event`), so readiness that
+/// shows the change comes with the sequence that counts it — one edge, not new bits
+/// now and the sequence alone at the next look.
+fn edge_look(s: &Sock, edge: bool) -> (u32, Option<u32>, u32) {
+    let mut at = s.edge_seq();
+    for _ in 0..4 {
+        let bits = crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
+        if !edge {
+            return (at.0, at.1, bits);
+        }
+        let again = s.edge_seq();
+        if again == at {
+            return (at.0, at.1, bits);
+        }
+        at = again;
+    }
+    let bits = crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
+    (at.0, at.1, bits)
+}
+
 /// What an item reports now (0: nothing). With `commit`, edge and one-shot state
 /// advance as for a delivered event; without, this only peeks. An armed item's
 /// `logged` word is cleared first: a peer publish after this look appends again.
@@ -784,14 +807,9 @@ pub(super) fn eval(
             } else {
                 match Sock::new(g, h) {
                     Ok(s) => {
-                        // The sequence first: a change after it is seen next time.
-                        let (seq, tx) = s.edge_seq();
+                        let edge = it.events & EPOLLET != 0;
                         sock = Some(s);
-                        (
-                            seq,
-                            tx,
-                            crate::sock::native::epoll_readiness(&s) as u16 as u32,
-                        )
+                        edge_look(&s, edge)
                     }
                     // The socket is gone (closed behind our back): nothing to report.
                     Err(_) => return 0,

@@ -295,22 +295,31 @@ pub(crate) fn unpoll_twins(fds: &[libc::pollfd], work: &mut [libc::pollfd]) {
 /// `s.readiness()` for poll and select, with a NATIVE_ACCEPT listener's
 /// NATIVE_QUEUED as the kernel's queue has it now (`queued_now`).
 pub(crate) fn readiness(s: &Sock) -> libc::c_short {
-    readiness_for(s, false)
+    look(s, false, true)
 }
 
 /// `readiness` for an epoll set's look at `s`: such a listener's set relies on
-/// canald from now on (`held_by_epoll`).
-pub(crate) fn epoll_readiness(s: &Sock) -> libc::c_short {
-    readiness_for(s, true)
+/// canald from now on (`held_by_epoll`). An edge-triggered item (`edge`) takes
+/// NATIVE_QUEUED as canald set it, not the twin's queue: canald's mark of an
+/// arrival is the item's edge, and the twin shows the client earlier, so a look
+/// between the two would report that client twice (new bits, then the mark).
+/// A flag left set after the program emptied the queue reports nothing new until
+/// canald's next mark, and the accept that finds the twin empty has canald clear it.
+pub(crate) fn epoll_readiness(s: &Sock, edge: bool) -> libc::c_short {
+    look(s, true, !edge)
 }
 
-fn readiness_for(s: &Sock, in_epoll: bool) -> libc::c_short {
+/// `s`'s readiness; for a NATIVE_ACCEPT listener, first relying on canald (`rely`),
+/// and with NATIVE_QUEUED as the twin's queue has it (`twin`) or as canald set it.
+fn look(s: &Sock, rely: bool, twin: bool) -> libc::c_short {
     let mut st = s.snapshot();
     if st.kind == canal_abi::sock_kind::LISTENER && applies(st.flags) {
-        if in_epoll {
+        if rely {
             rely_on_canald(s);
         }
-        st.flags = queued_now(s, st.flags);
+        if twin {
+            st.flags = queued_now(s, st.flags);
+        }
     }
     crate::ready::readiness(&st)
 }
