@@ -113,14 +113,39 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
         let e = ev.ok_or(libc::EFAULT)?;
         Some((e.events, e.u64))
     };
-    let seq = match target {
-        Target::Canal(h) => crate::conn::guest::guest()
-            .and_then(|g| Sock::new(g, h).ok())
-            .map_or((0, None), |s| {
-                crate::sock::native::held_by_epoll(&s);
-                s.edge_seq()
-            }),
-        Target::Nested(_) => (0, None),
+    let sock = match target {
+        Target::Canal(h) => crate::conn::guest::guest().and_then(|g| Sock::new(g, h).ok()),
+        Target::Nested(_) => None,
+    };
+    // A native-accept listener: the kernel counts its native arrivals for this set
+    // (its twin in the real instance), or else the set relies on canald's.
+    // Another descriptor of the listener in the set shares its registration. Not an
+    // EPOLLEXCLUSIVE item: the kernel wakes one exclusive waiter only among threads
+    // in epoll_wait itself, and a library sleep polls the instance, so every set would
+    // wake for each client (37 wake-ups for 20 clients over 4 processes, where
+    // canald's marks gave 21 and the kernel 20).
+    let exclusive = want.is_some_and(|(e, _)| e & EPOLLEXCLUSIVE != 0);
+    let twin = op == libc::EPOLL_CTL_ADD
+        && !exclusive
+        && sock.is_some_and(|s| {
+            if crate::sock::native::twin_watchable(&s) && set_twin_watches(epfd, s.handle) {
+                return true;
+            }
+            crate::sock::native::watch_twin(epfd, &s)
+        });
+    let watched = twin || (op == libc::EPOLL_CTL_MOD && twin_watched(epfd, fd));
+    if let Some(s) = sock.filter(|_| op != libc::EPOLL_CTL_DEL) {
+        if !watched {
+            crate::sock::native::held_by_epoll(&s);
+        } else if op == libc::EPOLL_CTL_MOD {
+            // Re-armed: the kernel re-checks the twin, an event if clients wait.
+            crate::sock::native::rewatch_twin(epfd, &s);
+        }
+    }
+    let seq = match sock {
+        Some(s) if watched => crate::mux::edge::twin_seq(&s),
+        Some(s) => s.edge_seq(),
+        None => (0, None),
     };
     // A set about to rely on the event log maps it first (a round trip to canald,
     // never under the sets' lock).
@@ -155,7 +180,9 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
                 if let Some(log) = log.filter(|_| s.wants_log()) {
                     s.enter_log(log);
                 }
-                s.add(Item::new(fd, target, events, data, seq));
+                let mut it = Item::new(fd, target, events, data, seq);
+                it.twin = twin;
+                s.add(it);
                 // Its first canal item: a thread may be in the kernel's wait on it.
                 let first = s.kick.is_none();
                 if first {
@@ -185,8 +212,15 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
             }
             _ => Err(libc::EINVAL),
         }
-    })?;
-    let (tagged, first, sleepers) = r;
+    });
+    if r.is_err() && twin {
+        if let Target::Canal(h) = target {
+            if !set_twin_watches(epfd, h) {
+                crate::sock::native::unwatch_twin(epfd, h);
+            }
+        }
+    }
+    let (tagged, first, sleepers) = r?;
     if tagged {
         // The epoll fd now watches canal sockets: its waits go through `wait`.
         let _ = TABLE.set_epoll(epfd);
@@ -200,6 +234,25 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
         crate::conn::slots::wake_slot(idx);
     }
     Ok(())
+}
+
+/// Whether the set of `epfd` holds listener `handle`'s twin (for a twin-watched item).
+fn set_twin_watches(epfd: c_int, handle: u32) -> bool {
+    with(|sets| {
+        sets.iter()
+            .find(|s| s.epfd == epfd)
+            .is_some_and(|s| s.twin_watched(handle))
+    })
+}
+
+/// Whether the set of `epfd` holds `fd` as a twin-watched listener.
+fn twin_watched(epfd: c_int, fd: c_int) -> bool {
+    with(|sets| {
+        sets.iter_mut()
+            .find(|s| s.epfd == epfd)
+            .and_then(|s| s.get_mut(fd))
+            .is_some_and(|it| it.twin)
+    })
 }
 
 /// A sleeper without a request slot of its own: it sleeps in short steps, each
@@ -251,7 +304,9 @@ pub(crate) fn after_kernel_wait(out: *mut epoll_event, r: c_int) -> Option<c_int
     }
     // SAFETY: the kernel wrote r events there.
     let events = unsafe { core::slice::from_raw_parts_mut(out, r as usize) };
-    match crate::mux::kick::drop_kicks(events, r as usize) {
+    // Twin events here (a set that got its first canal items while this wait was in
+    // the kernel) are dropped: those items are new, and report what is queued anyway.
+    match crate::mux::kick::take_own(events, r as usize, &mut Vec::new()) {
         0 => None,
         n => Some(n as c_int),
     }
@@ -371,7 +426,12 @@ fn logged_scope(epfd: c_int) -> Option<(Vec<u32>, canal_abi::evlog::EvLog<'stati
 }
 
 /// The real epoll_pwait with timeout 0.
-fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> {
+fn real_poll_events(
+    g: &'static Guest,
+    epfd: c_int,
+    out: &mut [epoll_event],
+    rescan: bool,
+) -> Result<usize, i32> {
     if out.is_empty() {
         return Ok(0);
     }
@@ -387,7 +447,24 @@ fn real_poll_events(epfd: c_int, out: &mut [epoll_event]) -> Result<usize, i32> 
             8usize,
         )
     })?;
-    Ok(crate::mux::kick::drop_kicks(out, n))
+    let mut twins = Vec::new();
+    let n = crate::mux::kick::take_own(out, n, &mut twins);
+    if twins.is_empty() {
+        return Ok(n);
+    }
+    // Native arrivals on twin-watched listeners: their items report at the next
+    // scan — now if `rescan` and nothing else is to be reported (a scan after one of
+    // this batch could report an item twice in it).
+    with(|sets| {
+        if let Some(s) = sets.iter_mut().find(|s| s.epfd == epfd) {
+            s.kernel_edges(&twins);
+        }
+    });
+    Ok(if rescan && n == 0 {
+        scan(g, epfd, out)
+    } else {
+        n
+    })
 }
 
 /// epoll_wait/epoll_pwait/epoll_pwait2 on a canal-bearing epoll fd. `timeout_ns`:
@@ -425,13 +502,13 @@ pub(crate) fn wait(
         let n = if canal_first {
             let c = scan(g, epfd, out);
             c + if check_real {
-                real_poll_events(epfd, &mut out[c..])?
+                real_poll_events(g, epfd, &mut out[c..], c == 0)?
             } else {
                 0
             }
         } else {
             let r = if check_real {
-                real_poll_events(epfd, out)?
+                real_poll_events(g, epfd, out, false)?
             } else {
                 0
             };

@@ -29,8 +29,8 @@ use std::collections::{HashMap, VecDeque};
 
 pub(super) const EPOLLIN: u32 = libc::EPOLLIN as u32;
 pub(super) const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
-const EPOLLERR: u32 = libc::EPOLLERR as u32;
-const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
+pub(super) const EPOLLERR: u32 = libc::EPOLLERR as u32;
+pub(super) const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
 pub(super) const EPOLLET: u32 = libc::EPOLLET as u32;
 pub(super) const EPOLLONESHOT: u32 = libc::EPOLLONESHOT as u32;
 pub(super) const EPOLLEXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
@@ -122,6 +122,12 @@ pub(super) struct Item {
     pub(super) fresh: bool,
     /// EPOLLONESHOT fired: nothing is reported until MOD.
     pub(super) disarmed: bool,
+    /// A native-accept listener whose twin the set's real epoll instance holds
+    /// (`native::watch_twin`): the kernel's events on it are the item's edges for
+    /// native clients, and canald need not look.
+    pub(super) twin: bool,
+    /// Such an event came and the item has not been looked at since.
+    pub(super) kernel_edge: bool,
     /// Logged sets: in the queue.
     queued: bool,
     armed: Option<Armed>,
@@ -145,6 +151,8 @@ impl Item {
             last_tx: seq.1.unwrap_or(0),
             fresh: true,
             disarmed: false,
+            twin: false,
+            kernel_edge: false,
             queued: false,
             armed: None,
         }
@@ -161,6 +169,18 @@ impl Item {
     fn direct(&self) -> bool {
         matches!(self.target, Target::Nested(_))
             || self.armed.is_some_and(|a| a.at != 0 || a.hot != 0)
+    }
+
+    /// An armed item that is not hot, about to be looked at: its segment's `logged`
+    /// word is cleared, so a peer publish after this look appends it again.
+    pub(super) fn clear_logged(&self) {
+        if let Some(a) = self.armed.filter(|a| a.hot == 0) {
+            if let Some(seg) = crate::shortcut::seg::mapped(a.seg) {
+                if seg.logged(a.side).load(Ordering::Relaxed) != 0 {
+                    seg.logged(a.side).swap(0, Ordering::SeqCst);
+                }
+            }
+        }
     }
 
     /// Leaves its segment's watchers (the socket left the set, or the set went).
@@ -326,9 +346,39 @@ impl Set {
         self.enqueue(fd);
     }
 
+    /// The kernel said twin-watched listeners `handles` had native arrivals: each of
+    /// their items is looked at, and an edge-triggered one reports them, at the next
+    /// scan.
+    pub(super) fn kernel_edges(&mut self, handles: &[u32]) {
+        let mut hit = Vec::new();
+        for it in self.items.iter_mut().filter(|it| it.twin) {
+            if matches!(it.target, Target::Canal(h) if handles.contains(&h)) {
+                it.kernel_edge = true;
+                hit.push(it.fd);
+            }
+        }
+        for fd in hit {
+            self.enqueue(fd);
+        }
+    }
+
+    /// Whether an item of listener `handle` is twin-watched (the set's real instance
+    /// holds its twin: another descriptor of it shares that).
+    pub(super) fn twin_watched(&self, handle: u32) -> bool {
+        self.items
+            .iter()
+            .any(|it| it.twin && it.target == Target::Canal(handle))
+    }
+
     pub(super) fn remove(&mut self, fd: c_int) -> Option<Item> {
         let p = self.pos.remove(&fd)?;
         let mut it = self.items.swap_remove(p);
+        if let (true, Target::Canal(h)) = (it.twin, it.target) {
+            // The last descriptor of the listener in the set takes its twin out.
+            if !self.twin_watched(h) {
+                crate::sock::native::unwatch_twin(self.epfd, h);
+            }
+        }
         if let Some(moved) = self.items.get(p) {
             self.pos.insert(moved.fd, p);
         }
@@ -750,29 +800,6 @@ impl Set {
     }
 }
 
-/// Item `s`'s sequence (edge_seq) and readiness. The sequence first: a change after
-/// it is seen next time. For an edge-triggered item the sequence is read again after
-/// the readiness, and the look redone if it moved (a few times at most): canald
-/// counts an event before it changes the flags (`count_event`), so readiness that
-/// shows the change comes with the sequence that counts it — one edge, not new bits
-/// now and the sequence alone at the next look.
-fn edge_look(s: &Sock, edge: bool) -> (u32, Option<u32>, u32) {
-    let mut at = s.edge_seq();
-    for _ in 0..4 {
-        let bits = crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
-        if !edge {
-            return (at.0, at.1, bits);
-        }
-        let again = s.edge_seq();
-        if again == at {
-            return (at.0, at.1, bits);
-        }
-        at = again;
-    }
-    let bits = crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
-    (at.0, at.1, bits)
-}
-
 /// What an item reports now (0: nothing). With `commit`, edge and one-shot state
 /// advance as for a delivered event; without, this only peeks. An armed item's
 /// `logged` word is cleared first: a peer publish after this look appends again.
@@ -787,15 +814,13 @@ pub(super) fn eval(
     if it.disarmed {
         return 0;
     }
-    if let Some(a) = it.armed.filter(|a| a.hot == 0) {
-        if let Some(seg) = crate::shortcut::seg::mapped(a.seg) {
-            if seg.logged(a.side).load(Ordering::Relaxed) != 0 {
-                seg.logged(a.side).swap(0, Ordering::SeqCst);
-            }
-        }
-    }
+    it.clear_logged();
     let interest = (it.events & !CONTROL) | EPOLLERR | EPOLLHUP;
     let mut sock = None;
+    // A twin-watched listener canald does not look at, and whether canal clients'
+    // ACCEPT records wait in its ring.
+    let mut kernel = false;
+    let mut records = false;
     let (seq, tx, bits) = match it.target {
         Target::Canal(h) => {
             if crate::conn::guest::is_dead(g) {
@@ -809,7 +834,15 @@ pub(super) fn eval(
                     Ok(s) => {
                         let edge = it.events & EPOLLET != 0;
                         sock = Some(s);
-                        edge_look(&s, edge)
+                        kernel = it.twin && !crate::sock::native::canald_looks(&s);
+                        if kernel {
+                            records = s.e.rx_head.load(Ordering::Acquire)
+                                != s.e.rx_tail.load(Ordering::Acquire);
+                            let bits = crate::sock::native::twin_readiness(&s, it.kernel_edge);
+                            (crate::mux::edge::twin_seq(&s).0, None, bits as u16 as u32)
+                        } else {
+                            crate::mux::edge::look(&s, edge)
+                        }
                     }
                     // The socket is gone (closed behind our back): nothing to report.
                     Err(_) => return 0,
@@ -828,8 +861,24 @@ pub(super) fn eval(
     let m = bits & interest;
     let fire = if it.events & EPOLLET != 0 {
         let space = tx.is_some_and(|t| t != it.last_tx);
-        let f = m != 0 && (it.fresh || seq != it.last_seq || space || m & !it.last_bits != 0);
+        // A twin-watched listener's native clients are edges by the kernel's event
+        // alone (one per arrival; also one at ADD or MOD if any are queued, as the
+        // kernel re-checks the twin then): readiness showing a client first is no
+        // second edge, nor is a fresh item's first look unless it has something else
+        // to report (records, an error).
+        let (news, edge, fresh) = if kernel {
+            let other = m & !EPOLLIN != 0 || records;
+            (
+                m & !it.last_bits & !EPOLLIN,
+                it.kernel_edge,
+                it.fresh && other,
+            )
+        } else {
+            (m & !it.last_bits, false, it.fresh)
+        };
+        let f = m != 0 && (fresh || seq != it.last_seq || space || news != 0 || edge);
         if commit {
+            it.kernel_edge = false;
             it.last_bits = m;
             if f {
                 it.last_seq = seq;
@@ -844,6 +893,9 @@ pub(super) fn eval(
         }
         f
     } else {
+        if commit {
+            it.kernel_edge = false;
+        }
         m != 0
     };
     if fire && commit && it.events & EPOLLONESHOT != 0 {

@@ -21,7 +21,7 @@
 //! program uses ([`token`]), and writes it if a thread is in the kernel's wait on that
 //! epoll fd ([`KernelWait`]; a kick makes the epoll fd readable once, which `poll()`
 //! on it would see). The kernel's wait returns; the library
-//! drops the token's events from every wait ([`drop_kicks`]) and goes on waiting, now
+//! drops the token's events from every wait ([`take_own`]) and goes on waiting, now
 //! in the library. Edge-triggered, one write is one event, which the first wait to
 //! collect it takes, so nothing needs draining.
 //!
@@ -137,19 +137,40 @@ pub(crate) fn forget(fd: c_int) {
     let _ = sys::close(fd);
 }
 
-/// Removes kick events from the first `n` of `out`, keeping the others in order;
-/// returns how many are left.
-pub(crate) fn drop_kicks(out: &mut [epoll_event], n: usize) -> usize {
+/// The user data under which a set's real epoll instance holds the twin of native
+/// listener `handle` (`sock::native::watch_twin`): the kick token with
+/// `(handle + 1) << 1` flipped in, so never the kick's own (odd) value.
+pub(crate) fn twin_token(handle: u32) -> u64 {
+    MADE.store(true, Ordering::Release);
+    token() ^ ((handle as u64 + 1) << 1)
+}
+
+/// The listener a twin event's user data names, if it is one (`twin_token`).
+fn twin_of(data: u64) -> Option<u32> {
+    let v = data ^ token();
+    (v != 0 && v & 1 == 0 && v >> 1 <= (u32::MAX as u64) + 1).then(|| ((v >> 1) - 1) as u32)
+}
+
+/// Removes the library's own events from the first `n` of `out`, keeping the others
+/// in order: kicks, and twin events, whose listeners go into `twins`. Returns how
+/// many are left.
+pub(crate) fn take_own(out: &mut [epoll_event], n: usize, twins: &mut Vec<u32>) -> usize {
     if !MADE.load(Ordering::Acquire) {
         return n;
     }
     let t = token();
     let mut kept = 0;
     for i in 0..n {
-        if out[i].u64 != t {
-            out[kept] = out[i];
-            kept += 1;
+        let data = out[i].u64;
+        if data == t {
+            continue;
         }
+        if let Some(h) = twin_of(data) {
+            twins.push(h);
+            continue;
+        }
+        out[kept] = out[i];
+        kept += 1;
     }
     kept
 }
@@ -179,9 +200,29 @@ mod tests {
         MADE.store(true, Ordering::Release);
         let t = token();
         let mut out = [ev(1), ev(t), ev(2), ev(t), ev(3), ev(9)];
-        assert_eq!(drop_kicks(&mut out, 5), 3);
+        let mut twins = Vec::new();
+        assert_eq!(take_own(&mut out, 5, &mut twins), 3);
         assert_eq!([out[0].u64, out[1].u64, out[2].u64], [1, 2, 3]);
         assert_eq!({ out[5].u64 }, 9, "beyond n is left alone");
+        assert!(twins.is_empty());
+    }
+
+    #[test]
+    fn twin_events_name_their_listeners_and_leave_the_rest() {
+        let mut out = [
+            ev(twin_token(7)),
+            ev(5),
+            ev(twin_token(0)),
+            ev(token()),
+            ev(twin_token(u32::MAX)),
+        ];
+        let mut twins = Vec::new();
+        assert_eq!(take_own(&mut out, 5, &mut twins), 1);
+        assert_eq!({ out[0].u64 }, 5);
+        assert_eq!(twins, [7, 0, u32::MAX]);
+        assert_ne!(twin_token(3), token(), "never the kick's token");
+        assert_eq!(twin_of(token()), None);
+        assert_eq!(twin_of(token() ^ 2), Some(0));
     }
 
     #[test]
@@ -195,7 +236,7 @@ mod tests {
         // SAFETY: out has room for 4 events.
         let n = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 4, 1000) };
         assert_eq!(n, 1);
-        assert_eq!(drop_kicks(&mut out, 1), 0);
+        assert_eq!(take_own(&mut out, 1, &mut Vec::new()), 0);
         // Edge-triggered: taken once, not again.
         // SAFETY: as above.
         assert_eq!(unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 4, 0) }, 0);

@@ -2,6 +2,7 @@
 //! of canal and ordinary descriptors; `pollwait` is their shared kernel wait; `kick` wakes
 //! an epoll set's sleepers when another thread adds to the set.
 
+pub(crate) mod edge;
 pub(crate) mod epoll;
 pub(crate) mod evset;
 pub(crate) mod kick;

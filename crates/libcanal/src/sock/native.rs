@@ -245,6 +245,83 @@ pub(crate) fn held_by_epoll(s: &Sock) {
     }
 }
 
+/// Whether an epoll item of `s` can be twin-watched (`watch_twin`): a NATIVE_ACCEPT
+/// listener canald does not look at anyway (an older canald, or NATIVE_LOOKS already
+/// set: canald's counts are then the item's edges).
+pub(crate) fn twin_watchable(s: &Sock) -> bool {
+    s.kind() == canal_abi::sock_kind::LISTENER && applies(s.flags()) && !canald_looks(s)
+}
+
+/// (epoll) Puts listener `s`'s twin into the real epoll instance `epfd`, edge-triggered,
+/// under the user data that names the listener (`kick::twin_token`): the kernel then
+/// counts its native arrivals for that set — one event per arrival, a sleeper on the
+/// set woken by it — and canald need not look (NATIVE_QUIET). One registration serves
+/// every descriptor of the listener in the set. False where canald's flag must do as
+/// before: not `twin_watchable`, this process has no twin, or the kernel refused.
+pub(crate) fn watch_twin(epfd: c_int, s: &Sock) -> bool {
+    twin_watchable(s) && twin_ctl(epfd, libc::EPOLL_CTL_ADD, s)
+}
+
+/// The program re-armed a twin-watched item (EPOLL_CTL_MOD): so does the twin, and
+/// the kernel reports it again if clients wait, as it would the listener.
+pub(crate) fn rewatch_twin(epfd: c_int, s: &Sock) {
+    twin_ctl(epfd, libc::EPOLL_CTL_MOD, s);
+}
+
+fn twin_ctl(epfd: c_int, op: c_int, s: &Sock) -> bool {
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        u64: crate::mux::kick::twin_token(s.handle),
+    };
+    crate::ownfd::using(|| {
+        let Some(twin) = cached(s.handle) else {
+            return false;
+        };
+        // SAFETY: ev is a live local the kernel reads.
+        let r = unsafe {
+            sys::raw_syscall!(
+                libc::SYS_epoll_ctl,
+                epfd as libc::c_long,
+                op as libc::c_long,
+                twin as libc::c_long,
+                &mut ev as *mut libc::epoll_event,
+            )
+        };
+        r == 0
+    })
+}
+
+/// Takes listener `handle`'s twin out of `epfd` (its item left the set). A twin
+/// that moved to another number since (`retarget`) is not found there: its old
+/// registration stays until the twin closes, and its events name an item that is
+/// gone, which the wait drops.
+pub(crate) fn unwatch_twin(epfd: c_int, handle: u32) {
+    crate::ownfd::using(|| {
+        if let Some(twin) = cached(handle) {
+            // SAFETY: DEL reads no event.
+            unsafe {
+                sys::raw_syscall!(
+                    libc::SYS_epoll_ctl,
+                    epfd as libc::c_long,
+                    libc::EPOLL_CTL_DEL as libc::c_long,
+                    twin as libc::c_long,
+                    core::ptr::null_mut::<libc::epoll_event>(),
+                )
+            };
+        }
+    });
+}
+
+/// Readiness of a listener whose epoll item the kernel counts arrivals for
+/// (`watch_twin`): the twin's queue as it is now, without the cached look of the
+/// last microseconds when the kernel has just said a client arrived (`edge`).
+pub(crate) fn twin_readiness(s: &Sock, edge: bool) -> libc::c_short {
+    if edge {
+        forget_look();
+    }
+    look(s, false, true)
+}
+
 /// Where a poll sleeps (mux/poll.rs): for each entry of `fds` that is a NATIVE_ACCEPT
 /// listener polled for input, its twin in `work`'s place for it (the kernel then
 /// wakes the sleep for a native client, without canald); a listener this process
