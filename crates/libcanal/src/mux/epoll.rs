@@ -52,8 +52,10 @@ fn with<R>(f: impl FnOnce(&mut Vec<Set>) -> R) -> R {
     SETS.with(f)
 }
 
-/// Fork prepare (`fork`): no thread may hold the sets across fork.
+/// Fork prepare (`fork`): every set is shared from now on (`Set::shared`, in the
+/// parent and the child); no thread may hold the sets across fork.
 pub(crate) fn fork_prepare() {
+    with(|sets| sets.iter_mut().for_each(|s| s.shared = true));
     SETS.hold();
 }
 
@@ -124,9 +126,11 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     // in epoll_wait itself, and a library sleep polls the instance, so every set would
     // wake for each client (37 wake-ups for 20 clients over 4 processes, where
     // canald's marks gave 21 and the kernel 20).
+    // Nor in a set another process may wait on (`Set::shared`).
     let exclusive = want.is_some_and(|(e, _)| e & EPOLLEXCLUSIVE != 0);
     let twin = op == libc::EPOLL_CTL_ADD
         && !exclusive
+        && !set_is_shared(epfd)
         && sock.is_some_and(|s| {
             if crate::sock::native::twin_watchable(&s) && set_twin_watches(epfd, s.handle) {
                 return true;
@@ -215,7 +219,7 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     });
     if r.is_err() && twin {
         if let Target::Canal(h) = target {
-            if !set_twin_watches(epfd, h) {
+            if !set_twin_watches(epfd, h) && !set_is_shared(epfd) {
                 crate::sock::native::unwatch_twin(epfd, h);
             }
         }
@@ -234,6 +238,11 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
         crate::conn::slots::wake_slot(idx);
     }
     Ok(())
+}
+
+/// Whether the set of `epfd` existed at a fork (`Set::shared`).
+fn set_is_shared(epfd: c_int) -> bool {
+    with(|sets| sets.iter().any(|s| s.epfd == epfd && s.shared))
 }
 
 /// Whether the set of `epfd` holds listener `handle`'s twin (for a twin-watched item).

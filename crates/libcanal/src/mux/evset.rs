@@ -278,6 +278,13 @@ pub(super) struct Set {
     /// The request slots of this process's threads asleep in a wait on the set
     /// (`NO_SLOT` for one without): an item added or re-armed meanwhile wakes them.
     pub(super) sleepers: Vec<u32>,
+    /// The set existed at a fork: another process may use its real instance, and the
+    /// twins in it (`Item::twin`), with a copy of its items. A twin is then left in
+    /// the instance when an item leaves (a child closing its copy of the listener
+    /// would take the parent's wake-ups away; natively a close in one process leaves a
+    /// shared instance as it is), and no twin is put in (its events could go to a
+    /// process that has no item for them).
+    pub(super) shared: bool,
 }
 
 impl Set {
@@ -294,6 +301,7 @@ impl Set {
             again: Vec::new(),
             kick: None,
             sleepers: Vec::new(),
+            shared: false,
         }
     }
 
@@ -375,7 +383,7 @@ impl Set {
         let mut it = self.items.swap_remove(p);
         if let (true, Target::Canal(h)) = (it.twin, it.target) {
             // The last descriptor of the listener in the set takes its twin out.
-            if !self.twin_watched(h) {
+            if !self.shared && !self.twin_watched(h) {
                 crate::sock::native::unwatch_twin(self.epfd, h);
             }
         }
