@@ -126,11 +126,14 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     // in epoll_wait itself, and a library sleep polls the instance, so every set would
     // wake for each client (37 wake-ups for 20 clients over 4 processes, where
     // canald's marks gave 21 and the kernel 20).
-    // Nor in a set another process may wait on (`Set::shared`).
+    // Nor in a set another process may wait on (`Set::shared`), or an image exec'd
+    // with it (an instance without close-on-exec: there the copy's events would reach
+    // the program as events of its own, with user data it never gave).
     let exclusive = want.is_some_and(|(e, _)| e & EPOLLEXCLUSIVE != 0);
     let twin = op == libc::EPOLL_CTL_ADD
         && !exclusive
         && !set_is_shared(epfd)
+        && sys::fcntl_int(epfd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC as usize != 0)
         && sock.is_some_and(|s| {
             if crate::sock::native::twin_watchable(&s) && set_twin_watches(epfd, s.handle) {
                 return true;
