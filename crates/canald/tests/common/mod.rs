@@ -204,8 +204,6 @@ impl TestGuest {
         Ok(())
     }
 
-    /// The kick after raising socket `index`'s attention bit: to the owning worker
-    /// (virtual RSS) if it sleeps, else the §6 kick.
     /// Raises socket `h`'s attention bit and kicks the worker that owns it, as the
     /// library does after a change canald must look at.
     pub fn attention(&self, h: u32) {
@@ -214,6 +212,8 @@ impl TestGuest {
         self.kick_socket(i);
     }
 
+    /// The kick after raising socket `index`'s attention bit: to the owning worker
+    /// (virtual RSS) if it sleeps, else the §6 kick.
     pub fn kick_socket(&self, index: u32) {
         if self.wdoors.is_empty() {
             return self.kick();

@@ -17,18 +17,16 @@ pub(super) fn twin_seq(s: &Sock) -> (u32, Option<u32>) {
 /// shows the change comes with the sequence that counts it — one edge, not new bits
 /// now and the sequence alone at the next look.
 pub(super) fn look(s: &Sock, edge: bool) -> (u32, Option<u32>, u32) {
+    let readiness = || crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
     let mut at = s.edge_seq();
-    for _ in 0..4 {
-        let bits = crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
-        if !edge {
-            return (at.0, at.1, bits);
-        }
+    let mut bits = readiness();
+    for _ in 0..(if edge { 4 } else { 0 }) {
         let again = s.edge_seq();
         if again == at {
-            return (at.0, at.1, bits);
+            break;
         }
         at = again;
+        bits = readiness();
     }
-    let bits = crate::sock::native::epoll_readiness(s, edge) as u16 as u32;
     (at.0, at.1, bits)
 }

@@ -129,16 +129,21 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     // Nor in a set another process may wait on (`Set::shared`), or an image exec'd
     // with it (an instance without close-on-exec: there the copy's events would reach
     // the program as events of its own, with user data it never gave).
+    // The cheap test first: every other canal socket a server adds pays nothing more.
     let exclusive = want.is_some_and(|(e, _)| e & EPOLLEXCLUSIVE != 0);
     let twin = op == libc::EPOLL_CTL_ADD
         && !exclusive
-        && !set_is_shared(epfd)
-        && sys::fcntl_int(epfd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC as usize != 0)
         && sock.is_some_and(|s| {
-            if crate::sock::native::twin_watchable(&s) && set_twin_watches(epfd, s.handle) {
-                return true;
-            }
-            crate::sock::native::watch_twin(epfd, &s)
+            crate::sock::native::twin_watchable(&s)
+                && match twin_state(epfd, s.handle) {
+                    (true, _) => false,
+                    (false, true) => true,
+                    (false, false) => {
+                        sys::fcntl_int(epfd, libc::F_GETFD, 0)
+                            .is_ok_and(|f| f & libc::FD_CLOEXEC as usize != 0)
+                            && crate::sock::native::watch_twin(epfd, &s)
+                    }
+                }
         });
     let watched = twin || (op == libc::EPOLL_CTL_MOD && twin_watched(epfd, fd));
     if let Some(s) = sock.filter(|_| op != libc::EPOLL_CTL_DEL) {
@@ -222,7 +227,7 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     });
     if r.is_err() && twin {
         if let Target::Canal(h) = target {
-            if !set_twin_watches(epfd, h) && !set_is_shared(epfd) {
+            if twin_state(epfd, h) == (false, false) {
                 crate::sock::native::unwatch_twin(epfd, h);
             }
         }
@@ -243,17 +248,13 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event>) ->
     Ok(())
 }
 
-/// Whether the set of `epfd` existed at a fork (`Set::shared`).
-fn set_is_shared(epfd: c_int) -> bool {
-    with(|sets| sets.iter().any(|s| s.epfd == epfd && s.shared))
-}
-
-/// Whether the set of `epfd` holds listener `handle`'s twin (for a twin-watched item).
-fn set_twin_watches(epfd: c_int, handle: u32) -> bool {
+/// The set of `epfd`: whether it existed at a fork (`Set::shared`), and whether it
+/// holds listener `handle`'s twin (for a twin-watched item).
+fn twin_state(epfd: c_int, handle: u32) -> (bool, bool) {
     with(|sets| {
         sets.iter()
             .find(|s| s.epfd == epfd)
-            .is_some_and(|s| s.twin_watched(handle))
+            .map_or((false, false), |s| (s.shared, s.twin_watched(handle)))
     })
 }
 

@@ -29,8 +29,8 @@ use std::collections::{HashMap, VecDeque};
 
 pub(super) const EPOLLIN: u32 = libc::EPOLLIN as u32;
 pub(super) const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
-pub(super) const EPOLLERR: u32 = libc::EPOLLERR as u32;
-pub(super) const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
+const EPOLLERR: u32 = libc::EPOLLERR as u32;
+const EPOLLHUP: u32 = libc::EPOLLHUP as u32;
 pub(super) const EPOLLET: u32 = libc::EPOLLET as u32;
 pub(super) const EPOLLONESHOT: u32 = libc::EPOLLONESHOT as u32;
 pub(super) const EPOLLEXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
@@ -169,18 +169,6 @@ impl Item {
     fn direct(&self) -> bool {
         matches!(self.target, Target::Nested(_))
             || self.armed.is_some_and(|a| a.at != 0 || a.hot != 0)
-    }
-
-    /// An armed item that is not hot, about to be looked at: its segment's `logged`
-    /// word is cleared, so a peer publish after this look appends it again.
-    pub(super) fn clear_logged(&self) {
-        if let Some(a) = self.armed.filter(|a| a.hot == 0) {
-            if let Some(seg) = crate::shortcut::seg::mapped(a.seg) {
-                if seg.logged(a.side).load(Ordering::Relaxed) != 0 {
-                    seg.logged(a.side).swap(0, Ordering::SeqCst);
-                }
-            }
-        }
     }
 
     /// Leaves its segment's watchers (the socket left the set, or the set went).
@@ -822,7 +810,13 @@ pub(super) fn eval(
     if it.disarmed {
         return 0;
     }
-    it.clear_logged();
+    if let Some(a) = it.armed.filter(|a| a.hot == 0) {
+        if let Some(seg) = crate::shortcut::seg::mapped(a.seg) {
+            if seg.logged(a.side).load(Ordering::Relaxed) != 0 {
+                seg.logged(a.side).swap(0, Ordering::SeqCst);
+            }
+        }
+    }
     let interest = (it.events & !CONTROL) | EPOLLERR | EPOLLHUP;
     let mut sock = None;
     // A twin-watched listener canald does not look at, and whether canal clients'

@@ -256,10 +256,11 @@ pub(crate) fn twin_watchable(s: &Sock) -> bool {
 /// under the user data that names the listener (`kick::twin_token`): the kernel then
 /// counts its native arrivals for that set — one event per arrival, a sleeper on the
 /// set woken by it — and canald need not look (NATIVE_QUIET). One registration serves
-/// every descriptor of the listener in the set. False where canald's flag must do as
-/// before: not `twin_watchable`, this process has no twin, or the kernel refused.
+/// every descriptor of the listener in the set. For a `twin_watchable` listener; false
+/// where canald's flag must do as before: this process has no twin, or the kernel
+/// refused.
 pub(crate) fn watch_twin(epfd: c_int, s: &Sock) -> bool {
-    twin_watchable(s) && twin_ctl(epfd, libc::EPOLL_CTL_ADD, s)
+    twin_ctl(epfd, libc::EPOLL_CTL_ADD, s)
 }
 
 /// The program re-armed a twin-watched item (EPOLL_CTL_MOD): so does the twin, and
