@@ -145,12 +145,28 @@ pub(crate) fn using<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Wakes the readers that sleep inside `using` (threads blocked in accept() waiting
+/// on an epoll instance of the library's: conn/accept_sleep.rs), so a mover need not
+/// wait out their sleep. Set once such a reader exists.
+static WAKE_SLEEPERS: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Registers `wake` as what wakes the readers that sleep inside `using`.
+pub(crate) fn readers_may_sleep(wake: fn()) {
+    let _ = WAKE_SLEEPERS.set(wake);
+}
+
 /// After a retarget: waits until every reader that may have loaded the old number is
-/// done (at most ~100 ms: a reader never blocks for long inside `using`).
+/// done (at most ~100 ms: a reader that sleeps inside `using` is woken, the others
+/// never block for long there).
 pub(crate) fn wait_unused() {
     let start = sys::now_ns();
     for _ in 0..2 {
         let old = EPOCH.fetch_add(1, Ordering::SeqCst) & 1;
+        if READERS[old].load(Ordering::SeqCst) != 0 {
+            if let Some(wake) = WAKE_SLEEPERS.get() {
+                wake();
+            }
+        }
         while READERS[old].load(Ordering::SeqCst) != 0 {
             if sys::now_ns() - start > 100_000_000 {
                 return;

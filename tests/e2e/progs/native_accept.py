@@ -242,6 +242,65 @@ def echoed(s, c, name):
     return r
 
 
+def fork_acceptor(l):
+    """A child that accepts one client on `l`, echoes once and exits; its pid."""
+    pid = os.fork()
+    if pid == 0:
+        s, _ = l.accept()
+        serve_one(s)
+        s.close()
+        os._exit(0)
+    return pid
+
+
+def blocked_elsewhere(l, c):
+    """Sleepers in accept() that are not threads of one process, or whose sleep the
+    program disturbs: each client is still taken at once (under canal a client wakes
+    one sleeper, chosen by the kernel, as natively; a lost wake-up would show as a
+    second's wait, the sleep's re-check)."""
+    kids = [fork_acceptor(l) for _ in range(3)]
+    time.sleep(0.3)  # all three asleep in accept()
+    t = time.monotonic()
+    served = [c("open", f"f{i}") + " " + c("echo", f"f{i}") for i in range(3)]
+    took = time.monotonic() - t
+    for pid in kids:
+        os.waitpid(pid, 0)
+    print("three processes blocked in accept served:", served, "at once:", took < 0.9)
+
+    # A thread blocked in accept while the program dup2()s over every high descriptor
+    # (natively none; under canal the library's own, the epoll instance its accept
+    # sleeps on among them, which move elsewhere first): the moves are not held up by
+    # the sleep, and the thread takes the next client at once.
+    res = []
+    th = threading.Thread(target=lambda: res.append(l.accept()[0]))
+    th.start()
+    time.sleep(0.3)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    slowest = 0.0
+    high = [int(f) for f in os.listdir("/proc/self/fd") if int(f) >= 256]
+    for fd in high:
+        t = time.monotonic()
+        try:
+            os.dup2(devnull, fd)
+        except OSError:
+            continue  # listdir's own descriptor, gone
+        slowest = max(slowest, time.monotonic() - t)
+    for fd in high:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.close(devnull)
+    print("dup2 over the high descriptors, each at once:", slowest < 0.05)
+    t = time.monotonic()
+    c("open", "z")
+    th.join(5)
+    print("accept after the moves:", len(res), "at once:", time.monotonic() - t < 0.9)
+    print("its client:", echoed(res[0], c, "z") if res else "none")
+    for s in res:
+        s.close()
+
+
 def main():
     l, port = listener()
     c = Clients(port)
@@ -327,6 +386,7 @@ def main():
     print("two threads accepted", len(res))
     for s in res:
         s.close()
+    blocked_elsewhere(l, c)
 
     # A dup keeps the listener when the original goes.
     d = l.dup()
@@ -338,12 +398,7 @@ def main():
     l = d
 
     # A forked child accepts, exits; the parent accepts after it.
-    pid = os.fork()
-    if pid == 0:
-        s, _ = l.accept()
-        serve_one(s)
-        s.close()
-        os._exit(0)
+    pid = fork_acceptor(l)
     print("child's client:", c("open", "n"), c("echo", "n"))
     os.waitpid(pid, 0)
     c("open", "o")

@@ -2,6 +2,7 @@
 //! and waits. Layered bottom-up: `guest` (state) < `ctl` < `slots` < `request`,
 //! `pin` < `sleep` < `wait`; `attach` and `inherit` make a `Guest`; `ivshmem` is the VM transport.
 
+pub(crate) mod accept_sleep;
 pub(crate) mod attach;
 pub(crate) mod ctl;
 pub(crate) mod guest;

@@ -1,5 +1,6 @@
 //! How a waiting thread sleeps: eventfd ports, bounded backoff without one, the
 //! deferred re-check of short-circuited sockets, and waking local sleepers.
+use crate::conn::accept_sleep;
 use crate::conn::guest::death_pollfd;
 use crate::conn::guest::died;
 use crate::conn::guest::mark_dead;
@@ -27,8 +28,9 @@ use core::cell::Cell;
 pub(crate) enum Scope<'a> {
     One(u32),
     /// A listener a thread is blocked in accept() on: with `feature::ACCEPT_ONE`
-    /// canald wakes only as many such threads as connections wait (§6).
-    Accept(u32),
+    /// canald wakes only as many such threads as connections wait (§6). With the
+    /// listener's twin, a native client wakes one such thread too (accept_sleep.rs).
+    Accept(u32, Option<crate::conn::accept_sleep::Twin>),
     /// Any of the listed sockets (a poll set's): canald wakes it for any socket, but
     /// only their connections count it as a sleeper, so a peer rings its bell (§8.8)
     /// rather than finding every sleeping thread of the process counted there.
@@ -253,7 +255,7 @@ pub(crate) fn sleep_events(
             seg_sleepers.enter(g, index);
             (index, None)
         }
-        Scope::Accept(index) => (index | canal_abi::WAIT_ACCEPT, None),
+        Scope::Accept(index, _) => (index | canal_abi::WAIT_ACCEPT, None),
         Scope::Listed(indices) => {
             seg_sleepers.enter_listed(g, indices);
             (WAIT_ANY, None)
@@ -316,7 +318,13 @@ pub(crate) fn sleep_events(
             seg_sleepers.resume();
             r
         };
-        if seg_sleepers.rings == 0 {
+        let exclusive = match scope {
+            Scope::Accept(_, Some(twin)) => accept_sleep::sleep(g, s.idx, twin, fds, t, sigmask),
+            _ => None,
+        };
+        if let Some(r) = exclusive {
+            r
+        } else if seg_sleepers.rings == 0 {
             poll(fds, cond)
         } else {
             // The bells this sleep named (§8.8) are polled too, after our own two.

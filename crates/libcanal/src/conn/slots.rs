@@ -143,9 +143,29 @@ pub(crate) fn drain_port(idx: u32, p: &libc::pollfd) {
     });
 }
 
-/// Points the slot eventfd holding `old` at `new` (it moved: ownfd.rs).
+/// Points the slot eventfd or epoll instance holding `old` at `new` (it moved:
+/// ownfd.rs).
 pub(crate) fn retarget(old: c_int, new: c_int) -> bool {
-    crate::ownfd::retarget(&SLOT_EFD, old, new)
+    crate::ownfd::retarget(SLOT_EFD.iter().chain(SLOT_EP.iter()), old, new)
+}
+
+/// The epoll instance of each slot this process owns, for a thread blocked in
+/// accept() (conn/accept_sleep.rs; -1: none made yet). It holds the slot's port, so
+/// it goes with the slot or its port (`forget_sleep_instance`).
+pub(crate) static SLOT_EP: [AtomicI32; canal_abi::MAX_SLOTS as usize] =
+    [const { AtomicI32::new(-1) }; canal_abi::MAX_SLOTS as usize];
+
+/// Slot `idx` changes hands or port: its epoll instance goes with it.
+pub(crate) fn forget_sleep_instance(idx: u32) {
+    if let Some(a) = SLOT_EP.get(idx as usize) {
+        crate::ownfd::using(|| {
+            let ep = a.swap(-1, Ordering::SeqCst);
+            if ep >= 0 {
+                TABLE.take(ep);
+                let _ = sys::close(ep);
+            }
+        });
+    }
 }
 
 impl Drop for SlotRef<'_> {
@@ -160,6 +180,7 @@ pub(crate) fn release_slot(g: &Guest, idx: u32, efd: c_int) {
     if efd >= 0 {
         crate::shortcut::bells::release(idx);
     }
+    forget_sleep_instance(idx);
     if let Some(s) = g.region.slot(idx) {
         s.sleep.store(sleep_kind::AWAKE, Ordering::Relaxed);
         // A slot is only released IDLE (no request outstanding). Release pairs with
@@ -301,6 +322,8 @@ fn claim_for_thread(g: &Guest) -> Result<(u32, c_int), i32> {
         Err(_) => return Ok((idx, -1)),
     };
     let efd = crate::ownfd::adopt(efd);
+    // A slot taken over from a dead thread: its instance held the old port.
+    forget_sleep_instance(idx);
     if let Err(e) = register_port(g, idx, efd) {
         release_slot(g, idx, efd);
         return Err(e);
@@ -376,6 +399,14 @@ pub(crate) fn forget_in_child() {
     let _ = SLOT.try_with(|s| s.idx.set(NO_SLOT));
     // The parent's threads kept the parent's slots; this process has kept none yet.
     kept_slot_released();
+    for a in SLOT_EP.iter() {
+        // The instances of the parent's threads' slots (the child must not change them).
+        let ep = a.swap(-1, Ordering::Relaxed);
+        if ep >= 0 && TABLE.get(ep) == Some(crate::fdtable::Entry::Internal) {
+            TABLE.take(ep);
+            let _ = sys::close(ep);
+        }
+    }
     for a in SLOT_EFD.iter() {
         let efd = a.swap(-1, Ordering::Relaxed);
         if efd >= 0

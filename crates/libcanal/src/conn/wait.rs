@@ -1,6 +1,7 @@
 //! Waiting for a socket's readiness: `wait_until` (spin, then sleep, honouring
 //! timeouts, signals and SA_RESTART; a sleeping call pins its socket, `pin`), and
 //! yielding to a co-resident peer while spinning.
+use crate::conn::accept_sleep::Twin;
 use crate::conn::guest::control_hung_up;
 use crate::conn::guest::is_dead;
 use crate::conn::guest::mark_dead;
@@ -31,28 +32,32 @@ pub(crate) fn wait_until(
     deadline: Option<i64>,
     cond: impl FnMut() -> bool,
 ) -> Wait {
-    wait_until_as(g, index, false, deadline, -1, cond)
+    wait_until_as(g, index, None, deadline, -1, cond)
 }
 
 /// `wait_until` for a thread blocked in accept() on listener `index`: its sleep is
 /// marked so canald wakes one such thread per waiting connection (`ACCEPT_ONE`).
-/// `native` (≥ 0): the listener's twin (`sock::native`), which the sleep also polls,
-/// so the kernel wakes it for a native client without canald.
+/// `native`: the listener's twin (`sock::native`), which the sleep also waits on, so
+/// the kernel wakes it for a native client without canald — one such thread per
+/// client, as accept() natively (conn/accept_sleep.rs).
 pub(crate) fn wait_accept(
     g: &'static Guest,
     index: u32,
     deadline: Option<i64>,
-    native: libc::c_int,
+    native: Option<(libc::c_int, Twin)>,
     cond: impl FnMut() -> bool,
 ) -> Wait {
     let exclusive = g.region.header().features & canal_abi::feature::ACCEPT_ONE != 0;
-    wait_until_as(g, index, exclusive, deadline, native, cond)
+    let (fd, twin) = native.map_or((-1, None), |(fd, t)| (fd, Some(t)));
+    wait_until_as(g, index, exclusive.then_some(twin), deadline, fd, cond)
 }
 
+/// `accepting`: a thread blocked in accept() (`Scope::Accept`), with the listener's
+/// twin if it has one.
 fn wait_until_as(
     g: &'static Guest,
     index: u32,
-    accepting: bool,
+    accepting: Option<Option<Twin>>,
     deadline: Option<i64>,
     also: libc::c_int,
     mut cond: impl FnMut() -> bool,
@@ -154,10 +159,9 @@ fn wait_until_as(
             }
         }
         let remaining = deadline.map(|d| d - now);
-        let scope = if accepting {
-            Scope::Accept(index)
-        } else {
-            Scope::One(index)
+        let scope = match accepting {
+            Some(twin) => Scope::Accept(index, twin),
+            None => Scope::One(index),
         };
         let mut extra = [libc::pollfd {
             fd: also,

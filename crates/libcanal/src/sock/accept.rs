@@ -1,4 +1,5 @@
 //! accept(): taking a connection canald (or a co-resident peer) queued on a listener.
+use crate::conn::accept_sleep::Twin;
 use crate::conn::request::attention;
 use crate::conn::wait::wait_accept;
 use crate::conn::wait::Wait;
@@ -115,6 +116,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
             Some(r) => {
                 if let Ok((fd, _)) = &r {
                     crate::rt::debug!(s.g, "canal: accept on handle {:#x} -> fd {fd}\n", s.handle);
+                    native_client_left(&s);
                 }
                 return r;
             }
@@ -176,6 +178,17 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
     }
 }
 
+/// A canal client was taken by a thread that the kernel had chosen for a native
+/// client (its sleep ended on the twin): the native client would wait for this
+/// thread's next accept, where natively another blocked thread takes it.
+fn native_client_left(s: &Sock) {
+    if crate::conn::accept_sleep::woken_by_twin()
+        && crate::sock::native::cached(s.handle).is_some_and(crate::sock::native::has_clients)
+    {
+        crate::conn::accept_sleep::pass_on(s.g, s.idx);
+    }
+}
+
 /// Waits for canald's answer to an accept that asked for the clients the kernel
 /// holds (HOST_QUEUED): a record, the flag gone, or news (an error, a hand-over, a
 /// stop, the listener gone). Not an exclusive accept wait: the answer may be no
@@ -204,17 +217,30 @@ fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Res
         .unwrap_or(-1);
     let mut stale = native.unwrap_or(false);
     let mut looks = 0u32;
-    let w = wait_accept(s.g, s.idx, deadline, twin, || {
-        // Spinning: the twin itself every few rounds (a system call).
-        looks = looks.wrapping_add(1);
-        if twin >= 0 && looks.is_multiple_of(TWIN_EVERY) && crate::sock::native::has_clients(twin) {
-            return true;
-        }
-        let st = s.snapshot();
-        let queued = st.flags & f::NATIVE_QUEUED != 0;
-        stale &= queued;
-        st.rx_used > 0 || (queued && !stale) || st.flags & f::HOST_QUEUED != 0 || news(&st)
-    });
+    let exclusive = Twin {
+        handle: s.handle,
+        fd_of: crate::sock::native::cached,
+    };
+    let w = wait_accept(
+        s.g,
+        s.idx,
+        deadline,
+        (twin >= 0).then_some((twin, exclusive)),
+        || {
+            // Spinning: the twin itself every few rounds (a system call).
+            looks = looks.wrapping_add(1);
+            if twin >= 0
+                && looks.is_multiple_of(TWIN_EVERY)
+                && crate::sock::native::has_clients(twin)
+            {
+                return true;
+            }
+            let st = s.snapshot();
+            let queued = st.flags & f::NATIVE_QUEUED != 0;
+            stale &= queued;
+            st.rx_used > 0 || (queued && !stale) || st.flags & f::HOST_QUEUED != 0 || news(&st)
+        },
+    );
     match w {
         Wait::Ready | Wait::Dead => Ok(()), // the death: looked at by the caller
         _ => Err(wait_err(w, false)),

@@ -49,7 +49,7 @@ pub(crate) fn applies(flags: u32) -> bool {
 }
 
 /// The twin of listener `handle` this process holds, if any.
-fn cached(handle: u32) -> Option<c_int> {
+pub(crate) fn cached(handle: u32) -> Option<c_int> {
     TWINS
         .iter()
         .find(|t| t.handle.load(Ordering::Acquire) == handle)
