@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Servers blocked in accept(), native clients: wake-ups and rate, interleaved.
+
+usage: herd.py CANAL_BEFORE SOCKET_BEFORE CANAL_AFTER SOCKET_AFTER [ROUNDS]
+
+CANAL_*: a `canal` binary; SOCKET_*: the socket of a canald of the same build,
+already running. For each shape (16 and 200 threads in one process, 8 forked
+processes) and round, the kernel, the build before and the build after each serve
+one client after another (connect, 1 byte back, close; the client is this script,
+outside canal). Prints one line per run: connections/s and the server's voluntary
+context switches per connection (all its threads and processes: who woke).
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+SERVER = r"""
+import os, socket, sys, threading
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(64)
+def serve():
+    while True:
+        c, _ = l.accept()
+        c.sendall(b"x")
+        c.close()
+kind, n = sys.argv[2], int(sys.argv[3])
+pids = [os.getpid()]
+for _ in range(n):
+    if kind == "threads":
+        threading.Thread(target=serve, daemon=True).start()
+    else:
+        pid = os.fork()
+        if pid == 0:
+            serve()
+        pids.append(pid)
+print("LISTEN", *pids, flush=True)
+sys.stdin.readline()
+for pid in pids[1:]:
+    os.kill(pid, 9)
+"""
+
+
+def switches(pids):
+    n = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n += sum(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
+    return n
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(prefix, port, kind, n, clients):
+    p = subprocess.Popen(prefix + [sys.executable, "-c", SERVER, str(port), kind, str(n)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().split()
+    if line[:1] != ["LISTEN"]:
+        raise SystemExit(f"the server did not start ({' '.join(prefix[:1])})")
+    pids = [int(x) for x in line[1:]]
+    time.sleep(1.0)  # every thread asleep in accept()
+    before = switches(pids)
+    t = time.monotonic()
+    for _ in range(clients):
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            assert c.recv(1) == b"x"
+    took = time.monotonic() - t
+    woke = switches(pids) - before
+    p.stdin.write("\n")
+    p.stdin.flush()
+    p.wait(10)
+    return clients / took, woke / clients
+
+
+def main():
+    before = [sys.argv[1], "run", "--socket", sys.argv[2], "--"]
+    after = [sys.argv[3], "run", "--socket", sys.argv[4], "--"]
+    rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 5
+    for kind, n, clients in (("threads", 16, 600), ("threads", 200, 1000), ("processes", 8, 600)):
+        for r in range(rounds):
+            for name, prefix in (("kernel", []), ("before", before), ("after", after)):
+                rate, per = run(prefix, free_port(), kind, n, clients)
+                print(f"{kind}={n} round={r} {name} rate={rate:.0f}/s switches/conn={per:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
