@@ -110,6 +110,24 @@ pub(crate) fn adopt(fd: c_int) -> c_int {
     fd
 }
 
+/// Closes one of the library's descriptors ([`adopt`]'s inverse): out of the table,
+/// then closed.
+pub(crate) fn close_own(fd: c_int) {
+    crate::fdtable::TABLE.take(fd);
+    let _ = sys::close(fd);
+}
+
+/// Closes the descriptor `holder` names, if any, and empties it; inside [`using`], so
+/// a concurrent move (which retargets the holder) cannot have it close the program's.
+pub(crate) fn close_held(holder: &AtomicI32) {
+    using(|| {
+        let fd = holder.swap(-1, Ordering::SeqCst);
+        if fd >= 0 {
+            close_own(fd);
+        }
+    });
+}
+
 /// [`adopt`]s `fd` into `slot` if it is still empty (-1): a descriptor made once per
 /// process by whichever thread needs it first. Returns what the slot holds: `fd`, or
 /// what another thread put there first (then `fd` is closed).
@@ -118,8 +136,7 @@ pub(crate) fn adopt_once(slot: &AtomicI32, fd: c_int) -> c_int {
     match slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => fd,
         Err(other) => {
-            crate::fdtable::TABLE.take(fd);
-            let _ = sys::close(fd);
+            close_own(fd);
             other
         }
     }

@@ -24,7 +24,6 @@ use crate::conn::slots::forget_sleep_instance;
 use crate::conn::slots::slot_efd;
 use crate::conn::slots::wake_slot;
 use crate::conn::slots::SLOT_EP;
-use crate::fdtable::TABLE;
 use crate::sys;
 use core::sync::atomic::Ordering;
 use libc::c_int;
@@ -101,17 +100,12 @@ fn instance(g: &Guest, idx: u32) -> Option<c_int> {
         )
     });
     if filled.is_err() {
-        close(ep);
+        crate::ownfd::close_own(ep);
         return None;
     }
     held.store(ep, Ordering::SeqCst);
     crate::ownfd::readers_may_sleep(nudge);
     Some(ep)
-}
-
-fn close(ep: c_int) {
-    TABLE.take(ep);
-    let _ = sys::close(ep);
 }
 
 /// One sleep of a thread blocked in accept() on `twin`'s listener, in place of
@@ -239,6 +233,8 @@ pub(crate) fn pass_on(g: &Guest, index: u32) {
     let wanted = index | canal_abi::WAIT_ACCEPT;
     let used = g.region.header().slots_used.load(Ordering::Relaxed);
     for idx in 0..used {
+        // Only this process's slots that have slept here have an instance: the
+        // others' eventfds are not ours to write.
         if Some(idx) == me || ep_now(idx).is_err() {
             continue;
         }

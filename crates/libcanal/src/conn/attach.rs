@@ -8,7 +8,6 @@ use crate::conn::guest::ATTACH_LOCK;
 use crate::conn::guest::FALLBACK;
 use crate::conn::guest::GUEST;
 use crate::conn::sleep::YIELD_NS;
-use crate::fdtable::TABLE;
 use crate::notify::{Mode, WaitSettings};
 use crate::rt::debug;
 use crate::rt::disabled_by_env;
@@ -529,10 +528,7 @@ pub(crate) fn vrss_setup(g: &'static Guest) {
         let fd = crate::ownfd::adopt(fd);
         let old = g.wdoor[i].swap(fd, Ordering::Relaxed);
         if old > 0 {
-            crate::ownfd::using(|| {
-                TABLE.take(old);
-                let _ = sys::close(old);
-            });
+            crate::ownfd::using(|| crate::ownfd::close_own(old));
         }
     }
     // Release: the descriptors before the count.

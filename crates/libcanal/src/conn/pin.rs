@@ -62,13 +62,7 @@ pub(crate) fn close_pin(pin: c_int) {
     let Some(a) = PIN_FDS.get(pin as usize) else {
         return;
     };
-    crate::ownfd::using(|| {
-        let fd = a.swap(-1, Ordering::SeqCst);
-        if fd >= 0 {
-            TABLE.take(fd);
-            let _ = sys::close(fd);
-        }
-    });
+    crate::ownfd::close_held(a);
 }
 
 /// Points the pinned copy held at `old` to `new` (it moved: ownfd.rs).
@@ -83,8 +77,7 @@ pub(crate) fn forget_pins_in_child() {
         if Some(i as c_int) != mine {
             let fd = a.swap(-1, Ordering::Relaxed);
             if fd >= 0 {
-                TABLE.take(fd);
-                let _ = sys::close(fd);
+                crate::ownfd::close_own(fd);
             }
         }
     }

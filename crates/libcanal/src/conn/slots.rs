@@ -158,13 +158,7 @@ pub(crate) static SLOT_EP: [AtomicI32; canal_abi::MAX_SLOTS as usize] =
 /// Slot `idx` changes hands or port: its epoll instance goes with it.
 pub(crate) fn forget_sleep_instance(idx: u32) {
     if let Some(a) = SLOT_EP.get(idx as usize) {
-        crate::ownfd::using(|| {
-            let ep = a.swap(-1, Ordering::SeqCst);
-            if ep >= 0 {
-                TABLE.take(ep);
-                let _ = sys::close(ep);
-            }
-        });
+        crate::ownfd::close_held(a);
     }
 }
 
@@ -202,8 +196,7 @@ pub(crate) fn release_slot(g: &Guest, idx: u32, efd: c_int) {
             if efd < 0 || crate::conn::ivshmem::is_irq_efd(efd) {
                 return; // an interrupt vector's eventfd: the next holder of the slot uses it
             }
-            TABLE.take(efd);
-            let _ = sys::close(efd);
+            crate::ownfd::close_own(efd);
         });
     }
 }
@@ -403,8 +396,7 @@ pub(crate) fn forget_in_child() {
         // The instances of the parent's threads' slots (the child must not change them).
         let ep = a.swap(-1, Ordering::Relaxed);
         if ep >= 0 && TABLE.get(ep) == Some(crate::fdtable::Entry::Internal) {
-            TABLE.take(ep);
-            let _ = sys::close(ep);
+            crate::ownfd::close_own(ep);
         }
     }
     for a in SLOT_EFD.iter() {
@@ -414,8 +406,7 @@ pub(crate) fn forget_in_child() {
             && TABLE.get(efd) == Some(crate::fdtable::Entry::Internal)
         {
             // Other threads' eventfds: those threads do not exist in the child.
-            TABLE.take(efd);
-            let _ = sys::close(efd);
+            crate::ownfd::close_own(efd);
         }
     }
 }

@@ -133,8 +133,7 @@ pub(crate) fn make(epfd: c_int) -> Option<c_int> {
 
 /// Closes a kick (its set went); the kernel drops it from the epoll instance.
 pub(crate) fn forget(fd: c_int) {
-    crate::fdtable::TABLE.take(fd);
-    let _ = sys::close(fd);
+    crate::ownfd::close_own(fd);
 }
 
 /// The user data under which a set's real epoll instance holds the twin of native

@@ -16,7 +16,6 @@
 //! when the program takes its number, acted on inside `ownfd::using`.
 
 use crate::conn::guest::Guest;
-use crate::fdtable::TABLE;
 use crate::sys;
 use canal_abi::segment::bell;
 use canal_abi::sync::Ordering;
@@ -126,10 +125,7 @@ pub(crate) fn drain(slot: u32, j: usize, p: &libc::pollfd) {
 
 fn close_own(fd: c_int) {
     if fd >= 0 {
-        crate::ownfd::using(|| {
-            TABLE.take(fd);
-            let _ = sys::close(fd);
-        });
+        crate::ownfd::using(|| crate::ownfd::close_own(fd));
     }
 }
 
@@ -247,8 +243,7 @@ fn retire(fds: &[c_int]) {
     }
     crate::ownfd::wait_unused();
     for &f in fds.iter().filter(|&&f| f >= 0) {
-        TABLE.take(f);
-        let _ = sys::close(f);
+        crate::ownfd::close_own(f);
     }
 }
 

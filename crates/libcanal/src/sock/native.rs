@@ -80,15 +80,10 @@ fn twin(g: &Guest, s: &Sock) -> Result<(c_int, bool), i32> {
     match out {
         Ok(x) => Ok(x),
         Err(other) => {
-            drop_fd(fd);
+            crate::ownfd::close_own(fd);
             Ok((other, false))
         }
     }
-}
-
-fn drop_fd(fd: c_int) {
-    TABLE.take(fd);
-    let _ = sys::close(fd);
 }
 
 /// One accept of a native client on `s`'s twin: Ok(None) when the kernel holds none.
@@ -124,7 +119,7 @@ pub(crate) fn accept(s: &Sock, flags: c_int) -> Result<Option<(c_int, Option<Can
         }
     };
     if temporary {
-        drop_fd(fd);
+        crate::ownfd::close_own(fd);
     }
     r
 }
@@ -174,7 +169,7 @@ fn forget_look() {
 /// (without one it follows canald's NATIVE_QUEUED). A failure waits for accept.
 pub(crate) fn prefetch(s: &Sock) {
     if let Ok((fd, true)) = twin(s.g, s) {
-        drop_fd(fd); // no room to keep it
+        crate::ownfd::close_own(fd); // no room to keep it
     }
 }
 
@@ -428,7 +423,7 @@ fn empty(t: &Twin) {
     let fd = t.fd.swap(-1, Ordering::AcqRel);
     crate::rt::unlock(&LOCK);
     if fd >= 0 {
-        drop_fd(fd);
+        crate::ownfd::close_own(fd);
     }
 }
 
