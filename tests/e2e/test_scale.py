@@ -251,58 +251,83 @@ def test_accept_at_the_socket_quota(request, procs, python, progs):
 
 
 ACCEPTORS = r"""
-import socket, sys, threading
+import os, socket, sys, threading
 l = socket.socket()
 l.bind(("127.0.0.1", int(sys.argv[1])))
 l.listen(64)
-threads = int(sys.argv[2])
+kind, n = sys.argv[2], int(sys.argv[3])
 def serve():
     while True:
         c, _ = l.accept()
         c.sendall(b"x")
         c.close()
-for _ in range(threads):
-    threading.Thread(target=serve, daemon=True).start()
-print("LISTEN", flush=True)
+pids = [os.getpid()]
+for _ in range(n):
+    if kind == "threads":
+        threading.Thread(target=serve, daemon=True).start()
+    else:
+        pid = os.fork()
+        if pid == 0:
+            serve()
+        pids.append(pid)
+print("LISTEN", *pids, flush=True)
 sys.stdin.readline()
+for pid in pids[1:]:
+    os.kill(pid, 9)
 """
 
+ACCEPT_CLIENT = ("import socket, sys, time\n"
+                 "for _ in range(int(sys.argv[2])):\n"
+                 "    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+                 "    assert c.recv(1) == b'x'\n"
+                 "    c.close()\n"
+                 "    time.sleep(0.01)\n"
+                 "print('DONE', flush=True)\n")
 
-@pytest.mark.parametrize("client_under_canal", [False, True], ids=["native-clients", "canal-clients"])
-def test_one_connection_wakes_one_of_many_blocked_acceptors(canald, python, client_under_canal):
-    """Sixteen threads blocked in accept() on one listener (a thread-per-connection
-    server): each connection wakes one of them, as the kernel's exclusive wake-up does
-    — not all sixteen, which on two cores cost a sixth of the connection rate with 16
-    clients. Counted twice: canal stat's wake-ups of the server's guest (canald's, for
-    canal clients), and the server's threads' voluntary context switches (a native
-    client is the kernel's to announce, on the listener's copy each thread sleeps on:
-    natively one per connection; 12-15 when every thread polled the copy)."""
+
+@pytest.mark.parametrize("clients", ["native", "canal", "mixed"])
+@pytest.mark.parametrize("shape", ["threads", "processes"])
+def test_one_connection_wakes_one_of_many_blocked_acceptors(canald, python, shape, clients):
+    """Sixteen threads (or eight forked processes) blocked in accept() on one listener
+    (a thread-per-connection or prefork server): each connection wakes one of them, as
+    the kernel's exclusive wake-up does — not all of them, which on two cores cost a
+    sixth of the connection rate with 16 clients. Counted three ways: canal stat's
+    wake-ups of the server's guest (canald's, for canal clients); the server's
+    voluntary context switches (a native client is the kernel's to announce, on the
+    listener's copy each thread sleeps on: natively one per connection; 12-15 when
+    every thread polled the copy); and canald's own, which a native client does not
+    involve at all (before: one control round trip per connection in a forked server,
+    the woken process asking whether the listener was still held). "mixed": native
+    and canal clients at once, so the waits switch between the two kinds."""
     port = e2e_util.free_port()
-    server = canald.spawn([python, "-c", ACCEPTORS, port, 16], name="acceptors", stdin=subprocess.PIPE)
-    server.wait_line("LISTEN", 20)
+    server = canald.spawn([python, "-c", ACCEPTORS, port, shape, 16 if shape == "threads" else 8],
+                          name="acceptors", stdin=subprocess.PIPE)
+    pids = [int(p) for p in server.wait_line("LISTEN", 20).split()[1:]]
     import time
     time.sleep(1.0)  # every thread asleep in accept()
     before = canald.guest(server)["wakes"]
-    switches_before = _voluntary_switches(server.pid)
+    switches_before = sum(_voluntary_switches(p) for p in pids)
+    canald_before = _voluntary_switches(canald.proc.pid)
     n = 60
-    client = ("import socket, sys, time\n"
-              "for _ in range(int(sys.argv[2])):\n"
-              "    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
-              "    assert c.recv(1) == b'x'\n"
-              "    c.close()\n"
-              "    time.sleep(0.01)\n"
-              "print('DONE', flush=True)\n")
-    argv = [python, "-c", client, port, n]
-    c = canald.spawn(argv, name="c") if client_under_canal else canald.procs.spawn(argv, name="c")
-    assert c.wait_line("DONE", 60) == "DONE", c.describe()
+    kinds = {"native": [False], "canal": [True], "mixed": [False, True]}[clients]
+    each = n // len(kinds)
+    cs = []
+    for under_canal in kinds:
+        argv = [python, "-c", ACCEPT_CLIENT, port, each]
+        cs.append(canald.spawn(argv, name="c") if under_canal else canald.procs.spawn(argv, name="c"))
+    for c in cs:
+        assert c.wait_line("DONE", 60) == "DONE", c.describe()
     woken = canald.guest(server)["wakes"] - before
     # One per connection, plus slack for data and close wake-ups of the served
     # socket (before: about sixteen per connection).
     assert woken <= 4 * n, f"{woken} wake-ups for {n} connections with 16 acceptors"
     # One per connection, plus each thread's re-check of its sleep (once a second).
-    switches = _voluntary_switches(server.pid) - switches_before
-    print(f"server threads slept {switches} times for {n} connections")
+    switches = sum(_voluntary_switches(p) for p in pids) - switches_before
+    busy = _voluntary_switches(canald.proc.pid) - canald_before
+    print(f"server slept {switches} times, canald {busy}, for {n} connections")
     assert switches <= 3 * n, f"the server's threads woke {switches} times for {n} connections"
+    if clients == "native":
+        assert busy <= n // 3, f"canald woke {busy} times for {n} native clients"
     server.send_line("")
     assert server.finish(20).returncode == 0, server.describe()
 

@@ -11,9 +11,28 @@ use core::cell::Cell;
 use core::sync::atomic::AtomicI32;
 use libc::c_int;
 
+/// What a sleeping call holds until it returns (`sock::close::unpin`).
+#[derive(Clone, Copy)]
+pub(crate) struct Pinned {
+    /// The socket's handle (one reference taken).
+    pub(crate) handle: u32,
+    /// The private descriptor copy, an index for `close_pin`, or -1.
+    pub(crate) copy: c_int,
+    /// The program's descriptor the call was made on, or -1.
+    pub(crate) fd: c_int,
+}
+
+impl Pinned {
+    /// Whether the program still has the call's descriptor for this socket: then the
+    /// pin was not this process's last hold, and dropping it closes nothing.
+    pub(crate) fn program_holds(&self) -> bool {
+        self.fd >= 0 && TABLE.handle(self.fd) == Some(self.handle)
+    }
+}
+
 thread_local! {
-    /// The socket handle this thread's current call pinned while sleeping.
-    static PINNED: Cell<Option<(u32, c_int)>> = const { Cell::new(None) };
+    /// What this thread's current call pinned while sleeping.
+    static PINNED: Cell<Option<Pinned>> = const { Cell::new(None) };
     /// The descriptor the current canal call was made on (set by the hooks).
     static CURRENT_FD: Cell<c_int> = const { Cell::new(-1) };
 }
@@ -30,8 +49,7 @@ static PIN_FDS: [AtomicI32; 1024] = [const { AtomicI32::new(-1) }; 1024];
 /// A private copy of the current call's dummy descriptor, so that the kernel-counted
 /// liveness (WATCH) also sees the in-flight call: an index into PIN_FDS, or -1 if there
 /// is none (no descriptor, or every entry in use: the call then goes without).
-fn pin_fd(h: u32) -> c_int {
-    let fd = CURRENT_FD.try_with(|c| c.get()).unwrap_or(-1);
+fn pin_fd(h: u32, fd: c_int) -> c_int {
     if fd < 0 || TABLE.handle(fd) != Some(h) {
         return -1;
     }
@@ -72,7 +90,7 @@ pub(crate) fn retarget_pin(old: c_int, new: c_int) -> bool {
 
 /// In a fork child: the other threads' pins are the parent's; close the copies.
 pub(crate) fn forget_pins_in_child() {
-    let mine = PINNED.try_with(|p| p.get()).ok().flatten().map(|(_, i)| i);
+    let mine = PINNED.try_with(|p| p.get()).ok().flatten().map(|p| p.copy);
     for (i, a) in PIN_FDS.iter().enumerate() {
         if Some(i as c_int) != mine {
             let fd = a.swap(-1, Ordering::Relaxed);
@@ -85,7 +103,7 @@ pub(crate) fn forget_pins_in_child() {
 
 /// The socket reference and pinned descriptor copy (`close_pin`) the current call
 /// took while sleeping, if any (`sock::close::unpin` drops them).
-pub(crate) fn take_pinned() -> Option<(u32, c_int)> {
+pub(crate) fn take_pinned() -> Option<Pinned> {
     PINNED.try_with(|p| p.take()).ok().flatten()
 }
 
@@ -94,8 +112,13 @@ pub(crate) fn take_pinned() -> Option<(u32, c_int)> {
 /// one already.
 pub(crate) fn pin_for_call(g: &'static Guest, index: u32) {
     if PINNED.with(|p| p.get().is_none()) {
-        let h = pin(g, index);
-        PINNED.with(|p| p.set(h.map(|h| (h, pin_fd(h)))));
+        let fd = CURRENT_FD.try_with(|c| c.get()).unwrap_or(-1);
+        let pinned = pin(g, index).map(|handle| Pinned {
+            handle,
+            copy: pin_fd(handle, fd),
+            fd,
+        });
+        PINNED.with(|p| p.set(pinned));
     }
 }
 

@@ -177,14 +177,34 @@ pub(crate) fn add_ref(g: &'static Guest, handle: u32) {
 /// Drops the reference the current call took while sleeping, if any (the last one
 /// closes the socket, as the kernel does when the in-flight call releases the file).
 pub(crate) fn unpin() {
-    if let Some((h, fd)) = crate::conn::pin::take_pinned() {
+    if let Some(p) = crate::conn::pin::take_pinned() {
         let g = crate::conn::guest::guest();
-        let ask = g.is_some_and(|g| release(g, h));
-        if fd >= 0 {
-            crate::conn::pin::close_pin(fd);
+        // While the program still holds the call's descriptor, the pin was not this
+        // process's last hold: only its reference goes. `release` would also look for
+        // the process's other descriptors (a scan of the descriptor table) and ask
+        // canald whether the socket is still held (a round trip): per blocked call,
+        // which a forked accept server pays on every connection.
+        let ask = match g {
+            Some(g) if !(p.program_holds() && drop_extra_ref(g, p.handle)) => release(g, p.handle),
+            _ => false,
+        };
+        if p.copy >= 0 {
+            crate::conn::pin::close_pin(p.copy);
         }
         if let (true, Some(g)) = (ask, g) {
-            close_if_unheld(g, h);
+            close_if_unheld(g, p.handle);
         }
     }
+}
+
+/// Drops one reference of `handle` that is not its last (false, and nothing done, if
+/// it would be).
+fn drop_extra_ref(g: &'static Guest, handle: u32) -> bool {
+    Sock::new(g, handle).is_ok_and(|s| {
+        s.e.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+                (r > 1).then(|| r - 1)
+            })
+            .is_ok()
+    })
 }
