@@ -39,35 +39,55 @@ pub(crate) fn wait_until(
 /// marked so canald wakes one such thread per waiting connection (`ACCEPT_ONE`).
 /// `native`: the listener's twin (`sock::native`), which the sleep also waits on, so
 /// the kernel wakes it for a native client without canald — one such thread per
-/// client, as accept() natively (conn/accept_sleep.rs).
+/// client, as accept() natively (conn/accept_sleep.rs). `spin`: false to sleep at
+/// once, without the spin budget (in poll mode it still spins).
 pub(crate) fn wait_accept(
     g: &'static Guest,
     index: u32,
     deadline: Option<i64>,
     native: Option<(libc::c_int, Twin)>,
+    spin: bool,
     cond: impl FnMut() -> bool,
 ) -> Wait {
     let exclusive = g.region.header().features & canal_abi::feature::ACCEPT_ONE != 0;
     let (fd, twin) = native.map_or((-1, None), |(fd, t)| (fd, Some(t)));
-    wait_until_as(g, index, exclusive.then_some(twin), deadline, fd, cond)
+    let how = Accepting {
+        twin: exclusive.then_some(twin),
+        spin,
+    };
+    wait_until_as(g, index, Some(how), deadline, fd, cond)
 }
 
-/// `accepting`: a thread blocked in accept() (`Scope::Accept`), with the listener's
-/// twin if it has one.
+/// A thread blocked in accept(): how `wait_until_as` waits for it.
+struct Accepting {
+    /// Some when canald wakes one such thread per connection (`ACCEPT_ONE`): the sleep
+    /// is `Scope::Accept`, with the listener's twin if it has one.
+    twin: Option<Option<Twin>>,
+    /// Spin before sleeping (else sleep at once, unless in poll mode).
+    spin: bool,
+}
+
+/// `accepting`: a thread blocked in accept().
 fn wait_until_as(
     g: &'static Guest,
     index: u32,
-    accepting: Option<Option<Twin>>,
+    accepting: Option<Accepting>,
     deadline: Option<i64>,
     also: libc::c_int,
     mut cond: impl FnMut() -> bool,
 ) -> Wait {
     let mut spins = 0u32;
-    let budget = notify::spin_iters(&g.wait);
+    let at_once = accepting.as_ref().is_some_and(|a| !a.spin) && g.wait.mode != notify::Mode::Poll;
+    let budget = if at_once {
+        0
+    } else {
+        notify::spin_iters(&g.wait)
+    };
     // The adaptive budget needs each wait's gap, but a wait answered within its first
     // CLOCK_AFTER spins (the common case under request/response load) estimates it
-    // from the spin count instead of reading the clock twice (notify::spins_ns).
-    let adaptive = notify::adaptive(&g.wait);
+    // from the spin count instead of reading the clock twice (notify::spins_ns). A wait
+    // that never spun says nothing about the budget.
+    let adaptive = notify::adaptive(&g.wait) && !at_once;
     let mut t0 = 0i64;
     let mut seg_wait = false;
     let mut slept = false;
@@ -159,9 +179,11 @@ fn wait_until_as(
             }
         }
         let remaining = deadline.map(|d| d - now);
-        let scope = match accepting {
-            Some(twin) => Scope::Accept(index, twin),
-            None => Scope::One(index),
+        let scope = match &accepting {
+            Some(Accepting {
+                twin: Some(twin), ..
+            }) => Scope::Accept(index, *twin),
+            _ => Scope::One(index),
         };
         let mut extra = [libc::pollfd {
             fd: also,

@@ -13,6 +13,8 @@ use canal_abi::addr::CanalAddr;
 use canal_abi::addr::ADDR_SIZE;
 use canal_abi::ring::record_kind;
 use canal_abi::ring::Consumer;
+use canal_abi::ring::RawRing;
+use canal_abi::ring::RecordInfo;
 use canal_abi::sock_flag as f;
 use canal_abi::sock_kind;
 use canal_abi::sync::Ordering;
@@ -64,48 +66,7 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
                 c.consume_record(&info);
                 None
             }
-            Ok(Some(info)) => match crate::sock::watch::dummy(s.g, flags & libc::SOCK_CLOEXEC != 0)
-            {
-                // No descriptor for it: leave the connection queued (as the kernel does).
-                Err(e) => Some(Err(e)),
-                Ok((fd, wend)) => {
-                    let mut p = [0u8; 8];
-                    c.record_payload(&info, 0, &mut p);
-                    // The peer, then (minor 13) the socket's final names (§4 Names).
-                    let mut a = [0u8; canal_abi::names::ACCEPT_ADDR_NAMED];
-                    let peer = if info.addr_len as usize >= ADDR_SIZE {
-                        c.record_addr(&info, &mut a);
-                        CanalAddr::decode(&a[..ADDR_SIZE])
-                    } else {
-                        None
-                    };
-                    let named = info.addr_len as usize >= a.len();
-                    c.consume_record(&info);
-                    let h = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
-                    match Sock::new(s.g, h) {
-                        Ok(ns) if ns.kind() == sock_kind::STREAM => {
-                            crate::sock::core::init_guest_line(
-                                ns.e,
-                                flags & libc::SOCK_NONBLOCK != 0,
-                                Some(s.e),
-                            );
-                            let _ = TABLE.set_canal(fd, h);
-                            crate::sock::watch::created(s.g, h, fd, wend);
-                            if named {
-                                crate::sock::names::remember(h, &a[ADDR_SIZE..]);
-                            } else {
-                                crate::sock::names::forget(h);
-                            }
-                            Some(Ok((fd, peer)))
-                        }
-                        _ => {
-                            let _ = sys::close(fd);
-                            let _ = (wend >= 0).then(|| sys::close(wend));
-                            Some(Err(libc::ECONNABORTED))
-                        }
-                    }
-                }
-            },
+            Ok(Some(info)) => Some(take_record(&s, &mut c, &info, flags)),
         };
         crate::shortcut::sidelock::exit_rx(s.e, held);
         if canal_abi::region::room_asked_after_release(&s.e.flags) {
@@ -116,7 +77,10 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
             Some(r) => {
                 if let Ok((fd, _)) = &r {
                     crate::rt::debug!(s.g, "canal: accept on handle {:#x} -> fd {fd}\n", s.handle);
-                    native_client_left(&s);
+                    if crate::sock::native::applies(s.flags()) {
+                        crate::sock::native::note_client(s.handle, false);
+                        native_client_left(&s);
+                    }
                 }
                 return r;
             }
@@ -178,6 +142,49 @@ pub(crate) fn accept(s: Sock, flags: c_int) -> Result<(c_int, Option<CanalAddr>)
     }
 }
 
+/// Takes the ACCEPT record `info` from listener `s`'s ring: the new socket's descriptor
+/// and its peer, or ECONNABORTED if it is already gone. Without a descriptor for it the
+/// record stays (the connection stays queued, as the kernel leaves it).
+fn take_record(
+    s: &Sock,
+    c: &mut Consumer<'_, RawRing>,
+    info: &RecordInfo,
+    flags: c_int,
+) -> Result<(c_int, Option<CanalAddr>), i32> {
+    let (fd, wend) = crate::sock::watch::dummy(s.g, flags & libc::SOCK_CLOEXEC != 0)?;
+    let mut p = [0u8; 8];
+    c.record_payload(info, 0, &mut p);
+    // The peer, then (minor 13) the socket's final names (§4 Names).
+    let mut a = [0u8; canal_abi::names::ACCEPT_ADDR_NAMED];
+    let peer = if info.addr_len as usize >= ADDR_SIZE {
+        c.record_addr(info, &mut a);
+        CanalAddr::decode(&a[..ADDR_SIZE])
+    } else {
+        None
+    };
+    let named = info.addr_len as usize >= a.len();
+    c.consume_record(info);
+    let h = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+    match Sock::new(s.g, h) {
+        Ok(ns) if ns.kind() == sock_kind::STREAM => {
+            crate::sock::core::init_guest_line(ns.e, flags & libc::SOCK_NONBLOCK != 0, Some(s.e));
+            let _ = TABLE.set_canal(fd, h);
+            crate::sock::watch::created(s.g, h, fd, wend);
+            if named {
+                crate::sock::names::remember(h, &a[ADDR_SIZE..]);
+            } else {
+                crate::sock::names::forget(h);
+            }
+            Ok((fd, peer))
+        }
+        _ => {
+            let _ = sys::close(fd);
+            let _ = (wend >= 0).then(|| sys::close(wend));
+            Err(libc::ECONNABORTED)
+        }
+    }
+}
+
 /// A canal client was taken by a thread that the kernel had chosen for a native
 /// client (its sleep ended on the twin): the native client would wait for this
 /// thread's next accept, where natively another blocked thread takes it.
@@ -221,11 +228,13 @@ fn wait_for_client(s: &Sock, deadline: Option<i64>, native: Option<bool>) -> Res
         handle: s.handle,
         fd_of: crate::sock::native::cached,
     };
+    let spin = twin < 0 || !crate::sock::native::clients_come_natively(s.handle);
     let w = wait_accept(
         s.g,
         s.idx,
         deadline,
         (twin >= 0).then_some((twin, exclusive)),
+        spin,
         || {
             // Spinning: the twin itself every few rounds (a system call).
             looks = looks.wrapping_add(1);

@@ -18,7 +18,7 @@ use crate::fdtable::TABLE;
 use crate::sock::core::Sock;
 use crate::sys;
 use canal_abi::addr::CanalAddr;
-use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use libc::c_int;
 
 /// Listeners a process keeps a twin for; beyond that a twin is asked for, used and
@@ -30,12 +30,16 @@ struct Twin {
     handle: AtomicU32,
     /// The twin descriptor (-1: none).
     fd: AtomicI32,
+    /// The last client this process accepted on the listener came through the twin
+    /// (a native client), not through the ring (`clients_come_natively`).
+    native_last: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const FREE: Twin = Twin {
     handle: AtomicU32::new(0),
     fd: AtomicI32::new(-1),
+    native_last: AtomicBool::new(false),
 };
 
 static TWINS: [Twin; CACHED] = [FREE; CACHED];
@@ -50,11 +54,34 @@ pub(crate) fn applies(flags: u32) -> bool {
 
 /// The twin of listener `handle` this process holds, if any.
 pub(crate) fn cached(handle: u32) -> Option<c_int> {
+    entry(handle)
+        .map(|t| t.fd.load(Ordering::Acquire))
+        .filter(|&fd| fd >= 0)
+}
+
+fn entry(handle: u32) -> Option<&'static Twin> {
     TWINS
         .iter()
         .find(|t| t.handle.load(Ordering::Acquire) == handle)
-        .map(|t| t.fd.load(Ordering::Acquire))
-        .filter(|&fd| fd >= 0)
+}
+
+/// Records where the client just accepted on listener `handle` came from: its twin
+/// (`native`) or its ring (a canal client).
+pub(crate) fn note_client(handle: u32, native: bool) {
+    if let Some(t) = entry(handle) {
+        if t.native_last.load(Ordering::Relaxed) != native {
+            t.native_last.store(native, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether the last client this process accepted on listener `handle` was native.
+/// A blocked accept then sleeps at once: the kernel wakes one sleeper per native
+/// client itself, and a spinning thread only races that sleeper and takes the core
+/// the client needs (docs/bench/accept-herd). A canal client, which arrives through
+/// shared memory, brings the spin back.
+pub(crate) fn clients_come_natively(handle: u32) -> bool {
+    entry(handle).is_some_and(|t| t.native_last.load(Ordering::Relaxed))
 }
 
 /// A twin for `s`: (descriptor, whether the caller must close it after use).
@@ -71,6 +98,7 @@ fn twin(g: &Guest, s: &Sock) -> Result<(c_int, bool), i32> {
         Err(other)
     } else if let Some(t) = TWINS.iter().find(|t| t.handle.load(Ordering::Relaxed) == 0) {
         t.fd.store(fd, Ordering::Release);
+        t.native_last.store(false, Ordering::Relaxed);
         t.handle.store(s.handle, Ordering::Release);
         Ok((fd, false))
     } else {
@@ -108,6 +136,7 @@ pub(crate) fn accept(s: &Sock, flags: c_int) -> Result<Option<(c_int, Option<Can
         });
         forget_look();
         if r >= 0 {
+            note_client(s.handle, true);
             let peer = crate::sockaddr::decode(&ss[..(len as usize).min(ss.len())]).ok();
             break Ok(Some((r as c_int, peer)));
         }
@@ -408,10 +437,7 @@ pub(crate) fn forget_unused(handle: u32) {
     if used {
         return;
     }
-    if let Some(t) = TWINS
-        .iter()
-        .find(|t| t.handle.load(Ordering::Relaxed) == handle)
-    {
+    if let Some(t) = entry(handle) {
         empty(t);
     }
 }
