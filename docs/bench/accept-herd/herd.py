@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Servers blocked in accept(), native clients: wake-ups and rate, interleaved.
 
-usage: herd.py CANAL_BEFORE SOCKET_BEFORE CANAL_AFTER SOCKET_AFTER [ROUNDS]
+usage: herd.py CANAL_BEFORE SOCKET_BEFORE CANAL_AFTER SOCKET_AFTER [ROUNDS [SHAPES]]
 
 CANAL_*: a `canal` binary; SOCKET_*: the socket of a canald of the same build,
-already running. For each shape (16 and 200 threads in one process, 8 forked
-processes) and round, the kernel, the build before and the build after each serve
+already running. SHAPES: comma-separated KIND=N (threads=16: 16 threads in one
+process; processes=8: 8 forked processes), by default threads=16,threads=200,
+processes=8. For each shape and round, the kernel, the build before and the build after each serve
 one client after another (connect, 1 byte back, close; the client is this script,
 outside canal). Prints one line per run: connections/s and the server's voluntary
 context switches per connection (all its threads and processes: who woke).
@@ -84,7 +85,13 @@ def main():
     before = [sys.argv[1], "run", "--socket", sys.argv[2], "--"]
     after = [sys.argv[3], "run", "--socket", sys.argv[4], "--"]
     rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 5
-    for kind, n, clients in (("threads", 16, 600), ("threads", 200, 1000), ("processes", 8, 600)):
+    shapes = sys.argv[6] if len(sys.argv) > 6 else "threads=16,threads=200,processes=8"
+    for shape in shapes.split(","):
+        kind, n = shape.split("=")
+        if kind not in ("threads", "processes") or not n.isdigit():
+            raise SystemExit(f"herd.py: bad shape {shape!r} (threads=N or processes=N)")
+        n = int(n)
+        clients = 1000 if n > 100 else 600
         for r in range(rounds):
             for name, prefix in (("kernel", []), ("before", before), ("after", after)):
                 rate, per = run(prefix, free_port(), kind, n, clients)

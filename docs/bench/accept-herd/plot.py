@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Plots herd.py's rounds (rounds.txt and rounds-sleep.txt next to this script) into
-plots/herd.png and plots/herd-sleep.png: wake-ups and connection rate per server
-shape, median of the rounds with their range.
+"""Plots herd.py's rounds (the rounds*.txt files next to this script) into plots/:
+wake-ups and connection rate per server shape, median of the rounds with their range.
+rounds.txt and rounds-sleep.txt: 8bb2b56 (before) against 03cbfb6 (after);
+rounds-2*.txt: a626fb6 (before) against the pin and spin changes (after).
 Needs Debian's python3-matplotlib (/usr/bin/python3)."""
 import collections
 import os
@@ -20,7 +21,7 @@ SYSTEMS = [("kernel", "kernel", "tab:blue"), ("before", "canal before", "tab:red
 
 
 
-def plot(rounds, png, mode):
+def plot(rounds, png, mode, builds="8bb2b56 → 03cbfb6"):
     data = collections.defaultdict(lambda: collections.defaultdict(list))
     with open(os.path.join(HERE, rounds)) as f:
         for line in f:
@@ -52,7 +53,7 @@ def plot(rounds, png, mode):
         if which:
             ax.set_yscale("log")
     axes[0].legend(loc="upper left", fontsize=8)
-    fig.suptitle(f"Blocked in accept(), native clients one after another; canal: {mode}")
+    fig.suptitle(f"Blocked in accept(), native clients one after another; canal {builds}: {mode}")
     fig.tight_layout()
     os.makedirs(os.path.join(HERE, "plots"), exist_ok=True)
     fig.savefig(os.path.join(HERE, "plots", png), dpi=110)
@@ -62,3 +63,5 @@ def plot(rounds, png, mode):
 
 plot("rounds.txt", "herd.png", "default waits (spin, then sleep)")
 plot("rounds-sleep.txt", "herd-sleep.png", "CANAL_NOTIFY=sleep")
+plot("rounds-2.txt", "herd-2.png", "default waits", "a626fb6 → cda6043")
+plot("rounds-2-sleep.txt", "herd-2-sleep.png", "CANAL_NOTIFY=sleep", "a626fb6 → cda6043")
