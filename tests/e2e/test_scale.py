@@ -250,32 +250,6 @@ def test_accept_at_the_socket_quota(request, procs, python, progs):
     client.kill()
 
 
-ACCEPTORS = r"""
-import os, socket, sys, threading
-l = socket.socket()
-l.bind(("127.0.0.1", int(sys.argv[1])))
-l.listen(64)
-kind, n = sys.argv[2], int(sys.argv[3])
-def serve():
-    while True:
-        c, _ = l.accept()
-        c.sendall(b"x")
-        c.close()
-pids = [os.getpid()]
-for _ in range(n):
-    if kind == "threads":
-        threading.Thread(target=serve, daemon=True).start()
-    else:
-        pid = os.fork()
-        if pid == 0:
-            serve()
-        pids.append(pid)
-print("LISTEN", *pids, flush=True)
-sys.stdin.readline()
-for pid in pids[1:]:
-    os.kill(pid, 9)
-"""
-
 ACCEPT_CLIENT = ("import socket, sys, time\n"
                  "for _ in range(int(sys.argv[2])):\n"
                  "    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
@@ -287,7 +261,7 @@ ACCEPT_CLIENT = ("import socket, sys, time\n"
 
 @pytest.mark.parametrize("clients", ["native", "canal", "mixed"])
 @pytest.mark.parametrize("shape", ["threads", "processes"])
-def test_one_connection_wakes_one_of_many_blocked_acceptors(canald, python, shape, clients):
+def test_one_connection_wakes_one_of_many_blocked_acceptors(canald, python, progs, shape, clients):
     """Sixteen threads (or eight forked processes) blocked in accept() on one listener
     (a thread-per-connection or prefork server): each connection wakes one of them, as
     the kernel's exclusive wake-up does — not all of them, which on two cores cost a
@@ -300,7 +274,7 @@ def test_one_connection_wakes_one_of_many_blocked_acceptors(canald, python, shap
     the woken process asking whether the listener was still held). "mixed": native
     and canal clients at once, so the waits switch between the two kinds."""
     port = e2e_util.free_port()
-    server = canald.spawn([python, "-c", ACCEPTORS, port, shape, 16 if shape == "threads" else 8],
+    server = canald.spawn([python, progs / "acceptors.py", port, shape, 16 if shape == "threads" else 8],
                           name="acceptors", stdin=subprocess.PIPE)
     pids = [int(p) for p in server.wait_line("LISTEN", 20).split()[1:]]
     import time

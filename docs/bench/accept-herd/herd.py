@@ -17,32 +17,9 @@ import subprocess
 import sys
 import time
 
-SERVER = r"""
-import os, socket, sys, threading
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("127.0.0.1", int(sys.argv[1])))
-l.listen(64)
-def serve():
-    while True:
-        c, _ = l.accept()
-        c.sendall(b"x")
-        c.close()
-kind, n = sys.argv[2], int(sys.argv[3])
-pids = [os.getpid()]
-for _ in range(n):
-    if kind == "threads":
-        threading.Thread(target=serve, daemon=True).start()
-    else:
-        pid = os.fork()
-        if pid == 0:
-            serve()
-        pids.append(pid)
-print("LISTEN", *pids, flush=True)
-sys.stdin.readline()
-for pid in pids[1:]:
-    os.kill(pid, 9)
-"""
+# The server: tests/e2e/progs/acceptors.py (also the suite's blocked-acceptors test).
+SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "e2e",
+                      "progs", "acceptors.py")
 
 
 def switches(pids):
@@ -61,7 +38,7 @@ def free_port():
 
 
 def run(prefix, port, kind, n, clients):
-    p = subprocess.Popen(prefix + [sys.executable, "-c", SERVER, str(port), kind, str(n)],
+    p = subprocess.Popen(prefix + [sys.executable, SERVER, str(port), kind, str(n)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline().split()
     if line[:1] != ["LISTEN"]:
