@@ -59,6 +59,7 @@ pub(crate) fn cached(handle: u32) -> Option<c_int> {
         .filter(|&fd| fd >= 0)
 }
 
+/// The cache entry of listener `handle` in this process, if it has one.
 fn entry(handle: u32) -> Option<&'static Twin> {
     TWINS
         .iter()
