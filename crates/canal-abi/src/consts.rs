@@ -7,7 +7,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"CANALRGN");
 pub const VERSION_MAJOR: u16 = 1;
 /// Compatible additions (new opcodes, new feature bits, use of reserved bytes that
 /// old readers ignore) bump the minor version.
-pub const VERSION_MINOR: u16 = 21;
+pub const VERSION_MINOR: u16 = 22;
 
 /// canald's ivshmem peer id in a region with `feature::DOORBELL` (the header's
 /// `doorbell_peer`; protocol §9.5).
@@ -126,6 +126,12 @@ pub mod feature {
     /// the kernel alone: no canald wake-up per native client. Set with NATIVE_ACCEPT
     /// for a guest that announced `hello_flag::NATIVE_QUIET`.
     pub const NATIVE_QUIET: u64 = 1 << 20;
+    /// Fast connects (protocol §8.10, minor 22): canald keeps tickets for the
+    /// listeners the guest connected to ring to ring in the region header's table
+    /// (`fast::Table`), and reads the marks the guest's connects leave. Set only for
+    /// a guest that announced `hello_flag::FAST_CONNECT`, with packed arenas, outside
+    /// a network's view and without a policy.
+    pub const FAST_CONNECT: u64 = 1 << 21;
     /// Every bit this version understands (the optional ones included).
     pub const KNOWN: u64 = ALL_V1
         | WATCH
@@ -145,6 +151,7 @@ pub mod feature {
         | NATIVE_ACCEPT
         | HOST_QUEUED
         | NATIVE_QUIET
+        | FAST_CONNECT
         | CLOSE_CHECK;
 }
 

@@ -237,6 +237,8 @@ pub mod hello_flag {
     /// The guest looks at a NATIVE_ACCEPT listener's copy itself and says when it
     /// relies on canald's NATIVE_QUEUED (`feature::NATIVE_QUIET`).
     pub const NATIVE_QUIET: u32 = 1 << 19;
+    /// The guest connects fast with tickets (`feature::FAST_CONNECT`).
+    pub const FAST_CONNECT: u32 = 1 << 20;
 }
 
 /// SEGMENT_OK body bytes.

@@ -17,6 +17,7 @@ pub mod cmsg;
 pub mod consts;
 pub mod control;
 pub mod evlog;
+pub mod fast;
 pub mod names;
 pub mod queue;
 pub mod region;

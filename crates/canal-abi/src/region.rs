@@ -253,7 +253,13 @@ pub struct SocketEntry {
     /// blocking receive waits for that many (or its buffer's size), as in the kernel;
     /// an accepted connection inherits its listener's.
     pub rcvlowat: AtomicU32,
-    pub reserved4: [u32; 5],
+    /// Guest-written (feature::FAST_CONNECT, minor 22): the ticket a fast connect
+    /// claimed (`fast::mark`, 0: none), then its segment id in `fast_segment`; the
+    /// guest raises the socket's attention bit after both. canald reads and zeroes
+    /// them when it serves the bit (protocol §8.10).
+    pub fast_ticket: AtomicU32,
+    pub fast_segment: AtomicU32,
+    pub reserved4: [u32; 3],
 }
 
 // SAFETY: all three are repr(C) structs of integers, integer atomics and byte arrays;
@@ -265,6 +271,8 @@ unsafe impl AnyBitPattern for Slot {}
 unsafe impl AnyBitPattern for SocketEntry {}
 // SAFETY: as above.
 unsafe impl AnyBitPattern for QueueCell {}
+// SAFETY: as above (records of integer atomics).
+unsafe impl AnyBitPattern for crate::fast::Table {}
 
 // SAFETY: a Slot is only ever used through shared references; its payload is plain
 // bytes whose concurrent access is ordered by `state` (the guest writes it before
@@ -350,6 +358,8 @@ impl SocketEntry {
         self.close_mark.store(0, Ordering::Relaxed);
         self.options.store(0, Ordering::Relaxed);
         self.rcvlowat.store(0, Ordering::Relaxed);
+        self.fast_ticket.store(0, Ordering::Relaxed);
+        self.fast_segment.store(0, Ordering::Relaxed);
         self.tx_tail_seen.store(0, Ordering::Relaxed);
         self.rx_head_seen.store(0, Ordering::Relaxed);
         self.clear_side_locks();
@@ -612,6 +622,12 @@ impl Region {
 
     pub fn header(&self) -> &RegionHeader {
         self.at(0)
+    }
+
+    /// The fast-connect table of the header page (protocol §8.10).
+    #[cfg(not(loom))]
+    pub fn fast_table(&self) -> &crate::fast::Table {
+        self.at(crate::fast::TABLE_OFFSET)
     }
 
     pub fn slot(&self, index: u32) -> Option<&Slot> {

@@ -105,7 +105,9 @@ fn socket_entry_offsets() {
     assert_eq!(offset_of!(SocketEntry, close_mark), 220);
     assert_eq!(offset_of!(SocketEntry, options), 224);
     assert_eq!(offset_of!(SocketEntry, rcvlowat), 232);
-    assert_eq!(offset_of!(SocketEntry, reserved4), 236);
+    assert_eq!(offset_of!(SocketEntry, fast_ticket), 236);
+    assert_eq!(offset_of!(SocketEntry, fast_segment), 240);
+    assert_eq!(offset_of!(SocketEntry, reserved4), 244);
     assert_eq!(size_of::<SocketEntry>() as u64, SOCKET_ENTRY_SIZE);
     assert_eq!(size_of::<QueueCell>(), 8);
 }
@@ -148,7 +150,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 1500 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 1600 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -205,8 +207,8 @@ fn attach_validates_header() {
         HeaderError::UnknownFeatures(1 << 40),
     );
     corrupt(
-        &|h| h.features |= 1 << 21,
-        HeaderError::UnknownFeatures(1 << 21),
+        &|h| h.features |= 1 << 22,
+        HeaderError::UnknownFeatures(1 << 22),
     );
     // A header with WATCH attaches (the bit is known, optional for the guest).
     {
@@ -478,7 +480,7 @@ fn watch_wire_values() {
     // protocol.md §2 (kind 8) and §3 (features bit 3).
     assert_eq!(canal_abi::control::kind::WATCH, 8);
     assert_eq!(feature::WATCH, 1 << 3);
-    assert_eq!(feature::KNOWN, 0b1_1111_1111_1111_1111_1111);
+    assert_eq!(feature::KNOWN, 0b11_1111_1111_1111_1111_1111);
     assert_eq!(
         feature::ALL_V1 & feature::WATCH,
         0,
