@@ -143,6 +143,7 @@ impl Daemon {
                 return send_error(&conn.fd, errno::EINVAL, &why).is_ok();
             }
             let features = features | self.direct_feature(hello_flags, &gcfg, &limits);
+            let features = features | fast_feature(hello_flags, features, &gcfg, &limits);
             gcfg.policy = Arc::new(crate::quota::GuestPolicy::new(
                 format!("guest {id} (pid {pid} {comm})"),
                 &limits,
@@ -811,4 +812,31 @@ fn guest_name(net: Option<&crate::guest::netview::NetView>, comm: &str) -> Strin
     })
     .unwrap_or(comm)
     .to_string()
+}
+
+/// `feature::FAST_CONNECT` (protocol §8.10) for a guest that asked, whose connects
+/// canald need not see: ring-to-ring connections in packed arenas without zones, one
+/// worker, canald's own network, no destination policy or connection rate to apply.
+fn fast_feature(
+    hello_flags: u32,
+    features: u64,
+    gcfg: &GuestConfig,
+    limits: &crate::quota::Limits,
+) -> u64 {
+    use canal_abi::feature as f;
+    let needs = f::SHORTCUT | f::ARENAS | f::PACKED_ARENAS | f::CLOSE_MARK;
+    let ok = hello_flags & control::hello_flag::FAST_CONNECT != 0
+        && features & needs == needs
+        && features & (f::ZONES | f::VRSS | f::DOORBELL) == 0
+        && gcfg.net.is_none()
+        && !gcfg.loopback_only
+        && limits.allow.is_none()
+        && limits.deny.is_none()
+        && limits.connect_rate.unwrap_or(0) == 0
+        && limits.request_rate.unwrap_or(0) == 0;
+    if ok {
+        f::FAST_CONNECT
+    } else {
+        0
+    }
 }

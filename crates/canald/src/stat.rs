@@ -64,6 +64,8 @@ pub(crate) struct GuestStat {
     /// Bells (protocol §8.8): its threads' bells canald holds, and the peers' bells
     /// canald handed to it (None: neither).
     pub(crate) bells: Option<BellStat>,
+    /// Connects completed with a ticket, without a CONNECT (protocol §8.10).
+    pub(crate) fast_connects: u64,
 }
 
 /// A guest's bells (protocol §8.8), as `canal stat` shows them.
@@ -396,6 +398,7 @@ pub(crate) fn guest_stat(g: &Guest) -> GuestStat {
         closed_tx_bytes: g.freed_bytes.0,
         closed_rx_bytes: g.freed_bytes.1,
         bells: None,
+        fast_connects: g.fast_connects,
         quota: {
             let [denied, connect_waits, request_waits, watches_refused] = g.cfg.policy.hits();
             QuotaStat {
@@ -446,7 +449,14 @@ struct GuestJson<'a> {
     network: Option<&'a NetStat>,
     #[serde(skip_serializing_if = "Option::is_none")]
     bells: Option<BellStat>,
+    /// Connects made with a ticket (protocol §8.10); absent while none.
+    #[serde(skip_serializing_if = "is_zero")]
+    fast_connects: u64,
     sockets: &'a [SockStat],
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A doorbell VM (protocol §9.5): every wake is an MSI-X interrupt.
@@ -485,6 +495,7 @@ pub(crate) fn render_json(s: &Snapshot) -> String {
                 }),
                 network: g.network.as_ref(),
                 bells: g.bells,
+                fast_connects: g.fast_connects,
                 sockets: &g.sockets,
             })
             .collect(),
@@ -691,6 +702,7 @@ mod tests {
                 closed_tx_bytes: 0,
                 closed_rx_bytes: 0,
                 bells: None,
+                fast_connects: 0,
                 quota: QuotaStat {
                     connect_waits: 4,
                     ..Default::default()

@@ -341,6 +341,9 @@ impl Poller {
             for g in guests.values_mut().filter(|g| !g.held_answers.is_empty()) {
                 g.answer_held();
             }
+            for g in guests.values_mut().filter(|g| !g.fast_waiting.is_empty()) {
+                g.run_fast_waiting(&w.ep);
+            }
         }
         // A departing guest's sockets close and the guest is dropped in rounds that may
         // have no other work (a drain deadline's timeout). (`canal stat` counts the

@@ -17,9 +17,10 @@
 //! program passes it on), `stream` and `dgram` (data pumps) with `dgram_route` (datagrams
 //! between canal guests, canald moving them ring to ring; its state in `dgram_local`), `directory`
 //! (the ports canal guests listen or receive on, which DIRECT guests read), `service`
-//! (a service round and request dispatch); `shortcut` (co-resident pairs) with `arena` (their
-//! segments' shared files) and `ports` (connectors' local ports), and `vrss`
-//! (spreading one guest's sockets over workers).
+//! (a service round and request dispatch); `shortcut` (co-resident pairs) with `segmem`
+//! (making a pair's segment), `arena` (their segments' shared files), `ports`
+//! (connectors' local ports) and `fast` (connects with tickets, their books in
+//! `fast_book`), and `vrss` (spreading one guest's sockets over workers).
 #![forbid(unsafe_code)]
 
 pub mod addr_view;
@@ -33,6 +34,8 @@ pub mod dgram_local;
 pub mod dgram_route;
 pub mod directory;
 pub mod entries;
+pub mod fast;
+pub mod fast_book;
 pub mod handover;
 pub mod names;
 pub mod netops;
@@ -40,6 +43,7 @@ pub mod netview;
 
 pub mod ops;
 pub mod ports;
+pub mod segmem;
 pub mod service;
 pub mod shared;
 pub mod shortcut;

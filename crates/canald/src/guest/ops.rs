@@ -627,9 +627,18 @@ impl Guest {
     /// Publishes flag changes (adds HUP when both directions are over: the kernel's
     /// POLLHUP once it has shut down both ways).
     pub(crate) fn set_flags(&mut self, index: u32, add: u32, remove: u32) {
+        let region = self.region;
         let Some(Some(s)) = self.sockets.get_mut(index as usize) else {
             return;
         };
+        // A fast connect's CONNECTED (protocol §8.10) is the guest's own store until
+        // canald reads its mark: an unpaired stream keeps it, also when the guest
+        // sets it while canald writes (a WATCH's flag, say, must not take the
+        // connection away from the program meanwhile).
+        let guest_may_connect = s.kind() == Kind::Stream
+            && s.phase == Phase::Open
+            && s.seg.is_none()
+            && remove & sock_flag::CONNECTED == 0;
         let mut f = (s.flags | add) & !remove;
         let both = sock_flag::RX_EOF | sock_flag::TX_CLOSED;
         // A short-circuited peer's close sets TX_CLOSED too (nobody reads: a write
@@ -640,12 +649,26 @@ impl Guest {
         if f & both == both && sent_fin {
             f |= sock_flag::HUP;
         }
-        if f != s.flags {
-            s.flags = f;
-            self.count_event(index);
-            self.entry(index).flags.store(f, Ordering::Release);
-            self.mark_to_wake(index);
+        if f == s.flags {
+            return;
         }
+        let Some(e) = region.socket(index) else {
+            return;
+        };
+        // The event first (`count_event`), as a reader of both expects.
+        e.event_seq.fetch_add(1, Ordering::Release);
+        if guest_may_connect {
+            let keep = |cur: u32| Some(f | (cur & sock_flag::CONNECTED));
+            let before = e
+                .flags
+                .fetch_update(Ordering::Release, Ordering::Acquire, keep)
+                .unwrap_or(f);
+            f |= before & sock_flag::CONNECTED;
+        } else {
+            e.flags.store(f, Ordering::Release);
+        }
+        s.flags = f;
+        self.mark_to_wake(index);
     }
 
     pub(crate) fn set_error(&mut self, index: u32, err: i32, add: u32, remove: u32) {
@@ -679,6 +702,9 @@ impl Guest {
 
     /// Releases an entry: host socket, rings, then kind FREE and a new generation.
     pub(crate) fn free_socket(&mut self, ep: &Epoll, index: u32) {
+        // A fast connect not yet read (its WATCH hung up first, or the guest left):
+        // paired all the same, so the acceptor gets what was sent before the close.
+        self.take_fast_mark(ep, index);
         let reset = self.close_must_reset(index);
         let Some(s) = self.sockets.get_mut(index as usize).and_then(|s| s.take()) else {
             return;

@@ -176,6 +176,9 @@ impl Guest {
                     }
                 }
             }
+            if self.fast_defer(ep, idx, &req) {
+                continue; // run once its socket's fast connect is paired
+            }
             if self.forward(idx, &req) {
                 continue; // the owning worker completes the slot
             }
@@ -487,6 +490,7 @@ impl Guest {
             s.dirty = false;
             self.out_of_budget = false;
             st.sockets += 1;
+            self.take_fast_mark(ep, index);
             self.take_close_mark(index);
             let Some(Some(s)) = self.sockets.get(index as usize) else {
                 continue;

@@ -34,6 +34,10 @@ pub(crate) struct ListenerReg {
     /// An AF_INET6 listener that takes IPv4 connections too (IPV6_V6ONLY off: the host
     /// socket's, or in a network's view the guest's, which canald keeps).
     pub(crate) dual_stack: bool,
+    /// Unaccepted connections its guest holds, as canald last counted them, and fast
+    /// connect tickets outstanding against its backlog (`fast`).
+    pub(crate) queued: u32,
+    pub(crate) fast_out: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +52,10 @@ pub(crate) struct Pending {
     pub(crate) arenas: Option<ArenaLayout>,
     pub(crate) lconn: u32,
     pub(crate) lhandle: u32,
+    /// A fast connect (protocol §8.10): its ticket's segment id (0: a CONNECT), and
+    /// whether its place in the listener's queue was settled already (a retry).
+    pub(crate) fast: u32,
+    pub(crate) settled: bool,
 }
 
 /// Work for the worker serving one guest's short-circuited sockets.
@@ -190,6 +198,8 @@ pub(crate) struct Shared {
     /// Direct peer wake-ups (protocol §8.8).
     pub(crate) bells: super::bells::Bells,
     pub(crate) next_id: u32,
+    /// Fast connects' tables and tickets (protocol §8.10).
+    pub(crate) fast: super::fast_book::FastBooks,
     /// Datagram receivers and deliveries between canal guests (`dgram_local`).
     pub(crate) locals: crate::guest::dgram_local::LocalDgrams,
     /// This host's addresses, for routing each of those datagrams.
@@ -199,15 +209,29 @@ pub(crate) struct Shared {
 pub(crate) type SharedRef = Arc<Mutex<Shared>>;
 
 impl Shared {
-    /// Registers a canal listener (replacing the same socket's earlier registration).
-    pub(crate) fn listen(&mut self, reg: ListenerReg) {
-        self.unlisten(reg.conn, reg.handle);
+    /// Registers a canal listener (replacing the same socket's earlier registration,
+    /// whose queue and tickets it keeps: a second listen() changes only the backlog).
+    pub(crate) fn listen(&mut self, mut reg: ListenerReg) {
+        if let Some(old) = self
+            .listeners
+            .iter()
+            .find(|l| l.conn == reg.conn && l.handle == reg.handle)
+        {
+            (reg.queued, reg.fast_out) = (old.queued, old.fast_out);
+        }
+        self.drop_listener(reg.conn, reg.handle);
         self.tcp_ports.add(reg.addr.port);
         self.listeners.push(reg);
     }
 
-    /// Withdraws listener (`conn`, `handle`), if registered.
+    /// Withdraws listener (`conn`, `handle`), if registered, and every fast connect
+    /// record naming it.
     pub(crate) fn unlisten(&mut self, conn: u32, handle: u32) {
+        self.fast_withdraw_listener(conn, handle);
+        self.drop_listener(conn, handle);
+    }
+
+    fn drop_listener(&mut self, conn: u32, handle: u32) {
         let ports = &mut self.tcp_ports;
         self.listeners.retain(|l| {
             let gone = l.conn == conn && l.handle == handle;
@@ -235,6 +259,7 @@ impl Shared {
             use_arenas: true,
             arenas: Arenas::default(),
             bells: Default::default(),
+            fast: Default::default(),
             next_id: 1,
             host_addrs: Default::default(),
         }))
@@ -679,6 +704,8 @@ mod tests {
             addr,
             backlog: 5,
             dual_stack,
+            queued: 0,
+            fast_out: 0,
         }
     }
 

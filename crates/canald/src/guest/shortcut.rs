@@ -20,19 +20,17 @@
 //! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
 //! follows.
 use crate::guest::ports::PortHold;
+use crate::guest::segmem::{acceptor_link, arena_segment, new_segment, Accepted};
 use crate::guest::shared::is_unspecified;
 use crate::guest::shared::lock;
 use crate::guest::shared::loopback;
-use crate::guest::shared::v4_mapped;
 use crate::guest::shared::zone_classes;
 use crate::guest::shared::Event;
 use crate::guest::shared::Job;
 use crate::guest::shared::ListenerReg;
 use crate::guest::shared::Pending;
 use crate::guest::shared::ScAccept;
-use crate::guest::shared::SegMem;
 use crate::guest::shared::SegmentRec;
-use crate::guest::shared::Shared;
 use crate::guest::shared::SharedRef;
 use crate::guest::shared::TCP_CLOSE;
 use crate::guest::shared::TCP_CLOSE_WAIT;
@@ -52,16 +50,6 @@ use canal_abi::{errno, sock_flag, sock_kind, CanalAddr};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// What the listener's side of a pairing did.
-pub(crate) enum Accepted {
-    /// The accepted end's handle, its ACCEPT record written.
-    Now(u32),
-    /// Sent to the guest's home for the entry (an away listener).
-    Forwarded,
-    /// The accept queue is full: retry later.
-    Full,
-}
-
 impl HostSocket {
     pub(crate) fn is_shortcut(&self) -> bool {
         self.seg.is_some()
@@ -72,7 +60,12 @@ impl Guest {
     /// Lets this guest take part in short-circuits (it announced SHORTCUT in HELLO);
     /// `home` is the worker serving its requests (and all its short-circuited sockets).
     pub(crate) fn enable_shortcut(&mut self, shared: SharedRef, home: u32) {
-        lock(&shared).homes.insert(self.conn, home);
+        let mut sh = lock(&shared);
+        sh.homes.insert(self.conn, home);
+        if self.region.header().features & canal_abi::feature::FAST_CONNECT != 0 {
+            sh.fast.register(self.conn, self.region);
+        }
+        drop(sh);
         self.sc = Some(shared);
     }
 
@@ -104,6 +97,8 @@ impl Guest {
             // clamped like somaxconn (4096).
             backlog: (backlog.clamp(0, 4096) as u32) + 1,
             dual_stack,
+            queued: 0,
+            fast_out: 0,
         });
     }
 
@@ -181,6 +176,8 @@ impl Guest {
                 arenas,
                 lconn: l.conn,
                 lhandle: l.handle,
+                fast: 0,
+                settled: false,
             }),
         );
         // Answered after this round's pairing, usually with the entry CONNECTED: a
@@ -221,10 +218,15 @@ impl Guest {
             .want_rx_space(index, (inflight as u64 + 2) * need)
             .map_err(|_| ())?;
         self.drop_claimed(index);
+        // Fast connect tickets outstanding hold places too (protocol §8.10).
+        let tickets = self
+            .sc
+            .as_ref()
+            .map_or(0, |sc| lock(sc).fast_out(self.conn, lhandle));
         let full = self.sockets[index as usize]
             .as_ref()
             .and_then(|l| l.accepts())
-            .is_some_and(|q| q.unclaimed.len() as u32 + inflight >= backlog);
+            .is_some_and(|q| q.unclaimed.len() as u32 + inflight + tickets >= backlog);
         if full {
             // Full accept queue: the connector stays CONNECTING (the kernel drops the
             // SYN and retries). The guest's accept frees a record and, seeing
@@ -281,6 +283,7 @@ impl Guest {
             self.release_entry(ni);
             return Ok(Accepted::Full);
         }
+        self.note_queued(index);
         self.wake_event_sleepers();
         Ok(Accepted::Now(handle))
     }
@@ -689,6 +692,7 @@ pub(crate) fn has_work(shared: &SharedRef, me: u32) -> bool {
 /// Drops a guest that left (its home reaped it) from the routing table.
 pub(crate) fn forget(shared: &SharedRef, conn: u32) {
     let mut sh = lock(shared);
+    sh.fast_forget(conn);
     sh.homes.remove(&conn);
     sh.arenas.forget(conn);
     sh.bells.forget(conn);
@@ -719,7 +723,12 @@ pub(crate) fn run(
         for job in jobs {
             match job {
                 Job::Pair(p) => {
-                    if let Some(p) = pair(shared, me, guests, shadows, p) {
+                    let again = if p.fast != 0 {
+                        crate::guest::fast::pair_fast(shared, me, guests, p)
+                    } else {
+                        pair(shared, me, guests, shadows, p)
+                    };
+                    if let Some(p) = again {
                         retry.push(Job::Pair(p));
                     }
                 }
@@ -764,32 +773,12 @@ pub(crate) fn run(
             }
         }
     }
-    if !retry.is_empty() {
-        let mut sh = lock(shared);
-        for j in retry {
-            sh.post(me, j);
-        }
+    let mut sh = lock(shared);
+    for j in retry {
+        sh.post(me, j);
     }
+    sh.fast_refill();
     work
-}
-
-/// The accepted end's link to the connector `p` (which connected to `dst`). An IPv4
-/// connection to a dual-stack listener (`lfamily` AF_INET6): its accepted end names
-/// both addresses IPv4-mapped, as the kernel's AF_INET6 socket does.
-fn acceptor_link(id: u32, p: &Pending, dst: &CanalAddr, lfamily: Option<u16>) -> SegLink {
-    let as_listener = |a: &CanalAddr| match lfamily {
-        Some(f) if f == libc::AF_INET6 as u16 => v4_mapped(a),
-        _ => *a,
-    };
-    SegLink {
-        id,
-        side: side::ACCEPTOR,
-        peer_conn: p.conn,
-        peer_handle: p.handle,
-        local: as_listener(dst),
-        peer: as_listener(&p.local),
-        shut_wr: false,
-    }
 }
 
 /// The listener's half of a pending short-circuit (on the listener guest's home):
@@ -935,66 +924,11 @@ pub(crate) fn pair(
             dst: p.dst,
         },
     };
-    lock(shared).post(me, job);
+    let mut sh = lock(shared);
+    // Paired: the connector's next connects there may go fast (protocol §8.10).
+    if let (Job::Connected { .. }, Some(l)) = (&job, listener) {
+        sh.fast_learn(p.conn, &l, &p.dst);
+    }
+    sh.post(me, job);
     None
-}
-
-/// A pair segment's memfd and canald's mapping, its header, owners (the connector's
-/// and the acceptor's event-log keys, §8.6) and zones written before either guest
-/// maps it.
-fn new_segment(
-    id: u32,
-    ring_size: u64,
-    zones: Option<&canal_abi::zone::ZoneLayout>,
-    owners: [u32; 2],
-) -> Option<SegMem> {
-    let zone_size = zones.map_or(0, |l| l.zone_size);
-    let fd = sys::create_segment_zones(id, ring_size, zone_size).ok()?;
-    let len = segment::segment_size_zones(ring_size, zone_size) as usize;
-    let map = sys::Mapping::map(&fd, len).ok()?;
-    write_owners(&map, 0, owners);
-    if let Some(l) = zones {
-        if !map.init_zones(ring_size, l) {
-            return None;
-        }
-    }
-    Some(SegMem::File { fd, map })
-}
-
-/// Writes `owners` (the connector's and the acceptor's event-log keys, §8.6) into the
-/// header of the segment `base` bytes into `map`.
-fn write_owners(map: &sys::Mapping, base: usize, owners: [u32; 2]) {
-    for (sd, owner) in [(side::CONNECTOR, owners[0]), (side::ACCEPTOR, owners[1])] {
-        map.write_at(
-            base + segment::owners_offset(sd) as usize,
-            &owner.to_le_bytes(),
-        );
-    }
-}
-
-/// A segment in a free slot of the two guests' arena (protocol §8.7): its header and
-/// owners written into the slot (zeros since its last use) before either guest is
-/// told of it. None: no arena could be made (the caller falls back to the kernel's
-/// connect).
-fn arena_segment(
-    sh: &mut Shared,
-    id: u32,
-    (layout, ring_size): (ArenaLayout, u64),
-    owners: [u32; 2],
-) -> Option<SegMem> {
-    let place = sh
-        .arenas
-        .take(owners[0], owners[1], (layout, ring_size))
-        .ok()?;
-    let base = place.base as usize;
-    place
-        .mem
-        .map
-        .write_at(base, &layout.encode_header(id, ring_size));
-    write_owners(&place.mem.map, base, owners);
-    Some(SegMem::Arena {
-        mem: place.mem,
-        slot: place.slot,
-        base: place.base,
-    })
 }

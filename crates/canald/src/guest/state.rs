@@ -84,6 +84,9 @@ pub(crate) struct Guest {
     pub(crate) held_answers: Vec<(u32, u32, i64, u32)>,
     /// Set by the request being executed when its answer is to be held so.
     pub(crate) hold_answer: bool,
+    /// Requests (slot, request) on sockets whose fast connect is being paired: run
+    /// once the pairing completed (`run_fast_waiting`), as if they came after it.
+    pub(crate) fast_waiting: Vec<(u32, crate::request::Request)>,
     /// No closing socket has a deadline before this (a lower bound; None: none).
     pub(crate) earliest_close: Option<Instant>,
     /// Sockets this instance owns, one bit per entry index: it takes only their
@@ -99,6 +102,8 @@ pub(crate) struct Guest {
     /// Requests completed, and those that failed with an error other than EAGAIN or
     /// EINPROGRESS (metrics).
     pub(crate) served: u64,
+    /// Connects completed with a ticket (protocol §8.10).
+    pub(crate) fast_connects: u64,
     pub(crate) failed: u64,
     /// Bytes sent and received by sockets already freed.
     pub(crate) freed_bytes: (u64, u64),
@@ -218,6 +223,7 @@ impl Guest {
             sc: None,
             held_answers: Vec::new(),
             hold_answer: false,
+            fast_waiting: Vec::new(),
             earliest_close: None,
             owned: vec![0; n.div_ceil(64)],
             owned_words: 0,
@@ -225,6 +231,7 @@ impl Guest {
             cfg,
             rates: Default::default(),
             served: 0,
+            fast_connects: 0,
             failed: 0,
             freed_bytes: (0, 0),
             evlog: None,

@@ -461,10 +461,10 @@ impl Guest {
 
     /// Listener: forgets the ACCEPT records the guest has consumed.
     pub(super) fn drop_claimed(&mut self, index: u32) {
+        let mut taken = 0;
         if let Some(Some(l)) = self.sockets.get_mut(index as usize) {
             let seen = l.rx.seen;
             if let Some(q) = l.accepts_mut() {
-                let mut taken = 0;
                 while q
                     .unclaimed
                     .front()
@@ -475,6 +475,9 @@ impl Guest {
                 }
                 q.taken(taken);
             }
+        }
+        if taken > 0 {
+            self.note_queued(index);
         }
     }
 
