@@ -28,6 +28,9 @@ pub(crate) mod local {
     /// were dropped as the kernel's peer would drop them, answering with a reset
     /// (`sock::stream`); from now on the connection is reset (HUP, sends fail).
     pub(crate) const RESET_SENT: u32 = 1 << 7;
+    /// The program bound the socket (BIND answered 0): its connects keep that name,
+    /// so they are CONNECTs, never fast connects (`shortcut::fast`).
+    pub(crate) const BOUND: u32 = 1 << 8;
 }
 
 pub(crate) const POLLIN: c_short = libc::POLLIN;

@@ -300,7 +300,8 @@ fn attach_on(fd: c_int, path: &[u8]) -> Result<Guest, AttachErr> {
             | control::hello_flag::ACCEPT_ONE
             | control::hello_flag::CLOSE_MARK
             | control::hello_flag::HOST_QUEUED
-            | crate::direct::hello_flags(),
+            | crate::direct::hello_flags()
+            | crate::shortcut::fast::hello_flags(),
         comm,
     }
     .encode();

@@ -18,7 +18,9 @@ use libc::c_int;
 
 pub(crate) fn bind(s: Sock, a: &CanalAddr) -> Result<(), i32> {
     dead_err(s.g, false)?;
-    request(s.g, op::BIND, s.handle, [0; 4], &a.encode(), &mut []).map(|_| ())
+    request(s.g, op::BIND, s.handle, [0; 4], &a.encode(), &mut [])?;
+    s.e.guest_flags.fetch_or(local::BOUND, Ordering::Relaxed);
+    Ok(())
 }
 
 pub(crate) fn listen(s: Sock, backlog: c_int) -> Result<(), i32> {
@@ -84,6 +86,10 @@ pub(crate) fn connect(s: Sock, a: &CanalAddr) -> Result<(), i32> {
     }
     if connecting {
         return Err(libc::EALREADY);
+    }
+    // A listener reached ring to ring before: a ticket, no request (§8.10).
+    if let Some(r) = crate::shortcut::fast::connect(&s, a) {
+        return r;
     }
     // A connect that settled (loopback) or was paired comes with the socket's final
     // names (§4 Names), also when the answer is EINPROGRESS.
