@@ -198,6 +198,9 @@ impl Variant {
             // Sleepers woken by canald's relay instead of their peer's bell (protocol
             // §8.8): what the bells save servers that wait in epoll/poll (B10 g↔g).
             Some(("disable", "bells")) => Ok(v(&["--bells", "off"], &[], &[("bells", "false")])),
+            // Every connect a CONNECT, none with a ticket (protocol §8.10): what fast
+            // connects save short connections between guests (B12 g↔g).
+            Some(("disable", "fast")) => Ok(v(&[], &[("CANAL_FAST_CONNECT", "off")], &[])),
             // A guest's native peers relayed by canald instead of on the guest's own
             // kernel sockets (protocol §2 Port directory): the relay's cost or gain.
             Some(("disable", "direct")) => {
@@ -235,7 +238,7 @@ impl Variant {
             }
             _ => Err(format!(
                 "unknown variant '{name}' (default, notify=poll|sleep|hybrid, \
-                 disable=poll|batch|coalesce|shortcut|zerocopy|arenas|bells, zones=on|off, coalesce=on, \
+                 disable=poll|batch|coalesce|shortcut|zerocopy|arenas|bells|fast, zones=on|off, coalesce=on, \
                  split=adaptive|0.0..1.0, workers=1..16)"
             )),
         }
@@ -465,8 +468,14 @@ pub(crate) fn experiment(id: &str, plan: &Plan) -> Option<Experiment> {
     Some(e)
 }
 
-/// B12's variants: pair arenas (g↔g) and the direct path (g→n) off, beside the default.
-const B12_VARIANTS: [&str; 3] = ["default", "disable=arenas", "disable=direct"];
+/// B12's variants: pair arenas and fast connects (g↔g) and the direct path (g→n) off,
+/// beside the default.
+const B12_VARIANTS: [&str; 4] = [
+    "default",
+    "disable=arenas",
+    "disable=fast",
+    "disable=direct",
+];
 
 /// B7 … B13 (see `experiment`).
 fn experiment_b7_on(id: &str, plan: &Plan) -> Option<Experiment> {
