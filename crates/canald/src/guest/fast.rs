@@ -19,7 +19,7 @@
 //! Everything of a guest's here goes when the guest leaves (`forget`), and a
 //! listener's records in every guest when the listener goes (`withdraw_listener`):
 //! before its close is answered, so a connect after close() fails as natively.
-use crate::guest::fast_book::{Rec, Ticket, READY_PER_GUEST, READY_PER_RECORD};
+use crate::guest::fast_book::{Rec, Ticket, READY_IN_ALL, READY_PER_GUEST, READY_PER_RECORD};
 use crate::guest::ports::PortHold;
 use crate::guest::segmem::{acceptor_link, arena_segment, Accepted};
 use crate::guest::shared::{is_unspecified, ListenerReg, SegMem, SegmentRec, Shared};
@@ -114,7 +114,8 @@ impl Shared {
             .filter(|t| t.conn == conn)
             .count();
         let free = rec.granted.iter().position(|&g| g == 0);
-        let (Some(idx), true) = (free, held < READY_PER_GUEST) else {
+        let room = held < READY_PER_GUEST && self.fast.tickets.len() < READY_IN_ALL;
+        let (Some(idx), true) = (free, room) else {
             return false;
         };
         if rec.granted.iter().filter(|&&g| g != 0).count() >= READY_PER_RECORD {
@@ -722,6 +723,32 @@ mod tests {
             sh.segments.contains_key(&seg),
             "its segment stays for the reset"
         );
+    }
+
+    #[test]
+    fn tickets_over_all_guests_stay_within_the_cap() {
+        let (x, y) = (guest(X), guest(Y));
+        let (sc, dst) = setup(&x, &y, 10);
+        let (i, seg) = claim(&x, &dst);
+        let mut sh = lock(&sc);
+        assert!(sh.fast_take(X, seg, fast::mark(0, i)).is_some());
+        // Other guests hold the rest of the cap (as if granted to them).
+        for id in 0..(READY_IN_ALL - sh.fast.tickets.len()) as u32 {
+            let hold = PortHold::take(&CanalAddr::v4([127, 0, 0, 1], 0)).unwrap();
+            let t = Ticket {
+                conn: 99,
+                place: None,
+                lconn: Y,
+                lhandle: 1,
+                dst,
+                hold,
+            };
+            sh.fast.tickets.insert(1_000_000 + id, t);
+        }
+        sh.fast.dirty = true;
+        sh.fast_refill();
+        drop(sh);
+        assert_eq!(ready(&x).count_ones(), 3, "no ticket past the cap");
     }
 
     #[test]

@@ -10,6 +10,9 @@ use std::collections::HashMap;
 /// holds a reserved port: a descriptor of canald's).
 pub(crate) const READY_PER_RECORD: usize = TICKETS;
 pub(crate) const READY_PER_GUEST: usize = 16;
+/// Tickets out over all guests: their ports are canald's descriptors, which no
+/// guest's descriptor quota counts, so many guests together stay within this.
+pub(crate) const READY_IN_ALL: usize = 256;
 
 /// A listener listed in a guest's table.
 #[derive(Clone, Copy)]
