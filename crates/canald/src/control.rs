@@ -508,12 +508,7 @@ impl Daemon {
     ) -> u64 {
         let direct = self.cfg.direct
             && hello_flags & control::hello_flag::DIRECT != 0
-            && gcfg.net.is_none()
-            && !gcfg.loopback_only
-            && limits.allow.is_none()
-            && limits.deny.is_none()
-            && limits.connect_rate.unwrap_or(0) == 0
-            && limits.request_rate.unwrap_or(0) == 0
+            && unpoliced(gcfg, limits)
             && limits.sockets.is_none()
             && crate::guest::shared::lock(&self.shortcut)
                 .directory
@@ -828,15 +823,22 @@ fn fast_feature(
     let ok = hello_flags & control::hello_flag::FAST_CONNECT != 0
         && features & needs == needs
         && features & (f::ZONES | f::VRSS | f::DOORBELL) == 0
-        && gcfg.net.is_none()
-        && !gcfg.loopback_only
-        && limits.allow.is_none()
-        && limits.deny.is_none()
-        && limits.connect_rate.unwrap_or(0) == 0
-        && limits.request_rate.unwrap_or(0) == 0;
+        && unpoliced(gcfg, limits);
     if ok {
         f::FAST_CONNECT
     } else {
         0
     }
+}
+
+/// A guest in canald's own network with no destination policy or rate quota: paths
+/// that bypass canald's requests (the direct path, fast connects) give it nothing it
+/// could not do through them.
+fn unpoliced(gcfg: &GuestConfig, limits: &crate::quota::Limits) -> bool {
+    gcfg.net.is_none()
+        && !gcfg.loopback_only
+        && limits.allow.is_none()
+        && limits.deny.is_none()
+        && limits.connect_rate.unwrap_or(0) == 0
+        && limits.request_rate.unwrap_or(0) == 0
 }

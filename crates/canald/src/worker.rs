@@ -338,11 +338,13 @@ impl Poller {
             } = &mut *sh;
             work |= shortcut::run(&w.shortcut, w.id, guests, shadows, &w.ep);
             work |= crate::guest::dgram_route::deliver(&w.shortcut, w.id, guests);
-            for g in guests.values_mut().filter(|g| !g.held_answers.is_empty()) {
-                g.answer_held();
-            }
-            for g in guests.values_mut().filter(|g| !g.fast_waiting.is_empty()) {
-                g.run_fast_waiting(&w.ep);
+            for g in guests.values_mut() {
+                if !g.held_answers.is_empty() {
+                    g.answer_held();
+                }
+                if !g.fast_waiting.is_empty() {
+                    g.run_fast_waiting(&w.ep);
+                }
             }
         }
         // A departing guest's sockets close and the guest is dropped in rounds that may

@@ -71,8 +71,8 @@ impl Kind {
     }
 }
 
-/// 0: not read yet, 1: on, 2: off (`CANAL_DIRECT=off` or `0`).
-static ENV: AtomicU8 = AtomicU8::new(0);
+/// `CANAL_DIRECT=off` (or `0`) turns the direct path off.
+static ENV: crate::rt::EnvSwitch = crate::rt::EnvSwitch::new(c"CANAL_DIRECT");
 
 /// Whether new sockets of this process start undecided.
 pub(crate) fn on(g: &Guest) -> bool {
@@ -81,15 +81,7 @@ pub(crate) fn on(g: &Guest) -> bool {
 
 /// Whether the program's environment leaves the direct path on.
 fn allowed() -> bool {
-    match ENV.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let off = crate::rt::env(c"CANAL_DIRECT").is_some_and(|v| v == b"off" || v == b"0");
-            ENV.store(if off { 2 } else { 1 }, Ordering::Relaxed);
-            !off
-        }
-    }
+    ENV.on()
 }
 
 /// HELLO's flags for the direct path: none where the program's environment turned it

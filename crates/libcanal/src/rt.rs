@@ -141,6 +141,36 @@ pub(crate) fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
     }
 }
 
+/// A path the program's environment may turn off (`NAME=off` or `NAME=0`), read once
+/// per process at its first use.
+pub(crate) struct EnvSwitch {
+    name: &'static core::ffi::CStr,
+    /// 0 not read yet, 1 on, 2 off.
+    state: core::sync::atomic::AtomicU8,
+}
+
+impl EnvSwitch {
+    pub(crate) const fn new(name: &'static core::ffi::CStr) -> Self {
+        EnvSwitch {
+            name,
+            state: core::sync::atomic::AtomicU8::new(0),
+        }
+    }
+
+    /// Whether the path is on (the variable is unset or says anything else).
+    pub(crate) fn on(&self) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let off = env(self.name).is_some_and(|v| v == b"off" || v == b"0");
+                self.state.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+                !off
+            }
+        }
+    }
+}
+
 pub(crate) fn disabled_by_env() -> bool {
     env(c"CANAL_DISABLE").is_some_and(|v| !v.is_empty() && v != b"0")
 }

@@ -19,12 +19,12 @@
 //! Everything of a guest's here goes when the guest leaves (`forget`), and a
 //! listener's records in every guest when the listener goes (`withdraw_listener`):
 //! before its close is answered, so a connect after close() fails as natively.
-use crate::guest::fast_book::{Rec, Ticket, READY_IN_ALL, READY_PER_GUEST, READY_PER_RECORD};
+use crate::guest::fast_book::{Rec, Ticket, READY_IN_ALL, READY_PER_GUEST};
 use crate::guest::ports::PortHold;
-use crate::guest::segmem::{acceptor_link, arena_segment, Accepted};
+use crate::guest::segmem::{acceptor_link, arena_segment, connector_link, Accepted};
 use crate::guest::shared::{is_unspecified, ListenerReg, SegMem, SegmentRec, Shared};
 use crate::guest::shared::{lock, Event, Job, Pending, ScAccept, SharedRef};
-use crate::guest::socket::{Kind, Phase, SegLink};
+use crate::guest::socket::{Kind, Phase};
 use crate::guest::state::Guest;
 use canal_abi::fast::{self, RECORDS, TICKETS};
 use canal_abi::segment::{side, ArenaLayout};
@@ -118,15 +118,7 @@ impl Shared {
         let (Some(idx), true) = (free, room) else {
             return false;
         };
-        if rec.granted.iter().filter(|&&g| g != 0).count() >= READY_PER_RECORD {
-            return false;
-        }
-        let Some(l) = self
-            .listeners
-            .iter()
-            .find(|l| l.conn == rec.lconn && l.handle == rec.lhandle)
-            .copied()
-        else {
+        let Some(l) = self.listener(rec.lconn, rec.lhandle).copied() else {
             return false;
         };
         if l.queued + l.fast_out >= l.backlog {
@@ -165,18 +157,17 @@ impl Shared {
             arena.id,
             arena.layout.rings_offset(slot, self.ring_size) - base,
         );
-        let (Ok(base32), Ok(rings32), Ok(rs32)) = (
+        let fits = (
             u32::try_from(base),
             u32::try_from(rings),
             u32::try_from(self.ring_size),
-        ) else {
-            self.segments
-                .insert(id, segment_rec(mem, [conn, l.conn], self.ring_size));
+        );
+        self.segments
+            .insert(id, segment_rec(mem, [conn, l.conn], self.ring_size));
+        let (Ok(base32), Ok(rings32), Ok(rs32)) = fits else {
             self.drop_segment(id);
             return false;
         };
-        self.segments
-            .insert(id, segment_rec(mem, [conn, l.conn], self.ring_size));
         let port = hold.local().port;
         self.fast.tickets.insert(
             id,
@@ -189,11 +180,7 @@ impl Shared {
                 hold,
             },
         );
-        if let Some(lr) = self
-            .listeners
-            .iter_mut()
-            .find(|x| x.conn == l.conn && x.handle == l.handle)
-        {
+        if let Some(lr) = self.listener_mut(l.conn, l.handle) {
             lr.fast_out += 1;
         }
         let Some(book) = self.fast.books.get_mut(&conn) else {
@@ -249,11 +236,7 @@ impl Shared {
     /// A marked ticket's connection was paired, or failed: it no longer holds a place
     /// in its listener's queue.
     pub(crate) fn fast_settled(&mut self, lconn: u32, lhandle: u32) {
-        if let Some(l) = self
-            .listeners
-            .iter_mut()
-            .find(|l| l.conn == lconn && l.handle == lhandle)
-        {
+        if let Some(l) = self.listener_mut(lconn, lhandle) {
             l.fast_out = l.fast_out.saturating_sub(1);
         }
         self.fast.dirty = true;
@@ -261,23 +244,15 @@ impl Shared {
 
     /// Tickets outstanding against listener (`lconn`, `lhandle`)'s backlog.
     pub(crate) fn fast_out(&self, lconn: u32, lhandle: u32) -> u32 {
-        self.listeners
-            .iter()
-            .find(|l| l.conn == lconn && l.handle == lhandle)
-            .map_or(0, |l| l.fast_out)
+        self.listener(lconn, lhandle).map_or(0, |l| l.fast_out)
     }
 
     /// Listener (`lconn`, `lhandle`)'s guest holds `queued` unaccepted connections.
     pub(crate) fn fast_queued(&mut self, lconn: u32, lhandle: u32, queued: u32) {
-        if let Some(l) = self
-            .listeners
-            .iter_mut()
-            .find(|l| l.conn == lconn && l.handle == lhandle)
-        {
-            if queued < l.queued {
-                self.fast.dirty = true;
-            }
+        if let Some(l) = self.listener_mut(lconn, lhandle) {
+            let fewer = queued < l.queued;
             l.queued = queued;
+            self.fast.dirty |= fewer;
         }
     }
 
@@ -458,7 +433,8 @@ impl Guest {
         slot: u32,
         req: &crate::request::Request,
     ) -> bool {
-        if self.sc.is_none() || !crate::request::needs_handle(req.op) {
+        let fast = self.region.header().features & canal_abi::feature::FAST_CONNECT != 0;
+        if !fast || self.sc.is_none() || !crate::request::needs_handle(req.op) {
             return false;
         }
         let Ok(index) = self.lookup(req.socket) else {
@@ -519,10 +495,7 @@ pub(crate) fn pair_fast(
             sh.fast_settled(p.lconn, p.lhandle);
             p.settled = true;
         }
-        sh.listeners
-            .iter()
-            .find(|l| l.conn == p.lconn && l.handle == p.lhandle)
-            .copied()
+        sh.listener(p.lconn, p.lhandle).copied()
     };
     let dst = p.dst;
     let accepted = match (listener, guests.get_mut(&p.lconn)) {
@@ -549,15 +522,7 @@ pub(crate) fn pair_fast(
         Job::Connected {
             conn: p.conn,
             handle: p.handle,
-            link: SegLink {
-                id,
-                side: side::CONNECTOR,
-                peer_conn: p.lconn,
-                peer_handle: accepted.unwrap_or(0),
-                local: p.local,
-                peer: dst,
-                shut_wr: false,
-            },
+            link: connector_link(id, &p, &dst, accepted.unwrap_or(0)),
         },
     );
     if accepted.is_none() {

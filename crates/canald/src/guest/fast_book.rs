@@ -6,9 +6,8 @@ use canal_abi::fast::{RECORDS, TICKETS};
 use canal_abi::{CanalAddr, Region};
 use std::collections::HashMap;
 
-/// Tickets canald keeps ready per record, and over all of one guest's records (each
-/// holds a reserved port: a descriptor of canald's).
-pub(crate) const READY_PER_RECORD: usize = TICKETS;
+/// Tickets canald keeps ready over all of one guest's records (each holds a reserved
+/// port: a descriptor of canald's); per record, every place (`TICKETS`).
 pub(crate) const READY_PER_GUEST: usize = 16;
 /// Tickets out over all guests: their ports are canald's descriptors, which no
 /// guest's descriptor quota counts, so many guests together stay within this.

@@ -43,6 +43,20 @@ pub(crate) fn acceptor_link(
     }
 }
 
+/// The connector's link to the accepted end `peer_handle` (0: none, the listener
+/// went) of `p`, which connected to `dst`.
+pub(crate) fn connector_link(id: u32, p: &Pending, dst: &CanalAddr, peer_handle: u32) -> SegLink {
+    SegLink {
+        id,
+        side: side::CONNECTOR,
+        peer_conn: p.lconn,
+        peer_handle,
+        local: p.local,
+        peer: *dst,
+        shut_wr: false,
+    }
+}
+
 /// A pair segment's memfd and canald's mapping, its header, owners (the connector's
 /// and the acceptor's event-log keys, §8.6) and zones written before either guest
 /// maps it.

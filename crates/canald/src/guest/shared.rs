@@ -209,14 +209,23 @@ pub(crate) struct Shared {
 pub(crate) type SharedRef = Arc<Mutex<Shared>>;
 
 impl Shared {
+    /// Listener (`conn`, `handle`)'s registration, if it is registered.
+    pub(crate) fn listener(&self, conn: u32, handle: u32) -> Option<&ListenerReg> {
+        self.listeners
+            .iter()
+            .find(|l| l.conn == conn && l.handle == handle)
+    }
+
+    pub(crate) fn listener_mut(&mut self, conn: u32, handle: u32) -> Option<&mut ListenerReg> {
+        self.listeners
+            .iter_mut()
+            .find(|l| l.conn == conn && l.handle == handle)
+    }
+
     /// Registers a canal listener (replacing the same socket's earlier registration,
     /// whose queue and tickets it keeps: a second listen() changes only the backlog).
     pub(crate) fn listen(&mut self, mut reg: ListenerReg) {
-        if let Some(old) = self
-            .listeners
-            .iter()
-            .find(|l| l.conn == reg.conn && l.handle == reg.handle)
-        {
+        if let Some(old) = self.listener(reg.conn, reg.handle) {
             (reg.queued, reg.fast_out) = (old.queued, old.fast_out);
         }
         self.drop_listener(reg.conn, reg.handle);

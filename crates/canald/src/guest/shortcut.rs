@@ -20,7 +20,7 @@
 //! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
 //! follows.
 use crate::guest::ports::PortHold;
-use crate::guest::segmem::{acceptor_link, arena_segment, new_segment, Accepted};
+use crate::guest::segmem::{acceptor_link, arena_segment, connector_link, new_segment, Accepted};
 use crate::guest::shared::is_unspecified;
 use crate::guest::shared::lock;
 use crate::guest::shared::loopback;
@@ -716,7 +716,12 @@ pub(crate) fn run(
             let mut sh = lock(shared);
             match sh.jobs.get_mut(me as usize) {
                 Some(q) if !q.is_empty() => std::mem::take(q),
-                _ => break,
+                _ => {
+                    // The jobs done: fast connects' tickets given back or used are
+                    // granted again, under the lock every round takes anyway.
+                    sh.fast_refill();
+                    break;
+                }
             }
         };
         work = true;
@@ -773,11 +778,12 @@ pub(crate) fn run(
             }
         }
     }
-    let mut sh = lock(shared);
-    for j in retry {
-        sh.post(me, j);
+    if !retry.is_empty() {
+        let mut sh = lock(shared);
+        for j in retry {
+            sh.post(me, j);
+        }
     }
-    sh.fast_refill();
     work
 }
 
@@ -836,11 +842,7 @@ pub(crate) fn pair(
         let mut sh = lock(shared);
         let zones = sh.zones && want_zones;
         let arenas = want_arenas.filter(|_| sh.use_arenas);
-        let listener = sh
-            .listeners
-            .iter()
-            .find(|l| l.conn == p.lconn && l.handle == p.lhandle)
-            .copied();
+        let listener = sh.listener(p.lconn, p.lhandle).copied();
         let id = sh.next_id;
         sh.next_id = sh.next_id.wrapping_add(1).max(1);
         (id, sh.ring_size, listener, zones, arenas)
@@ -908,15 +910,7 @@ pub(crate) fn pair(
         Some(ah) => Job::Connected {
             conn: p.conn,
             handle: p.handle,
-            link: SegLink {
-                id,
-                side: side::CONNECTOR,
-                peer_conn: p.lconn,
-                peer_handle: ah,
-                local: p.local,
-                peer: dst,
-                shut_wr: false,
-            },
+            link: connector_link(id, &p, &dst, ah),
         },
         None => Job::Fallback {
             conn: p.conn,

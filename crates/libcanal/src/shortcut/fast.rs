@@ -20,23 +20,14 @@ use canal_abi::addr::CanalAddr;
 use canal_abi::fast;
 use canal_abi::segment::side;
 use canal_abi::sock_flag as f;
-use canal_abi::sync::{AtomicU32, Ordering};
+use canal_abi::sync::Ordering;
 
-/// 0 not read yet, 1 on, 2 off (`CANAL_FAST_CONNECT`).
-static ENV: AtomicU32 = AtomicU32::new(0);
+/// `CANAL_FAST_CONNECT=off` (or `0`) turns fast connects off.
+static ENV: crate::rt::EnvSwitch = crate::rt::EnvSwitch::new(c"CANAL_FAST_CONNECT");
 
 /// Whether the program's environment leaves fast connects on.
 fn allowed() -> bool {
-    match ENV.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let off =
-                crate::rt::env(c"CANAL_FAST_CONNECT").is_some_and(|v| v == b"off" || v == b"0");
-            ENV.store(if off { 2 } else { 1 }, Ordering::Relaxed);
-            !off
-        }
-    }
+    ENV.on()
 }
 
 /// HELLO's flag for fast connects (none where the environment turned them off).
@@ -64,7 +55,8 @@ fn same(a: &CanalAddr, b: &CanalAddr) -> bool {
     a.family == b.family && a.port == b.port && a.addr == b.addr
 }
 
-/// Connects stream `s` to `a` with a ticket, if the guest's table has one for `a`.
+/// Connects stream `s` to `a` with a ticket, if the guest's table has one for `a`
+/// (the caller has answered a connect already pending, connecting or connected).
 /// None: no ticket (the caller sends a CONNECT). Some(Ok): connected, as a loopback
 /// connect that completed; a non-blocking socket reports EINPROGRESS first, as the
 /// kernel's does, and its next connect 0.
@@ -77,7 +69,7 @@ pub(crate) fn connect(s: &Sock, a: &CanalAddr) -> Option<Result<(), i32>> {
     if e.family.load(Ordering::Relaxed) != a.family as u32
         || e.segment.load(Ordering::Relaxed) != 0
         || s.flags() & !f::WATCHED != 0
-        || s.local() & (local::BOUND | local::CONNECT_PENDING) != 0
+        || s.local() & local::BOUND != 0
     {
         return None;
     }
