@@ -239,6 +239,9 @@ pub mod hello_flag {
     pub const NATIVE_QUIET: u32 = 1 << 19;
     /// The guest connects fast with tickets (`feature::FAST_CONNECT`).
     pub const FAST_CONNECT: u32 = 1 << 20;
+    /// The guest names a fast connect's local end from the table's sources (minor
+    /// 23): canald may then give FAST_CONNECT to a guest with a network view.
+    pub const FAST_SOURCE: u32 = 1 << 21;
 }
 
 /// SEGMENT_OK body bytes.

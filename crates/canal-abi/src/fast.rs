@@ -68,11 +68,57 @@ pub struct Record {
     pub tickets: [Ticket; TICKETS],
 }
 
-/// The table at `TABLE_OFFSET` of the region header.
+/// The local address a ticket's connection of record *i* has, as the guest sees it
+/// (16 bytes, at `SOURCES_OFFSET` + 16·*i*): all zero, the destination's address
+/// (a guest in canald's network); else the guest network's own address the
+/// connection speaks from (a guest with a network view: 10.0.2.15 toward the host).
+/// Written with the record's destination, while it is withdrawn.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Source {
+    pub addr: [AtomicU32; 4],
+}
+
+/// Byte offset of the sources (right after the records).
+pub const SOURCES_OFFSET: u64 = TABLE_OFFSET + RECORDS as u64 * RECORD_SIZE;
+
+/// The table at `TABLE_OFFSET` of the region header: the records, then their
+/// sources.
 #[repr(C)]
 #[derive(Debug)]
 pub struct Table {
     pub records: [Record; RECORDS],
+    pub sources: [Source; RECORDS],
+}
+
+impl Source {
+    /// The local name of a connection to `dst` from `port`: this source's address,
+    /// or the destination's when it is all zero.
+    pub fn local_name(&self, dst: &CanalAddr, port: u16) -> CanalAddr {
+        let mut a = *dst;
+        a.port = port;
+        let mut bytes = [0u8; 16];
+        for (i, w) in self.addr.iter().enumerate() {
+            bytes[i * 4..i * 4 + 4].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        if bytes != [0; 16] {
+            a.addr = bytes;
+            a.flowinfo = 0;
+            a.scope_id = 0;
+        }
+        a
+    }
+
+    /// canald (between `withdraw` and `publish` of its record): the local address
+    /// (None: the destination's).
+    pub fn set(&self, local: Option<&CanalAddr>) {
+        let bytes = local.map_or([0; 16], |a| a.addr);
+        for (i, w) in self.addr.iter().enumerate() {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
+            w.store(u32::from_le_bytes(b), Ordering::Relaxed);
+        }
+    }
 }
 
 /// The `state` word of sequence `seq` with `ready` bits.
@@ -210,6 +256,10 @@ mod tests {
         assert_eq!(core::mem::size_of::<Ticket>(), 24);
         assert_eq!(core::mem::size_of::<Record>() as u64, RECORD_SIZE);
         assert_eq!(core::mem::offset_of!(Record, tickets), 32);
+        assert_eq!(
+            core::mem::offset_of!(Table, sources) as u64,
+            SOURCES_OFFSET - TABLE_OFFSET
+        );
         // Inside the region header's 4096-byte page.
         assert!(TABLE_OFFSET + core::mem::size_of::<Table>() as u64 <= 4096);
     }
@@ -293,5 +343,23 @@ mod tests {
         a.addr[15] = 1;
         r.set_destination(&a);
         assert_eq!(r.destination(), a);
+    }
+
+    #[test]
+    fn sources_name_the_local_end() {
+        // SAFETY: a Source is atomics; all zeros is valid.
+        let s: Source = unsafe { core::mem::zeroed() };
+        let dst = CanalAddr::v4([10, 0, 2, 2], 8080);
+        assert_eq!(
+            s.local_name(&dst, 40000),
+            CanalAddr::v4([10, 0, 2, 2], 40000)
+        );
+        s.set(Some(&CanalAddr::v4([10, 0, 2, 15], 0)));
+        assert_eq!(
+            s.local_name(&dst, 40000),
+            CanalAddr::v4([10, 0, 2, 15], 40000)
+        );
+        s.set(None);
+        assert_eq!(s.local_name(&dst, 1), CanalAddr::v4([10, 0, 2, 2], 1));
     }
 }

@@ -150,7 +150,7 @@ impl Buf {
 }
 
 const GOLDEN_HEADER: &str = "\
-43414e414c52474e 0100 1600 00100000 0700000000000000 0000020000000000 \
+43414e414c52474e 0100 1700 00100000 0700000000000000 0000020000000000 \
 04000000 03000000 0010000000000000 0018000000000000 0020000000000000 \
 0023000000000000 0000010000000000 0000010000000000 2a000000 00000000";
 
@@ -531,6 +531,22 @@ fn native_quiet_wire_values() {
     assert_eq!(canal_abi::guest_flag::NATIVE_LOOKS, 1 << 16);
     assert_ne!(feature::KNOWN & feature::NATIVE_QUIET, 0);
     const { assert!(canal_abi::VERSION_MINOR >= 21) };
+}
+
+#[test]
+fn fast_connect_wire_values() {
+    // protocol.md §2 (HELLO flags bits 20, 21), §3 (features bit 21; the table at
+    // 1024, its sources at 3072), §8.10.
+    use canal_abi::control::hello_flag;
+    use canal_abi::fast;
+    assert_eq!(hello_flag::FAST_CONNECT, 1 << 20);
+    assert_eq!(hello_flag::FAST_SOURCE, 1 << 21);
+    assert_eq!(feature::FAST_CONNECT, 1 << 21);
+    assert_eq!(fast::TABLE_OFFSET, 1024);
+    assert_eq!(fast::SOURCES_OFFSET, 3072);
+    assert_eq!(size_of::<fast::Source>(), 16);
+    assert_eq!(offset_of!(fast::Table, sources), 2048);
+    const { assert!(canal_abi::VERSION_MINOR >= 23) };
 }
 
 #[test]
