@@ -12,7 +12,7 @@ import time
 import pytest
 
 import e2e_util
-from canal_harness import clean_env
+from canal_harness import clean_env, serving_canald
 
 FAST = "fast_connect.py"
 
@@ -175,3 +175,81 @@ def test_listener_that_does_not_accept_holds_its_backlog(canald, procs, python, 
     assert native == backlog + 1, f"natively {native} (the test is wrong)"
     canal = _connected_clients(canald, procs, python, progs, backlog)
     assert canal == native, f"under canal {canal} connected, natively {native}"
+
+
+def _isolated(canald, argv, publish=(), name=None):
+    """`canal run --isolate` (docs/isolation.md) around `argv`."""
+    args = [canald.canal_bin, "run", "--socket", canald.socket, "--isolate"]
+    for p in publish:
+        args += ["--publish", p]
+    return args + (["--name", name] if name else []) + ["--"] + [str(a) for a in argv]
+
+
+@pytest.mark.parametrize("kind", ["canal", "canal-off"])
+def test_isolated_guests_connect_fast_with_their_views_names(canald, procs, python, progs, kind):
+    """Two isolated guests (each its own network view): the client connects to the
+    server's published port through 10.0.2.2. Fast, its names are the view's as a
+    CONNECT gives them (CANAL_FAST_CONNECT=off runs the same checks): getsockname
+    10.0.2.15, getpeername 10.0.2.2:H, and the server's accept() 10.0.2.2 with the
+    client's port. A client that sends 3 MiB and exits loses nothing."""
+    g, h = e2e_util.free_port(), e2e_util.free_port()
+    srv = procs.spawn(_isolated(canald, [python, progs / FAST, "server"], [f"{h}:{g}"], "fast-iso-srv"),
+                      name="fast-iso-srv", stdin=subprocess.PIPE,
+                      env=clean_env({"FAST_LISTEN": "0.0.0.0", "FAST_LISTEN_PORT": str(g)}))
+    assert srv.wait_line("PORT", 30) == f"PORT {g}", srv.describe()
+    view = {"FAST_DST": "10.0.2.2", "FAST_LOCAL": "10.0.2.15", "FAST_SEEN": "10.0.2.2"}
+    if kind == "canal-off":
+        view["CANAL_FAST_CONNECT"] = "off"
+    n = 200
+    cl = procs.spawn(_isolated(canald, [python, progs / FAST, "client", h, n]), name="fast-iso-cli",
+                     stdin=subprocess.PIPE, env=clean_env(view))
+    assert cl.wait_line("OK", 120) == f"OK {n}", cl.describe()
+    g_cl = canald.guest(cl)
+    assert g_cl and g_cl.get("network"), f"the client is not an isolated guest: {g_cl}"
+    if kind == "canal":
+        assert g_cl.get("fast_connects", 0) >= 0.8 * n, f"fewer than 80% of {n} were fast: {g_cl}"
+    else:
+        assert "fast_connects" not in g_cl, g_cl
+    cl.send_line()
+    assert cl.finish(20).returncode == 0, cl.describe()
+    ex = procs.spawn(_isolated(canald, [python, progs / FAST, "exit", h, 3 << 20]), name="fast-iso-exit",
+                     env=clean_env(view))
+    sha = ex.wait_line("SENT", 60).split()[1]
+    assert ex.finish(20).returncode == 0, ex.describe()
+    lines = _got(srv, n + 2, 30)
+    assert f"GOT {sha} {3 << 20}" in lines, f"{lines[-3:]}\n{srv.describe()}"
+    srv.popen.stdin.close()
+    srv.finish(20)
+
+
+def test_policy_guests_connect_fast_and_metered_ones_do_not(canal_bin, procs, python, progs, tmp_path):
+    """A destination policy (--loopback-only, an allow list) is fixed per guest and a
+    record is listed only after a CONNECT passed it, so such guests connect fast; a
+    guest under a connection rate does not (each connect is a request the rate
+    counts): 40 connects at 20/s still take a second."""
+    conf = tmp_path / "canald.toml"
+    conf.write_text('[quota.default]\nallow = ["127.0.0.0/8"]\n'
+                    '[quota.guest.metered]\nconnect-rate = 20\n')
+    conf.chmod(0o644)
+    metered = tmp_path / "metered"
+    metered.symlink_to(python)
+    with serving_canald(canal_bin, procs, args=["--config", conf, "--loopback-only"]) as d:
+        srv, port = _server(d, python, progs)
+        n = 100
+        cl = d.spawn([python, progs / FAST, "client", port, n], name="fast-policy", stdin=subprocess.PIPE)
+        assert cl.wait_line("OK", 120) == f"OK {n}", cl.describe()
+        g = d.guest(cl)
+        assert g.get("fast_connects", 0) >= 0.8 * n, f"fewer than 80% of {n} were fast: {g}"
+        cl.send_line()
+        assert cl.finish(20).returncode == 0, cl.describe()
+        t = time.monotonic()
+        m = d.spawn([metered, progs / FAST, "client", port, 40], name="fast-metered", stdin=subprocess.PIPE)
+        assert m.wait_line("OK", 120) == "OK 40", m.describe()
+        took = time.monotonic() - t
+        g = d.guest(m)
+        assert "fast_connects" not in g, g
+        assert took >= 0.9, f"40 connects at 20/s took {took:.2f} s: the rate did not hold"
+        m.send_line()
+        assert m.finish(20).returncode == 0, m.describe()
+        srv.popen.stdin.close()
+        srv.finish(20)

@@ -811,7 +811,7 @@ fn guest_name(net: Option<&crate::guest::netview::NetView>, comm: &str) -> Strin
 
 /// `feature::FAST_CONNECT` (protocol §8.10) for a guest that asked, whose connects
 /// canald need not see: ring-to-ring connections in packed arenas without zones, one
-/// worker, canald's own network, no destination policy or connection rate to apply.
+/// worker, no connection or request rate to apply.
 fn fast_feature(
     hello_flags: u32,
     features: u64,
@@ -819,11 +819,20 @@ fn fast_feature(
     limits: &crate::quota::Limits,
 ) -> u64 {
     use canal_abi::feature as f;
+    use control::hello_flag as h;
     let needs = f::SHORTCUT | f::ARENAS | f::PACKED_ARENAS | f::CLOSE_MARK;
-    let ok = hello_flags & control::hello_flag::FAST_CONNECT != 0
+    // A network's view names a connection's local end apart from its destination:
+    // only a library that reads the table's sources may connect by ticket there.
+    let names_ok = gcfg.net.is_none() || hello_flags & h::FAST_SOURCE != 0;
+    // The destination policy (--loopback-only, allow/deny lists) is a function of the
+    // host address, fixed for the guest's life: a record is listed only after a
+    // CONNECT to its destination passed it. Rates count requests a ticket skips.
+    let unmetered = limits.connect_rate.unwrap_or(0) == 0 && limits.request_rate.unwrap_or(0) == 0;
+    let ok = hello_flags & h::FAST_CONNECT != 0
         && features & needs == needs
         && features & (f::ZONES | f::VRSS | f::DOORBELL) == 0
-        && unpoliced(gcfg, limits);
+        && names_ok
+        && unmetered;
     if ok {
         f::FAST_CONNECT
     } else {
@@ -831,9 +840,9 @@ fn fast_feature(
     }
 }
 
-/// A guest in canald's own network with no destination policy or rate quota: paths
-/// that bypass canald's requests (the direct path, fast connects) give it nothing it
-/// could not do through them.
+/// A guest in canald's own network with no destination policy or rate quota: the
+/// direct path, which bypasses canald's requests, gives it nothing it could not do
+/// through them.
 fn unpoliced(gcfg: &GuestConfig, limits: &crate::quota::Limits) -> bool {
     gcfg.net.is_none()
         && !gcfg.loopback_only

@@ -16,6 +16,12 @@ with a ticket, without a CONNECT.
   nonblock PORT        a connection as above, then a non-blocking one: connect,
                        poll for POLLOUT, SO_ERROR, connect again twice: "NB <results>".
   fork PORT K N        one connection, then K children of N connections each: "FORKED".
+
+Addresses (the defaults are loopback's; an isolated guest sees others, docs/isolation.md):
+  FAST_LISTEN     the server's listening address (127.0.0.1), FAST_LISTEN_PORT its port (0)
+  FAST_DST        where clients connect (127.0.0.1)
+  FAST_LOCAL      the address a client's getsockname() must give (FAST_DST)
+  FAST_SEEN       the address the server's accept() must give for a client (FAST_LOCAL)
 """
 import errno
 import hashlib
@@ -25,10 +31,16 @@ import socket
 import sys
 import threading
 
+LISTEN = os.environ.get("FAST_LISTEN", "127.0.0.1")
+LISTEN_PORT = int(os.environ.get("FAST_LISTEN_PORT", "0"))
+DST = os.environ.get("FAST_DST", "127.0.0.1")
+LOCAL = os.environ.get("FAST_LOCAL", DST)
+SEEN = os.environ.get("FAST_SEEN", LOCAL)
+
 
 def serve():
     lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
+    lsock.bind((LISTEN, LISTEN_PORT))
     lsock.listen(64)
     print("PORT", lsock.getsockname()[1], flush=True)
     closing = threading.Event()
@@ -80,17 +92,17 @@ def read_answer(s):
 def round_trip(port, size, seed):
     """One connection: names, a payload, its echoed hash. Raises on any mismatch."""
     payload = os.urandom(16) * (size // 16) + os.urandom(size % 16) if seed else b""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    with socket.create_connection((DST, port), timeout=10) as s:
         local, peer = s.getsockname(), s.getpeername()
-        assert peer == ("127.0.0.1", port), f"peer name {peer}"
-        assert local[0] == "127.0.0.1" and local[1] != 0, f"local name {local}"
+        assert peer == (DST, port), f"peer name {peer}"
+        assert local[0] == LOCAL and local[1] != 0, f"local name {local}"
         s.sendall(payload)
         s.shutdown(socket.SHUT_WR)
         reply = read_answer(s)
         assert reply.endswith(b"\n"), f"EOF before the answer ({reply!r})"
         sha, host, pport = reply.decode().split()
         assert sha == hashlib.sha256(payload).hexdigest(), "echoed hash differs"
-        assert (host, int(pport)) == local, f"server saw {host}:{pport}, client is {local}"
+        assert (host, int(pport)) == (SEEN, local[1]), f"server saw {host}:{pport}, client is {local}"
         assert s.recv(1) == b"", "more after the answer"
 
 
@@ -104,7 +116,7 @@ def client(port, n):
 def exit_after_send(port, size):
     round_trip(port, 100, 1)
     payload = os.urandom(size)
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = socket.create_connection((DST, port), timeout=10)
     s.sendall(payload)
     print("SENT", hashlib.sha256(payload).hexdigest(), flush=True)
     os._exit(0)
@@ -116,7 +128,7 @@ def refused(port):
     print("WARM", flush=True)
     sys.stdin.readline()
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        socket.create_connection((DST, port), timeout=5).close()
         print("RESULT CONNECTED", flush=True)
     except OSError as e:
         print("RESULT REFUSED" if e.errno == errno.ECONNREFUSED else f"RESULT {e}", flush=True)
@@ -126,14 +138,14 @@ def nonblock(port):
     round_trip(port, 100, 1)
     s = socket.socket()
     s.setblocking(False)
-    out = [errno.errorcode.get(s.connect_ex(("127.0.0.1", port)), "0")]
+    out = [errno.errorcode.get(s.connect_ex((DST, port)), "0")]
     p = select.poll()
     p.register(s, select.POLLOUT)
     ev = p.poll(5000)
     out.append("POLLOUT" if ev and ev[0][1] & select.POLLOUT else f"poll {ev}")
     out.append(str(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)))
-    out.append(errno.errorcode.get(s.connect_ex(("127.0.0.1", port)), "0"))
-    out.append(errno.errorcode.get(s.connect_ex(("127.0.0.1", port)), "0"))
+    out.append(errno.errorcode.get(s.connect_ex((DST, port)), "0"))
+    out.append(errno.errorcode.get(s.connect_ex((DST, port)), "0"))
     s.setblocking(True)
     s.sendall(b"x")
     s.shutdown(socket.SHUT_WR)

@@ -19,7 +19,9 @@
 //! Everything of a guest's here goes when the guest leaves (`forget`), and a
 //! listener's records in every guest when the listener goes (`withdraw_listener`):
 //! before its close is answered, so a connect after close() fails as natively.
-use crate::guest::fast_book::{Rec, Ticket, READY_IN_ALL, READY_PER_GUEST};
+use crate::guest::addr_view::{translate_host_local, translate_host_peer, GuestView};
+use crate::guest::fast_book::{Rec, Seen, Ticket, READY_IN_ALL, READY_PER_GUEST};
+use crate::guest::netview::is_resolver;
 use crate::guest::ports::PortHold;
 use crate::guest::segmem::{acceptor_link, arena_segment, connector_link, Accepted};
 use crate::guest::shared::{is_unspecified, ListenerReg, SegMem, SegmentRec, Shared};
@@ -33,11 +35,41 @@ use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
 use std::collections::BTreeMap;
 
+/// The destination and source a connect by ticket to host address `dst` from `local`
+/// would report, where they are the names this CONNECT's pairing reports (`named`:
+/// the destination as the guest named it, and whether it is its network's own).
+/// None: not listed — an own address of a network (its listener admits by the
+/// client's tie, which a ticket's port has not), the resolver, or a name the view
+/// does not give back unchanged (a guest reaching its own published port).
+pub(crate) fn seen(
+    view: &GuestView,
+    (named, own): (&CanalAddr, bool),
+    dst: &CanalAddr,
+    local: &CanalAddr,
+) -> Option<Seen> {
+    if view.net.is_none() {
+        return Some(Seen {
+            dst: *named,
+            src: None,
+        });
+    }
+    if own || is_resolver(named) {
+        return None;
+    }
+    let peer = translate_host_peer(view, dst, Some(local), false);
+    let mut src = translate_host_local(view, local, Some(dst));
+    src.port = 0;
+    (peer == *named && src.family == named.family).then_some(Seen {
+        dst: *named,
+        src: Some(src),
+    })
+}
+
 impl Shared {
     /// A CONNECT of guest `conn` to `dst` was paired with listener `l`: list it in the
     /// guest's table (if the guest has one) so the next connects go fast.
-    pub(crate) fn fast_learn(&mut self, conn: u32, l: &ListenerReg, dst: &CanalAddr) {
-        if !self.fast_listable(l, dst) {
+    pub(crate) fn fast_learn(&mut self, conn: u32, l: &ListenerReg, dst: &CanalAddr, seen: Seen) {
+        if !self.fast_listable(l, dst) || seen.dst.family != dst.family {
             return;
         }
         self.fast.clock += 1;
@@ -45,7 +77,8 @@ impl Shared {
         let Some(book) = self.fast.books.get_mut(&conn) else {
             return;
         };
-        let same = |r: &Rec| r.lconn == l.conn && r.lhandle == l.handle && r.dst == *dst;
+        let same =
+            |r: &Rec| r.lconn == l.conn && r.lhandle == l.handle && r.dst == *dst && r.seen == seen;
         if let Some(r) = book.records.iter_mut().flatten().find(|r| same(r)) {
             r.stamp = stamp;
             self.fast.dirty = true;
@@ -62,14 +95,17 @@ impl Shared {
         let Some(book) = self.fast.books.get_mut(&conn) else {
             return;
         };
-        let rec = &book.region.fast_table().records[at];
+        let table = book.region.fast_table();
+        let rec = &table.records[at];
         let (odd, _) = rec.withdraw();
-        rec.set_destination(dst);
+        rec.set_destination(&seen.dst);
+        table.sources[at].set(seen.src.as_ref());
         rec.publish(odd, 0);
         book.records[at] = Some(Rec {
             lconn: l.conn,
             lhandle: l.handle,
             dst: *dst,
+            seen,
             granted: [0; TICKETS],
             stamp,
         });
@@ -177,6 +213,7 @@ impl Shared {
                 lconn: l.conn,
                 lhandle: l.handle,
                 dst: rec.dst,
+                seen: rec.seen,
                 hold,
             },
         );
@@ -409,6 +446,7 @@ impl Guest {
                 lhandle: t.lhandle,
                 fast: segment,
                 settled: false,
+                seen: Some(t.seen),
             }),
         );
     }
@@ -578,7 +616,8 @@ mod tests {
             sh.fast.register(X, x.region);
             sh.fast.register(Y, y.region);
             sh.listen(reg);
-            sh.fast_learn(X, &reg, &dst);
+            let seen = Seen { dst, src: None };
+            sh.fast_learn(X, &reg, &dst, seen);
             sh.fast_refill();
         }
         (sc, dst)
@@ -691,6 +730,60 @@ mod tests {
     }
 
     #[test]
+    fn a_view_lists_only_names_it_gives_back() {
+        use crate::guest::netview::{NetView, Publish};
+        let v4 = CanalAddr::v4;
+        let host = v4([127, 0, 0, 1], 18080);
+        let from = v4([127, 0, 0, 1], 40001);
+        let plain = GuestView {
+            loopback_only: false,
+            net: None,
+            policy: Default::default(),
+        };
+        let plain_seen = seen(&plain, (&host, false), &host, &from);
+        assert_eq!(
+            plain_seen,
+            Some(Seen {
+                dst: host,
+                src: None
+            })
+        );
+        let view = GuestView {
+            net: Some(std::sync::Arc::new(NetView::new(
+                "isolated:t".into(),
+                [127, 100, 0, 7],
+                vec![Publish::tcp_loopback(18081, 80)],
+                Some(v4([127, 0, 0, 1], 5353)),
+                None,
+            ))),
+            ..plain
+        };
+        let named = v4([10, 0, 2, 2], 18080);
+        let want = Seen {
+            dst: named,
+            src: Some(v4([10, 0, 2, 15], 0)),
+        };
+        assert_eq!(seen(&view, (&named, false), &host, &from), Some(want));
+        // Its own address, the resolver, its own published port (which reads back as
+        // 127.0.0.1:80, not the 10.0.2.2:18081 it named): never listed.
+        let own = v4([127, 0, 0, 1], 80);
+        assert_eq!(
+            seen(&view, (&own, true), &v4([127, 100, 0, 7], 80), &from),
+            None
+        );
+        let dns = v4([10, 0, 2, 3], 53);
+        assert_eq!(
+            seen(&view, (&dns, false), &v4([127, 0, 0, 1], 5353), &from),
+            None
+        );
+        let mine = v4([10, 0, 2, 2], 18081);
+        assert_eq!(
+            seen(&view, (&mine, false), &v4([127, 0, 0, 1], 18081), &from),
+            None
+        );
+    }
+
+    #[test]
     fn tickets_over_all_guests_stay_within_the_cap() {
         let (x, y) = (guest(X), guest(Y));
         let (sc, dst) = setup(&x, &y, 10);
@@ -706,6 +799,7 @@ mod tests {
                 lconn: Y,
                 lhandle: 1,
                 dst,
+                seen: Seen { dst, src: None },
                 hold,
             };
             sh.fast.tickets.insert(1_000_000 + id, t);

@@ -13,12 +13,25 @@ pub(crate) const READY_PER_GUEST: usize = 16;
 /// guest's descriptor quota counts, so many guests together stay within this.
 pub(crate) const READY_IN_ALL: usize = 256;
 
+/// A destination as the connecting guest named it, and the local address its
+/// connections there speak from as it sees them (None: the destination's address):
+/// a record's destination and source in the guest's table. In canald's network both
+/// are the host's; in a network's view, the view's (10.0.2.2:H from 10.0.2.15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub(crate) dst: CanalAddr,
+    pub(crate) src: Option<CanalAddr>,
+}
+
 /// A listener listed in a guest's table.
 #[derive(Clone, Copy)]
 pub(crate) struct Rec {
     pub(crate) lconn: u32,
     pub(crate) lhandle: u32,
+    /// The destination as canald connects to it (host address), and as the guest
+    /// named it.
     pub(crate) dst: CanalAddr,
+    pub(crate) seen: Seen,
     /// The segment id of each ticket canald holds for this record (0: none): ready,
     /// or claimed and not yet marked.
     pub(crate) granted: [u32; TICKETS],
@@ -43,6 +56,7 @@ pub(crate) struct Ticket {
     pub(crate) lconn: u32,
     pub(crate) lhandle: u32,
     pub(crate) dst: CanalAddr,
+    pub(crate) seen: Seen,
     pub(crate) hold: PortHold,
 }
 

@@ -337,9 +337,10 @@ impl Guest {
                 }
                 r
             }
-            Cmd::Connect(a) => {
-                let a = self.connect_dest(&view, index, &a)?.addr;
-                if let Some(r) = self.sc_try_connect(index, &a) {
+            Cmd::Connect(named) => {
+                let dest = self.connect_dest(&view, index, &named)?;
+                let a = dest.addr;
+                if let Some(r) = self.sc_try_connect(index, &a, (&named, dest.own)) {
                     // Held: `answer_held` adds the names once the pair exists (asking
                     // the host socket now costs two system calls for nothing).
                     return r;

@@ -56,6 +56,9 @@ pub(crate) struct Pending {
     /// whether its place in the listener's queue was settled already (a retry).
     pub(crate) fast: u32,
     pub(crate) settled: bool,
+    /// How the connector's guest named the destination, if a connect by ticket there
+    /// would give the names this pairing gives (`fast::seen`); None: not listed.
+    pub(crate) seen: Option<crate::guest::fast_book::Seen>,
 }
 
 /// Work for the worker serving one guest's short-circuited sockets.

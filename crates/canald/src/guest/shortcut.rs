@@ -104,11 +104,13 @@ impl Guest {
 
     /// CONNECT: if `dst` is a canal listener's address, starts a short-circuit and
     /// returns the request's answer (EINPROGRESS; the daemon completes it), held until
-    /// the round's pairing jobs ran (`answer_held`).
+    /// the round's pairing jobs ran (`answer_held`). `named`: the destination as the
+    /// guest named it, and whether it is one of its network's own addresses.
     pub(super) fn sc_try_connect(
         &mut self,
         index: u32,
         dst: &CanalAddr,
+        named: (&CanalAddr, bool),
     ) -> Option<Result<(i64, usize), i32>> {
         let sc = self.sc.clone()?;
         // Short-circuited sockets live on the home (virtual RSS: a socket served by a
@@ -155,6 +157,8 @@ impl Guest {
         // The listener may have gone meanwhile: then the kernel's connect answers
         // (from the address reserved above, as its own autobind would have).
         let l = lock(&sc).find_listener(dst, &local)?;
+        let seen = crate::guest::fast::seen(&self.view(), named, dst, &local);
+        let s = self.sockets.get_mut(index as usize)?.as_mut()?;
         let handle = s.handle;
         s.phase = Phase::Connecting;
         s.readable = false;
@@ -178,6 +182,7 @@ impl Guest {
                 lhandle: l.handle,
                 fast: 0,
                 settled: false,
+                seen,
             }),
         );
         // Answered after this round's pairing, usually with the entry CONNECTED: a
@@ -920,8 +925,8 @@ pub(crate) fn pair(
     };
     let mut sh = lock(shared);
     // Paired: the connector's next connects there may go fast (protocol §8.10).
-    if let (Job::Connected { .. }, Some(l)) = (&job, listener) {
-        sh.fast_learn(p.conn, &l, &p.dst);
+    if let (Job::Connected { .. }, Some(l), Some(seen)) = (&job, listener, p.seen) {
+        sh.fast_learn(p.conn, &l, &p.dst, seen);
     }
     sh.post(me, job);
     None

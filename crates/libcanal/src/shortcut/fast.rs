@@ -12,8 +12,9 @@
 //!
 //! Only sockets canald would pair the same way take this path: a stream never bound,
 //! not connecting, of the destination's family, in a guest canald gave
-//! FAST_CONNECT (one worker, canald's network, no policy). `CANAL_FAST_CONNECT=off`
-//! in the program's environment keeps every connect a CONNECT.
+//! FAST_CONNECT (one worker, no rate quota). In a network's view (an isolated
+//! guest) the record's source names the local end as the guest sees it (10.0.2.15).
+//! `CANAL_FAST_CONNECT=off` in the program's environment keeps every connect a CONNECT.
 use crate::ready::local;
 use crate::sock::core::Sock;
 use canal_abi::addr::CanalAddr;
@@ -32,8 +33,9 @@ fn allowed() -> bool {
 
 /// HELLO's flag for fast connects (none where the environment turned them off).
 pub(crate) fn hello_flags() -> u32 {
+    use canal_abi::control::hello_flag;
     if allowed() {
-        canal_abi::control::hello_flag::FAST_CONNECT
+        hello_flag::FAST_CONNECT | hello_flag::FAST_SOURCE
     } else {
         0
     }
@@ -46,7 +48,8 @@ struct Ticket {
     segment: u32,
     rings: u64,
     ring_size: u32,
-    port: u16,
+    /// The socket's local name: the ticket's port on the record's source.
+    local: CanalAddr,
 }
 
 /// Same destination: family, port and address (what canald's record says it was
@@ -74,22 +77,26 @@ pub(crate) fn connect(s: &Sock, a: &CanalAddr) -> Option<Result<(), i32>> {
         return None;
     }
     let table = s.g.region.fast_table();
-    // The ticket's fields are read inside the claim, which vouches for them.
-    let read = |t: &fast::Ticket| Ticket {
-        arena: t.arena.load(Ordering::Relaxed),
-        arena_offset: t.arena_offset.load(Ordering::Relaxed),
-        segment: t.segment.load(Ordering::Relaxed),
-        rings: t.rings.load(Ordering::Relaxed) as u64,
-        ring_size: t.ring_size.load(Ordering::Relaxed),
-        port: t.port.load(Ordering::Relaxed) as u16,
+    // The ticket's fields and the record's source are read inside the claim, which
+    // vouches for them (canald writes neither while the record is valid).
+    let read = |t: &fast::Ticket, source: &fast::Source| {
+        let port = t.port.load(Ordering::Relaxed) as u16;
+        Ticket {
+            arena: t.arena.load(Ordering::Relaxed),
+            arena_offset: t.arena_offset.load(Ordering::Relaxed),
+            segment: t.segment.load(Ordering::Relaxed),
+            rings: t.rings.load(Ordering::Relaxed) as u64,
+            ring_size: t.ring_size.load(Ordering::Relaxed),
+            local: source.local_name(a, port),
+        }
     };
     let (at, (idx, t)) = table.records.iter().enumerate().find_map(|(at, r)| {
-        r.claim(|r| same(&r.destination(), a), read)
+        let source = &table.sources[at];
+        r.claim(|r| same(&r.destination(), a), |t| read(t, source))
             .map(|c| (at, c))
     })?;
     let (rings, ring_size, segment) = (t.rings, t.ring_size, t.segment);
-    let mut localname = *a;
-    localname.port = t.port;
+    let localname = t.local;
     // The entry as canald writes a connector's (protocol §8.1 step 3, §8.7): place
     // first, `segment` last (Release), then the flags.
     e.arena.store(t.arena, Ordering::Relaxed);
