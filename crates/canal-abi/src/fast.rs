@@ -97,10 +97,7 @@ impl Source {
     pub fn local_name(&self, dst: &CanalAddr, port: u16) -> CanalAddr {
         let mut a = *dst;
         a.port = port;
-        let mut bytes = [0u8; 16];
-        for (i, w) in self.addr.iter().enumerate() {
-            bytes[i * 4..i * 4 + 4].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-        }
+        let bytes = load_addr(&self.addr);
         if bytes != [0; 16] {
             a.addr = bytes;
             a.flowinfo = 0;
@@ -112,12 +109,25 @@ impl Source {
     /// canald (between `withdraw` and `publish` of its record): the local address
     /// (None: the destination's).
     pub fn set(&self, local: Option<&CanalAddr>) {
-        let bytes = local.map_or([0; 16], |a| a.addr);
-        for (i, w) in self.addr.iter().enumerate() {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
-            w.store(u32::from_le_bytes(b), Ordering::Relaxed);
-        }
+        store_addr(&self.addr, &local.map_or([0; 16], |a| a.addr));
+    }
+}
+
+/// 16 address bytes kept as four little-endian words (a record's destination, a
+/// source), read Relaxed: a claim's CAS or the record's withdrawal orders them.
+fn load_addr(words: &[AtomicU32; 4]) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        bytes[i * 4..i * 4 + 4].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    bytes
+}
+
+fn store_addr(words: &[AtomicU32; 4], bytes: &[u8; 16]) {
+    for (i, w) in words.iter().enumerate() {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
+        w.store(u32::from_le_bytes(b), Ordering::Relaxed);
     }
 }
 
@@ -204,26 +214,19 @@ impl Record {
 
     /// The destination the record names.
     pub fn destination(&self) -> CanalAddr {
-        let mut a = CanalAddr {
+        CanalAddr {
             family: self.family.load(Ordering::Relaxed) as u16,
             port: self.port.load(Ordering::Relaxed) as u16,
+            addr: load_addr(&self.addr),
             ..Default::default()
-        };
-        for (i, w) in self.addr.iter().enumerate() {
-            a.addr[i * 4..i * 4 + 4].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
-        a
     }
 
     /// canald (between `withdraw` and `publish`): writes the destination.
     pub fn set_destination(&self, a: &CanalAddr) {
         self.family.store(a.family as u32, Ordering::Relaxed);
         self.port.store(a.port as u32, Ordering::Relaxed);
-        for (i, w) in self.addr.iter().enumerate() {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(&a.addr[i * 4..i * 4 + 4]);
-            w.store(u32::from_le_bytes(b), Ordering::Relaxed);
-        }
+        store_addr(&self.addr, &a.addr);
     }
 }
 

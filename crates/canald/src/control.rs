@@ -827,12 +827,11 @@ fn fast_feature(
     // The destination policy (--loopback-only, allow/deny lists) is a function of the
     // host address, fixed for the guest's life: a record is listed only after a
     // CONNECT to its destination passed it. Rates count requests a ticket skips.
-    let unmetered = limits.connect_rate.unwrap_or(0) == 0 && limits.request_rate.unwrap_or(0) == 0;
     let ok = hello_flags & h::FAST_CONNECT != 0
         && features & needs == needs
         && features & (f::ZONES | f::VRSS | f::DOORBELL) == 0
         && names_ok
-        && unmetered;
+        && unmetered(limits);
     if ok {
         f::FAST_CONNECT
     } else {
@@ -848,6 +847,10 @@ fn unpoliced(gcfg: &GuestConfig, limits: &crate::quota::Limits) -> bool {
         && !gcfg.loopback_only
         && limits.allow.is_none()
         && limits.deny.is_none()
-        && limits.connect_rate.unwrap_or(0) == 0
-        && limits.request_rate.unwrap_or(0) == 0
+        && unmetered(limits)
+}
+
+/// No connection or request rate to count against the guest.
+fn unmetered(limits: &crate::quota::Limits) -> bool {
+    limits.connect_rate.unwrap_or(0) == 0 && limits.request_rate.unwrap_or(0) == 0
 }

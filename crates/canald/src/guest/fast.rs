@@ -21,7 +21,7 @@
 //! before its close is answered, so a connect after close() fails as natively.
 use crate::guest::addr_view::{translate_host_local, translate_host_peer, GuestView};
 use crate::guest::fast_book::{Rec, Seen, Ticket, READY_IN_ALL, READY_PER_GUEST};
-use crate::guest::netview::is_resolver;
+use crate::guest::netview::{is_resolver, Dest};
 use crate::guest::ports::PortHold;
 use crate::guest::segmem::{acceptor_link, arena_segment, connector_link, Accepted};
 use crate::guest::shared::{is_unspecified, ListenerReg, SegMem, SegmentRec, Shared};
@@ -35,16 +35,16 @@ use canal_abi::sync::Ordering;
 use canal_abi::CanalAddr;
 use std::collections::BTreeMap;
 
-/// The destination and source a connect by ticket to host address `dst` from `local`
-/// would report, where they are the names this CONNECT's pairing reports (`named`:
-/// the destination as the guest named it, and whether it is its network's own).
-/// None: not listed — an own address of a network (its listener admits by the
-/// client's tie, which a ticket's port has not), the resolver, or a name the view
-/// does not give back unchanged (a guest reaching its own published port).
+/// The destination and source a connect by ticket from host address `local` to
+/// `dest` (what the guest's `named` destination translated to) would report, where
+/// they are the names this CONNECT's pairing reports. None: not listed — an own
+/// address of a network (its listener admits by the client's tie, which a ticket's
+/// port has not), the resolver, or a name the view does not give back unchanged (a
+/// guest reaching its own published port).
 pub(crate) fn seen(
     view: &GuestView,
-    (named, own): (&CanalAddr, bool),
-    dst: &CanalAddr,
+    named: &CanalAddr,
+    dest: &Dest,
     local: &CanalAddr,
 ) -> Option<Seen> {
     if view.net.is_none() {
@@ -53,9 +53,10 @@ pub(crate) fn seen(
             src: None,
         });
     }
-    if own || is_resolver(named) {
+    if dest.own || is_resolver(named) {
         return None;
     }
+    let dst = &dest.addr;
     let peer = translate_host_peer(view, dst, Some(local), false);
     let mut src = translate_host_local(view, local, Some(dst));
     src.port = 0;
@@ -740,7 +741,8 @@ mod tests {
             net: None,
             policy: Default::default(),
         };
-        let plain_seen = seen(&plain, (&host, false), &host, &from);
+        let to = |addr, own| Dest { addr, own };
+        let plain_seen = seen(&plain, &host, &to(host, false), &from);
         assert_eq!(
             plain_seen,
             Some(Seen {
@@ -763,22 +765,22 @@ mod tests {
             dst: named,
             src: Some(v4([10, 0, 2, 15], 0)),
         };
-        assert_eq!(seen(&view, (&named, false), &host, &from), Some(want));
+        assert_eq!(seen(&view, &named, &to(host, false), &from), Some(want));
         // Its own address, the resolver, its own published port (which reads back as
         // 127.0.0.1:80, not the 10.0.2.2:18081 it named): never listed.
         let own = v4([127, 0, 0, 1], 80);
         assert_eq!(
-            seen(&view, (&own, true), &v4([127, 100, 0, 7], 80), &from),
+            seen(&view, &own, &to(v4([127, 100, 0, 7], 80), true), &from),
             None
         );
         let dns = v4([10, 0, 2, 3], 53);
         assert_eq!(
-            seen(&view, (&dns, false), &v4([127, 0, 0, 1], 5353), &from),
+            seen(&view, &dns, &to(v4([127, 0, 0, 1], 5353), false), &from),
             None
         );
         let mine = v4([10, 0, 2, 2], 18081);
         assert_eq!(
-            seen(&view, (&mine, false), &v4([127, 0, 0, 1], 18081), &from),
+            seen(&view, &mine, &to(v4([127, 0, 0, 1], 18081), false), &from),
             None
         );
     }

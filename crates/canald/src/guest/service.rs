@@ -340,7 +340,7 @@ impl Guest {
             Cmd::Connect(named) => {
                 let dest = self.connect_dest(&view, index, &named)?;
                 let a = dest.addr;
-                if let Some(r) = self.sc_try_connect(index, &a, (&named, dest.own)) {
+                if let Some(r) = self.sc_try_connect(&view, index, &named, &dest) {
                     // Held: `answer_held` adds the names once the pair exists (asking
                     // the host socket now costs two system calls for nothing).
                     return r;

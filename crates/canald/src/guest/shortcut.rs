@@ -19,6 +19,8 @@
 //! connector's home completes the connect), and peer events go to the peer's home.
 //! Each worker's queue is FIFO, so a peer's close never overtakes the completion it
 //! follows.
+use crate::guest::addr_view::GuestView;
+use crate::guest::netview::Dest;
 use crate::guest::ports::PortHold;
 use crate::guest::segmem::{acceptor_link, arena_segment, connector_link, new_segment, Accepted};
 use crate::guest::shared::is_unspecified;
@@ -104,14 +106,16 @@ impl Guest {
 
     /// CONNECT: if `dst` is a canal listener's address, starts a short-circuit and
     /// returns the request's answer (EINPROGRESS; the daemon completes it), held until
-    /// the round's pairing jobs ran (`answer_held`). `named`: the destination as the
-    /// guest named it, and whether it is one of its network's own addresses.
+    /// the round's pairing jobs ran (`answer_held`). `dest`: the host destination the
+    /// guest's `named` one translated to in its `view`.
     pub(super) fn sc_try_connect(
         &mut self,
+        view: &GuestView,
         index: u32,
-        dst: &CanalAddr,
-        named: (&CanalAddr, bool),
+        named: &CanalAddr,
+        dest: &Dest,
     ) -> Option<Result<(i64, usize), i32>> {
+        let dst = &dest.addr;
         let sc = self.sc.clone()?;
         // Short-circuited sockets live on the home (virtual RSS: a socket served by a
         // shadow had its flow placed already; a retried connect goes to the kernel).
@@ -157,8 +161,7 @@ impl Guest {
         // The listener may have gone meanwhile: then the kernel's connect answers
         // (from the address reserved above, as its own autobind would have).
         let l = lock(&sc).find_listener(dst, &local)?;
-        let seen = crate::guest::fast::seen(&self.view(), named, dst, &local);
-        let s = self.sockets.get_mut(index as usize)?.as_mut()?;
+        let seen = crate::guest::fast::seen(view, named, dest, &local);
         let handle = s.handle;
         s.phase = Phase::Connecting;
         s.readable = false;
